@@ -1,0 +1,7 @@
+"""`python -m anistat` = the `anistat` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,256 @@
+"""Analysis: collection artifacts → the tidy results table.
+
+Pure functions over `UnitArtifact`s (no model is touched), so changing alpha, the number of
+bootstrap resamples or the multiplicity method re-runs only this stage.
+
+One row per unit × rank × proxy × control kind × metric (columns in `RESULT_COLUMNS`):
+
+* energy metrics from `anistat.stats.analyze_energy` — `energy_fraction`, `energy_ratio`,
+  `log2_energy_ratio`, `z`, `anisotropy_capture` share the Monte-Carlo test of the proxy
+  against the control draw; `hedges_g` carries the paired sign-flip test over sequences;
+* `delta_isoscore_star` (per basis, from the gradient moments) against the same controls;
+* `oracle_fraction` per unit and rank (proxy `oracle`, control `none`, no test);
+* descriptive metrics per unit (proxy and control `none`): IsoScore, participation ratio,
+  effective rank and mean cosine of the gradients and of the activations.
+
+Multiplicity: each distinct test enters the family once — the Monte-Carlo energy test of a
+basis, its sign-flip test and its ΔIsoScore* test — and the metrics sharing a test share its
+adjusted p-value. The family is the whole run or one model (protocol `stats.family`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .collect import UnitArtifact
+from .geometry import (
+    effective_rank_from_cov, haar_null_check, isoscore_from_cov, log_frequency_correlation,
+    participation_ratio_from_cov,
+)
+from .protocol import Protocol
+from .seeding import derive_seed
+from .stats import adjust_pvalues, analyze_energy, analyze_metric_vs_controls, resolution_warning
+
+RESULT_COLUMNS = [
+    "model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim", "proxy", "control",
+    "metric", "estimate", "control_mean", "control_sd", "ci_low", "ci_high", "ci_method", "p_value",
+    "p_adjusted", "effect_size", "n_controls", "n_sequences", "n_tokens", "status", "note",
+]
+ENERGY_METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture")
+DESCRIPTIVE_METRICS = ("isoscore", "participation_ratio", "effective_rank", "mean_cosine")
+
+
+def _unit_columns(artifact: UnitArtifact) -> dict[str, Any]:
+    key = artifact.key
+    return {"model": key.model, "objective": key.objective, "checkpoint": key.checkpoint, "step": key.step,
+            "phase": key.phase, "layer": key.layer, "site": key.site, "dim": artifact.dim,
+            "n_sequences": int(artifact.n_tokens.shape[0]), "n_tokens": int(artifact.n_tokens.sum())}
+
+
+def _basis_groups(artifact: UnitArtifact) -> list[tuple[str, int, str]]:
+    seen = []
+    for basis in artifact.bases:
+        if basis.control != "proxy" and (basis.proxy, basis.rank, basis.control) not in seen:
+            seen.append((basis.proxy, basis.rank, basis.control))
+    return seen
+
+
+def _cov(moments: dict) -> torch.Tensor:
+    count = moments["count"]
+    total = torch.as_tensor(moments["sum"], dtype=torch.float64)
+    outer = torch.as_tensor(moments["outer"], dtype=torch.float64)
+    mean = total / count
+    return (outer - count * torch.outer(mean, mean)) / (count - 1)
+
+
+def _mean_cosine(unit_sum: np.ndarray, count: int) -> float:
+    """Mean pairwise cosine over distinct pairs from Σ u_i: (‖Σu‖² − N) / (N(N − 1))."""
+    return float((np.dot(unit_sum, unit_sum) - count) / (count * (count - 1)))
+
+
+def descriptive_rows(artifact: UnitArtifact) -> list[dict]:
+    rows = []
+    for cloud, moments, unit_sum in (("gradient", artifact.gradient_moments, artifact.gradient_unit_sum),
+                                     ("activation", artifact.activation_moments, artifact.activation_unit_sum)):
+        cov = _cov(moments)
+        values = {
+            "isoscore": isoscore_from_cov(cov),
+            "participation_ratio": participation_ratio_from_cov(cov),
+            "effective_rank": effective_rank_from_cov(cov),
+            "mean_cosine": _mean_cosine(unit_sum, moments["count"]),
+        }
+        for metric, value in values.items():
+            rows.append({"proxy": "none", "control": "none", "rank": None, "metric": f"{cloud}_{metric}",
+                         "estimate": float(value), "ci_method": "none", "n_controls": 0, "note": ""})
+    return rows
+
+
+def unit_rows(artifact: UnitArtifact, protocol: Protocol) -> tuple[list[dict], list[str]]:
+    """All rows of one unit, plus any null-check warnings."""
+    stats = protocol.stats
+    base = _unit_columns(artifact)
+    rows: list[dict] = []
+    notes: list[str] = []
+    if artifact.status != "ok":
+        for proxy, rank, control in _basis_groups(artifact):
+            for metric in ENERGY_METRICS + ("delta_isoscore_star",):
+                rows.append({**base, "proxy": proxy, "rank": rank, "control": control, "metric": metric,
+                             "status": "failed", "note": artifact.note})
+        return rows, notes
+    total = artifact.total_energy.sum(axis=1)
+    energy = artifact.energy.sum(axis=1)  # (S, n_bases): frequency buckets summed
+    second_moment = torch.as_tensor(artifact.gradient_moments["outer"])
+    for rank, oracle in sorted(artifact.oracle_fraction.items()):
+        rows.append({**base, "proxy": "oracle", "rank": rank, "control": "none", "metric": "oracle_fraction",
+                     "estimate": oracle, "ci_method": "none", "n_controls": 0, "status": "ok", "note": ""})
+    for proxy, rank, control in _basis_groups(artifact):
+        proxy_column = artifact.columns_for(proxy, rank, "proxy")[0]
+        control_columns = artifact.columns_for(proxy, rank, control)
+        seed = derive_seed(protocol.seed, artifact.key.id, proxy, rank, control, "analysis")
+        analysis = analyze_energy(
+            energy[:, proxy_column], energy[:, control_columns], total, rank=rank, dim=artifact.dim,
+            oracle_fraction=artifact.oracle_fraction.get(rank), n_bootstrap=stats.n_bootstrap,
+            ci_level=stats.ci_level, ci_method=stats.ci_method, n_permutations=stats.n_permutations,
+            alternative=stats.alternative, seed=seed,
+        )
+        group = {**base, "proxy": proxy, "rank": rank, "control": control, "status": "ok"}
+        for record in analysis.to_records():
+            kind = record.pop("p_value_kind")
+            record["note"] = record["note"] or ""
+            rows.append({**group, **record, "_test": (artifact.key.id, proxy, rank, control, kind)})
+        delta = artifact.delta_isoscore_star
+        comparison = analyze_metric_vs_controls(delta[proxy_column], delta[control_columns], stats.alternative)
+        rows.append({**group, "metric": "delta_isoscore_star", "estimate": comparison.observed,
+                     "control_mean": comparison.control_mean, "control_sd": comparison.control_sd,
+                     "ci_method": "none", "p_value": comparison.p_value, "effect_size": comparison.z,
+                     "n_controls": comparison.n_controls,
+                     "note": f"IsoScore* C0={stats.isoscore_c0}, zeta={stats.isoscore_zeta}",
+                     "_test": (artifact.key.id, proxy, rank, control, "delta_isoscore_star")})
+        if control == "haar" and len(control_columns) >= 2:
+            check = haar_null_check(analysis.control_fractions, rank, artifact.dim, second_moment)
+            if not check.ok:
+                notes.append(f"{artifact.key.id} {proxy} rank {rank}: Haar null check failed: {check.message}")
+    for row in descriptive_rows(artifact):
+        rows.append({**base, **row, "status": "ok"})
+    return rows, notes
+
+
+def adjust(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
+    """p_adjusted: each distinct test once per family (see module docstring)."""
+    stats = protocol.stats
+    results["p_adjusted"] = np.nan
+    if stats.multiplicity == "none":
+        results["p_adjusted"] = results["p_value"]
+        return results
+    tests = results.dropna(subset=["p_value"]).drop_duplicates("_test")
+    families = [tests] if stats.family in ("run", "claim") else [g for _, g in tests.groupby("model", sort=False)]
+    adjusted: dict[tuple, float] = {}
+    for family in families:
+        values = adjust_pvalues(family["p_value"].to_numpy(dtype=float), stats.multiplicity)
+        adjusted.update(zip(family["_test"], values))
+    results["p_adjusted"] = [adjusted.get(test, np.nan) if isinstance(test, tuple) else np.nan
+                             for test in results["_test"]]
+    return results
+
+
+def multiplicity_warning(results: pd.DataFrame, protocol: Protocol) -> str | None:
+    """The resolution guard: can the Monte-Carlo tests reach the corrected threshold at all?"""
+    stats = protocol.stats
+    if "_test" not in results:
+        return None
+    tests = {t for t in results["_test"].dropna() if isinstance(t, tuple) and t[-1] == "monte_carlo"}
+    if not tests or stats.multiplicity == "none":
+        return resolution_warning(protocol.controls.n, stats.alpha, 1, "holm") if tests else None
+    if stats.family == "model":
+        per_model: dict[str, int] = {}
+        for test in tests:
+            model = test[0].split("--")[0]
+            per_model[model] = per_model.get(model, 0) + 1
+        n_tests = max(per_model.values())
+    else:
+        n_tests = len(results.dropna(subset=["p_value"]).drop_duplicates("_test"))
+    return resolution_warning(protocol.controls.n, stats.alpha, n_tests, stats.multiplicity)
+
+
+def analyze_units(artifacts: list[UnitArtifact], protocol: Protocol) -> pd.DataFrame:
+    """The tidy results table (sorted, typed, deterministic) for a list of units."""
+    rows: list[dict] = []
+    notes: list[str] = []
+    for artifact in artifacts:
+        unit_rows_, unit_notes = unit_rows(artifact, protocol)
+        rows.extend(unit_rows_)
+        notes.extend(unit_notes)
+    results = pd.DataFrame(rows)
+    for column in RESULT_COLUMNS + ["_test"]:
+        if column not in results:
+            results[column] = np.nan
+    results = adjust(results, protocol)
+    guard = multiplicity_warning(results, protocol)
+    results.attrs["warnings"] = ([guard] if guard else []) + notes
+    results = results[RESULT_COLUMNS].copy()
+    for column in ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_tokens"):
+        results[column] = pd.array(results[column], dtype="Int64")
+    for column in ("ci_method", "note", "status"):
+        results[column] = results[column].fillna("")
+    results.attrs["warnings"] = ([guard] if guard else []) + notes
+    return results.reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# frequency analysis
+# ----------------------------------------------------------------------------------------------
+def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarray], protocol: Protocol) -> pd.DataFrame:
+    """Per-frequency-bucket energy ratios and the log-frequency vs centroid-distance correlation.
+
+    Bucket b holds the token types of the b-th quantile of corpus counts (0 = rarest). The
+    ratio in a bucket is E_b(U) / mean_j E_b(Q_j) with E_b the energy fraction of the tokens in
+    that bucket; its CI is the same sequence bootstrap as the overall ratio.
+    """
+    stats = protocol.stats
+    rows = []
+    for artifact in artifacts:
+        if artifact.status != "ok":
+            continue
+        base = _unit_columns(artifact)
+        for bucket in range(artifact.total_energy.shape[1]):
+            total = artifact.total_energy[:, bucket]
+            if not total.sum() > 0:
+                continue
+            for proxy, rank, control in _basis_groups(artifact):
+                proxy_column = artifact.columns_for(proxy, rank, "proxy")[0]
+                control_columns = artifact.columns_for(proxy, rank, control)
+                energy = artifact.energy[:, bucket]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    analysis = analyze_energy(
+                        energy[:, proxy_column], energy[:, control_columns], total, rank=rank, dim=artifact.dim,
+                        n_bootstrap=stats.n_bootstrap, ci_level=stats.ci_level, ci_method="percentile",
+                        n_permutations=10, alternative=stats.alternative,
+                        seed=derive_seed(protocol.seed, artifact.key.id, proxy, rank, control, bucket, "frequency"),
+                    )
+                ratio = analysis["energy_ratio"]
+                rows.append({**base, "proxy": proxy, "rank": rank, "control": control, "bucket": str(bucket),
+                             "metric": "energy_ratio", "estimate": ratio.estimate, "ci_low": ratio.ci_low,
+                             "ci_high": ratio.ci_high, "p_value": analysis.mc_p_value})
+        counts = token_counts.get(artifact.key.model)
+        if counts is None:
+            continue
+        present = (artifact.type_count >= 2) & np.isfinite(artifact.type_rms_distance) & (counts[: artifact.type_count.shape[0]] > 0)
+        if present.sum() >= 3:
+            correlation = log_frequency_correlation(counts[: present.shape[0]][present], artifact.type_rms_distance[present])
+            for metric, value, p_value in (("spearman_logfreq_distance", correlation.spearman_rho, correlation.spearman_p),
+                                           ("pearson_logfreq_distance", correlation.pearson_r, correlation.pearson_p)):
+                rows.append({**base, "proxy": "none", "rank": None, "control": "none", "bucket": "all",
+                             "metric": metric, "estimate": float(value), "ci_low": math.nan, "ci_high": math.nan,
+                             "p_value": float(p_value)})
+    frame = pd.DataFrame(rows)
+    if not frame.empty:
+        frame["rank"] = pd.array(frame["rank"], dtype="Int64")
+        frame["step"] = pd.array(frame["step"], dtype="Int64")
+    return frame

@@ -1,0 +1,131 @@
+"""The output bundle: atomic writing, the manifest, file integrity.
+
+A bundle is written into a hidden temporary directory beside its destination and moved into
+place with one rename, so a crash never leaves a half bundle. An existing destination is
+replaced only if it is itself an anistat bundle (has `manifest.json`) or empty — anything else
+is the user's and is never touched. Every file name is fixed by anistat, so nothing can be
+written outside the chosen directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import AnistatInputError
+
+BUNDLE_FILES = ("manifest.json", "results.csv", "report.html", "tables.tex")
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def environment() -> dict[str, str]:
+    """Versions of everything that can change a number, as manifest fields."""
+    from importlib import metadata
+
+    versions = {"python": platform.python_version(), "platform": platform.platform()}
+    for package in ("anistat", "torch", "transformers", "tokenizers", "numpy", "scipy", "statsmodels",
+                    "pandas", "pydantic", "matplotlib", "seaborn"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def sha256_file(path: Path) -> str:
+    hasher = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def file_digests(directory: Path) -> dict[str, str]:
+    """sha256 of every file in the bundle except the manifest itself (relative POSIX paths)."""
+    digests = {}
+    for path in sorted(directory.rglob("*")):
+        if path.is_file() and path.name != "manifest.json":
+            digests[path.relative_to(directory).as_posix()] = sha256_file(path)
+    return digests
+
+
+def check_destination(out: Path) -> None:
+    """Refuse to replace a directory that is not an anistat bundle (or to write into a file)."""
+    if out.exists() and not out.is_dir():
+        raise AnistatInputError(f"--out {out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
+        raise AnistatInputError(f"--out {out}: directory exists, is not empty and is not an anistat bundle; "
+                                "choose another --out")
+    parent = out.parent if str(out.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise AnistatInputError(f"--out {out}: cannot create parent directory ({error.strerror})") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise AnistatInputError(f"--out {out}: directory {parent} is not writable")
+
+
+@contextlib.contextmanager
+def staged_bundle(out: Path) -> Iterator[Path]:
+    """Yield a temporary directory to fill; on success it atomically becomes `out`."""
+    check_destination(out)
+    parent = out.parent if str(out.parent) else Path(".")
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
+    except OSError as error:
+        raise AnistatInputError(f"--out {out}: cannot write in {parent} ({error.strerror})") from None
+    try:
+        yield staging
+        os.chmod(staging, 0o755)
+        if out.exists():
+            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=parent))
+            os.replace(out, retired / "bundle")
+            os.replace(staging, out)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False, allow_nan=False, default=_json_default) + "\n")
+
+
+def _json_default(value: Any):
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def read_manifest(bundle: Path) -> dict[str, Any]:
+    path = bundle / "manifest.json"
+    if not bundle.is_dir():
+        raise AnistatInputError(f"{bundle}: bundle directory not found")
+    if not path.is_file():
+        raise AnistatInputError(f"{bundle}: not an anistat bundle (no manifest.json)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise AnistatInputError(f"{path}: manifest is not valid JSON ({error})") from None
+
+
+def command_line() -> str:
+    return " ".join([Path(sys.argv[0]).name] + sys.argv[1:]) if sys.argv else ""

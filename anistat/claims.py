@@ -1,0 +1,131 @@
+"""Claims: statements in the protocol, checked against a results table.
+
+A claim selects rows of `results.csv` (`metric` plus a `where` filter on any result column;
+a list means "any of these values"), compares their estimates with a threshold, optionally
+requires the adjusted p-value to be below `alpha`, and aggregates:
+
+* `all`  — every selected row must satisfy the comparison (and significance);
+* `any`  — at least one must;
+* `meta` — a random-effects meta-analysis (DerSimonian–Laird, statsmodels) of the selected
+  estimates, with variances from their CIs (se = (ci_high − ci_low) / (2 z_{1−α/2})); the
+  pooled estimate must satisfy the comparison and, if `alpha` is set, its CI must lie entirely
+  on the claimed side of the threshold.
+
+A claim that selects no row is never a pass: it is reported with status `error`. Failed units
+(status `failed`) among the selected rows make an `all` claim fail.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from .protocol import ClaimSpec
+from .stats import random_effects_meta
+
+COMPARISONS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+
+
+def select_rows(results: pd.DataFrame, claim: ClaimSpec) -> pd.DataFrame:
+    mask = results["metric"] == claim.metric
+    for column, wanted in claim.where.items():
+        if column not in results.columns:
+            return results.iloc[0:0]
+        values = wanted if isinstance(wanted, list) else [wanted]
+        as_text = {str(v) for v in values}
+        mask &= results[column].astype(str).isin(as_text)
+    return results[mask]
+
+
+def _compare(value: float, claim: ClaimSpec) -> bool:
+    if not math.isfinite(value):
+        return False
+    if claim.compare == "between":
+        low, high = claim.threshold
+        return low <= value <= high
+    return bool(COMPARISONS[claim.compare](value, claim.threshold))
+
+
+def _row_passes(row: pd.Series, claim: ClaimSpec) -> bool:
+    if row.get("status", "ok") != "ok":
+        return False
+    if not _compare(float(row["estimate"]), claim):
+        return False
+    if claim.alpha is not None:
+        p_adjusted = row.get("p_adjusted")
+        if p_adjusted is None or not np.isfinite(p_adjusted) or not p_adjusted < claim.alpha:
+            return False
+    return True
+
+
+def _evidence_row(row: pd.Series) -> dict[str, Any]:
+    keys = ("model", "checkpoint", "phase", "layer", "rank", "proxy", "control", "estimate", "ci_low", "ci_high",
+            "p_value", "p_adjusted", "status")
+    out = {}
+    for key in keys:
+        value = row.get(key)
+        if isinstance(value, (np.integer,)):
+            value = int(value)
+        elif isinstance(value, (np.floating, float)):
+            value = None if not np.isfinite(value) else float(value)
+        elif value is pd.NA:
+            value = None
+        out[key] = value
+    return out
+
+
+def _describe(claim: ClaimSpec) -> str:
+    threshold = f"[{claim.threshold[0]}, {claim.threshold[1]}]" if claim.compare == "between" else f"{claim.threshold}"
+    where = ", ".join(f"{k}={v}" for k, v in claim.where.items())
+    significance = f" and p_adjusted < {claim.alpha}" if claim.alpha is not None else ""
+    return f"{claim.aggregate}({claim.metric} {claim.compare} {threshold}{significance}) where {where or 'any row'}"
+
+
+def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec) -> dict[str, Any]:
+    selected = select_rows(results, claim)
+    record: dict[str, Any] = {"id": claim.id, "statement": claim.statement or _describe(claim),
+                              "rule": _describe(claim), "n_selected": int(len(selected))}
+    if selected.empty:
+        return {**record, "status": "error", "passed": False,
+                "evidence": {"reason": "the claim selects no result rows (check metric and where)"}}
+    rows = [_evidence_row(row) for _, row in selected.iterrows()]
+    if claim.aggregate in ("all", "any"):
+        passes = [_row_passes(row, claim) for _, row in selected.iterrows()]
+        passed = all(passes) if claim.aggregate == "all" else any(passes)
+        evidence = {"n_pass": int(sum(passes)), "n_rows": len(passes), "rows": rows}
+    else:
+        ok = selected[selected["status"] == "ok"]
+        level = 0.95
+        z = sps.norm.ppf(0.5 + level / 2)
+        se = (ok["ci_high"].astype(float) - ok["ci_low"].astype(float)) / (2 * z)
+        meta = random_effects_meta(ok["estimate"].astype(float).to_numpy(), (se**2).to_numpy())
+        passed = _compare(meta.estimate, claim)
+        if passed and claim.alpha is not None:
+            z_alpha = sps.norm.ppf(0.5 + (1 - claim.alpha) / 2)
+            low, high = meta.estimate - z_alpha * meta.se, meta.estimate + z_alpha * meta.se
+            passed = (_compare(low, claim) and _compare(high, claim))
+        evidence = {"meta": {"estimate": meta.estimate, "se": meta.se, "ci_low": meta.ci_low,
+                             "ci_high": meta.ci_high, "tau2": meta.tau2, "i2": meta.i2, "k": meta.k},
+                    "rows": rows}
+        evidence = _finite(evidence)
+    return {**record, "status": "pass" if passed else "fail", "passed": bool(passed), "evidence": evidence}
+
+
+def _finite(value):
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def evaluate_claims(results: pd.DataFrame, claims: list[ClaimSpec] | tuple) -> list[dict[str, Any]]:
+    """Every claim of the protocol, in order, as JSON-able records (see module docstring)."""
+    return [evaluate_claim(results, claim) for claim in claims]

@@ -1,0 +1,209 @@
+"""The `anistat` command line (typer).
+
+Exit codes: 0 success; 1 claims failed (`verify`, or `run` with failing claims); 2 invalid input
+or an interrupted run — always exactly one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+import typer
+
+from .errors import AnistatInputError
+
+app = typer.Typer(
+    name="anistat",
+    help="Test whether activation-derived low-rank directions capture a language model's true training "
+    "gradients better than matched random controls.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _echo(message: str) -> None:
+    typer.echo(message)
+
+
+@app.command()
+def run(
+    protocol: Path = typer.Argument(..., help="Protocol YAML file."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Bundle directory (default: reports/<name>/)."),
+    device: Optional[str] = typer.Option(None, help="auto | cpu | cuda | mps (overrides the protocol)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+    keep_cache: bool = typer.Option(False, help="Keep the per-unit cache after success."),
+) -> None:
+    """Run a protocol end to end and write its bundle."""
+    from .pipeline import run as run_pipeline
+
+    if device is not None and device not in ("auto", "cpu", "cuda", "mps"):
+        raise AnistatInputError(f"--device must be auto, cpu, cuda or mps, got '{device}'")
+    result = run_pipeline(protocol, out, device=device, log=None if quiet else _echo, keep_cache=keep_cache)
+    failed_claims = [c for c in result.claims if not c["passed"]]
+    for claim in result.claims:
+        _echo(f"claim {claim['id']}: {claim['status'].upper()} — {claim['statement']}")
+    if result.failed_units:
+        raise AnistatInputError(
+            f"{result.failed_units} unit(s) failed (see the 'note' column of {result.out / 'results.csv'})"
+        )
+    if failed_claims:
+        raise typer.Exit(1)
+
+
+@app.command()
+def validate(protocol: Path = typer.Argument(..., help="Protocol YAML file.")) -> None:
+    """Validate a protocol; print its name and sha256."""
+    from .protocol import load_protocol
+
+    loaded = load_protocol(protocol)
+    _echo(f"{protocol}: valid protocol '{loaded.name}' (sha256 {loaded.sha256()})")
+
+
+@app.command()
+def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file instead of stdout.")) -> None:
+    """Print the protocol's JSON Schema (for editor autocompletion)."""
+    from .protocol import protocol_schema
+
+    text = json.dumps(protocol_schema(), indent=2) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        _write_new_file(out, text, force=True)
+
+
+@app.command()
+def init(
+    path: Path = typer.Argument(Path("anistat.yaml"), help="Where to write the starter protocol."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+) -> None:
+    """Write a commented starter protocol."""
+    from .protocol import STARTER_PROTOCOL
+
+    _write_new_file(path, STARTER_PROTOCOL, force=force)
+    _echo(f"wrote {path}; next: anistat validate {path} && anistat run {path}")
+
+
+@app.command()
+def report(
+    bundle: Path = typer.Argument(..., help="A bundle directory written by `anistat run`."),
+    precision: Optional[int] = typer.Option(None, min=1, max=12, help="Significant digits in tables."),
+    metrics: Optional[str] = typer.Option(None, help="Comma-separated metrics for the tables."),
+    transpose: bool = typer.Option(False, help="Transposed table layout."),
+    pdf: bool = typer.Option(True, help="Compile report.pdf when pdflatex is installed."),
+) -> None:
+    """Re-render report.html, tables.tex and report.tex from results.csv + manifest.json alone."""
+    from .rerender import rerender
+
+    written = rerender(bundle, precision=precision, metrics=metrics, transpose=transpose, compile_pdf=pdf)
+    _echo(f"re-rendered {len(written)} file(s) in {bundle}")
+
+
+@app.command()
+def calibrate(
+    out: Path = typer.Option(Path("reports/calibration"), "--out", "-o", help="Output directory."),
+    n_simulations: int = typer.Option(2000, min=10, max=1_000_000, help="Simulated studies per setting."),
+    seed: int = typer.Option(0, min=0, help="Seed of the simulation."),
+) -> None:
+    """Simulation study of the statistics engine: type-I error, CI coverage, power."""
+    from .bundle import staged_bundle
+    from .stats import run_calibration, write_calibration_report
+
+    result = run_calibration(n_simulations=n_simulations, seed=seed)
+    with staged_bundle(out) as staging:
+        write_calibration_report(result, staging)
+        (staging / "manifest.json").write_text(json.dumps({"anistat_calibration": 1, "seed": seed,
+                                                           "n_simulations": n_simulations}, indent=2) + "\n")
+    _echo(result.summary() if hasattr(result, "summary") else f"wrote {out}")
+
+
+@app.command()
+def verify(
+    target: Path = typer.Argument(..., help="A bundle, or a protocol to re-run (with --against)."),
+    against: Optional[Path] = typer.Option(None, "--against", help="Original bundle to compare a re-run with."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where the re-run's bundle goes."),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+) -> None:
+    """Check a bundle's integrity and claims, or re-run a protocol and compare with a bundle."""
+    from .verify import verify_bundle
+
+    if against is None:
+        check = verify_bundle(target)
+        for problem in check.problems:
+            _echo(f"integrity: {problem}")
+        if check.integrity_ok:
+            _echo(f"integrity: all {len(json.loads((target / 'manifest.json').read_text())['files'])} files match the manifest")
+        for claim in check.claims:
+            _echo(f"claim {claim['id']}: {claim['status'].upper()} — {claim['statement']}")
+        if not check.ok:
+            raise typer.Exit(1)
+        return
+    from .replicate import replicate
+
+    outcome = replicate(target, against, out=out, log=None if quiet else _echo)
+    for claim in outcome.claims:
+        _echo(f"claim {claim['id']}: original {str(claim['original']).upper()}, replication "
+              f"{str(claim['replication']).upper()} — {'agree' if claim['agree'] else 'DISAGREE'}")
+    _echo(f"replication report: {outcome.report_dir / 'comparison.html'}")
+    if not outcome.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def compare(
+    original: Path = typer.Argument(..., help="Original bundle."),
+    replication: Path = typer.Argument(..., help="Replication bundle."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: reports/compare-A-vs-B)."),
+    tolerance: float = typer.Option(0.25, min=0.0, help="Relative tolerance for agreement."),
+) -> None:
+    """Write a replication report (HTML + LaTeX + CSV) comparing two bundles."""
+    from .replicate import compare_bundles
+
+    report_dir, summary = compare_bundles(original, replication, out=out, tolerance=tolerance)
+    _echo(f"wrote {report_dir}/comparison.html — " + ", ".join(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}"
+                                                               for k, v in summary.items()))
+
+
+def _write_new_file(path: Path, text: str, *, force: bool) -> None:
+    if path.exists() and not force:
+        raise AnistatInputError(f"{path} exists; use --force to overwrite")
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise AnistatInputError(f"cannot write {path} ({error.strerror})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: one line on stderr and exit 2 for any user error."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except AnistatInputError as error:
+        typer.echo(f"anistat: error: {error}", err=True)
+        return 2
+    except KeyboardInterrupt:
+        typer.echo("anistat: error: interrupted; finished units are kept in the cache and a rerun resumes", err=True)
+        return 2
+    except click.exceptions.NoArgsIsHelpError as error:
+        typer.echo(error.ctx.get_help() if error.ctx else str(error))
+        return 0
+    except click.UsageError as error:
+        typer.echo(f"anistat: error: {' '.join(error.format_message().split())}", err=True)
+        return 2
+    except click.exceptions.Exit as error:
+        return error.exit_code
+    except click.exceptions.Abort:
+        typer.echo("anistat: error: aborted", err=True)
+        return 2
+    except click.ClickException as error:
+        typer.echo(f"anistat: error: {' '.join(error.format_message().split())}", err=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

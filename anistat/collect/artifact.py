@@ -1,0 +1,133 @@
+"""The collection artifact: per-unit sufficient statistics, saved without pickle.
+
+A *unit* is model × checkpoint × site. Its artifact holds everything the analysis needs and
+nothing of size (tokens × d):
+
+* per test sequence s and frequency bucket b: `total_energy[s, b] = Σ_{i∈s, i∈b} ‖g_i‖²` and,
+  for every basis B (the proxy and each control), `energy[s, b, B] = Σ_{i∈s, i∈b} ‖Bᵀg_i‖²`;
+* `n_tokens[s]`, `sequence_documents[s]`;
+* gradient and activation moments over the whole test split (count, Σx, ΣxxᵀA);
+* ΔIsoScore* of every basis (from the gradient moments), the oracle fraction per rank;
+* per token type: occurrences and RMS distance of its activations to the type centroid.
+
+Files: `<dir>/<unit-id>.npz` (arrays, `allow_pickle=False`) + `<unit-id>.json` (metadata), written
+atomically (temp file + rename) so an interrupted run never leaves a half unit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class UnitKey:
+    model: str
+    objective: str
+    checkpoint: str
+    step: int | None
+    phase: str
+    layer: int
+    site: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}--{self.checkpoint}--{self.site}"
+
+
+@dataclass(frozen=True)
+class BasisColumn:
+    """One basis in the unit's energy table: the proxy itself (control='proxy', draw=-1) or
+    control draw `draw` of kind `control`, for a (proxy method, rank)."""
+
+    proxy: str
+    rank: int
+    control: str
+    draw: int
+
+
+@dataclass
+class UnitArtifact:
+    key: UnitKey
+    dim: int
+    bases: list[BasisColumn]
+    n_tokens: np.ndarray  # (S,)
+    sequence_documents: np.ndarray  # (S,)
+    total_energy: np.ndarray  # (S, n_buckets)
+    energy: np.ndarray  # (S, n_buckets, n_bases)
+    delta_isoscore_star: np.ndarray  # (n_bases,)
+    oracle_fraction: dict[int, float]  # rank -> E*_k
+    gradient_moments: dict[str, Any]  # count, sum (d,), outer (d,d)
+    activation_moments: dict[str, Any]
+    gradient_unit_sum: np.ndarray  # Σ g_i/‖g_i‖ (d,), for the mean cosine
+    activation_unit_sum: np.ndarray
+    type_count: np.ndarray  # (V,) occurrences in the test split
+    type_rms_distance: np.ndarray  # (V,) RMS distance to the type's activation centroid (nan if <2)
+    status: str = "ok"
+    note: str = ""
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- views ----------------------------------------------------------------------------------
+    def columns_for(self, proxy: str, rank: int, control: str) -> list[int]:
+        return [i for i, b in enumerate(self.bases) if b.proxy == proxy and b.rank == rank and b.control == control]
+
+    # -- persistence ----------------------------------------------------------------------------
+    _ARRAYS = ("n_tokens", "sequence_documents", "total_energy", "energy", "delta_isoscore_star",
+               "gradient_unit_sum", "activation_unit_sum", "type_count", "type_rms_distance")
+
+    def save(self, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        arrays = {name: np.asarray(getattr(self, name)) for name in self._ARRAYS}
+        for prefix, moments in (("gradient", self.gradient_moments), ("activation", self.activation_moments)):
+            arrays[f"{prefix}_sum"] = np.asarray(moments["sum"], dtype=np.float64)
+            arrays[f"{prefix}_outer"] = np.asarray(moments["outer"], dtype=np.float64)
+        meta = {
+            "key": asdict(self.key), "dim": self.dim, "bases": [asdict(b) for b in self.bases],
+            "oracle_fraction": {str(k): v for k, v in self.oracle_fraction.items()},
+            "gradient_count": int(self.gradient_moments["count"]),
+            "activation_count": int(self.activation_moments["count"]),
+            "status": self.status, "note": self.note, "seconds": self.seconds, "extra": self.extra,
+        }
+        stem = directory / self.key.id
+        _atomic_write(stem.with_suffix(".npz"), lambda f: np.savez(f, **arrays))
+        # the JSON is written last: its presence marks a complete unit
+        _atomic_write(stem.with_suffix(".json"), lambda f: f.write(json.dumps(meta, indent=1, allow_nan=True).encode()))
+        return stem.with_suffix(".json")
+
+    @classmethod
+    def load(cls, meta_path: Path) -> "UnitArtifact":
+        meta = json.loads(meta_path.read_text())
+        with np.load(meta_path.with_suffix(".npz"), allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+        moments = {}
+        for prefix in ("gradient", "activation"):
+            moments[prefix] = {"count": meta[f"{prefix}_count"], "sum": arrays.pop(f"{prefix}_sum"),
+                               "outer": arrays.pop(f"{prefix}_outer")}
+        return cls(
+            key=UnitKey(**meta["key"]), dim=meta["dim"], bases=[BasisColumn(**b) for b in meta["bases"]],
+            oracle_fraction={int(k): v for k, v in meta["oracle_fraction"].items()},
+            gradient_moments=moments["gradient"], activation_moments=moments["activation"],
+            status=meta["status"], note=meta["note"], seconds=meta["seconds"], extra=meta.get("extra", {}),
+            **arrays,
+        )
+
+
+def _atomic_write(path: Path, write) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            write(stream)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+

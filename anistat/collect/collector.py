@@ -1,0 +1,289 @@
+"""The collector: activations for fitting proxies (phase 1) and true gradients (phase 2).
+
+Phase 1 runs the fit split through each early-window checkpoint with forward hooks only and
+keeps a capped, seeded sample of token activations per site. Phase 2 runs the test split
+through every checkpoint, takes ∂L/∂h at every selected site in one backward pass (parameter
+gradients switched off: post hoc they are never needed), and reduces the per-token gradients
+to per-sequence sufficient statistics on the fly (see `artifact.py`). Tensors stay on the
+collection device until a unit is finished.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..data import Splits, mask_for_mlm
+from ..geometry import GradientMoments, delta_isoscore_star, oracle_fraction
+from ..models import lm_loss
+from ..seeding import derive_seed
+from .artifact import BasisColumn, UnitArtifact, UnitKey
+from .sites import residual_probe, site_name
+
+
+@dataclass
+class BasisSet:
+    """A frozen proxy basis and its matched-rank controls for one (site, method, rank)."""
+
+    proxy: str
+    rank: int
+    basis: torch.Tensor  # (d, k)
+    controls: dict[str, torch.Tensor]  # kind -> (n, d, k)
+    reconstruction_error: float = float("nan")
+    concept_cards: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class FitSample:
+    """Fit-split activations of one site, with where each row came from (for concept cards)."""
+
+    activations: torch.Tensor  # (N, d) float32, CPU
+    token_ids: torch.Tensor  # (N,)
+    sequence_index: torch.Tensor  # (N,) index into the fit split
+    position: torch.Tensor  # (N,)
+
+
+def model_inputs(tokens: torch.Tensor, splits: Splits, objective: str, mlm_probability: float,
+                 seed: int, purpose: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and labels for the model's own loss; MLM masks are fixed by (seed, purpose) so
+    every checkpoint and every model sharing the data sees the same masked positions."""
+    if objective == "mlm":
+        generator = torch.Generator().manual_seed(derive_seed(seed, purpose, "mask"))
+        return mask_for_mlm(tokens, splits.mask_token_id, splits.vocab_size, mlm_probability, generator)
+    return tokens, tokens
+
+
+def counted_positions(objective: str, seq_len: int) -> int:
+    """Positions whose hidden state can influence the loss: CLM's last position predicts nothing
+    (its gradient is exactly zero by causality), so CLM uses positions 0..T−2. Within these,
+    rows whose gradient is exactly zero are not counted as evaluated tokens (see below)."""
+    return seq_len - 1 if objective == "clm" else seq_len
+
+
+@torch.no_grad()
+def collect_fit_activations(model: torch.nn.Module, inputs: torch.Tensor, layers: list[int], *,
+                            batch_size: int, device: torch.device) -> dict[int, torch.Tensor]:
+    """Residual-stream activations (n_seq, T, d) per layer for the given inputs (CPU, float32)."""
+    collected: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
+    model.to(device)
+    for start in range(0, inputs.shape[0], batch_size):
+        batch = inputs[start : start + batch_size].to(device)
+        with residual_probe(model, layers, gradients=False) as record:
+            model(input_ids=batch)
+        for layer in layers:
+            collected[layer].append(record.activations[layer].float().cpu())
+    return {layer: torch.cat(chunks) for layer, chunks in collected.items()}
+
+
+def sample_fit_tokens(per_checkpoint: list[torch.Tensor], token_ids: torch.Tensor, max_tokens: int,
+                      seed: int) -> FitSample:
+    """Pool (n_seq, T, d) activations over the early checkpoints; keep a seeded sample of rows."""
+    n_seq, seq_len, dim = per_checkpoint[0].shape
+    pooled = torch.cat([a.reshape(-1, dim) for a in per_checkpoint])
+    ids = token_ids.reshape(-1).repeat(len(per_checkpoint))
+    seq_index = torch.arange(n_seq).repeat_interleave(seq_len).repeat(len(per_checkpoint))
+    position = torch.arange(seq_len).repeat(n_seq).repeat(len(per_checkpoint))
+    if pooled.shape[0] > max_tokens:
+        generator = torch.Generator().manual_seed(seed)
+        keep = torch.randperm(pooled.shape[0], generator=generator)[:max_tokens].sort().values
+        pooled, ids, seq_index, position = pooled[keep], ids[keep], seq_index[keep], position[keep]
+    return FitSample(activations=pooled, token_ids=ids, sequence_index=seq_index, position=position)
+
+
+def concept_cards(sample: FitSample, basis: torch.Tensor, fit_tokens: torch.Tensor, decode, n_top: int,
+                  context: int = 4) -> list[dict]:
+    """For each proxy direction, the fit tokens that load on it most, with a short context.
+
+    A direction's sign is arbitrary (PCA, QR), so it is oriented to make the largest-magnitude
+    score positive; tokens are ranked by that oriented score."""
+    if n_top == 0:
+        return []
+    centred = sample.activations.double() - sample.activations.double().mean(0)
+    scores = centred @ basis.double().cpu()
+    cards = []
+    for direction in range(scores.shape[1]):
+        column = scores[:, direction]
+        sign = 1.0 if column.max() >= -column.min() else -1.0
+        top = torch.topk(sign * column, min(n_top, column.shape[0])).indices
+        tokens, contexts = [], []
+        for row in top.tolist():
+            sequence, position = int(sample.sequence_index[row]), int(sample.position[row])
+            tokens.append(decode([int(sample.token_ids[row])]))
+            left = fit_tokens[sequence, max(0, position - context) : position].tolist()
+            right = fit_tokens[sequence, position + 1 : position + 1 + context].tolist()
+            contexts.append(f"{decode(left)}[[{decode([int(sample.token_ids[row])])}]]{decode(right)}")
+        cards.append({"direction": direction, "top_tokens": tokens, "contexts": contexts})
+    return cards
+
+
+def _basis_table(bases: list[BasisSet], dim: int, device: torch.device, dtype: torch.dtype):
+    """Stack every basis' columns into one (d, C) matrix and an indicator (C, n_bases) that sums
+    squared projections back per basis — all energies of a batch in two matrix products."""
+    columns, owner, descriptors = [], [], []
+    for basis_set in bases:
+        entries = [("proxy", -1, basis_set.basis)]
+        for kind, stack in basis_set.controls.items():
+            entries.extend((kind, j, stack[j]) for j in range(stack.shape[0]))
+        for control, draw, matrix in entries:
+            owner.extend([len(descriptors)] * matrix.shape[1])
+            columns.append(matrix)
+            descriptors.append(BasisColumn(basis_set.proxy, basis_set.rank, control, draw))
+    stacked = torch.cat([c.to(device=device, dtype=dtype) for c in columns], dim=1)
+    indicator = torch.zeros(stacked.shape[1], len(descriptors), dtype=dtype, device=device)
+    indicator[torch.arange(stacked.shape[1]), torch.tensor(owner)] = 1.0
+    return stacked, indicator, descriptors
+
+
+def measure_checkpoint(
+    model: torch.nn.Module,
+    *,
+    keys: dict[int, UnitKey],
+    bases: dict[int, list[BasisSet]],
+    splits: Splits,
+    objective: str,
+    token_bucket: torch.Tensor,
+    n_buckets: int,
+    mlm_probability: float,
+    seed: int,
+    batch_size: int,
+    device: torch.device,
+    isoscore_c0: str,
+    isoscore_zeta: float,
+) -> dict[int, UnitArtifact]:
+    """Phase 2 for one checkpoint: every selected site in one forward/backward per batch."""
+    started = time.perf_counter()
+    layers = sorted(keys)
+    compute = torch.float64 if device.type == "cpu" else torch.float32  # CPU stays exact for tests
+    model.to(device)
+    model.eval()
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)  # post hoc: ∂L/∂h needs no parameter gradients
+    inputs, labels = model_inputs(splits.test, splits, objective, mlm_probability, seed, "test")
+    n_seq, seq_len = inputs.shape
+    used = counted_positions(objective, seq_len)
+    dim = next(iter(bases.values()))[0].basis.shape[0]
+    tables = {layer: _basis_table(bases[layer], dim, device, compute) for layer in layers}
+    n_bases = {layer: len(tables[layer][2]) for layer in layers}
+    acc = {
+        layer: {
+            "total": torch.zeros(n_seq, n_buckets, dtype=torch.float64, device=device),
+            "energy": torch.zeros(n_seq, n_buckets, n_bases[layer], dtype=torch.float64, device=device),
+            "grad": GradientMoments.zeros(dim, device=device),
+            "act": GradientMoments.zeros(dim, device=device),
+            "grad_unit": torch.zeros(dim, dtype=torch.float64, device=device),
+            "act_unit": torch.zeros(dim, dtype=torch.float64, device=device),
+            "n_tokens": torch.zeros(n_seq, dtype=torch.int64, device=device),
+            "type_count": torch.zeros(splits.vocab_size, dtype=torch.float64, device=device),
+            "type_sum": torch.zeros(splits.vocab_size, dim, dtype=torch.float64, device=device),
+            "type_sq": torch.zeros(splits.vocab_size, dtype=torch.float64, device=device),
+        }
+        for layer in layers
+    }
+    bucket_of_token = token_bucket.to(device).clamp(min=0)  # unseen ids (-1) never occur in text
+    failure: dict[int, str] = {}
+    for start in range(0, n_seq, batch_size):
+        stop = min(n_seq, start + batch_size)
+        batch_inputs = inputs[start:stop].to(device)
+        batch_labels = labels[start:stop].to(device)
+        with torch.enable_grad(), residual_probe(model, layers, gradients=True) as record:
+            loss = lm_loss(model, batch_inputs, batch_labels, objective)
+            gradients = torch.autograd.grad(loss, [record.deltas[layer] for layer in layers])
+        # frequency buckets and token types follow the text's own token (for MLM the masked
+        # input shows <mask>, but the position still belongs to the original token)
+        token_ids = splits.test[start:stop, :used].to(device)
+        onehot = torch.nn.functional.one_hot(bucket_of_token[token_ids], n_buckets).to(compute)
+        flat_ids = token_ids.reshape(-1)
+        for layer, gradient in zip(layers, gradients):
+            if layer in failure:
+                continue
+            grad = gradient[:, :used].to(compute)
+            act = record.activations[layer][:, :used].to(compute)
+            if not (torch.isfinite(grad).all() and torch.isfinite(act).all()):
+                failure[layer] = (f"non-finite gradients or activations in sequences {start}-{stop - 1} "
+                                  f"at {site_name(layer)}")
+                continue
+            stacked, indicator, _ = tables[layer]
+            squared = (grad @ stacked).square() @ indicator  # (B, T', n_bases)
+            state = acc[layer]
+            state["energy"][start:stop] += torch.einsum("btn,btk->bkn", squared, onehot).double()
+            state["total"][start:stop] += torch.einsum("bt,btk->bk", grad.square().sum(-1), onehot).double()
+            # Gradient rows that are exactly zero carry no loss signal by construction (e.g.
+            # unmasked positions after an encoder's last block): they are not evaluated tokens.
+            evaluated = grad.abs().amax(dim=-1) > 0  # (B, T')
+            state["n_tokens"][start:stop] += evaluated.sum(dim=1)
+            flat_grad = grad.reshape(-1, dim)[evaluated.reshape(-1)]
+            flat_act = act.reshape(-1, dim)
+            state["grad"].update(flat_grad)
+            state["act"].update(flat_act)
+            state["grad_unit"] += _unit_rows(flat_grad).sum(0).double()
+            state["act_unit"] += _unit_rows(flat_act).sum(0).double()
+            state["type_count"].index_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.float64))
+            state["type_sum"].index_add_(0, flat_ids, flat_act.double())
+            state["type_sq"].index_add_(0, flat_ids, flat_act.double().square().sum(-1))
+
+    artifacts = {}
+    for layer in layers:
+        state = acc[layer]
+        _, _, descriptors = tables[layer]
+        n_tokens = acc[layer]["n_tokens"].cpu().numpy()
+        artifact_kwargs = dict(
+            key=keys[layer], dim=dim, bases=descriptors, n_tokens=n_tokens,
+            sequence_documents=np.asarray(splits.test_documents, dtype=np.int64),
+            seconds=time.perf_counter() - started,
+        )
+        if layer in failure:
+            artifacts[layer] = _failed_artifact(failure[layer], n_seq, n_buckets, len(descriptors), splits.vocab_size,
+                                                **artifact_kwargs)
+            continue
+        moments = state["grad"]
+        second_moment = moments.second_moment
+        oracle = {bs.rank: oracle_fraction(second_moment, bs.rank) for bs in bases[layer]}
+        delta = np.full(len(descriptors), np.nan)
+        if dim - max(oracle) >= 2:
+            for basis_set in bases[layer]:
+                index = [i for i, b in enumerate(descriptors) if b.proxy == basis_set.proxy and b.rank == basis_set.rank]
+                stack = torch.cat([basis_set.basis.unsqueeze(0)] + list(basis_set.controls.values())).to(device)
+                delta[index] = _to_numpy(delta_isoscore_star(moments, stack, C0=isoscore_c0, zeta=isoscore_zeta))
+        count = state["type_count"]
+        centroid = state["type_sum"] / count.clamp(min=1).unsqueeze(1)
+        mean_square = state["type_sq"] / count.clamp(min=1) - centroid.square().sum(-1)
+        rms = torch.where(count >= 2, mean_square.clamp(min=0).sqrt(), torch.full_like(count, float("nan")))
+        artifacts[layer] = UnitArtifact(
+            **artifact_kwargs,
+            total_energy=_to_numpy(state["total"]), energy=_to_numpy(state["energy"]),
+            delta_isoscore_star=delta, oracle_fraction=oracle,
+            gradient_moments=_moments_dict(moments), activation_moments=_moments_dict(state["act"]),
+            gradient_unit_sum=_to_numpy(state["grad_unit"]), activation_unit_sum=_to_numpy(state["act_unit"]),
+            type_count=_to_numpy(count).astype(np.int64), type_rms_distance=_to_numpy(rms),
+        )
+    return artifacts
+
+
+def _failed_artifact(note: str, n_seq: int, n_buckets: int, n_bases: int, vocab: int, **kwargs) -> UnitArtifact:
+    dim = kwargs["dim"]
+    nan = float("nan")
+    empty = {"count": 0, "sum": np.full(dim, nan), "outer": np.full((dim, dim), nan)}
+    return UnitArtifact(
+        **kwargs, total_energy=np.full((n_seq, n_buckets), nan), energy=np.full((n_seq, n_buckets, n_bases), nan),
+        delta_isoscore_star=np.full(n_bases, nan), oracle_fraction={}, gradient_moments=empty,
+        activation_moments=dict(empty), gradient_unit_sum=np.full(dim, nan), activation_unit_sum=np.full(dim, nan),
+        type_count=np.zeros(vocab, dtype=np.int64), type_rms_distance=np.full(vocab, nan), status="failed", note=note,
+    )
+
+
+def _unit_rows(matrix: torch.Tensor) -> torch.Tensor:
+    norms = matrix.norm(dim=1, keepdim=True)
+    return torch.where(norms > 0, matrix / norms.clamp(min=1e-300), torch.zeros_like(matrix))
+
+
+def _moments_dict(moments: GradientMoments) -> dict:
+    return {"count": int(moments.count), "sum": _to_numpy(moments.sum), "outer": _to_numpy(moments.outer)}
+
+
+def _to_numpy(tensor) -> np.ndarray:
+    if isinstance(tensor, torch.Tensor):
+        return tensor.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(tensor, dtype=np.float64)

@@ -1,0 +1,265 @@
+"""Data: corpora, tokenisation, fixed-length sequences, disjoint splits, token frequencies.
+
+The statistical sampling unit is the *sequence*: a block of `seq_len` consecutive tokens. The
+corpus (a list of documents) is tokenised, each document's tokens are concatenated (documents
+in their given order), cut into non-overlapping blocks, and the blocks are shuffled with the
+protocol seed. The first `n_test_sequences` blocks form the test split (true gradients); the
+next `n_fit_sequences` blocks the fit split (activations for the proxies); every block that is
+not a test block may be used for training a built-in model. Test blocks are therefore never
+trained on by built-in models and never used to fit a proxy.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .errors import AnistatInputError
+from .protocol import DataSpec
+
+PAD_TOKEN = "<pad>"
+MASK_TOKEN = "<mask>"
+EOS_TOKEN = "<eos>"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Raw documents plus a stable identity (sha256 of the text) for the manifest."""
+
+    name: str
+    documents: tuple[str, ...]
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Token blocks of one tokenisation, split by seed (see module docstring)."""
+
+    test: torch.Tensor  # (n_test, seq_len) int64
+    fit: torch.Tensor  # (n_fit, seq_len) int64
+    train: torch.Tensor  # (n_train, seq_len) int64, every non-test block
+    test_documents: np.ndarray  # (n_test,) document index of each test block's first token
+    token_counts: np.ndarray  # (vocab_size,) corpus-wide counts, for frequency analysis
+    vocab_size: int
+    mask_token_id: int | None
+    pad_token_id: int | None
+    decode: Callable[[list[int]], str] = field(repr=False, compare=False)
+    tokenizer_id: str = ""
+
+
+# ----------------------------------------------------------------------------------------------
+# corpora
+# ----------------------------------------------------------------------------------------------
+def builtin_corpus() -> list[str]:
+    """Python's own documentation topics (ships with CPython: `pydoc_data.topics`), sorted by key."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # pragma: no cover - stripped Python builds
+        raise AnistatInputError(
+            "data.source 'builtin' needs pydoc_data (part of the Python standard library), "
+            "which this Python lacks; use source: text"
+        ) from None
+    return [topics[key] for key in sorted(topics)]
+
+
+def _expand_paths(patterns: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for pattern in patterns:
+        if any(ch in pattern for ch in "*?["):
+            matched = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
+            matched = [p for p in matched if p.is_file()]
+            if not matched:
+                raise AnistatInputError(f"data.paths: no file matches '{pattern}'")
+            files.extend(matched)
+        else:
+            path = Path(pattern)
+            if not path.exists():
+                raise AnistatInputError(f"data.paths: file not found: {pattern}")
+            if not path.is_file():
+                raise AnistatInputError(f"data.paths: not a regular file: {pattern}")
+            files.append(path)
+    return files
+
+
+def _read_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise AnistatInputError(f"data.paths: cannot read {path} ({error.strerror})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise AnistatInputError(
+            f"data.paths: {path} is not UTF-8 text (invalid byte at offset {error.start})"
+        ) from None
+
+
+def load_corpus(spec: DataSpec) -> Corpus:
+    """Load the documents named by the protocol's data section."""
+    if spec.source == "builtin":
+        documents = builtin_corpus()
+        name = "builtin:pydoc_data.topics"
+    else:
+        documents = []
+        for path in _expand_paths(spec.paths):
+            text = _read_text(path)
+            if spec.source == "text":
+                documents.append(text)
+                continue
+            for number, line in enumerate(text.splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise AnistatInputError(f"{path}:{number}: invalid JSON ({error.msg})") from None
+                if not isinstance(record, dict) or not isinstance(record.get(spec.text_field), str):
+                    raise AnistatInputError(
+                        f"{path}:{number}: record has no string field '{spec.text_field}'"
+                    )
+                documents.append(record[spec.text_field])
+        name = f"{spec.source}:" + ",".join(spec.paths)
+    documents = [doc for doc in documents if doc.strip()]
+    if not documents:
+        raise AnistatInputError(f"data: the corpus ({name}) is empty")
+    digest = _sha256_documents(documents)
+    return Corpus(name=name, documents=tuple(documents), sha256=digest)
+
+
+def _sha256_documents(documents: list[str]) -> str:
+    import hashlib
+
+    hasher = hashlib.sha256()
+    for doc in documents:
+        encoded = doc.encode("utf-8")
+        hasher.update(len(encoded).to_bytes(8, "little"))
+        hasher.update(encoded)
+    return hasher.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# tokenisers
+# ----------------------------------------------------------------------------------------------
+class BuiltinTokenizer:
+    """A byte-level BPE trained on the corpus with the `tokenizers` library.
+
+    Training is deterministic (same corpus and vocab size → same merges), so the built-in models
+    are reproducible without any download.
+    """
+
+    def __init__(self, documents: tuple[str, ...], vocab_size: int):
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[PAD_TOKEN, MASK_TOKEN, EOS_TOKEN],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tokenizer.train_from_iterator(list(documents), trainer=trainer)
+        self._tokenizer = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size()
+        self.pad_token_id = tokenizer.token_to_id(PAD_TOKEN)
+        self.mask_token_id = tokenizer.token_to_id(MASK_TOKEN)
+        self.eos_token_id = tokenizer.token_to_id(EOS_TOKEN)
+        self.identity = f"builtin-bpe-{self.vocab_size}"
+
+    def encode_documents(self, documents: tuple[str, ...]) -> list[list[int]]:
+        return [encoding.ids for encoding in self._tokenizer.encode_batch(list(documents))]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(list(ids))
+
+
+class PretrainedTokenizer:
+    """The tokenizer saved beside a Hugging Face model (`AutoTokenizer`, local files only)."""
+
+    def __init__(self, tokenizer: Any, identity: str):
+        self._tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.pad_token_id = tokenizer.pad_token_id
+        self.mask_token_id = tokenizer.mask_token_id
+        self.eos_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+        self.identity = identity
+
+    def encode_documents(self, documents: tuple[str, ...]) -> list[list[int]]:
+        encoded = self._tokenizer(list(documents), add_special_tokens=False, verbose=False)
+        return encoded["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(list(ids))
+
+
+def make_splits(corpus: Corpus, tokenizer: BuiltinTokenizer | PretrainedTokenizer, spec: DataSpec, seed: int) -> Splits:
+    """Tokenise, cut into blocks, shuffle by seed and split (see module docstring)."""
+    encoded = tokenizer.encode_documents(corpus.documents)
+    stream: list[int] = []
+    document_of_token: list[int] = []
+    for index, ids in enumerate(encoded):
+        if tokenizer.eos_token_id is not None:
+            ids = list(ids) + [tokenizer.eos_token_id]
+        stream.extend(ids)
+        document_of_token.extend([index] * len(ids))
+    n_tokens = len(stream)
+    if n_tokens < spec.seq_len:
+        raise AnistatInputError(
+            f"data: the corpus has {n_tokens} tokens, fewer than one sequence of seq_len={spec.seq_len}"
+        )
+    n_blocks = n_tokens // spec.seq_len
+    needed = spec.n_test_sequences + spec.n_fit_sequences
+    if n_blocks < needed:
+        raise AnistatInputError(
+            f"data: the corpus gives {n_blocks} sequences of {spec.seq_len} tokens, but "
+            f"n_test_sequences + n_fit_sequences = {needed}; lower them or add text"
+        )
+    tokens = torch.tensor(stream[: n_blocks * spec.seq_len], dtype=torch.int64).view(n_blocks, spec.seq_len)
+    first_document = np.asarray(document_of_token[:: spec.seq_len][:n_blocks], dtype=np.int64)
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n_blocks, generator=generator)
+    test_index = order[: spec.n_test_sequences]
+    fit_index = order[spec.n_test_sequences : needed]
+    train_index = order[spec.n_test_sequences :]
+    counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=tokenizer.vocab_size)
+    return Splits(
+        test=tokens[test_index].clone(),
+        fit=tokens[fit_index].clone(),
+        train=tokens[train_index].clone(),
+        test_documents=first_document[test_index.numpy()],
+        token_counts=counts.astype(np.int64),
+        vocab_size=int(max(tokenizer.vocab_size, counts.shape[0])),
+        mask_token_id=tokenizer.mask_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        decode=tokenizer.decode,
+        tokenizer_id=tokenizer.identity,
+    )
+
+
+def mask_for_mlm(
+    tokens: torch.Tensor, mask_token_id: int, vocab_size: int, probability: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT's 80/10/10 masking: returns (inputs, labels) with labels −100 where not predicted.
+
+    At least one position per sequence is masked so every sequence carries a loss (and a
+    gradient); randomness comes only from `generator`, so masks are reproducible.
+    """
+    probabilities = torch.rand(tokens.shape, generator=generator)
+    selected = probabilities < probability
+    # guarantee one prediction per sequence: the position with the smallest draw
+    first = probabilities.argmin(dim=1)
+    selected[torch.arange(tokens.shape[0]), first] = True
+    labels = torch.where(selected, tokens, torch.full_like(tokens, -100))
+    action = torch.rand(tokens.shape, generator=generator)
+    random_tokens = torch.randint(0, vocab_size, tokens.shape, generator=generator)
+    inputs = tokens.clone()
+    inputs = torch.where(selected & (action < 0.8), torch.full_like(tokens, mask_token_id), inputs)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_tokens, inputs)
+    return inputs, labels

@@ -1,0 +1,497 @@
+"""Activation-derived low-rank proxies ("tangent proxies") behind one pluggable interface.
+
+``fit_proxy(activations, method, rank, seed=0, **options)`` fits a rank-k model of the
+activations ``A`` (N, d) and returns a :class:`Proxy` whose ``basis`` is a (d, k) matrix with
+orthonormal columns spanning the model's directions.
+
+Methods (registered in :data:`PROXY_METHODS`; add one with ``@register_proxy("name")``):
+
+* ``pca``      — top-k right singular vectors of the centred activations.
+* ``semi_nmf`` — Ding, Li & Jordan (2010) semi-NMF of the *uncentred* activations
+  ``A ≈ G Fᵀ``, codes ``G ≥ 0`` (N, k), free dictionary ``F`` (d, k); basis = QR(F).
+* ``nmf``      — Lee–Seung NMF of ``ReLU(A) ≈ W H`` (W ≥ 0 codes, H ≥ 0 dictionary);
+  basis = QR(Hᵀ).
+* ``ica``      — FastICA (symmetric, log-cosh contrast) on the whitened top-k PCA
+  coordinates; basis = QR of the unmixing directions mapped back to activation space.  Those
+  directions span exactly the top-k PCA subspace, so ``ica`` gives the *same subspace* (and
+  the same energy fractions) as ``pca``; only the axes inside it — what concept cards show —
+  differ.
+* ``random``   — a Haar-random k-subspace drawn from ``seed``: a deliberately uninformative
+  negative control that goes through the same pipeline as a real proxy.
+
+All fitting is done in float64 on the activations' device (torch only, so it runs on GPU);
+random initialisations use a CPU ``torch.Generator`` seeded with ``seed`` and are then moved,
+so fits are deterministic and identical across devices up to floating-point reduction order.
+The returned basis has the input's dtype promoted to at least float32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from ._util import as_tensor, check_rank, cpu_generator, output_dtype, qr_positive
+
+__all__ = [
+    "PROXY_METHODS",
+    "Proxy",
+    "ProxyMethod",
+    "fit_proxy",
+    "project",
+    "register_proxy",
+    "top_activating",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class Proxy:
+    """A fitted rank-k proxy.
+
+    Attributes
+    ----------
+    method : registered method name.
+    rank : k.
+    basis : (d, k) tensor with orthonormal columns (input dtype promoted to ≥ float32).
+    reconstruction_error : relative Frobenius error ``‖X − X̂‖_F / ‖X‖_F`` of the method's
+        rank-k model of the data it models (centred activations for pca / ica / random —
+        ``X̂ = X B Bᵀ``; raw activations for semi_nmf — ``X̂ = G Fᵀ``; ``ReLU(A)`` for nmf).
+    info : method-specific diagnostics (objective traces, iterations, explained variance, …).
+    """
+
+    method: str
+    rank: int
+    basis: torch.Tensor
+    reconstruction_error: float
+    info: dict = field(default_factory=dict)
+
+    @property
+    def dim(self) -> int:
+        return int(self.basis.shape[0])
+
+
+class ProxyMethod:
+    """Base class of a proxy method.  Subclasses set ``name`` (done by :func:`register_proxy`),
+    take their options as constructor keyword arguments and implement :meth:`fit`."""
+
+    name: ClassVar[str] = ""
+
+    def fit(self, x: torch.Tensor, rank: int, seed: int) -> tuple[torch.Tensor, float, dict]:
+        """Fit on float64 activations ``x`` (N, d); return ``(basis (d, k) float64 orthonormal,
+        reconstruction_error, info)``."""
+        raise NotImplementedError
+
+
+#: name → ProxyMethod subclass.
+PROXY_METHODS: dict[str, type[ProxyMethod]] = {}
+
+
+def register_proxy(name: str) -> Callable[[type[ProxyMethod]], type[ProxyMethod]]:
+    """Class decorator registering a :class:`ProxyMethod` subclass under ``name``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("proxy name must be a non-empty string")
+
+    def deco(cls: type[ProxyMethod]) -> type[ProxyMethod]:
+        if not (isinstance(cls, type) and issubclass(cls, ProxyMethod)):
+            raise TypeError("register_proxy decorates ProxyMethod subclasses")
+        if name in PROXY_METHODS and PROXY_METHODS[name] is not cls:
+            raise ValueError(f"proxy method {name!r} is already registered")
+        cls.name = name
+        PROXY_METHODS[name] = cls
+        return cls
+
+    return deco
+
+
+def fit_proxy(activations: Any, method: str, rank: int, seed: int = 0, **options: Any) -> Proxy:
+    """Fit a rank-``rank`` proxy of ``activations`` (N, d) with a registered ``method``.
+
+    ``1 <= rank < d`` is required (``ValueError`` otherwise); N may be smaller than d.  When
+    the data have fewer than ``rank`` informative directions (e.g. N ≤ rank), the basis is
+    completed with seeded random orthonormal directions and ``info["completed_dims"]`` says
+    how many.  ``options`` go to the method's constructor (unknown ones raise ``ValueError``).
+    """
+    if method not in PROXY_METHODS:
+        raise ValueError(f"unknown proxy method {method!r}; registered: {sorted(PROXY_METHODS)}")
+    a = as_tensor(activations, name="activations")
+    if a.ndim != 2:
+        raise ValueError(f"activations must be (N, d), got shape {tuple(a.shape)}")
+    n, d = a.shape
+    rank = check_rank(rank, d)
+    if n < 2:
+        raise ValueError(f"need at least 2 activation rows, got {n}")
+    x = a.detach().to(torch.float64)
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("activations contain non-finite values")
+    try:
+        impl = PROXY_METHODS[method](**options)
+    except TypeError as exc:
+        raise ValueError(f"bad options for proxy method {method!r}: {exc}") from exc
+    basis, err, info = impl.fit(x, rank, int(seed))
+    basis = basis.to(torch.float64)
+    info = dict(info)
+    basis, completed = _ensure_orthonormal(basis, rank, seed)
+    if completed:
+        info["completed_dims"] = completed
+    return Proxy(method=method, rank=rank, basis=basis.to(output_dtype(a.dtype)), reconstruction_error=float(err), info=info)
+
+
+# ---------------------------------------------------------------------------- helpers
+def _orthonormal_span(f: torch.Tensor, rtol: float = 1e-9) -> torch.Tensor:
+    """Orthonormal basis of span(f) (d, k): QR with positive diagonal when f has full column
+    rank; otherwise the numerically non-null left singular vectors (fewer than k columns)."""
+    q, r = torch.linalg.qr(f)
+    diag = torch.diagonal(r).abs()
+    scale = float(torch.linalg.matrix_norm(f, ord=2)) if f.numel() else 0.0
+    if scale > 0 and bool((diag > rtol * scale).all()):
+        signs = torch.where(torch.diagonal(r) < 0, -1.0, 1.0).to(q.dtype)
+        return q * signs  # same as qr_positive(f), without a second factorisation
+    u, s, _ = torch.linalg.svd(f, full_matrices=False)
+    keep = s > rtol * max(scale, 1e-300)
+    return u[:, keep]
+
+
+def _ensure_orthonormal(basis: torch.Tensor, rank: int, seed: int) -> tuple[torch.Tensor, int]:
+    """Make ``basis`` an orthonormal (d, rank) matrix, completing a deficient span with seeded
+    random directions orthogonal to it.  Returns (basis, number of completed columns)."""
+    d = basis.shape[0]
+    b = _orthonormal_span(basis) if basis.shape[1] else basis
+    missing = rank - b.shape[1]
+    if missing <= 0:
+        return b[:, :rank], 0
+    g = cpu_generator(seed + 7919)
+    z = torch.randn(d, missing, generator=g, dtype=torch.float64).to(basis.device)
+    if b.shape[1]:
+        z = z - b @ (b.T @ z)
+    extra = qr_positive(z)
+    if b.shape[1]:
+        extra = qr_positive(extra - b @ (b.T @ extra))
+    return torch.cat([b, extra], dim=1), missing
+
+
+def _fix_signs(v: torch.Tensor) -> torch.Tensor:
+    """Deterministic sign per column: the entry of largest magnitude is positive."""
+    idx = v.abs().argmax(dim=0)
+    s = torch.sign(v[idx, torch.arange(v.shape[1], device=v.device)])
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    return v * s
+
+
+def _centred_projection_error(x: torch.Tensor, basis: torch.Tensor) -> float:
+    xc = x - x.mean(dim=0, keepdim=True)
+    tot = float(torch.linalg.matrix_norm(xc))
+    if tot == 0:
+        return 0.0
+    res = xc - (xc @ basis) @ basis.T
+    return float(torch.linalg.matrix_norm(res)) / tot
+
+
+def _rel_error(x: torch.Tensor, xhat: torch.Tensor) -> float:
+    tot = float(torch.linalg.matrix_norm(x))
+    return 0.0 if tot == 0 else float(torch.linalg.matrix_norm(x - xhat)) / tot
+
+
+def _top_pcs(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean (d,), top-k right singular vectors (d, ≤k), singular values) of centred x."""
+    mu = x.mean(dim=0, keepdim=True)
+    xc = x - mu
+    _, s, vh = torch.linalg.svd(xc, full_matrices=False)
+    return mu.squeeze(0), _fix_signs(vh[:k].T), s
+
+
+def project(activations: Any, basis: Any, *, center: Any = None) -> torch.Tensor:
+    """Coordinates ``(A − c) B`` (N, k) of activations on a basis; ``center`` is an optional
+    (d,) offset (e.g. the fit-split mean for PCA-style concept scores)."""
+    a = as_tensor(activations, name="activations").to(torch.float64)
+    b = as_tensor(basis, name="basis").to(torch.float64).to(a.device)
+    if center is not None:
+        a = a - as_tensor(center, name="center").to(torch.float64).to(a.device)
+    return a @ b
+
+
+def top_activating(scores: Any, m: int, *, absolute: bool = False) -> torch.Tensor:
+    """Concept-card helper: indices of the ``m`` highest-scoring rows per direction.
+
+    ``scores`` (N, r) are projections of N token activations onto r proxy directions (see
+    :func:`project`).  Returns a long tensor (r, m'), m' = min(m, N), row j listing token
+    indices by decreasing ``scores[:, j]`` (by decreasing ``|scores[:, j]|`` with
+    ``absolute=True``; PCA / ICA axes have arbitrary sign, NMF codes do not).  Ties keep the
+    lower index first.
+    """
+    s = as_tensor(scores, name="scores")
+    if s.ndim == 1:
+        s = s.unsqueeze(1)
+    if s.ndim != 2:
+        raise ValueError(f"scores must be (N, r), got {tuple(s.shape)}")
+    if m < 1:
+        raise ValueError("m must be >= 1")
+    s = s.to(torch.float64)
+    if absolute:
+        s = s.abs()
+    mm = min(int(m), s.shape[0])
+    order = torch.argsort(-s, dim=0, stable=True)[:mm]
+    return order.T.contiguous()
+
+
+# ---------------------------------------------------------------------------- methods
+@register_proxy("pca")
+class PCAProxy(ProxyMethod):
+    """Top-k right singular vectors of the centred activations (signs: largest entry > 0).
+    info: ``explained_variance_ratio`` (captured share of centred variance), ``singular_values``
+    (top k), ``mean`` (d,)."""
+
+    def fit(self, x, rank, seed):
+        mu, v, s = _top_pcs(x, rank)
+        # drop numerically null components (N ≤ rank): fit_proxy completes them at random
+        nonnull = s[: v.shape[1]] > 1e-12 * max(float(s[0]) if len(s) else 0.0, 1e-300)
+        v = v[:, nonnull]
+        tot = float((s**2).sum())
+        evr = float((s[:rank] ** 2).sum()) / tot if tot > 0 else float("nan")
+        info = {"explained_variance_ratio": evr, "singular_values": s[:rank].cpu().numpy(), "mean": mu.cpu().numpy()}
+        return v, _centred_projection_error(x, v), info
+
+
+@register_proxy("random")
+class RandomProxy(ProxyMethod):
+    """Haar-random k-subspace from ``seed`` (QR with sign fix of a Gaussian d×k).  The
+    reconstruction error is the centred projection error, as for pca."""
+
+    def fit(self, x, rank, seed):
+        g = cpu_generator(seed)
+        z = torch.randn(x.shape[1], rank, generator=g, dtype=torch.float64).to(x.device)
+        q = qr_positive(z)
+        return q, _centred_projection_error(x, q), {}
+
+
+def _kmeanspp_labels(x: torch.Tensor, k: int, gen: torch.Generator, iters: int) -> torch.Tensor:
+    """Seeded k-means++ seeding + a few Lloyd iterations; returns labels (N,)."""
+    n = x.shape[0]
+    first = int(torch.randint(n, (1,), generator=gen))
+    centres = [x[first]]
+    d2 = ((x - centres[0]) ** 2).sum(1)
+    for _ in range(1, k):
+        tot = float(d2.sum())
+        if tot > 0:
+            probs = (d2 / tot).cpu()
+            nxt = int(torch.multinomial(probs, 1, generator=gen))
+        else:
+            nxt = int(torch.randint(n, (1,), generator=gen))
+        centres.append(x[nxt])
+        d2 = torch.minimum(d2, ((x - x[nxt]) ** 2).sum(1))
+    c = torch.stack(centres)
+    labels = torch.cdist(x, c).argmin(1)
+    for _ in range(iters):
+        onehot = torch.nn.functional.one_hot(labels, k).to(x.dtype)
+        cnt = onehot.sum(0)
+        newc = (onehot.T @ x) / cnt.clamp_min(1)[:, None]
+        c = torch.where(cnt[:, None] > 0, newc, c)
+        new = torch.cdist(x, c).argmin(1)
+        if bool((new == labels).all()):
+            break
+        labels = new
+    return labels
+
+
+def _pos(a: torch.Tensor) -> torch.Tensor:
+    return (a.abs() + a) * 0.5
+
+
+def _neg(a: torch.Tensor) -> torch.Tensor:
+    return (a.abs() - a) * 0.5
+
+
+@register_proxy("semi_nmf")
+class SemiNMFProxy(ProxyMethod):
+    """Semi-NMF (Ding, Li & Jordan 2010) of the uncentred activations: minimise
+    ``‖X − G Fᵀ‖_F²`` over codes ``G ≥ 0`` (N, k) and a free dictionary ``F`` (d, k).
+
+    Alternating updates, each non-increasing in the objective:
+    ``F ← Xᵀ G (GᵀG)⁻¹`` (exact least squares) and the multiplicative rule
+    ``G ← G ∘ sqrt(((XF)⁺ + G(FᵀF)⁻) / ((XF)⁻ + G(FᵀF)⁺))`` with ``A⁺ = (|A|+A)/2``,
+    ``A⁻ = (|A|−A)/2``.  Init: seeded k-means++ + Lloyd labels, ``G = indicator + 0.2`` (as in
+    the paper).  Stops when the relative objective decrease is below ``tol`` or after
+    ``max_iter`` iterations.  (The k-means init runs on the CPU copy so it is identical on every
+    device; the updates run on the activations' device.)  Dictionary atoms are sorted by code energy ‖G_j‖·‖F_j‖
+    (descending) and QR-orthonormalised (sign-fixed) into the basis.
+
+    info: ``objective`` (list, the trace — initial value first), ``n_iter``, ``converged``,
+    ``codes_nonnegative``.
+    Options: ``max_iter=500``, ``tol=1e-7``, ``kmeans_iter=10``, ``center=False`` (centre the
+    activations first).
+    """
+
+    def __init__(self, max_iter: int = 500, tol: float = 1e-7, kmeans_iter: int = 10, center: bool = False):
+        self.max_iter = int(max_iter)
+        self.tol = float(tol)
+        self.kmeans_iter = int(kmeans_iter)
+        self.center = bool(center)
+
+    @staticmethod
+    def _update_f(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        gtg = g.T @ g
+        rhs = g.T @ x  # (k, d)
+        try:
+            sol = torch.linalg.solve(gtg, rhs)
+        except RuntimeError:
+            sol = torch.linalg.pinv(gtg, hermitian=True) @ rhs
+        return sol.T  # (d, k)
+
+    def fit(self, x, rank, seed):
+        if self.center:
+            x = x - x.mean(dim=0, keepdim=True)
+        gen = cpu_generator(seed)
+        n = x.shape[0]
+        k = rank
+        if k <= n:
+            labels = _kmeanspp_labels(x.cpu(), k, gen, self.kmeans_iter).to(x.device)
+            g = torch.nn.functional.one_hot(labels, k).to(x.dtype) + 0.2
+        else:
+            g = torch.rand(n, k, generator=gen, dtype=torch.float64).to(x.device) + 0.2
+        eps = 1e-300
+        f = self._update_f(x, g)
+        xx = float((x * x).sum())
+
+        def objective(xf_, f_, g_):
+            # ‖X − GFᵀ‖² expanded to avoid forming the N×d residual (xf_ = X F)
+            return xx - 2 * float(torch.sum(xf_ * g_)) + float(torch.sum((g_.T @ g_) * (f_.T @ f_)))
+
+        xf = x @ f
+        trace = [objective(xf, f, g)]
+        converged = False
+        it = 0
+        for it in range(1, self.max_iter + 1):
+            ftf = f.T @ f
+            num = _pos(xf) + g @ _neg(ftf)
+            den = _neg(xf) + g @ _pos(ftf)
+            g = g * torch.sqrt(num / den.clamp_min(eps))
+            f = self._update_f(x, g)
+            xf = x @ f
+            trace.append(objective(xf, f, g))
+            prev = trace[-2]
+            if abs(prev - trace[-1]) <= self.tol * max(abs(prev), 1e-300):
+                converged = True
+                break
+        strength = torch.linalg.vector_norm(g, dim=0) * torch.linalg.vector_norm(f, dim=0)
+        order = torch.argsort(-strength, stable=True)
+        f, g = f[:, order], g[:, order]
+        basis = _orthonormal_span(f)
+        err = math.sqrt(max(trace[-1], 0.0) / xx) if xx > 0 else 0.0
+        info = {
+            "objective": trace,
+            "n_iter": it,
+            "converged": converged,
+            "codes_nonnegative": bool((g >= 0).all()),
+            "centered": self.center,
+        }
+        return basis, err, info
+
+
+@register_proxy("nmf")
+class NMFProxy(ProxyMethod):
+    """NMF (Lee & Seung multiplicative updates, Frobenius loss) of ``X⁺ = ReLU(A)``:
+    ``X⁺ ≈ W H`` with codes ``W ≥ 0`` (N, k) and dictionary ``H ≥ 0`` (k, d); basis = QR(Hᵀ)
+    (atoms sorted by ‖W_j‖·‖H_j‖).  Seeded uniform init scaled to the data.
+    info: ``objective`` trace, ``n_iter``, ``converged``.
+    Options: ``max_iter=500``, ``tol=1e-7``."""
+
+    def __init__(self, max_iter: int = 500, tol: float = 1e-7):
+        self.max_iter = int(max_iter)
+        self.tol = float(tol)
+
+    def fit(self, x, rank, seed):
+        xp = x.clamp_min(0.0)
+        n, d = xp.shape
+        k = rank
+        gen = cpu_generator(seed)
+        scale = math.sqrt(max(float(xp.mean()), 1e-12) / k)
+        w = (torch.rand(n, k, generator=gen, dtype=torch.float64) * scale).to(x.device) + 1e-3 * scale
+        h = (torch.rand(k, d, generator=gen, dtype=torch.float64) * scale).to(x.device) + 1e-3 * scale
+        eps = 1e-300
+        xx = float((xp * xp).sum())
+
+        def objective(w_, h_):
+            return xx - 2 * float(torch.sum((w_.T @ xp) * h_)) + float(torch.sum((w_.T @ w_) * (h_ @ h_.T)))
+
+        trace = [objective(w, h)]
+        converged = False
+        it = 0
+        for it in range(1, self.max_iter + 1):
+            h = h * (w.T @ xp) / (w.T @ w @ h).clamp_min(eps)
+            w = w * (xp @ h.T) / (w @ (h @ h.T)).clamp_min(eps)
+            trace.append(objective(w, h))
+            prev = trace[-2]
+            if abs(prev - trace[-1]) <= self.tol * max(abs(prev), 1e-300):
+                converged = True
+                break
+        strength = torch.linalg.vector_norm(w, dim=0) * torch.linalg.vector_norm(h, dim=1)
+        order = torch.argsort(-strength, stable=True)
+        w, h = w[:, order], h[order]
+        basis = _orthonormal_span(h.T)
+        err = math.sqrt(max(trace[-1], 0.0) / xx) if xx > 0 else 0.0
+        return basis, err, {"objective": trace, "n_iter": it, "converged": converged}
+
+
+@register_proxy("ica")
+class ICAProxy(ProxyMethod):
+    """FastICA (Hyvärinen 1999; symmetric decorrelation, log-cosh contrast ``g = tanh``) on the
+    whitened top-k principal coordinates ``Z = X_c V_k diag(√(N−1)/s_k)``.
+
+    With unmixing matrix ``W`` (k×k, orthogonal) the sources are ``S = Z Wᵀ``; the unmixing
+    direction of source j in activation space is column j of ``V_k diag(√(N−1)/s_k) Wᵀ``.
+    The basis is QR of those directions (after sorting the sources by kurtosis magnitude), so
+    it spans exactly the top-k PCA subspace — energy fractions equal pca's; the axes differ.
+    info: ``unmixing`` (d, k) directions, ``mixing`` (d, k), ``n_iter``, ``converged``.
+    Options: ``max_iter=400``, ``tol=1e-8``."""
+
+    def __init__(self, max_iter: int = 400, tol: float = 1e-8):
+        self.max_iter = int(max_iter)
+        self.tol = float(tol)
+
+    @staticmethod
+    def _sym_decorrelate(w: torch.Tensor) -> torch.Tensor:
+        ev, vec = torch.linalg.eigh(w @ w.T)
+        return vec @ torch.diag(ev.clamp_min(1e-300).rsqrt()) @ vec.T @ w
+
+    def fit(self, x, rank, seed):
+        n = x.shape[0]
+        mu, v, s = _top_pcs(x, rank)
+        r = v.shape[1]
+        sk = s[:r]
+        keep = sk > 1e-12 * max(float(s[0]) if len(s) else 0.0, 1e-300)
+        v, sk = v[:, keep], sk[keep]
+        r = v.shape[1]
+        if r == 0:
+            return v, _centred_projection_error(x, v), {"n_iter": 0, "converged": True}
+        scale = math.sqrt(max(n - 1, 1)) / sk  # whitening
+        z = (x - mu) @ v * scale  # (N, r), unit variance
+        gen = cpu_generator(seed)
+        w = self._sym_decorrelate(torch.randn(r, r, generator=gen, dtype=torch.float64).to(x.device))
+        converged = False
+        it = 0
+        for it in range(1, self.max_iter + 1):
+            y = z @ w.T  # (N, r)
+            gy = torch.tanh(y)
+            gpy = 1.0 - gy * gy
+            w_new = (gy.T @ z) / n - gpy.mean(0)[:, None] * w
+            w_new = self._sym_decorrelate(w_new)
+            lim = float((torch.diagonal(w_new @ w.T).abs() - 1.0).abs().max())
+            w = w_new
+            if lim < self.tol:
+                converged = True
+                break
+        src = z @ w.T
+        kurt = (src**4).mean(0) - 3.0
+        order = torch.argsort(-kurt.abs(), stable=True)
+        w = w[order]
+        unmix = _fix_signs(v @ torch.diag(scale) @ w.T)  # (d, r)
+        mixing = v @ torch.diag(1.0 / scale) @ w.T
+        basis = _orthonormal_span(unmix)
+        info = {
+            "unmixing": unmix.cpu().numpy(),
+            "mixing": mixing.cpu().numpy(),
+            "n_iter": it,
+            "converged": converged,
+        }
+        return basis, _centred_projection_error(x, basis), info

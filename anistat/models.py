@@ -1,0 +1,284 @@
+"""Models: where the checkpoints come from.
+
+A `ModelSeries` is one protocol model resolved into an ordered list of `Checkpoint`s (earliest
+first), each able to materialise a `transformers` model in eval mode, plus the tokenisation of
+the corpus that model reads. Sources:
+
+* builtin — a tiny GPT-2-style decoder (CLM) or BERT-style encoder (MLM) built from a
+  transformers config and trained here with AdamW; the state at each checkpoint step is kept
+  (on CPU) so the run measures the model *during* training.
+* local — Hugging Face `save_pretrained` directories (one, or a checkpoint series).
+* hub — a hub id and revisions, loaded from the local Hugging Face cache when offline.
+
+Weights load through safetensors where present (transformers uses `weights_only` for pickles),
+and model code from a checkpoint runs only with `trust_remote_code: true` in the protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .data import BuiltinTokenizer, Corpus, PretrainedTokenizer, Splits, make_splits, mask_for_mlm
+from .errors import AnistatInputError
+from .protocol import DataSpec, ModelSpec
+from .seeding import derive_seed
+
+MLM_MODEL_TYPES = {
+    "bert", "roberta", "xlm-roberta", "distilbert", "electra", "modernbert", "camembert",
+    "deberta", "deberta-v2", "albert", "mpnet", "eurobert",
+}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One measured state of a model: a label, a training step if known, and a loader."""
+
+    label: str
+    step: int | None
+    load: Callable[[], torch.nn.Module] = field(repr=False, compare=False)
+    revision: str | None = None
+
+
+@dataclass
+class ModelSeries:
+    spec: ModelSpec
+    objective: str
+    splits: Splits
+    checkpoints: list[Checkpoint]
+    hidden_size: int
+    num_layers: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------
+# builtin models
+# ----------------------------------------------------------------------------------------------
+def build_builtin_model(spec: ModelSpec, vocab_size: int, seq_len: int, seed: int) -> torch.nn.Module:
+    """A tiny randomly initialised model from a transformers config (sizes from the protocol)."""
+    from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(derive_seed(seed, spec.name, "init"))
+    intermediate = spec.intermediate_size or 4 * spec.hidden_size
+    if spec.architecture == "gpt2":
+        config = GPT2Config(
+            vocab_size=vocab_size, n_positions=seq_len, n_embd=spec.hidden_size, n_layer=spec.num_layers,
+            n_head=spec.num_heads, n_inner=intermediate, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        )
+        model = GPT2LMHeadModel(config)
+    else:
+        config = BertConfig(
+            vocab_size=vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+            num_attention_heads=spec.num_heads, intermediate_size=intermediate,
+            max_position_embeddings=seq_len, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+            pad_token_id=0,
+        )
+        model = BertForMaskedLM(config)
+    return model
+
+
+def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, objective: str) -> torch.Tensor:
+    """Sum over sequences of each sequence's mean token cross-entropy.
+
+    CLM: next-token CE over positions 0..T−2 (labels shifted inside); MLM: CE over masked
+    positions. Summing per-sequence means (instead of one batch mean) makes a sequence's
+    gradient independent of which other sequences share its batch — so batch size, sharding
+    across processes and resumption never change the numbers.
+    """
+    logits = model(input_ids=inputs).logits.float()
+    if objective == "clm":
+        logits = logits[:, :-1]
+        labels = labels[:, 1:]
+    token_loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
+    ).view(labels.shape)
+    counted = (labels != -100).sum(dim=1).clamp(min=1)
+    return (token_loss.sum(dim=1) / counted).sum()
+
+
+def _train_builtin(
+    model: torch.nn.Module, spec: ModelSpec, splits: Splits, data: DataSpec, objective: str, seed: int,
+    log: Callable[[str], None],
+) -> dict[int, dict[str, torch.Tensor]]:
+    """Train with AdamW; return CPU copies of the state at each checkpoint step."""
+    train = spec.train
+    wanted = set(train.checkpoints)
+    states: dict[int, dict[str, torch.Tensor]] = {}
+
+    def snapshot(step: int) -> None:
+        if step in wanted:
+            states[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    snapshot(0)
+    if train.steps == 0:
+        return states
+    optimiser = torch.optim.AdamW(model.parameters(), lr=train.learning_rate, weight_decay=train.weight_decay)
+    warmup = max(1, train.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: min(1.0, (step + 1) / warmup))
+    generator = torch.Generator().manual_seed(derive_seed(seed, spec.name, "train"))
+    model.train()
+    started = time.perf_counter()
+    for step in range(1, train.steps + 1):
+        index = torch.randint(0, splits.train.shape[0], (train.batch_size,), generator=generator)
+        batch = splits.train[index]
+        if objective == "mlm":
+            inputs, labels = mask_for_mlm(batch, splits.mask_token_id, splits.vocab_size, data.mlm_probability, generator)
+        else:
+            inputs, labels = batch, batch
+        loss = lm_loss(model, inputs, labels, objective) / batch.shape[0]
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+        scheduler.step()
+        if not torch.isfinite(loss):
+            raise AnistatInputError(f"models.{spec.name}: training diverged at step {step} (loss {loss.item()})")
+        snapshot(step)
+        if step % max(1, train.steps // 4) == 0 or step == train.steps:
+            log(f"  {spec.name}: step {step}/{train.steps} loss {loss.item():.3f} "
+                f"({time.perf_counter() - started:.1f}s)")
+    model.eval()
+    return states
+
+
+def _builtin_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: int, log: Callable[[str], None],
+                    tokenizer_cache: dict) -> ModelSeries:
+    key = ("builtin", data.vocab_size)
+    if key not in tokenizer_cache:
+        tokenizer = BuiltinTokenizer(corpus.documents, data.vocab_size)
+        tokenizer_cache[key] = (tokenizer, make_splits(corpus, tokenizer, data, seed))
+    tokenizer, splits = tokenizer_cache[key]
+    objective = spec.resolved_objective
+    model = build_builtin_model(spec, splits.vocab_size, data.seq_len, seed)
+    log(f"training {spec.name} ({spec.architecture}, {objective}, d={spec.hidden_size}, "
+        f"{spec.num_layers} layers) for {spec.train.steps} steps")
+    states = _train_builtin(model, spec, splits, data, objective, seed, log)
+
+    def loader(state: dict[str, torch.Tensor]) -> Callable[[], torch.nn.Module]:
+        def load() -> torch.nn.Module:
+            model.load_state_dict(state)
+            return model.eval()
+        return load
+
+    checkpoints = [Checkpoint(label=f"step{step}", step=step, load=loader(states[step])) for step in spec.train.checkpoints]
+    return ModelSeries(
+        spec=spec, objective=objective, splits=splits, checkpoints=checkpoints,
+        hidden_size=spec.hidden_size, num_layers=spec.num_layers,
+        info={"source": "builtin", "architecture": spec.architecture, "tokenizer": tokenizer.identity,
+              "parameters": sum(p.numel() for p in model.parameters())},
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# pretrained (local directories, hub)
+# ----------------------------------------------------------------------------------------------
+def infer_objective(config: Any) -> str:
+    """CLM for decoders, MLM for encoders, from the config's architecture names and model type."""
+    names = " ".join(getattr(config, "architectures", None) or [])
+    if "MaskedLM" in names:
+        return "mlm"
+    if "CausalLM" in names or "LMHead" in names:
+        return "clm"
+    if getattr(config, "model_type", "") in MLM_MODEL_TYPES:
+        return "mlm"
+    return "clm"
+
+
+def _load_pretrained(source: str, objective: str | None, revision: str | None, spec: ModelSpec,
+                     local_only: bool) -> tuple[torch.nn.Module, str]:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    kwargs = dict(revision=revision, trust_remote_code=spec.trust_remote_code, local_files_only=local_only)
+    where = f"models.{spec.name}: '{source}'" + (f" revision '{revision}'" if revision else "")
+    try:
+        config = AutoConfig.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, KeyError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise AnistatInputError(f"{where} cannot be loaded: {first_line}") from None
+    objective = objective or infer_objective(config)
+    auto = AutoModelForCausalLM if objective == "clm" else AutoModelForMaskedLM
+    try:
+        model = auto.from_pretrained(source, config=config, dtype=torch.float32, **kwargs)
+    except (OSError, ValueError, KeyError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise AnistatInputError(f"{where} has no loadable {objective} weights: {first_line}") from None
+    return model.eval(), objective
+
+
+def _pretrained_tokenizer(source: str, revision: str | None, spec: ModelSpec, local_only: bool) -> PretrainedTokenizer:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, revision=revision, trust_remote_code=spec.trust_remote_code, local_files_only=local_only
+        )
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise AnistatInputError(f"models.{spec.name}: no tokenizer at '{source}': {first_line}") from None
+    return PretrainedTokenizer(tokenizer, identity=f"{source}@{revision or 'local'}")
+
+
+def _pretrained_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: int) -> ModelSeries:
+    if spec.source == "local":
+        directories = [spec.path] if spec.path else list(spec.checkpoints)
+        for directory in directories:
+            if not Path(directory).is_dir():
+                raise AnistatInputError(f"models.{spec.name}: model directory not found: {directory}")
+        sources = [(d, None, Path(d).name) for d in directories]
+        local_only = True
+    else:
+        revisions = list(spec.revisions) or [None]
+        sources = [(spec.hub_id, r, r or "main") for r in revisions]
+        local_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    first_source, first_revision, _ = sources[0]
+    model, objective = _load_pretrained(first_source, spec.objective, first_revision, spec, local_only)
+    tokenizer = _pretrained_tokenizer(first_source, first_revision, spec, local_only)
+    if objective == "mlm" and tokenizer.mask_token_id is None:
+        raise AnistatInputError(f"models.{spec.name}: an mlm objective needs a tokenizer with a mask token")
+    splits = make_splits(corpus, tokenizer, data, seed)
+    config = model.config
+    hidden_size = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0) or getattr(config, "d_model"))
+    num_layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer"))
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if max_positions and data.seq_len > max_positions:
+        raise AnistatInputError(
+            f"data.seq_len {data.seq_len} exceeds models.{spec.name}'s max positions {max_positions}"
+        )
+    cache = {0: model}
+
+    def loader(index: int, source: str, revision: str | None) -> Callable[[], torch.nn.Module]:
+        def load() -> torch.nn.Module:
+            if index not in cache:
+                cache.clear()  # hold one checkpoint in memory at a time
+                cache[index] = _load_pretrained(source, objective, revision, spec, local_only)[0]
+            return cache[index]
+        return load
+
+    checkpoints = [
+        Checkpoint(label=label, step=(spec.steps[i] if spec.steps else None), load=loader(i, s, r), revision=r)
+        for i, (s, r, label) in enumerate(sources)
+    ]
+    return ModelSeries(
+        spec=spec, objective=objective, splits=splits, checkpoints=checkpoints, hidden_size=hidden_size,
+        num_layers=num_layers,
+        info={"source": spec.source, "model_type": getattr(config, "model_type", None),
+              "tokenizer": tokenizer.identity, "revisions": [r for _, r, _ in sources],
+              "parameters": sum(p.numel() for p in model.parameters())},
+    )
+
+
+def resolve_models(models: list[ModelSpec], corpus: Corpus, data: DataSpec, seed: int,
+                   log: Callable[[str], None] = lambda message: None) -> Iterator[ModelSeries]:
+    """Resolve (and, for built-in models, train) each protocol model in turn."""
+    tokenizer_cache: dict = {}
+    for spec in models:
+        if spec.source == "builtin":
+            yield _builtin_series(spec, corpus, data, seed, log, tokenizer_cache)
+        else:
+            yield _pretrained_series(spec, corpus, data, seed)

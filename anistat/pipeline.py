@@ -1,0 +1,257 @@
+"""`anistat.run`: protocol → collect → analyze → report → bundle.
+
+The plan is model × checkpoint × site ("units"). Each finished unit is stored in a cache keyed
+by the protocol hash, so an interrupted run resumes where it stopped and ends with the same
+numbers; the bundle itself appears only when everything is done (atomic rename).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+from .analyze import analyze_units, frequency_rows
+from .bundle import command_line, environment, file_digests, staged_bundle, check_destination, utc_now, write_json
+from .collect import (
+    BasisSet, UnitArtifact, UnitKey, collect_fit_activations, concept_cards, measure_checkpoint, model_inputs,
+    resolve_layers, sample_fit_tokens, site_name,
+)
+from .data import load_corpus
+from .errors import AnistatInputError
+from .geometry import draw_controls, fit_proxy, frequency_buckets
+from .models import ModelSeries, resolve_models
+from .seeding import derive_seed
+from .protocol import Protocol, fit_window_size, load_protocol
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class RunResult:
+    out: Path
+    results: pd.DataFrame
+    manifest: dict[str, Any]
+    claims: list[dict] = field(default_factory=list)
+
+    @property
+    def failed_units(self) -> int:
+        return int(self.manifest.get("failed_units", 0))
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise AnistatInputError("device 'cuda' requested but no CUDA device is available")
+    if requested == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise AnistatInputError("device 'mps' requested but MPS is not available")
+    return torch.device(requested)
+
+
+def default_out(protocol: Protocol) -> Path:
+    return Path("reports") / protocol.name
+
+
+def cache_dir(out: Path, protocol_sha: str) -> Path:
+    return out.parent / ".anistat-cache" / f"{out.name}-{protocol_sha[:16]}"
+
+
+# ----------------------------------------------------------------------------------------------
+# phase 1: proxies and controls
+# ----------------------------------------------------------------------------------------------
+def fit_bases(series: ModelSeries, layers: list[int], protocol: Protocol, device: torch.device,
+              log: Log) -> tuple[dict[int, list[BasisSet]], dict[str, Any]]:
+    """Fit every proxy on the early window (pooled fit-split activations), draw its controls."""
+    spec, seed = series.spec, protocol.seed
+    n_early = fit_window_size(len(series.checkpoints), protocol.proxies.fit_window)
+    window = series.checkpoints[:n_early]
+    fit_inputs, _ = model_inputs(series.splits.fit, series.splits, series.objective, protocol.data.mlm_probability,
+                                 seed, "fit")
+    per_layer: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
+    for checkpoint in window:
+        activations = collect_fit_activations(checkpoint.load(), fit_inputs, layers,
+                                              batch_size=protocol.data.batch_size, device=device)
+        for layer in layers:
+            per_layer[layer].append(activations[layer])
+    bases: dict[int, list[BasisSet]] = {}
+    for layer in layers:
+        sample = sample_fit_tokens(per_layer[layer], fit_inputs, protocol.proxies.max_fit_tokens,
+                                   derive_seed(seed, spec.name, layer, "fit-sample"))
+        sets = []
+        for method in protocol.proxies.methods:
+            for rank in protocol.proxies.ranks:
+                proxy = fit_proxy(sample.activations.to(device), method, rank,
+                                  seed=derive_seed(seed, spec.name, layer, method, rank, "proxy"))
+                controls = {
+                    kind: draw_controls(kind, proxy.basis, protocol.controls.n,
+                                        seed=derive_seed(seed, spec.name, layer, method, rank, kind),
+                                        activations=sample.activations.to(device),
+                                        pca_span_dim=protocol.controls.pca_span_dim)
+                    for kind in protocol.controls.kinds
+                }
+                cards = concept_cards(sample, proxy.basis, fit_inputs, series.splits.decode,
+                                      protocol.proxies.concept_card_tokens)
+                sets.append(BasisSet(method, rank, proxy.basis, controls, proxy.reconstruction_error, cards))
+        bases[layer] = sets
+    log(f"  {spec.name}: proxies fitted on {n_early} early checkpoint(s) "
+        f"({', '.join(c.label for c in window)}), {sample.activations.shape[0]} tokens per site")
+    return bases, {"fit_checkpoints": [c.label for c in window], "fit_tokens_per_site": int(sample.activations.shape[0])}
+
+
+# ----------------------------------------------------------------------------------------------
+# run
+# ----------------------------------------------------------------------------------------------
+def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Log) -> tuple[list[UnitArtifact], dict]:
+    """Phases 1 and 2 for every model; finished units come from / go to `cache`."""
+    corpus = load_corpus(protocol.data)
+    log(f"corpus {corpus.name}: {len(corpus.documents)} documents")
+    artifacts: list[UnitArtifact] = []
+    info: dict[str, Any] = {"corpus": {"name": corpus.name, "sha256": corpus.sha256,
+                                       "documents": len(corpus.documents)},
+                            "models": {}, "concept_cards": [], "frequency": {}}
+    units_dir = cache / "units"
+    for series in resolve_models(protocol.models, corpus, protocol.data, protocol.seed, log):
+        spec = series.spec
+        too_big = [r for r in protocol.proxies.ranks if r >= series.hidden_size]
+        if too_big:
+            raise AnistatInputError(
+                f"proxies.ranks {too_big} must be smaller than the hidden size {series.hidden_size} of model "
+                f"'{spec.name}'"
+            )
+        layers = resolve_layers(protocol.sites.layers, series.num_layers, spec.name)
+        n_early = fit_window_size(len(series.checkpoints), protocol.proxies.fit_window)
+        keys = {
+            (i, layer): UnitKey(spec.name, series.objective, checkpoint.label, checkpoint.step,
+                                "early" if i < n_early else "late", layer, site_name(layer))
+            for i, checkpoint in enumerate(series.checkpoints) for layer in layers
+        }
+        cached = {k: units_dir / f"{key.id}.json" for k, key in keys.items()}
+        bases, fit_info = None, {}
+        model_started = time.perf_counter()
+        for i, checkpoint in enumerate(series.checkpoints):
+            if all(cached[(i, layer)].is_file() for layer in layers):
+                artifacts.extend(UnitArtifact.load(cached[(i, layer)]) for layer in layers)
+                log(f"  {spec.name} {checkpoint.label}: resumed from cache")
+                continue
+            if bases is None:
+                bases, fit_info = fit_bases(series, layers, protocol, device, log)
+            buckets = torch.as_tensor(frequency_buckets(series.splits.token_counts, protocol.data.n_frequency_buckets))
+            measured = measure_checkpoint(
+                checkpoint.load(), keys={layer: keys[(i, layer)] for layer in layers}, bases=bases,
+                splits=series.splits, objective=series.objective, token_bucket=buckets,
+                n_buckets=protocol.data.n_frequency_buckets, mlm_probability=protocol.data.mlm_probability,
+                seed=protocol.seed, batch_size=protocol.data.batch_size, device=device,
+                isoscore_c0=protocol.stats.isoscore_c0, isoscore_zeta=protocol.stats.isoscore_zeta,
+            )
+            for layer in layers:
+                measured[layer].save(units_dir)
+                artifacts.append(measured[layer])
+            failed = [l for l in layers if measured[l].status != "ok"]
+            log(f"  {spec.name} {checkpoint.label}: measured {len(layers)} site(s)"
+                + (f", {len(failed)} FAILED" if failed else ""))
+        if bases is not None:
+            for layer, sets in bases.items():
+                for basis_set in sets:
+                    for card in basis_set.concept_cards:
+                        info["concept_cards"].append({"model": spec.name, "layer": layer, "site": site_name(layer),
+                                                      "proxy": basis_set.proxy, "rank": basis_set.rank, **card})
+        info["models"][spec.name] = {
+            **series.info, "objective": series.objective, "hidden_size": series.hidden_size,
+            "num_layers": series.num_layers, "layers": layers,
+            "checkpoints": [{"label": c.label, "step": c.step, "revision": c.revision} for c in series.checkpoints],
+            "tokenizer_vocab": series.splits.vocab_size, **fit_info,
+            "seconds": round(time.perf_counter() - model_started, 3),
+        }
+        info["frequency"][spec.name] = series.splits.token_counts
+    return artifacts, info
+
+
+def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, device: str | None = None,
+        log: Log | None = None, keep_cache: bool = False) -> RunResult:
+    """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`)."""
+    from .claims import evaluate_claims
+    from .report import render_bundle
+
+    log = log or (lambda message: None)
+    if not isinstance(protocol, Protocol):
+        protocol = load_protocol(protocol)
+    out = Path(out) if out is not None else default_out(protocol)
+    check_destination(out)
+    sha = protocol.sha256()
+    cache = cache_dir(out, sha)
+    started_at, started = utc_now(), time.perf_counter()
+    torch_device = resolve_device(device or protocol.device)
+    log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}")
+    torch.manual_seed(protocol.seed)
+    artifacts, info = collect_units(protocol, torch_device, cache, log)
+    log("analysing")
+    results = analyze_units(artifacts, protocol)
+    for warning in results.attrs.get("warnings", []):
+        log(f"warning: {warning}")
+    token_counts = info.pop("frequency")
+    frequency = frequency_rows(artifacts, token_counts, protocol)
+    claims = evaluate_claims(results, protocol.claims)
+    failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
+    manifest = {
+        "anistat_bundle": 1,
+        "protocol": protocol.normalised(),
+        "protocol_sha256": sha,
+        "versions": environment(),
+        "device": str(torch_device),
+        "dtype": "float64 statistics, float32 model" if torch_device.type == "cpu" else "float32 statistics",
+        "seed": protocol.seed,
+        "command": command_line(),
+        "started_at": started_at,
+        "finished_at": utc_now(),
+        "seconds": round(time.perf_counter() - started, 3),
+        "corpus": info["corpus"],
+        "models": info["models"],
+        "units": [{"id": a.key.id, "status": a.status, "note": a.note, "seconds": round(a.seconds, 3)}
+                  for a in artifacts],
+        "failed_units": len(failed),
+        "warnings": list(results.attrs.get("warnings", [])),
+    }
+    with staged_bundle(out) as staging:
+        write_results(results, staging)
+        if not frequency.empty:
+            frequency.to_csv(staging / "frequency.csv", index=False, float_format="%.10g", lineterminator="\n")
+        write_json(staging / "concept_cards.json", info["concept_cards"])
+        if protocol.claims:
+            write_json(staging / "claims.json", claims)
+        render_bundle(results, manifest, staging, claims=claims or None,
+                      extras={"concept_cards": info["concept_cards"], "frequency": frequency},
+                      options=None)
+        manifest["files"] = file_digests(staging)
+        write_json(staging / "manifest.json", manifest)
+    if not keep_cache:
+        shutil.rmtree(cache, ignore_errors=True)
+        _remove_if_empty(cache.parent)
+    log(f"wrote {out}/ ({time.perf_counter() - started:.1f}s)" + (f"; {len(failed)} unit(s) FAILED" if failed else ""))
+    return RunResult(out=out, results=results, manifest=manifest, claims=claims)
+
+
+def write_results(results: pd.DataFrame, directory: Path) -> None:
+    """results.csv (always) and results.parquet (when pyarrow is installed)."""
+    results.to_csv(directory / "results.csv", index=False, float_format="%.10g", lineterminator="\n")
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return
+    results.to_parquet(directory / "results.parquet", index=False)
+
+
+def _remove_if_empty(directory: Path) -> None:
+    try:
+        directory.rmdir()
+    except OSError:
+        pass

@@ -1,0 +1,311 @@
+"""Normalisation of the results table and small formatting helpers shared by every renderer.
+
+The report never trusts the dtypes it receives: a results table read back from ``results.csv``
+has NaN where the in-memory one had ``""``, ints where it had strings, and so on. Everything the
+renderers use goes through :func:`normalise_results`, so a CSV round trip renders identically.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+RESULT_COLUMNS: tuple[str, ...] = (
+    "model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim",
+    "proxy", "control", "metric", "estimate", "control_mean", "control_sd", "ci_low",
+    "ci_high", "ci_method", "p_value", "p_adjusted", "effect_size", "n_controls",
+    "n_sequences", "n_tokens", "status", "note",
+)
+NUMERIC_COLUMNS: tuple[str, ...] = (
+    "step", "rank", "dim", "estimate", "control_mean", "control_sd", "ci_low", "ci_high",
+    "p_value", "p_adjusted", "effect_size", "n_controls", "n_sequences", "n_tokens",
+)
+STRING_COLUMNS: tuple[str, ...] = tuple(c for c in RESULT_COLUMNS if c not in NUMERIC_COLUMNS)
+
+#: Column holding a token-frequency bucket label (optional, extra column).
+BUCKET_COLUMNS: tuple[str, ...] = ("freq_bucket", "bucket", "frequency_bucket")
+#: Metric names that encode a frequency bucket, e.g. ``energy_ratio_bucket_q1`` or
+#: ``log2_energy_ratio_freq_bucket_high``.
+BUCKET_METRIC_RE = re.compile(
+    r"^(?P<base>energy_ratio|log2_energy_ratio|energy_fraction)_(?:freq_)?bucket_?(?P<bucket>.+)$"
+)
+
+METRIC_LABELS: dict[str, str] = {
+    "energy_fraction": "energy fraction E(U)",
+    "energy_ratio": "energy ratio R",
+    "log2_energy_ratio": "log\u2082 energy ratio",
+    "oracle_fraction": "oracle fraction E*\u2096",
+    "anisotropy_capture": "anisotropy capture",
+    "delta_isoscore_star": "\u0394IsoScore*",
+    "hedges_g": "Hedges\u2019 g",
+    "z_score": "z",
+}
+METRIC_LABELS_TEX: dict[str, str] = {
+    "energy_fraction": r"energy fraction $E(U)$",
+    "energy_ratio": r"energy ratio $R$",
+    "log2_energy_ratio": r"$\log_2$ energy ratio",
+    "oracle_fraction": r"oracle fraction $E^{*}_{k}$",
+    "anisotropy_capture": r"anisotropy capture",
+    "delta_isoscore_star": r"$\Delta$IsoScore$^{*}$",
+    "hedges_g": r"Hedges' $g$",
+    "z_score": r"$z$",
+}
+
+
+def _as_label(value: Any) -> str:
+    """Turn any cell into a stable string: NaN/None -> '', 3.0 -> '3', 'x' -> 'x'."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        if value.is_integer():
+            return str(int(value))
+        return repr(value)
+    if isinstance(value, (np.floating,)):
+        return _as_label(float(value))
+    if isinstance(value, (np.integer,)):
+        return str(int(value))
+    if value is pd.NA or value is pd.NaT:
+        return ""
+    return str(value)
+
+
+def natural_key(value: Any) -> tuple:
+    """Sort key that orders '2' before '10' and numbers before words."""
+    s = _as_label(value)
+    parts = re.split(r"(\d+)", s)
+    key: list[tuple[int, Any]] = []
+    for p in parts:
+        if p == "":
+            continue
+        key.append((0, int(p)) if p.isdigit() else (1, p))
+    return tuple(key)
+
+
+def normalise_results(results: pd.DataFrame) -> pd.DataFrame:
+    """Return a copy with every contract column present and with stable dtypes.
+
+    Numeric columns become float64 (NaN where missing/unparseable); label columns become
+    plain Python strings ('' where missing). Extra columns are kept (as labels unless numeric).
+    """
+    if not isinstance(results, pd.DataFrame):
+        raise TypeError(f"results must be a pandas DataFrame, got {type(results).__name__}")
+    df = results.reset_index(drop=True).copy()
+    for col in RESULT_COLUMNS:
+        if col not in df.columns:
+            df[col] = np.nan if col in NUMERIC_COLUMNS else ""
+    for col in NUMERIC_COLUMNS:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    for col in STRING_COLUMNS:
+        df[col] = pd.Series([_as_label(v) for v in df[col].tolist()], index=df.index, dtype=object)
+    for col in df.columns:
+        if col in RESULT_COLUMNS:
+            continue
+        if pd.api.types.is_numeric_dtype(df[col]) and not pd.api.types.is_bool_dtype(df[col]):
+            df[col] = df[col].astype("float64")
+        else:
+            df[col] = pd.Series([_as_label(v) for v in df[col].tolist()], index=df.index,
+                                dtype=object)
+    df.loc[df["status"] == "", "status"] = "ok"
+    df.loc[df["control"] == "", "control"] = "none"
+    df["status"] = df["status"].str.lower()
+    # Where a layer hosts several sites the site joins the location label.
+    multi_site = bool(len(df)) and df.groupby("layer")["site"].nunique().max() > 1
+    df["_loc"] = [
+        (f"L{layer}" if layer != "" else (site or "?")) + (f" {site}" if multi_site and site else "")
+        for layer, site in zip(df["layer"], df["site"])
+    ]
+    df["_ok"] = (df["status"] == "ok") & df["estimate"].notna()
+    return df
+
+
+def ordered(values: Iterable[Any]) -> list[str]:
+    """Unique labels in natural order."""
+    return sorted({_as_label(v) for v in values}, key=natural_key)
+
+
+def ordered_by_first(values: Iterable[Any]) -> list[str]:
+    """Unique labels in order of first appearance (keeps the producer's model order)."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for v in values:
+        s = _as_label(v)
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def checkpoint_order(df: pd.DataFrame) -> list[str]:
+    """Checkpoints ordered by step (then naturally)."""
+    if df.empty:
+        return []
+    g = df.groupby("checkpoint")["step"].min()
+    return sorted(g.index, key=lambda c: (np.inf if pd.isna(g[c]) else g[c], natural_key(c)))
+
+
+def phase_last_checkpoints(df: pd.DataFrame) -> pd.DataFrame:
+    """Per model and phase, the rows of the phase's last checkpoint (largest step).
+
+    Without phase labels, the last checkpoint of each model is used.
+    """
+    if df.empty:
+        return df
+    keep = []
+    for (_model, _phase), sub in df.groupby(["model", "phase"], sort=False):
+        order = checkpoint_order(sub)
+        keep.append(sub[sub["checkpoint"] == order[-1]])
+    return pd.concat(keep) if keep else df.iloc[0:0]
+
+
+def primary_choice(values: Iterable[str], preferred: str | None, defaults: tuple[str, ...]) -> str:
+    vals = [v for v in ordered_by_first(values) if v not in ("", "none")]
+    if preferred is not None and preferred in vals:
+        return preferred
+    for d in defaults:
+        if d in vals:
+            return d
+    return vals[0] if vals else ""
+
+
+def metric_label(metric: str) -> str:
+    return METRIC_LABELS.get(metric, metric.replace("_", " "))
+
+
+# ---------------------------------------------------------------- numbers
+
+
+def fmt_num(x: Any, precision: int = 3) -> str:
+    """Significant-digit formatting without exponent for ordinary magnitudes; '' for NaN."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return ""
+    if math.isnan(v):
+        return ""
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(v)))
+    if mag < -4 or mag >= 9:
+        return f"{v:.{max(precision - 1, 0)}e}"
+    decimals = max(precision - 1 - mag, 0)
+    s = f"{v:.{decimals}f}"
+    if s.startswith("-") and float(s) == 0:
+        s = s[1:]
+    return s
+
+
+def fmt_p(p: Any) -> str:
+    try:
+        v = float(p)
+    except (TypeError, ValueError):
+        return ""
+    if math.isnan(v):
+        return ""
+    if v < 1e-4:
+        return f"{v:.1e}"
+    return fmt_num(v, 3) if v < 0.1 else f"{v:.3f}".rstrip("0").rstrip(".") if v < 1 else "1"
+
+
+def sig_mark(p: Any, thresholds: tuple[float, ...]) -> str:
+    """'*' per threshold passed (thresholds descending, e.g. (0.05, 0.01, 0.001))."""
+    try:
+        v = float(p)
+    except (TypeError, ValueError):
+        return ""
+    if math.isnan(v):
+        return ""
+    return "*" * sum(v < t for t in thresholds)
+
+
+def sig_thresholds(alpha: float) -> tuple[float, ...]:
+    base = [alpha] + [t for t in (0.01, 0.001) if t < alpha]
+    return tuple(base)
+
+
+def get_path(d: Any, *paths: str, default: Any = None) -> Any:
+    """First present value among dotted paths in nested mappings."""
+    for path in paths:
+        cur = d
+        ok = True
+        for part in path.split("."):
+            if isinstance(cur, Mapping) and part in cur:
+                cur = cur[part]
+            else:
+                ok = False
+                break
+        if ok and cur is not None:
+            return cur
+    return default
+
+
+def bucket_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows describing token-frequency buckets, with columns ``_base`` and ``_bucket``.
+
+    Two producer conventions are understood: an extra column ``freq_bucket`` (or ``bucket``)
+    with a label on bucket rows, or metric names like ``energy_ratio_bucket_<label>``.
+    """
+    frames = []
+    for col in BUCKET_COLUMNS:
+        if col in df.columns:
+            sub = df[(df[col].astype(str) != "") & df["_ok"]].copy()
+            if len(sub):
+                sub["_base"] = sub["metric"]
+                sub["_bucket"] = sub[col].astype(str)
+                frames.append(sub)
+            break
+    m = df["metric"].str.extract(BUCKET_METRIC_RE)
+    hit = m["base"].notna() & df["_ok"]
+    if hit.any():
+        sub = df[hit].copy()
+        sub["_base"] = m.loc[hit, "base"]
+        sub["_bucket"] = m.loc[hit, "bucket"]
+        frames.append(sub)
+    if not frames:
+        return df.iloc[0:0].assign(_base=pd.Series(dtype=object), _bucket=pd.Series(dtype=object))
+    return pd.concat(frames)
+
+
+def is_bucket_metric(metric: str) -> bool:
+    return bool(BUCKET_METRIC_RE.match(metric))
+
+
+def flatten(obj: Any, prefix: str = "", max_items: int = 24) -> list[tuple[str, str]]:
+    """Flatten nested dicts/lists into (dotted key, short value string) pairs."""
+    out: list[tuple[str, str]] = []
+    if isinstance(obj, Mapping):
+        if not obj and prefix:
+            out.append((prefix, "{}"))
+        for k, v in obj.items():
+            out.extend(flatten(v, f"{prefix}.{k}" if prefix else str(k), max_items))
+    elif isinstance(obj, (list, tuple)):
+        if all(not isinstance(v, (Mapping, list, tuple)) for v in obj):
+            vals = [_as_value(v) for v in obj[:max_items]]
+            more = f", \u2026 ({len(obj) - max_items} more)" if len(obj) > max_items else ""
+            out.append((prefix, "[" + ", ".join(vals) + more + "]"))
+        else:
+            for i, v in enumerate(obj[:max_items]):
+                out.extend(flatten(v, f"{prefix}[{i}]", max_items))
+            if len(obj) > max_items:
+                out.append((f"{prefix}[\u2026]", f"{len(obj) - max_items} more entries"))
+    else:
+        out.append((prefix, _as_value(obj)))
+    return out
+
+
+def _as_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, float):
+        return repr(v) if not v.is_integer() or abs(v) >= 1e15 else str(int(v)) if v != 0 else "0"
+    return str(v)

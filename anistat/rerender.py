@@ -1,0 +1,88 @@
+"""`anistat report BUNDLE`: re-render every report output from the bundle's tables alone.
+
+Reads `results.csv`, `manifest.json` and the optional `claims.json`, `concept_cards.json`,
+`frequency.csv`; no model is loaded and nothing is recomputed. The rendered files replace the
+old ones atomically (rendered into a temporary directory first), and the manifest's file
+digests are updated so `anistat verify` keeps working.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from .bundle import file_digests, read_manifest, utc_now, write_json
+from .errors import AnistatInputError
+
+RENDERED = ("report.html", "tables.tex", "report.tex", "report.pdf", "figures")
+
+
+def read_results(bundle: Path) -> pd.DataFrame:
+    path = bundle / "results.csv"
+    if not path.is_file():
+        raise AnistatInputError(f"{bundle}: bundle has no results.csv")
+    try:
+        results = pd.read_csv(path, keep_default_na=True)
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
+        raise AnistatInputError(f"{path}: cannot be read as CSV ({' '.join(str(error).split())})") from None
+    missing = {"model", "metric", "estimate"} - set(results.columns)
+    if missing:
+        raise AnistatInputError(f"{path}: missing column(s) {sorted(missing)}")
+    for column in ("ci_method", "note", "status"):
+        if column in results:
+            results[column] = results[column].fillna("")
+    for column in ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_tokens"):
+        if column in results:
+            results[column] = pd.array(results[column], dtype="Int64")
+    return results
+
+
+def _optional_json(path: Path):
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise AnistatInputError(f"{path}: not valid JSON ({error})") from None
+
+
+def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None = None, transpose: bool = False,
+             compile_pdf: bool = True) -> list[Path]:
+    from .report import ReportOptions, render_bundle
+
+    manifest = read_manifest(bundle)
+    results = read_results(bundle)
+    claims = _optional_json(bundle / "claims.json")
+    cards = _optional_json(bundle / "concept_cards.json") or []
+    frequency = pd.read_csv(bundle / "frequency.csv") if (bundle / "frequency.csv").is_file() else pd.DataFrame()
+    option_values = {"compile_pdf": compile_pdf, "transpose": transpose}
+    if precision is not None:
+        option_values["precision"] = precision
+    if metrics:
+        option_values["metrics"] = tuple(m.strip() for m in metrics.split(",") if m.strip())
+    options = ReportOptions(**option_values)
+    staging = Path(tempfile.mkdtemp(prefix=".rerender.", dir=bundle))
+    try:
+        render_bundle(results, manifest, staging, claims=claims, extras={"concept_cards": cards, "frequency": frequency},
+                      options=options)
+        written = []
+        for name in RENDERED:
+            target = bundle / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+            if (staging / name).exists():
+                os.replace(staging / name, target)
+                written.append(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    manifest["rerendered_at"] = utc_now()
+    manifest["files"] = file_digests(bundle)
+    write_json(bundle / "manifest.json", manifest)
+    return written

@@ -1,0 +1,40 @@
+"""anistat.stats — the statistics engine (pure numpy / scipy / statsmodels).
+
+Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights matrix
+``W (B, S)`` of sequence multiplicities (sequences are the sampling unit). Entry points:
+
+* :func:`analyze_energy` — everything for one proxy vs its controls (MC p-value, sign-flip
+  test, bootstrap CIs, effect sizes); :func:`analyze_metric_vs_controls` for one-value metrics.
+* :func:`monte_carlo_pvalue`, :func:`sign_flip_test`, :func:`sequence_bootstrap`.
+* :func:`adjust_pvalues`, :func:`adjust_in_families`, :func:`min_controls_needed`,
+  :func:`resolution_warning`.
+* :func:`random_effects_meta`, :func:`trend_test`.
+* :func:`run_calibration`, :func:`write_calibration_report`.
+"""
+
+from ._validation import DegenerateStatisticWarning
+from .bootstrap import (BootstrapResult, bootstrap_weights, ci_from_replicates,
+                        iter_bootstrap_weights, jackknife_weights, sequence_bootstrap)
+from .calibrate import CalibrationResult, run_calibration, write_calibration_report
+from .effects import (anisotropy_capture, energy_ratio, hedges_correction, hedges_g_paired,
+                      log2_energy_ratio, per_sequence_differences, z_score)
+from .energy import (METRICS, ControlComparison, EnergyAnalysis, MetricResult,
+                     analyze_energy, analyze_metric_vs_controls)
+from .meta import MetaResult, TrendResult, random_effects_meta, trend_test
+from .montecarlo import min_attainable_pvalue, monte_carlo_pvalue
+from .multiplicity import (adjust_in_families, adjust_pvalues, min_controls_needed,
+                           resolution_warning)
+from .permutation import PermutationResult, sign_flip_null, sign_flip_pvalues, sign_flip_test
+
+__all__ = [
+    "BootstrapResult", "CalibrationResult", "ControlComparison", "DegenerateStatisticWarning",
+    "EnergyAnalysis", "METRICS", "MetaResult", "MetricResult", "PermutationResult",
+    "TrendResult", "adjust_in_families", "adjust_pvalues", "analyze_energy",
+    "analyze_metric_vs_controls", "anisotropy_capture", "bootstrap_weights",
+    "ci_from_replicates", "energy_ratio", "hedges_correction", "hedges_g_paired",
+    "iter_bootstrap_weights", "jackknife_weights", "log2_energy_ratio", "min_attainable_pvalue",
+    "min_controls_needed", "monte_carlo_pvalue", "per_sequence_differences",
+    "random_effects_meta", "resolution_warning", "run_calibration", "sequence_bootstrap",
+    "sign_flip_null", "sign_flip_pvalues", "sign_flip_test", "trend_test",
+    "write_calibration_report", "z_score",
+]

@@ -1,0 +1,246 @@
+"""Sequence (cluster) bootstrap, vectorised over a weights matrix.
+
+Sequences are the sampling unit (tokens inside a sequence are dependent), so a bootstrap
+resample is a vector ``w in N^S`` of sequence multiplicities with ``sum(w) = S`` drawn
+``Multinomial(S, 1/S, ..., 1/S)``. Every statistic is a function of a weights matrix
+``W (B, S) -> (B,)``; for sums-based statistics that is a matrix product, e.g. the energy
+fraction ``(W @ proxy_energy) / (W @ total_energy)``. The point estimate uses
+``W = ones((1, S))`` and the BCa jackknife the leave-one-out rows ``W = ones - eye``.
+
+Hierarchical resampling (``group_ids``, e.g. sequences within documents): resample the
+``G`` groups with replacement, then, for each drawn copy of a group with ``n_g`` sequences,
+resample ``n_g`` sequences with replacement inside it. The jackknife then leaves one *group*
+out.
+
+Confidence intervals (two-sided, level ``1 - alpha``):
+
+* ``percentile``: the ``alpha/2`` and ``1 - alpha/2`` quantiles of the ``B`` replicates
+  (linear interpolation, ``numpy.quantile``'s default).
+* ``bca`` (Efron 1987): bias correction ``z0 = Phi^-1(p0)`` with ``p0`` the mid-rank share of
+  replicates below the estimate ``(#{theta* < theta} + #{theta* <= theta}) / 2B``; acceleration
+  ``a = sum(m - theta_(i))^3 / (6 (sum(m - theta_(i))^2)^1.5)`` from the jackknife values
+  ``theta_(i)`` (mean ``m``); endpoints are the replicate quantiles at
+  ``Phi(z0 + (z0 + z_q) / (1 - a (z0 + z_q)))`` for ``z_q = Phi^-1(alpha/2), Phi^-1(1-alpha/2)``.
+  These are the conventions of ``scipy.stats.bootstrap(method="BCa")``.
+
+Where BCa is undefined (fewer than 3 jackknife units, all replicates equal, ``p0`` in {0, 1}
+so ``z0`` is infinite, acceleration NaN because the jackknife values are all equal, or
+non-finite adjusted levels) the interval falls back to ``percentile`` and the reason is put
+in ``BootstrapResult.note``; ``method`` then reads ``"percentile"``.
+
+Weights are generated in fixed blocks of ``_BLOCK`` resamples from one seeded generator, so the
+result depends on ``(seed, n_sequences, n_resamples, group_ids)`` only, never on the chunk size
+used to stream them (memory is ``O(chunk * S)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Iterator
+
+import numpy as np
+from scipy.special import ndtr, ndtri
+
+from ._validation import check_ci_level, check_positive_int
+
+_BLOCK = 256
+METHODS = ("bca", "percentile")
+
+
+@dataclass(frozen=True)
+class BootstrapResult:
+    """A bootstrap confidence interval.
+
+    ``se`` is the standard deviation of the replicates; ``method`` the method actually used
+    (``"bca"`` or ``"percentile"``); ``note`` is empty or says why BCa was not used / what
+    was dropped.
+    """
+
+    estimate: float
+    ci_low: float
+    ci_high: float
+    method: str
+    note: str
+    se: float
+    n_resamples: int
+    ci_level: float = 0.95
+
+
+def _group_codes(group_ids, n_sequences: int) -> np.ndarray | None:
+    if group_ids is None:
+        return None
+    g = np.asarray(group_ids)
+    if g.shape != (n_sequences,):
+        raise ValueError(f"group_ids must have shape ({n_sequences},), got {g.shape}")
+    _, codes = np.unique(g, return_inverse=True)
+    return codes.astype(np.int64)
+
+
+def _block(rng: np.random.Generator, n_sequences: int, b: int, codes, members) -> np.ndarray:
+    if codes is None:
+        idx = rng.integers(0, n_sequences, size=(b, n_sequences))
+        idx += (np.arange(b, dtype=np.int64) * n_sequences)[:, None]
+        return np.bincount(idx.ravel(), minlength=b * n_sequences).reshape(b, n_sequences)
+    n_groups = len(members)
+    gidx = rng.integers(0, n_groups, size=(b, n_groups))
+    gidx += (np.arange(b, dtype=np.int64) * n_groups)[:, None]
+    gcount = np.bincount(gidx.ravel(), minlength=b * n_groups).reshape(b, n_groups)
+    w = np.zeros((b, n_sequences), dtype=np.int64)
+    for g, mem in enumerate(members):
+        ng = mem.size
+        if ng == 1:
+            w[:, mem[0]] = gcount[:, g]
+        else:
+            w[:, mem] = rng.multinomial(gcount[:, g] * ng, np.full(ng, 1.0 / ng))
+    return w
+
+
+def iter_bootstrap_weights(n_sequences: int, n_resamples: int, seed: int = 0,
+                           group_ids=None, chunk_size: int = _BLOCK,
+                           dtype=np.float64) -> Iterator[np.ndarray]:
+    """Yield the bootstrap weights matrix in row chunks of at most ``chunk_size`` rows."""
+    s = check_positive_int(n_sequences, "n_sequences")
+    b_total = check_positive_int(n_resamples, "n_resamples")
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    codes = _group_codes(group_ids, s)
+    members = None if codes is None else [np.flatnonzero(codes == g) for g in range(codes.max() + 1)]
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xB007]))
+    pending: list[np.ndarray] = []
+    n_pending = 0
+    done = 0
+    while done < b_total:
+        b = min(_BLOCK, b_total - done)
+        pending.append(_block(rng, s, b, codes, members))
+        n_pending += b
+        done += b
+        while n_pending >= chunk_size or (done == b_total and n_pending):
+            stack = np.concatenate(pending) if len(pending) > 1 else pending[0]
+            out, rest = stack[:chunk_size], stack[chunk_size:]
+            yield out.astype(dtype, copy=False)
+            pending = [rest] if rest.shape[0] else []
+            n_pending = rest.shape[0]
+
+
+@lru_cache(maxsize=8)
+def _cached_weights(n_sequences: int, n_resamples: int, seed: int, codes_key, dtype_str: str):
+    codes = None if codes_key is None else np.frombuffer(codes_key, dtype=np.int64)
+    w = np.concatenate(list(iter_bootstrap_weights(n_sequences, n_resamples, seed, codes,
+                                                   chunk_size=max(n_resamples, 1))))
+    w = w.astype(np.dtype(dtype_str))
+    w.setflags(write=False)
+    return w
+
+
+def bootstrap_weights(n_sequences: int, n_resamples: int, seed: int = 0, group_ids=None,
+                      dtype=np.float64) -> np.ndarray:
+    """The ``(B, S)`` matrix of sequence multiplicities (read-only, cached per arguments).
+
+    Rows are ``Multinomial(S, uniform)`` counts (or hierarchical counts with ``group_ids``).
+    """
+    s = check_positive_int(n_sequences, "n_sequences")
+    codes = _group_codes(group_ids, s)
+    key = None if codes is None else codes.tobytes()
+    return _cached_weights(s, check_positive_int(n_resamples, "n_resamples"), int(seed), key,
+                           np.dtype(dtype).str)
+
+
+def jackknife_weights(n_sequences: int, group_ids=None) -> np.ndarray:
+    """Leave-one-out weights: ``ones - eye`` (``(S, S)``) or leave-one-group-out ``(G, S)``."""
+    codes = _group_codes(group_ids, n_sequences)
+    if codes is None:
+        return 1.0 - np.eye(n_sequences)
+    return 1.0 - (codes[None, :] == np.arange(codes.max() + 1)[:, None]).astype(np.float64)
+
+
+def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: float = 0.95,
+                       method: str = "bca") -> BootstrapResult:
+    """Confidence interval from bootstrap replicates (and jackknife values for BCa).
+
+    Non-finite replicates are dropped (and counted in ``note``). See the module docstring for
+    the BCa formulas and the fallback rules.
+    """
+    ci_level = check_ci_level(ci_level)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    theta = float(estimate)
+    reps = np.asarray(replicates, dtype=np.float64).ravel()
+    n_total = reps.size
+    notes: list[str] = []
+    finite = np.isfinite(reps)
+    if not finite.all():
+        notes.append(f"{n_total - int(finite.sum())} of {n_total} resamples non-finite, dropped")
+        reps = reps[finite]
+    if reps.size == 0 or not np.isfinite(theta):
+        notes.append("estimate or all resamples non-finite; no interval")
+        return BootstrapResult(theta, np.nan, np.nan, "none", "; ".join(notes), np.nan,
+                               n_total, ci_level)
+    alpha = 1.0 - ci_level
+    levels = np.array([alpha / 2, 1 - alpha / 2])
+    se = float(reps.std(ddof=1)) if reps.size > 1 else np.nan
+    used = method
+    if method == "bca":
+        reason = None
+        jack = None if jackknife is None else np.asarray(jackknife, dtype=np.float64).ravel()
+        if reps.min() == reps.max():
+            reason = "all bootstrap resamples equal"
+        elif jack is None or jack.size < 3:
+            reason = "too few sequences for the jackknife acceleration"
+        elif not np.all(np.isfinite(jack)):
+            reason = "non-finite jackknife values"
+        if reason is None:
+            p0 = ((reps < theta).sum() + (reps <= theta).sum()) / (2.0 * reps.size)
+            z0 = ndtri(p0)
+            dev = jack.mean() - jack
+            denom = (dev**2).sum()
+            a = (dev**3).sum() / (6.0 * denom**1.5) if denom > 0 else np.nan
+            if not np.isfinite(z0):
+                reason = "bias correction infinite (estimate outside the bootstrap distribution)"
+            elif not np.isfinite(a):
+                reason = "acceleration undefined (jackknife values all equal)"
+            else:
+                zq = ndtri(levels)
+                adj = ndtr(z0 + (z0 + zq) / (1.0 - a * (z0 + zq)))
+                if not np.all(np.isfinite(adj)):
+                    reason = "BCa adjusted levels non-finite"
+                else:
+                    levels = adj
+        if reason is not None:
+            used = "percentile"
+            notes.append(f"BCa fell back to percentile: {reason}")
+    lo, hi = np.quantile(reps, levels)
+    return BootstrapResult(theta, float(lo), float(hi), used, "; ".join(notes), se, n_total,
+                           ci_level)
+
+
+def _evaluate(statistic: Callable[[np.ndarray], np.ndarray], weights: np.ndarray) -> np.ndarray:
+    out = np.asarray(statistic(weights), dtype=np.float64)
+    if out.shape != (weights.shape[0],):
+        raise ValueError(f"statistic must map W {weights.shape} to shape ({weights.shape[0]},), "
+                         f"got {out.shape}")
+    return out
+
+
+def sequence_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], n_sequences: int,
+                       n_resamples: int = 2000, seed: int = 0, ci_level: float = 0.95,
+                       method: str = "bca", group_ids=None,
+                       chunk_size: int = 512) -> BootstrapResult:
+    """Bootstrap CI of ``statistic`` over sequences.
+
+    ``statistic`` maps a weights matrix ``W (b, S)`` to ``(b,)``; it is called on chunks of at
+    most ``chunk_size`` rows, on ``ones((1, S))`` for the estimate and (BCa only) on the
+    jackknife rows (``ones - eye``, or leave-one-group-out with ``group_ids``).
+    """
+    s = check_positive_int(n_sequences, "n_sequences")
+    check_ci_level(ci_level)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    estimate = float(_evaluate(statistic, np.ones((1, s)))[0])
+    reps = np.concatenate([_evaluate(statistic, w) for w in
+                           iter_bootstrap_weights(s, n_resamples, seed, group_ids, chunk_size)])
+    jack = None
+    if method == "bca":
+        jw = jackknife_weights(s, group_ids)
+        jack = np.concatenate([_evaluate(statistic, jw[i:i + chunk_size])
+                               for i in range(0, jw.shape[0], chunk_size)])
+    return ci_from_replicates(estimate, reps, jack, ci_level, method)

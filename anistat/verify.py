@@ -1,0 +1,252 @@
+"""Verification and replication: is a bundle intact, do its claims hold, does a re-run agree?
+
+* `verify_bundle(bundle)` — every file's sha256 against the manifest (a tampered `results.csv`
+  is detected), then the protocol's claims re-evaluated from `results.csv`.
+* `compare_bundles(original, replication)` — a replication table: for every result row present
+  in both (same model, checkpoint, site, rank, proxy, control, metric), the difference of the
+  estimates with a CI (normal approximation from both CIs), sign agreement (same side of the
+  null value: 1 for ratios, 0 otherwise), CI overlap, and agreement within a tolerance.
+* `write_comparison(...)` — `comparison.csv`, `comparison.html`, `comparison.tex`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from .bundle import read_manifest, sha256_file, utc_now
+from .claims import evaluate_claims
+from .errors import AnistatInputError
+from .protocol import parse_protocol
+from .rerender import read_results
+
+KEY_COLUMNS = ["model", "checkpoint", "site", "rank", "proxy", "control", "metric"]
+RATIO_METRICS = {"energy_ratio"}
+
+
+@dataclass
+class BundleCheck:
+    bundle: Path
+    integrity_ok: bool
+    problems: list[str]
+    claims: list[dict[str, Any]]
+    recorded_claims: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def claims_ok(self) -> bool:
+        return all(c["passed"] for c in self.claims)
+
+    @property
+    def ok(self) -> bool:
+        return self.integrity_ok and self.claims_ok
+
+
+def check_integrity(bundle: Path, manifest: dict[str, Any]) -> list[str]:
+    recorded = manifest.get("files")
+    if not isinstance(recorded, dict) or not recorded:
+        return ["manifest records no file digests"]
+    problems = []
+    for name, digest in sorted(recorded.items()):
+        path = (bundle / name).resolve()
+        if bundle.resolve() not in path.parents:
+            problems.append(f"{name}: path escapes the bundle")
+        elif not path.is_file():
+            problems.append(f"{name}: missing")
+        elif sha256_file(path) != digest:
+            problems.append(f"{name}: modified (sha256 differs from the manifest)")
+    return problems
+
+
+def verify_bundle(bundle: Path) -> BundleCheck:
+    manifest = read_manifest(bundle)
+    problems = check_integrity(bundle, manifest)
+    protocol = parse_protocol(manifest.get("protocol"), f"{bundle}/manifest.json:protocol")
+    results = read_results(bundle)
+    claims = evaluate_claims(results, protocol.claims)
+    recorded = []
+    if (bundle / "claims.json").is_file():
+        recorded = json.loads((bundle / "claims.json").read_text())
+        for old, new in zip(recorded, claims):
+            if old.get("passed") != new["passed"]:
+                problems.append(f"claims.json: claim '{new['id']}' recorded as {old.get('status')} "
+                                f"but re-evaluates as {new['status']}")
+    return BundleCheck(bundle, not problems, problems, claims, recorded)
+
+
+# ----------------------------------------------------------------------------------------------
+# replication
+# ----------------------------------------------------------------------------------------------
+def _null_value(metric: str) -> float:
+    return 1.0 if metric in RATIO_METRICS else 0.0
+
+
+def compare_results(original: pd.DataFrame, replication: pd.DataFrame, *, tolerance: float = 0.25,
+                    ci_level: float = 0.95) -> pd.DataFrame:
+    """Row-by-row agreement of two results tables (see module docstring).
+
+    `within_tolerance`: |difference| ≤ tolerance × max(|original|, tiny) — a relative tolerance.
+    """
+    keep = KEY_COLUMNS + ["estimate", "ci_low", "ci_high", "p_adjusted", "status"]
+    a = original[[c for c in keep if c in original]].copy()
+    b = replication[[c for c in keep if c in replication]].copy()
+    for frame in (a, b):
+        frame["rank"] = frame["rank"].astype("Int64").astype(str)
+        for column in KEY_COLUMNS:
+            frame[column] = frame[column].astype(str)
+    merged = a.merge(b, on=KEY_COLUMNS, suffixes=("_original", "_replication"), how="inner")
+    merged = merged[merged["estimate_original"].notna() & merged["estimate_replication"].notna()]
+    z = sps.norm.ppf(0.5 + ci_level / 2)
+    se_a = (merged["ci_high_original"] - merged["ci_low_original"]) / (2 * z)
+    se_b = (merged["ci_high_replication"] - merged["ci_low_replication"]) / (2 * z)
+    difference = merged["estimate_replication"] - merged["estimate_original"]
+    se = np.sqrt(se_a**2 + se_b**2)
+    merged["difference"] = difference
+    merged["difference_ci_low"] = difference - z * se
+    merged["difference_ci_high"] = difference + z * se
+    null = merged["metric"].map(_null_value)
+    merged["sign_agrees"] = np.sign(merged["estimate_original"] - null) == np.sign(merged["estimate_replication"] - null)
+    merged["ci_overlap"] = (merged["ci_low_original"] <= merged["ci_high_replication"]) & (
+        merged["ci_low_replication"] <= merged["ci_high_original"])
+    merged.loc[se_a.isna() | se_b.isna(), ["ci_overlap"]] = False
+    scale = merged["estimate_original"].abs().clip(lower=1e-12)
+    merged["within_tolerance"] = difference.abs() <= tolerance * scale
+    return merged.reset_index(drop=True)
+
+
+def compare_claims(original: list[dict], replication: list[dict]) -> list[dict]:
+    by_id = {c["id"]: c for c in replication}
+    out = []
+    for claim in original:
+        other = by_id.get(claim["id"], {})
+        out.append({"id": claim["id"], "statement": claim["statement"], "original": claim.get("status"),
+                    "replication": other.get("status", "missing"),
+                    "agree": claim.get("passed") == other.get("passed")})
+    return out
+
+
+def environment_differences(manifest_a: dict, manifest_b: dict) -> list[dict[str, str]]:
+    rows = []
+    versions_a, versions_b = manifest_a.get("versions", {}), manifest_b.get("versions", {})
+    for key in sorted(set(versions_a) | set(versions_b)):
+        rows.append({"field": key, "original": str(versions_a.get(key, "")), "replication": str(versions_b.get(key, "")),
+                     "differs": versions_a.get(key) != versions_b.get(key)})
+    for key in ("device", "dtype", "protocol_sha256"):
+        rows.append({"field": key, "original": str(manifest_a.get(key, "")), "replication": str(manifest_b.get(key, "")),
+                     "differs": manifest_a.get(key) != manifest_b.get(key)})
+    return rows
+
+
+def summarise(comparison: pd.DataFrame) -> dict[str, Any]:
+    headline = comparison[comparison["metric"] == "energy_ratio"]
+    frame = headline if not headline.empty else comparison
+    if frame.empty:
+        return {"rows": 0}
+    return {
+        "rows": int(len(comparison)),
+        "headline_metric": "energy_ratio" if not headline.empty else "all",
+        "sign_agreement": float(frame["sign_agrees"].mean()),
+        "ci_overlap": float(frame["ci_overlap"].mean()),
+        "within_tolerance": float(frame["within_tolerance"].mean()),
+        "median_abs_difference": float(frame["difference"].abs().median()),
+    }
+
+
+def write_comparison(out: Path, comparison: pd.DataFrame, claims: list[dict], environment: list[dict],
+                     summary: dict, titles: tuple[str, str]) -> list[Path]:
+    """comparison.csv / .json / .html / .tex into `out` (an existing directory)."""
+    comparison.to_csv(out / "comparison.csv", index=False, float_format="%.10g", lineterminator="\n")
+    (out / "comparison.json").write_text(json.dumps(
+        {"original": titles[0], "replication": titles[1], "summary": summary, "claims": claims,
+         "environment": environment, "written_at": utc_now()}, indent=2, default=str) + "\n")
+    (out / "comparison.html").write_text(_comparison_html(comparison, claims, environment, summary, titles))
+    (out / "comparison.tex").write_text(_comparison_tex(comparison, summary, titles))
+    return [out / n for n in ("comparison.csv", "comparison.json", "comparison.html", "comparison.tex")]
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (float, np.floating)):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _comparison_html(comparison: pd.DataFrame, claims: list[dict], environment: list[dict], summary: dict,
+                     titles: tuple[str, str]) -> str:
+    e = html.escape
+    headline = comparison[comparison["metric"] == "energy_ratio"]
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{e(_fmt(row[c]))}</td>" for c in (
+            "model", "checkpoint", "site", "rank", "control", "estimate_original", "estimate_replication",
+            "difference", "difference_ci_low", "difference_ci_high", "sign_agrees", "ci_overlap", "within_tolerance"))
+        + "</tr>" for _, row in headline.iterrows())
+    claim_rows = "".join(f"<tr><td>{e(c['id'])}</td><td>{e(c['statement'])}</td><td>{e(str(c['original']))}</td>"
+                         f"<td>{e(str(c['replication']))}</td><td>{'yes' if c['agree'] else 'NO'}</td></tr>"
+                         for c in claims)
+    env_rows = "".join(f"<tr{' class=diff' if r['differs'] else ''}><td>{e(r['field'])}</td><td>{e(r['original'])}</td>"
+                       f"<td>{e(r['replication'])}</td></tr>" for r in environment)
+    summary_items = "".join(f"<li>{e(k.replace('_', ' '))}: {e(_fmt(v))}</li>" for k, v in summary.items())
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>anistat replication: {e(titles[1])} vs {e(titles[0])}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}}
+table{{border-collapse:collapse;font-size:.85em;margin:1em 0}}td,th{{border-bottom:1px solid #ddd;padding:.25em .5em;text-align:right}}
+td:first-child,th:first-child{{text-align:left}}tr.diff td{{background:#fff3cd}}</style></head><body>
+<h1>Replication report</h1>
+<p>Original bundle: <b>{e(titles[0])}</b>; replication: <b>{e(titles[1])}</b>.</p>
+<h2>Summary</h2><ul>{summary_items}</ul>
+<h2>Claims</h2><table><tr><th>claim</th><th>statement</th><th>original</th><th>replication</th><th>agree</th></tr>{claim_rows}</table>
+<h2>Energy ratios</h2><table><tr><th>model</th><th>checkpoint</th><th>site</th><th>rank</th><th>control</th>
+<th>original</th><th>replication</th><th>difference</th><th>diff CI low</th><th>diff CI high</th><th>same sign</th>
+<th>CIs overlap</th><th>within tolerance</th></tr>{rows}</table>
+<h2>Environment</h2><table><tr><th>field</th><th>original</th><th>replication</th></tr>{env_rows}</table>
+</body></html>
+"""
+
+
+def _tex_escape(text: str) -> str:
+    replacements = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+    return "".join(replacements.get(ch, ch) for ch in str(text))
+
+
+def _comparison_tex(comparison: pd.DataFrame, summary: dict, titles: tuple[str, str]) -> str:
+    headline = comparison[comparison["metric"] == "energy_ratio"]
+    lines = [
+        "% anistat replication table (requires booktabs)",
+        r"\begin{table}[t]", r"\centering", r"\small",
+        r"\caption{Replication of " + _tex_escape(titles[0]) + " by " + _tex_escape(titles[1])
+        + r": energy ratios, original vs replication.}",
+        r"\label{tab:anistat-replication}",
+        r"\begin{tabular}{lllrrrrc}", r"\toprule",
+        r"Model & Checkpoint & Site & $k$ & Original & Replication & $\Delta$ [95\% CI] & Agree \\", r"\midrule",
+    ]
+    for _, row in headline.iterrows():
+        agree = r"\checkmark" if row["sign_agrees"] and row["ci_overlap"] else "--"
+        lines.append(
+            f"{_tex_escape(row['model'])} & {_tex_escape(row['checkpoint'])} & {_tex_escape(row['site'])} & "
+            f"{_tex_escape(row['rank'])} & {_fmt(row['estimate_original'])} & {_fmt(row['estimate_replication'])} & "
+            f"{_fmt(row['difference'])} [{_fmt(row['difference_ci_low'])}, {_fmt(row['difference_ci_high'])}] & {agree} \\\\"
+        )
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+    return "\n".join(lines)
+
+
+def load_bundle_results(bundle: Path) -> tuple[pd.DataFrame, dict]:
+    manifest = read_manifest(bundle)
+    return read_results(bundle), manifest
+
+
+def ensure_bundle(path: Path) -> None:
+    if not (path / "manifest.json").is_file():
+        raise AnistatInputError(f"{path}: not an anistat bundle (no manifest.json)")

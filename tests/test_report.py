@@ -1,0 +1,268 @@
+"""Report stage: files, escaping, self-containment, determinism, robustness, options."""
+
+from __future__ import annotations
+
+import base64
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_report_fixtures import (  # noqa: E402
+    COLUMNS,
+    make_claims,
+    make_extras,
+    make_manifest,
+    make_results,
+)
+
+from anistat.report import PdfLatexError, ReportOptions, render_bundle  # noqa: E402
+from anistat.report._text import tex  # noqa: E402
+
+NO_PDF = ReportOptions(compile_pdf=False)
+XSS = "<script>alert(1)</script>"
+IMG_RE = re.compile(r"<img\b[^>]*>", re.I)
+
+
+def _render(tmp: Path, results: pd.DataFrame, name: str = "bundle", **kw) -> tuple[Path, list[Path]]:
+    out = tmp / name
+    out.mkdir()
+    kw.setdefault("options", NO_PDF)
+    paths = render_bundle(results, kw.pop("manifest", make_manifest()), out, **kw)
+    return out, paths
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    """A bundle whose user strings try to break out of HTML."""
+    res = make_results(with_buckets=True)
+    res.loc[res["model"] == "tiny-gpt2", "model"] = XSS
+    res.loc[res["status"] == "failed", "note"] = "bad <b>gradients</b> & NaN"
+    man = make_manifest(name="<img src=x onerror=alert(2)>")
+    man["protocol"]["description"] = XSS + " description"
+    claims = make_claims() + [{"id": "<i>x</i>", "statement": XSS, "passed": False,
+                               "evidence": {"<k>": XSS}}]
+    extras = make_extras()
+    extras["concept_cards"][0]["top_tokens"].append("</span>" + XSS)
+    extras["concept_cards"][0]["contexts"].append('" onmouseover="alert(3)')
+    extras["warnings"].append(XSS)
+    tmp = tmp_path_factory.mktemp("hostile")
+    out, paths = _render(tmp, res, manifest=man, claims=claims, extras=extras)
+    return tmp, out, paths, (out / "report.html").read_text(encoding="utf-8")
+
+
+def test_writes_bundle_files_only_inside_out_dir(hostile):
+    tmp, out, paths, _html = hostile
+    assert [p.name for p in tmp.iterdir()] == ["bundle"]
+    names = {p.relative_to(out).as_posix() for p in paths}
+    assert {"report.html", "tables.tex", "report.tex"} <= names
+    for fig in ("energy_ratio_trajectory", "null_distribution", "forest_effects",
+                "proxy_oracle_controls", "delta_isoscore", "frequency_buckets", "calibration"):
+        assert f"figures/{fig}.pdf" in names
+        assert (out / "figures" / f"{fig}.pdf").read_bytes().startswith(b"%PDF")
+    assert "report.pdf" not in names
+    assert all(p.exists() and out in p.parents for p in paths)
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_user_strings_are_html_escaped(hostile):
+    html = hostile[3]
+    assert XSS not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<img src=x" not in html and "&lt;img src=x onerror=alert(2)&gt;" in html
+    assert not re.search(r"<img\s+src=x", html)
+    assert '" onmouseover="alert(3)' not in html
+    assert "<b>gradients</b>" not in html and "bad &lt;b&gt;gradients&lt;/b&gt; &amp; NaN" in html
+    assert "<i>x</i>" not in html
+    # Only the report's own two scripts exist.
+    assert len(re.findall(r"<script\b", html, re.I)) == 2
+
+
+def test_html_is_self_contained(hostile):
+    html = hostile[3]
+    low = html.lower()
+    for bad in ("http://", "https://", "//cdn", 'src="http', "src='http", "<link", "@import",
+                "url("):
+        assert bad not in low, bad
+
+
+def test_every_img_is_a_png_data_uri(hostile):
+    out, html = hostile[1], hostile[3]
+    imgs = IMG_RE.findall(html)
+    assert len(imgs) == len(list((out / "figures").glob("*.pdf"))) == 7
+    for tag in imgs:
+        src = re.search(r'src="([^"]*)"', tag).group(1)
+        assert src.startswith("data:image/png;base64,")
+        data = base64.b64decode(src.split(",", 1)[1], validate=True)
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        w = int(re.search(r'width="(\d+)"', tag).group(1))
+        h = int(re.search(r'height="(\d+)"', tag).group(1))
+        assert (w, h) == (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big"))
+        assert w > 100 and h > 100
+
+
+def test_summary_comes_first_and_sections_exist(hostile):
+    html = hostile[3]
+    order = [html.index(f'id="{s}"') for s in ("summary", "figures", "concepts", "methods",
+                                               "results", "failed")]
+    assert order == sorted(order)
+    assert "PASS" in html and "FAIL" in html
+    assert "Question." in html
+    # Methods name the control kinds, their count, multiplicity and software versions.
+    methods = html[html.index('id="methods"'):html.index('id="results"')]
+    for needle in ("normal", "haar", "20 random control", "holm", "torch 2.13.0", "1/21",
+                   "2000 resamples", "10000 permutations"):
+        assert needle in methods, needle
+    # Raw draws are absent, so the null figure says it is an approximation.
+    assert "normal density with the recorded control mean and SD" in html
+
+
+def test_failed_units_shown_with_reason(hostile):
+    html = hostile[3]
+    failed = html[html.index('<section id="failed"'):]
+    assert "tiny-bert" in failed and "step400" in failed
+    assert "bad &lt;b&gt;gradients&lt;/b&gt; &amp; NaN" in failed
+    assert 'class="failed"' in html
+
+
+def test_csv_round_trip_renders_identically(tmp_path):
+    res = make_results(with_buckets=True)
+    kw = dict(claims=make_claims(), extras=make_extras())
+    out1, _ = _render(tmp_path, res, "a", **kw)
+    csv = tmp_path / "results.csv"
+    res.to_csv(csv, index=False)
+    back = pd.read_csv(csv)
+    out2, _ = _render(tmp_path, back, "b", **kw)
+    for name in ("report.html", "tables.tex", "report.tex"):
+        assert (out1 / name).read_bytes() == (out2 / name).read_bytes(), name
+    for pdf in sorted((out1 / "figures").iterdir()):
+        assert pdf.read_bytes() == (out2 / "figures" / pdf.name).read_bytes(), pdf.name
+    assert b"CreationDate" not in (out1 / "figures" / "forest_effects.pdf").read_bytes()
+
+
+def test_missing_metrics_and_figures_are_skipped(tmp_path):
+    res = make_results()
+    res = res[res["metric"].isin(["energy_fraction", "oracle_fraction"])]
+    out, _ = _render(tmp_path, res, manifest={}, extras={"calibration": {"foo": [1, 2]}})
+    html = (out / "report.html").read_text()
+    assert "Not shown (no data)" in html
+    assert "no delta_isoscore_star rows" in html and "no calibration data" in html
+    assert {p.stem for p in (out / "figures").glob("*.pdf")} == {
+        "null_distribution", "proxy_oracle_controls"}
+    assert "% No table" in (out / "tables.tex").read_text()
+
+
+def test_empty_and_all_failed_results(tmp_path):
+    empty = pd.DataFrame(columns=COLUMNS)
+    out, _ = _render(tmp_path, empty, "empty", manifest={})
+    assert "<html" in (out / "report.html").read_text()
+    res = make_results()
+    res["status"] = "failed"
+    res["note"] = "out of memory"
+    res[["estimate", "ci_low", "ci_high", "control_mean", "control_sd"]] = np.nan
+    out, _ = _render(tmp_path, res, "failed")
+    html = (out / "report.html").read_text()
+    assert "out of memory" in html and "16 unit(s) failed" in html
+    assert not list((out / "figures").glob("*.pdf")) if (out / "figures").exists() else True
+
+
+def test_extra_metrics_columns_and_odd_types(tmp_path):
+    res = make_results(with_failed=False)
+    extra = res[res["metric"] == "oracle_fraction"].copy()
+    extra["metric"] = "participation_ratio"
+    res = pd.concat([res, extra], ignore_index=True)
+    res["seed"] = 7
+    res["layer"] = res["layer"].astype(str)  # labels may arrive as strings
+    res = res.drop(columns=["ci_method", "n_tokens"])  # and columns may be missing
+    out, _ = _render(tmp_path, res, claims=[{"id": "c", "statement": "s", "passed": True}],
+                     options=ReportOptions(compile_pdf=False, html_columns=(
+                         "model", "layer", "metric", "estimate", "seed", "status")))
+    html = (out / "report.html").read_text()
+    assert "participation_ratio" in html and ">seed<" in html
+    assert "Further metrics reported: participation_ratio" in html
+
+
+def test_options_change_tables_and_title(tmp_path):
+    res = make_results()
+    opts = ReportOptions(compile_pdf=False, title="My & title", transpose_tables=True,
+                         table_metrics=("energy_ratio", "hedges_g", "nope"),
+                         table_checkpoints="all", precision=2,
+                         html_metrics=("energy_ratio",), primary_control="haar")
+    out, _ = _render(tmp_path, res, options=opts)
+    html = (out / "report.html").read_text()
+    assert "<title>My &amp; title</title>" in html
+    assert 'data-metric="energy_fraction"' not in html and 'data-metric="energy_ratio"' in html
+    assert "against <b>haar</b> controls" in html
+    tables = (out / "tables.tex").read_text()
+    assert tables.count(r"\begin{table}") == 2
+    assert "$k = 4$" in tables and "step200 (late)" in tables
+    assert r"\title{My \& title}" in (out / "report.tex").read_text()
+    with pytest.raises(ValueError):
+        ReportOptions(precision=0)
+    with pytest.raises(ValueError):
+        ReportOptions(table_checkpoints="last")
+    with pytest.raises(ValueError):
+        ReportOptions(table_metrics="energy_ratio")
+
+
+def test_latex_tables_escape_and_structure(tmp_path):
+    res = make_results()
+    res.loc[res["model"] == "tiny-gpt2", "model"] = "gpt_2 & co % $x$ #1"
+    out, _ = _render(tmp_path, res, manifest=make_manifest(name="proto_1 & 50% #a"))
+    tables = (out / "tables.tex").read_text()
+    assert r"gpt\_2 \& co \% \$x\$ \#1" in tables
+    assert "gpt_2 & co" not in tables
+    assert r"\multirow{" in tables and r"\toprule" in tables and "S[table-format=" in tables
+    assert r"\label{tab:proto-1-50-a-energy-ratio}" in tables
+    assert r"Protocol: proto\_1 \& 50\% \#a" in tables
+    assert "[" in tables and r"\textsuperscript{**}" in tables
+    report = (out / "report.tex").read_text()
+    assert r"\input{tables.tex}" in report and "figures/forest_effects.pdf" in report
+
+
+def test_tex_escape():
+    assert tex("a_b & c % $ # { } ~ ^ \\") == (
+        r"a\_b \& c \% \$ \# \{ \} \textasciitilde{} \textasciicircum{} \textbackslash{}")
+    assert tex("<x>") == r"\textless{}x\textgreater{}"
+    assert tex("café Δ\u0120the 模") == r"café $\Delta$\textvisiblespace{}the \texttt{[U+6A21]}"
+
+
+def test_pdf_required_without_pdflatex(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    with pytest.raises(PdfLatexError, match="pdflatex is not on PATH"):
+        _render(tmp_path, make_results(), options=ReportOptions(compile_pdf=True))
+
+
+def test_pdflatex_failure_raises_with_log_tail(tmp_path, monkeypatch):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    script = fake / "pdflatex"
+    script.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in -output-directory=*) d="${a#-output-directory=}";; '
+        "esac; done\n"
+        'printf "This is fake TeX\\n! Undefined control sequence.\\nl.42 \\\\oops\\n" '
+        '> "$d/report.log"\nexit 1\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
+    out = tmp_path / "b"
+    out.mkdir()
+    with pytest.raises(PdfLatexError) as err:
+        render_bundle(make_results(), make_manifest(), out,
+                      options=ReportOptions(compile_pdf=True))
+    msg = str(err.value)
+    assert "Undefined control sequence" in msg and "l.42" in msg
+    assert not [p for p in out.iterdir() if p.name.startswith(".latex")]
+
+
+def test_rerender_is_fast(tmp_path):
+    res = make_results()
+    assert 300 <= len(res) <= 420
+    t0 = time.perf_counter()
+    _render(tmp_path, res, claims=make_claims(), extras=make_extras())
+    assert time.perf_counter() - t0 < 30
