@@ -92,7 +92,7 @@ def init(
 @app.command()
 def report(
     bundle: Path = typer.Argument(..., help="A bundle directory written by `anistat run`."),
-    precision: Optional[int] = typer.Option(None, min=1, max=12, help="Significant digits in tables."),
+    precision: Optional[int] = typer.Option(None, min=1, max=8, help="Significant digits in tables."),
     metrics: Optional[str] = typer.Option(None, help="Comma-separated metrics for the tables."),
     transpose: bool = typer.Option(False, help="Transposed table layout."),
     pdf: bool = typer.Option(True, help="Compile report.pdf when pdflatex is installed."),

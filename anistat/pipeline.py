@@ -181,6 +181,7 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
     """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`)."""
     from .claims import evaluate_claims
     from .report import render_bundle
+    from .rerender import render_inputs
 
     log = log or (lambda message: None)
     if not isinstance(protocol, Protocol):
@@ -228,7 +229,7 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         write_json(staging / "concept_cards.json", info["concept_cards"])
         if protocol.claims:
             write_json(staging / "claims.json", claims)
-        render_bundle(results, manifest, staging, claims=claims or None,
+        render_bundle(render_inputs(results, frequency), manifest, staging, claims=claims or None,
                       extras={"concept_cards": info["concept_cards"], "frequency": frequency},
                       options=None)
         manifest["files"] = file_digests(staging)

@@ -235,7 +235,7 @@ class StatsSpec(StrictModel):
 
 class ReportSpec(StrictModel):
     title: str | None = Field(None, max_length=300)
-    precision: int = Field(3, ge=1, le=12)
+    precision: int = Field(3, ge=1, le=8)
     compile_pdf: bool = Field(True, description="Compile report.tex with pdflatex when it is installed.")
 
 

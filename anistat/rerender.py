@@ -22,6 +22,16 @@ from .errors import AnistatInputError
 RENDERED = ("report.html", "tables.tex", "report.tex", "report.pdf", "figures")
 
 
+def render_inputs(results: pd.DataFrame, frequency: pd.DataFrame) -> pd.DataFrame:
+    """The table the report draws from: results plus the per-frequency-bucket energy ratios
+    (kept in `frequency.csv`, not `results.csv`; the report recognises them by `bucket`)."""
+    if frequency is None or frequency.empty or "bucket" not in frequency:
+        return results
+    buckets = frequency[(frequency["metric"] == "energy_ratio") & (frequency["bucket"].astype(str) != "all")]
+    return pd.concat([results.assign(bucket=""), buckets.assign(bucket=buckets["bucket"].astype(str))],
+                     ignore_index=True)
+
+
 def read_results(bundle: Path) -> pd.DataFrame:
     path = bundle / "results.csv"
     if not path.is_file():
@@ -60,15 +70,15 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
     claims = _optional_json(bundle / "claims.json")
     cards = _optional_json(bundle / "concept_cards.json") or []
     frequency = pd.read_csv(bundle / "frequency.csv") if (bundle / "frequency.csv").is_file() else pd.DataFrame()
-    option_values = {"compile_pdf": compile_pdf, "transpose": transpose}
+    option_values = {"compile_pdf": None if compile_pdf else False, "transpose_tables": transpose}
     if precision is not None:
         option_values["precision"] = precision
     if metrics:
-        option_values["metrics"] = tuple(m.strip() for m in metrics.split(",") if m.strip())
+        option_values["table_metrics"] = tuple(m.strip() for m in metrics.split(",") if m.strip())
     options = ReportOptions(**option_values)
     staging = Path(tempfile.mkdtemp(prefix=".rerender.", dir=bundle))
     try:
-        render_bundle(results, manifest, staging, claims=claims, extras={"concept_cards": cards, "frequency": frequency},
+        render_bundle(render_inputs(results, frequency), manifest, staging, claims=claims, extras={"concept_cards": cards, "frequency": frequency},
                       options=options)
         written = []
         for name in RENDERED:

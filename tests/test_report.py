@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import re
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +27,9 @@ from anistat.report import PdfLatexError, ReportOptions, render_bundle  # noqa: 
 from anistat.report._text import tex  # noqa: E402
 
 NO_PDF = ReportOptions(compile_pdf=False)
+FAST = ReportOptions(compile_pdf=False, figures=False)
 XSS = "<script>alert(1)</script>"
+TEXY = "tiny_bert & 50% $#{}~^\\ é 模"
 IMG_RE = re.compile(r"<img\b[^>]*>", re.I)
 
 
@@ -42,6 +46,7 @@ def hostile(tmp_path_factory):
     """A bundle whose user strings try to break out of HTML."""
     res = make_results(with_buckets=True)
     res.loc[res["model"] == "tiny-gpt2", "model"] = XSS
+    res.loc[res["model"] == "tiny-bert", "model"] = TEXY
     res.loc[res["status"] == "failed", "note"] = "bad <b>gradients</b> & NaN"
     man = make_manifest(name="<img src=x onerror=alert(2)>")
     man["protocol"]["description"] = XSS + " description"
@@ -52,12 +57,14 @@ def hostile(tmp_path_factory):
     extras["concept_cards"][0]["contexts"].append('" onmouseover="alert(3)')
     extras["warnings"].append(XSS)
     tmp = tmp_path_factory.mktemp("hostile")
+    t0 = time.perf_counter()
     out, paths = _render(tmp, res, manifest=man, claims=claims, extras=extras)
-    return tmp, out, paths, (out / "report.html").read_text(encoding="utf-8")
+    seconds = time.perf_counter() - t0
+    return tmp, out, paths, (out / "report.html").read_text(encoding="utf-8"), res, seconds
 
 
 def test_writes_bundle_files_only_inside_out_dir(hostile):
-    tmp, out, paths, _html = hostile
+    tmp, out, paths = hostile[:3]
     assert [p.name for p in tmp.iterdir()] == ["bundle"]
     names = {p.relative_to(out).as_posix() for p in paths}
     assert {"report.html", "tables.tex", "report.tex"} <= names
@@ -125,13 +132,14 @@ def test_summary_comes_first_and_sections_exist(hostile):
 def test_failed_units_shown_with_reason(hostile):
     html = hostile[3]
     failed = html[html.index('<section id="failed"'):]
-    assert "tiny-bert" in failed and "step400" in failed
+    assert "tiny_bert &amp; 50%" in failed and "step400" in failed
     assert "bad &lt;b&gt;gradients&lt;/b&gt; &amp; NaN" in failed
     assert 'class="failed"' in html
 
 
 def test_csv_round_trip_renders_identically(tmp_path):
-    res = make_results(with_buckets=True)
+    # One model keeps this quick; every figure kind is still drawn (PNG bytes are in the HTML).
+    res = make_results(models=(("tiny-bert", "mlm"),), with_buckets=True)
     kw = dict(claims=make_claims(), extras=make_extras())
     out1, _ = _render(tmp_path, res, "a", **kw)
     csv = tmp_path / "results.csv"
@@ -180,7 +188,7 @@ def test_extra_metrics_columns_and_odd_types(tmp_path):
     res["layer"] = res["layer"].astype(str)  # labels may arrive as strings
     res = res.drop(columns=["ci_method", "n_tokens"])  # and columns may be missing
     out, _ = _render(tmp_path, res, claims=[{"id": "c", "statement": "s", "passed": True}],
-                     options=ReportOptions(compile_pdf=False, html_columns=(
+                     options=ReportOptions(compile_pdf=False, figures=False, html_columns=(
                          "model", "layer", "metric", "estimate", "seed", "status")))
     html = (out / "report.html").read_text()
     assert "participation_ratio" in html and ">seed<" in html
@@ -189,7 +197,7 @@ def test_extra_metrics_columns_and_odd_types(tmp_path):
 
 def test_options_change_tables_and_title(tmp_path):
     res = make_results()
-    opts = ReportOptions(compile_pdf=False, title="My & title", transpose_tables=True,
+    opts = ReportOptions(compile_pdf=False, figures=False, title="My & title", transpose_tables=True,
                          table_metrics=("energy_ratio", "hedges_g", "nope"),
                          table_checkpoints="all", precision=2,
                          html_metrics=("energy_ratio",), primary_control="haar")
@@ -213,7 +221,8 @@ def test_options_change_tables_and_title(tmp_path):
 def test_latex_tables_escape_and_structure(tmp_path):
     res = make_results()
     res.loc[res["model"] == "tiny-gpt2", "model"] = "gpt_2 & co % $x$ #1"
-    out, _ = _render(tmp_path, res, manifest=make_manifest(name="proto_1 & 50% #a"))
+    out, _ = _render(tmp_path, res, manifest=make_manifest(name="proto_1 & 50% #a"),
+                     options=FAST)
     tables = (out / "tables.tex").read_text()
     assert r"gpt\_2 \& co \% \$x\$ \#1" in tables
     assert "gpt_2 & co" not in tables
@@ -222,7 +231,7 @@ def test_latex_tables_escape_and_structure(tmp_path):
     assert r"Protocol: proto\_1 \& 50\% \#a" in tables
     assert "[" in tables and r"\textsuperscript{**}" in tables
     report = (out / "report.tex").read_text()
-    assert r"\input{tables.tex}" in report and "figures/forest_effects.pdf" in report
+    assert r"\input{tables.tex}" in report
 
 
 def test_tex_escape():
@@ -254,15 +263,69 @@ def test_pdflatex_failure_raises_with_log_tail(tmp_path, monkeypatch):
     out.mkdir()
     with pytest.raises(PdfLatexError) as err:
         render_bundle(make_results(), make_manifest(), out,
-                      options=ReportOptions(compile_pdf=True))
+                      options=ReportOptions(compile_pdf=True, figures=False))
     msg = str(err.value)
     assert "Undefined control sequence" in msg and "l.42" in msg
     assert not [p for p in out.iterdir() if p.name.startswith(".latex")]
 
 
-def test_rerender_is_fast(tmp_path):
-    res = make_results()
-    assert 300 <= len(res) <= 420
-    t0 = time.perf_counter()
-    _render(tmp_path, res, claims=make_claims(), extras=make_extras())
-    assert time.perf_counter() - t0 < 30
+def test_rerender_is_fast(hostile):
+    """A quickstart-sized bundle (~380 rows + bucket rows, 7 figures) renders in seconds."""
+    res, seconds = hostile[4], hostile[5]
+    assert 300 <= len(res[res["freq_bucket"].isna()]) <= 420
+    assert seconds < 30
+
+
+# ------------------------------------------------------------------ real tools (skip if absent)
+
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(n)), None)
+
+
+def _chromium(profile: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--no-first-run", "--disable-dev-shm-usage", "--enable-logging=stderr", "--v=0",
+           f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not on PATH")
+def test_headless_chromium_runs_script_and_loads_images(hostile, tmp_path):
+    out, res = hostile[1], hostile[4]
+    url = (out / "report.html").resolve().as_uri() + "#q=energy_ratio%20step400"
+    proc = _chromium(tmp_path / "profile", "--virtual-time-budget=10000", "--dump-dom", url)
+    dom = proc.stdout
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    root = re.search(r"<html\b[^>]*>", dom).group(0)
+    assert 'data-ready="1"' in root, root
+    assert "data-js-error" not in root, root
+    assert "Uncaught" not in proc.stderr
+    total = int(re.search(r'data-images-total="(\d+)"', root).group(1))
+    assert total == 7
+    assert f'data-images-ok="{total}"' in root and 'data-images-bad=""' in root, root
+    # The #q= filter ran: only rows mentioning both words are visible.
+    expected = int(((res["checkpoint"] == "step400")
+                    & res["metric"].str.contains("energy_ratio")).sum())
+    assert f"{expected} of {len(res)} rows" in dom
+    tbody = dom[dom.index('id="results-table"'):]
+    assert len(re.findall(r"<tr[^>]*\bhidden\b", tbody)) == len(res) - expected
+    shot = tmp_path / "shot.png"
+    proc = _chromium(tmp_path / "profile2", "--hide-scrollbars", "--window-size=1366,900",
+                     f"--screenshot={shot}", url)
+    assert shot.exists() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex not on PATH")
+def test_report_tex_compiles_with_pdflatex(hostile):
+    from anistat.report.latex import compile_pdf
+
+    out = hostile[1]
+    pdf = compile_pdf(out)
+    assert pdf == out / "report.pdf" and pdf.read_bytes().startswith(b"%PDF")
+    assert not [p for p in out.iterdir() if p.name.startswith(".latex")]
+    if shutil.which("pdftotext"):
+        text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True,
+                              check=True).stdout
+        assert "tiny_bert & 50%" in text and "<script>alert(1)</script>" in text
+        assert "Failed units" in text

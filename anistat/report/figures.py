@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import math
 import struct
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -663,7 +664,9 @@ def render_figures(main: pd.DataFrame, full: pd.DataFrame, ctx: dict[str, Any], 
     """Build and save every figure whose data exists; return them and the skip reasons."""
     saved: list[SavedFigure] = []
     skipped: dict[str, str] = {}
-    with theme():
+    with theme(), warnings.catch_warnings():
+        # Labels in scripts DejaVu lacks (CJK model names, …) render as boxes; not an error.
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font")
         for name, fn, wants_full in FIGURES:
             result = fn(full if wants_full else main, ctx)
             if isinstance(result, str):

@@ -19,7 +19,7 @@ from ._content import (
     settings_rows,
     summary_sentences,
 )
-from ._data import BUCKET_COLUMNS, fmt_p, metric_label, ordered_by_first
+from ._data import BUCKET_COLUMNS, fmt_p, ordered_by_first
 from ._text import esc
 from .figures import SavedFigure
 
@@ -317,6 +317,8 @@ def _figures(figs: list[SavedFigure], skipped: Mapping[str, str]) -> str:
             f'alt="{esc(f.title)}" width="{f.width}" height="{f.height}" loading="eager">'
             f"<figcaption><b>Figure {i}. {esc(f.title)}.</b> {esc(f.caption)} "
             f"(PDF: figures/{esc(f.name)}.pdf)</figcaption></figure>")
+    if not figs and not skipped:
+        out.append('<p class="skipped">Figures were not drawn (figures=False).</p>')
     if skipped:
         out.append('<p class="skipped">Not shown (no data): ' + "; ".join(
             f"{esc(k.replace('_', ' '))} \u2014 {esc(v)}" for k, v in skipped.items()) + ".</p>")

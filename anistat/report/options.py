@@ -35,6 +35,7 @@ class ReportOptions:
             chosen (default: ``normal`` — the paper's control — and ``pca``, else the first).
         compile_pdf: ``None`` compiles ``report.pdf`` when ``pdflatex`` is on PATH; ``True``
             requires it (error if missing); ``False`` never compiles.
+        figures: draw the figures (``False``: HTML and tables only, for fast re-renders).
         figure_dpi: resolution of the PNGs embedded in the HTML.
         max_panels: most facets per figure (evenly thinned locations beyond it).
     """
@@ -50,6 +51,7 @@ class ReportOptions:
     primary_control: str | None = None
     primary_proxy: str | None = None
     compile_pdf: bool | None = None
+    figures: bool = True
     figure_dpi: int = 110
     max_panels: int = 16
 

@@ -46,6 +46,11 @@ def render_bundle(
     if not out_dir.is_dir():
         raise FileNotFoundError(f"output directory does not exist: {out_dir}")
     options = options or ReportOptions()
+    want_pdf = options.compile_pdf
+    if want_pdf is None:
+        want_pdf = shutil.which("pdflatex") is not None
+    elif want_pdf and shutil.which("pdflatex") is None:
+        raise PdfLatexError("compile_pdf=True but pdflatex is not on PATH")
     manifest = dict(manifest or {})
     extras = dict(extras or {})
     claims_list = [dict(c) for c in (claims or []) if isinstance(c, Mapping)]
@@ -65,7 +70,10 @@ def render_bundle(
                "control_draws": extras.get("control_draws")}
 
     fig_dir = out_dir / "figures"
-    figs, skipped = render_figures(main, full, fig_ctx, fig_dir, options.figure_dpi)
+    if options.figures:
+        figs, skipped = render_figures(main, full, fig_ctx, fig_dir, options.figure_dpi)
+    else:
+        figs, skipped = [], {}
 
     written: list[Path] = [p for f in figs for p in (f.pdf, f.png)]
     html_path = out_dir / "report.html"
@@ -77,11 +85,6 @@ def render_bundle(
     report_tex.write_text(render_report_tex(ctx, figs, labels), encoding="utf-8")
     written += [html_path, tables_path, report_tex]
 
-    want_pdf = options.compile_pdf
-    if want_pdf is None:
-        want_pdf = shutil.which("pdflatex") is not None
-    elif want_pdf and shutil.which("pdflatex") is None:
-        raise PdfLatexError("compile_pdf=True but pdflatex is not on PATH")
     if want_pdf:
         written.append(compile_pdf(out_dir))
     return sorted(written)

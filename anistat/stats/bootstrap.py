@@ -193,7 +193,8 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
             z0 = ndtri(p0)
             dev = jack.mean() - jack
             denom = (dev**2).sum()
-            a = (dev**3).sum() / (6.0 * denom**1.5) if denom > 0 else np.nan
+            flat = np.ptp(jack) <= 1e-12 * max(1.0, float(np.abs(jack).max()))
+            a = np.nan if flat or not denom > 0 else (dev**3).sum() / (6.0 * denom**1.5)
             if not np.isfinite(z0):
                 reason = "bias correction infinite (estimate outside the bootstrap distribution)"
             elif not np.isfinite(a):

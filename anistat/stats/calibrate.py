@@ -146,7 +146,7 @@ def run_calibration(n_simulations: int = 2000, seed: int = 0,
                     planted_ratios=(1.0, 1.1, 1.25, 1.5, 2.0), n_controls: int = 99,
                     n_sequences: int = 100, *, dim: int = 24, rank: int = 3,
                     tokens_per_sequence=(4, 16), within_correlation: float = 0.5,
-                    topic_rank: int = 2, scale_sd: float = 0.5, control_kind: str = "haar",
+                    topic_rank: int = 2, scale_sd: float = 0.25, control_kind: str = "haar",
                     n_bootstrap: int = 1000, n_permutations: int = 999, alpha: float = 0.05,
                     ci_level: float = 0.95, ci_method: str = "bca", n_jobs: int = 1,
                     keep_simulations: bool = False) -> CalibrationResult:

@@ -3,7 +3,8 @@
 ``random_effects_meta`` uses ``statsmodels.stats.meta_analysis.combine_effects``. Default
 ``method="dl"``: DerSimonian–Laird moment estimator of the between-study variance
 ``tau2 = max(0, (Q - (k-1)) / (sum w - sum w^2 / sum w))`` with ``w = 1/v``; ``"pm"`` gives
-Paule–Mandel. Estimate ``mu = sum w* y / sum w*`` with ``w* = 1/(v + tau2)``,
+Paule–Mandel (statsmodels supplies ``tau2`` and ``Q``; ``tau2`` is truncated at 0, which
+statsmodels' DL does not do). Estimate ``mu = sum w* y / sum w*`` with ``w* = 1/(v + tau2)``,
 ``se = 1/sqrt(sum w*)``, Wald CI ``mu ± z se`` and two-sided normal p-value for ``mu = 0``.
 ``Q`` is Cochran's heterogeneity statistic, ``I2 = max(0, (Q - (k-1)) / Q)``.
 Typical input: log2 energy ratios and their bootstrap variances (``se**2``).
@@ -81,12 +82,16 @@ def random_effects_meta(estimates, variances, method: str = "dl",
                           float(2 * sps.norm.sf(abs(y[0]) / se)), 1, method)
     res = combine_effects(y, v, method_re="chi2" if method == "dl" else "iterated",
                           alpha=1 - ci_level)
-    est = float(res.mean_effect_re)
-    se = float(res.sd_eff_w_re)
+    tau2 = max(0.0, float(res.tau2))  # statsmodels does not truncate DL's tau2 at 0
+    w = 1.0 / (v + tau2)
+    est = float((w * y).sum() / w.sum())
+    se = float(1.0 / np.sqrt(w.sum()))
+    q = float(res.q)
+    i2 = max(0.0, (q - (k - 1)) / q) if q > 0 else 0.0
     zc = sps.norm.ppf(0.5 + ci_level / 2)
     p = float(2 * sps.norm.sf(abs(est) / se))
-    return MetaResult(est, se, est - zc * se, est + zc * se, float(res.tau2), float(res.i2),
-                      float(res.q), p, int(k), method)
+    return MetaResult(est, se, est - zc * se, est + zc * se, tau2, float(i2), q, p, int(k),
+                      method)
 
 
 def trend_test(steps, estimates, variances=None, ci_level: float = 0.95,
