@@ -41,6 +41,10 @@ def environment() -> dict[str, str]:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = "not installed"
+    if versions["anistat"] == "not installed":  # running from a source tree without pip install
+        from . import __version__
+
+        versions["anistat"] = f"{__version__} (source tree)"
     return versions
 
 

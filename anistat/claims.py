@@ -94,10 +94,16 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec) -> dict[str, Any]:
         return {**record, "status": "error", "passed": False,
                 "evidence": {"reason": "the claim selects no result rows (check metric and where)"}}
     rows = [_evidence_row(row) for _, row in selected.iterrows()]
+    estimates = selected["estimate"].astype(float)
+    adjusted = selected["p_adjusted"].astype(float) if "p_adjusted" in selected else pd.Series(dtype=float)
+    summary = {"estimate_min": estimates.min(), "estimate_max": estimates.max(),
+               "p_adjusted_max": adjusted.max() if adjusted.notna().any() else None}
     if claim.aggregate in ("all", "any"):
         passes = [_row_passes(row, claim) for _, row in selected.iterrows()]
         passed = all(passes) if claim.aggregate == "all" else any(passes)
-        evidence = {"n_pass": int(sum(passes)), "n_rows": len(passes), "rows": rows}
+        failing = [row for row, ok in zip(rows, passes) if not ok]
+        evidence = _finite({"n_pass": int(sum(passes)), "n_rows": len(passes), **summary,
+                            "failing_rows": failing[:5]})
     else:
         ok = selected[selected["status"] == "ok"]
         level = 0.95
@@ -109,11 +115,10 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec) -> dict[str, Any]:
             z_alpha = sps.norm.ppf(0.5 + (1 - claim.alpha) / 2)
             low, high = meta.estimate - z_alpha * meta.se, meta.estimate + z_alpha * meta.se
             passed = (_compare(low, claim) and _compare(high, claim))
-        evidence = {"meta": {"estimate": meta.estimate, "se": meta.se, "ci_low": meta.ci_low,
-                             "ci_high": meta.ci_high, "tau2": meta.tau2, "i2": meta.i2, "k": meta.k},
-                    "rows": rows}
-        evidence = _finite(evidence)
-    return {**record, "status": "pass" if passed else "fail", "passed": bool(passed), "evidence": evidence}
+        evidence = _finite({"meta_estimate": meta.estimate, "meta_ci_low": meta.ci_low, "meta_ci_high": meta.ci_high,
+                            "tau2": meta.tau2, "i2": meta.i2, "k": meta.k, **summary})
+    return {**record, "status": "pass" if passed else "fail", "passed": bool(passed), "evidence": evidence,
+            "selected_rows": _finite(rows)}
 
 
 def _finite(value):

@@ -109,17 +109,28 @@ def calibrate(
     out: Path = typer.Option(Path("reports/calibration"), "--out", "-o", help="Output directory."),
     n_simulations: int = typer.Option(2000, min=10, max=1_000_000, help="Simulated studies per setting."),
     seed: int = typer.Option(0, min=0, help="Seed of the simulation."),
+    control_kind: str = typer.Option("haar", help="Control kind simulated: haar or normal."),
+    jobs: int = typer.Option(1, min=1, max=256, help="Worker processes (results do not depend on it)."),
 ) -> None:
     """Simulation study of the statistics engine: type-I error, CI coverage, power."""
-    from .bundle import staged_bundle
+    from .bundle import staged_bundle, write_json
     from .stats import run_calibration, write_calibration_report
 
-    result = run_calibration(n_simulations=n_simulations, seed=seed)
+    if control_kind not in ("haar", "normal"):
+        raise AnistatInputError(f"--control-kind must be haar or normal, got '{control_kind}'")
+    result = run_calibration(n_simulations=n_simulations, seed=seed, control_kind=control_kind, n_jobs=jobs)
     with staged_bundle(out) as staging:
         write_calibration_report(result, staging)
-        (staging / "manifest.json").write_text(json.dumps({"anistat_calibration": 1, "seed": seed,
-                                                           "n_simulations": n_simulations}, indent=2) + "\n")
-    _echo(result.summary() if hasattr(result, "summary") else f"wrote {out}")
+        write_json(staging / "manifest.json", {"anistat_calibration": 1, "seed": seed, "n_simulations": n_simulations,
+                                              "control_kind": control_kind, "settings": result.settings})
+    _echo(f"type-I error (alpha 0.05): Monte-Carlo {result.type1_mc:.4f}, sign-flip {result.type1_sign_flip:.4f}")
+    _echo(f"95% CI coverage: energy fraction {result.coverage_fraction:.4f}, energy ratio {result.coverage_ratio:.4f}")
+    for ratio, power in sorted(result.power_mc.items()):
+        _echo(f"power at planted ratio {ratio}: Monte-Carlo {power:.3f}, sign-flip {result.power_sign_flip[ratio]:.3f}")
+    for name, check in result.checks.items():
+        _echo(f"goal {name}: {'met' if check['passed'] else 'NOT met'} ({check['value']:.4f} in "
+              f"[{check['low']}, {check['high']}])")
+    _echo(f"wrote {out}/")
 
 
 @app.command()
