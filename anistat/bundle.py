@@ -93,20 +93,51 @@ def staged_bundle(out: Path) -> Iterator[Path]:
     try:
         yield staging
         os.chmod(staging, 0o755)
-        if out.exists():
-            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=parent))
-            os.replace(out, retired / "bundle")
-            os.replace(staging, out)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    _swap_into_place(staging, out, parent)
+
+
+def _swap_into_place(staging: Path, out: Path, parent: Path) -> None:
+    """Move the finished staging directory to `out`; an older bundle there is retired first and,
+    if anything goes wrong in between (even Ctrl-C), put back — it is never lost or left hidden."""
+    retired: Path | None = None
+    try:
+        if out.exists():
+            check_destination(out)  # still a bundle (or empty) at the moment of replacing it
+            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=parent))
+            os.replace(out, retired / "bundle")
+        os.replace(staging, out)
+    except BaseException:
+        if retired is not None and (retired / "bundle").exists() and not out.exists():
+            os.replace(retired / "bundle", out)
+        if retired is not None:
+            with contextlib.suppress(OSError):
+                retired.rmdir()  # only when the old bundle is back in place
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
 
 
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=False, allow_nan=False, default=_json_default) + "\n")
+    """Write JSON atomically (temp file in the same directory + rename): a reader or a crash never
+    sees half a file. NaN/Inf are refused (not JSON)."""
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False, default=_json_default) + "\n")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
+            stream.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _json_default(value: Any):

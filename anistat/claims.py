@@ -54,7 +54,7 @@ def _compare(value: float, claim: ClaimSpec) -> bool:
 def _row_passes(row: pd.Series, claim: ClaimSpec) -> bool:
     if row.get("status", "ok") != "ok":
         return False
-    if not _compare(float(row["estimate"]), claim):
+    if not _compare(float(row[claim.column]), claim):
         return False
     if claim.alpha is not None:
         p_adjusted = row.get("p_adjusted")
@@ -83,7 +83,8 @@ def _describe(claim: ClaimSpec) -> str:
     threshold = f"[{claim.threshold[0]}, {claim.threshold[1]}]" if claim.compare == "between" else f"{claim.threshold}"
     where = ", ".join(f"{k}={v}" for k, v in claim.where.items())
     significance = f" and p_adjusted < {claim.alpha}" if claim.alpha is not None else ""
-    return f"{claim.aggregate}({claim.metric} {claim.compare} {threshold}{significance}) where {where or 'any row'}"
+    value = claim.metric if claim.column == "estimate" else f"{claim.metric}.{claim.column}"
+    return f"{claim.aggregate}({value} {claim.compare} {threshold}{significance}) where {where or 'any row'}"
 
 
 def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec) -> dict[str, Any]:
@@ -94,7 +95,7 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec) -> dict[str, Any]:
         return {**record, "status": "error", "passed": False,
                 "evidence": {"reason": "the claim selects no result rows (check metric and where)"}}
     rows = [_evidence_row(row) for _, row in selected.iterrows()]
-    estimates = selected["estimate"].astype(float)
+    estimates = selected[claim.column].astype(float)
     adjusted = selected["p_adjusted"].astype(float) if "p_adjusted" in selected else pd.Series(dtype=float)
     summary = {"estimate_min": estimates.min(), "estimate_max": estimates.max(),
                "p_adjusted_max": adjusted.max() if adjusted.notna().any() else None}
@@ -109,6 +110,7 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec) -> dict[str, Any]:
         level = 0.95
         z = sps.norm.ppf(0.5 + level / 2)
         se = (ok["ci_high"].astype(float) - ok["ci_low"].astype(float)) / (2 * z)
+        # the meta-analysis pools estimates (its variances come from their CIs), whatever `column` says
         meta = random_effects_meta(ok["estimate"].astype(float).to_numpy(), (se**2).to_numpy())
         passed = _compare(meta.estimate, claim)
         if passed and claim.alpha is not None:
@@ -131,6 +133,20 @@ def _finite(value):
     return value
 
 
-def evaluate_claims(results: pd.DataFrame, claims: list[ClaimSpec] | tuple) -> list[dict[str, Any]]:
+def claim_table(results: pd.DataFrame, frequency: pd.DataFrame | None = None) -> pd.DataFrame:
+    """What claims select from: the results plus the frequency analysis (`frequency.csv`:
+    per-bucket energy ratios, `bucket` = quantile index, and the log-frequency correlations,
+    `bucket` = 'all'), so a claim can state e.g. `spearman_logfreq_distance < 0`."""
+    if frequency is None or frequency.empty:
+        return results
+    extra = frequency.copy()
+    if "status" not in extra:
+        extra["status"] = "ok"
+    return pd.concat([results.assign(bucket="") if "bucket" not in results else results, extra], ignore_index=True)
+
+
+def evaluate_claims(results: pd.DataFrame, claims: list[ClaimSpec] | tuple,
+                    frequency: pd.DataFrame | None = None) -> list[dict[str, Any]]:
     """Every claim of the protocol, in order, as JSON-able records (see module docstring)."""
-    return [evaluate_claim(results, claim) for claim in claims]
+    table = claim_table(results, frequency) if claims else results
+    return [evaluate_claim(table, claim) for claim in claims]

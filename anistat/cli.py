@@ -1,7 +1,10 @@
 """The `anistat` command line (typer).
 
 Exit codes: 0 success; 1 claims failed (`verify`, or `run` with failing claims); 2 invalid input
-or an interrupted run — always exactly one line on stderr, never a traceback.
+or an interrupted run (nothing half-written: no bundle, no staging directory; finished units stay
+in the cache and a rerun resumes); 3 `run` wrote its bundle but some units failed (e.g. NaN/Inf
+gradients; status=failed with the reason in results.csv, the report and the manifest). Errors are
+always exactly one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Optional
 import click
 import typer
 
-from .errors import AnistatInputError
+from .errors import AnistatError, AnistatInputError, IncompleteRun
 
 app = typer.Typer(
     name="anistat",
@@ -49,8 +52,11 @@ def run(
     for claim in result.claims:
         _echo(f"claim {claim['id']}: {claim['status'].upper()} — {claim['statement']}")
     if result.failed_units:
-        raise AnistatInputError(
-            f"{result.failed_units} unit(s) failed (see the 'note' column of {result.out / 'results.csv'})"
+        failed = [u for u in result.manifest.get("units", []) if u.get("status") != "ok"]
+        first = f"; first: {failed[0]['id']}: {failed[0]['note']}" if failed else ""
+        raise IncompleteRun(
+            f"{result.failed_units} unit(s) failed; the bundle {result.out} was written with their rows marked "
+            f"status=failed (see the 'note' column of results.csv){first}"
         )
     if failed_claims:
         raise typer.Exit(1)
@@ -191,11 +197,13 @@ def _write_new_file(path: Path, text: str, *, force: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: one line on stderr and exit 2 for any user error."""
+    previous_sigterm = _sigterm_as_interrupt()
     try:
-        app(args=argv, standalone_mode=False)
-    except AnistatInputError as error:
+        # without standalone mode click returns a command's exit code (typer.Exit) instead of exiting
+        code = app(args=argv, standalone_mode=False)
+    except AnistatError as error:
         typer.echo(f"anistat: error: {error}", err=True)
-        return 2
+        return error.exit_code
     except KeyboardInterrupt:
         typer.echo("anistat: error: interrupted; finished units are kept in the cache and a rerun resumes", err=True)
         return 2
@@ -213,7 +221,34 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as error:
         typer.echo(f"anistat: error: {' '.join(error.format_message().split())}", err=True)
         return 2
-    return 0
+    finally:
+        _restore_sigterm(previous_sigterm)
+    return code if isinstance(code, int) else 0
+
+
+def _sigterm_as_interrupt():
+    """Treat SIGTERM (what schedulers and `kill` send) like Ctrl-C, so the staged bundle is
+    cleaned up and the one-line message printed. Only in the main thread (signal's rule)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except (ValueError, OSError):  # pragma: no cover - exotic embedding
+        return None
+
+
+def _restore_sigterm(previous) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

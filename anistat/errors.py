@@ -1,21 +1,35 @@
 """Errors and warnings shared by every stage.
 
 A single exception type marks *user* mistakes (bad protocol, missing file, unknown model, …).
-The CLI turns it into one line on stderr and exit code 2; anything else is a bug and keeps its
-traceback.
+The CLI turns it into one line on stderr and exit code 2; `IncompleteRun` (bundle written, some
+units failed) into one line and exit code 3; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 
-class AnistatInputError(Exception):
-    """Invalid input from the user: reported as one line on stderr, exit code 2."""
+class AnistatError(Exception):
+    """An expected failure the CLI reports as one line on stderr with `exit_code`."""
 
     exit_code = 2
 
     def __init__(self, message: str):
         # One line, always: the CLI contract is "one clear line on stderr".
         super().__init__(" ".join(str(message).split()))
+
+
+class AnistatInputError(AnistatError):
+    """Invalid input from the user: reported as one line on stderr, exit code 2, nothing written."""
+
+    exit_code = 2
+
+
+class IncompleteRun(AnistatError):
+    """The run finished and its bundle was written, but some units failed (e.g. NaN/Inf
+    gradients): exit code 3, so scripts can tell it from 2 (nothing written). The failed units
+    are rows with status=failed and the reason in `note` (results.csv, report, manifest)."""
+
+    exit_code = 3
 
 
 class CollectionError(AnistatInputError):

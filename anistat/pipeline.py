@@ -194,14 +194,20 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
     torch_device = resolve_device(device or protocol.device)
     log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}")
     torch.manual_seed(protocol.seed)
-    artifacts, info = collect_units(protocol, torch_device, cache, log)
-    log("analysing")
-    results = analyze_units(artifacts, protocol)
+    try:
+        artifacts, info = collect_units(protocol, torch_device, cache, log)
+        log("analysing")
+        results = analyze_units(artifacts, protocol)
+    except (ValueError, OSError) as error:
+        user_error = _as_user_error(error)
+        if user_error is None:
+            raise
+        raise user_error from error
     for warning in results.attrs.get("warnings", []):
         log(f"warning: {warning}")
     token_counts = info.pop("frequency")
     frequency = frequency_rows(artifacts, token_counts, protocol)
-    claims = evaluate_claims(results, protocol.claims)
+    claims = evaluate_claims(results, protocol.claims, frequency)
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
     manifest = {
         "anistat_bundle": 1,
@@ -222,18 +228,24 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         "failed_units": len(failed),
         "warnings": list(results.attrs.get("warnings", [])),
     }
-    with staged_bundle(out) as staging:
-        write_results(results, staging)
-        if not frequency.empty:
-            frequency.to_csv(staging / "frequency.csv", index=False, float_format="%.10g", lineterminator="\n")
-        write_json(staging / "concept_cards.json", info["concept_cards"])
-        if protocol.claims:
-            write_json(staging / "claims.json", claims)
-        render_bundle(render_inputs(results, frequency), manifest, staging, claims=claims or None,
-                      extras={"concept_cards": info["concept_cards"], "frequency": frequency},
-                      options=None)
-        manifest["files"] = file_digests(staging)
-        write_json(staging / "manifest.json", manifest)
+    try:
+        with staged_bundle(out) as staging:
+            write_results(results, staging)
+            if not frequency.empty:
+                frequency.to_csv(staging / "frequency.csv", index=False, float_format="%.10g", lineterminator="\n")
+            write_json(staging / "concept_cards.json", info["concept_cards"])
+            if protocol.claims:
+                write_json(staging / "claims.json", claims)
+            render_bundle(render_inputs(results, frequency), manifest, staging, claims=claims or None,
+                          extras={"concept_cards": info["concept_cards"], "frequency": frequency},
+                          options=None)
+            manifest["files"] = file_digests(staging)
+            write_json(staging / "manifest.json", manifest)
+    except OSError as error:
+        user_error = _as_user_error(error)
+        if user_error is None:
+            raise
+        raise user_error from error
     if not keep_cache:
         shutil.rmtree(cache, ignore_errors=True)
         _remove_if_empty(cache.parent)
@@ -249,6 +261,52 @@ def write_results(results: pd.DataFrame, directory: Path) -> None:
     except ImportError:
         return
     results.to_parquet(directory / "results.parquet", index=False)
+
+
+_DISK_ERRNOS = {"ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS", "EFBIG", "EMFILE", "ENFILE"}
+
+
+def _as_user_error(error: BaseException) -> AnistatInputError | None:
+    """Map errors the *user's* protocol, model or machine can cause deep in a run to one line.
+
+    * ValueError raised by `anistat.geometry` input checks: the geometry library validates its
+      preconditions (rank < d, 2k ≤ d for normal controls, pca_span_dim, finite activations), so
+      such an error means the protocol asked for something this model cannot provide — only
+      known once the model is loaded. The message names the model (from the failing frame).
+    * OSError from a full / read-only / forbidden disk while writing the cache.
+    Anything else is a bug and keeps its traceback (returns None).
+    """
+    import errno as errno_names
+
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    if isinstance(error, OSError):
+        name = errno_names.errorcode.get(error.errno or 0, "")
+        if name not in _DISK_ERRNOS:
+            return None
+        target = error.filename or "the cache"
+        return AnistatInputError(f"cannot write {target} ({error.strerror or name}); free space or choose "
+                                 "another --out; finished units are kept and a rerun resumes")
+    if not frames or not str(frames[-1].f_globals.get("__name__", "")).startswith("anistat.geometry"):
+        return None
+    from .protocol import ModelSpec
+
+    spec = next((f.f_locals["spec"] for f in reversed(frames)
+                 if isinstance(f.f_locals.get("spec"), ModelSpec)), None)
+    where = f"models.{spec.name}" if spec is not None else "protocol"
+    message = " ".join(str(error).split())
+    if "non-finite" in message:
+        return AnistatInputError(
+            f"{where}: the model produces non-finite (NaN/Inf) activations on the fit split, so no proxy can "
+            "be fitted; check the checkpoint's weights"
+        )
+    return AnistatInputError(
+        f"{where}: cannot fit proxies or draw controls: {message} (check proxies.ranks, proxies.methods, "
+        "controls.kinds and controls.pca_span_dim against this model's hidden size)"
+    )
 
 
 def _remove_if_empty(directory: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -27,12 +28,19 @@ MAX_COUNT = 10_000_000
 
 PositiveCount = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+# Hub revisions and checkpoint labels become parts of cache file names: no path separators,
+# no leading dot (so never '.' or '..').
+REVISION_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}$"
+# "org/name" or "name" on the Hugging Face hub (no '..', no absolute paths: local models use path).
+HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
 
 
 class StrictModel(BaseModel):
-    """Base for every protocol section: frozen, unknown keys rejected, no type coercion games."""
+    """Base for every protocol section: frozen, unknown keys rejected, no type coercion games
+    (strict: `true` is not the integer 1, "5" is not the number 5; integers are accepted where
+    a float is expected)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, validate_default=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -133,8 +141,10 @@ class ModelSpec(StrictModel):
     path: str | None = None
     checkpoints: list[str] = Field(default_factory=list)
     steps: list[Annotated[int, Field(ge=0, le=MAX_COUNT)]] = Field(default_factory=list)
-    hub_id: str | None = None
-    revisions: list[str] = Field(default_factory=list)
+    hub_id: Annotated[str, Field(pattern=HUB_ID_PATTERN)] | None = None
+    revisions: list[Annotated[str, Field(pattern=REVISION_PATTERN)]] = Field(
+        default_factory=list, description="Hub revisions (branch, tag or commit; no '/')."
+    )
     trust_remote_code: bool = Field(False, description="Run model code from the checkpoint. Off unless asked.")
 
     @model_validator(mode="after")
@@ -202,6 +212,16 @@ class ProxySpec(StrictModel):
             raise ValueError(f"entries must be unique, got {list(value)}")
         return value
 
+    @field_validator("methods")
+    @classmethod
+    def _registered(cls, value: list) -> list:
+        from .geometry import PROXY_METHODS  # lazy: geometry imports torch
+
+        unknown = [m for m in value if m not in PROXY_METHODS]
+        if unknown:
+            raise ValueError(f"unknown proxy method(s) {unknown}; available: {sorted(PROXY_METHODS)}")
+        return value
+
 
 class ControlSpec(StrictModel):
     """Matched-rank random subspaces the proxy is compared against."""
@@ -255,6 +275,10 @@ class ClaimSpec(StrictModel):
     statement: str = Field("", max_length=2000)
     metric: Name
     where: dict[str, str | int | float | list[str | int | float]] = Field(default_factory=dict)
+    column: Literal["estimate", "ci_low", "ci_high", "effect_size", "control_mean"] = Field(
+        "estimate", description="Which result column is compared (e.g. ci_low > 1 for a CI entirely above 1; "
+        "effect_size = z against the controls)."
+    )
     compare: Literal[">", ">=", "<", "<=", "between"] = ">"
     threshold: float | list[float] = 1.0
     alpha: float | None = Field(None, gt=0.0, lt=1.0, description="Also require p_adjusted < alpha.")
@@ -274,6 +298,13 @@ class Protocol(StrictModel):
     """One anistat study. See `anistat schema` for the JSON Schema and `anistat init` for a starter."""
 
     anistat_protocol: Literal[1] = Field(PROTOCOL_VERSION, description="Protocol format version.")
+
+    @field_validator("anistat_protocol", mode="before")
+    @classmethod
+    def _version_not_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # `True == 1` in Python; the version is a number
+            raise ValueError(f"must be the number {PROTOCOL_VERSION}")
+        return value
     name: Name
     description: str = Field("", max_length=20_000)
     seed: int = Field(0, ge=0, le=2**32 - 1)
@@ -312,6 +343,9 @@ class Protocol(StrictModel):
                         f"sites.layers {bad} out of range for models[{index}] with "
                         f"{model.num_layers} layers"
                     )
+            problem = control_problem(self.controls, self.proxies.ranks, model.hidden_size)
+            if problem:
+                raise ValueError(f"{problem} (models[{index}].hidden_size {model.hidden_size})")
         return self
 
     # -- identity -------------------------------------------------------------------------------
@@ -328,6 +362,27 @@ class Protocol(StrictModel):
         return self.report.title or self.name
 
 
+def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], hidden_size: int) -> str | None:
+    """Why these controls cannot be drawn at these ranks in a d = hidden_size space (None if they
+    can). Checked at validation for built-in models and again once any other model is loaded."""
+    d = hidden_size
+    for rank in ranks:
+        if rank >= d:
+            return f"proxies.ranks: rank {rank} must be smaller than the hidden size {d}"
+        if "normal" in controls.kinds and 2 * rank > d:
+            return (f"controls.kinds 'normal' needs 2 × rank ≤ hidden size (controls live in the proxy's "
+                    f"orthogonal complement); proxies.ranks has {rank} with hidden size {d}")
+        if "pca_span" in controls.kinds:
+            m = min(4 * rank, d) if controls.pca_span_dim is None else controls.pca_span_dim
+            if m > d:
+                return f"controls.pca_span_dim {m} must not exceed the hidden size {d}"
+            if m <= rank:
+                return (f"controls.pca_span_dim {m} must exceed every rank in proxies.ranks (got rank {rank})"
+                        if controls.pca_span_dim is not None else
+                        f"controls.kinds 'pca_span' needs a rank below the hidden size {d}; got {rank}")
+    return None
+
+
 def protocol_hash(normalised: dict[str, Any]) -> str:
     canonical = json.dumps(normalised, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
@@ -338,7 +393,8 @@ def protocol_hash(normalised: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------------------
 class _NoAliasSafeLoader(yaml.SafeLoader):
     """safe_load without YAML aliases: anchors/aliases enable 'billion laughs' expansion bombs,
-    and a protocol never needs them."""
+    and a protocol never needs them. Floats follow YAML 1.2, so `1e-3` is a number (PyYAML's
+    YAML 1.1 rules read it as the string '1e-3')."""
 
     def compose_node(self, parent, index):  # type: ignore[override]
         if self.check_event(yaml.AliasEvent):
@@ -347,6 +403,27 @@ class _NoAliasSafeLoader(yaml.SafeLoader):
                 None, None, "YAML aliases (*name) are not allowed in protocols", event.start_mark
             )
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        # A repeated key would silently keep the last value: as dangerous as a typo.
+        seen: set = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark, f"duplicate key '{key}'",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_NoAliasSafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def _format_location(loc: tuple) -> str:
@@ -376,8 +453,10 @@ def format_validation_error(error: ValidationError, source: str) -> str:
     elif first["type"] == "missing":
         line = f"{source}: {where}: required field is missing"
     else:
-        value = "" if first["type"].startswith("value_error") and not loc else f" (got {_short(first.get('input'))})"
-        line = f"{source}: {where}: {message}{value}"
+        if first["type"].startswith("value_error") and not loc:
+            line = f"{source}: {message}"  # cross-field checks name their fields themselves
+        else:
+            line = f"{source}: {where}: {message} (got {_short(first.get('input'))})"
     if len(errors) > 1:
         line += f" [+{len(errors) - 1} more error{'s' if len(errors) > 2 else ''}]"
     return line

@@ -81,14 +81,18 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
         render_bundle(render_inputs(results, frequency), manifest, staging, claims=claims, extras={"concept_cards": cards, "frequency": frequency},
                       options=options)
         written = []
+        trash = staging / ".replaced"
+        trash.mkdir()
         for name in RENDERED:
-            target = bundle / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-            if (staging / name).exists():
-                os.replace(staging / name, target)
+            target, fresh = bundle / name, staging / name
+            if fresh.is_file() and not target.is_dir():
+                os.replace(fresh, target)  # one atomic rename per file: never half a file
+                written.append(target)
+                continue
+            if target.exists() or target.is_symlink():
+                os.replace(target, trash / name)  # moved aside, removed with the staging dir
+            if fresh.exists():
+                os.replace(fresh, target)
                 written.append(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

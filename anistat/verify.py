@@ -70,7 +70,9 @@ def verify_bundle(bundle: Path) -> BundleCheck:
     problems = check_integrity(bundle, manifest)
     protocol = parse_protocol(manifest.get("protocol"), f"{bundle}/manifest.json:protocol")
     results = read_results(bundle)
-    claims = evaluate_claims(results, protocol.claims)
+    frequency_path = bundle / "frequency.csv"
+    frequency = pd.read_csv(frequency_path) if frequency_path.is_file() else None
+    claims = evaluate_claims(results, protocol.claims, frequency)
     recorded = []
     if (bundle / "claims.json").is_file():
         recorded = json.loads((bundle / "claims.json").read_text())

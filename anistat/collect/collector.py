@@ -64,33 +64,70 @@ def counted_positions(objective: str, seq_len: int) -> int:
 
 
 @torch.no_grad()
-def collect_fit_activations(model: torch.nn.Module, inputs: torch.Tensor, layers: list[int], *,
-                            batch_size: int, device: torch.device) -> dict[int, torch.Tensor]:
-    """Residual-stream activations (n_seq, T, d) per layer for the given inputs (CPU, float32)."""
-    collected: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
+def collect_fit_activations(model: torch.nn.Module, inputs: torch.Tensor, sites, *,
+                            batch_size: int, device: torch.device, precision: str = "fp32") -> dict:
+    """Activations (n_seq, T, d) per site for the given inputs (CPU, float32).
+
+    `sites`: block indices (residual stream), site names or `Site`s; the result is keyed alike.
+    Holds every activation of `inputs` — for capped, streaming fit samples use `FitSampler`."""
+    collected: dict = {}
     model.to(device)
+    resolved = as_sites(model, sites)
     for start in range(0, inputs.shape[0], batch_size):
         batch = inputs[start : start + batch_size].to(device)
-        with residual_probe(model, layers, gradients=False) as record:
+        with autocast(device, precision), probe(model, resolved, gradients=False) as record:
             model(input_ids=batch)
-        for layer in layers:
-            collected[layer].append(record.activations[layer].float().cpu())
-    return {layer: torch.cat(chunks) for layer, chunks in collected.items()}
+        for key in resolved:
+            collected.setdefault(key, []).append(record.activations[key].float().cpu())
+    return {key: torch.cat(chunks) for key, chunks in collected.items()}
 
 
-def sample_fit_tokens(per_checkpoint: list[torch.Tensor], token_ids: torch.Tensor, max_tokens: int,
-                      seed: int) -> FitSample:
-    """Pool (n_seq, T, d) activations over the early checkpoints; keep a seeded sample of rows."""
-    n_seq, seq_len, dim = per_checkpoint[0].shape
-    pooled = torch.cat([a.reshape(-1, dim) for a in per_checkpoint])
-    ids = token_ids.reshape(-1).repeat(len(per_checkpoint))
-    seq_index = torch.arange(n_seq).repeat_interleave(seq_len).repeat(len(per_checkpoint))
-    position = torch.arange(seq_len).repeat(n_seq).repeat(len(per_checkpoint))
-    if pooled.shape[0] > max_tokens:
-        generator = torch.Generator().manual_seed(seed)
-        keep = torch.randperm(pooled.shape[0], generator=generator)[:max_tokens].sort().values
-        pooled, ids, seq_index, position = pooled[keep], ids[keep], seq_index[keep], position[keep]
-    return FitSample(activations=pooled, token_ids=ids, sequence_index=seq_index, position=position)
+class FitSampler:
+    """A seeded sample of at most `max_tokens` fit activations per site, pooled over the early
+    checkpoints, built while streaming: the kept row indices are drawn up front (the same
+    `randperm` as `sample_fit_tokens` over the pooled rows), so only kept rows are ever stored —
+    memory is bounded by the protocol's cap, not by the fit split. Under torchrun each rank
+    fills the rows of its batches and `finish` all-reduces them (exact: rows are disjoint)."""
+
+    def __init__(self, keys, *, n_checkpoints: int, token_ids: torch.Tensor, max_tokens: int, seeds: dict):
+        self.keys = list(keys)
+        self.token_ids = token_ids
+        n_seq, seq_len = token_ids.shape
+        self.n_seq, self.seq_len = n_seq, seq_len
+        total = n_checkpoints * n_seq * seq_len
+        self.keep: dict = {}
+        for key in self.keys:
+            if total > max_tokens:
+                generator = torch.Generator().manual_seed(seeds[key])
+                self.keep[key] = torch.randperm(total, generator=generator)[:max_tokens].sort().values
+            else:
+                self.keep[key] = torch.arange(total)
+        self.rows: dict = {key: None for key in self.keys}
+        self.filled = {key: torch.zeros(len(self.keep[key]), dtype=torch.bool) for key in self.keys}
+
+    def add(self, key, checkpoint: int, start: int, activations: torch.Tensor) -> None:
+        """Activations (B, T, d) of fit sequences start..start+B−1 at checkpoint index `checkpoint`."""
+        batch, seq_len, dim = activations.shape
+        keep = self.keep[key]
+        first = (checkpoint * self.n_seq + start) * seq_len
+        lo = torch.searchsorted(keep, first)
+        hi = torch.searchsorted(keep, first + batch * seq_len)
+        if self.rows[key] is None:
+            self.rows[key] = torch.zeros(len(keep), dim, dtype=torch.float32)
+        if hi > lo:
+            local = keep[lo:hi] - first
+            self.rows[key][lo:hi] = activations.reshape(-1, dim)[local.to(activations.device)].float().cpu()
+            self.filled[key][lo:hi] = True
+
+    def finish(self, key) -> FitSample:
+        keep = self.keep[key]
+        rows = self.rows[key]
+        if distributed.active():
+            distributed.all_reduce_sum_(rows)
+        per_checkpoint = self.n_seq * self.seq_len
+        within = keep % per_checkpoint
+        return FitSample(activations=rows, token_ids=self.token_ids.reshape(-1)[within],
+                         sequence_index=within // self.seq_len, position=within % self.seq_len)
 
 
 def concept_cards(sample: FitSample, basis: torch.Tensor, fit_tokens: torch.Tensor, decode, n_top: int,
