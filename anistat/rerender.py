@@ -22,6 +22,17 @@ from .errors import AnistatInputError
 RENDERED = ("report.html", "tables.tex", "report.tex", "report.pdf", "figures")
 
 
+def report_options(protocol: dict, **overrides):
+    """ReportOptions from the protocol's `report` section (title, precision, PDF), then overrides."""
+    from .report import ReportOptions
+
+    section = protocol.get("report", {}) if isinstance(protocol, dict) else {}
+    values = {"title": section.get("title"), "precision": section.get("precision", 3),
+              "compile_pdf": None if section.get("compile_pdf", True) else False}
+    values.update(overrides)
+    return ReportOptions(**values)
+
+
 def render_inputs(results: pd.DataFrame, frequency: pd.DataFrame) -> pd.DataFrame:
     """The table the report draws from: results plus the per-frequency-bucket energy ratios
     (kept in `frequency.csv`, not `results.csv`; the report recognises them by `bucket`)."""
@@ -63,19 +74,21 @@ def _optional_json(path: Path):
 
 def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None = None, transpose: bool = False,
              compile_pdf: bool = True) -> list[Path]:
-    from .report import ReportOptions, render_bundle
+    from .report import render_bundle
 
     manifest = read_manifest(bundle)
     results = read_results(bundle)
     claims = _optional_json(bundle / "claims.json")
     cards = _optional_json(bundle / "concept_cards.json") or []
     frequency = pd.read_csv(bundle / "frequency.csv") if (bundle / "frequency.csv").is_file() else pd.DataFrame()
-    option_values = {"compile_pdf": None if compile_pdf else False, "transpose_tables": transpose}
+    overrides = {"transpose_tables": transpose}
+    if not compile_pdf:
+        overrides["compile_pdf"] = False
     if precision is not None:
-        option_values["precision"] = precision
+        overrides["precision"] = precision
     if metrics:
-        option_values["table_metrics"] = tuple(m.strip() for m in metrics.split(",") if m.strip())
-    options = ReportOptions(**option_values)
+        overrides["table_metrics"] = tuple(m.strip() for m in metrics.split(",") if m.strip())
+    options = report_options(manifest.get("protocol", {}), **overrides)
     staging = Path(tempfile.mkdtemp(prefix=".rerender.", dir=bundle))
     try:
         render_bundle(render_inputs(results, frequency), manifest, staging, claims=claims, extras={"concept_cards": cards, "frequency": frequency},

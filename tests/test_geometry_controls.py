@@ -9,14 +9,6 @@ import torch
 from anistat.geometry import CONTROL_KINDS, complement_basis, draw_controls, fit_proxy, principal_subspace
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """These tests run many small linear-algebra ops; a single intra-op thread avoids
-    OpenMP oversubscription on a busy 2-core runner (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _setup(d=24, k=3, n_act=200, seed=0):

@@ -22,14 +22,6 @@ from anistat.geometry import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """These tests run many small linear-algebra ops; a single intra-op thread avoids
-    OpenMP oversubscription on a busy 2-core runner (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _aniso_second_moment(d, seed=0, n=400):

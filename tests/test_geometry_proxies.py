@@ -17,14 +17,6 @@ from anistat.geometry import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """These tests run many small linear-algebra ops; a single intra-op thread avoids
-    OpenMP oversubscription on a busy 2-core runner (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _planted(n=400, d=40, k=3, noise=0.05, seed=0):

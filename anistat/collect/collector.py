@@ -10,6 +10,7 @@ collection device until a unit is finished.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -21,7 +22,9 @@ from ..geometry import GradientMoments, delta_isoscore_star, oracle_fraction
 from ..models import lm_loss
 from ..seeding import derive_seed
 from .artifact import BasisColumn, UnitArtifact, UnitKey
-from .sites import residual_probe, site_name
+from . import distributed
+from .progress import bar
+from .sites import as_sites, probe
 
 
 @dataclass
@@ -130,6 +133,22 @@ class FitSampler:
                          sequence_index=within // self.seq_len, position=within % self.seq_len)
 
 
+def sample_fit_tokens(per_checkpoint: list[torch.Tensor], token_ids: torch.Tensor, max_tokens: int,
+                      seed: int) -> FitSample:
+    """Pool (n_seq, T, d) activations over the early checkpoints; keep a seeded sample of rows
+    (in-memory reference for `FitSampler`, which keeps exactly the same rows while streaming)."""
+    n_seq, seq_len, dim = per_checkpoint[0].shape
+    pooled = torch.cat([a.reshape(-1, dim) for a in per_checkpoint])
+    ids = token_ids.reshape(-1).repeat(len(per_checkpoint))
+    seq_index = torch.arange(n_seq).repeat_interleave(seq_len).repeat(len(per_checkpoint))
+    position = torch.arange(seq_len).repeat(n_seq).repeat(len(per_checkpoint))
+    if pooled.shape[0] > max_tokens:
+        generator = torch.Generator().manual_seed(seed)
+        keep = torch.randperm(pooled.shape[0], generator=generator)[:max_tokens].sort().values
+        pooled, ids, seq_index, position = pooled[keep], ids[keep], seq_index[keep], position[keep]
+    return FitSample(activations=pooled, token_ids=ids, sequence_index=seq_index, position=position)
+
+
 def concept_cards(sample: FitSample, basis: torch.Tensor, fit_tokens: torch.Tensor, decode, n_top: int,
                   context: int = 4) -> list[dict]:
     """For each proxy direction, the fit tokens that load on it most, with a short context.
@@ -174,11 +193,167 @@ def _basis_table(bases: list[BasisSet], dim: int, device: torch.device, dtype: t
     return stacked, indicator, descriptors
 
 
+# ----------------------------------------------------------------------------------------------
+# precision
+# ----------------------------------------------------------------------------------------------
+FP16_LOSS_SCALE = 2.0**12  # static scale so fp16 backward does not underflow; undone in fp32
+
+
+def resolve_precision(device: torch.device, precision: str = "auto") -> str:
+    """`auto`: bf16 autocast on CUDA where supported, fp32 everywhere else (the CPU path stays
+    exact). Explicit bf16/fp16 are honoured on CUDA only; on CPU/MPS they fall back to fp32."""
+    if device.type != "cuda":
+        return "fp32"
+    if precision == "auto":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return precision
+
+
+def autocast(device: torch.device, precision: str):
+    """Autocast context for the model's forward (and hence backward); statistics stay fp32/fp64."""
+    if device.type == "cuda" and precision in ("bf16", "fp16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    return contextlib.nullcontext()
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    return torch.float64 if device.type == "cpu" else torch.float32  # CPU stays exact for tests
+
+
+# ----------------------------------------------------------------------------------------------
+# per-site accumulation of sufficient statistics
+# ----------------------------------------------------------------------------------------------
+class SiteAccumulator:
+    """Per-sequence sufficient statistics of one site, streamed batch by batch.
+
+    With `n_seq` given, rows are preallocated (post-hoc collection: row s is test sequence s, so
+    sharded ranks fill disjoint rows); with `n_seq=None` rows are appended as batches arrive
+    (measurement inside training, where sequences are the training batches)."""
+
+    def __init__(self, bases: list[BasisSet], *, dim: int, n_seq: int | None, n_buckets: int, vocab_size: int,
+                 device: torch.device, dtype: torch.dtype | None = None):
+        self.dim, self.n_buckets, self.vocab_size, self.device = dim, n_buckets, vocab_size, device
+        self.dtype = dtype or compute_dtype(device)
+        self.bases = bases
+        self.stacked, self.indicator, self.descriptors = _basis_table(bases, dim, device, self.dtype)
+        n_bases = len(self.descriptors)
+        self.growing = n_seq is None
+        rows = 0 if n_seq is None else n_seq
+        f64 = dict(dtype=torch.float64, device=device)
+        self.total = torch.zeros(rows, n_buckets, **f64)
+        self.energy = torch.zeros(rows, n_buckets, n_bases, **f64)
+        self.n_tokens = torch.zeros(rows, dtype=torch.int64, device=device)
+        self._chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.grad = GradientMoments.zeros(dim, device=device)
+        self.act = GradientMoments.zeros(dim, device=device)
+        self.grad_unit = torch.zeros(dim, **f64)
+        self.act_unit = torch.zeros(dim, **f64)
+        self.type_count = torch.zeros(vocab_size, **f64)
+        self.type_sum = torch.zeros(vocab_size, dim, **f64)
+        self.type_sq = torch.zeros(vocab_size, **f64)
+        self.failure = ""
+
+    def add(self, grad: torch.Tensor, act: torch.Tensor, token_ids: torch.Tensor, bucket_onehot: torch.Tensor,
+            start: int | None = None, where: str = "") -> None:
+        """One batch: gradients and activations (B, T, d), token ids (B, T), bucket one-hot (B, T, K)."""
+        if self.failure:
+            return
+        grad = grad.to(self.dtype)
+        act = act.to(self.dtype)
+        if not (torch.isfinite(grad).all() and torch.isfinite(act).all()):
+            self.failure = f"non-finite gradients or activations in {where}"
+            return
+        dim = self.dim
+        onehot = bucket_onehot.to(self.dtype)
+        squared = (grad @ self.stacked).square() @ self.indicator  # (B, T, n_bases)
+        energy = torch.einsum("btn,btk->bkn", squared, onehot).double()
+        total = torch.einsum("bt,btk->bk", grad.square().sum(-1), onehot).double()
+        # Gradient rows that are exactly zero carry no loss signal by construction (e.g.
+        # unmasked positions after an encoder's last block): they are not evaluated tokens.
+        evaluated = grad.abs().amax(dim=-1) > 0  # (B, T)
+        count = evaluated.sum(dim=1)
+        if self.growing:
+            self._chunks.append((total, energy, count))
+        else:
+            stop = start + grad.shape[0]
+            self.energy[start:stop] += energy
+            self.total[start:stop] += total
+            self.n_tokens[start:stop] += count
+        flat_grad = grad.reshape(-1, dim)[evaluated.reshape(-1)]
+        flat_act = act.reshape(-1, dim)
+        flat_ids = token_ids.reshape(-1).to(self.device)
+        self.grad.update(flat_grad)
+        self.act.update(flat_act)
+        self.grad_unit += _unit_rows(flat_grad).sum(0).double()
+        self.act_unit += _unit_rows(flat_act).sum(0).double()
+        self.type_count.index_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.float64))
+        self.type_sum.index_add_(0, flat_ids, flat_act.double())
+        self.type_sq.index_add_(0, flat_ids, flat_act.double().square().sum(-1))
+
+    @property
+    def n_sequences(self) -> int:
+        return int(self.total.shape[0]) + sum(int(c[0].shape[0]) for c in self._chunks)
+
+    def _settle(self) -> None:
+        if self._chunks:
+            self.total = torch.cat([self.total] + [c[0] for c in self._chunks])
+            self.energy = torch.cat([self.energy] + [c[1] for c in self._chunks])
+            self.n_tokens = torch.cat([self.n_tokens] + [c[2] for c in self._chunks])
+            self._chunks = []
+
+    def all_reduce(self) -> None:
+        """Sum every statistic over torchrun ranks (rows are disjoint per rank)."""
+        if not distributed.active():
+            return
+        self._settle()
+        failed = torch.tensor([1 if self.failure else 0], dtype=torch.int64, device=self.device)
+        distributed.all_reduce_max_(failed)
+        if failed.item() and not self.failure:
+            self.failure = "non-finite gradients or activations on another rank"
+        for tensor in (self.total, self.energy, self.n_tokens, self.grad.sum, self.grad.outer, self.act.sum,
+                       self.act.outer, self.grad_unit, self.act_unit, self.type_count, self.type_sum, self.type_sq):
+            distributed.all_reduce_sum_(tensor)
+        counts = torch.tensor([self.grad.count, self.act.count], dtype=torch.int64, device=self.device)
+        distributed.all_reduce_sum_(counts)
+        self.grad.count, self.act.count = int(counts[0]), int(counts[1])
+
+    def finish(self, key: UnitKey, *, sequence_documents: np.ndarray, seconds: float, isoscore_c0: str,
+               isoscore_zeta: float, extra: dict | None = None) -> UnitArtifact:
+        self._settle()
+        dim, descriptors = self.dim, self.descriptors
+        kwargs = dict(key=key, dim=dim, bases=descriptors, n_tokens=self.n_tokens.cpu().numpy(),
+                      sequence_documents=np.asarray(sequence_documents, dtype=np.int64), seconds=seconds,
+                      extra=dict(extra or {}))
+        if self.failure:
+            return _failed_artifact(f"{self.failure} at {key.site}", int(self.total.shape[0]), self.n_buckets,
+                                    len(descriptors), self.vocab_size, **kwargs)
+        moments = self.grad
+        oracle = {bs.rank: oracle_fraction(moments.second_moment, bs.rank) for bs in self.bases}
+        delta = np.full(len(descriptors), np.nan)
+        if oracle and dim - max(oracle) >= 2:
+            for basis_set in self.bases:
+                index = [i for i, b in enumerate(descriptors) if b.proxy == basis_set.proxy and b.rank == basis_set.rank]
+                stack = torch.cat([basis_set.basis.unsqueeze(0)] + list(basis_set.controls.values())).to(self.device)
+                delta[index] = _to_numpy(delta_isoscore_star(moments, stack, C0=isoscore_c0, zeta=isoscore_zeta))
+        count = self.type_count
+        centroid = self.type_sum / count.clamp(min=1).unsqueeze(1)
+        mean_square = self.type_sq / count.clamp(min=1) - centroid.square().sum(-1)
+        rms = torch.where(count >= 2, mean_square.clamp(min=0).sqrt(), torch.full_like(count, float("nan")))
+        return UnitArtifact(
+            **kwargs,
+            total_energy=_to_numpy(self.total), energy=_to_numpy(self.energy),
+            delta_isoscore_star=delta, oracle_fraction=oracle,
+            gradient_moments=_moments_dict(moments), activation_moments=_moments_dict(self.act),
+            gradient_unit_sum=_to_numpy(self.grad_unit), activation_unit_sum=_to_numpy(self.act_unit),
+            type_count=_to_numpy(count).astype(np.int64), type_rms_distance=_to_numpy(rms),
+        )
+
+
 def measure_checkpoint(
     model: torch.nn.Module,
     *,
-    keys: dict[int, UnitKey],
-    bases: dict[int, list[BasisSet]],
+    keys: dict,
+    bases: dict,
     splits: Splits,
     objective: str,
     token_bucket: torch.Tensor,
@@ -189,11 +364,19 @@ def measure_checkpoint(
     device: torch.device,
     isoscore_c0: str,
     isoscore_zeta: float,
-) -> dict[int, UnitArtifact]:
-    """Phase 2 for one checkpoint: every selected site in one forward/backward per batch."""
+    precision: str = "fp32",
+    progress_label: str = "",
+) -> dict:
+    """Phase 2 for one checkpoint: every selected site in one forward/backward per batch.
+
+    `keys` maps any key (a block index, a site name) to the unit's `UnitKey`; the site probed is
+    `UnitKey.site` (see `sites.py`). `bases` is keyed alike. Under torchrun, batches are
+    sharded across ranks and the statistics all-reduced (see `distributed.py`)."""
     started = time.perf_counter()
-    layers = sorted(keys)
-    compute = torch.float64 if device.type == "cpu" else torch.float32  # CPU stays exact for tests
+    order = list(keys)
+    sites = as_sites(model, {k: keys[k].site for k in order})
+    compute = compute_dtype(device)
+    precision = resolve_precision(device, precision)
     model.to(device)
     model.eval()
     for parameter in model.parameters():
@@ -202,100 +385,42 @@ def measure_checkpoint(
     n_seq, seq_len = inputs.shape
     used = counted_positions(objective, seq_len)
     dim = next(iter(bases.values()))[0].basis.shape[0]
-    tables = {layer: _basis_table(bases[layer], dim, device, compute) for layer in layers}
-    n_bases = {layer: len(tables[layer][2]) for layer in layers}
-    acc = {
-        layer: {
-            "total": torch.zeros(n_seq, n_buckets, dtype=torch.float64, device=device),
-            "energy": torch.zeros(n_seq, n_buckets, n_bases[layer], dtype=torch.float64, device=device),
-            "grad": GradientMoments.zeros(dim, device=device),
-            "act": GradientMoments.zeros(dim, device=device),
-            "grad_unit": torch.zeros(dim, dtype=torch.float64, device=device),
-            "act_unit": torch.zeros(dim, dtype=torch.float64, device=device),
-            "n_tokens": torch.zeros(n_seq, dtype=torch.int64, device=device),
-            "type_count": torch.zeros(splits.vocab_size, dtype=torch.float64, device=device),
-            "type_sum": torch.zeros(splits.vocab_size, dim, dtype=torch.float64, device=device),
-            "type_sq": torch.zeros(splits.vocab_size, dtype=torch.float64, device=device),
-        }
-        for layer in layers
-    }
+    acc = {k: SiteAccumulator(bases[k], dim=dim, n_seq=n_seq, n_buckets=n_buckets, vocab_size=splits.vocab_size,
+                              device=device, dtype=compute) for k in order}
     bucket_of_token = token_bucket.to(device).clamp(min=0)  # unseen ids (-1) never occur in text
-    failure: dict[int, str] = {}
-    for start in range(0, n_seq, batch_size):
+    scale = FP16_LOSS_SCALE if precision == "fp16" else 1.0
+    starts = list(range(0, n_seq, batch_size))
+    mine = [start for b, start in enumerate(starts) if distributed.owns(b)]
+    progress = bar(len(mine), f"{progress_label} batches".strip(), unit="batch")
+    tokens_done, clock = 0, time.perf_counter()
+    for start in mine:
         stop = min(n_seq, start + batch_size)
         batch_inputs = inputs[start:stop].to(device)
         batch_labels = labels[start:stop].to(device)
-        with torch.enable_grad(), residual_probe(model, layers, gradients=True) as record:
+        with torch.enable_grad(), autocast(device, precision), probe(model, sites, gradients=True) as record:
             loss = lm_loss(model, batch_inputs, batch_labels, objective)
-            gradients = torch.autograd.grad(loss, [record.deltas[layer] for layer in layers])
+            gradients = torch.autograd.grad(loss * scale if scale != 1.0 else loss,
+                                            [record.deltas[k] for k in order])
         # frequency buckets and token types follow the text's own token (for MLM the masked
         # input shows <mask>, but the position still belongs to the original token)
         token_ids = splits.test[start:stop, :used].to(device)
-        onehot = torch.nn.functional.one_hot(bucket_of_token[token_ids], n_buckets).to(compute)
-        flat_ids = token_ids.reshape(-1)
-        for layer, gradient in zip(layers, gradients):
-            if layer in failure:
-                continue
+        onehot = torch.nn.functional.one_hot(bucket_of_token[token_ids], n_buckets)
+        for k, gradient in zip(order, gradients):
             grad = gradient[:, :used].to(compute)
-            act = record.activations[layer][:, :used].to(compute)
-            if not (torch.isfinite(grad).all() and torch.isfinite(act).all()):
-                failure[layer] = (f"non-finite gradients or activations in sequences {start}-{stop - 1} "
-                                  f"at {site_name(layer)}")
-                continue
-            stacked, indicator, _ = tables[layer]
-            squared = (grad @ stacked).square() @ indicator  # (B, T', n_bases)
-            state = acc[layer]
-            state["energy"][start:stop] += torch.einsum("btn,btk->bkn", squared, onehot).double()
-            state["total"][start:stop] += torch.einsum("bt,btk->bk", grad.square().sum(-1), onehot).double()
-            # Gradient rows that are exactly zero carry no loss signal by construction (e.g.
-            # unmasked positions after an encoder's last block): they are not evaluated tokens.
-            evaluated = grad.abs().amax(dim=-1) > 0  # (B, T')
-            state["n_tokens"][start:stop] += evaluated.sum(dim=1)
-            flat_grad = grad.reshape(-1, dim)[evaluated.reshape(-1)]
-            flat_act = act.reshape(-1, dim)
-            state["grad"].update(flat_grad)
-            state["act"].update(flat_act)
-            state["grad_unit"] += _unit_rows(flat_grad).sum(0).double()
-            state["act_unit"] += _unit_rows(flat_act).sum(0).double()
-            state["type_count"].index_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.float64))
-            state["type_sum"].index_add_(0, flat_ids, flat_act.double())
-            state["type_sq"].index_add_(0, flat_ids, flat_act.double().square().sum(-1))
-
+            if scale != 1.0:
+                grad = grad / scale
+            acc[k].add(grad, record.activations[k][:, :used], token_ids, onehot, start=start,
+                       where=f"sequences {start}-{stop - 1}")
+        tokens_done += (stop - start) * seq_len
+        progress.update(1)
+        progress.set_postfix_str(f"{tokens_done / max(time.perf_counter() - clock, 1e-9):,.0f} tok/s", refresh=False)
+    progress.close()
     artifacts = {}
-    for layer in layers:
-        state = acc[layer]
-        _, _, descriptors = tables[layer]
-        n_tokens = acc[layer]["n_tokens"].cpu().numpy()
-        artifact_kwargs = dict(
-            key=keys[layer], dim=dim, bases=descriptors, n_tokens=n_tokens,
-            sequence_documents=np.asarray(splits.test_documents, dtype=np.int64),
-            seconds=time.perf_counter() - started,
-        )
-        if layer in failure:
-            artifacts[layer] = _failed_artifact(failure[layer], n_seq, n_buckets, len(descriptors), splits.vocab_size,
-                                                **artifact_kwargs)
-            continue
-        moments = state["grad"]
-        second_moment = moments.second_moment
-        oracle = {bs.rank: oracle_fraction(second_moment, bs.rank) for bs in bases[layer]}
-        delta = np.full(len(descriptors), np.nan)
-        if dim - max(oracle) >= 2:
-            for basis_set in bases[layer]:
-                index = [i for i, b in enumerate(descriptors) if b.proxy == basis_set.proxy and b.rank == basis_set.rank]
-                stack = torch.cat([basis_set.basis.unsqueeze(0)] + list(basis_set.controls.values())).to(device)
-                delta[index] = _to_numpy(delta_isoscore_star(moments, stack, C0=isoscore_c0, zeta=isoscore_zeta))
-        count = state["type_count"]
-        centroid = state["type_sum"] / count.clamp(min=1).unsqueeze(1)
-        mean_square = state["type_sq"] / count.clamp(min=1) - centroid.square().sum(-1)
-        rms = torch.where(count >= 2, mean_square.clamp(min=0).sqrt(), torch.full_like(count, float("nan")))
-        artifacts[layer] = UnitArtifact(
-            **artifact_kwargs,
-            total_energy=_to_numpy(state["total"]), energy=_to_numpy(state["energy"]),
-            delta_isoscore_star=delta, oracle_fraction=oracle,
-            gradient_moments=_moments_dict(moments), activation_moments=_moments_dict(state["act"]),
-            gradient_unit_sum=_to_numpy(state["grad_unit"]), activation_unit_sum=_to_numpy(state["act_unit"]),
-            type_count=_to_numpy(count).astype(np.int64), type_rms_distance=_to_numpy(rms),
-        )
+    for k in order:
+        acc[k].all_reduce()
+        artifacts[k] = acc[k].finish(keys[k], sequence_documents=splits.test_documents,
+                                     seconds=time.perf_counter() - started, isoscore_c0=isoscore_c0,
+                                     isoscore_zeta=isoscore_zeta)
     return artifacts
 
 
