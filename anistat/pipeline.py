@@ -19,9 +19,11 @@ import torch
 from .analyze import analyze_units, frequency_rows
 from .bundle import command_line, environment, file_digests, staged_bundle, check_destination, utc_now, write_json
 from .collect import (
-    BasisSet, UnitArtifact, UnitKey, collect_fit_activations, concept_cards, measure_checkpoint, model_inputs,
-    resolve_layers, sample_fit_tokens, site_name,
+    BasisSet, FitSampler, Site, UnitArtifact, UnitKey, autocast, concept_cards, measure_checkpoint, model_inputs,
+    probe, resolve_precision, sites_from_spec,
 )
+from .collect import distributed
+from .collect.progress import bar
 from .data import load_corpus
 from .errors import AnistatInputError
 from .geometry import draw_controls, fit_proxy, frequency_buckets
@@ -45,16 +47,25 @@ class RunResult:
 
 
 def resolve_device(requested: str) -> torch.device:
+    """`auto | cpu | cuda | mps` → a torch device. Under torchrun (WORLD_SIZE > 1) this also
+    initialises the process group (NCCL on CUDA, gloo otherwise) and gives each rank the GPU
+    `cuda:LOCAL_RANK`."""
+    if requested not in ("auto", "cpu", "cuda", "mps"):
+        raise AnistatInputError(f"device must be auto, cpu, cuda or mps, got '{requested}'")
+    mps_ok = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
     if requested == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        requested = "cuda" if torch.cuda.is_available() else "mps" if mps_ok else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
         raise AnistatInputError("device 'cuda' requested but no CUDA device is available")
-    if requested == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+    if requested == "mps" and not mps_ok:
         raise AnistatInputError("device 'mps' requested but MPS is not available")
+    if distributed.requested_world_size() > 1:
+        if requested == "mps":
+            raise AnistatInputError("torchrun with device 'mps' is not supported; use cpu or cuda")
+        distributed.init_distributed(requested)
+        if requested == "cuda":
+            torch.cuda.set_device(distributed.local_rank())
+            return torch.device("cuda", distributed.local_rank())
     return torch.device(requested)
 
 
@@ -69,52 +80,100 @@ def cache_dir(out: Path, protocol_sha: str) -> Path:
 # ----------------------------------------------------------------------------------------------
 # phase 1: proxies and controls
 # ----------------------------------------------------------------------------------------------
-def fit_bases(series: ModelSeries, layers: list[int], protocol: Protocol, device: torch.device,
-              log: Log) -> tuple[dict[int, list[BasisSet]], dict[str, Any]]:
-    """Fit every proxy on the early window (pooled fit-split activations), draw its controls."""
+def _seed_key(site: Site):
+    """The label a site contributes to derived seeds (block index for residual sites, so their
+    draws are unchanged from the residual-only collector; the site name otherwise)."""
+    return site.layer if site.kind == "residual" else site.name
+
+
+def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device: torch.device,
+              log: Log) -> tuple[dict[str, list[BasisSet]], dict[str, Any]]:
+    """Fit every proxy on the early window (pooled fit-split activations), draw its controls.
+
+    Activations stream through a `FitSampler`: only the protocol's `max_fit_tokens` sampled rows
+    per site are kept. Under torchrun fit batches are sharded and the sample all-reduced; every
+    rank then fits the same proxies (rank 0's are broadcast, so GPU nondeterminism cannot split
+    them). Returns bases keyed by site name."""
     spec, seed = series.spec, protocol.seed
     n_early = fit_window_size(len(series.checkpoints), protocol.proxies.fit_window)
     window = series.checkpoints[:n_early]
     fit_inputs, _ = model_inputs(series.splits.fit, series.splits, series.objective, protocol.data.mlm_probability,
                                  seed, "fit")
-    per_layer: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
-    for checkpoint in window:
-        activations = collect_fit_activations(checkpoint.load(), fit_inputs, layers,
-                                              batch_size=protocol.data.batch_size, device=device)
-        for layer in layers:
-            per_layer[layer].append(activations[layer])
-    bases: dict[int, list[BasisSet]] = {}
-    for layer in layers:
-        sample = sample_fit_tokens(per_layer[layer], fit_inputs, protocol.proxies.max_fit_tokens,
-                                   derive_seed(seed, spec.name, layer, "fit-sample"))
+    by_name = {site.name: site for site in sites}
+    sampler = FitSampler(by_name, n_checkpoints=len(window), token_ids=fit_inputs,
+                         max_tokens=protocol.proxies.max_fit_tokens,
+                         seeds={name: derive_seed(seed, spec.name, _seed_key(site), "fit-sample")
+                                for name, site in by_name.items()})
+    precision = resolve_precision(device, spec.precision)
+    batch_size = protocol.data.batch_size
+    starts = list(range(0, fit_inputs.shape[0], batch_size))
+    progress = bar(len(window) * len(starts), f"{spec.name} fit", unit="batch")
+    for c, checkpoint in enumerate(window):
+        model = checkpoint.load()
+        model.to(device)
+        model.eval()
+        for b, start in enumerate(starts):
+            if not distributed.owns(b):
+                continue
+            batch = fit_inputs[start : start + batch_size].to(device)
+            with torch.no_grad(), autocast(device, precision), probe(model, by_name, gradients=False) as record:
+                model(input_ids=batch)
+            for name in by_name:
+                sampler.add(name, c, start, record.activations[name])
+            progress.update(1)
+    progress.close()
+    bases: dict[str, list[BasisSet]] = {}
+    n_tokens = 0
+    for name, site in by_name.items():
+        sample = sampler.finish(name)
+        n_tokens = int(sample.activations.shape[0])
+        dim = int(sample.activations.shape[1])
+        too_big = [r for r in protocol.proxies.ranks if r >= dim]
+        if too_big:
+            raise AnistatInputError(
+                f"proxies.ranks {too_big} must be smaller than the dimension {dim} of site {name} of model "
+                f"'{spec.name}'"
+            )
+        key = _seed_key(site)
         sets = []
         for method in protocol.proxies.methods:
             for rank in protocol.proxies.ranks:
                 proxy = fit_proxy(sample.activations.to(device), method, rank,
-                                  seed=derive_seed(seed, spec.name, layer, method, rank, "proxy"))
+                                  seed=derive_seed(seed, spec.name, key, method, rank, "proxy"))
                 controls = {
                     kind: draw_controls(kind, proxy.basis, protocol.controls.n,
-                                        seed=derive_seed(seed, spec.name, layer, method, rank, kind),
+                                        seed=derive_seed(seed, spec.name, key, method, rank, kind),
                                         activations=sample.activations.to(device),
                                         pca_span_dim=protocol.controls.pca_span_dim)
                     for kind in protocol.controls.kinds
                 }
-                cards = concept_cards(sample, proxy.basis, fit_inputs, series.splits.decode,
+                basis = distributed.broadcast_(proxy.basis.contiguous())
+                controls = {kind: distributed.broadcast_(stack.contiguous()) for kind, stack in controls.items()}
+                cards = concept_cards(sample, basis, fit_inputs, series.splits.decode,
                                       protocol.proxies.concept_card_tokens)
-                sets.append(BasisSet(method, rank, proxy.basis, controls, proxy.reconstruction_error, cards))
-        bases[layer] = sets
+                sets.append(BasisSet(method, rank, basis, controls, proxy.reconstruction_error, cards))
+        bases[name] = sets
     log(f"  {spec.name}: proxies fitted on {n_early} early checkpoint(s) "
-        f"({', '.join(c.label for c in window)}), {sample.activations.shape[0]} tokens per site")
-    return bases, {"fit_checkpoints": [c.label for c in window], "fit_tokens_per_site": int(sample.activations.shape[0])}
+        f"({', '.join(c.label for c in window)}), {n_tokens} tokens per site")
+    return bases, {"fit_checkpoints": [c.label for c in window], "fit_tokens_per_site": n_tokens}
 
 
 # ----------------------------------------------------------------------------------------------
-# run
+# collection
 # ----------------------------------------------------------------------------------------------
 def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Log) -> tuple[list[UnitArtifact], dict]:
-    """Phases 1 and 2 for every model; finished units come from / go to `cache`."""
+    """Phases 1 and 2 for every model; finished units come from / go to `cache`.
+
+    Units are stored as `<cache>/units/<unit id>.json|npz` (the cache directory is keyed by the
+    protocol hash), written as soon as a checkpoint is measured; a rerun skips finished
+    checkpoints, so an interrupted run resumes and ends with the same numbers. Under torchrun
+    only rank 0 logs and writes; every rank returns the same artifacts."""
+    main = distributed.is_main()
+    if not main:
+        log = lambda message: None  # noqa: E731
     corpus = load_corpus(protocol.data)
-    log(f"corpus {corpus.name}: {len(corpus.documents)} documents")
+    log(f"corpus {corpus.name}: {len(corpus.documents)} documents"
+        + (f"; {distributed.world_size()} processes" if distributed.active() else ""))
     artifacts: list[UnitArtifact] = []
     info: dict[str, Any] = {"corpus": {"name": corpus.name, "sha256": corpus.sha256,
                                        "documents": len(corpus.documents)},
@@ -128,46 +187,55 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
                 f"proxies.ranks {too_big} must be smaller than the hidden size {series.hidden_size} of model "
                 f"'{spec.name}'"
             )
-        layers = resolve_layers(protocol.sites.layers, series.num_layers, spec.name)
+        sites = sites_from_spec(series.checkpoints[0].load(), protocol.sites, spec.name)
         n_early = fit_window_size(len(series.checkpoints), protocol.proxies.fit_window)
         keys = {
-            (i, layer): UnitKey(spec.name, series.objective, checkpoint.label, checkpoint.step,
-                                "early" if i < n_early else "late", layer, site_name(layer))
-            for i, checkpoint in enumerate(series.checkpoints) for layer in layers
+            (i, site.name): UnitKey(spec.name, series.objective, checkpoint.label, checkpoint.step,
+                                    "early" if i < n_early else "late", site.layer, site.name)
+            for i, checkpoint in enumerate(series.checkpoints) for site in sites
         }
         cached = {k: units_dir / f"{key.id}.json" for k, key in keys.items()}
         bases, fit_info = None, {}
         model_started = time.perf_counter()
+        buckets = torch.as_tensor(frequency_buckets(series.splits.token_counts, protocol.data.n_frequency_buckets))
+        units_bar = bar(len(series.checkpoints) * len(sites), f"{spec.name} units", unit="unit")
         for i, checkpoint in enumerate(series.checkpoints):
-            if all(cached[(i, layer)].is_file() for layer in layers):
-                artifacts.extend(UnitArtifact.load(cached[(i, layer)]) for layer in layers)
+            if distributed.agree(all(cached[(i, site.name)].is_file() for site in sites)):
+                artifacts.extend(UnitArtifact.load(cached[(i, site.name)]) for site in sites)
                 log(f"  {spec.name} {checkpoint.label}: resumed from cache")
+                units_bar.update(len(sites))
                 continue
             if bases is None:
-                bases, fit_info = fit_bases(series, layers, protocol, device, log)
-            buckets = torch.as_tensor(frequency_buckets(series.splits.token_counts, protocol.data.n_frequency_buckets))
+                bases, fit_info = fit_bases(series, sites, protocol, device, log)
             measured = measure_checkpoint(
-                checkpoint.load(), keys={layer: keys[(i, layer)] for layer in layers}, bases=bases,
+                checkpoint.load(), keys={site.name: keys[(i, site.name)] for site in sites}, bases=bases,
                 splits=series.splits, objective=series.objective, token_bucket=buckets,
                 n_buckets=protocol.data.n_frequency_buckets, mlm_probability=protocol.data.mlm_probability,
                 seed=protocol.seed, batch_size=protocol.data.batch_size, device=device,
                 isoscore_c0=protocol.stats.isoscore_c0, isoscore_zeta=protocol.stats.isoscore_zeta,
+                precision=spec.precision, progress_label=f"{spec.name} {checkpoint.label}",
             )
-            for layer in layers:
-                measured[layer].save(units_dir)
-                artifacts.append(measured[layer])
-            failed = [l for l in layers if measured[l].status != "ok"]
-            log(f"  {spec.name} {checkpoint.label}: measured {len(layers)} site(s)"
+            for site in sites:
+                if main:
+                    measured[site.name].save(units_dir)
+                artifacts.append(measured[site.name])
+            distributed.barrier()
+            units_bar.update(len(sites))
+            failed = [name for name in measured if measured[name].status != "ok"]
+            log(f"  {spec.name} {checkpoint.label}: measured {len(sites)} site(s)"
                 + (f", {len(failed)} FAILED" if failed else ""))
+        units_bar.close()
         if bases is not None:
-            for layer, sets in bases.items():
-                for basis_set in sets:
+            for site in sites:
+                for basis_set in bases[site.name]:
                     for card in basis_set.concept_cards:
-                        info["concept_cards"].append({"model": spec.name, "layer": layer, "site": site_name(layer),
+                        info["concept_cards"].append({"model": spec.name, "layer": site.layer, "site": site.name,
                                                       "proxy": basis_set.proxy, "rank": basis_set.rank, **card})
         info["models"][spec.name] = {
             **series.info, "objective": series.objective, "hidden_size": series.hidden_size,
-            "num_layers": series.num_layers, "layers": layers,
+            "num_layers": series.num_layers, "layers": sorted({s.layer for s in sites}),
+            "sites": [s.name for s in sites],
+            "precision": resolve_precision(device, spec.precision),
             "checkpoints": [{"label": c.label, "step": c.step, "revision": c.revision} for c in series.checkpoints],
             "tokenizer_vocab": series.splits.vocab_size, **fit_info,
             "seconds": round(time.perf_counter() - model_started, 3),
@@ -176,6 +244,9 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
     return artifacts, info
 
 
+# ----------------------------------------------------------------------------------------------
+# run
+# ----------------------------------------------------------------------------------------------
 def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, device: str | None = None,
         log: Log | None = None, keep_cache: bool = False) -> RunResult:
     """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`)."""
