@@ -10,11 +10,13 @@ written outside the chosen directory.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
 import platform
 import shutil
+import socket
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -67,6 +69,8 @@ def file_digests(directory: Path) -> dict[str, str]:
 
 def check_destination(out: Path) -> None:
     """Refuse to replace a directory that is not an anistat bundle (or to write into a file)."""
+    if out.name in ("", ".", ".."):
+        raise AnistatInputError(f"--out {out}: name the bundle directory itself (e.g. {Path(out, 'bundle')})")
     if out.exists() and not out.is_dir():
         raise AnistatInputError(f"--out {out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
@@ -90,7 +94,8 @@ def staged_bundle(out: Path) -> Iterator[Path]:
     parent = out.parent if str(out.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
+        recover_stale_staging(out)
+        staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".partial", dir=parent))
     except OSError as error:
         raise AnistatInputError(f"--out {out}: cannot write in {parent} ({error.strerror})") from None
     try:
@@ -102,6 +107,41 @@ def staged_bundle(out: Path) -> Iterator[Path]:
     _swap_into_place(staging, out, parent)
 
 
+def _staging_prefix(out: Path) -> str:
+    """`.NAME.HOST-PID.`: hidden, beside `out`, and owned by a process that can be checked."""
+    host = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40] or "host"
+    return f".{out.name}.{host}-{os.getpid()}."
+
+
+def recover_stale_staging(out: Path) -> None:
+    """Clean up after a process killed (SIGKILL, power loss) while writing `out`: its staging
+    directory is removed and a retired old bundle is put back if `out` went missing. Only
+    directories of dead processes on this host are touched; a concurrent writer's are left alone."""
+    parent = out.parent if str(out.parent) else Path(".")
+    host_prefix = _staging_prefix(out).rsplit("-", 1)[0] + "-"
+    for path in sorted(parent.glob(f".{glob.escape(out.name)}.*")):
+        if not path.is_dir() or path.suffix not in (".partial", ".old") or not path.name.startswith(host_prefix):
+            continue
+        owner = path.name[len(host_prefix):].split(".", 1)[0]
+        if not owner.isdigit() or _process_alive(int(owner)):
+            continue
+        if path.suffix == ".old" and (path / "bundle").is_dir() and not out.exists():
+            os.replace(path / "bundle", out)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists but belongs to someone else
+        return True
+    return True
+
+
 def _swap_into_place(staging: Path, out: Path, parent: Path) -> None:
     """Move the finished staging directory to `out`; an older bundle there is retired first and,
     if anything goes wrong in between (even Ctrl-C), put back — it is never lost or left hidden."""
@@ -109,7 +149,7 @@ def _swap_into_place(staging: Path, out: Path, parent: Path) -> None:
     try:
         if out.exists():
             check_destination(out)  # still a bundle (or empty) at the moment of replacing it
-            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=parent))
+            retired = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".old", dir=parent))
             os.replace(out, retired / "bundle")
         os.replace(staging, out)
     except BaseException:
@@ -160,9 +200,14 @@ def read_manifest(bundle: Path) -> dict[str, Any]:
     if not path.is_file():
         raise AnistatInputError(f"{bundle}: not an anistat bundle (no manifest.json)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
         raise AnistatInputError(f"{path}: manifest is not valid JSON ({error})") from None
+    except OSError as error:
+        raise AnistatInputError(f"{path}: cannot read the manifest ({error.strerror})") from None
+    if not isinstance(manifest, dict):
+        raise AnistatInputError(f"{path}: the manifest must be a JSON object, got {type(manifest).__name__}")
+    return manifest
 
 
 def command_line() -> str:

@@ -105,6 +105,10 @@ def load_corpus(spec: DataSpec) -> Corpus:
     if spec.source == "builtin":
         documents = builtin_corpus()
         name = "builtin:pydoc_data.topics"
+    elif spec.source == "hf_dataset":
+        documents = hf_dataset_documents(spec)
+        name = f"hf_dataset:{spec.dataset}" + (f"/{spec.dataset_config}" if spec.dataset_config else "") \
+            + f"[{spec.dataset_split}]"
     else:
         documents = []
         for path in _expand_paths(spec.paths):
@@ -126,10 +130,52 @@ def load_corpus(spec: DataSpec) -> Corpus:
                 documents.append(record[spec.text_field])
         name = f"{spec.source}:" + ",".join(spec.paths)
     documents = [doc for doc in documents if doc.strip()]
+    if spec.max_documents is not None:
+        documents = documents[: spec.max_documents]
     if not documents:
         raise AnistatInputError(f"data: the corpus ({name}) is empty")
     digest = _sha256_documents(documents)
     return Corpus(name=name, documents=tuple(documents), sha256=digest)
+
+
+def hf_dataset_documents(spec: DataSpec) -> list[str]:
+    """Texts of a Hugging Face dataset split (the optional `datasets` package).
+
+    `spec.dataset` is a directory written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`
+    (read with `load_from_disk`), or a dataset name given to `load_dataset`, which honours the
+    offline cache (`HF_DATASETS_OFFLINE=1` / `HF_HUB_OFFLINE=1`: only cached data is read).
+    Rows keep the dataset's order; the split into sequences is the usual seeded one."""
+    try:
+        import datasets
+    except ImportError:
+        raise AnistatInputError(
+            "data.source 'hf_dataset' needs the optional package 'datasets' (pip install 'anistat[datasets]')"
+        ) from None
+    where = f"data.dataset '{spec.dataset}'"
+    try:
+        if Path(spec.dataset).is_dir():
+            loaded = datasets.load_from_disk(spec.dataset)
+            if isinstance(loaded, dict):  # a DatasetDict: pick the split
+                if spec.dataset_split not in loaded:
+                    raise AnistatInputError(
+                        f"{where} has no split '{spec.dataset_split}' (splits: {', '.join(sorted(loaded.keys()))})"
+                    )
+                loaded = loaded[spec.dataset_split]
+        else:
+            loaded = datasets.load_dataset(spec.dataset, spec.dataset_config, split=spec.dataset_split)
+    except AnistatInputError:
+        raise
+    except Exception as error:  # datasets raises many types (FileNotFoundError, ConnectionError, ValueError…)
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise AnistatInputError(f"{where} cannot be loaded: {first_line}") from None
+    columns = list(getattr(loaded, "column_names", []) or [])
+    if spec.text_field not in columns:
+        raise AnistatInputError(f"{where} has no column '{spec.text_field}' (columns: {', '.join(columns)})")
+    texts = loaded[spec.text_field]
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise AnistatInputError(f"{where}: row {bad} of column '{spec.text_field}' is not a string")
+    return list(texts)
 
 
 def _sha256_documents(documents: list[str]) -> str:

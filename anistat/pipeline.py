@@ -267,6 +267,8 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
     torch.manual_seed(protocol.seed)
     try:
         artifacts, info = collect_units(protocol, torch_device, cache, log)
+        if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
+            return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
         log("analysing")
         results = analyze_units(artifacts, protocol)
     except (ValueError, OSError) as error:

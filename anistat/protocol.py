@@ -348,6 +348,9 @@ class ClaimSpec(StrictModel):
 
     @model_validator(mode="after")
     def _threshold_shape(self) -> "ClaimSpec":
+        values = self.threshold if isinstance(self.threshold, list) else [self.threshold]
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError(f"threshold must be finite, got {self.threshold}")
         if self.compare == "between":
             if not (isinstance(self.threshold, list) and len(self.threshold) == 2):
                 raise ValueError("compare 'between' needs threshold: [low, high]")
@@ -466,8 +469,24 @@ class _NoAliasSafeLoader(yaml.SafeLoader):
             )
         return super().compose_node(parent, index)
 
+    def construct_object(self, node, deep=False):  # type: ignore[override]
+        # e.g. `2020-13-45` (a timestamp that is no date), `!!int abc`, `!!map [1]`: the safe
+        # constructors raise plain ValueError/TypeError; report them with their position.
+        try:
+            return super().construct_object(node, deep=deep)
+        except (yaml.YAMLError, RecursionError):
+            raise
+        except Exception as error:  # noqa: BLE001 - the safe constructors only ever read this input
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read this {node.tag.rsplit(':', 1)[-1]} value ({error})", node.start_mark
+            ) from None
+
     def construct_mapping(self, node, deep=False):  # type: ignore[override]
         # A repeated key would silently keep the last value: as dangerous as a typo.
+        if not isinstance(node, yaml.MappingNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"expected a mapping, found {node.id}", node.start_mark
+            )
         seen: set = set()
         for key_node, _ in node.value:
             if isinstance(key_node, yaml.ScalarNode):
@@ -517,6 +536,8 @@ def format_validation_error(error: ValidationError, source: str) -> str:
     else:
         if first["type"].startswith("value_error") and not loc:
             line = f"{source}: {message}"  # cross-field checks name their fields themselves
+        elif first["type"].startswith("value_error") and isinstance(first.get("input"), dict):
+            line = f"{source}: {where}: {message}"  # a section's cross-field check: its message says what
         else:
             line = f"{source}: {where}: {message} (got {_short(first.get('input'))})"
     if len(errors) > 1:
@@ -547,6 +568,8 @@ def read_yaml(text: str, source: str) -> Any:
         raise AnistatInputError(f"{source}: YAML error{where}: {problem}") from None
     except yaml.YAMLError as error:
         raise AnistatInputError(f"{source}: YAML error: {error}") from None
+    except (ValueError, TypeError, OverflowError, IndexError, KeyError) as error:  # a constructor choking on a value
+        raise AnistatInputError(f"{source}: YAML error: cannot read a value ({error})") from None
     except RecursionError:
         raise AnistatInputError(f"{source}: the YAML document is nested too deeply") from None
 

@@ -63,6 +63,17 @@ def read_results(bundle: Path) -> pd.DataFrame:
     return results
 
 
+def read_frequency(bundle: Path) -> pd.DataFrame | None:
+    """The bundle's optional frequency.csv (None when absent); a damaged file is a user error."""
+    path = bundle / "frequency.csv"
+    if not path.is_file():
+        return None
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
+        raise AnistatInputError(f"{path}: cannot be read as CSV ({' '.join(str(error).split())})") from None
+
+
 def _optional_json(path: Path):
     if not path.is_file():
         return None
@@ -80,7 +91,8 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
     results = read_results(bundle)
     claims = _optional_json(bundle / "claims.json")
     cards = _optional_json(bundle / "concept_cards.json") or []
-    frequency = pd.read_csv(bundle / "frequency.csv") if (bundle / "frequency.csv").is_file() else pd.DataFrame()
+    frequency = read_frequency(bundle)
+    frequency = pd.DataFrame() if frequency is None else frequency
     overrides = {"transpose_tables": transpose}
     if not compile_pdf:
         overrides["compile_pdf"] = False

@@ -26,7 +26,7 @@ from .bundle import read_manifest, sha256_file, utc_now
 from .claims import evaluate_claims
 from .errors import AnistatInputError
 from .protocol import parse_protocol
-from .rerender import read_results
+from .rerender import _optional_json, read_frequency, read_results
 
 KEY_COLUMNS = ["model", "checkpoint", "site", "rank", "proxy", "control", "metric"]
 RATIO_METRICS = {"energy_ratio"}
@@ -70,12 +70,13 @@ def verify_bundle(bundle: Path) -> BundleCheck:
     problems = check_integrity(bundle, manifest)
     protocol = parse_protocol(manifest.get("protocol"), f"{bundle}/manifest.json:protocol")
     results = read_results(bundle)
-    frequency_path = bundle / "frequency.csv"
-    frequency = pd.read_csv(frequency_path) if frequency_path.is_file() else None
+    frequency = read_frequency(bundle)
     claims = evaluate_claims(results, protocol.claims, frequency)
     recorded = []
     if (bundle / "claims.json").is_file():
-        recorded = json.loads((bundle / "claims.json").read_text())
+        recorded = _optional_json(bundle / "claims.json")
+        if not (isinstance(recorded, list) and all(isinstance(c, dict) for c in recorded)):
+            raise AnistatInputError(f"{bundle / 'claims.json'}: expected a JSON list of claim records")
         for old, new in zip(recorded, claims):
             if old.get("passed") != new["passed"]:
                 problems.append(f"claims.json: claim '{new['id']}' recorded as {old.get('status')} "

@@ -96,16 +96,18 @@ class UnitArtifact:
             "activation_count": int(self.activation_moments["count"]),
             "status": self.status, "note": self.note, "seconds": self.seconds, "extra": self.extra,
         }
-        stem = directory / self.key.id
-        _atomic_write(stem.with_suffix(".npz"), lambda f: np.savez(f, **arrays))
+        # unit ids contain dots (`residual.3`), so names are built by appending, never with
+        # Path.with_suffix (which would map residual.0 and residual.1 to the same file)
+        meta_path = directory / f"{self.key.id}.json"
+        _atomic_write(_arrays_path(meta_path), lambda f: np.savez(f, **arrays))
         # the JSON is written last: its presence marks a complete unit
-        _atomic_write(stem.with_suffix(".json"), lambda f: f.write(json.dumps(meta, indent=1, allow_nan=True).encode()))
-        return stem.with_suffix(".json")
+        _atomic_write(meta_path, lambda f: f.write(json.dumps(meta, indent=1, allow_nan=True).encode()))
+        return meta_path
 
     @classmethod
     def load(cls, meta_path: Path) -> "UnitArtifact":
         meta = json.loads(meta_path.read_text())
-        with np.load(meta_path.with_suffix(".npz"), allow_pickle=False) as data:
+        with np.load(_arrays_path(meta_path), allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
         moments = {}
         for prefix in ("gradient", "activation"):
@@ -118,6 +120,12 @@ class UnitArtifact:
             status=meta["status"], note=meta["note"], seconds=meta["seconds"], extra=meta.get("extra", {}),
             **arrays,
         )
+
+
+def _arrays_path(meta_path: Path) -> Path:
+    """`<unit-id>.json` → `<unit-id>.npz`."""
+    name = meta_path.name
+    return meta_path.with_name((name[:-5] if name.endswith(".json") else name) + ".npz")
 
 
 def _atomic_write(path: Path, write) -> None:

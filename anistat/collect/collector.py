@@ -126,6 +126,11 @@ class FitSampler:
         keep = self.keep[key]
         rows = self.rows[key]
         if distributed.active():
+            # a rank that owned no fit batch has no rows yet: agree on the width first
+            width = torch.tensor([0 if rows is None else rows.shape[1]], dtype=torch.int64)
+            distributed.all_reduce_max_(width)
+            if rows is None:
+                rows = torch.zeros(len(keep), int(width.item()), dtype=torch.float32)
             distributed.all_reduce_sum_(rows)
         per_checkpoint = self.n_seq * self.seq_len
         within = keep % per_checkpoint
@@ -319,6 +324,12 @@ class SiteAccumulator:
 
     def finish(self, key: UnitKey, *, sequence_documents: np.ndarray, seconds: float, isoscore_c0: str,
                isoscore_zeta: float, extra: dict | None = None) -> UnitArtifact:
+        with _single_threaded(self.device):
+            return self._finish(key, sequence_documents=sequence_documents, seconds=seconds,
+                                isoscore_c0=isoscore_c0, isoscore_zeta=isoscore_zeta, extra=extra)
+
+    def _finish(self, key: UnitKey, *, sequence_documents: np.ndarray, seconds: float, isoscore_c0: str,
+                isoscore_zeta: float, extra: dict | None = None) -> UnitArtifact:
         self._settle()
         dim, descriptors = self.dim, self.descriptors
         kwargs = dict(key=key, dim=dim, bases=descriptors, n_tokens=self.n_tokens.cpu().numpy(),
@@ -434,6 +445,22 @@ def _failed_artifact(note: str, n_seq: int, n_buckets: int, n_bases: int, vocab:
         activation_moments=dict(empty), gradient_unit_sum=np.full(dim, nan), activation_unit_sum=np.full(dim, nan),
         type_count=np.zeros(vocab, dtype=np.int64), type_rms_distance=np.full(vocab, nan), status="failed", note=note,
     )
+
+
+@contextlib.contextmanager
+def _single_threaded(device: torch.device):
+    """The end-of-unit linear algebra (ΔIsoScore* / oracle eigenvalues of d×d matrices) runs
+    single-threaded on CPU: small LAPACK eigen-problems with several OpenMP threads thrash
+    (measured on a 2-core VM: 41 eigvalsh of 124×124 take 0.02 s on 1 thread, 0.5–3.5 s on 2)."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _unit_rows(matrix: torch.Tensor) -> torch.Tensor:

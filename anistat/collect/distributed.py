@@ -81,22 +81,30 @@ def owns(index: int) -> bool:
     return index % world_size() == rank()
 
 
-def all_reduce_sum_(tensor: torch.Tensor) -> torch.Tensor:
-    if active():
-        _dist().all_reduce(tensor, op=_dist().ReduceOp.SUM)
+def _collective(tensor: torch.Tensor, operation) -> torch.Tensor:
+    """Run a collective on `tensor` in place; NCCL only takes CUDA tensors, so CPU tensors take a
+    round trip through the rank's GPU there (gloo takes them as they are)."""
+    if not active():
+        return tensor
+    if _dist().get_backend() == "nccl" and tensor.device.type != "cuda":
+        staged = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        operation(staged)
+        tensor.copy_(staged.to(tensor.device))
+        return tensor
+    operation(tensor)
     return tensor
+
+
+def all_reduce_sum_(tensor: torch.Tensor) -> torch.Tensor:
+    return _collective(tensor, lambda t: _dist().all_reduce(t, op=_dist().ReduceOp.SUM))
 
 
 def all_reduce_max_(tensor: torch.Tensor) -> torch.Tensor:
-    if active():
-        _dist().all_reduce(tensor, op=_dist().ReduceOp.MAX)
-    return tensor
+    return _collective(tensor, lambda t: _dist().all_reduce(t, op=_dist().ReduceOp.MAX))
 
 
 def broadcast_(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-    if active():
-        _dist().broadcast(tensor, src=src)
-    return tensor
+    return _collective(tensor, lambda t: _dist().broadcast(t, src=src))
 
 
 def agree(flag: bool) -> bool:

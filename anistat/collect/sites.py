@@ -326,11 +326,14 @@ def probe(model: torch.nn.Module, sites: Iterable[Any] | Mapping[Any, Any], *, g
                          all_deltas={k: [] for k in resolved} if accumulate else None)
 
     def store(key, hidden: torch.Tensor) -> torch.Tensor:
+        differentiable = gradients and torch.is_grad_enabled()
         if activations:
             record.activations[key] = hidden.detach()
-            if accumulate:
+            # accumulated lists pair activations with deltas: a no-grad forward (e.g. an
+            # evaluation inside a gradient-probed step) is not accumulated
+            if accumulate and (differentiable or not gradients):
                 record.all_activations[key].append(record.activations[key])
-        if not gradients or not torch.is_grad_enabled():
+        if not differentiable:
             return hidden
         delta = torch.zeros_like(hidden, requires_grad=True)
         record.deltas[key] = delta

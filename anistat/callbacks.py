@@ -1,0 +1,397 @@
+"""Measure inside someone else's training loop: a plain-PyTorch `TrainingMeter` and a
+`transformers.TrainerCallback` (`AnistatCallback`) on top of it.
+
+**Piggyback, no extra passes.** On a measured step the meter adds the additive probe
+(`h + δ`, see `anistat.collect.sites`) to the chosen sites before the training forward; the
+training step's *own* `loss.backward()` then fills `δ.grad = ∂L/∂h` next to the parameter
+gradients — no second forward or backward. After the backward the meter projects those
+gradients on the frozen proxy and control bases and keeps only per-sequence sums (the same
+`SiteAccumulator` as `anistat run`), then drops them. On fit steps only activations are read
+(forward hooks); after the last fit step the proxies are fitted and the controls drawn.
+
+What is measured is the gradient of *the loss the training loop optimises* on *its own
+batches*: every sequence of a measured step is one statistical sequence. (The post-hoc
+collector instead uses a fixed held-out test split and per-sequence-mean losses.) Its overall
+scale (batch mean, gradient-accumulation division, AMP loss scaling) cancels in every energy
+fraction; batches whose probed gradients are not finite (e.g. an AMP overflow step the
+optimiser skips) are skipped and counted in the unit's `extra`.
+
+Units: one per (window of measured steps, site); `window=w` pools steps s … s+w−1 into the unit
+labelled `step{s}` (more sequences per unit). Phase: the first `proxies.fit_window` share of
+units is `early`, the rest `late` (as in `anistat run`). `close()` writes unit artifacts to
+`<out>.units/` as they finish and, at the end, a full bundle at `out` (`anistat report` works
+on it; `anistat.collect.finalize_bundle` can rebuild it from the units directory).
+
+Example (plain PyTorch)::
+
+    meter = TrainingMeter(model, out="reports/mine", fit_steps=range(0, 20), measure_steps=range(20, 1000, 50),
+                          sites={"layers": [0, 3]}, proxies={"ranks": [4]}, controls={"n": 20})
+    for step, batch in enumerate(loader):
+        with meter.step(step):
+            loss = model(**batch).loss
+            loss.backward()
+        optimizer.step(); optimizer.zero_grad()
+    meter.close()
+
+Example (Trainer)::
+
+    trainer = Trainer(model, args, train_dataset=ds,
+                      callbacks=[AnistatCallback(out="reports/mine", fit_steps=[0, 1], measure_steps=[2, 10, 50])])
+
+Not supported: gradient checkpointing (the recomputed forward would create new probes) — the
+meter refuses it with a clear error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from .collect import BasisSet, SiteAccumulator, UnitKey, probe, sites_from_spec
+from .collect.finalize import finalize_bundle
+from .errors import AnistatInputError
+from .geometry import draw_controls, fit_proxy, frequency_buckets
+from .models import infer_objective
+from .protocol import Protocol, fit_window_size, load_protocol, parse_protocol
+from .seeding import derive_seed
+
+
+def _external_protocol(protocol: Protocol | str | Path | dict | None, name: str, objective: str | None,
+                       overrides: dict[str, Any]) -> Protocol:
+    if isinstance(protocol, Protocol):
+        if overrides:
+            raise TypeError("pass either a Protocol or keyword overrides, not both")
+        return protocol
+    if isinstance(protocol, (str, Path)):
+        if overrides:
+            raise TypeError("pass either a protocol file or keyword overrides, not both")
+        return load_protocol(protocol)
+    data: dict[str, Any] = dict(protocol or {})
+    data.setdefault("name", name)
+    data.setdefault("models", [{"name": name, "source": "external", **({"objective": objective} if objective else {})}])
+    data.setdefault("report", {"compile_pdf": False})
+    data.update(overrides)
+    return parse_protocol(data, "TrainingMeter protocol")
+
+
+class TrainingMeter:
+    """Measure true gradients at chosen steps of any PyTorch training loop (see module docstring).
+
+    Parameters
+    ----------
+    model : the `torch.nn.Module` being trained (a transformers model or any model whose blocks
+        `anistat sites` can find; `module:` sites work for anything).
+    protocol : a `Protocol`, a protocol file, a dict, or None; with None (or a dict) a protocol
+        with one `source: external` model is built from `name` and the keyword `overrides`
+        (`sites=`, `proxies=`, `controls=`, `stats=`, `seed=` …, validated like a protocol file).
+    out : where `close()` writes the bundle.
+    measure_steps : the steps whose gradients are measured (each starts a unit of `window` steps).
+    fit_steps : steps whose activations fit the proxies (default: the first measured step); every
+        measured step must come at or after the last fit step (bases are frozen before use).
+    token_counts : corpus token counts (vocab,) for frequency buckets; default: counts of the
+        tokens seen on fit steps.
+    """
+
+    def __init__(self, model: torch.nn.Module, protocol: Protocol | str | Path | dict | None = None, *,
+                 out: str | Path, measure_steps: Iterable[int], fit_steps: Iterable[int] | None = None,
+                 window: int = 1, name: str = "training", objective: str | None = None,
+                 token_counts: np.ndarray | None = None, **overrides: Any):
+        self.model = model
+        self.protocol = _external_protocol(protocol, name, objective, overrides)
+        self.name = self.protocol.models[0].name
+        self.out = Path(out)
+        self.units_dir = self.out.parent / f"{self.out.name}.units"
+        self.measure_steps = sorted(set(int(s) for s in measure_steps))
+        if not self.measure_steps:
+            raise AnistatInputError("TrainingMeter: measure_steps is empty")
+        self.fit_steps = sorted(set(int(s) for s in (fit_steps if fit_steps is not None else self.measure_steps[:1])))
+        if self.fit_steps and self.measure_steps[0] < self.fit_steps[-1]:
+            raise AnistatInputError(
+                f"TrainingMeter: measured step {self.measure_steps[0]} comes before the last fit step "
+                f"{self.fit_steps[-1]}; proxies must be frozen before they are used"
+            )
+        if window < 1:
+            raise AnistatInputError("TrainingMeter: window must be at least 1")
+        self.window = window
+        config = getattr(model, "config", None)
+        self.objective = objective or self.protocol.models[0].objective or (
+            infer_objective(config) if config is not None else "clm")
+        self.vocab_size = int(getattr(config, "vocab_size", 0) or 0)
+        self.sites = sites_from_spec(model, self.protocol.sites, self.name)
+        self.device = next(model.parameters()).device
+        self.token_counts = token_counts
+        self._fit_rows: dict[str, list[torch.Tensor]] = {s.name: [] for s in self.sites}
+        self._fit_ids: list[torch.Tensor] = []
+        self.bases: dict[str, list[BasisSet]] | None = None
+        self.buckets: torch.Tensor | None = None
+        self.n_buckets = 1
+        self.artifacts = []
+        self.concept_cards: list[dict] = []
+        self._open: dict[str, SiteAccumulator] | None = None
+        self._open_step: int | None = None
+        self._open_sequences: list[int] = []
+        self._skipped = 0
+        self._sequence_counter = 0
+        self._stack: contextlib.ExitStack | None = None
+        self._record = None
+        self._inputs: list[torch.Tensor] = []
+        self._current: int | None = None
+        self._started_at = None
+        n_units = len(self.measure_steps)
+        self._n_early = fit_window_size(n_units, self.protocol.proxies.fit_window)
+        self._unit_index = {step: i for i, step in enumerate(self.measure_steps)}
+
+    # -- which steps ----------------------------------------------------------------------------
+    def _unit_start(self, step: int) -> int | None:
+        """The measured step whose window contains `step`, if any."""
+        for start in self.measure_steps:
+            if start <= step < start + self.window:
+                return start
+        return None
+
+    # -- per step -------------------------------------------------------------------------------
+    def begin(self, step: int) -> None:
+        """Install the probes for training step `step` (no-op on steps that are not measured)."""
+        if self._stack is not None:
+            self.end()
+        fit = step in self.fit_steps and self.bases is None
+        measure = self._unit_start(step) is not None
+        if not (fit or measure):
+            return
+        attribute = ("is_activation_checkpointing" if hasattr(type(self.model), "is_activation_checkpointing")
+                     else "is_gradient_checkpointing")
+        if getattr(self.model, attribute, False):
+            raise AnistatInputError("TrainingMeter: gradient checkpointing is not supported (it re-runs the forward)")
+        if self._started_at is None:
+            from .bundle import utc_now
+
+            self._started_at = utc_now()
+        self._current = step
+        self._inputs = []
+        stack = contextlib.ExitStack()
+        self._record = stack.enter_context(
+            probe(self.model, {s.name: s for s in self.sites}, gradients=measure, accumulate=True))
+
+        def grab_inputs(module, args, kwargs):
+            if measure and not torch.is_grad_enabled():
+                return  # not a training forward (pairs with the probe's accumulated records)
+            ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
+            self._inputs.append(ids.detach() if isinstance(ids, torch.Tensor) else None)
+
+        handle = self.model.register_forward_pre_hook(grab_inputs, with_kwargs=True)
+        stack.callback(handle.remove)
+        self._stack = stack
+        self._fit_now, self._measure_now = fit, measure
+
+    def end(self) -> None:
+        """After the step's backward: read ∂L/∂h, update the statistics, remove the probes."""
+        if self._stack is None:
+            return
+        stack, record, step = self._stack, self._record, self._current
+        self._stack = self._record = None
+        stack.close()
+        try:
+            if self._fit_now:
+                self._add_fit(record)
+                if step == self.fit_steps[-1]:
+                    self._fit()
+            if self._measure_now:
+                if self.bases is None:
+                    self._fit()
+                self._add_measure(record, step)
+        finally:
+            self._inputs = []
+
+    @contextlib.contextmanager
+    def step(self, step: int):
+        """`with meter.step(i): loss.backward()` — probes around one training step."""
+        self.begin(step)
+        try:
+            yield self
+        except BaseException:
+            if self._stack is not None:
+                self._stack.close()
+                self._stack = self._record = None
+            raise
+        self.end()
+
+    # -- fitting --------------------------------------------------------------------------------
+    def _add_fit(self, record) -> None:
+        cap = self.protocol.proxies.max_fit_tokens
+        per_step = math.ceil(cap / max(1, len(self.fit_steps)))
+        generator = torch.Generator().manual_seed(derive_seed(self.protocol.seed, self.name, self._current, "fit"))
+        ids = [i for i in self._inputs]
+        for site in self.sites:
+            rows = torch.cat([a.reshape(-1, a.shape[-1]) for a in record.all_activations[site.name]]).float().cpu()
+            keep = torch.randperm(rows.shape[0], generator=generator)[:per_step].sort().values
+            self._fit_rows[site.name].append(rows[keep])
+        if ids and all(i is not None for i in ids):
+            self._fit_ids.extend(i.reshape(-1).cpu() for i in ids)
+
+    def _fit(self) -> None:
+        protocol, seed = self.protocol, self.protocol.seed
+        if not any(self._fit_rows[s.name] for s in self.sites):
+            raise AnistatInputError("TrainingMeter: no activations were seen on the fit steps (did the model run?)")
+        seen = torch.cat(self._fit_ids) if self._fit_ids else torch.zeros(0, dtype=torch.long)
+        self.vocab_size = max(self.vocab_size, int(seen.max()) + 1 if seen.numel() else 1)
+        counts = self.token_counts
+        if counts is None:
+            counts = np.bincount(seen.numpy(), minlength=self.vocab_size) if seen.numel() else None
+        if counts is not None:
+            self.token_counts = np.asarray(counts, dtype=np.int64)
+            self.n_buckets = protocol.data.n_frequency_buckets
+            self.buckets = torch.as_tensor(frequency_buckets(self.token_counts, self.n_buckets)).clamp(min=0)
+        else:
+            self.n_buckets, self.buckets = 1, torch.zeros(self.vocab_size, dtype=torch.long)
+        self.bases = {}
+        for site in self.sites:
+            sample = torch.cat(self._fit_rows[site.name])
+            dim = sample.shape[1]
+            too_big = [r for r in protocol.proxies.ranks if r >= dim]
+            if too_big:
+                raise AnistatInputError(f"proxies.ranks {too_big} must be smaller than the dimension {dim} of site "
+                                        f"{site.name}")
+            sets = []
+            for method in protocol.proxies.methods:
+                for rank in protocol.proxies.ranks:
+                    proxy = fit_proxy(sample, method, rank, seed=derive_seed(seed, self.name, site.name, method, rank,
+                                                                             "proxy"))
+                    controls = {kind: draw_controls(kind, proxy.basis, protocol.controls.n,
+                                                    seed=derive_seed(seed, self.name, site.name, method, rank, kind),
+                                                    activations=sample, pca_span_dim=protocol.controls.pca_span_dim)
+                                for kind in protocol.controls.kinds}
+                    sets.append(BasisSet(method, rank, proxy.basis, controls, proxy.reconstruction_error))
+            self.bases[site.name] = sets
+        self._fit_rows = {s.name: [] for s in self.sites}
+        self._fit_ids = []
+
+    # -- measuring ------------------------------------------------------------------------------
+    def _add_measure(self, record, step: int) -> None:
+        start = self._unit_start(step)
+        if self._open is not None and self._open_step != start:
+            self._close_unit()
+        if self._open is None:
+            self._open_step, self._open_sequences, self._skipped = start, [], 0
+            self._open_started = time.perf_counter()
+            self._open = {
+                s.name: SiteAccumulator(self.bases[s.name], dim=self.bases[s.name][0].basis.shape[0], n_seq=None,
+                                        n_buckets=self.n_buckets, vocab_size=self.vocab_size, device=self.device)
+                for s in self.sites
+            }
+        n_forwards = len(record.all_deltas[self.sites[0].name])
+        for f in range(n_forwards):
+            grads = {}
+            for site in self.sites:
+                delta = record.all_deltas[site.name][f]
+                if delta.grad is None:
+                    raise AnistatInputError(
+                        f"TrainingMeter: no gradient reached {site.name} on step {step} — call loss.backward() "
+                        "inside the measured step"
+                    )
+                grads[site.name] = delta.grad
+            if not all(torch.isfinite(g).all() for g in grads.values()):
+                self._skipped += 1
+                continue
+            ids = self._inputs[f] if f < len(self._inputs) else None
+            first = record.all_activations[self.sites[0].name][f]
+            batch, length = first.shape[0], first.shape[1]
+            if ids is None or ids.shape[:2] != (batch, length):
+                ids = torch.zeros(batch, length, dtype=torch.long, device=self.device)
+            used = length - 1 if self.objective == "clm" else length
+            ids = ids[:, :used].to(self.device).clamp(0, self.vocab_size - 1)
+            onehot = torch.nn.functional.one_hot(self.buckets.to(self.device)[ids], self.n_buckets)
+            for site in self.sites:
+                activation = record.all_activations[site.name][f]
+                self._open[site.name].add(grads[site.name][:, :used], activation[:, :used], ids, onehot,
+                                          where=f"step {step}")
+            self._open_sequences.extend(range(self._sequence_counter, self._sequence_counter + batch))
+            self._sequence_counter += batch
+            for site in self.sites:
+                record.all_deltas[site.name][f].grad = None
+        if step == start + self.window - 1:
+            self._close_unit()
+
+    def _close_unit(self) -> None:
+        start = self._open_step
+        index = self._unit_index[start]
+        phase = "early" if index < self._n_early else "late"
+        for site in self.sites:
+            key = UnitKey(self.name, self.objective, f"step{start}", start, phase, site.layer, site.name)
+            artifact = self._open[site.name].finish(
+                key, sequence_documents=np.asarray(self._open_sequences, dtype=np.int64),
+                seconds=time.perf_counter() - self._open_started,
+                isoscore_c0=self.protocol.stats.isoscore_c0, isoscore_zeta=self.protocol.stats.isoscore_zeta,
+                extra={"source": "training", "window": self.window, "skipped_batches": self._skipped})
+            artifact.save(self.units_dir)
+            self.artifacts.append(artifact)
+        self._open = None
+
+    def close(self):
+        """Finish the open unit and write the bundle at `out`; returns the `RunResult`."""
+        if self._stack is not None:
+            self.end()
+        if self._open is not None:
+            self._close_unit()
+        if not self.artifacts:
+            raise AnistatInputError("TrainingMeter: no measured step was reached; nothing to write")
+        models = {self.name: {"source": "external", "objective": self.objective, "sites": [s.name for s in self.sites],
+                              "fit_steps": self.fit_steps, "measure_steps": self.measure_steps,
+                              "window": self.window, "model_class": type(self.model).__name__}}
+        counts = {self.name: self.token_counts} if self.token_counts is not None else None
+        return finalize_bundle(self.artifacts, self.protocol, self.out, token_counts=counts, models=models,
+                               device=str(self.device), started_at=self._started_at,
+                               corpus={"name": "training batches", "sha256": None, "documents": None})
+
+
+def _trainer_callback_base():
+    try:
+        from transformers import TrainerCallback
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return object
+    return TrainerCallback
+
+
+class AnistatCallback(_trainer_callback_base()):
+    """`transformers.TrainerCallback` measuring at chosen optimiser steps (see `TrainingMeter`).
+
+    Step numbering: the step about to run, `state.global_step` at `on_step_begin` (0 = the
+    first update, measured on the initial weights). Gradient accumulation is supported (every
+    micro-batch of a measured step is measured); the bundle is written at `on_train_end` and is
+    available as `callback.result`. Only the main process measures under multi-process training.
+    """
+
+    def __init__(self, protocol: Protocol | str | Path | dict | None = None, *, out: str | Path,
+                 measure_steps: Iterable[int], fit_steps: Iterable[int] | None = None, window: int = 1,
+                 **kwargs: Any):
+        self._args = dict(protocol=protocol, out=out, measure_steps=list(measure_steps),
+                          fit_steps=None if fit_steps is None else list(fit_steps), window=window, **kwargs)
+        self.meter: TrainingMeter | None = None
+        self.result = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is None:
+            raise AnistatInputError("AnistatCallback: the Trainer passed no model")
+        if getattr(state, "is_world_process_zero", True):
+            self.meter = TrainingMeter(model, **self._args)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.meter is not None:
+            self.meter.begin(state.global_step)
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self.meter is not None:
+            self.meter.end()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.meter is not None:
+            self.meter.end()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.meter is not None:
+            self.result = self.meter.close()

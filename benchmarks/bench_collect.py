@@ -1,0 +1,290 @@
+"""P1 / P2 / P4 benchmarks of the collector, each measured side by side in one run, as ratios.
+
+Run (from the repository root):
+
+    PYTHONPATH=. python benchmarks/bench_collect.py all --json /tmp/bench_collect.json
+
+P1  probe overhead inside training: a GPT-2-style model trained with AdamW, plain vs with a
+    `TrainingMeter` measuring true gradients at *every* step (all blocks' residual streams,
+    default proxy rank 4, 20 normal + 20 Haar controls) — interleaved repetitions, median
+    seconds per step; ratio = meter / plain (goal ≤ 1.05).
+P2  post-hoc collection throughput (tokens/s) on the same model and test split:
+      anistat — `measure_checkpoint` (additive probes, autograd.grad to the probes only,
+                parameters frozen, batched projections on the device);
+      naive   — output_hidden_states + `retain_grad` on every block output + full
+                `loss.backward()` with parameter gradients + projections and moments in NumPy;
+      floor   — forward + backward to the hidden states only (probes, frozen parameters), no
+                statistics.
+    Goals: anistat ≥ 1.5× naive tokens/s; anistat time ≤ 1.2× floor time.
+P4  peak RSS of a fresh process measuring 10× more test tokens ÷ the same at 1× (goal ≤ 1.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from anistat.collect import BasisSet, UnitKey, collect_fit_activations, measure_checkpoint
+from anistat.data import Splits
+from anistat.geometry import draw_controls, fit_proxy
+from anistat.models import lm_loss
+
+
+def make_model(dim: int, layers: int, vocab: int, seq_len: int, seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=vocab, n_positions=seq_len, n_embd=dim, n_layer=layers, n_head=max(1, dim // 64),
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+    return GPT2LMHeadModel(config)
+
+
+def make_splits(n_test: int, seq_len: int, vocab: int, seed: int = 0) -> Splits:
+    generator = torch.Generator().manual_seed(seed)
+    test = torch.randint(0, vocab, (n_test, seq_len), generator=generator)
+    fit = torch.randint(0, vocab, (16, seq_len), generator=generator)
+    return Splits(test=test, fit=fit, train=fit, test_documents=np.arange(n_test), token_counts=np.ones(vocab, np.int64),
+                  vocab_size=vocab, mask_token_id=None, pad_token_id=None, decode=lambda ids: "", tokenizer_id="bench")
+
+
+def make_bases(model, splits, layers, rank=4, n_controls=20):
+    acts = collect_fit_activations(model, splits.fit, layers, batch_size=16, device=torch.device("cpu"))
+    bases = {}
+    for layer in layers:
+        sample = acts[layer].reshape(-1, acts[layer].shape[-1])
+        proxy = fit_proxy(sample, "pca", rank, seed=layer)
+        controls = {kind: draw_controls(kind, proxy.basis, n_controls, seed=layer + 100 * i)
+                    for i, kind in enumerate(("normal", "haar"))}
+        bases[layer] = [BasisSet("pca", rank, proxy.basis, controls)]
+    return bases
+
+
+def anistat_collect(model, splits, layers, bases, batch_size):
+    keys = {l: UnitKey("bench", "clm", "c", 0, "early", l, f"residual.{l}") for l in layers}
+    return measure_checkpoint(model, keys=keys, bases=bases, splits=splits, objective="clm",
+                              token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1,
+                              mlm_probability=0.15, seed=0, batch_size=batch_size, device=torch.device("cpu"),
+                              isoscore_c0="scaled_identity", isoscore_zeta=0.1)
+
+
+def naive_collect(model, splits, layers, bases, batch_size):
+    """The straightforward way: retain_grad on returned hidden states, a full backward with
+    parameter gradients, projections and moments in NumPy."""
+    for parameter in model.parameters():
+        parameter.requires_grad_(True)
+    model.eval()
+    matrices = {l: [bases[l][0].basis.numpy()] + [q.numpy() for stack in bases[l][0].controls.values() for q in stack]
+                for l in layers}
+    n_seq, seq_len = splits.test.shape
+    energies = {l: np.zeros((n_seq, len(matrices[l]))) for l in layers}
+    outer = {l: 0.0 for l in layers}
+    for start in range(0, n_seq, batch_size):
+        batch = splits.test[start : start + batch_size]
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=batch, output_hidden_states=True)
+        hidden = [out.hidden_states[l + 1] for l in layers]
+        for h in hidden:
+            h.retain_grad()
+        logits = out.logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1),
+                                                 reduction="none").view(batch.shape[0], -1).mean(1).sum()
+        loss.backward()
+        for l, h in zip(layers, hidden):
+            g = h.grad[:, :-1].double().numpy()
+            for j, q in enumerate(matrices[l]):
+                energies[l][start : start + batch.shape[0], j] = ((g @ q) ** 2).sum(axis=(1, 2))
+            flat = g.reshape(-1, g.shape[-1])
+            outer[l] = outer[l] + flat.T @ flat
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return energies
+
+
+def floor_collect(model, splits, layers, batch_size):
+    """Forward + backward to the hidden states only (the probes), no statistics."""
+    from anistat.collect import residual_probe
+
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    model.eval()
+    n_seq = splits.test.shape[0]
+    for start in range(0, n_seq, batch_size):
+        batch = splits.test[start : start + batch_size]
+        with torch.enable_grad(), residual_probe(model, layers, gradients=True) as record:
+            loss = lm_loss(model, batch, batch, "clm")
+            torch.autograd.grad(loss, [record.deltas[l] for l in layers])
+
+
+def timed(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+# ----------------------------------------------------------------------------------------------
+def bench_p2(args) -> dict:
+    model = make_model(args.dim, args.layers, args.vocab, args.seq_len).eval()
+    splits = make_splits(args.n_test, args.seq_len, args.vocab)
+    layers = list(range(args.layers))
+    bases = make_bases(model, splits, layers)
+    tokens = splits.test.numel()
+    runs = {"anistat": lambda: anistat_collect(model, splits, layers, bases, args.batch_size),
+            "naive": lambda: naive_collect(model, splits, layers, bases, args.batch_size),
+            "floor": lambda: floor_collect(model, splits, layers, args.batch_size)}
+    for fn in runs.values():  # warm-up
+        fn()
+    times = {name: [] for name in runs}
+    for _ in range(args.repeats):  # interleaved, so background load hits every method alike
+        for name, fn in runs.items():
+            times[name].extend(timed(fn, 1))
+    # agreement: the naive energies equal anistat's
+    measured = anistat_collect(model, splits, layers, bases, args.batch_size)
+    naive = naive_collect(model, splits, layers, bases, args.batch_size)
+    # (not the last block: GPT-2's last returned hidden state is ln_f's *output*, so retain_grad
+    # there yields the gradient w.r.t. a different tensor — the pitfall the additive probe avoids)
+    agreement = max(float(np.max(np.abs(measured[l].energy[:, 0] - naive[l]) / np.maximum(np.abs(naive[l]), 1e-30)))
+                    for l in layers[:-1])
+    last = layers[-1]
+    last_block_difference = float(np.max(np.abs(measured[last].energy[:, 0] - naive[last])
+                                         / np.maximum(np.abs(naive[last]), 1e-30)))
+    median = {name: statistics.median(t) for name, t in times.items()}
+    return {
+        "config": {"dim": args.dim, "layers": args.layers, "vocab": args.vocab, "seq_len": args.seq_len,
+                   "n_test": args.n_test, "batch_size": args.batch_size, "rank": 4, "controls": "20 normal + 20 haar",
+                   "sites": f"residual.0..{args.layers - 1}", "repeats": args.repeats, "tokens": tokens},
+        "seconds": median, "tokens_per_s": {k: tokens / v for k, v in median.items()},
+        "speedup_vs_naive": median["naive"] / median["anistat"],
+        "ratio_to_floor": median["anistat"] / median["floor"],
+        "max_relative_difference_vs_naive": agreement,
+        "last_block_relative_difference_vs_naive_retain_grad": last_block_difference,
+        "all_seconds": times,
+    }
+
+
+def bench_p1(args) -> dict:
+    from anistat.callbacks import TrainingMeter
+
+    generator = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, args.vocab, (args.train_batch, args.seq_len), generator=generator)
+               for _ in range(args.steps)]
+
+    def train(measure: bool, out: str) -> list[float]:
+        model = make_model(args.dim, args.layers, args.vocab, args.seq_len, seed=1)
+        model.train()
+        optimiser = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        meter = None
+        if measure:
+            meter = TrainingMeter(model, out=out, fit_steps=[0], measure_steps=[0], window=args.steps,
+                                  name="bench", report={"compile_pdf": False})
+        per_step = []
+        for step, batch in enumerate(batches):
+            started = time.perf_counter()
+            if meter is not None:
+                meter.begin(step)
+            loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            if meter is not None:
+                meter.end()
+            optimiser.step()
+            optimiser.zero_grad(set_to_none=True)
+            per_step.append(time.perf_counter() - started)
+        # the unit closes itself (statistics finished, artifact written) inside the last timed step;
+        # the bundle/report rendering of `meter.close()` is a one-off after training and not timed
+        assert meter is None or len(meter.artifacts) == args.layers
+        return per_step[2:]  # first steps: allocator warm-up, fitting the proxies (once)
+
+    import tempfile
+
+    plain, metered = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            plain.extend(train(False, ""))
+            metered.extend(train(True, os.path.join(tmp, f"bundle{repeat}")))
+    return {
+        "config": {"dim": args.dim, "layers": args.layers, "vocab": args.vocab, "seq_len": args.seq_len,
+                   "train_batch": args.train_batch, "steps": args.steps, "repeats": args.repeats,
+                   "sites": f"residual.0..{args.layers - 1}", "rank": 4, "controls": "20 normal + 20 haar",
+                   "measured": "every step"},
+        "seconds_per_step": {"plain": statistics.median(plain), "anistat": statistics.median(metered)},
+        "ratio": statistics.median(metered) / statistics.median(plain),
+        "ratio_of_means": statistics.fmean(metered) / statistics.fmean(plain),
+    }
+
+
+def p4_child(n_test: int, args) -> dict:
+    model = make_model(args.dim, args.layers, args.vocab, args.seq_len).eval()
+    splits = make_splits(16, args.seq_len, args.vocab)
+    layers = list(range(args.layers))
+    bases = make_bases(model, splits, layers)
+    splits = make_splits(n_test, args.seq_len, args.vocab)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    anistat_collect(model, splits, layers, bases, args.batch_size)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"n_test": n_test, "tokens": n_test * args.seq_len, "peak_rss_kb": peak, "rss_before_collect_kb": before}
+
+
+def bench_p4(args) -> dict:
+    results = {}
+    for factor in (1, 10):
+        n_test = args.n_test * factor
+        command = [sys.executable, __file__, "p4-child", "--n-test", str(n_test), "--dim", str(args.dim),
+                   "--layers", str(args.layers), "--vocab", str(args.vocab), "--seq-len", str(args.seq_len),
+                   "--batch-size", str(args.batch_size)]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        results[f"{factor}x"] = json.loads(done.stdout.strip().splitlines()[-1])
+    one, ten = results["1x"], results["10x"]
+    return {"runs": results, "ratio": ten["peak_rss_kb"] / one["peak_rss_kb"],
+            "growth_above_setup_kb": {k: v["peak_rss_kb"] - v["rss_before_collect_kb"] for k, v in results.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["p1", "p2", "p4", "all", "p4-child"])
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--n-test", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--train-batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if args.what == "p4-child":
+        print(json.dumps(p4_child(args.n_test, args)))
+        return
+    out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                       "threads": torch.get_num_threads(), "load_average": os.getloadavg()}}
+    if args.what in ("p1", "all"):
+        out["P1"] = bench_p1(args)
+        print("P1", json.dumps(out["P1"], indent=1), flush=True)
+    if args.what in ("p2", "all"):
+        out["P2"] = bench_p2(args)
+        print("P2", json.dumps({k: v for k, v in out["P2"].items() if k != "all_seconds"}, indent=1), flush=True)
+    if args.what in ("p4", "all"):
+        out["P4"] = bench_p4(args)
+        print("P4", json.dumps(out["P4"], indent=1), flush=True)
+    out["machine"]["load_average_end"] = os.getloadavg()
+    if args.json:
+        with open(args.json, "w") as stream:
+            json.dump(out, stream, indent=1)
+
+
+if __name__ == "__main__":
+    main()
