@@ -201,7 +201,8 @@ def analyze_units(artifacts: list[UnitArtifact], protocol: Protocol) -> pd.DataF
     for column in ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_tokens"):
         results[column] = pd.array(results[column], dtype="Int64")
     for column in ("ci_method", "note", "status"):
-        results[column] = results[column].fillna("")
+        # object first: a column that is all NaN (every unit failed) is float64
+        results[column] = results[column].astype(object).fillna("").astype(str)
     results.attrs["warnings"] = ([guard] if guard else []) + notes
     return results.reset_index(drop=True)
 

@@ -233,7 +233,10 @@ class SiteAccumulator:
 
     With `n_seq` given, rows are preallocated (post-hoc collection: row s is test sequence s, so
     sharded ranks fill disjoint rows); with `n_seq=None` rows are appended as batches arrive
-    (measurement inside training, where sequences are the training batches)."""
+    (measurement inside training, where sequences are the training batches).
+
+    `dtype` is the per-batch compute precision (projections, outer products); every running sum
+    is float64. Default: float64 on CPU (exact, what the tests check), float32 on accelerators."""
 
     def __init__(self, bases: list[BasisSet], *, dim: int, n_seq: int | None, n_buckets: int, vocab_size: int,
                  device: torch.device, dtype: torch.dtype | None = None):
@@ -263,19 +266,23 @@ class SiteAccumulator:
         """One batch: gradients and activations (B, T, d), token ids (B, T), bucket one-hot (B, T, K)."""
         if self.failure:
             return
+        dim = self.dim
         grad = grad.to(self.dtype)
         act = act.to(self.dtype)
-        if not (torch.isfinite(grad).all() and torch.isfinite(act).all()):
+        grad_sq = grad.square().sum(-1)  # (B, T) ‖g_i‖²
+        act_sq = act.square().sum(-1)  # (B, T) ‖a_i‖²
+        # one cheap check instead of a pass over every element: a NaN/Inf anywhere in a row
+        # makes its squared norm NaN/Inf
+        if not (torch.isfinite(grad_sq).all() and torch.isfinite(act_sq).all()):
             self.failure = f"non-finite gradients or activations in {where}"
             return
-        dim = self.dim
         onehot = bucket_onehot.to(self.dtype)
         squared = (grad @ self.stacked).square() @ self.indicator  # (B, T, n_bases)
         energy = torch.einsum("btn,btk->bkn", squared, onehot).double()
-        total = torch.einsum("bt,btk->bk", grad.square().sum(-1), onehot).double()
+        total = torch.einsum("bt,btk->bk", grad_sq, onehot).double()
         # Gradient rows that are exactly zero carry no loss signal by construction (e.g.
         # unmasked positions after an encoder's last block): they are not evaluated tokens.
-        evaluated = grad.abs().amax(dim=-1) > 0  # (B, T)
+        evaluated = grad_sq > 0  # (B, T)
         count = evaluated.sum(dim=1)
         if self.growing:
             self._chunks.append((total, energy, count))
@@ -284,16 +291,25 @@ class SiteAccumulator:
             self.energy[start:stop] += energy
             self.total[start:stop] += total
             self.n_tokens[start:stop] += count
-        flat_grad = grad.reshape(-1, dim)[evaluated.reshape(-1)]
+        flat_grad = grad.reshape(-1, dim)
+        grad_norm = grad_sq.reshape(-1).sqrt()
+        if not bool(evaluated.all()):
+            keep = evaluated.reshape(-1)
+            flat_grad, grad_norm = flat_grad[keep], grad_norm[keep]
         flat_act = act.reshape(-1, dim)
+        act_norm = act_sq.reshape(-1).sqrt()
         flat_ids = token_ids.reshape(-1).to(self.device)
-        self.grad.update(flat_grad)
-        self.act.update(flat_act)
-        self.grad_unit += _unit_rows(flat_grad).sum(0).double()
-        self.act_unit += _unit_rows(flat_act).sum(0).double()
+        # moments: per-batch products in the compute dtype, accumulated in float64
+        for moments, rows in ((self.grad, flat_grad), (self.act, flat_act)):
+            moments.count += int(rows.shape[0])
+            moments.sum += rows.sum(0).double()
+            moments.outer += (rows.T @ rows).double()
+        self.grad_unit += ((1.0 / grad_norm) @ flat_grad).double()  # Σ g_i/‖g_i‖ over evaluated rows
+        act_scale = torch.where(act_norm > 0, 1.0 / act_norm.clamp(min=1e-300), torch.zeros_like(act_norm))
+        self.act_unit += (act_scale @ flat_act).double()  # Σ a_i/‖a_i‖ (zero rows add nothing)
         self.type_count.index_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.float64))
         self.type_sum.index_add_(0, flat_ids, flat_act.double())
-        self.type_sq.index_add_(0, flat_ids, flat_act.double().square().sum(-1))
+        self.type_sq.index_add_(0, flat_ids, act_sq.reshape(-1).double())
 
     @property
     def n_sequences(self) -> int:
