@@ -619,7 +619,7 @@ seed: 0                        # same protocol + seed -> same numbers on CPU
 device: cpu                    # auto | cpu | cuda | mps
 
 data:
-  source: builtin              # builtin (Python's docs, no download) | text | jsonl
+  source: builtin              # builtin (Python's docs, no download) | text | jsonl | hf_dataset
   seq_len: 64                  # tokens per sequence (the statistical sampling unit)
   n_fit_sequences: 64          # activations used to fit the proxies
   n_test_sequences: 64         # sequences whose true gradients are measured
@@ -641,10 +641,10 @@ models:
     num_heads: 2
     train: {steps: 200, batch_size: 16, learning_rate: 0.001, checkpoints: [0, 50, 100, 200]}
 
-sites: {kind: residual, layers: all}
+sites: {kind: residual, layers: all}   # also embed, attn, mlp, module (see `anistat sites MODEL`)
 
 proxies:
-  methods: [pca]
+  methods: [pca]               # pca | semi_nmf | nmf | ica | random (the null proxy)
   ranks: [4, 8]
   fit_window: 0.3              # proxies are fitted on the first 30 % of checkpoints, then frozen
 
