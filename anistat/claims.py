@@ -64,8 +64,8 @@ def _row_passes(row: pd.Series, claim: ClaimSpec) -> bool:
 
 
 def _evidence_row(row: pd.Series) -> dict[str, Any]:
-    keys = ("model", "checkpoint", "phase", "layer", "rank", "proxy", "control", "estimate", "ci_low", "ci_high",
-            "p_value", "p_adjusted", "status")
+    keys = ("model", "checkpoint", "phase", "layer", "site", "rank", "proxy", "control", "estimate", "ci_low",
+            "ci_high", "effect_size", "control_mean", "p_value", "p_adjusted", "status")
     out = {}
     for key in keys:
         value = row.get(key)
@@ -75,6 +75,8 @@ def _evidence_row(row: pd.Series) -> dict[str, Any]:
             value = None if not np.isfinite(value) else float(value)
         elif value is pd.NA:
             value = None
+        if key in ("layer", "rank") and isinstance(value, float) and value.is_integer():
+            value = int(value)
         out[key] = value
     return out
 
@@ -97,12 +99,12 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec) -> dict[str, Any]:
     rows = [_evidence_row(row) for _, row in selected.iterrows()]
     estimates = selected[claim.column].astype(float)
     adjusted = selected["p_adjusted"].astype(float) if "p_adjusted" in selected else pd.Series(dtype=float)
-    summary = {"estimate_min": estimates.min(), "estimate_max": estimates.max(),
+    summary = {f"{claim.column}_min": estimates.min(), f"{claim.column}_max": estimates.max(),
                "p_adjusted_max": adjusted.max() if adjusted.notna().any() else None}
     if claim.aggregate in ("all", "any"):
         passes = [_row_passes(row, claim) for _, row in selected.iterrows()]
         passed = all(passes) if claim.aggregate == "all" else any(passes)
-        failing = [row for row, ok in zip(rows, passes) if not ok]
+        failing = [_row_label(row, claim.column) for row, ok in zip(rows, passes) if not ok]
         evidence = _finite({"n_pass": int(sum(passes)), "n_rows": len(passes), **summary,
                             "failing_rows": failing[:5]})
     else:
@@ -123,7 +125,22 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec) -> dict[str, Any]:
             "selected_rows": _finite(rows)}
 
 
+def _row_label(row: dict[str, Any], column: str) -> str:
+    """A short human-readable name for a result row, e.g. `dec step0 residual.1 k=4 normal: 0.93`."""
+    parts = [str(row.get(key)) for key in ("model", "checkpoint", "site") if row.get(key) not in (None, "")]
+    if row.get("rank") is not None:
+        parts.append(f"k={row['rank']}")
+    if row.get("control") not in (None, "", "none"):
+        parts.append(str(row["control"]))
+    value = row.get(column) if column in row else None
+    shown = "n/a" if value is None else f"{value:.4g}"
+    status = "" if row.get("status") in (None, "ok") else f" ({row['status']})"
+    return " ".join(parts) + f": {shown}{status}"
+
+
 def _finite(value):
+    if isinstance(value, (np.floating, np.integer)):
+        value = value.item()
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -14,7 +14,8 @@ Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights 
 
 from ._validation import DegenerateStatisticWarning
 from .bootstrap import (BootstrapResult, bootstrap_weights, ci_from_replicates,
-                        iter_bootstrap_weights, jackknife_weights, sequence_bootstrap)
+                        iter_bootstrap_weights, jackknife_weights, ratio_se,
+                        sequence_bootstrap)
 from .calibrate import CalibrationResult, run_calibration, write_calibration_report
 from .effects import (anisotropy_capture, energy_ratio, hedges_correction, hedges_g_paired,
                       log2_energy_ratio, per_sequence_differences, z_score)
@@ -34,7 +35,7 @@ __all__ = [
     "ci_from_replicates", "energy_ratio", "hedges_correction", "hedges_g_paired",
     "iter_bootstrap_weights", "jackknife_weights", "log2_energy_ratio", "min_attainable_pvalue",
     "min_controls_needed", "monte_carlo_pvalue", "per_sequence_differences",
-    "random_effects_meta", "resolution_warning", "run_calibration", "sequence_bootstrap",
+    "random_effects_meta", "ratio_se", "resolution_warning", "run_calibration", "sequence_bootstrap",
     "sign_flip_null", "sign_flip_pvalues", "sign_flip_test", "trend_test",
     "write_calibration_report", "z_score",
 ]

@@ -22,6 +22,15 @@ Confidence intervals (two-sided, level ``1 - alpha``):
   ``theta_(i)`` (mean ``m``); endpoints are the replicate quantiles at
   ``Phi(z0 + (z0 + z_q) / (1 - a (z0 + z_q)))`` for ``z_q = Phi^-1(alpha/2), Phi^-1(1-alpha/2)``.
   These are the conventions of ``scipy.stats.bootstrap(method="BCa")``.
+* ``studentized`` (bootstrap-t, equal-tailed; Davison & Hinkley 1997, eq. 5.7): with a
+  standard error ``se`` of the estimate and ``se*_b`` of every replicate (same formula, e.g.
+  the delta-method SE of a ratio of sums, :func:`ratio_se`), ``t*_b = (theta*_b - theta) /
+  se*_b`` and the interval is ``[theta - q_{1-alpha/2}(t*) se, theta - q_{alpha/2}(t*) se]``.
+  Second-order accurate like BCa, but it also captures the correlation between an estimate
+  and its own SE, which dominates the coverage error of ratio-of-sums estimators over
+  sequences with heavy-tailed energies (BCa / percentile undercover there; see the P3 section
+  of ``benchmarks/README.md``). Replicates with a non-finite ``t*`` (``se*_b = 0``) are dropped
+  and counted in ``note``; without a finite positive ``se`` it falls back to ``percentile``.
 
 Where BCa is undefined (fewer than 3 jackknife units, all replicates equal, ``p0`` in {0, 1}
 so ``z0`` is infinite, acceleration NaN because the jackknife values are all equal, or
@@ -45,7 +54,7 @@ from scipy.special import ndtr, ndtri
 from ._validation import check_ci_level, check_positive_int
 
 _BLOCK = 256
-METHODS = ("bca", "percentile")
+METHODS = ("bca", "percentile", "studentized")
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,7 @@ class BootstrapResult:
     """A bootstrap confidence interval.
 
     ``se`` is the standard deviation of the replicates; ``method`` the method actually used
-    (``"bca"`` or ``"percentile"``); ``note`` is empty or says why BCa was not used / what
+    (``"bca"``, ``"percentile"`` or ``"studentized"``); ``note`` is empty or says why BCa was not used / what
     was dropped.
     """
 
@@ -153,12 +162,44 @@ def jackknife_weights(n_sequences: int, group_ids=None) -> np.ndarray:
     return 1.0 - (codes[None, :] == np.arange(codes.max() + 1)[:, None]).astype(np.float64)
 
 
+def ratio_se(weights, numerator, denominator) -> np.ndarray:
+    """Delta-method (linearisation) SE of ``(W @ numerator) / (W @ denominator)`` per row of W.
+
+    ``se_b = sqrt(n_b / (n_b - 1) * sum_s w_bs (num_s - theta_b den_s)^2) / sum_s w_bs den_s``
+    with ``theta_b`` the row's ratio and ``n_b = sum_s w_bs``; the sandwich / jackknife-type SE
+    of a ratio estimator. Residuals are taken around the full-data ratio first (three matrix
+    products, well conditioned), so the cost is ``O(B S)``. Rows with ``n_b <= 1`` or a zero
+    denominator give NaN.
+    """
+    w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+    num = np.asarray(numerator, dtype=np.float64).ravel()
+    den = np.asarray(denominator, dtype=np.float64).ravel()
+    if num.shape != den.shape or w.shape[1] != num.size:
+        raise ValueError(f"weights (B, S) and numerator/denominator (S,) do not match: "
+                         f"{w.shape}, {num.shape}, {den.shape}")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        theta0 = num.sum() / den.sum()
+        e = num - theta0 * den
+        sums = w @ np.stack([num, den, e * e, e * den, den * den], axis=1)
+        return _ratio_se_from_sums(sums[:, 1], sums[:, 0] / sums[:, 1] - theta0, sums[:, 2],
+                                   sums[:, 3], sums[:, 4], w.sum(axis=1))
+
+
+def _ratio_se_from_sums(den_sum, delta, ee, ed, dd, n):
+    """SE of a ratio from resampled sums (see :func:`ratio_se`); ``delta = theta_b - theta``."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rss = np.maximum(ee - 2.0 * delta * ed + delta * delta * dd, 0.0)
+        return np.where(n > 1, np.sqrt(rss * n / (n - 1.0)), np.nan) / np.abs(den_sum)
+
+
 def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: float = 0.95,
-                       method: str = "bca") -> BootstrapResult:
+                       method: str = "bca", *, se=None,
+                       replicate_se=None) -> BootstrapResult:
     """Confidence interval from bootstrap replicates (and jackknife values for BCa).
 
-    Non-finite replicates are dropped (and counted in ``note``). See the module docstring for
-    the BCa formulas and the fallback rules.
+    ``method="studentized"`` needs ``se`` (the estimate's standard error) and
+    ``replicate_se`` (one per replicate, same formula). Non-finite replicates are dropped (and
+    counted in ``note``). See the module docstring for the formulas and the fallback rules.
     """
     ci_level = check_ci_level(ci_level)
     if method not in METHODS:
@@ -167,18 +208,47 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
     reps = np.asarray(replicates, dtype=np.float64).ravel()
     n_total = reps.size
     notes: list[str] = []
+    rep_se = None
+    if method == "studentized":
+        if se is None or replicate_se is None:
+            raise ValueError("method='studentized' needs se and replicate_se")
+        rep_se = np.asarray(replicate_se, dtype=np.float64).ravel()
+        if rep_se.shape != reps.shape:
+            raise ValueError(f"replicate_se must have shape {reps.shape}, got {rep_se.shape}")
     finite = np.isfinite(reps)
     if not finite.all():
         notes.append(f"{n_total - int(finite.sum())} of {n_total} resamples non-finite, dropped")
         reps = reps[finite]
+        if rep_se is not None:
+            rep_se = rep_se[finite]
     if reps.size == 0 or not np.isfinite(theta):
         notes.append("estimate or all resamples non-finite; no interval")
         return BootstrapResult(theta, np.nan, np.nan, "none", "; ".join(notes), np.nan,
                                n_total, ci_level)
     alpha = 1.0 - ci_level
     levels = np.array([alpha / 2, 1 - alpha / 2])
-    se = float(reps.std(ddof=1)) if reps.size > 1 else np.nan
+    se_reps = float(reps.std(ddof=1)) if reps.size > 1 else np.nan
     used = method
+    if method == "studentized":
+        se0 = float(se)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tstar = (reps - theta) / rep_se
+        ok = np.isfinite(tstar)
+        reason = None
+        if not (np.isfinite(se0) and se0 > 0):
+            reason = "standard error of the estimate not finite and positive"
+        elif ok.sum() < 2:
+            reason = "fewer than 2 finite studentized resamples"
+        if reason is None:
+            if not ok.all():
+                notes.append(f"{int((~ok).sum())} resamples with zero or non-finite SE left out "
+                             "of the studentized quantiles")
+            q = np.quantile(tstar[ok], levels[::-1])
+            return BootstrapResult(theta, float(theta - q[0] * se0), float(theta - q[1] * se0),
+                                   "studentized", "; ".join(notes), se_reps, n_total,
+                                   ci_level)
+        used = "percentile"
+        notes.append(f"studentized fell back to percentile: {reason}")
     if method == "bca":
         reason = None
         jack = None if jackknife is None else np.asarray(jackknife, dtype=np.float64).ravel()
@@ -210,8 +280,8 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
             used = "percentile"
             notes.append(f"BCa fell back to percentile: {reason}")
     lo, hi = np.quantile(reps, levels)
-    return BootstrapResult(theta, float(lo), float(hi), used, "; ".join(notes), se, n_total,
-                           ci_level)
+    return BootstrapResult(theta, float(lo), float(hi), used, "; ".join(notes), se_reps,
+                           n_total, ci_level)
 
 
 def _evaluate(statistic: Callable[[np.ndarray], np.ndarray], weights: np.ndarray) -> np.ndarray:
@@ -225,23 +295,39 @@ def _evaluate(statistic: Callable[[np.ndarray], np.ndarray], weights: np.ndarray
 def sequence_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], n_sequences: int,
                        n_resamples: int = 2000, seed: int = 0, ci_level: float = 0.95,
                        method: str = "bca", group_ids=None,
-                       chunk_size: int = 512) -> BootstrapResult:
+                       chunk_size: int = 512, *,
+                       standard_error: Callable[[np.ndarray], np.ndarray] | None = None
+                       ) -> BootstrapResult:
     """Bootstrap CI of ``statistic`` over sequences.
 
     ``statistic`` maps a weights matrix ``W (b, S)`` to ``(b,)``; it is called on chunks of at
     most ``chunk_size`` rows, on ``ones((1, S))`` for the estimate and (BCa only) on the
     jackknife rows (``ones - eye``, or leave-one-group-out with ``group_ids``).
+    ``method="studentized"`` also needs ``standard_error`` (``W (b, S) -> (b,)``, the SE of the
+    statistic under weights ``W``, e.g. ``lambda w: ratio_se(w, num, den)``), evaluated on the
+    same rows.
     """
     s = check_positive_int(n_sequences, "n_sequences")
     check_ci_level(ci_level)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    estimate = float(_evaluate(statistic, np.ones((1, s)))[0])
-    reps = np.concatenate([_evaluate(statistic, w) for w in
-                           iter_bootstrap_weights(s, n_resamples, seed, group_ids, chunk_size)])
+    if method == "studentized" and standard_error is None:
+        raise ValueError("method='studentized' needs a standard_error function")
+    ones = np.ones((1, s))
+    estimate = float(_evaluate(statistic, ones)[0])
+    reps, rep_se = [], []
+    for w in iter_bootstrap_weights(s, n_resamples, seed, group_ids, chunk_size):
+        reps.append(_evaluate(statistic, w))
+        if method == "studentized":
+            rep_se.append(_evaluate(standard_error, w))
+    reps = np.concatenate(reps)
     jack = None
     if method == "bca":
         jw = jackknife_weights(s, group_ids)
         jack = np.concatenate([_evaluate(statistic, jw[i:i + chunk_size])
                                for i in range(0, jw.shape[0], chunk_size)])
+    if method == "studentized":
+        return ci_from_replicates(estimate, reps, None, ci_level, method,
+                                  se=float(_evaluate(standard_error, ones)[0]),
+                                  replicate_se=np.concatenate(rep_se))
     return ci_from_replicates(estimate, reps, jack, ci_level, method)

@@ -34,6 +34,18 @@ the control draw; the data uncertainty is in the numerator. ``log2_energy_ratio`
 ``anisotropy_capture`` the affine map of the fraction interval (both methods are
 transformation-respecting); the oracle is held fixed (it is a whole-split quantity).
 
+``ci_method="studentized"`` (bootstrap-t) is available for ``energy_fraction``,
+``energy_ratio`` (and so ``log2_energy_ratio`` / ``anisotropy_capture``) and ``z``
+(``fixed_sd``): all three are ratios of sums ``sum_s a_s / sum_s b_s`` (for ``z`` up to the
+fixed constant ``t_sum / sd_j(sum_s c_sj)``, with ``a = p - cbar``, ``b = t``), so each
+resample is studentized by the delta-method SE ``sqrt(S/(S-1) sum_s w_s (a_s - theta* b_s)^2)
+/ sum_s w_s b_s`` (:func:`.bootstrap.ratio_se`), from 8 more resampled sums — still
+``O(B S)``. Per-sequence energies are heavy-tailed (a few long, energetic sequences), so a
+ratio's estimate and its SE are strongly correlated; the bootstrap-t captures that and holds
+its level from ~100 sequences where BCa undercovers (≈ 0.925–0.935 at S = 100, ≈ 0.94 at
+S = 400 in the calibration design; see ``benchmarks/README.md``, P3). ``hedges_g``, ``z``
+with ``resampled_sd`` and everything with ``group_ids`` use BCa instead (said in ``note``).
+
 Speed: resampled sums of the 6 sums-based columns are computed in float64, so the default
 analysis costs ``O(B S)`` regardless of the number of controls. With
 ``z_interval="resampled_sd"`` the bootstrap of ``z`` needs all per-control sums ``W @ C``
@@ -52,7 +64,8 @@ import numpy as np
 
 from ._validation import (as_1d_float, check_alternative, check_ci_level,
                           check_positive_int)
-from .bootstrap import BootstrapResult, _group_codes, bootstrap_weights, ci_from_replicates
+from .bootstrap import (BootstrapResult, _group_codes, _ratio_se_from_sums, bootstrap_weights,
+                        ci_from_replicates)
 from .effects import anisotropy_capture, hedges_correction
 from .montecarlo import monte_carlo_pvalue
 from .permutation import PermutationResult, sign_flip_test
@@ -170,7 +183,9 @@ def analyze_energy(proxy_energy, control_energy, total_energy, *, rank: int, dim
         sequences within them); the BCa jackknife then leaves one document out.
     n_bootstrap, ci_level, ci_method
         Sequence bootstrap size, two-sided level, ``"bca"`` (percentile fallback with the
-        reason in ``note``) or ``"percentile"``.
+        reason in ``note``), ``"percentile"`` or ``"studentized"`` (bootstrap-t with the
+        delta-method SE for the ratio-of-sums metrics, BCa for the others; better coverage
+        with few or heterogeneous sequences — see the module docstring).
     n_permutations
         Sign-flip permutations (exact enumeration when ``2**S <= n_permutations``).
     alternative
@@ -211,8 +226,9 @@ def analyze_energy(proxy_energy, control_energy, total_energy, *, rank: int, dim
     check_alternative(alternative)
     check_ci_level(ci_level)
     check_positive_int(n_bootstrap, "n_bootstrap", 2)
-    if ci_method not in ("bca", "percentile"):
-        raise ValueError(f"ci_method must be 'bca' or 'percentile', got {ci_method!r}")
+    if ci_method not in ("bca", "percentile", "studentized"):
+        raise ValueError(f"ci_method must be 'bca', 'percentile' or 'studentized', "
+                         f"got {ci_method!r}")
     if z_interval not in ("fixed_sd", "resampled_sd"):
         raise ValueError(f"z_interval must be 'fixed_sd' or 'resampled_sd', got {z_interval!r}")
     if precision not in ("float32", "float64"):
@@ -278,8 +294,45 @@ def analyze_energy(proxy_energy, control_energy, total_energy, *, rank: int, dim
         reps[i:i + _CHUNK] = _stats_from_sums(x, sd_c, j_corr)
     full = np.column_stack([table.sum(axis=0)[None, :], [[d_mean]]])
     est = _stats_from_sums(full, np.array([sd_full]), j_corr)[0]
+    # studentized (bootstrap-t) SEs of the ratio-of-sums metrics: fraction p/t, ratio p/cbar,
+    # z = kappa (p - cbar)/t with kappa = t_sum / sd_full (fixed_sd only)
+    methods = [ci_method] * 4
+    stud_notes = [""] * 4
+    se_est = [None] * 4
+    se_reps = [None] * 4
+    if ci_method == "studentized":
+        methods[3] = "bca"
+        stud_notes[3] = "studentized CI not available for hedges_g; BCa"
+        if resample_sd:
+            methods[2] = "bca"
+            stud_notes[2] = "studentized CI not available with z_interval='resampled_sd'; BCa"
+        if group_ids is not None:
+            methods = ["bca"] * 4
+            stud_notes = ["studentized CI needs sequence-level resampling; BCa with "
+                          "group_ids"] * 4
+    if "studentized" in methods:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            th = np.array([e_u, p.sum() / cbar.sum(), e_u - c_mean])   # fraction, ratio, z/kappa
+            e_f, e_r, e_z = p - th[0] * t, p - th[1] * cbar, (p - cbar) - th[2] * t
+            ext = np.stack([e_f * e_f, e_f * t, t * t, e_r * e_r, e_r * cbar, cbar * cbar,
+                            e_z * e_z, e_z * t], axis=1)
+            xe = (ext.T @ w_all.T).T
+            xe0 = ext.sum(axis=0)
+            kappa = t_sum / sd_full
+            theta_z = (x_all[:, 0] - x_all[:, 1]) / x_all[:, 2]
+            specs = ((0, x_all[:, 2], reps[:, 0] - th[0], (0, 1, 2), t_sum, 1.0),
+                     (1, x_all[:, 1], reps[:, 1] - th[1], (3, 4, 5), cbar.sum(), 1.0),
+                     (2, x_all[:, 2], theta_z - th[2], (6, 7, 2), t_sum, kappa))
+            for m, den_sum, delta, cols, den0, scale in specs:
+                if methods[m] != "studentized":
+                    continue
+                i, j, k = cols
+                se_reps[m] = scale * _ratio_se_from_sums(den_sum, delta, xe[:, i], xe[:, j],
+                                                         xe[:, k], float(s))
+                se_est[m] = float(scale * _ratio_se_from_sums(den0, 0.0, xe0[i], xe0[j],
+                                                              xe0[k], float(s)))
     jack = None
-    if ci_method == "bca":
+    if "bca" in methods:
         codes = _group_codes(group_ids, s)
         if codes is None:
             tab_units, cc_units = table, (cc64 if resample_sd else None)
@@ -297,9 +350,15 @@ def analyze_energy(proxy_energy, control_energy, total_energy, *, rank: int, dim
             sdj = sd_full * xj[:, 2] / t_sum
         xj = np.column_stack([xj, np.full(xj.shape[0], d_mean)])
         jack = _stats_from_sums(xj, sdj, j_corr)
-    cis: list[BootstrapResult] = [
-        ci_from_replicates(est[m], reps[:, m], None if jack is None else jack[:, m],
-                           ci_level, ci_method) for m in range(4)]
+    cis: list[BootstrapResult] = []
+    for m in range(4):
+        ci = ci_from_replicates(est[m], reps[:, m], None if jack is None else jack[:, m],
+                                ci_level, methods[m], se=se_est[m], replicate_se=se_reps[m])
+        if stud_notes[m]:
+            ci = BootstrapResult(ci.estimate, ci.ci_low, ci.ci_high, ci.method,
+                                 _join(stud_notes[m], ci.note), ci.se, ci.n_resamples,
+                                 ci.ci_level)
+        cis.append(ci)
     ci_f, ci_r, ci_z, ci_g = cis
 
     # ---- assemble -----------------------------------------------------------------
