@@ -306,7 +306,11 @@ class StatsSpec(StrictModel):
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
     n_bootstrap: int = Field(1000, ge=10, le=1_000_000)
     ci_level: float = Field(0.95, gt=0.5, lt=1.0)
-    ci_method: Literal["percentile", "bca"] = "bca"
+    ci_method: Literal["percentile", "bca", "studentized"] = Field(
+        "studentized",
+        description="Sequence-bootstrap CI: studentized (bootstrap-t; nominal coverage from ~100 heterogeneous "
+        "sequences in `anistat calibrate`), bca (0.93 at 100 sequences, 0.94 at 400), or percentile.",
+    )
     n_permutations: int = Field(2000, ge=10, le=1_000_000)
     alternative: Literal["greater", "less", "two-sided"] = "greater"
     multiplicity: Literal["holm", "fdr_bh", "bonferroni", "none"] = "holm"

@@ -31,8 +31,9 @@ full-data value (``z_interval="fixed_sd"``): the spread of the control sums
 resample inflates it (``E sum_s w_s^2 ~ 2S``), so a resampled sd biases ``z*`` towards 0 and
 leaves the estimate outside its own bootstrap distribution. The sd is a Monte-Carlo scale of
 the control draw; the data uncertainty is in the numerator. ``log2_energy_ratio`` is the log2 of the ratio interval and
-``anisotropy_capture`` the affine map of the fraction interval (both methods are
-transformation-respecting); the oracle is held fixed (it is a whole-split quantity).
+``anisotropy_capture`` the affine map of the fraction interval (BCa and percentile are
+transformation-respecting; for ``studentized`` the mapped interval keeps the coverage of the
+ratio / fraction interval, being its image under a monotone map); the oracle is held fixed (it is a whole-split quantity).
 
 ``ci_method="studentized"`` (bootstrap-t) is available for ``energy_fraction``,
 ``energy_ratio`` (and so ``log2_energy_ratio`` / ``anisotropy_capture``) and ``z``
