@@ -33,13 +33,28 @@ COMPARISONS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": oper
 
 def select_rows(results: pd.DataFrame, claim: ClaimSpec) -> pd.DataFrame:
     mask = results["metric"] == claim.metric
+    if "bucket" in results.columns and "bucket" not in claim.where:
+        # per-frequency-bucket rows (frequency.csv) share metric names with the overall rows;
+        # they are selected only when the claim names a bucket
+        bucket = results["bucket"].astype(str)
+        mask &= bucket.isin(["", "nan", "None", "all"])
     for column, wanted in claim.where.items():
         if column not in results.columns:
             return results.iloc[0:0]
         values = wanted if isinstance(wanted, list) else [wanted]
-        as_text = {str(v) for v in values}
-        mask &= results[column].astype(str).isin(as_text)
+        mask &= _matches(results[column], values)
     return results[mask]
+
+
+def _matches(column: pd.Series, values: list) -> pd.Series:
+    """Rows whose value equals any of `values`: numbers compare numerically (a rank read back as
+    4.0 matches 4), everything else as text."""
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    texts = {str(v) for v in values if v not in numbers}
+    hit = column.astype(str).isin(texts | {str(v) for v in numbers})
+    if numbers:
+        hit |= pd.to_numeric(column, errors="coerce").isin(numbers)
+    return hit
 
 
 def _compare(value: float, claim: ClaimSpec) -> bool:

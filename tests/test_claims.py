@@ -170,3 +170,13 @@ def test_verify_against_reruns_and_agrees(claimed_bundle, tmp_path):
     assert comparison["sign_agrees"].all()
     html = (tmp_path / "rerun-comparison" / "comparison.html").read_text()
     assert "Replication report" in html and "<script" not in html
+
+
+def test_bucket_rows_are_selected_only_when_named():
+    frequency = pd.DataFrame([{"model": "dec", "objective": "clm", "metric": "energy_ratio", "bucket": "0",
+                               "estimate": 0.5, "p_value": 0.5, "rank": 4, "control": "normal"}])
+    overall = ClaimSpec(id="o", metric="energy_ratio", where={"objective": "clm"}, threshold=1.0)
+    rare = ClaimSpec(id="r", metric="energy_ratio", where={"objective": "clm", "bucket": "0"}, threshold=1.0)
+    first, second = evaluate_claims(_results(), [overall, rare], frequency)
+    assert first["passed"] and first["n_selected"] == 4
+    assert not second["passed"] and second["n_selected"] == 1

@@ -329,3 +329,18 @@ def test_report_tex_compiles_with_pdflatex(hostile):
                               check=True).stdout
         assert "tiny_bert & 50%" in text and "<script>alert(1)</script>" in text
         assert "Failed units" in text
+
+
+def test_pdf_compiles_from_a_relative_output_directory(tmp_path, monkeypatch):
+    """`anistat run` stages bundles under a relative path (reports/…); pdflatex must still work."""
+    import shutil
+
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex not installed")
+    from anistat.report.latex import compile_pdf
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rel").mkdir()
+    (tmp_path / "rel" / "report.tex").write_text("\\documentclass{article}\\begin{document}hi\\end{document}\n")
+    pdf = compile_pdf(Path("rel"))
+    assert (tmp_path / "rel" / "report.pdf").is_file() and pdf.name == "report.pdf"

@@ -447,6 +447,8 @@ def compile_pdf(out_dir: Path, tex_name: str = "report.tex", timeout: float = 18
     exe = shutil.which("pdflatex")
     if exe is None:
         raise PdfLatexError("pdflatex is not on PATH; install TeX Live or set compile_pdf=False")
+    # absolute: pdflatex runs with cwd=out_dir, so a relative build path would be resolved twice
+    out_dir = Path(out_dir).resolve()
     build = Path(tempfile.mkdtemp(prefix=".latex-", dir=out_dir))
     env = dict(os.environ)
     env.update(SOURCE_DATE_EPOCH="0", FORCE_SOURCE_DATE="1", TEXINPUTS=f"{out_dir}{os.pathsep}")
