@@ -154,8 +154,11 @@ def _row_label(row: dict[str, Any], column: str) -> str:
 
 
 def _finite(value):
+    """JSON-ready evidence: plain Python numbers (6 significant digits), NaN/Inf as None."""
     if isinstance(value, (np.floating, np.integer)):
         value = value.item()
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.6g}")
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list):
