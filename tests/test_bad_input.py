@@ -586,6 +586,17 @@ def test_nan_gradients_fail_the_unit_not_the_run(capsys, tmp_path, local_models)
 INTERRUPTIBLE = MINI_PROTOCOL.replace("name: mini", "name: intr")
 
 
+@pytest.fixture(autouse=True)
+def _sigint_delivered():
+    """A process started in the background by a non-interactive shell (as CI runners may do)
+    inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler. These tests
+    deliver SIGINT for real, so they restore Python's default handler for their duration."""
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def _interrupt_after(monkeypatch, target: str, signum: int, after: int = 1):
     """Send `signum` to this process right after the `after`-th call of `target` (module:attr)."""
     import importlib
