@@ -27,6 +27,8 @@ The returned basis has the input's dtype promoted to at least float32.
 
 from __future__ import annotations
 
+import abc
+
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
@@ -72,16 +74,16 @@ class Proxy:
         return int(self.basis.shape[0])
 
 
-class ProxyMethod:
+class ProxyMethod(abc.ABC):
     """Base class of a proxy method.  Subclasses set ``name`` (done by :func:`register_proxy`),
     take their options as constructor keyword arguments and implement :meth:`fit`."""
 
     name: ClassVar[str] = ""
 
+    @abc.abstractmethod
     def fit(self, x: torch.Tensor, rank: int, seed: int) -> tuple[torch.Tensor, float, dict]:
         """Fit on float64 activations ``x`` (N, d); return ``(basis (d, k) float64 orthonormal,
         reconstruction_error, info)``."""
-        raise NotImplementedError
 
 
 #: name → ProxyMethod subclass.
