@@ -47,7 +47,7 @@ def tex(value: object) -> str:
     """Escape a string for LaTeX text mode (pdflatex, T1 + utf8).
 
     ASCII specials are escaped; Latin-1 letters pass through (T1 covers them); a few common
-    symbols map to LaTeX; anything else becomes ``[U+XXXX]`` so pdflatex never fails on it.
+    symbols map to LaTeX; anything else becomes ``[U+hex code]`` so pdflatex never fails on it.
     """
     s = "" if value is None else str(value)
     out: list[str] = []
