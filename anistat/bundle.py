@@ -25,7 +25,6 @@ from typing import Any, Iterator
 
 from .errors import AnistatInputError
 
-BUNDLE_FILES = ("manifest.json", "results.csv", "report.html", "tables.tex")
 
 
 def utc_now() -> str:

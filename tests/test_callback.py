@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from anistat.callbacks import AnistatCallback, TrainingMeter
-from anistat.collect import UnitArtifact, probe
 from anistat.collect.finalize import finalize_bundle, load_units
 from anistat.errors import AnistatInputError
 

@@ -8,7 +8,6 @@ import sys
 import types
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch

@@ -206,7 +206,7 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
         prev_g, prev_ck = g, ck
     lines.append(r"\bottomrule")
 
-    what = (f"per checkpoint" if ctx.options.table_checkpoints == "all"
+    what = ("per checkpoint" if ctx.options.table_checkpoints == "all"
             else "at the last checkpoint of each training phase")
     mt = metric_tex(metric)
     cap = [mt[:1].upper() + mt[1:] if mt[:1].isalpha() else mt, f" of the {tex(ctx.proxy)} proxy {what}"]
