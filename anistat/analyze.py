@@ -145,6 +145,15 @@ def unit_rows(artifact: UnitArtifact, protocol: Protocol) -> tuple[list[dict], l
     return rows, notes
 
 
+def test_families(results: pd.DataFrame, protocol: Protocol) -> list[pd.DataFrame]:
+    """The multiplicity families: each distinct test once, grouped by the protocol's `stats.family`
+    (the whole run, or one model). Shared by the adjustment and the resolution guard."""
+    tests = results.dropna(subset=["p_value"]).drop_duplicates("_test")
+    if protocol.stats.family in ("run", "claim"):
+        return [tests]
+    return [group for _, group in tests.groupby("model", sort=False)]
+
+
 def adjust(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
     """p_adjusted: each distinct test once per family (see module docstring)."""
     stats = protocol.stats
@@ -152,10 +161,8 @@ def adjust(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
     if stats.multiplicity == "none":
         results["p_adjusted"] = results["p_value"]
         return results
-    tests = results.dropna(subset=["p_value"]).drop_duplicates("_test")
-    families = [tests] if stats.family in ("run", "claim") else [g for _, g in tests.groupby("model", sort=False)]
     adjusted: dict[tuple, float] = {}
-    for family in families:
+    for family in test_families(results, protocol):
         values = adjust_pvalues(family["p_value"].to_numpy(dtype=float), stats.multiplicity)
         adjusted.update(zip(family["_test"], values))
     results["p_adjusted"] = [adjusted.get(test, np.nan) if isinstance(test, tuple) else np.nan
@@ -164,21 +171,15 @@ def adjust(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
 
 
 def multiplicity_warning(results: pd.DataFrame, protocol: Protocol) -> str | None:
-    """The resolution guard: can the Monte-Carlo tests reach the corrected threshold at all?"""
+    """The resolution guard: can the Monte-Carlo tests reach the corrected threshold of the
+    largest family at all?"""
     stats = protocol.stats
-    if "_test" not in results:
+    has_mc_test = any(isinstance(t, tuple) and t[-1] == "monte_carlo" for t in results["_test"].dropna())
+    if not has_mc_test:
         return None
-    tests = {t for t in results["_test"].dropna() if isinstance(t, tuple) and t[-1] == "monte_carlo"}
-    if not tests or stats.multiplicity == "none":
-        return resolution_warning(protocol.controls.n, stats.alpha, 1, "holm") if tests else None
-    if stats.family == "model":
-        per_model: dict[str, int] = {}
-        for test in tests:
-            model = test[0].split("--")[0]
-            per_model[model] = per_model.get(model, 0) + 1
-        n_tests = max(per_model.values())
-    else:
-        n_tests = len(results.dropna(subset=["p_value"]).drop_duplicates("_test"))
+    if stats.multiplicity == "none":
+        return resolution_warning(protocol.controls.n, stats.alpha, 1, "holm")
+    n_tests = max(len(family) for family in test_families(results, protocol))
     return resolution_warning(protocol.controls.n, stats.alpha, n_tests, stats.multiplicity)
 
 
@@ -196,15 +197,15 @@ def analyze_units(artifacts: list[UnitArtifact], protocol: Protocol) -> pd.DataF
             results[column] = np.nan
     results = adjust(results, protocol)
     guard = multiplicity_warning(results, protocol)
-    results.attrs["warnings"] = ([guard] if guard else []) + notes
     results = results[RESULT_COLUMNS].copy()
     for column in ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_tokens"):
         results[column] = pd.array(results[column], dtype="Int64")
     for column in ("ci_method", "note", "status"):
         # object first: a column that is all NaN (every unit failed) is float64
         results[column] = results[column].astype(object).fillna("").astype(str)
+    results = results.reset_index(drop=True)
     results.attrs["warnings"] = ([guard] if guard else []) + notes
-    return results.reset_index(drop=True)
+    return results
 
 
 # ----------------------------------------------------------------------------------------------
