@@ -197,7 +197,7 @@ def compare(
     """Write a replication report (HTML + LaTeX + CSV) comparing two bundles."""
     from .replicate import compare_bundles
 
-    report_dir, summary = compare_bundles(original, replication, out=out, tolerance=tolerance)
+    report_dir, summary, _ = compare_bundles(original, replication, out=out, tolerance=tolerance)
     _echo(f"wrote {report_dir}/comparison.html — " + ", ".join(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}"
                                                                for k, v in summary.items()))
 

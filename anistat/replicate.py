@@ -26,8 +26,9 @@ class ReplicationOutcome:
 
 
 def compare_bundles(original: Path, replication: Path, *, out: Path | None = None,
-                    tolerance: float = 0.25) -> tuple[Path, dict]:
-    """Replication report for two existing bundles; returns (report directory, summary)."""
+                    tolerance: float = 0.25) -> tuple[Path, dict, list[dict]]:
+    """Replication report for two existing bundles; returns (report directory, summary, claims
+    compared claim by claim)."""
     ensure_bundle(original)
     ensure_bundle(replication)
     results_a, manifest_a = load_bundle_results(original)
@@ -40,7 +41,7 @@ def compare_bundles(original: Path, replication: Path, *, out: Path | None = Non
         write_comparison(staging, comparison, claims, environment_differences(manifest_a, manifest_b), summary,
                          (str(original), str(replication)))
         (staging / "manifest.json").write_text('{"anistat_comparison": 1}\n')
-    return out, summary
+    return out, summary, claims
 
 
 def replicate(protocol_path: Path, original: Path, *, out: Path | None = None,
@@ -54,6 +55,6 @@ def replicate(protocol_path: Path, original: Path, *, out: Path | None = None,
     replication_out = out or Path("reports") / f"{protocol.name}-replication"
     run(protocol, replication_out, log=log)
     report_dir = replication_out.parent / f"{replication_out.name}-comparison"
-    _, summary = compare_bundles(original, replication_out, out=report_dir, tolerance=protocol.replication.tolerance)
-    claims = compare_claims(verify_bundle(original).claims, verify_bundle(replication_out).claims)
+    _, summary, claims = compare_bundles(original, replication_out, out=report_dir,
+                                         tolerance=protocol.replication.tolerance)
     return ReplicationOutcome(report_dir, replication_out, claims, summary)

@@ -2,7 +2,7 @@
 
 * `verify_bundle(bundle)` — every file's sha256 against the manifest (a tampered `results.csv`
   is detected), then the protocol's claims re-evaluated from `results.csv`.
-* `compare_bundles(original, replication)` — a replication table: for every result row present
+* `compare_results(original, replication)` — a replication table: for every result row present
   in both (same model, checkpoint, site, rank, proxy, control, metric), the difference of the
   estimates with a CI (normal approximation from both CIs), sign agreement (same side of the
   null value: 1 for ratios, 0 otherwise), CI overlap, and agreement within a tolerance.
