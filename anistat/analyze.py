@@ -31,17 +31,23 @@ import torch
 
 from .collect import UnitArtifact
 from .geometry import (
-    effective_rank_from_cov, haar_null_check, isoscore_from_cov, isoscore_star_from_cov, log_frequency_correlation,
-    participation_ratio_from_cov,
+    ResampledCentroidDistance, effective_rank_from_cov, haar_null_check, isoscore_from_cov, isoscore_star_from_cov,
+    log_frequency_correlation, masked_correlations, participation_ratio_from_cov,
 )
 from .protocol import Protocol
 from .seeding import derive_seed
-from .stats import adjust_pvalues, analyze_energy, analyze_metric_vs_controls, resolution_warning
+from .stats import (
+    adjust_pvalues, analyze_energy, analyze_metric_vs_controls, resolution_warning, sequence_bootstrap_columns,
+)
 
 RESULT_COLUMNS = [
     "model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim", "proxy", "control",
     "metric", "estimate", "control_mean", "control_sd", "ci_low", "ci_high", "ci_method", "p_value",
     "p_adjusted", "effect_size", "n_controls", "n_sequences", "n_tokens", "status", "note",
+]
+FREQUENCY_COLUMNS = [
+    "model", "objective", "checkpoint", "step", "phase", "layer", "site", "dim", "n_sequences", "n_tokens", "proxy",
+    "rank", "control", "bucket", "metric", "estimate", "ci_low", "ci_high", "ci_method", "p_value", "note",
 ]
 ENERGY_METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture")
 DESCRIPTIVE_METRICS = ("isoscore", "isoscore_star", "participation_ratio", "effective_rank", "mean_cosine")
@@ -221,7 +227,8 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
     Correlation: over token types seen at least twice in the test split, Spearman and Pearson
     correlation of log corpus count with the type's RMS distance to its activation centroid,
     sqrt(mean_i ‖a_i − c_t‖²) — the root-mean-square form is the one computable from streamed
-    sums (Σa, Σ‖a‖², count per type), so no activation matrix is kept.
+    sums (Σa, Σ‖a‖², count per type), so no activation matrix is kept. Its CI is a sequence
+    bootstrap (see `_correlation_rows`); the p-value is scipy's, over types.
     """
     stats = protocol.stats
     rows = []
@@ -248,20 +255,68 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
                 ratio = analysis["energy_ratio"]
                 rows.append({**base, "proxy": proxy, "rank": rank, "control": control, "bucket": str(bucket),
                              "metric": "energy_ratio", "estimate": ratio.estimate, "ci_low": ratio.ci_low,
-                             "ci_high": ratio.ci_high, "p_value": analysis.mc_p_value})
+                             "ci_high": ratio.ci_high, "ci_method": ratio.ci_method, "p_value": analysis.mc_p_value,
+                             "note": ratio.note or ""})
         counts = token_counts.get(artifact.key.model)
-        if counts is None:
-            continue
-        present = (artifact.type_count >= 2) & np.isfinite(artifact.type_rms_distance) & (counts[: artifact.type_count.shape[0]] > 0)
-        if present.sum() >= 3:
-            correlation = log_frequency_correlation(counts[: present.shape[0]][present], artifact.type_rms_distance[present])
-            for metric, value, p_value in (("spearman_logfreq_distance", correlation.spearman_rho, correlation.spearman_p),
-                                           ("pearson_logfreq_distance", correlation.pearson_r, correlation.pearson_p)):
-                rows.append({**base, "proxy": "none", "rank": None, "control": "none", "bucket": "all",
-                             "metric": metric, "estimate": float(value), "ci_low": math.nan, "ci_high": math.nan,
-                             "p_value": float(p_value)})
-    frame = pd.DataFrame(rows)
+        if counts is not None:
+            rows.extend({**base, "proxy": "none", "rank": None, "control": "none", "bucket": "all", **row}
+                        for row in _correlation_rows(artifact, counts, protocol))
+    frame = pd.DataFrame(rows, columns=FREQUENCY_COLUMNS)
     if not frame.empty:
         frame["rank"] = pd.array(frame["rank"], dtype="Int64")
         frame["step"] = pd.array(frame["step"], dtype="Int64")
     return frame
+
+
+def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protocol: Protocol) -> list[dict]:
+    """`spearman_logfreq_distance` and `pearson_logfreq_distance` of one unit, with CIs.
+
+    Types: seen at least twice in the test split and at least once in the corpus. The CI
+    resamples test sequences (the sampling unit): every resample recomputes each type's
+    centroid and RMS distance from the per-(sequence, type) sums (`ResampledCentroidDistance`),
+    drops types that cannot pair (see `ResampledCentroidDistance`), and recomputes both
+    correlations; log corpus counts are fixed.
+
+    Interval: the *basic* bootstrap interval (the percentile interval reflected about the
+    estimate), or percentile when the protocol asks for percentile. Why not BCa or studentized:
+    every type's distance is a ratio estimated from the few sequences holding the type, so the
+    correlation's bootstrap distribution sits off-centre (often 1–2.5 SE on real models), which
+    is the estimate's own bias mirrored; BCa would then need quantiles beyond its resamples,
+    and there is no standard error per resample for a studentized interval. In the calibration
+    of `benchmarks/bench_frequency.py` the basic interval covers best at 30–100 sequences (see
+    `benchmarks/README.md`). Endpoints are clipped to [−1, 1]."""
+    vocab = artifact.type_count.shape[0]
+    counts = np.zeros(vocab)
+    counts[: min(vocab, corpus_counts.shape[0])] = corpus_counts[:vocab]
+    present = (artifact.type_count >= 2) & np.isfinite(artifact.type_rms_distance) & (counts > 0)
+    if present.sum() < 3:
+        return []
+    types = np.flatnonzero(present)
+    correlation = log_frequency_correlation(counts[types], artifact.type_rms_distance[types])
+    estimates = (("spearman_logfreq_distance", correlation.spearman_rho, correlation.spearman_p),
+                 ("pearson_logfreq_distance", correlation.pearson_r, correlation.pearson_p))
+    stats = protocol.stats
+    intervals = [None, None]
+    note = artifact.pair_note
+    if artifact.pair_sums is not None:
+        distance = ResampledCentroidDistance(artifact.pair_sums, types)
+        log_count = np.log(counts[types])
+        method = "percentile" if stats.ci_method == "percentile" else "basic"
+        intervals = sequence_bootstrap_columns(
+            lambda weights: np.column_stack(masked_correlations(log_count, distance(weights))),
+            artifact.pair_sums.n_sequences, n_resamples=stats.n_bootstrap, ci_level=stats.ci_level, method=method,
+            seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_distance"),
+        )
+    rows = []
+    for (metric, value, p_value), interval in zip(estimates, intervals):
+        parts = [f"{correlation.n_types} token types", note if interval is None else interval.note]
+        if interval is not None and interval.bias_in_se is not None and abs(interval.bias_in_se) > 1:
+            # a rank correlation over types, each estimated from few sequences, is not a smooth
+            # function of the sequences: say so when its resamples are visibly off-centre
+            parts.append(f"bootstrap mean {interval.bias_in_se:+.1f} SE from the estimate")
+        rows.append({"metric": metric, "estimate": float(value), "p_value": float(p_value),
+                     "ci_low": math.nan if interval is None else max(-1.0, interval.ci_low),
+                     "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),
+                     "ci_method": "none" if interval is None else interval.method,
+                     "note": "; ".join(part for part in parts if part)})
+    return rows

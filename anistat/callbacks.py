@@ -286,7 +286,9 @@ class TrainingMeter:
             self._open = {
                 s.name: SiteAccumulator(self.bases[s.name], dim=self.bases[s.name][0].basis.shape[0], n_seq=None,
                                         n_buckets=self.n_buckets, vocab_size=self.vocab_size, device=self.device,
-                                        dtype=self.compute_dtype)
+                                        dtype=self.compute_dtype,
+                                        pair_budget_bytes=int(self.protocol.data.frequency_ci_memory_mb * 2**20)
+                                        // len(self.sites))
                 for s in self.sites
             }
         n_forwards = len(record.all_deltas[self.sites[0].name])

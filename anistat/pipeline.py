@@ -23,6 +23,7 @@ from .collect import (
     probe, resolve_precision, sites_from_spec,
 )
 from .collect import distributed
+from .collect.artifact import ARTIFACT_FORMAT
 from .collect.progress import bar
 from .data import load_corpus
 from .errors import AnistatInputError
@@ -74,7 +75,10 @@ def default_out(protocol: Protocol) -> Path:
 
 
 def cache_dir(out: Path, protocol_sha: str) -> Path:
-    return out.parent / ".anistat-cache" / f"{out.name}-{protocol_sha[:16]}"
+    """Where the finished units of a run wait for a resume: keyed by the bundle name, the
+    protocol hash and the artifact format (units written by an anistat whose artifacts hold
+    different statistics are never mixed into a run)."""
+    return out.parent / ".anistat-cache" / f"{out.name}-{protocol_sha[:16]}-a{ARTIFACT_FORMAT}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,6 +218,7 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
                 seed=protocol.seed, batch_size=protocol.data.batch_size, device=device,
                 isoscore_c0=protocol.stats.isoscore_c0, isoscore_zeta=protocol.stats.isoscore_zeta,
                 precision=spec.precision, progress_label=f"{spec.name} {checkpoint.label}",
+                pair_budget_bytes=int(protocol.data.frequency_ci_memory_mb * 2**20),
             )
             for site in sites:
                 if main:

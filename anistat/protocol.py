@@ -84,6 +84,14 @@ class DataSpec(StrictModel):
     n_frequency_buckets: int = Field(
         4, ge=1, le=100, description="Quantile buckets of corpus token counts for frequency analysis."
     )
+    frequency_ci_memory_mb: float = Field(
+        1024, ge=0, le=1_000_000,
+        description="Memory (MiB) for the per-(sequence, token type) activation sums that give the log-frequency "
+        "vs centroid-distance correlation its sequence-bootstrap CI, shared by the sites measured in one pass; "
+        "they take (d + 4)·8 bytes per distinct token type in a sequence (the process peak measured about "
+        "2.8× that, see benchmarks/README.md). Past it the correlation is reported without a CI (with a "
+        "note); 0 turns the CI off.",
+    )
 
     @model_validator(mode="after")
     def _paths_match_source(self) -> "DataSpec":
@@ -309,7 +317,9 @@ class StatsSpec(StrictModel):
     ci_method: Literal["percentile", "bca", "studentized"] = Field(
         "studentized",
         description="Sequence-bootstrap CI: studentized (bootstrap-t; nominal coverage from ~100 heterogeneous "
-        "sequences in `anistat calibrate`), bca (0.93 at 100 sequences, 0.94 at 400), or percentile.",
+        "sequences in `anistat calibrate`), bca (0.93 at 100 sequences, 0.94 at 400), or percentile. The "
+        "frequency/centroid-distance correlations use the basic interval unless this is percentile "
+        "(benchmarks/README.md: basic covers 0.94 at 100 sequences, percentile 0.97 at 300).",
     )
     n_permutations: int = Field(2000, ge=10, le=1_000_000)
     alternative: Literal["greater", "less", "two-sided"] = "greater"

@@ -69,9 +69,13 @@ def read_frequency(bundle: Path) -> pd.DataFrame | None:
     if not path.is_file():
         return None
     try:
-        return pd.read_csv(path)
+        frequency = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
         raise AnistatInputError(f"{path}: cannot be read as CSV ({' '.join(str(error).split())})") from None
+    for column in ("ci_method", "note"):
+        if column in frequency:
+            frequency[column] = frequency[column].fillna("").astype(str)
+    return frequency
 
 
 def _optional_json(path: Path):

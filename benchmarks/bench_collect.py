@@ -71,12 +71,18 @@ def make_bases(model, splits, layers, rank=4, n_controls=20):
     return bases
 
 
-def anistat_collect(model, splits, layers, bases, batch_size):
+#: what `anistat run` passes by default (data.frequency_ci_memory_mb = 1024)
+PIPELINE_PAIR_BUDGET = 1024 * 2**20
+
+
+def anistat_collect(model, splits, layers, bases, batch_size, pair_budget_bytes=PIPELINE_PAIR_BUDGET):
+    """`pair_budget_bytes` > 0 also keeps the per-(sequence, type) activation sums behind the
+    frequency-correlation CI, as `anistat run` does by default."""
     keys = {l: UnitKey("bench", "clm", "c", 0, "early", l, f"residual.{l}") for l in layers}
     return measure_checkpoint(model, keys=keys, bases=bases, splits=splits, objective="clm",
                               token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1,
                               mlm_probability=0.15, seed=0, batch_size=batch_size, device=torch.device("cpu"),
-                              isoscore_c0="scaled_identity", isoscore_zeta=0.1)
+                              isoscore_c0="scaled_identity", isoscore_zeta=0.1, pair_budget_bytes=pair_budget_bytes)
 
 
 def naive_collect(model, splits, layers, bases, batch_size):
@@ -144,6 +150,7 @@ def bench_p2(args) -> dict:
     bases = make_bases(model, splits, layers)
     tokens = splits.test.numel()
     runs = {"anistat": lambda: anistat_collect(model, splits, layers, bases, args.batch_size),
+            "anistat_no_pair_sums": lambda: anistat_collect(model, splits, layers, bases, args.batch_size, 0),
             "naive": lambda: naive_collect(model, splits, layers, bases, args.batch_size),
             "floor": lambda: floor_collect(model, splits, layers, args.batch_size)}
     for fn in runs.values():  # warm-up
@@ -170,6 +177,8 @@ def bench_p2(args) -> dict:
         "seconds": median, "tokens_per_s": {k: tokens / v for k, v in median.items()},
         "speedup_vs_naive": median["naive"] / median["anistat"],
         "ratio_to_floor": median["anistat"] / median["floor"],
+        "pair_sums_cost": median["anistat"] / median["anistat_no_pair_sums"],
+        "ratio_to_floor_no_pair_sums": median["anistat_no_pair_sums"] / median["floor"],
         "max_relative_difference_vs_naive": agreement,
         "last_block_relative_difference_vs_naive_retain_grad": last_block_difference,
         "all_seconds": times,
@@ -253,7 +262,7 @@ def p4_child(n_test: int, args) -> dict:
     except OSError:
         reset = False
     before = _status_kb("VmRSS")
-    anistat_collect(model, splits, layers, bases, args.batch_size)
+    anistat_collect(model, splits, layers, bases, args.batch_size, int(args.pair_budget_mb * 2**20))
     return {"n_test": n_test, "tokens": n_test * args.seq_len, "peak_rss_kb": _status_kb("VmHWM"),
             "rss_before_collect_kb": before, "hwm_reset": reset,
             "process_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
@@ -265,7 +274,7 @@ def bench_p4(args) -> dict:
         n_test = args.n_test * factor
         command = [sys.executable, __file__, "p4-child", "--n-test", str(n_test), "--dim", str(args.dim),
                    "--layers", str(args.layers), "--vocab", str(args.vocab), "--seq-len", str(args.seq_len),
-                   "--batch-size", str(args.batch_size)]
+                   "--batch-size", str(args.batch_size), "--pair-budget-mb", str(args.pair_budget_mb)]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         results[f"{factor}x"] = json.loads(done.stdout.strip().splitlines()[-1])
     one, ten = results["1x"], results["10x"]
@@ -285,6 +294,9 @@ def main() -> None:
     parser.add_argument("--train-batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pair-budget-mb", type=float, default=0.0,
+                        help="P4: memory for per-(sequence, type) sums (0: off, the constant-memory path; "
+                        "anistat run defaults to 1024 and then grows with the test split up to that cap)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.what == "p4-child":

@@ -59,3 +59,12 @@ def test_torchrun_two_cpu_processes_match_single_process(tmp_path: Path):
                                    atol=1e-12, equal_nan=True, err_msg=column)
     for column in ("model", "checkpoint", "site", "metric", "control", "n_sequences", "n_tokens"):
         assert multi[column].tolist() == single_csv[column].tolist(), column
+    # the frequency analysis too: per-(sequence, type) sums gathered from both ranks give the
+    # single-process correlations and their bootstrap CIs
+    single_frequency = pd.read_csv(tmp_path / "single" / "frequency.csv")
+    multi_frequency = pd.read_csv(tmp_path / "multi" / "frequency.csv")
+    assert single_frequency.metric.eq("spearman_logfreq_distance").any()
+    assert single_frequency[["metric", "site", "ci_method"]].equals(multi_frequency[["metric", "site", "ci_method"]])
+    for column in ("estimate", "ci_low", "ci_high", "p_value"):
+        np.testing.assert_allclose(multi_frequency[column].to_numpy(float), single_frequency[column].to_numpy(float),
+                                   rtol=1e-7, atol=1e-12, equal_nan=True, err_msg=f"frequency {column}")

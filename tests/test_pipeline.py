@@ -54,6 +54,17 @@ def test_bundle_contract(mini_bundle):
     assert set(manifest["files"]) >= {"results.csv", "report.html", "tables.tex"}
 
 
+def test_frequency_correlations_carry_sequence_bootstrap_cis(mini_bundle):
+    frequency = pd.read_csv(mini_bundle / "frequency.csv")
+    correlations = frequency[frequency.metric.isin(["spearman_logfreq_distance", "pearson_logfreq_distance"])]
+    assert len(correlations) == 2 * (3 * 2 + 2 * 1)  # two metrics per unit
+    assert (correlations.ci_method == "basic").all() and correlations.ci_low.notna().all()
+    assert ((-1 <= correlations.ci_low) & (correlations.ci_low < correlations.ci_high)
+            & (correlations.ci_high <= 1)).all()
+    assert correlations.note.str.contains("token types").all()
+    assert 'id="frequency"' in (mini_bundle / "report.html").read_text(encoding="utf-8")
+
+
 def test_haar_controls_capture_k_over_d(mini_bundle):
     """Closed form: a Haar k-subspace captures k/d of any gradient cloud's energy on average."""
     results = pd.read_csv(mini_bundle / "results.csv")

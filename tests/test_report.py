@@ -53,6 +53,8 @@ def hostile(tmp_path_factory):
     claims = make_claims() + [{"id": "<i>x</i>", "statement": XSS, "passed": False,
                                "evidence": {"<k>": XSS}}]
     extras = make_extras()
+    extras["frequency"].loc[0, "model"] = XSS  # the frequency table escapes too
+    extras["frequency"].loc[1, "site"] = TEXY
     extras["concept_cards"][0]["top_tokens"].append("</span>" + XSS)
     extras["concept_cards"][0]["contexts"].append('" onmouseover="alert(3)')
     extras["warnings"].append(XSS)
@@ -344,3 +346,17 @@ def test_pdf_compiles_from_a_relative_output_directory(tmp_path, monkeypatch):
     (tmp_path / "rel" / "report.tex").write_text("\\documentclass{article}\\begin{document}hi\\end{document}\n")
     pdf = compile_pdf(Path("rel"))
     assert (tmp_path / "rel" / "report.pdf").is_file() and pdf.name == "report.pdf"
+
+
+def test_frequency_correlation_table_in_html_and_latex(hostile):
+    """The log-frequency vs centroid-distance correlations (frequency.csv) get their own table:
+    Spearman ρ with its CI per model × checkpoint × site, in both documents."""
+    out, html = hostile[1], hostile[3]
+    section = html[html.index('<section id="frequency">'):]
+    section = section[: section.index("</section>")]
+    assert section.count("-0.420") >= 6 and "[-0.520, -0.320]" in section
+    assert "-0.310" not in section  # Pearson stays in the CSV
+    assert "&lt;script&gt;" in section and XSS not in section
+    assert 'href="#frequency"' in html
+    tex = (out / "report.tex").read_text(encoding="utf-8")
+    assert "tab:frequency-distance" in tex and r"\section{Token frequency and centroid distance}" in tex

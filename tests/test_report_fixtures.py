@@ -212,7 +212,15 @@ def make_extras() -> dict[str, Any]:
              ["def f(x): return x & y", "class A: pass  # 100% done"]),
         ])
     ]
-    return {"concept_cards": cards, "calibration": pd.DataFrame(calib),
+    frequency = pd.DataFrame([
+        {"model": model, "checkpoint": checkpoint, "site": site, "bucket": "all", "metric": metric,
+         "estimate": estimate, "ci_low": estimate - 0.1, "ci_high": estimate + 0.1, "ci_method": "bca",
+         "p_value": 0.01, "note": "40 token types"}
+        for model in ("tiny-gpt2", "tiny-bert") for checkpoint in ("step0", "step400")
+        for site in ("residual.0", "residual.1")
+        for metric, estimate in (("spearman_logfreq_distance", -0.42), ("pearson_logfreq_distance", -0.31))
+    ])
+    return {"concept_cards": cards, "calibration": pd.DataFrame(calib), "frequency": frequency,
             "warnings": ["Only 20 controls: the smallest attainable Monte-Carlo p is 1/21 = 0.048."]}
 
 

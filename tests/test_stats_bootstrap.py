@@ -96,4 +96,31 @@ def test_statistic_shape_is_checked():
     with pytest.raises(ValueError):
         sequence_bootstrap(lambda w: w, 10, 100)
     with pytest.raises(ValueError):
-        sequence_bootstrap(lambda w: w.sum(axis=1), 10, 100, method="basic")
+        sequence_bootstrap(lambda w: w.sum(axis=1), 10, 100, method="normal")
+
+
+def test_bca_falls_back_when_an_endpoint_would_be_the_extreme_resample():
+    """An estimate deep in the tail of its own bootstrap distribution pushes a BCa level past
+    the last replicate (R's boot warns "extreme order statistics used as endpoints"): the
+    interval falls back to percentile and says why; the bias is reported either way."""
+    rng = np.random.default_rng(0)
+    replicates = rng.normal(size=1000)
+    jackknife = rng.normal(size=50)
+    deep = ci_from_replicates(2.5, replicates, jackknife, 0.95, "bca")
+    assert deep.method == "percentile" and "most extreme resample" in deep.note
+    assert (deep.ci_low, deep.ci_high) == pytest.approx(tuple(np.quantile(replicates, [0.025, 0.975])))
+    assert deep.bias == pytest.approx(replicates.mean() - 2.5)
+    assert deep.bias_in_se == pytest.approx(deep.bias / replicates.std(ddof=1))
+    central = ci_from_replicates(0.05, replicates, jackknife, 0.95, "bca")
+    assert central.method == "bca" and central.note == ""
+
+
+def test_bca_can_fall_back_to_the_basic_interval():
+    rng = np.random.default_rng(1)
+    replicates = rng.normal(size=1000)
+    deep = ci_from_replicates(2.5, replicates, rng.normal(size=50), 0.95, "bca", bca_fallback="basic")
+    low, high = np.quantile(replicates, [0.025, 0.975])
+    assert deep.method == "basic" and "BCa fell back to basic" in deep.note
+    assert (deep.ci_low, deep.ci_high) == pytest.approx((5.0 - high, 5.0 - low))
+    with pytest.raises(ValueError):
+        ci_from_replicates(0.0, replicates, None, 0.95, "bca", bca_fallback="studentized")

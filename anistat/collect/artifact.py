@@ -8,7 +8,10 @@ nothing of size (tokens × d):
 * `n_tokens[s]`, `sequence_documents[s]`;
 * gradient and activation moments over the whole test split (count, Σx, ΣxxᵀA);
 * ΔIsoScore* of every basis (from the gradient moments), the oracle fraction per rank;
-* per token type: occurrences and RMS distance of its activations to the type centroid.
+* per token type: occurrences and RMS distance of its activations to the type centroid;
+* optionally, activation sums per (sequence, token type) pair (`pair_sums`), from which the
+  analysis bootstraps the log-frequency vs centroid-distance correlation over sequences;
+  `pair_note` says why they are absent (over the memory budget, or not requested).
 
 Files: `<dir>/<unit-id>.npz` (arrays, `allow_pickle=False`) + `<unit-id>.json` (metadata), written
 atomically (temp file + rename) so an interrupted run never leaves a half unit.
@@ -25,6 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..geometry import SequenceTypeSums
+
+
+#: Version of what a unit artifact holds and means. Bump it when a statistic is added or its
+#: definition changes (2: per-(sequence, type) sums; Bessel-corrected type distances), so a
+#: resume never mixes units computed under different definitions.
+ARTIFACT_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,8 @@ class UnitArtifact:
     note: str = ""
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    pair_sums: SequenceTypeSums | None = None  # per-(sequence, type) activation sums, if kept
+    pair_note: str = ""  # why pair_sums is None
 
     # -- views ----------------------------------------------------------------------------------
     def columns_for(self, proxy: str, rank: int, control: str) -> list[int]:
@@ -89,12 +102,17 @@ class UnitArtifact:
         for prefix, moments in (("gradient", self.gradient_moments), ("activation", self.activation_moments)):
             arrays[f"{prefix}_sum"] = np.asarray(moments["sum"], dtype=np.float64)
             arrays[f"{prefix}_outer"] = np.asarray(moments["outer"], dtype=np.float64)
+        if self.pair_sums is not None:
+            for name in _PAIR_FIELDS:
+                arrays[f"pair_{name}"] = np.asarray(getattr(self.pair_sums, name))
         meta = {
             "key": asdict(self.key), "dim": self.dim, "bases": [asdict(b) for b in self.bases],
             "oracle_fraction": {str(k): v for k, v in self.oracle_fraction.items()},
             "gradient_count": int(self.gradient_moments["count"]),
             "activation_count": int(self.activation_moments["count"]),
             "status": self.status, "note": self.note, "seconds": self.seconds, "extra": self.extra,
+            "pair_note": self.pair_note,
+            "pair_sequences": None if self.pair_sums is None else self.pair_sums.n_sequences,
         }
         # unit ids contain dots (`residual.3`), so names are built by appending, never with
         # Path.with_suffix (which would map residual.0 and residual.1 to the same file)
@@ -113,13 +131,21 @@ class UnitArtifact:
         for prefix in ("gradient", "activation"):
             moments[prefix] = {"count": meta[f"{prefix}_count"], "sum": arrays.pop(f"{prefix}_sum"),
                                "outer": arrays.pop(f"{prefix}_outer")}
+        pair_arrays = {name: arrays.pop(f"pair_{name}") for name in _PAIR_FIELDS if f"pair_{name}" in arrays}
+        pair_sums = None
+        if len(pair_arrays) == len(_PAIR_FIELDS) and meta.get("pair_sequences") is not None:
+            pair_sums = SequenceTypeSums(**pair_arrays, n_sequences=int(meta["pair_sequences"]))
         return cls(
             key=UnitKey(**meta["key"]), dim=meta["dim"], bases=[BasisColumn(**b) for b in meta["bases"]],
             oracle_fraction={int(k): v for k, v in meta["oracle_fraction"].items()},
             gradient_moments=moments["gradient"], activation_moments=moments["activation"],
             status=meta["status"], note=meta["note"], seconds=meta["seconds"], extra=meta.get("extra", {}),
+            pair_sums=pair_sums, pair_note=meta.get("pair_note", "" if pair_sums else "not in this cache file"),
             **arrays,
         )
+
+
+_PAIR_FIELDS = ("sequence", "token_type", "count", "square_sum", "vector_sum")
 
 
 def _arrays_path(meta_path: Path) -> Path:

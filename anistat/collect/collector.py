@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..data import Splits, mask_for_mlm
-from ..geometry import GradientMoments, delta_isoscore_star, oracle_fraction
+from ..geometry import GradientMoments, SequenceTypeSums, delta_isoscore_star, oracle_fraction
 from ..models import lm_loss
 from ..seeding import derive_seed
 from .artifact import BasisColumn, UnitArtifact, UnitKey
@@ -236,10 +236,16 @@ class SiteAccumulator:
     (measurement inside training, where sequences are the training batches).
 
     `dtype` is the per-batch compute precision (projections, outer products); every running sum
-    is float64. Default: float64 on CPU (exact, what the tests check), float32 on accelerators."""
+    is float64. Default: float64 on CPU (exact, what the tests check), float32 on accelerators.
+
+    `pair_budget_bytes` > 0 also keeps activation sums per (sequence, token type) pair (count,
+    Σ‖a‖², Σa — see `geometry.SequenceTypeSums`), which the analysis needs to bootstrap the
+    log-frequency vs centroid-distance correlation over sequences. They cost (d + 4)·8 bytes per
+    pair, at most one pair per token; past the budget they are dropped and `pair_note` says why
+    (the correlation is then reported without a CI). 0 keeps none."""
 
     def __init__(self, bases: list[BasisSet], *, dim: int, n_seq: int | None, n_buckets: int, vocab_size: int,
-                 device: torch.device, dtype: torch.dtype | None = None):
+                 device: torch.device, dtype: torch.dtype | None = None, pair_budget_bytes: int = 0):
         self.dim, self.n_buckets, self.vocab_size, self.device = dim, n_buckets, vocab_size, device
         self.dtype = dtype or compute_dtype(device)
         self.bases = bases
@@ -259,6 +265,10 @@ class SiteAccumulator:
         self.type_count = torch.zeros(vocab_size, **f64)
         self.type_sum = torch.zeros(vocab_size, dim, **f64)
         self.type_sq = torch.zeros(vocab_size, **f64)
+        self.pair_budget_bytes = int(pair_budget_bytes)
+        self._pairs: list[tuple[torch.Tensor, ...]] = []
+        self._pair_bytes = 0  # what the pairs take (counted on past the budget, for the note)
+        self._pairs_dropped = False
         self.failure = ""
 
     def add(self, grad: torch.Tensor, act: torch.Tensor, token_ids: torch.Tensor, bucket_onehot: torch.Tensor,
@@ -284,6 +294,7 @@ class SiteAccumulator:
         # unmasked positions after an encoder's last block): they are not evaluated tokens.
         evaluated = grad_sq > 0  # (B, T)
         count = evaluated.sum(dim=1)
+        first_row = self.n_sequences if self.growing else start
         if self.growing:
             self._chunks.append((total, energy, count))
         else:
@@ -310,6 +321,63 @@ class SiteAccumulator:
         self.type_count.index_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.float64))
         self.type_sum.index_add_(0, flat_ids, flat_act.double())
         self.type_sq.index_add_(0, flat_ids, act_sq.reshape(-1).double())
+        if self.pair_budget_bytes > 0:
+            self._add_pairs(first_row, flat_ids, flat_act, act_sq.reshape(-1), grad.shape[0], grad.shape[1])
+
+    def _add_pairs(self, first_row: int, flat_ids: torch.Tensor, flat_act: torch.Tensor, act_sq: torch.Tensor,
+                   batch: int, length: int) -> None:
+        """Sums per (sequence, token type) pair of this batch. A batch holds whole sequences,
+        so its pairs never meet another batch's: they are kept as they come, in host memory
+        (they are only read by the analysis, and on an accelerator they would take the memory
+        the model needs)."""
+        rows = torch.arange(first_row, first_row + batch, device=self.device).repeat_interleave(length)
+        pairs, inverse = torch.unique(flat_ids.long() * (first_row + batch) + rows, return_inverse=True)
+        n_pairs = int(pairs.shape[0])
+        self._pair_bytes += n_pairs * (self.dim + 4) * 8
+        if self._pair_bytes > self.pair_budget_bytes:
+            self._pairs, self._pairs_dropped = [], True
+        if self._pairs_dropped:
+            return
+        f64 = dict(dtype=torch.float64, device=self.device)
+        self._pairs.append(tuple(part.cpu() for part in (
+            pairs % (first_row + batch), pairs // (first_row + batch),
+            torch.zeros(n_pairs, **f64).index_add_(0, inverse, torch.ones_like(act_sq, dtype=torch.float64)),
+            torch.zeros(n_pairs, **f64).index_add_(0, inverse, act_sq.double()),
+            torch.zeros(n_pairs, self.dim, **f64).index_add_(0, inverse, flat_act.double()),
+        )))
+
+    @property
+    def pair_note(self) -> str:
+        """Why no per-(sequence, type) sums are kept ('' when they are)."""
+        if self.pair_budget_bytes <= 0:
+            return "per-(sequence, type) sums not kept (data.frequency_ci_memory_mb is 0)"
+        if self._pairs_dropped:
+            return (f"no bootstrap CI: the per-(sequence, type) activation sums of this site need "
+                    f"{self._pair_bytes / 2**20:.4g} MiB, over its {self.pair_budget_bytes / 2**20:.4g} MiB share of "
+                    "data.frequency_ci_memory_mb")
+        return ""
+
+    def pair_sums(self) -> SequenceTypeSums | None:
+        """The kept per-(sequence, type) sums, sorted by (type, sequence) so the artifact does not
+        depend on batch or rank order; None when not kept. Hands the table over: the
+        accumulator lets go of its chunks as they are joined, so the peak is about twice the
+        table (one column joined and one reordered at a time), not three times."""
+        if self.pair_note:
+            return None
+        self._settle()
+        chunks = [list(chunk) for chunk in self._pairs] or [self._empty_pairs()]
+        self._pairs = []
+        columns = []
+        for k in range(len(chunks[0])):
+            columns.append(torch.cat([chunk[k] for chunk in chunks]))
+            for chunk in chunks:
+                chunk[k] = None
+        order = torch.from_numpy(np.lexsort((columns[0].numpy(), columns[1].numpy())))
+        for k, column in enumerate(columns):
+            columns[k] = column.index_select(0, order).numpy()
+        sequence, token_type, count, square, vector = columns
+        return SequenceTypeSums(sequence=sequence, token_type=token_type, count=count, square_sum=square,
+                                vector_sum=vector, n_sequences=int(self.total.shape[0]))
 
     @property
     def n_sequences(self) -> int:
@@ -337,6 +405,23 @@ class SiteAccumulator:
         counts = torch.tensor([self.grad.count, self.act.count], dtype=torch.int64, device=self.device)
         distributed.all_reduce_sum_(counts)
         self.grad.count, self.act.count = int(counts[0]), int(counts[1])
+        # pairs: ranks hold disjoint sequences, so their pairs are concatenated (and later sorted),
+        # unless any rank went over the budget
+        if self.pair_budget_bytes > 0:
+            # ranks hold disjoint sequences: the budget applies to their pairs together, and
+            # the kept pairs are concatenated (then sorted, so rank order does not matter)
+            pair_bytes = torch.tensor([self._pair_bytes], dtype=torch.int64)
+            distributed.all_reduce_sum_(pair_bytes)
+            self._pair_bytes = int(pair_bytes.item())
+            if self._pair_bytes > self.pair_budget_bytes:
+                self._pairs, self._pairs_dropped = [], True
+            else:
+                parts = [torch.cat(columns) for columns in zip(*self._pairs)] if self._pairs else self._empty_pairs()
+                self._pairs = [tuple(distributed.all_gather_rows(part) for part in parts)]
+
+    def _empty_pairs(self) -> list[torch.Tensor]:
+        return [torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
+                torch.zeros(0, dtype=torch.float64), torch.zeros(0, self.dim, dtype=torch.float64)]
 
     def finish(self, key: UnitKey, *, sequence_documents: np.ndarray, seconds: float, isoscore_c0: str,
                isoscore_zeta: float, extra: dict | None = None) -> UnitArtifact:
@@ -362,10 +447,12 @@ class SiteAccumulator:
                 index = [i for i, b in enumerate(descriptors) if b.proxy == basis_set.proxy and b.rank == basis_set.rank]
                 stack = torch.cat([basis_set.basis.unsqueeze(0)] + list(basis_set.controls.values())).to(self.device)
                 delta[index] = _to_numpy(delta_isoscore_star(moments, stack, C0=isoscore_c0, zeta=isoscore_zeta))
+        # Bessel-corrected RMS distance to the type centroid, sqrt(Σ‖a − c‖² / (n − 1)): unbiased
+        # for the type's variance whatever its count (see geometry.ResampledCentroidDistance)
         count = self.type_count
-        centroid = self.type_sum / count.clamp(min=1).unsqueeze(1)
-        mean_square = self.type_sq / count.clamp(min=1) - centroid.square().sum(-1)
-        rms = torch.where(count >= 2, mean_square.clamp(min=0).sqrt(), torch.full_like(count, float("nan")))
+        scatter = self.type_sq - self.type_sum.square().sum(-1) / count.clamp(min=1)
+        rms = torch.where(count >= 2, (scatter.clamp(min=0) / (count - 1).clamp(min=1)).sqrt(),
+                          torch.full_like(count, float("nan")))
         return UnitArtifact(
             **kwargs,
             total_energy=_to_numpy(self.total), energy=_to_numpy(self.energy),
@@ -373,6 +460,7 @@ class SiteAccumulator:
             gradient_moments=_moments_dict(moments), activation_moments=_moments_dict(self.act),
             gradient_unit_sum=_to_numpy(self.grad_unit), activation_unit_sum=_to_numpy(self.act_unit),
             type_count=_to_numpy(count).astype(np.int64), type_rms_distance=_to_numpy(rms),
+            pair_sums=self.pair_sums(), pair_note=self.pair_note,
         )
 
 
@@ -393,12 +481,14 @@ def measure_checkpoint(
     isoscore_zeta: float,
     precision: str = "fp32",
     progress_label: str = "",
+    pair_budget_bytes: int = 0,
 ) -> dict:
     """Phase 2 for one checkpoint: every selected site in one forward/backward per batch.
 
     `keys` maps any key (a block index, a site name) to the unit's `UnitKey`; the site probed is
     `UnitKey.site` (see `sites.py`). `bases` is keyed alike. Under torchrun, batches are
-    sharded across ranks and the statistics all-reduced (see `distributed.py`)."""
+    sharded across ranks and the statistics all-reduced (see `distributed.py`).
+    `pair_budget_bytes` is shared equally by the sites (see `SiteAccumulator`)."""
     started = time.perf_counter()
     order = list(keys)
     sites = as_sites(model, {k: keys[k].site for k in order})
@@ -413,7 +503,8 @@ def measure_checkpoint(
     used = counted_positions(objective, seq_len)
     dim = next(iter(bases.values()))[0].basis.shape[0]
     acc = {k: SiteAccumulator(bases[k], dim=dim, n_seq=n_seq, n_buckets=n_buckets, vocab_size=splits.vocab_size,
-                              device=device, dtype=compute) for k in order}
+                              device=device, dtype=compute, pair_budget_bytes=pair_budget_bytes // len(order))
+           for k in order}
     bucket_of_token = token_bucket.to(device).clamp(min=0)  # unseen ids (-1) never occur in text
     scale = FP16_LOSS_SCALE if precision == "fp16" else 1.0
     starts = list(range(0, n_seq, batch_size))

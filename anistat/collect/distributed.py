@@ -107,6 +107,22 @@ def broadcast_(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     return _collective(tensor, lambda t: _dist().broadcast(t, src=src))
 
 
+def all_gather_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's `tensor` concatenated along dim 0 in rank order (row counts may differ;
+    other dimensions must agree). Without torchrun: `tensor` itself."""
+    if not active():
+        return tensor
+    sizes = torch.zeros(world_size(), dtype=torch.int64)
+    sizes[rank()] = tensor.shape[0]
+    all_reduce_sum_(sizes)
+    longest = int(sizes.max())
+    padded = torch.zeros((world_size(), longest) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    # each rank writes its rows into its own slot; a sum over ranks is then the gather
+    padded[rank(), : tensor.shape[0]] = tensor
+    all_reduce_sum_(padded)
+    return torch.cat([padded[r, : int(sizes[r])] for r in range(world_size())])
+
+
 def agree(flag: bool) -> bool:
     """Rank 0's decision, on every rank (e.g. 'this checkpoint is cached')."""
     if not active():

@@ -11,9 +11,13 @@ from .controls import CONTROL_KINDS, complement_basis, draw_controls, principal_
 from .frequency import (
     CentroidDistances,
     FrequencyCorrelation,
+    ResampledCentroidDistance,
+    SequenceTypeSums,
     centroid_distances,
     frequency_buckets,
     log_frequency_correlation,
+    masked_correlations,
+    sequence_type_sums,
 )
 from .metrics import (
     DEFAULT_ZETA,
@@ -48,6 +52,8 @@ __all__ = [
     "NullCheck",
     "Proxy",
     "ProxyMethod",
+    "ResampledCentroidDistance",
+    "SequenceTypeSums",
     "anisotropy_capture",
     "centroid_distances",
     "complement_basis",
@@ -68,6 +74,7 @@ __all__ = [
     "isoscore_star",
     "isoscore_star_from_cov",
     "log_frequency_correlation",
+    "masked_correlations",
     "mean_cosine",
     "oracle_fraction",
     "participation_ratio",
@@ -75,5 +82,6 @@ __all__ = [
     "principal_subspace",
     "project",
     "register_proxy",
+    "sequence_type_sums",
     "top_activating",
 ]

@@ -6,6 +6,11 @@ sequence-bootstrap CIs).
   activations to the type's activation centroid.
 * :func:`log_frequency_correlation` — Spearman and Pearson correlation of log-frequency with
   that distance.
+* :class:`SequenceTypeSums` / :func:`sequence_type_sums` — activation sums per (sequence, token
+  type) pair, the sufficient statistics that let a sequence bootstrap recompute every type's
+  centroid; :class:`ResampledCentroidDistance` evaluates the RMS centroid distance of every
+  type under a matrix of sequence weights, and :func:`masked_correlations` the two
+  correlations row by row.
 """
 
 from __future__ import annotations
@@ -15,16 +20,20 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from scipy import stats
+from scipy import sparse, stats
 
 from ._util import as_tensor
 
 __all__ = [
     "CentroidDistances",
     "FrequencyCorrelation",
+    "ResampledCentroidDistance",
+    "SequenceTypeSums",
     "centroid_distances",
     "frequency_buckets",
     "log_frequency_correlation",
+    "masked_correlations",
+    "sequence_type_sums",
 ]
 
 
@@ -138,3 +147,195 @@ def log_frequency_correlation(counts: Any, distances: Any) -> FrequencyCorrelati
     sr = stats.spearmanr(lc, x)
     pr = stats.pearsonr(lc, x)
     return FrequencyCorrelation(float(sr.statistic), float(sr.pvalue), float(pr.statistic), float(pr.pvalue), n)
+
+
+# ----------------------------------------------------------------------------------------------
+# resampling the centroid distance over sequences
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SequenceTypeSums:
+    """Activation sums per (sequence, token type) *pair*, one row per pair that occurs.
+
+    For the occurrences ``i`` of type ``t`` in sequence ``s``: ``count = n_st``,
+    ``square_sum = Σ_i ‖a_i‖²`` and ``vector_sum = Σ_i a_i`` (``(P, d)``). Resampling sequences
+    with multiplicities ``w_s`` multiplies each pair's sums by ``w_s``, so every type's centroid
+    and RMS distance under any resample follow from these rows (see
+    :class:`ResampledCentroidDistance`). Memory is ``P·(d + 4)`` numbers with ``P`` at most the
+    number of tokens."""
+
+    sequence: np.ndarray  # (P,) int64, in [0, n_sequences)
+    token_type: np.ndarray  # (P,) int64
+    count: np.ndarray  # (P,) float64
+    square_sum: np.ndarray  # (P,) float64
+    vector_sum: np.ndarray  # (P, d) float64
+    n_sequences: int
+
+    @property
+    def n_pairs(self) -> int:
+        return int(self.sequence.shape[0])
+
+
+def sequence_type_sums(activations: Any, token_ids: Any, sequence_ids: Any, n_sequences: int | None = None
+                       ) -> SequenceTypeSums:
+    """:class:`SequenceTypeSums` of plain rows: activations ``(N, d)``, token ids ``(N,)`` and
+    the sequence of every row ``(N,)`` (``n_sequences`` defaults to ``max + 1``). Pairs come out
+    sorted by (token type, sequence)."""
+    a = as_tensor(activations, name="activations").to(torch.float64)
+    ids = as_tensor(token_ids, name="token_ids").to(a.device).long().ravel()
+    seq = as_tensor(sequence_ids, name="sequence_ids").to(a.device).long().ravel()
+    if a.ndim != 2 or ids.shape[0] != a.shape[0] or seq.shape[0] != a.shape[0]:
+        raise ValueError(f"activations (N, d), token_ids (N,) and sequence_ids (N,) must align; got "
+                         f"{tuple(a.shape)}, {tuple(ids.shape)}, {tuple(seq.shape)}")
+    if seq.numel() and int(seq.min()) < 0:
+        raise ValueError("sequence_ids must be non-negative")
+    n_seq = int(seq.max()) + 1 if n_sequences is None else int(n_sequences)
+    if seq.numel() and int(seq.max()) >= n_seq:
+        raise ValueError(f"sequence_ids must be < n_sequences={n_seq}")
+    # type-major key, so unique() returns the pairs sorted by (type, sequence)
+    pairs, inverse = torch.unique(ids * n_seq + seq, return_inverse=True)
+    rows = pairs.shape[0]
+    count = torch.zeros(rows, dtype=torch.float64, device=a.device).index_add_(0, inverse, torch.ones_like(inverse, dtype=torch.float64))
+    square = torch.zeros(rows, dtype=torch.float64, device=a.device).index_add_(0, inverse, a.square().sum(1))
+    vector = torch.zeros(rows, a.shape[1], dtype=torch.float64, device=a.device).index_add_(0, inverse, a)
+    return SequenceTypeSums(sequence=(pairs % n_seq).cpu().numpy(), token_type=(pairs // n_seq).cpu().numpy(),
+                            count=count.cpu().numpy(), square_sum=square.cpu().numpy(),
+                            vector_sum=vector.cpu().numpy(), n_sequences=n_seq)
+
+
+class ResampledCentroidDistance:
+    """Bessel-corrected RMS distance to the type centroid of each of ``token_types``, under
+    sequence weights.
+
+    The full-sample value (``w = 1``) is what the collector reports per type:
+
+        rms_t = sqrt(Σ_i ‖a_i − c_t‖² / (n_t − 1)) = sqrt(mean over pairs i≠j of ‖a_i − a_j‖² / 2),
+
+    an unbiased estimate of the type's total activation variance whatever its count n_t. (The
+    plug-in divisor n_t would shrink a type seen twice by a factor 1/2 in expectation, and since
+    the test-split count follows the corpus count, that alone would correlate distance with
+    frequency.)
+
+    Under weights ``w`` (sequence s drawn ``w_s`` times) the value is the same pairwise mean
+    over the pairs a real sample has: two tokens of the same drawn copy of a sequence, or of two
+    different original sequences. Pairs between two copies of one sequence are left out — they
+    do not exist in the data, and counting them (a copy of a token paired with itself is at
+    distance 0) is what biases a naive bootstrap of a spread downward, most for types held by
+    few sequences. With per-(sequence, type) count ``n_st``, ``q_st = Σ_i ‖a_i − c_t‖²``,
+    ``m_st = Σ_i (a_i − c_t)`` and the within-sequence pair sum ``u_st = n_st q_st − ‖m_st‖²``:
+
+        rms_t(w)² = (n q − ‖m‖² − Σ_s (w_s² − w_s) u_st) / (n² − n − Σ_s (w_s² − w_s) n_st²)
+
+    with ``n = Σ_s w_s n_st``, ``q = Σ_s w_s q_st``, ``m = Σ_s w_s m_st``. NaN where the
+    denominator is 0 (fewer than two tokens that could pair).
+
+    Sums are taken around the full-sample centroid ``c_t``: the result does not depend on that
+    shift, and the factors below are then built from small centred vectors. (Precision is
+    limited by the collector's float64 ``Σ‖a‖²``: relative error ≈ 1e-16·‖a‖²/rms².)
+
+    ``‖m‖²`` is the only term that is not linear in ``w``: per type, the centred sums ``M_t``
+    (``S_t × d`` over the ``S_t`` sequences holding the type) are replaced by a factor ``C_t``
+    with ``C_t C_tᵀ = M_t M_tᵀ`` and ``min(S_t, d)`` columns, so a call costs
+    ``O(b Σ_t S_t min(S_t, d))``."""
+
+    def __init__(self, sums: SequenceTypeSums, token_types: Any):
+        types = np.asarray(token_types, dtype=np.int64).ravel()
+        self.n_sequences, self.n_types = int(sums.n_sequences), int(types.size)
+        column = np.full(int(max(types.max(initial=-1), sums.token_type.max(initial=-1))) + 1, -1, dtype=np.int64)
+        column[types] = np.arange(types.size)
+        pair_column = column[sums.token_type]
+        keep = pair_column >= 0
+        order = np.lexsort((sums.sequence[keep], pair_column[keep]))
+        col = pair_column[keep][order]
+        seq = sums.sequence[keep][order]
+        count = sums.count[keep][order]
+        vector = sums.vector_sum[keep][order]
+        square = sums.square_sum[keep][order]
+        # centre every pair's sums on the full-sample centroid of its type
+        type_count = np.bincount(col, weights=count, minlength=self.n_types)
+        centroid = np.zeros((self.n_types, vector.shape[1]))
+        np.add.at(centroid, col, vector)
+        centroid /= np.maximum(type_count, 1.0)[:, None]
+        c = centroid[col]
+        centred_square = square - 2.0 * np.einsum("pd,pd->p", c, vector) + count * np.einsum("pd,pd->p", c, c)
+        centred_vector = vector - count[:, None] * c
+        within = count * centred_square - np.einsum("pd,pd->p", centred_vector, centred_vector)
+        shape = (self.n_sequences, self.n_types)
+        self._count = sparse.csr_matrix((count, (seq, col)), shape=shape)
+        self._square = sparse.csr_matrix((centred_square, (seq, col)), shape=shape)
+        self._within = sparse.csr_matrix((within, (seq, col)), shape=shape)
+        self._count_squared = sparse.csr_matrix((count * count, (seq, col)), shape=shape)
+        # factors: types seen in one sequence are one vectorised product; the rest one each
+        starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]]) if col.size else np.zeros(0, dtype=np.int64)
+        stops = np.r_[starts[1:], col.size].astype(np.int64)
+        single = stops - starts == 1
+        self._single_column = col[starts[single]]
+        self._single_sequence = seq[starts[single]]
+        self._single_norm = np.einsum("pd,pd->p", centred_vector[starts[single]], centred_vector[starts[single]])
+        self._factors: list[tuple[int, np.ndarray, np.ndarray]] = []
+        for start, stop in zip(starts[~single], stops[~single]):
+            block = centred_vector[start:stop]
+            if block.shape[0] <= block.shape[1]:
+                eigenvalues, eigenvectors = np.linalg.eigh(block @ block.T)
+                keep_values = eigenvalues > eigenvalues.max(initial=0.0) * 1e-13
+                block = eigenvectors[:, keep_values] * np.sqrt(eigenvalues[keep_values])
+            self._factors.append((int(col[start]), seq[start:stop], block))
+
+    def __call__(self, weights: Any) -> np.ndarray:
+        """``(b, n_types)`` RMS distances for weights ``(b, n_sequences)`` (NaN where undefined)."""
+        w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+        if w.shape[1] != self.n_sequences:
+            raise ValueError(f"weights must have {self.n_sequences} columns, got {w.shape[1]}")
+
+        def weighted(matrix, rows):
+            return np.asarray((matrix.T @ rows.T).T)
+
+        n = weighted(self._count, w)
+        q = weighted(self._square, w)
+        repeats = w * w - w  # ordered pairs of distinct copies of each sequence
+        centred_norm = np.zeros_like(n)
+        centred_norm[:, self._single_column] = w[:, self._single_sequence] ** 2 * self._single_norm
+        for column, sequences, factor in self._factors:
+            projected = w[:, sequences] @ factor
+            centred_norm[:, column] = np.einsum("br,br->b", projected, projected)
+        numerator = n * q - centred_norm - weighted(self._within, repeats)
+        denominator = n * n - n - weighted(self._count_squared, repeats)
+        ok = denominator > 0.5  # an integer count of pairs; 0 when no two tokens can pair
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(ok, np.sqrt(np.maximum(numerator, 0.0) / np.where(ok, denominator, 1.0)), np.nan)
+
+
+def masked_correlations(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Spearman ρ and Pearson r of ``x`` (``(T,)``) with every row of ``y`` (``(b, T)``), each
+    row over the entries where both are finite (ranks are taken within that subset, ties get
+    average ranks — what ``scipy.stats.spearmanr`` does on the subset). Rows with fewer than
+    3 pairs or a constant side give NaN."""
+    xs = np.asarray(x, dtype=np.float64).ravel()
+    ys = np.atleast_2d(np.asarray(y, dtype=np.float64))
+    if ys.shape[1] != xs.size:
+        raise ValueError(f"y must have {xs.size} columns, got {ys.shape[1]}")
+    mask = np.isfinite(ys) & np.isfinite(xs)[None, :]
+    xm = np.where(mask, xs[None, :], np.nan)
+    ym = np.where(mask, ys, np.nan)
+    ok = mask.sum(axis=1) >= 3
+    pearson = _row_pearson(xm, ym)
+    if mask.any():
+        spearman = _row_pearson(stats.rankdata(xm, axis=1, nan_policy="omit"),
+                                stats.rankdata(ym, axis=1, nan_policy="omit"))
+    else:
+        spearman = np.full(ys.shape[0], np.nan)
+    return np.where(ok, spearman, np.nan), np.where(ok, pearson, np.nan)
+
+
+def _row_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Row-wise Pearson correlation ignoring NaN entries (which must coincide in x and y)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        xc = x - np.nanmean(x, axis=1, keepdims=True)
+        yc = y - np.nanmean(y, axis=1, keepdims=True)
+        sxy = np.nansum(xc * yc, axis=1)
+        sxx = np.nansum(xc * xc, axis=1)
+        syy = np.nansum(yc * yc, axis=1)
+        r = sxy / np.sqrt(sxx * syy)
+        # a constant side: scipy returns NaN too (its variance is zero up to rounding)
+        degenerate = (sxx <= 1e-24 * np.nanmax(np.abs(x), axis=1, initial=0.0) ** 2) | \
+                     (syy <= 1e-24 * np.nanmax(np.abs(y), axis=1, initial=0.0) ** 2)
+    return np.where(degenerate, np.nan, np.clip(r, -1.0, 1.0))

@@ -175,6 +175,58 @@ def headline(ctx: ReportContext) -> Headline | None:
     return Headline(cols, rows)
 
 
+@dataclass
+class FrequencyCorrelations:
+    """Spearman ρ of log corpus frequency with the Bessel-corrected RMS distance of a token
+    type's activations to its centroid (``frequency.csv``), one row per model × checkpoint and
+    one column per site."""
+
+    sites: list[str]
+    rows: list[tuple[str, str, list[tuple[str, str] | None]]]  # (model, checkpoint, (ρ, CI text))
+    ci_methods: list[str]
+    notes: list[str]
+
+
+def frequency_correlations(ctx: ReportContext) -> FrequencyCorrelations | None:
+    frequency = ctx.extras.get("frequency")
+    if not isinstance(frequency, pd.DataFrame) or frequency.empty or "metric" not in frequency:
+        return None
+    d = frequency[frequency["metric"] == "spearman_logfreq_distance"]
+    if d.empty or not {"model", "checkpoint", "site", "estimate"} <= set(d.columns):
+        return None
+    sites = sorted({str(v) for v in d["site"]}, key=natural_key)
+    rows = []
+    for model in ordered_by_first(d["model"]):
+        dm = d[d["model"].astype(str) == model]
+        for checkpoint in ordered_by_first(dm["checkpoint"]):
+            cells: list[tuple[str, str] | None] = []
+            for site in sites:
+                hit = dm[(dm["checkpoint"].astype(str) == checkpoint) & (dm["site"].astype(str) == site)]
+                if hit.empty:
+                    cells.append(None)
+                    continue
+                row = hit.iloc[0]
+                low, high = row.get("ci_low"), row.get("ci_high")
+                ci = f"[{ctx.fmt(low)}, {ctx.fmt(high)}]" if pd.notna(low) and pd.notna(high) else ""
+                cells.append((ctx.fmt(row["estimate"]), ci))
+            rows.append((model, checkpoint, cells))
+    methods_used = sorted({str(m) for m in d.get("ci_method", pd.Series(dtype=str)).dropna() if str(m)})
+    notes = sorted({str(n) for n in d.get("note", pd.Series(dtype=str)).dropna()
+                    if "MiB" in str(n) or "not kept" in str(n)})
+    return FrequencyCorrelations(sites, rows, methods_used, notes)
+
+
+FREQUENCY_CAPTION = (
+    "Spearman \u03c1 between a token type's log corpus frequency and the RMS distance of its "
+    "activations to the type's centroid (Bessel-corrected: \u221a(\u03a3\u2016a\u2212c\u2016\u00b2/(n\u22121))), over the "
+    "types seen at least twice in the test split. Negative: frequent tokens sit closer to their "
+    "centroid. Intervals resample test sequences; every resample recomputes each type's centroid. "
+    "A basic interval is the percentile interval reflected about the estimate, which removes the "
+    "bootstrap's bias; where that bias is large the interval can exclude the estimate (the note "
+    "column of frequency.csv says so). Pearson r of the same pairs is in frequency.csv."
+)
+
+
 def summary_sentences(ctx: ReportContext) -> list[str]:
     """Plain-text headline findings (escaped by the renderer)."""
     out: list[str] = []

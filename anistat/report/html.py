@@ -10,10 +10,12 @@ import numpy as np
 import pandas as pd
 
 from ._content import (
+    FREQUENCY_CAPTION,
     QUESTION,
     ReportContext,
     claim_evidence_items,
     failed_units,
+    frequency_correlations,
     headline,
     methods,
     settings_rows,
@@ -308,6 +310,26 @@ def _headline_table(ctx: ReportContext) -> str:
             f"{head1}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
 
 
+def _frequency(ctx: ReportContext) -> str:
+    table = frequency_correlations(ctx)
+    if table is None:
+        return ""
+    head = "".join(f'<th class="num">{esc(site)}</th>' for site in table.sites)
+    body = []
+    for model, checkpoint, cells in table.rows:
+        tds = "".join('<td class="cell"></td>' if cell is None else
+                      f'<td class="cell">{esc(cell[0])}<br><span class="ci">{esc(cell[1])}</span></td>'
+                      for cell in cells)
+        body.append(f'<tr><th scope="row">{esc(model)}</th><td>{esc(checkpoint)}</td>{tds}</tr>')
+    methods_text = f" CI method: {', '.join(table.ci_methods)}." if table.ci_methods else ""
+    notes = "".join(f"<li>{esc(n)}</li>" for n in table.notes)
+    return ('<section id="frequency"><h2>Token frequency and centroid distance</h2>'
+            f"<p>{esc(FREQUENCY_CAPTION)}{esc(methods_text)}</p>"
+            + (f'<div class="warn"><ul>{notes}</ul></div>' if notes else "")
+            + '<div class="scroll"><table class="headline"><thead><tr><th>model</th><th>checkpoint</th>'
+            f"{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div></section>")
+
+
 def _figures(figs: list[SavedFigure], skipped: Mapping[str, str]) -> str:
     out = []
     for i, f in enumerate(figs, start=1):
@@ -418,6 +440,9 @@ def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[st
         + _headline_table(ctx) + failed_note + warn_html + "</section>"
     )
     nav_items = [("summary", "Summary"), ("figures", "Figures")]
+    frequency = _frequency(ctx)
+    if frequency:
+        nav_items.append(("frequency", "Frequency"))
     concepts = _concept_cards(ctx.extras.get("concept_cards"))
     if concepts:
         nav_items.append(("concepts", "Concept cards"))
@@ -439,6 +464,7 @@ def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[st
         "<main>",
         summary,
         f'<section id="figures"><h2>Figures</h2>{_figures(figs, skipped)}</section>',
+        frequency,
         concepts,
         _methods(ctx),
         f'<section id="results"><h2>Results table</h2>{_results_table(ctx)}</section>',

@@ -19,6 +19,7 @@ from ._content import (
     ReportContext,
     claim_evidence_items,
     failed_units,
+    frequency_correlations,
     headline,
     methods,
     settings_rows,
@@ -293,6 +294,38 @@ def _headline_tex(ctx: ReportContext) -> str:
     ])
 
 
+def _frequency_tex(ctx: ReportContext) -> str:
+    table = frequency_correlations(ctx)
+    if table is None:
+        return ""
+    head = " & ".join(["Model", "Checkpoint"] + [tex(site) for site in table.sites])
+    rows = []
+    for model, checkpoint, cells in table.rows:
+        parts = [tex(model), tex(checkpoint)]
+        for cell in cells:
+            parts.append("" if cell is None else tex_num(cell[0])
+                         + (r" {\footnotesize " + _ci_tex(cell[1]) + "}" if cell[1] else ""))
+        rows.append(" & ".join(parts) + r" \\")
+    caption = (r"Spearman $\rho$ between a token type's log corpus frequency and the RMS distance of its "
+               r"activations to the type's centroid, $\sqrt{\sum_i \lVert a_i - c\rVert^2/(n-1)}$, over the types "
+               r"seen at least twice in the test split (negative: frequent tokens sit closer to their centroid). "
+               r"Intervals resample test sequences, recomputing every centroid"
+               + (" (" + tex(", ".join(table.ci_methods)) + ")" if table.ci_methods else "")
+               + r"; a basic interval reflects the percentile interval about the estimate, removing the "
+               r"bootstrap's bias, and can exclude the estimate where that bias is large. Pearson $r$ is in "
+               r"\texttt{frequency.csv}."
+               + "".join(" " + tex(note) + "." for note in table.notes))
+    return "\n".join([
+        r"\begin{table}[htbp]\centering\small",
+        r"\caption{" + caption + "}",
+        r"\label{tab:frequency-distance}",
+        r"\begin{adjustbox}{max width=\linewidth}",
+        r"\begin{tabular}{ll" + "r" * len(table.sites) + "}",
+        r"\toprule", head + r" \\", r"\midrule", *rows, r"\bottomrule",
+        r"\end{tabular}", r"\end{adjustbox}", r"\end{table}",
+    ])
+
+
 def _ci_tex(ci: str) -> str:
     m = re.fullmatch(r"\[(.*), (.*)\]", ci)
     if not m:
@@ -382,6 +415,9 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
                 r"\end{figure}",
             ]
         L.append(r"\clearpage")
+    frequency = _frequency_tex(ctx)
+    if frequency:
+        L += [r"\section{Token frequency and centroid distance}", frequency]
     if table_labels:
         L += [r"\section{Tables}", r"Tables~" + ", ".join(r"\ref{%s}" % t for t in table_labels)
               + " (also in \\texttt{tables.tex}, ready to \\texttt{\\textbackslash input} "

@@ -5,7 +5,8 @@ Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights 
 
 * :func:`analyze_energy` — everything for one proxy vs its controls (MC p-value, sign-flip
   test, bootstrap CIs, effect sizes); :func:`analyze_metric_vs_controls` for one-value metrics.
-* :func:`monte_carlo_pvalue`, :func:`sign_flip_test`, :func:`sequence_bootstrap`.
+* :func:`monte_carlo_pvalue`, :func:`sign_flip_test`, :func:`sequence_bootstrap`
+  (:func:`sequence_bootstrap_columns` for several statistics from one resample).
 * :func:`adjust_pvalues`, :func:`adjust_in_families`, :func:`min_controls_needed`,
   :func:`resolution_warning`.
 * :func:`random_effects_meta`, :func:`trend_test`.
@@ -15,7 +16,7 @@ Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights 
 from ._validation import DegenerateStatisticWarning
 from .bootstrap import (BootstrapResult, bootstrap_weights, ci_from_replicates,
                         iter_bootstrap_weights, jackknife_weights, ratio_se,
-                        sequence_bootstrap)
+                        sequence_bootstrap, sequence_bootstrap_columns)
 from .calibrate import CalibrationResult, run_calibration, write_calibration_report
 from .effects import (anisotropy_capture, energy_ratio, hedges_correction, hedges_g_paired,
                       log2_energy_ratio, per_sequence_differences, z_score)
@@ -36,6 +37,7 @@ __all__ = [
     "iter_bootstrap_weights", "jackknife_weights", "log2_energy_ratio", "min_attainable_pvalue",
     "min_controls_needed", "monte_carlo_pvalue", "per_sequence_differences",
     "random_effects_meta", "ratio_se", "resolution_warning", "run_calibration", "sequence_bootstrap",
+    "sequence_bootstrap_columns",
     "sign_flip_null", "sign_flip_pvalues", "sign_flip_test", "trend_test",
     "write_calibration_report", "z_score",
 ]

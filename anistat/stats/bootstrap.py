@@ -16,6 +16,11 @@ Confidence intervals (two-sided, level ``1 - alpha``):
 
 * ``percentile``: the ``alpha/2`` and ``1 - alpha/2`` quantiles of the ``B`` replicates
   (linear interpolation, ``numpy.quantile``'s default).
+* ``basic`` (Davison & Hinkley 1997, eq. 5.6): ``[2 theta - q_{1-alpha/2}, 2 theta -
+  q_{alpha/2}]``, the percentile interval reflected about the estimate, so a bootstrap bias
+  ``mean(theta*) - theta`` is subtracted rather than added. Used where the bootstrap
+  distribution is visibly off-centre and BCa would need extreme quantiles (the correlation of
+  per-type centroid distances with frequency, see ``anistat.analyze``).
 * ``bca`` (Efron 1987): bias correction ``z0 = Phi^-1(p0)`` with ``p0`` the mid-rank share of
   replicates below the estimate ``(#{theta* < theta} + #{theta* <= theta}) / 2B``; acceleration
   ``a = sum(m - theta_(i))^3 / (6 (sum(m - theta_(i))^2)^1.5)`` from the jackknife values
@@ -33,9 +38,12 @@ Confidence intervals (two-sided, level ``1 - alpha``):
   and counted in ``note``; without a finite positive ``se`` it falls back to ``percentile``.
 
 Where BCa is undefined (fewer than 3 jackknife units, all replicates equal, ``p0`` in {0, 1}
-so ``z0`` is infinite, acceleration NaN because the jackknife values are all equal, or
-non-finite adjusted levels) the interval falls back to ``percentile`` and the reason is put
-in ``BootstrapResult.note``; ``method`` then reads ``"percentile"``.
+so ``z0`` is infinite, acceleration NaN because the jackknife values are all equal,
+non-finite adjusted levels, or an adjusted level whose tail holds less than one replicate, so
+the endpoint would be the most extreme replicate — the condition under which R's ``boot``
+warns "extreme order statistics used as endpoints") the interval falls back to
+``percentile`` and the reason is put in ``BootstrapResult.note``; ``method`` then reads
+``"percentile"``.
 
 Weights are generated in fixed blocks of ``_BLOCK`` resamples from one seeded generator, so the
 result depends on ``(seed, n_sequences, n_resamples, group_ids)`` only, never on the chunk size
@@ -54,7 +62,7 @@ from scipy.special import ndtr, ndtri
 from ._validation import check_ci_level, check_positive_int
 
 _BLOCK = 256
-METHODS = ("bca", "percentile", "studentized")
+METHODS = ("bca", "percentile", "studentized", "basic")
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ class BootstrapResult:
 
     ``se`` is the standard deviation of the replicates; ``method`` the method actually used
     (``"bca"``, ``"percentile"`` or ``"studentized"``); ``note`` is empty or says why BCa was not used / what
-    was dropped.
+    was dropped; ``bias`` is the bootstrap bias estimate ``mean(replicates) - estimate``.
     """
 
     estimate: float
@@ -74,6 +82,14 @@ class BootstrapResult:
     se: float
     n_resamples: int
     ci_level: float = 0.95
+    bias: float = float("nan")
+
+    @property
+    def bias_in_se(self) -> float | None:
+        """``bias / se`` (None when either is undefined or se is 0)."""
+        if not (np.isfinite(self.bias) and np.isfinite(self.se) and self.se > 0):
+            return None
+        return float(self.bias / self.se)
 
 
 def _group_codes(group_ids, n_sequences: int) -> np.ndarray | None:
@@ -194,8 +210,11 @@ def _ratio_se_from_sums(den_sum, delta, ee, ed, dd, n):
 
 def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: float = 0.95,
                        method: str = "bca", *, se=None,
-                       replicate_se=None) -> BootstrapResult:
+                       replicate_se=None, bca_fallback: str = "percentile") -> BootstrapResult:
     """Confidence interval from bootstrap replicates (and jackknife values for BCa).
+
+    ``bca_fallback`` (``percentile`` or ``basic``) is the interval BCa falls back to where it
+    is undefined.
 
     ``method="studentized"`` needs ``se`` (the estimate's standard error) and
     ``replicate_se`` (one per replicate, same formula). Non-finite replicates are dropped (and
@@ -204,6 +223,8 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
     ci_level = check_ci_level(ci_level)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if bca_fallback not in ("percentile", "basic"):
+        raise ValueError(f"bca_fallback must be 'percentile' or 'basic', got {bca_fallback!r}")
     theta = float(estimate)
     reps = np.asarray(replicates, dtype=np.float64).ravel()
     n_total = reps.size
@@ -228,6 +249,7 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
     alpha = 1.0 - ci_level
     levels = np.array([alpha / 2, 1 - alpha / 2])
     se_reps = float(reps.std(ddof=1)) if reps.size > 1 else np.nan
+    bias = float(reps.mean() - theta)
     used = method
     if method == "studentized":
         se0 = float(se)
@@ -246,7 +268,7 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
             q = np.quantile(tstar[ok], levels[::-1])
             return BootstrapResult(theta, float(theta - q[0] * se0), float(theta - q[1] * se0),
                                    "studentized", "; ".join(notes), se_reps, n_total,
-                                   ci_level)
+                                   ci_level, bias)
         used = "percentile"
         notes.append(f"studentized fell back to percentile: {reason}")
     if method == "bca":
@@ -274,14 +296,21 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
                 adj = ndtr(z0 + (z0 + zq) / (1.0 - a * (z0 + zq)))
                 if not np.all(np.isfinite(adj)):
                     reason = "BCa adjusted levels non-finite"
+                elif min(adj.min(), 1.0 - adj.max()) * reps.size < 1.0:
+                    # the endpoint would be the most extreme replicate (or beyond it): the bias
+                    # correction / acceleration have run out of bootstrap distribution
+                    reason = (f"BCa endpoint beyond the most extreme resample (z0 = {z0:.2f}, "
+                              f"acceleration = {a:.3f})")
                 else:
                     levels = adj
         if reason is not None:
-            used = "percentile"
-            notes.append(f"BCa fell back to percentile: {reason}")
+            used = bca_fallback
+            notes.append(f"BCa fell back to {bca_fallback}: {reason}")
     lo, hi = np.quantile(reps, levels)
+    if used == "basic":
+        lo, hi = 2.0 * theta - hi, 2.0 * theta - lo
     return BootstrapResult(theta, float(lo), float(hi), used, "; ".join(notes), se_reps,
-                           n_total, ci_level)
+                           n_total, ci_level, bias)
 
 
 def _evaluate(statistic: Callable[[np.ndarray], np.ndarray], weights: np.ndarray) -> np.ndarray:
@@ -331,3 +360,38 @@ def sequence_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], n_sequence
                                   se=float(_evaluate(standard_error, ones)[0]),
                                   replicate_se=np.concatenate(rep_se))
     return ci_from_replicates(estimate, reps, jack, ci_level, method)
+
+
+def sequence_bootstrap_columns(statistic: Callable[[np.ndarray], np.ndarray], n_sequences: int,
+                               n_resamples: int = 2000, seed: int = 0, ci_level: float = 0.95,
+                               method: str = "bca", group_ids=None,
+                               chunk_size: int = 512, bca_fallback: str = "percentile") -> list[BootstrapResult]:
+    """:func:`sequence_bootstrap` of several statistics that share one expensive step.
+
+    ``statistic`` maps ``W (b, S)`` to ``(b, m)`` — m statistics computed from the same
+    resample (e.g. Spearman and Pearson correlations of one resampled table) — and one
+    :class:`BootstrapResult` per column comes back, each from the same resamples as
+    :func:`sequence_bootstrap` would draw. ``method`` is ``bca``, ``percentile`` or ``basic``
+    (a studentized interval needs a standard error per statistic)."""
+    s = check_positive_int(n_sequences, "n_sequences")
+    check_ci_level(ci_level)
+    if method not in ("bca", "percentile", "basic"):
+        raise ValueError(f"method must be 'bca', 'percentile' or 'basic', got {method!r}")
+
+    def evaluate(weights: np.ndarray) -> np.ndarray:
+        out = np.asarray(statistic(weights), dtype=np.float64)
+        if out.ndim != 2 or out.shape[0] != weights.shape[0]:
+            raise ValueError(f"statistic must map W {weights.shape} to shape ({weights.shape[0]}, m), "
+                             f"got {out.shape}")
+        return out
+
+    estimate = evaluate(np.ones((1, s)))[0]
+    reps = np.concatenate([evaluate(w) for w in iter_bootstrap_weights(s, n_resamples, seed, group_ids,
+                                                                       chunk_size)])
+    jack = None
+    if method == "bca":
+        jw = jackknife_weights(s, group_ids)
+        jack = np.concatenate([evaluate(jw[i:i + chunk_size]) for i in range(0, jw.shape[0], chunk_size)])
+    return [ci_from_replicates(estimate[j], reps[:, j], None if jack is None else jack[:, j], ci_level, method,
+                               bca_fallback=bca_fallback)
+            for j in range(estimate.size)]
