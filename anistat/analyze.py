@@ -225,10 +225,11 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
     that bucket; its CI is the same sequence bootstrap as the overall ratio.
 
     Correlation: over token types seen at least twice in the test split, Spearman and Pearson
-    correlation of log corpus count with the type's RMS distance to its activation centroid,
-    sqrt(mean_i ‖a_i − c_t‖²) — the root-mean-square form is the one computable from streamed
-    sums (Σa, Σ‖a‖², count per type), so no activation matrix is kept. Its CI is a sequence
-    bootstrap (see `_correlation_rows`); the p-value is scipy's, over types.
+    correlation of log corpus count with the type's Bessel-corrected RMS distance to its
+    activation centroid, sqrt(Σ_i ‖a_i − c_t‖² / (n_t − 1)) — a root-mean-square form is
+    computable from streamed sums (Σa, Σ‖a‖², count per type), so no activation matrix is kept,
+    and the n − 1 divisor keeps a type's count from biasing it. Its CI is a sequence bootstrap
+    (see `_correlation_rows`); the p-value is scipy's, over types.
     """
     stats = protocol.stats
     rows = []

@@ -8,7 +8,8 @@ nothing of size (tokens × d):
 * `n_tokens[s]`, `sequence_documents[s]`;
 * gradient and activation moments over the whole test split (count, Σx, ΣxxᵀA);
 * ΔIsoScore* of every basis (from the gradient moments), the oracle fraction per rank;
-* per token type: occurrences and RMS distance of its activations to the type centroid;
+* per token type: occurrences and the Bessel-corrected RMS distance of its activations to the
+  type centroid;
 * optionally, activation sums per (sequence, token type) pair (`pair_sums`), from which the
   analysis bootstraps the log-frequency vs centroid-distance correlation over sequences;
   `pair_note` says why they are absent (over the memory budget, or not requested).
@@ -80,7 +81,7 @@ class UnitArtifact:
     gradient_unit_sum: np.ndarray  # Σ g_i/‖g_i‖ (d,), for the mean cosine
     activation_unit_sum: np.ndarray
     type_count: np.ndarray  # (V,) occurrences in the test split
-    type_rms_distance: np.ndarray  # (V,) RMS distance to the type's activation centroid (nan if <2)
+    type_rms_distance: np.ndarray  # (V,) sqrt(Σ‖a − c‖²/(n − 1)) to the type's activation centroid (nan if n < 2)
     status: str = "ok"
     note: str = ""
     seconds: float = 0.0

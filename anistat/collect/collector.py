@@ -360,8 +360,7 @@ class SiteAccumulator:
     def pair_sums(self) -> SequenceTypeSums | None:
         """The kept per-(sequence, type) sums, sorted by (type, sequence) so the artifact does not
         depend on batch or rank order; None when not kept. Hands the table over: the
-        accumulator lets go of its chunks as they are joined, so the peak is about twice the
-        table (one column joined and one reordered at a time), not three times."""
+        accumulator lets go of its chunks as each column is joined."""
         if self.pair_note:
             return None
         self._settle()
@@ -405,8 +404,6 @@ class SiteAccumulator:
         counts = torch.tensor([self.grad.count, self.act.count], dtype=torch.int64, device=self.device)
         distributed.all_reduce_sum_(counts)
         self.grad.count, self.act.count = int(counts[0]), int(counts[1])
-        # pairs: ranks hold disjoint sequences, so their pairs are concatenated (and later sorted),
-        # unless any rank went over the budget
         if self.pair_budget_bytes > 0:
             # ranks hold disjoint sequences: the budget applies to their pairs together, and
             # the kept pairs are concatenated (then sorted, so rank order does not matter)
