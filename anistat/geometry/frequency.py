@@ -252,18 +252,21 @@ class ResampledCentroidDistance:
         square = sums.square_sum[keep][order]
         # centre every pair's sums on the full-sample centroid of its type
         type_count = np.bincount(col, weights=count, minlength=self.n_types)
-        centroid = np.zeros((self.n_types, vector.shape[1]))
-        np.add.at(centroid, col, vector)
-        centroid /= np.maximum(type_count, 1.0)[:, None]
+        membership = sparse.csr_matrix((np.ones(col.size), (col, np.arange(col.size))), shape=(self.n_types, col.size))
+        centroid = np.asarray(membership @ vector) / np.maximum(type_count, 1.0)[:, None]
         c = centroid[col]
         centred_square = square - 2.0 * np.einsum("pd,pd->p", c, vector) + count * np.einsum("pd,pd->p", c, c)
         centred_vector = vector - count[:, None] * c
         within = count * centred_square - np.einsum("pd,pd->p", centred_vector, centred_vector)
+        # per-type sums that are linear in w (count, centred Σ‖a‖²) and in w² − w (within-sequence
+        # pair sums, count²), each pair of tables side by side so a call is two sparse products
         shape = (self.n_sequences, self.n_types)
-        self._count = sparse.csr_matrix((count, (seq, col)), shape=shape)
-        self._square = sparse.csr_matrix((centred_square, (seq, col)), shape=shape)
-        self._within = sparse.csr_matrix((within, (seq, col)), shape=shape)
-        self._count_squared = sparse.csr_matrix((count * count, (seq, col)), shape=shape)
+
+        def table(values):
+            return sparse.csr_matrix((values, (seq, col)), shape=shape)
+
+        self._linear = sparse.hstack([table(count), table(centred_square)]).T.tocsr()
+        self._repeated = sparse.hstack([table(within), table(count * count)]).T.tocsr()
         # factors: types seen in one sequence are one vectorised product; the rest one each
         starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]]) if col.size else np.zeros(0, dtype=np.int64)
         stops = np.r_[starts[1:], col.size].astype(np.int64)
@@ -286,19 +289,16 @@ class ResampledCentroidDistance:
         if w.shape[1] != self.n_sequences:
             raise ValueError(f"weights must have {self.n_sequences} columns, got {w.shape[1]}")
 
-        def weighted(matrix, rows):
-            return np.asarray((matrix.T @ rows.T).T)
-
-        n = weighted(self._count, w)
-        q = weighted(self._square, w)
+        n, q = np.split(np.asarray(self._linear @ w.T).T, 2, axis=1)
         repeats = w * w - w  # ordered pairs of distinct copies of each sequence
+        within, count_squared = np.split(np.asarray(self._repeated @ repeats.T).T, 2, axis=1)
         centred_norm = np.zeros_like(n)
         centred_norm[:, self._single_column] = w[:, self._single_sequence] ** 2 * self._single_norm
         for column, sequences, factor in self._factors:
             projected = w[:, sequences] @ factor
             centred_norm[:, column] = np.einsum("br,br->b", projected, projected)
-        numerator = n * q - centred_norm - weighted(self._within, repeats)
-        denominator = n * n - n - weighted(self._count_squared, repeats)
+        numerator = n * q - centred_norm - within
+        denominator = n * n - n - count_squared
         ok = denominator > 0.5  # an integer count of pairs; 0 when no two tokens can pair
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(ok, np.sqrt(np.maximum(numerator, 0.0) / np.where(ok, denominator, 1.0)), np.nan)

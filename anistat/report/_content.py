@@ -211,8 +211,9 @@ def frequency_correlations(ctx: ReportContext) -> FrequencyCorrelations | None:
                 cells.append((ctx.fmt(row["estimate"]), ci))
             rows.append((model, checkpoint, cells))
     methods_used = sorted({str(m) for m in d.get("ci_method", pd.Series(dtype=str)).dropna() if str(m)})
-    notes = sorted({str(n) for n in d.get("note", pd.Series(dtype=str)).dropna()
-                    if "MiB" in str(n) or "not kept" in str(n)})
+    # why a row has no interval (memory cap, sums not kept) — the rows the analysis left without a CI
+    without_ci = d[d["ci_method"].astype(str) == "none"] if "ci_method" in d else d.iloc[0:0]
+    notes = sorted({str(n) for n in without_ci.get("note", pd.Series(dtype=str)).dropna() if str(n)})
     return FrequencyCorrelations(sites, rows, methods_used, notes)
 
 
