@@ -2,16 +2,50 @@
 
 Public API (mirrors the CLI):
 
-* `load_protocol(path)`, `run(protocol, out)` — the whole pipeline;
+* `load_protocol(path)`, `run(protocol, out)` — the whole pipeline; `load_bundle(path)` reads a
+  bundle back as the same `RunResult` that `run` returns;
+* `preflight(protocol)` — every check `run` makes before it trains or loads a model;
 * geometry on plain tensors/arrays: `energy_fraction`, `isoscore`, `isoscore_star`,
-  `fit_proxy`, `draw_controls`.
+  `fit_proxy`, `draw_controls`;
+* measuring inside one's own training loop: `TrainingMeter`, `AnistatCallback`.
+
+Names are imported on first use (module `__getattr__`, PEP 562): `import anistat` and the
+command line's light commands (`--help`, `validate`, `schema`, `init`) never import torch,
+transformers, matplotlib or pandas.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from .errors import AnistatInputError, AnistatWarning
-from .geometry import draw_controls, energy_fraction, fit_proxy, isoscore, isoscore_star
-from .protocol import Protocol, load_protocol
+# public name -> (module, attribute)
+_LAZY = {
+    "AnistatInputError": ("anistat.errors", "AnistatInputError"),
+    "AnistatWarning": ("anistat.errors", "AnistatWarning"),
+    "Protocol": ("anistat.protocol", "Protocol"),
+    "load_protocol": ("anistat.protocol", "load_protocol"),
+    "preflight": ("anistat.preflight", "preflight"),
+    "RunResult": ("anistat.pipeline", "RunResult"),
+    "load_bundle": ("anistat.pipeline", "load_bundle"),
+    "draw_controls": ("anistat.geometry", "draw_controls"),
+    "energy_fraction": ("anistat.geometry", "energy_fraction"),
+    "fit_proxy": ("anistat.geometry", "fit_proxy"),
+    "isoscore": ("anistat.geometry", "isoscore"),
+    "isoscore_star": ("anistat.geometry", "isoscore_star"),
+    "TrainingMeter": ("anistat.callbacks", "TrainingMeter"),
+    "AnistatCallback": ("anistat.callbacks", "AnistatCallback"),
+}
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from .callbacks import AnistatCallback, TrainingMeter
+    from .errors import AnistatInputError, AnistatWarning
+    from .geometry import draw_controls, energy_fraction, fit_proxy, isoscore, isoscore_star
+    from .pipeline import RunResult, load_bundle
+    from .preflight import preflight
+    from .protocol import Protocol, load_protocol
 
 
 def run(protocol, out=None, **kwargs):
@@ -21,7 +55,18 @@ def run(protocol, out=None, **kwargs):
     return _run(protocol, out, **kwargs)
 
 
-__all__ = [
-    "AnistatInputError", "AnistatWarning", "Protocol", "__version__", "draw_controls", "energy_fraction",
-    "fit_proxy", "isoscore", "isoscore_star", "load_protocol", "run",
-]
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'anistat' has no attribute '{name}'") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = ["__version__", "run", *_LAZY]

@@ -41,16 +41,20 @@ def run(
     device: Optional[str] = typer.Option(None, help="auto | cpu | cuda | mps (overrides the protocol)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
     keep_cache: bool = typer.Option(False, help="Keep the per-unit cache after success."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing bundle at --out."),
 ) -> None:
     """Run a protocol end to end and write its bundle.
 
-    Exit codes: 0 done; 1 a claim failed; 2 invalid input or interrupted (nothing written; a
-    rerun resumes from the cache); 3 bundle written but some units failed (see results.csv)."""
+    Every model and claim is checked first (the same preflight as `anistat validate`), before
+    any model is trained or loaded. Exit codes: 0 done; 1 a claim failed; 2 invalid input or
+    interrupted (nothing written; a rerun resumes from the cache); 3 bundle written but some
+    units failed (see results.csv)."""
     from .pipeline import run as run_pipeline
 
     if device is not None and device not in ("auto", "cpu", "cuda", "mps"):
         raise AnistatInputError(f"--device must be auto, cpu, cuda or mps, got '{device}'")
-    result = run_pipeline(protocol, out, device=device, log=None if quiet else _echo, keep_cache=keep_cache)
+    result = run_pipeline(protocol, out, device=device, log=None if quiet else _echo, keep_cache=keep_cache,
+                          overwrite=overwrite)
     failed_claims = [c for c in result.claims if not c["passed"]]
     for claim in result.claims:
         _echo(f"claim {claim['id']}: {claim['status'].upper()} — {claim['statement']}")
@@ -67,11 +71,25 @@ def run(
 
 @app.command()
 def validate(protocol: Path = typer.Argument(..., help="Protocol YAML file.")) -> None:
-    """Validate a protocol; print its name and sha256."""
+    """Check a protocol as `anistat run` would, without training or loading a model; print its
+    name and sha256.
+
+    Beyond the schema: local checkpoint folders exist (relative paths are relative to the
+    protocol file), local/hub configs are read (no weights) to check ranks, controls, layers and
+    site names against each model, and claims are checked against the rows the run will write."""
+    from .preflight import preflight
     from .protocol import load_protocol
 
     loaded = load_protocol(protocol)
+    checked = preflight(loaded, for_run=False)
     _echo(f"{protocol}: valid protocol '{loaded.name}' (sha256 {loaded.sha256()})")
+    for model in checked.models:
+        sites = [s.name for s in model.sites]
+        shown = ", ".join(sites[:6]) + (f", … ({len(sites)} sites)" if len(sites) > 6 else "")
+        _echo(f"  {model.name}: {model.source}, d={model.hidden_size}, {model.num_layers} layers, "
+              f"{len(model.checkpoints)} checkpoint(s), sites {shown}")
+    for note in checked.notes:
+        _echo(f"  {note}")
 
 
 @app.command()
@@ -105,11 +123,13 @@ def report(
     metrics: Optional[str] = typer.Option(None, help="Comma-separated metrics for the tables."),
     transpose: bool = typer.Option(False, help="Transposed table layout."),
     pdf: bool = typer.Option(True, help="Compile report.pdf when pdflatex is installed."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
 ) -> None:
     """Re-render report.html, tables.tex and report.tex from results.csv + manifest.json alone."""
     from .rerender import rerender
 
-    written = rerender(bundle, precision=precision, metrics=metrics, transpose=transpose, compile_pdf=pdf)
+    written = rerender(bundle, precision=precision, metrics=metrics, transpose=transpose, compile_pdf=pdf,
+                       log=None if quiet else _echo)
     _echo(f"re-rendered {len(written)} file(s) in {bundle}")
 
 
@@ -153,17 +173,28 @@ def verify(
     target: Path = typer.Argument(..., help="A bundle, or a protocol to re-run (with --against)."),
     against: Optional[Path] = typer.Option(None, "--against", help="Original bundle to compare a re-run with."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where the re-run's bundle goes."),
+    claims: Optional[Path] = typer.Option(
+        None, "--claims", help="Evaluate the claims in this YAML file (a list, or a protocol's 'claims:') against "
+        "the bundle instead of its protocol's; nothing is re-run."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="With --against: replace an existing re-run bundle."),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
 ) -> None:
     """Check a bundle's integrity and claims, or re-run a protocol and compare with a bundle."""
-    from .verify import verify_bundle
+    from .verify import load_claims, verify_bundle
 
+    if claims is not None and against is not None:
+        raise AnistatInputError("--claims evaluates claims against an existing bundle; it cannot be combined with "
+                                "--against")
     if against is None:
-        check = verify_bundle(target)
+        new_claims = load_claims(claims) if claims is not None else None
+        check = verify_bundle(target, new_claims, claims_source=str(claims) if claims is not None else None)
         for problem in check.problems:
             _echo(f"integrity: {problem}")
         if check.integrity_ok:
             _echo(f"integrity: all {len(json.loads((target / 'manifest.json').read_text())['files'])} files match the manifest")
+        if claims is not None:
+            _echo(f"claims: {len(check.claims)} from {claims}, evaluated against the existing bundle {target} "
+                  "(not the claims of its protocol; nothing was re-run)")
         for claim in check.claims:
             _echo(f"claim {claim['id']}: {claim['status'].upper()} — {claim['statement']}")
         if not check.ok:
@@ -178,7 +209,7 @@ def verify(
     load_protocol(target)
     read_manifest(against)
     read_results(against)
-    outcome = replicate(target, against, out=out, log=None if quiet else _echo)
+    outcome = replicate(target, against, out=out, log=None if quiet else _echo, overwrite=overwrite)
     for claim in outcome.claims:
         _echo(f"claim {claim['id']}: original {str(claim['original']).upper()}, replication "
               f"{str(claim['replication']).upper()} — {'agree' if claim['agree'] else 'DISAGREE'}")
@@ -216,7 +247,17 @@ def sites(
 
     if objective is not None and objective not in ("clm", "mlm"):
         raise AnistatInputError(f"--objective must be clm or mlm, got '{objective}'")
-    loaded = inspect_model(model, revision=revision, trust_remote_code=trust_remote_code, objective=objective)
+    try:
+        loaded = inspect_model(model, revision=revision, trust_remote_code=trust_remote_code, objective=objective)
+    except AnistatInputError:
+        if model.startswith("builtin:") or model == "minilm" or Path(model).exists():
+            raise
+        from .preflight import missing_revision_message
+
+        message = missing_revision_message(model, revision, option="--revision {revision}")
+        if message is None:
+            raise
+        raise AnistatInputError(f"model {message}") from None
     found = list_sites(loaded)
     width = max(len(site.name) for site in found)
     _echo(f"{model} ({type(loaded).__name__}): {len(found)} sites")
@@ -262,6 +303,7 @@ def _quiet_libraries() -> None:
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # e.g. "Retrying in 1s" while the hub is unreachable
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "transformers" in sys.modules:  # already imported (e.g. called in-process): configure it directly

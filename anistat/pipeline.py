@@ -30,7 +30,8 @@ from .errors import AnistatInputError
 from .geometry import draw_controls, fit_proxy, frequency_buckets
 from .models import ModelSeries, resolve_models
 from .seeding import derive_seed
-from .protocol import Protocol, fit_window_size, load_protocol
+from .preflight import localized, preflight
+from .protocol import Protocol, control_problem, fit_window_size, load_protocol
 
 Log = Callable[[str], None]
 
@@ -45,6 +46,23 @@ class RunResult:
     @property
     def failed_units(self) -> int:
         return int(self.manifest.get("failed_units", 0))
+
+
+def load_bundle(path: str | Path) -> RunResult:
+    """A bundle written by `run` (or by `TrainingMeter` / `finalize_bundle`) read back as the
+    `RunResult` that `run` returned: `results` from results.csv (the same columns and dtypes —
+    integer columns as pandas nullable integers, floats as written, 10 significant digits),
+    `manifest` from manifest.json and `claims` from claims.json (empty without claims)."""
+    from .bundle import read_manifest
+    from .rerender import _optional_json, read_results
+
+    path = Path(path)
+    manifest = read_manifest(path)
+    results = read_results(path)
+    claims = _optional_json(path / "claims.json") or []
+    if not (isinstance(claims, list) and all(isinstance(c, dict) for c in claims)):
+        raise AnistatInputError(f"{path / 'claims.json'}: expected a JSON list of claim records")
+    return RunResult(out=path, results=results, manifest=manifest, claims=claims)
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -132,12 +150,14 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
         sample = sampler.finish(name)
         n_tokens = int(sample.activations.shape[0])
         dim = int(sample.activations.shape[1])
-        too_big = [r for r in protocol.proxies.ranks if r >= dim]
-        if too_big:
+        # the preflight checked the hidden size; a module site's width is known only now
+        problem = control_problem(protocol.controls, protocol.proxies.ranks, dim)
+        if problem:
+            raise AnistatInputError(f"models.{spec.name}: site {name} (dimension {dim}): {problem}")
+        if not bool(torch.isfinite(sample.activations).all()):
             raise AnistatInputError(
-                f"proxies.ranks {too_big} must be smaller than the dimension {dim} of site {name} of model "
-                f"'{spec.name}'"
-            )
+                f"models.{spec.name}: the model produces non-finite (NaN/Inf) activations at site {name} on the "
+                "fit split, so no proxy can be fitted; check the checkpoint's weights")
         key = _seed_key(site)
         sets = []
         for method in protocol.proxies.methods:
@@ -175,7 +195,8 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
     main = distributed.is_main()
     if not main:
         log = lambda message: None  # noqa: E731
-    corpus = load_corpus(protocol.data)
+    models, data = localized(protocol)  # relative paths resolve against the protocol file's folder
+    corpus = load_corpus(data)
     log(f"corpus {corpus.name}: {len(corpus.documents)} documents"
         + (f"; {distributed.world_size()} processes" if distributed.active() else ""))
     artifacts: list[UnitArtifact] = []
@@ -183,14 +204,8 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
                                        "documents": len(corpus.documents)},
                             "models": {}, "concept_cards": [], "frequency": {}}
     units_dir = cache / "units"
-    for series in resolve_models(protocol.models, corpus, protocol.data, protocol.seed, log):
+    for series in resolve_models(models, corpus, data, protocol.seed, log):
         spec = series.spec
-        too_big = [r for r in protocol.proxies.ranks if r >= series.hidden_size]
-        if too_big:
-            raise AnistatInputError(
-                f"proxies.ranks {too_big} must be smaller than the hidden size {series.hidden_size} of model "
-                f"'{spec.name}'"
-            )
         sites = sites_from_spec(series.checkpoints[0].load(), protocol.sites, spec.name)
         n_early = fit_window_size(len(series.checkpoints), protocol.proxies.fit_window)
         keys = {
@@ -253,8 +268,11 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
 # run
 # ----------------------------------------------------------------------------------------------
 def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, device: str | None = None,
-        log: Log | None = None, keep_cache: bool = False) -> RunResult:
-    """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`)."""
+        log: Log | None = None, keep_cache: bool = False, overwrite: bool = False) -> RunResult:
+    """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`).
+
+    Before anything is trained or loaded, `anistat.preflight.preflight` checks every model and
+    claim. An existing bundle at `out` is replaced only with `overwrite=True`."""
     from .claims import evaluate_claims
     from .report import render_bundle
     from .rerender import render_inputs, report_options
@@ -264,6 +282,10 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         protocol = load_protocol(protocol)
     out = Path(out) if out is not None else default_out(protocol)
     check_destination(out)
+    if not overwrite and (out / "manifest.json").is_file():
+        raise AnistatInputError(f"--out {out}: a bundle already exists there; pass --overwrite to replace it, "
+                                "or choose another --out")
+    preflight(protocol)
     sha = protocol.sha256()
     cache = cache_dir(out, sha)
     started_at, started = utc_now(), time.perf_counter()
@@ -274,17 +296,23 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         artifacts, info = collect_units(protocol, torch_device, cache, log)
         if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
             return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
-        log("analysing")
+        stage = time.perf_counter()
+        log(f"analysing {len(artifacts)} unit(s): Monte-Carlo tests, {protocol.stats.n_bootstrap} bootstrap "
+            f"resamples, {protocol.stats.n_permutations} sign flips per test …")
         results = analyze_units(artifacts, protocol)
-    except (ValueError, OSError) as error:
-        user_error = _as_user_error(error)
+        log(f"  analysed: {len(results)} result rows ({time.perf_counter() - stage:.1f}s)")
+    except OSError as error:
+        user_error = _disk_error(error)
         if user_error is None:
             raise
         raise user_error from error
     for warning in results.attrs.get("warnings", []):
         log(f"warning: {warning}")
     token_counts = info.pop("frequency")
+    stage = time.perf_counter()
+    log("frequency analysis: per-bucket energy ratios and log-frequency correlations …")
     frequency = frequency_rows(artifacts, token_counts, protocol)
+    log(f"  {len(frequency)} frequency rows ({time.perf_counter() - stage:.1f}s)")
     claims = evaluate_claims(results, protocol.claims, frequency)
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
     manifest = {
@@ -306,6 +334,9 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         "failed_units": len(failed),
         "warnings": list(results.attrs.get("warnings", [])),
     }
+    stage = time.perf_counter()
+    log("writing the bundle: tables, figures, report.html, tables.tex"
+        + (", report.pdf" if protocol.report.compile_pdf else "") + " …")
     try:
         with staged_bundle(out) as staging:
             write_results(results, staging)
@@ -320,10 +351,11 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
             manifest["files"] = file_digests(staging)
             write_json(staging / "manifest.json", manifest)
     except OSError as error:
-        user_error = _as_user_error(error)
+        user_error = _disk_error(error)
         if user_error is None:
             raise
         raise user_error from error
+    log(f"  rendered ({time.perf_counter() - stage:.1f}s)")
     if not keep_cache:
         shutil.rmtree(cache, ignore_errors=True)
         _remove_if_empty(cache.parent)
@@ -344,47 +376,17 @@ def write_results(results: pd.DataFrame, directory: Path) -> None:
 _DISK_ERRNOS = {"ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS", "EFBIG", "EMFILE", "ENFILE"}
 
 
-def _as_user_error(error: BaseException) -> AnistatInputError | None:
-    """Map errors the *user's* protocol, model or machine can cause deep in a run to one line.
-
-    * ValueError raised by `anistat.geometry` input checks: the geometry library validates its
-      preconditions (rank < d, 2k ≤ d for normal controls, pca_span_dim, finite activations), so
-      such an error means the protocol asked for something this model cannot provide — only
-      known once the model is loaded. The message names the model (from the failing frame).
-    * OSError from a full / read-only / forbidden disk while writing the cache.
-    Anything else is a bug and keeps its traceback (returns None).
-    """
+def _disk_error(error: OSError) -> AnistatInputError | None:
+    """A full / read-only / forbidden disk while writing the cache or the bundle, as one line
+    (None for any other OSError: a bug keeps its traceback)."""
     import errno as errno_names
 
-    frames = []
-    tb = error.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    if isinstance(error, OSError):
-        name = errno_names.errorcode.get(error.errno or 0, "")
-        if name not in _DISK_ERRNOS:
-            return None
-        target = error.filename or "the cache"
-        return AnistatInputError(f"cannot write {target} ({error.strerror or name}); free space or choose "
-                                 "another --out; finished units are kept and a rerun resumes")
-    if not frames or not str(frames[-1].f_globals.get("__name__", "")).startswith("anistat.geometry"):
+    name = errno_names.errorcode.get(error.errno or 0, "")
+    if name not in _DISK_ERRNOS:
         return None
-    from .protocol import ModelSpec
-
-    spec = next((f.f_locals["spec"] for f in reversed(frames)
-                 if isinstance(f.f_locals.get("spec"), ModelSpec)), None)
-    where = f"models.{spec.name}" if spec is not None else "protocol"
-    message = " ".join(str(error).split())
-    if "non-finite" in message:
-        return AnistatInputError(
-            f"{where}: the model produces non-finite (NaN/Inf) activations on the fit split, so no proxy can "
-            "be fitted; check the checkpoint's weights"
-        )
-    return AnistatInputError(
-        f"{where}: cannot fit proxies or draw controls: {message} (check proxies.ranks, proxies.methods, "
-        "controls.kinds and controls.pca_span_dim against this model's hidden size)"
-    )
+    target = error.filename or "the cache"
+    return AnistatInputError(f"cannot write {target} ({error.strerror or name}); free space or choose "
+                             "another --out; finished units are kept and a rerun resumes")
 
 
 def _remove_if_empty(directory: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .errors import AnistatInputError
 
@@ -33,6 +33,9 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 REVISION_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}$"
 # "org/name" or "name" on the Hugging Face hub (no '..', no absolute paths: local models use path).
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
+# The proxy methods `anistat.geometry.proxies` registers itself (a test keeps the two in step);
+# others, registered with `register_proxy`, are looked up in the registry.
+BUILTIN_PROXY_METHODS = frozenset({"pca", "random", "semi_nmf", "nmf", "ica"})
 
 
 class StrictModel(BaseModel):
@@ -285,7 +288,9 @@ class ProxySpec(StrictModel):
     @field_validator("methods")
     @classmethod
     def _registered(cls, value: list) -> list:
-        from .geometry import PROXY_METHODS  # lazy: geometry imports torch
+        if set(value) <= BUILTIN_PROXY_METHODS:
+            return value  # no torch import for the shipped methods (keeps `anistat validate` fast)
+        from .geometry import PROXY_METHODS  # methods registered by the user's code; geometry imports torch
 
         unknown = [m for m in value if m not in PROXY_METHODS]
         if unknown:
@@ -397,6 +402,10 @@ class Protocol(StrictModel):
     report: ReportSpec = Field(default_factory=ReportSpec)
     claims: list[ClaimSpec] = Field(default_factory=list)
     replication: ReplicationSpec = Field(default_factory=ReplicationSpec)
+    # The folder of the file the protocol was read from: relative model and data paths resolve
+    # against it (`anistat.preflight.resolve_path`). Not a field: it is no part of the study's
+    # identity (hash, schema, manifest); None for a protocol built in memory (working directory).
+    _source_dir: Path | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Protocol":
@@ -605,7 +614,9 @@ def load_protocol(path: str | Path) -> Protocol:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise AnistatInputError(f"{path}: protocol is not valid UTF-8 (byte {error.start})") from None
-    return parse_protocol(read_yaml(text, str(path)), str(path))
+    protocol = parse_protocol(read_yaml(text, str(path)), str(path))
+    protocol._source_dir = path.resolve().parent
+    return protocol
 
 
 def protocol_schema() -> dict[str, Any]:

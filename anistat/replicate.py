@@ -45,15 +45,16 @@ def compare_bundles(original: Path, replication: Path, *, out: Path | None = Non
 
 
 def replicate(protocol_path: Path, original: Path, *, out: Path | None = None,
-              log: Callable[[str], None] | None = None) -> ReplicationOutcome:
-    """`anistat verify PROTOCOL --against BUNDLE`: re-run, then compare with the original."""
+              log: Callable[[str], None] | None = None, overwrite: bool = False) -> ReplicationOutcome:
+    """`anistat verify PROTOCOL --against BUNDLE`: re-run, then compare with the original.
+    An existing re-run bundle at `out` is replaced only with `overwrite=True`."""
     from .pipeline import run
     from .protocol import load_protocol
 
     ensure_bundle(original)
     protocol = load_protocol(protocol_path)
     replication_out = out or Path("reports") / f"{protocol.name}-replication"
-    run(protocol, replication_out, log=log)
+    run(protocol, replication_out, log=log, overwrite=overwrite)
     report_dir = replication_out.parent / f"{replication_out.name}-comparison"
     _, summary, claims = compare_bundles(original, replication_out, out=report_dir,
                                          tolerance=protocol.replication.tolerance)

@@ -87,10 +87,32 @@ def _optional_json(path: Path):
         raise AnistatInputError(f"{path}: not valid JSON ({error})") from None
 
 
+def table_metrics(metrics: str, results: pd.DataFrame) -> tuple[str, ...]:
+    """`--metrics a,b` → ('a', 'b'); a name that is not a metric of the bundle is one clear line
+    listing the valid ones (never an empty table)."""
+    wanted = tuple(dict.fromkeys(m.strip() for m in metrics.split(",") if m.strip()))
+    valid = sorted(results["metric"].dropna().astype(str).unique())
+    unknown = [m for m in wanted if m not in valid]
+    if unknown or not wanted:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], valid, n=1) if unknown else []
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        what = f"unknown metric(s) {', '.join(unknown)}" if unknown else "no metric named"
+        raise AnistatInputError(f"--metrics: {what}; {hint}valid metrics in this bundle: {', '.join(valid)}")
+    return wanted
+
+
 def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None = None, transpose: bool = False,
-             compile_pdf: bool = True) -> list[Path]:
+             compile_pdf: bool = True, log=None) -> list[Path]:
+    """Re-render every report output of `bundle` in place (see module docstring); `log` gets
+    one line per stage (the figures and the PDF take most of the time)."""
+    import time
+
     from .report import render_bundle
 
+    log = log or (lambda message: None)
+    started = time.perf_counter()
     manifest = read_manifest(bundle)
     results = read_results(bundle)
     claims = _optional_json(bundle / "claims.json")
@@ -102,9 +124,11 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
         overrides["compile_pdf"] = False
     if precision is not None:
         overrides["precision"] = precision
-    if metrics:
-        overrides["table_metrics"] = tuple(m.strip() for m in metrics.split(",") if m.strip())
+    if metrics is not None:
+        overrides["table_metrics"] = table_metrics(metrics, results)
     options = report_options(manifest.get("protocol", {}), **overrides)
+    log(f"re-rendering {bundle}: {len(results)} result rows → figures, report.html, tables.tex, report.tex"
+        + (", report.pdf" if options.compile_pdf is not False else "") + " …")
     staging = Path(tempfile.mkdtemp(prefix=".rerender.", dir=bundle))
     try:
         render_bundle(render_inputs(results, frequency), manifest, staging, claims=claims, extras={"concept_cards": cards, "frequency": frequency},
@@ -125,6 +149,7 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
                 written.append(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    log(f"  rendered ({time.perf_counter() - started:.1f}s)")
     manifest["rerendered_at"] = utc_now()
     manifest["files"] = file_digests(bundle)
     write_json(bundle / "manifest.json", manifest)

@@ -1,7 +1,9 @@
 """Verification and replication: is a bundle intact, do its claims hold, does a re-run agree?
 
 * `verify_bundle(bundle)` — every file's sha256 against the manifest (a tampered `results.csv`
-  is detected), then the protocol's claims re-evaluated from `results.csv`.
+  is detected), then the protocol's claims re-evaluated from `results.csv`;
+  `verify_bundle(bundle, claims=load_claims(path))` evaluates *new* claims (a claims file) against
+  the bundle instead — no re-run; the outcome says where the claims came from.
 * `compare_results(original, replication)` — a replication table: for every result row present
   in both (same model, checkpoint, site, rank, proxy, control, metric), the difference of the
   estimates with a CI (normal approximation from both CIs), sign agreement (same side of the
@@ -25,7 +27,7 @@ from scipy import stats as sps
 from .bundle import read_manifest, sha256_file, utc_now
 from .claims import evaluate_claims
 from .errors import AnistatInputError
-from .protocol import parse_protocol
+from .protocol import ClaimSpec, format_validation_error, parse_protocol, read_yaml
 from .rerender import _optional_json, read_frequency, read_results
 
 KEY_COLUMNS = ["model", "checkpoint", "site", "rank", "proxy", "control", "metric"]
@@ -39,6 +41,7 @@ class BundleCheck:
     problems: list[str]
     claims: list[dict[str, Any]]
     recorded_claims: list[dict[str, Any]] = field(default_factory=list)
+    claims_source: str = "the bundle's protocol"
 
     @property
     def claims_ok(self) -> bool:
@@ -65,12 +68,76 @@ def check_integrity(bundle: Path, manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
-def verify_bundle(bundle: Path) -> BundleCheck:
+def load_claims(path: Path) -> tuple[ClaimSpec, ...]:
+    """Claims from a YAML file: a list of claims, or a mapping with a `claims:` list (so a whole
+    protocol file works too). Each claim is validated like a protocol's; errors are one line."""
+    from pydantic import ValidationError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AnistatInputError(f"{path}: claims file not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise AnistatInputError(f"{path}: cannot read the claims file ({error})") from None
+    data = read_yaml(text, str(path))
+    if isinstance(data, dict):
+        data = data.get("claims")
+    if not isinstance(data, list) or not data:
+        raise AnistatInputError(f"{path}: expected a non-empty list of claims (or a mapping with a 'claims' list)")
+    claims = []
+    for index, item in enumerate(data):
+        try:
+            claims.append(ClaimSpec.model_validate(item))
+        except ValidationError as error:
+            raise AnistatInputError(format_validation_error(error, f"{path}: claims[{index}]")) from None
+    ids = [c.id for c in claims]
+    if len(set(ids)) != len(ids):
+        raise AnistatInputError(f"{path}: claim ids must be unique, got {ids}")
+    return tuple(claims)
+
+
+def check_claims_against_table(claims: tuple[ClaimSpec, ...] | list[ClaimSpec], table: pd.DataFrame,
+                               source: str) -> None:
+    """One clear line (exit 2) for a claim whose metric, `where` key or `where` value does not
+    occur in the bundle's table, naming the valid choices — instead of a claim that silently
+    selects nothing."""
+    from .claims import select_rows
+
+    metrics = sorted(table["metric"].dropna().astype(str).unique())
+    columns = [c for c in table.columns if not str(c).startswith("_")]
+    for index, claim in enumerate(claims):
+        label = f"{source}: claims[{index}] '{claim.id}'"
+        if claim.metric not in metrics:
+            raise AnistatInputError(f"{label}: metric '{claim.metric}' is not in this bundle; valid metrics: "
+                                    f"{', '.join(metrics)}")
+        for key, wanted in claim.where.items():
+            if key not in columns:
+                raise AnistatInputError(f"{label}: where key '{key}' is not a result column; valid keys: "
+                                        f"{', '.join(columns)}")
+            for value in (wanted if isinstance(wanted, list) else [wanted]):
+                probe = ClaimSpec(id=claim.id, metric=claim.metric, where={key: value})
+                if select_rows(table, probe).empty:
+                    present = table.loc[table["metric"] == claim.metric, key].dropna().astype(str).unique()
+                    raise AnistatInputError(f"{label}: where.{key} = {value!r}: no '{claim.metric}' row of this "
+                                            f"bundle has it; values: {', '.join(sorted(present)[:20])}")
+
+
+def verify_bundle(bundle: Path, claims: tuple[ClaimSpec, ...] | None = None, claims_source: str | None = None
+                  ) -> BundleCheck:
+    """Integrity, then claims: the bundle's own (`claims=None`) or the given ones, evaluated
+    against the bundle's tables without re-running anything."""
+    from .claims import claim_table
+
     manifest = read_manifest(bundle)
     problems = check_integrity(bundle, manifest)
     protocol = parse_protocol(manifest.get("protocol"), f"{bundle}/manifest.json:protocol")
     results = read_results(bundle)
     frequency = read_frequency(bundle)
+    if claims is not None:
+        source = claims_source or "the given claims"
+        check_claims_against_table(claims, claim_table(results, frequency), source)
+        evaluated = evaluate_claims(results, claims, frequency)
+        return BundleCheck(bundle, not problems, problems, evaluated, [], claims_source=source)
     claims = evaluate_claims(results, protocol.claims, frequency)
     recorded = []
     if (bundle / "claims.json").is_file():

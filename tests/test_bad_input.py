@@ -500,53 +500,67 @@ def local_models(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def test_rank_not_below_loaded_hidden_size(capsys, tmp_path, local_models):
+# The preflight (anistat/preflight.py) reads each model's config without weights, so `validate`
+# rejects all of these, and `run` rejects them before any model is loaded (nothing written).
+BOTH = pytest.mark.parametrize("command", ["validate", "run"])
+
+
+@BOTH
+def test_rank_not_below_loaded_hidden_size(capsys, tmp_path, local_models, command):
     text = local_protocol("r", local_models["ok"], local_models["corpus"], ranks="[8]")
-    expect_rejected(capsys, tmp_path, text, "proxies.ranks [8]", "hidden size 8", "'m'")
+    expect_rejected(capsys, tmp_path, text, "models.m", "rank 8", "hidden size 8", command=command)
 
 
-def test_normal_controls_impossible_for_loaded_model(capsys, tmp_path, local_models):
-    """Geometry's 2k ≤ d precondition becomes one line naming the model and the fields to change."""
+@BOTH
+def test_normal_controls_impossible_for_loaded_model(capsys, tmp_path, local_models, command):
+    """Normal controls' 2k ≤ d, checked against the config's d: one line naming the model and fields."""
     text = local_protocol("r", local_models["ok"], local_models["corpus"], ranks="[5]")
-    expect_rejected(capsys, tmp_path, text, "models.m", "2k <= d", "proxies.ranks")
+    expect_rejected(capsys, tmp_path, text, "models.m", "controls.kinds 'normal'", "2 × rank ≤ hidden size",
+                    "proxies.ranks", command=command)
 
 
-def test_pca_span_impossible_for_loaded_model(capsys, tmp_path, local_models):
+@BOTH
+def test_pca_span_impossible_for_loaded_model(capsys, tmp_path, local_models, command):
     text = local_protocol("r", local_models["ok"], local_models["corpus"], kinds="[pca_span]",
                           extra="").replace("controls: {kinds: [pca_span], n: 5}",
                                             "controls: {kinds: [pca_span], n: 5, pca_span_dim: 12}")
-    expect_rejected(capsys, tmp_path, text, "models.m", "pca_span_dim", "controls.pca_span_dim")
+    expect_rejected(capsys, tmp_path, text, "models.m", "pca_span_dim", "controls.pca_span_dim", command=command)
 
 
-def test_layer_missing_in_loaded_model(capsys, tmp_path, local_models):
+@BOTH
+def test_layer_missing_in_loaded_model(capsys, tmp_path, local_models, command):
     text = local_protocol("r", local_models["ok"], local_models["corpus"], extra="sites: {layers: [5]}\n")
-    expect_rejected(capsys, tmp_path, text, "sites.layers", "layer 5", "2 layers")
+    expect_rejected(capsys, tmp_path, text, "sites.layers", "layer 5", "2 layers", command=command)
 
 
-def test_local_model_directory_missing(capsys, tmp_path, local_models):
+@BOTH
+def test_local_model_directory_missing(capsys, tmp_path, local_models, command):
     text = local_protocol("r", tmp_path / "nowhere", local_models["corpus"])
-    expect_rejected(capsys, tmp_path, text, "models.m", "model directory not found")
+    expect_rejected(capsys, tmp_path, text, "models.m", "model directory not found", command=command)
 
 
-def test_local_model_directory_without_weights(capsys, tmp_path, local_models):
+@BOTH
+def test_local_model_directory_without_weights(capsys, tmp_path, local_models, command):
     (tmp_path / "empty-model").mkdir()
     text = local_protocol("r", tmp_path / "empty-model", local_models["corpus"])
-    expect_rejected(capsys, tmp_path, text, "models.m", "cannot be loaded")
+    expect_rejected(capsys, tmp_path, text, "models.m", "cannot be loaded", command=command)
 
 
-def test_unknown_hub_model_offline(capsys, tmp_path, local_models, monkeypatch):
+@BOTH
+def test_unknown_hub_model_offline(capsys, tmp_path, local_models, monkeypatch, command):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     text = local_protocol("r", local_models["ok"], local_models["corpus"]).replace(
         f"source: local, path: '{local_models['ok']}'", "source: hub, hub_id: no-such-org/no-such-model-anistat")
-    expect_rejected(capsys, tmp_path, text, "models.m", "no-such-org/no-such-model-anistat")
+    expect_rejected(capsys, tmp_path, text, "models.m", "no-such-org/no-such-model-anistat", command=command)
 
 
-def test_unknown_hub_revision_offline(capsys, tmp_path, local_models, monkeypatch):
+@BOTH
+def test_unknown_hub_revision_offline(capsys, tmp_path, local_models, monkeypatch, command):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     text = local_protocol("r", local_models["ok"], local_models["corpus"]).replace(
         f"source: local, path: '{local_models['ok']}'",
         "source: hub, hub_id: no-such-org/tiny, revisions: [step999999]")
-    expect_rejected(capsys, tmp_path, text, "models.m", "revision 'step999999'")
+    expect_rejected(capsys, tmp_path, text, "models.m", "revision 'step999999'", command=command)
 
 
 def test_nan_weights_rejected_in_one_line(capsys, tmp_path, local_models):

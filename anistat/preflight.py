@@ -1,0 +1,533 @@
+"""Preflight: everything `anistat run` would reject, checked before any model is trained or loaded.
+
+`anistat validate` and `anistat run` both call `preflight(protocol)`; `run` calls it for *every*
+model before the first one is trained or loaded, so a typo costs a second, not a training run.
+What is checked, per model (no weights are read):
+
+* local checkpoints: every directory exists (relative paths are relative to the protocol file,
+  see `resolve_path`) and its `config.json` reads (transformers `AutoConfig`, local files only);
+* hub models: the config of every revision reads (from the local cache when `HF_HUB_OFFLINE`
+  is set); a cache that holds only other revisions is named in the message;
+* built-in models: sizes from the protocol's `hidden_size` / `num_layers`;
+* the proxy ranks against the hidden size d — rank < d, 2k ≤ d for `normal` controls, the
+  `pca_span` dimension (one rule, `anistat.protocol.control_problem`); `data.seq_len` against
+  the model's maximum positions;
+* the sites: layers and site names exist (`residual.7` on a 3-block model is an error); module
+  sites are resolved on a weightless (meta-device) model built from the config;
+* data files (`data.paths`) exist.
+
+Then the protocol's claims are checked against the rows the plan will produce (`RowPlan`): the
+metric must be one the run writes, every `where` key a column of `results.csv` /
+`frequency.csv`, and every `where` value one that some planned row has (model names,
+checkpoint labels, steps, phases, layers, sites, ranks, proxies, controls, buckets). Each
+mistake is one line naming the field and the valid choices (exit 2 on the command line).
+
+Checks that need numbers only a loaded model gives (module-site dimensions, non-finite
+activations) stay where the model is loaded (`anistat.pipeline.fit_bases`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import AnistatInputError
+from .protocol import ClaimSpec, ModelSpec, Protocol, control_problem, fit_window_size
+
+# The rows `anistat.analyze` writes (a test runs the pipeline and checks this plan against the
+# real results.csv / frequency.csv row by row, so the two cannot drift apart silently).
+ENERGY_METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture",
+                  "delta_isoscore_star")
+DESCRIPTIVE_METRICS = tuple(f"{cloud}_{metric}" for cloud in ("gradient", "activation")
+                            for metric in ("isoscore", "isoscore_star", "participation_ratio", "effective_rank",
+                                           "mean_cosine"))
+CORRELATION_METRICS = ("spearman_logfreq_distance", "pearson_logfreq_distance")
+RESULT_COLUMNS = (
+    "model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim", "proxy", "control",
+    "metric", "estimate", "control_mean", "control_sd", "ci_low", "ci_high", "ci_method", "p_value",
+    "p_adjusted", "effect_size", "n_controls", "n_sequences", "n_tokens", "status", "note",
+)
+FREQUENCY_ONLY_COLUMNS = ("bucket",)
+# Columns whose values the plan fixes (claims' `where` values on them are checked); the others
+# (estimates, p-values, notes, …) are measured and cannot be checked before the run.
+UNIT_COLUMNS = ("model", "objective", "checkpoint", "step", "phase", "layer", "site", "dim")
+ROW_COLUMNS = ("proxy", "rank", "control", "metric", "bucket", "n_controls")
+
+_STANDARD_SITE = re.compile(r"(residual|attn|mlp)\.(-?\d+)")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+# ----------------------------------------------------------------------------------------------
+# relative paths
+# ----------------------------------------------------------------------------------------------
+def protocol_dir(protocol: Protocol) -> Path | None:
+    """The directory of the file the protocol was loaded from (None when built in memory)."""
+    return getattr(protocol, "_source_dir", None)
+
+
+def resolve_path(path: str | os.PathLike, base: Path | None) -> Path:
+    """A path from the protocol: absolute (after `~` expansion) as written, relative ones
+    against the protocol file's directory `base` (against the working directory when the
+    protocol was not read from a file)."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute() or base is None:
+        return candidate
+    return base / candidate
+
+
+def _resolve_pattern(pattern: str, base: Path | None) -> str:
+    expanded = os.path.expanduser(pattern)
+    if os.path.isabs(expanded) or base is None:
+        return expanded
+    return os.path.join(glob.escape(str(base)), expanded)
+
+
+def localized(protocol: Protocol) -> tuple[list[ModelSpec], Any]:
+    """(models, data) with every relative path resolved against the protocol file's directory:
+    what the pipeline loads. The protocol itself (its hash, its manifest copy) keeps the paths
+    as written, so moving a study folder does not change its identity."""
+    base = protocol_dir(protocol)
+    models = []
+    for spec in protocol.models:
+        if spec.source == "local":
+            update = {"path": str(resolve_path(spec.path, base))} if spec.path else {
+                "checkpoints": [str(resolve_path(c, base)) for c in spec.checkpoints]}
+            spec = spec.model_copy(update=update)
+        models.append(spec)
+    data = protocol.data
+    if data.paths:
+        data = data.model_copy(update={"paths": [_resolve_pattern(p, base) for p in data.paths]})
+    return models, data
+
+
+# ----------------------------------------------------------------------------------------------
+# the plan
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlannedSite:
+    name: str
+    layer: int
+    dim: int | None  # None: a module site, whose width is known once the model runs
+
+
+@dataclass(frozen=True)
+class PlannedModel:
+    """One protocol model as the run will measure it: sizes, checkpoints (label, step), sites."""
+
+    name: str
+    source: str
+    objective: str | None
+    hidden_size: int | None
+    num_layers: int | None
+    checkpoints: tuple[tuple[str, int | None], ...]
+    sites: tuple[PlannedSite, ...]
+
+    def units(self, fit_window: float) -> list[dict[str, Any]]:
+        """One dict of unit columns (`UNIT_COLUMNS`) per checkpoint × site."""
+        n_early = fit_window_size(len(self.checkpoints), fit_window)
+        return [{"model": self.name, "objective": self.objective, "checkpoint": label, "step": step,
+                 "phase": "early" if i < n_early else "late", "layer": site.layer, "site": site.name,
+                 "dim": site.dim}
+                for i, (label, step) in enumerate(self.checkpoints) for site in self.sites]
+
+
+@dataclass(frozen=True)
+class RowFamily:
+    """Rows written for every unit, as a product of value sets (`None` in a set: the column is
+    empty in these rows; `ANY`: measured, unknown before the run)."""
+
+    name: str
+    values: dict[str, tuple]
+    frequency: bool = False  # rows of frequency.csv (selected by claims only when they name a bucket)
+
+
+ANY = object()
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The result rows a protocol will produce (`results.csv` and `frequency.csv`), without
+    listing them: unit columns per unit, the rest as products per `RowFamily`."""
+
+    units: tuple[dict[str, Any], ...]
+    families: tuple[RowFamily, ...]
+
+    @property
+    def metrics(self) -> list[str]:
+        return sorted({m for f in self.families for m in f.values["metric"]})
+
+    @property
+    def columns(self) -> list[str]:
+        return list(RESULT_COLUMNS) + list(FREQUENCY_ONLY_COLUMNS)
+
+    def rows(self) -> Iterable[dict[str, Any]]:
+        """Every planned row's key columns (for tests and small protocols; large plans are
+        checked through the families without listing rows)."""
+        import itertools
+
+        for family in self.families:
+            keys = [k for k in ROW_COLUMNS if k in family.values]
+            for unit in self.units:
+                for combo in itertools.product(*(family.values[k] for k in keys)):
+                    yield {**unit, **dict(zip(keys, combo)), "_family": family.name}
+
+
+def row_plan(protocol: Protocol, models: list[PlannedModel]) -> RowPlan:
+    """The rows of `anistat.analyze.analyze_units` / `frequency_rows` for this plan."""
+    methods, ranks = tuple(protocol.proxies.methods), tuple(protocol.proxies.ranks)
+    kinds = tuple(protocol.controls.kinds)
+    buckets = tuple(str(b) for b in range(protocol.data.n_frequency_buckets))
+    units = tuple(u for m in models for u in m.units(protocol.proxies.fit_window))
+    families = (
+        RowFamily("descriptive", {"metric": DESCRIPTIVE_METRICS, "proxy": ("none",), "rank": (None,),
+                                  "control": ("none",), "bucket": ("",), "n_controls": (0,)}),
+        RowFamily("oracle", {"metric": ("oracle_fraction",), "proxy": ("oracle",), "rank": ranks,
+                             "control": ("none",), "bucket": ("",), "n_controls": (0,)}),
+        RowFamily("energy", {"metric": ENERGY_METRICS, "proxy": methods, "rank": ranks, "control": kinds,
+                             "bucket": ("",), "n_controls": (protocol.controls.n,)}),
+        RowFamily("frequency-bucket", {"metric": ("energy_ratio",), "proxy": methods, "rank": ranks,
+                                       "control": kinds, "bucket": buckets, "n_controls": (None,)}, frequency=True),
+        RowFamily("frequency-correlation", {"metric": CORRELATION_METRICS, "proxy": ("none",), "rank": (None,),
+                                            "control": ("none",), "bucket": ("all",), "n_controls": (None,)}),
+    )
+    return RowPlan(units, families)
+
+
+# ----------------------------------------------------------------------------------------------
+# per model
+# ----------------------------------------------------------------------------------------------
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def cached_revisions(hub_id: str) -> list[str]:
+    """Branch/tag names of `hub_id` in the local Hugging Face cache (its `refs/` folder)."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return []
+    refs = Path(constants.HF_HUB_CACHE) / f"models--{hub_id.replace('/', '--')}" / "refs"
+    if not refs.is_dir():
+        return []
+    return sorted(p.relative_to(refs).as_posix() for p in refs.rglob("*") if p.is_file())
+
+
+def missing_revision_message(hub_id: str, revision: str | None, *, option: str) -> str | None:
+    """When `hub_id` could not be read at `revision` but the local cache holds *other* revisions
+    of it (typically a checkpoint series cached as step1000, step2000, … without `main`): a
+    message naming them and the option to pass, instead of the hub client's connection error.
+    None when the cache holds no other revision."""
+    cached = _natural_sorted(r for r in cached_revisions(hub_id) if r != (revision or "main"))
+    if not cached:
+        return None
+    shown = ", ".join(cached[:6]) + (f", … ({len(cached)} in all)" if len(cached) > 6 else "")
+    return (f"'{hub_id}' has no revision '{revision or 'main'}' in the local cache (and the hub was not "
+            f"reached); cached revisions: {shown} — pass {option.format(revision=cached[0])}")
+
+
+def _natural_sorted(values: Iterable[str]) -> list[str]:
+    return sorted(values, key=lambda v: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", v)])
+
+
+def read_config(source: str, *, revision: str | None, trust_remote_code: bool, local_only: bool, where: str):
+    """A transformers config (no weights), or one clear line naming `where`."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code,
+                                          local_files_only=local_only)
+    except (OSError, ValueError, KeyError) as error:
+        return AnistatInputError(f"{where} cannot be loaded: {_first_line(error)}")
+
+
+def config_sizes(config: Any) -> tuple[int, int, int | None]:
+    """(hidden size d, number of blocks, maximum positions) of a transformers config."""
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or getattr(config, "d_model")
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer")
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return int(hidden), int(layers), (int(positions) if positions else None)
+
+
+def _builtin_sites(spec: ModelSpec, protocol: Protocol) -> list[PlannedSite] | None:
+    """Sites of a built-in model from its protocol sizes; None when a module site needs the
+    module tree."""
+    sites_spec, n, d = protocol.sites, spec.num_layers, spec.hidden_size
+    where = f"models.{spec.name}"
+    out: list[PlannedSite] = []
+    if sites_spec.names:
+        for name in sites_spec.names:
+            name = name.strip()
+            if name == "embed":
+                out.append(PlannedSite("embed", -1, d))
+                continue
+            if name.startswith("module:"):
+                return None
+            match = _STANDARD_SITE.fullmatch(name)
+            if not match:
+                raise AnistatInputError(f"sites.names: unknown site name '{name}' (expected embed, residual.L, "
+                                        "attn.L, mlp.L or module:NAME)")
+            layer = int(match.group(2))
+            index = layer + n if layer < 0 else layer
+            if not 0 <= index < n:
+                raise AnistatInputError(
+                    f"sites.names: '{name}' does not exist in {where} ({n} block(s): layers 0…{n - 1}, "
+                    f"e.g. {match.group(1)}.{n - 1})")
+            out.append(PlannedSite(f"{match.group(1)}.{index}", index, d))
+    else:
+        kinds = sites_spec.kind if isinstance(sites_spec.kind, list) else [sites_spec.kind]
+        if "module" in kinds:
+            return None
+        layers = list(range(n)) if sites_spec.layers == "all" else sorted({l + n if l < 0 else l
+                                                                          for l in sites_spec.layers})
+        for kind in kinds:
+            if kind == "embed":
+                out.append(PlannedSite("embed", -1, d))
+            else:
+                out.extend(PlannedSite(f"{kind}.{layer}", layer, d) for layer in layers)
+    unique: dict[str, PlannedSite] = {}
+    for site in out:
+        unique.setdefault(site.name, site)
+    return list(unique.values())
+
+
+def _meta_model_sites(build, protocol: Protocol, spec: ModelSpec, hidden_size: int) -> list[PlannedSite]:
+    """Sites resolved on a weightless model: `build()` runs under the meta device."""
+    import torch
+
+    from .collect.sites import sites_from_spec
+
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = build()
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise AnistatInputError(f"models.{spec.name}: cannot build the model from its config: "
+                                f"{_first_line(error)}") from None
+    try:
+        sites = sites_from_spec(model, protocol.sites, spec.name)
+    except AnistatInputError as error:
+        raise AnistatInputError(f"models.{spec.name}: {error}") from None
+    return [PlannedSite(s.name, s.layer, hidden_size if s.kind != "module" else None) for s in sites]
+
+
+def _check_sizes(protocol: Protocol, spec: ModelSpec, hidden_size: int, max_positions: int | None) -> None:
+    problem = control_problem(protocol.controls, protocol.proxies.ranks, hidden_size)
+    if problem:
+        raise AnistatInputError(f"models.{spec.name}: {problem}")
+    if max_positions and protocol.data.seq_len > max_positions:
+        raise AnistatInputError(f"data.seq_len {protocol.data.seq_len} exceeds models.{spec.name}'s max positions "
+                                f"{max_positions}")
+
+
+def _check_layers(protocol: Protocol, spec: ModelSpec, num_layers: int) -> None:
+    if isinstance(protocol.sites.layers, list) and not protocol.sites.names:
+        bad = [l for l in protocol.sites.layers if not -num_layers <= l < num_layers]
+        if bad:
+            raise AnistatInputError(f"sites.layers: layer {bad[0]} does not exist in models.{spec.name} "
+                                    f"({num_layers} layers)")
+
+
+def plan_builtin(spec: ModelSpec, protocol: Protocol) -> PlannedModel:
+    _check_sizes(protocol, spec, spec.hidden_size, None)  # built-in models are made for data.seq_len
+    _check_layers(protocol, spec, spec.num_layers)
+    sites = _builtin_sites(spec, protocol)
+    if sites is None:
+        from .models import build_builtin_model
+
+        sites = _meta_model_sites(lambda: build_builtin_model(spec, protocol.data.vocab_size, protocol.data.seq_len,
+                                                              protocol.seed), protocol, spec, spec.hidden_size)
+    checkpoints = tuple((f"step{s}", s) for s in spec.train.checkpoints)
+    return PlannedModel(spec.name, "builtin", spec.resolved_objective, spec.hidden_size, spec.num_layers,
+                        checkpoints, tuple(sites))
+
+
+def plan_pretrained(spec: ModelSpec, protocol: Protocol, base: Path | None) -> PlannedModel:
+    """local / hub / minilm: configs read without weights, sites resolved on a meta model."""
+    where = f"models.{spec.name}"
+    if spec.source == "local":
+        written = [spec.path] if spec.path else list(spec.checkpoints)
+        sources = []
+        for text in written:
+            directory = resolve_path(text, base)
+            if not directory.is_dir():
+                shown = f"{text} (resolved against the protocol's folder: {directory})" if str(directory) != text \
+                    else text
+                raise AnistatInputError(f"{where}: model directory not found: {shown}")
+            if not (directory / "config.json").is_file():
+                raise AnistatInputError(f"{where}: '{directory}' cannot be loaded: no config.json (not a "
+                                        "save_pretrained directory)")
+            sources.append((str(directory), None, directory.name))
+        local_only = True
+    elif spec.source == "hub":
+        sources = [(spec.hub_id, r, r or "main") for r in (list(spec.revisions) or [None])]
+        local_only = _hub_offline()
+    else:  # minilm
+        from .models import minilm_path
+
+        sources = [(str(minilm_path()), None, "final")]
+        local_only = True
+    configs = []
+    for source, revision, _ in sources:
+        label = f"{where}: '{source}'" + (f" revision '{revision}'" if revision else "")
+        config = read_config(source, revision=revision, trust_remote_code=spec.trust_remote_code,
+                             local_only=local_only, where=label)
+        if isinstance(config, AnistatInputError):
+            message = missing_revision_message(spec.hub_id, revision, option="revisions: [{revision}, …]") \
+                if spec.source == "hub" else None
+            raise AnistatInputError(f"{where}: {message}") if message else config
+        configs.append(config)
+    sizes = [config_sizes(c) for c in configs]
+    hidden_size, num_layers, max_positions = sizes[0]
+    if any(s[:2] != sizes[0][:2] for s in sizes):
+        labels = ", ".join(f"{label}: d={s[0]}, {s[1]} layers" for (_, _, label), s in zip(sources, sizes))
+        raise AnistatInputError(f"{where}: the checkpoints differ in shape ({labels}); a series must be one model")
+    from .models import infer_objective
+
+    objective = "mlm" if spec.source == "minilm" else (spec.objective or infer_objective(configs[0]))
+    _check_sizes(protocol, spec, hidden_size, max_positions)
+    _check_layers(protocol, spec, num_layers)
+
+    def build():
+        from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+        auto = AutoModelForCausalLM if objective == "clm" else AutoModelForMaskedLM
+        return auto.from_config(configs[0], trust_remote_code=spec.trust_remote_code)
+
+    sites = _meta_model_sites(build, protocol, spec, hidden_size)
+    steps = list(spec.steps) if spec.steps else [None] * len(sources)
+    checkpoints = tuple((label, step) for (_, _, label), step in zip(sources, steps))
+    return PlannedModel(spec.name, spec.source, objective, hidden_size, num_layers, checkpoints, tuple(sites))
+
+
+def _check_data_paths(protocol: Protocol, base: Path | None) -> None:
+    """Every `data.paths` entry names a file (a glob: matches at least one), as `anistat.data`
+    will read it (the same one-line messages; relative entries resolved like model paths)."""
+    for pattern in protocol.data.paths:
+        resolved = _resolve_pattern(pattern, base)
+        relative = f" (relative to the protocol's folder {base})" if resolved != os.path.expanduser(pattern) else ""
+        if _GLOB_CHARS.search(os.path.expanduser(pattern)):
+            if not glob.glob(resolved, recursive=True):
+                raise AnistatInputError(f"data.paths: no file matches '{pattern}'{relative}")
+        elif not os.path.exists(resolved):
+            raise AnistatInputError(f"data.paths: file not found: {pattern}{relative}")
+        elif not os.path.isfile(resolved):
+            raise AnistatInputError(f"data.paths: not a regular file: {pattern}{relative}")
+
+
+# ----------------------------------------------------------------------------------------------
+# claims
+# ----------------------------------------------------------------------------------------------
+def _suggest(wrong: str, valid: Iterable[str]) -> str:
+    close = difflib.get_close_matches(str(wrong), [str(v) for v in valid], n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'? " if close else ""
+
+
+def _value_matches(planned: Any, wanted: list) -> bool:
+    """`anistat.claims._matches` for one planned value: numbers compare numerically (rank 4
+    matches 4.0), everything else as text; an empty column matches nothing."""
+    if planned is ANY:
+        return True
+    if planned is None:
+        return False
+    for value in wanted:
+        if str(planned) == str(value):
+            return True
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(planned, (int, float)):
+            if float(planned) == float(value):
+                return True
+    return False
+
+
+def _show(values: Iterable[Any], limit: int = 12) -> str:
+    shown = [str(v) for v in values if v is not None and v is not ANY]
+    unique = list(dict.fromkeys(shown))
+    text = ", ".join(_natural_sorted(unique)[:limit])
+    return text + (f", … ({len(unique)} in all)" if len(unique) > limit else "")
+
+
+def check_claim(index: int, claim: ClaimSpec, plan: RowPlan) -> None:
+    """One clear line if the claim can select no row of the plan (see module docstring)."""
+    label = f"claims[{index}] '{claim.id}'"
+    if claim.metric not in plan.metrics:
+        raise AnistatInputError(f"{label}: metric '{claim.metric}' is not produced by this protocol; "
+                                f"{_suggest(claim.metric, plan.metrics)}valid metrics: {', '.join(plan.metrics)}")
+    valid_columns = plan.columns
+    for key in claim.where:
+        if key not in valid_columns:
+            raise AnistatInputError(f"{label}: where key '{key}' is not a result column; "
+                                    f"{_suggest(key, valid_columns)}valid keys: {', '.join(valid_columns)}")
+    where = {k: (v if isinstance(v, list) else [v]) for k, v in claim.where.items()}
+    families = [f for f in plan.families if claim.metric in f.values["metric"]
+                and (not f.frequency or "bucket" in where)]
+    checked = {k: v for k, v in where.items() if k in UNIT_COLUMNS or k in ROW_COLUMNS}
+    # each value on its own: is there a row of this metric that has it?
+    for key, wanted in checked.items():
+        if key in UNIT_COLUMNS:
+            seen = [u[key] for u in plan.units]
+        else:
+            seen = [v for f in families for v in f.values.get(key, (None,))]
+        for value in wanted:
+            if not any(_value_matches(s, [value]) for s in seen):
+                raise AnistatInputError(
+                    f"{label}: where.{key} = {value!r}: no '{claim.metric}' row of this protocol will have it; "
+                    f"{_suggest(value, [str(s) for s in seen if s is not None])}values in this plan: "
+                    f"{_show(seen) or '(none: the column is empty for this metric)'}")
+    # all values together
+    units = [u for u in plan.units if all(_value_matches(u[k], v) for k, v in checked.items() if k in UNIT_COLUMNS)]
+    for family in families:
+        if units and all(any(_value_matches(s, v) for s in family.values.get(k, (None,)))
+                         for k, v in checked.items() if k in ROW_COLUMNS):
+            return
+    shown = ", ".join(f"{k}={v if len(v) > 1 else v[0]}" for k, v in where.items())
+    raise AnistatInputError(f"{label}: metric '{claim.metric}' where {shown} selects no row of this protocol "
+                            "(each value occurs, but not together)")
+
+
+# ----------------------------------------------------------------------------------------------
+# the entry point
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Preflight:
+    """What the preflight found: every model as it will be measured, and the planned rows."""
+
+    models: tuple[PlannedModel, ...]
+    plan: RowPlan
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def preflight(protocol: Protocol | str | Path, *, for_run: bool = True) -> Preflight:
+    """Check everything `anistat run` would reject, without training or loading any model.
+
+    `for_run=False` (`anistat validate`) accepts `source: external` models (measured by
+    `anistat.callbacks`, not by `anistat run`) and plans nothing for them."""
+    if not isinstance(protocol, Protocol):
+        from .protocol import load_protocol
+
+        protocol = load_protocol(protocol)
+    base = protocol_dir(protocol)
+    _check_data_paths(protocol, base)
+    models: list[PlannedModel] = []
+    notes: list[str] = []
+    for spec in protocol.models:
+        if spec.source == "external":
+            if for_run:
+                raise AnistatInputError(f"models.{spec.name}: source 'external' is measured inside a training loop "
+                                        "(anistat.callbacks), not by `anistat run`")
+            notes.append(f"models.{spec.name}: external (measured by TrainingMeter / AnistatCallback)")
+            continue
+        models.append(plan_builtin(spec, protocol) if spec.source == "builtin"
+                      else plan_pretrained(spec, protocol, base))
+    plan = row_plan(protocol, models)
+    if models:  # a protocol of external models only is planned by the training loop
+        for index, claim in enumerate(protocol.claims):
+            check_claim(index, claim, plan)
+    return Preflight(tuple(models), plan, tuple(notes))
