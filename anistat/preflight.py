@@ -152,7 +152,10 @@ ANY = object()
 @dataclass(frozen=True)
 class RowPlan:
     """The result rows a protocol will produce (`results.csv` and `frequency.csv`), without
-    listing them: unit columns per unit, the rest as products per `RowFamily`."""
+    listing them: unit columns per unit, the rest as products per `RowFamily`. Every written row
+    is planned; two kinds of planned rows depend on the data and may be absent: a frequency
+    bucket no measured token falls in, and the log-frequency correlations of a unit with fewer
+    than three token types seen twice."""
 
     units: tuple[dict[str, Any], ...]
     families: tuple[RowFamily, ...]

@@ -106,7 +106,10 @@ def test_run_with_invalid_input_leaves_nothing(tmp_path):
     )
     result = anistat("run", path, "--out", tmp_path / "out")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["anistat: error: data.paths: file not found: no-such-file.txt"]
+    # relative data paths resolve against the protocol file's folder (and the message says so)
+    assert result.stderr.strip().splitlines() == [
+        f"anistat: error: data.paths: file not found: no-such-file.txt (relative to the protocol's folder "
+        f"{tmp_path.resolve()})"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["missing-data.yaml"]
 
 
