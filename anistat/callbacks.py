@@ -40,13 +40,34 @@ Example (Trainer)::
 
 Not supported: gradient checkpointing (the recomputed forward would create new probes) — the
 meter refuses it with a clear error.
+
+**Checked before the first step.** The meter (and so the callback, in `on_train_begin`) checks
+everything it can before training starts: the proxy ranks and control kinds against the model's
+hidden size d (rank < d, 2k ≤ d for normal controls, …, one rule with `anistat run`:
+`anistat.protocol.control_problem`), the sites against the model, the claims against the units
+it will write, that measured and fit steps fall before `max_steps` (unreachable measured steps
+are dropped with an `AnistatWarning`, and none reachable is an error), gradient checkpointing,
+and that `out` holds no bundle yet (`overwrite=True` replaces one). It then prints one line
+saying what it will measure (`verbose=False` silences it).
+
+**Truthful record.** The bundle's protocol describes the external model with its real hidden
+size and number of blocks (and, under the Trainer, the real training settings: steps, batch,
+learning rate, warm-up); the manifest's corpus and model entries say that the protocol's
+`data` settings do not apply (the loop's own batches were measured) and give the sequence
+length and counts actually seen. After the bundle is written the `<out>.units/` folder is
+removed (`keep_units=True` keeps it for `finalize_bundle`). The callback never raises at the end
+of training: a failure to write the bundle becomes an `AnistatWarning` (units kept), so the
+user's own saving after `trainer.train()` still happens.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import shutil
+import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -55,15 +76,28 @@ import torch
 
 from .collect import BasisSet, SiteAccumulator, UnitKey, probe, sites_from_spec
 from .collect.finalize import finalize_bundle
-from .errors import AnistatInputError
+from .errors import AnistatInputError, AnistatWarning
 from .geometry import draw_controls, fit_proxy, frequency_buckets
 from .models import infer_objective
-from .protocol import Protocol, fit_window_size, load_protocol, parse_protocol
+from .protocol import Protocol, control_problem, fit_window_size, load_protocol, parse_protocol
 from .seeding import derive_seed
 
 
+def model_sizes(model: torch.nn.Module) -> tuple[int | None, int | None]:
+    """(hidden size d, number of blocks) from a transformers-style config; None where unknown."""
+    config = getattr(model, "config", None)
+    hidden = (getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+              or getattr(config, "d_model", None)) if config is not None else None
+    layers = (getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)) \
+        if config is not None else None
+    return (int(hidden) if hidden else None), (int(layers) if layers else None)
+
+
 def _external_protocol(protocol: Protocol | str | Path | dict | None, name: str, objective: str | None,
-                       overrides: dict[str, Any]) -> Protocol:
+                       overrides: dict[str, Any], model_facts: dict[str, Any] | None = None) -> Protocol:
+    """The protocol of a measured training run. Built from a dict / None, its one `external`
+    model carries the model's real sizes and (under the Trainer) training settings
+    (`model_facts`), so the bundle does not record built-in defaults that never applied."""
     if isinstance(protocol, Protocol):
         if overrides:
             raise TypeError("pass either a Protocol or keyword overrides, not both")
@@ -74,7 +108,8 @@ def _external_protocol(protocol: Protocol | str | Path | dict | None, name: str,
         return load_protocol(protocol)
     data: dict[str, Any] = dict(protocol or {})
     data.setdefault("name", name)
-    data.setdefault("models", [{"name": name, "source": "external", **({"objective": objective} if objective else {})}])
+    data.setdefault("models", [{"name": name, "source": "external", **({"objective": objective} if objective else {}),
+                                **(model_facts or {})}])
     data.setdefault("report", {"compile_pdf": False})
     data.update(overrides)
     return parse_protocol(data, "TrainingMeter protocol")
@@ -97,21 +132,41 @@ class TrainingMeter:
     token_counts : corpus token counts (vocab,) for frequency buckets; default: counts of the
         tokens seen on fit steps.
     exact : per-batch statistics in float64 (default float32 products, float64 running sums).
+    max_steps, first_step : the steps the training run will take, [first_step, max_steps) (when
+        known): measured steps outside are dropped with a warning; fit steps outside are an error.
+    overwrite : replace an existing bundle at `out` (refused by default, as `anistat run`).
+    keep_units : keep `<out>.units/` after the bundle is written (default: removed).
+    verbose : print one line on stderr saying what will be measured.
+    training : the run's real training settings (`steps`, `batch_size`, `learning_rate`,
+        `weight_decay`, `warmup_steps`) recorded as the external model's `train` section.
     """
 
     def __init__(self, model: torch.nn.Module, protocol: Protocol | str | Path | dict | None = None, *,
                  out: str | Path, measure_steps: Iterable[int], fit_steps: Iterable[int] | None = None,
                  window: int = 1, name: str = "training", objective: str | None = None,
-                 token_counts: np.ndarray | None = None, exact: bool = False, **overrides: Any):
+                 token_counts: np.ndarray | None = None, exact: bool = False, max_steps: int | None = None,
+                 first_step: int = 0, overwrite: bool = False, keep_units: bool = False, verbose: bool = True,
+                 training: dict[str, Any] | None = None, **overrides: Any):
         self.model = model
-        self.protocol = _external_protocol(protocol, name, objective, overrides)
-        self.name = self.protocol.models[0].name
-        self.out = Path(out)
-        self.units_dir = self.out.parent / f"{self.out.name}.units"
+        hidden_size, num_layers = model_sizes(model)
         self.measure_steps = sorted(set(int(s) for s in measure_steps))
         if not self.measure_steps:
             raise AnistatInputError("TrainingMeter: measure_steps is empty")
         self.fit_steps = sorted(set(int(s) for s in (fit_steps if fit_steps is not None else self.measure_steps[:1])))
+        self.dropped_steps = self._reachable(max_steps, first_step)
+        facts: dict[str, Any] = {}
+        if hidden_size:
+            facts["hidden_size"] = hidden_size
+        if num_layers:
+            facts["num_layers"] = num_layers
+        if training:
+            facts["train"] = {**training, "checkpoints": self.measure_steps}
+        self.protocol = _external_protocol(protocol, name, objective, overrides, facts)
+        self.name = self.protocol.models[0].name
+        self.out = Path(out)
+        self.units_dir = self.out.parent / f"{self.out.name}.units"
+        self.keep_units = keep_units
+        self._check_out(overwrite)
         if self.fit_steps and self.measure_steps[0] < self.fit_steps[-1]:
             raise AnistatInputError(
                 f"TrainingMeter: measured step {self.measure_steps[0]} comes before the last fit step "
@@ -125,8 +180,15 @@ class TrainingMeter:
             infer_objective(config) if config is not None else "clm")
         self.vocab_size = int(getattr(config, "vocab_size", 0) or 0)
         self.sites = sites_from_spec(model, self.protocol.sites, self.name)
+        self.hidden_size = hidden_size
+        self._check_sizes()
+        self._check_claims()
+        if self._checkpointing():
+            raise AnistatInputError("TrainingMeter: gradient checkpointing is not supported (it re-runs the forward); "
+                                    "turn it off for the measured run")
         self.device = next(model.parameters()).device
         self.token_counts = token_counts
+        self._counts_given = token_counts is not None
         # per-batch statistics in float32 by default (halves the cost inside training; every
         # running sum stays float64, so per-unit relative error stays ~1e-7); exact=True: float64
         self.compute_dtype = torch.float64 if exact else torch.float32
@@ -150,6 +212,78 @@ class TrainingMeter:
         n_units = len(self.measure_steps)
         self._n_early = fit_window_size(n_units, self.protocol.proxies.fit_window)
         self._unit_index = {step: i for i, step in enumerate(self.measure_steps)}
+        self._seen_length = 0
+        self._fit_sequences = 0
+        if verbose:
+            print(self.describe(), file=sys.stderr)
+
+    # -- checks before the first step ------------------------------------------------------------
+    def _reachable(self, max_steps: int | None, first_step: int) -> list[int]:
+        """Drop measured steps outside [first_step, max_steps) (warned); an unreachable fit step
+        or no reachable measured step is an error. Returns the dropped steps."""
+        end = max_steps if max_steps is not None and max_steps > 0 else None
+        outside = [s for s in self.measure_steps if s < first_step or (end is not None and s >= end)]
+        span = f"steps {first_step}…{end - 1}" if end is not None else f"steps from {first_step}"
+        if len(outside) == len(self.measure_steps):
+            raise AnistatInputError(f"TrainingMeter: no measured step is reached: measure_steps {self.measure_steps} "
+                                    f"all lie outside the training run's {span}")
+        late_fit = [s for s in self.fit_steps if s < first_step or (end is not None and s >= end)]
+        if late_fit:
+            raise AnistatInputError(f"TrainingMeter: fit step(s) {late_fit} lie outside the training run's {span}; "
+                                    "the proxies could not be fitted")
+        if outside:
+            warnings.warn(AnistatWarning(
+                f"TrainingMeter: measured step(s) {outside} lie outside the training run's {span} and will not be "
+                f"measured; measuring {len(self.measure_steps) - len(outside)} step(s)"), stacklevel=3)
+            self.measure_steps = [s for s in self.measure_steps if s not in outside]
+        return outside
+
+    def _check_out(self, overwrite: bool) -> None:
+        from .bundle import check_destination
+
+        check_destination(self.out)
+        if not overwrite and (self.out / "manifest.json").is_file():
+            raise AnistatInputError(f"TrainingMeter: out {self.out}: a bundle already exists there; pass "
+                                    "overwrite=True to replace it, or choose another out")
+
+    def _check_sizes(self) -> None:
+        """Ranks and control kinds against d, before training (module sites, whose width is known
+        only once the model runs, are checked when the proxies are fitted)."""
+        if self.hidden_size is None or not any(s.kind != "module" for s in self.sites):
+            return
+        problem = control_problem(self.protocol.controls, self.protocol.proxies.ranks, self.hidden_size)
+        if problem:
+            raise AnistatInputError(f"TrainingMeter: models.{self.name}: {problem}")
+
+    def _check_claims(self) -> None:
+        """The protocol's claims against the units this meter will write (as `anistat validate`)."""
+        if not self.protocol.claims:
+            return
+        from .preflight import PlannedModel, PlannedSite, check_claim, row_plan
+
+        planned = PlannedModel(self.name, "external", self.objective, self.hidden_size, None,
+                               tuple((f"step{s}", s) for s in self.measure_steps),
+                               tuple(PlannedSite(s.name, s.layer, self.hidden_size if s.kind != "module" else None)
+                                     for s in self.sites))
+        plan = row_plan(self.protocol, [planned])
+        for index, claim in enumerate(self.protocol.claims):
+            check_claim(index, claim, plan)
+
+    def _checkpointing(self) -> bool:
+        attribute = ("is_activation_checkpointing" if hasattr(type(self.model), "is_activation_checkpointing")
+                     else "is_gradient_checkpointing")
+        return bool(getattr(self.model, attribute, False))
+
+    def describe(self) -> str:
+        """One line: what will be measured, where, and where the bundle goes."""
+        p = self.protocol
+        sites = ", ".join(s.name for s in self.sites)
+        steps = ", ".join(map(str, self.measure_steps[:8])) + (", …" if len(self.measure_steps) > 8 else "")
+        window = f" (windows of {self.window} steps)" if self.window > 1 else ""
+        return (f"anistat: measuring '{self.name}' (d={self.hidden_size or '?'}) at {sites}; proxies "
+                f"{'/'.join(p.proxies.methods)} rank {'/'.join(map(str, p.proxies.ranks))} fitted on step(s) "
+                f"{', '.join(map(str, self.fit_steps))}, {p.controls.n} {'/'.join(p.controls.kinds)} controls; "
+                f"measured steps {steps}{window} → {self.out}")
 
     # -- which steps ----------------------------------------------------------------------------
     def _unit_start(self, step: int) -> int | None:
@@ -168,9 +302,7 @@ class TrainingMeter:
         measure = self._unit_start(step) is not None
         if not (fit or measure):
             return
-        attribute = ("is_activation_checkpointing" if hasattr(type(self.model), "is_activation_checkpointing")
-                     else "is_gradient_checkpointing")
-        if getattr(self.model, attribute, False):
+        if self._checkpointing():  # switched on after the meter was made
             raise AnistatInputError("TrainingMeter: gradient checkpointing is not supported (it re-runs the forward)")
         if self._started_at is None:
             from .bundle import utc_now
@@ -231,6 +363,7 @@ class TrainingMeter:
         per_step = math.ceil(cap / max(1, len(self.fit_steps)))
         generator = torch.Generator().manual_seed(derive_seed(self.protocol.seed, self.name, self._current, "fit"))
         ids = [i for i in self._inputs]
+        self._fit_sequences += sum(int(a.shape[0]) for a in record.all_activations[self.sites[0].name])
         for site in self.sites:
             rows = torch.cat([a.reshape(-1, a.shape[-1]) for a in record.all_activations[site.name]]).float().cpu()
             keep = torch.randperm(rows.shape[0], generator=generator)[:per_step].sort().values
@@ -257,10 +390,9 @@ class TrainingMeter:
         for site in self.sites:
             sample = torch.cat(self._fit_rows[site.name])
             dim = sample.shape[1]
-            too_big = [r for r in protocol.proxies.ranks if r >= dim]
-            if too_big:
-                raise AnistatInputError(f"proxies.ranks {too_big} must be smaller than the dimension {dim} of site "
-                                        f"{site.name}")
+            problem = control_problem(protocol.controls, protocol.proxies.ranks, dim)
+            if problem:
+                raise AnistatInputError(f"TrainingMeter: site {site.name} (dimension {dim}): {problem}")
             sets = []
             for method in protocol.proxies.methods:
                 for rank in protocol.proxies.ranks:
@@ -308,6 +440,7 @@ class TrainingMeter:
             ids = self._inputs[f] if f < len(self._inputs) else None
             first = record.all_activations[self.sites[0].name][f]
             batch, length = first.shape[0], first.shape[1]
+            self._seen_length = max(self._seen_length, int(length))
             if ids is None or ids.shape[:2] != (batch, length):
                 ids = torch.zeros(batch, length, dtype=torch.long, device=self.device)
             used = length - 1 if self.objective == "clm" else length
@@ -347,13 +480,27 @@ class TrainingMeter:
             self._close_unit()
         if not self.artifacts:
             raise AnistatInputError("TrainingMeter: no measured step was reached; nothing to write")
-        models = {self.name: {"source": "external", "objective": self.objective, "sites": [s.name for s in self.sites],
-                              "fit_steps": self.fit_steps, "measure_steps": self.measure_steps,
-                              "window": self.window, "model_class": type(self.model).__name__}}
+        measured = sorted({a.key.step for a in self.artifacts if a.key.site == self.sites[0].name})
+        n_sequences = self._sequence_counter
+        data_note = ("the training loop's own batches were measured; the protocol's data settings (source, seq_len, "
+                     "n_fit_sequences, n_test_sequences, vocab_size, batch_size) were not used")
+        models = {self.name: {"source": "external", "objective": self.objective, "model_class": type(self.model).__name__,
+                              "hidden_size": self.hidden_size, "num_layers": model_sizes(self.model)[1],
+                              "sites": [s.name for s in self.sites], "fit_steps": self.fit_steps,
+                              "measure_steps": self.measure_steps, "measured_steps": measured,
+                              "unreached_steps": sorted(set(self.measure_steps) - set(measured)),
+                              "dropped_steps": self.dropped_steps, "window": self.window,
+                              "data": data_note}}
         counts = {self.name: self.token_counts} if self.token_counts is not None else None
-        return finalize_bundle(self.artifacts, self.protocol, self.out, token_counts=counts, models=models,
-                               device=str(self.device), started_at=self._started_at,
-                               corpus={"name": "training batches", "sha256": None, "documents": None})
+        corpus = {"name": "training batches", "sha256": None, "documents": None, "note": data_note,
+                  "sequence_length": self._seen_length, "fit_sequences": self._fit_sequences,
+                  "measured_sequences": n_sequences,
+                  "token_counts": "given by the caller" if self._counts_given else "counted on the fit steps' batches"}
+        result = finalize_bundle(self.artifacts, self.protocol, self.out, token_counts=counts, models=models,
+                                 device=str(self.device), started_at=self._started_at, corpus=corpus)
+        if not self.keep_units:
+            shutil.rmtree(self.units_dir, ignore_errors=True)
+        return result
 
 
 def _trainer_callback_base():
@@ -369,8 +516,14 @@ class AnistatCallback(_trainer_callback_base()):
 
     Step numbering: the step about to run, `state.global_step` at `on_step_begin` (0 = the
     first update, measured on the initial weights). Gradient accumulation is supported (every
-    micro-batch of a measured step is measured); the bundle is written at `on_train_end` and is
-    available as `callback.result`. Only the main process measures under multi-process training.
+    micro-batch of a measured step is measured). Everything is checked in `on_train_begin`,
+    before the first step, against the model and the `TrainingArguments` (`TrainingMeter`'s
+    checks, with `max_steps`, a resumed run's first step and gradient checkpointing from the
+    Trainer). The bundle is written at `on_train_end` and is available as `callback.result`;
+    if writing it fails, `on_train_end` warns (`AnistatWarning`, the reason in `callback.error`,
+    the measured units kept in `<out>.units/`) instead of raising, so the rest of the user's
+    script — saving the model — still runs. Only the main process measures under multi-process
+    training.
     """
 
     def __init__(self, protocol: Protocol | str | Path | dict | None = None, *, out: str | Path,
@@ -380,12 +533,26 @@ class AnistatCallback(_trainer_callback_base()):
                           fit_steps=None if fit_steps is None else list(fit_steps), window=window, **kwargs)
         self.meter: TrainingMeter | None = None
         self.result = None
+        self.error: BaseException | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is None:
             raise AnistatInputError("AnistatCallback: the Trainer passed no model")
-        if getattr(state, "is_world_process_zero", True):
-            self.meter = TrainingMeter(model, **self._args)
+        if getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None):
+            raise AnistatInputError("AnistatCallback: gradient checkpointing is not supported (it re-runs the "
+                                    "forward); set gradient_checkpointing=False in TrainingArguments")
+        if not getattr(state, "is_world_process_zero", True):
+            return
+        max_steps = int(getattr(state, "max_steps", 0) or 0) or (args.max_steps if args.max_steps > 0 else None)
+        training = None
+        if max_steps:
+            world = int(getattr(args, "world_size", 1) or 1)
+            training = {"steps": max_steps,
+                        "batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
+                        "learning_rate": float(args.learning_rate), "weight_decay": float(args.weight_decay),
+                        "warmup_steps": int(args.get_warmup_steps(max_steps))}
+        self.meter = TrainingMeter(model, max_steps=max_steps, first_step=int(state.global_step or 0),
+                                   training=training, **self._args)
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.meter is not None:
@@ -400,5 +567,12 @@ class AnistatCallback(_trainer_callback_base()):
             self.meter.end()
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.meter is not None:
+        if self.meter is None:
+            return
+        try:
             self.result = self.meter.close()
+        except Exception as error:  # noqa: BLE001 - never break the user's script after training
+            self.error = error
+            kept = (f"; the measured units are kept in {self.meter.units_dir} (anistat.collect.finalize_bundle)"
+                    if self.meter.units_dir.is_dir() else "")
+            warnings.warn(AnistatWarning(f"AnistatCallback: no bundle was written: {error}{kept}"), stacklevel=2)

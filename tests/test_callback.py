@@ -37,7 +37,7 @@ def test_plain_meter_piggybacks_on_the_training_backward(tmp_path: Path):
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
     batches = _batches(5)
     meter = TrainingMeter(model, out=tmp_path / "bundle", fit_steps=[0, 1], measure_steps=[1, 3], window=2,
-                          name="plain", **SETTINGS)
+                          name="plain", keep_units=True, **SETTINGS)
     forwards = {"n": 0}
     model.register_forward_pre_hook(lambda *a: forwards.__setitem__("n", forwards["n"] + 1))
     expected = {}
@@ -103,13 +103,138 @@ def test_trainer_callback_writes_a_bundle_that_report_accepts(tmp_path: Path):
                              seed=0)
     trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=Tokens(), callbacks=[callback])
     trainer.train()
+    assert not (tmp_path / "bundle.units").exists()  # cleaned up once the bundle is written
     artifacts = callback.meter.artifacts
     assert sorted({a.key.checkpoint for a in artifacts}) == ["step0", "step2", "step4"]
     assert all(a.n_tokens.shape[0] == 8 for a in artifacts)  # 2 micro-batches × 4 sequences per step
     assert all(a.status == "ok" for a in artifacts)
     bundle = tmp_path / "bundle"
     manifest = json.loads((bundle / "manifest.json").read_text())
-    assert manifest["models"]["trained"]["source"] == "external"
+    recorded = manifest["models"]["trained"]
+    assert recorded["source"] == "external" and recorded["hidden_size"] == 16 and recorded["num_layers"] == 2
+    assert recorded["measured_steps"] == [0, 2, 4] and "data settings" in recorded["data"]
+    # the protocol in the bundle describes the real model and training run, not built-in defaults
+    spec = manifest["protocol"]["models"][0]
+    assert (spec["hidden_size"], spec["num_layers"]) == (16, 2)
+    assert spec["train"]["steps"] == 5 and spec["train"]["batch_size"] == 8
+    assert spec["train"]["learning_rate"] == 1e-2 and spec["train"]["checkpoints"] == [0, 2, 4]
+    assert manifest["corpus"]["sequence_length"] == 12 and manifest["corpus"]["measured_sequences"] == 24
     assert main(["report", str(bundle), "--no-pdf"]) == 0
     assert main(["verify", str(bundle)]) == 0
     assert (bundle / "report.html").is_file()
+
+
+# ----------------------------------------------------------------------------------------------
+# AnistatCallback: everything is checked in on_train_begin, before the first optimiser step
+# ----------------------------------------------------------------------------------------------
+class _Tokens(torch.utils.data.Dataset):
+    def __init__(self):
+        self.rows = torch.cat(_batches(6))
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return {"input_ids": self.rows[index], "labels": self.rows[index]}
+
+
+def _trainer(tmp_path: Path, callback, max_steps: int = 5, extra_callbacks=(), **arguments):
+    pytest.importorskip("accelerate")  # transformers' Trainer needs it
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=4,
+                             max_steps=max_steps, learning_rate=1e-2, report_to=[], save_strategy="no",
+                             logging_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+                             seed=0, **arguments)
+    return Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(),
+                   callbacks=[callback, *extra_callbacks])
+
+
+def _settings(**changes):
+    return {**SETTINGS, **changes}
+
+
+def _rejected_at_begin(tmp_path: Path, callback, *needles: str, **arguments) -> None:
+    """trainer.train() raises before the first step: no weight changed, nothing written."""
+    trainer = _trainer(tmp_path, callback, **arguments)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with pytest.raises(AnistatInputError) as raised:
+        trainer.train()
+    for needle in needles:
+        assert needle in str(raised.value), (needle, str(raised.value))
+    assert trainer.state.global_step == 0
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    assert not (tmp_path / "bundle").exists() and not (tmp_path / "bundle.units").exists()
+
+
+def test_callback_rank_not_below_d_fails_at_train_begin(tmp_path: Path):
+    callback = AnistatCallback(out=tmp_path / "bundle", measure_steps=[0, 2],
+                               **_settings(proxies={"ranks": [16]}, controls={"kinds": ["haar"], "n": 4}))
+    _rejected_at_begin(tmp_path, callback, "models.training", "rank 16 must be smaller than the hidden size 16")
+
+
+def test_callback_normal_controls_need_2k_at_most_d_at_train_begin(tmp_path: Path):
+    callback = AnistatCallback(out=tmp_path / "bundle", measure_steps=[0, 2], **_settings(proxies={"ranks": [9]}))
+    _rejected_at_begin(tmp_path, callback, "controls.kinds 'normal'", "2 × rank ≤ hidden size", "hidden size 16")
+
+
+def test_callback_measure_steps_beyond_max_steps(tmp_path: Path):
+    callback = AnistatCallback(out=tmp_path / "bundle", fit_steps=[0], measure_steps=[7, 9], **SETTINGS)
+    _rejected_at_begin(tmp_path, callback, "no measured step is reached", "[7, 9]", "steps 0…4")
+
+
+def test_meter_fit_steps_before_a_resumed_runs_first_step(tmp_path: Path):
+    with pytest.raises(AnistatInputError, match=r"fit step\(s\) \[0\] lie outside the training run's steps 3…9"):
+        TrainingMeter(_tiny_gpt2(), out=tmp_path / "x", fit_steps=[0], measure_steps=[4], max_steps=10, first_step=3,
+                      **SETTINGS)
+
+
+def test_callback_warns_at_begin_about_unreachable_steps_and_records_them(tmp_path: Path):
+    from anistat.errors import AnistatWarning
+
+    callback = AnistatCallback(out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 3, 8], **SETTINGS)
+    trainer = _trainer(tmp_path, callback)
+    with pytest.warns(AnistatWarning, match=r"measured step\(s\) \[8\] lie outside the training run's steps 0…4"):
+        trainer.train()
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert manifest["models"]["training"]["dropped_steps"] == [8]
+    assert manifest["models"]["training"]["measured_steps"] == [0, 3]
+
+
+def test_callback_refuses_gradient_checkpointing_at_begin(tmp_path: Path):
+    callback = AnistatCallback(out=tmp_path / "bundle", measure_steps=[0, 2], **SETTINGS)
+    _rejected_at_begin(tmp_path, callback, "gradient checkpointing", gradient_checkpointing=True)
+
+
+def test_callback_checks_claims_and_destination_at_begin(tmp_path: Path):
+    typo = [{"id": "c", "metric": "energy_ration"}]
+    callback = AnistatCallback(out=tmp_path / "bundle", measure_steps=[0, 2], claims=typo, **SETTINGS)
+    _rejected_at_begin(tmp_path, callback, "claims[0] 'c'", "did you mean 'energy_ratio'")
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "manifest.json").write_text("{}")
+    callback = AnistatCallback(out=tmp_path / "bundle", measure_steps=[0, 2], **SETTINGS)
+    trainer = _trainer(tmp_path, callback)
+    with pytest.raises(AnistatInputError, match="a bundle already exists there; pass overwrite=True"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_callback_never_raises_at_train_end(tmp_path: Path):
+    """Training stopped before the measured step (e.g. early stopping): a warning, not an
+    exception, so the user's script goes on to save the model."""
+    from transformers import TrainerCallback
+
+    from anistat.errors import AnistatWarning
+
+    class StopAfterFirstStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = True
+
+    callback = AnistatCallback(out=tmp_path / "bundle", fit_steps=[0], measure_steps=[3], **SETTINGS)
+    trainer = _trainer(tmp_path, callback, extra_callbacks=[StopAfterFirstStep()])
+    with pytest.warns(AnistatWarning, match="no bundle was written: TrainingMeter: no measured step was reached"):
+        trainer.train()
+    assert trainer.state.global_step == 1 and callback.result is None
+    assert isinstance(callback.error, AnistatInputError)
+    trainer.save_model(str(tmp_path / "saved"))  # the user's saving still happens
+    assert (tmp_path / "saved" / "config.json").is_file()
