@@ -4,7 +4,8 @@ Public API (mirrors the CLI):
 
 * `load_protocol(path)`, `run(protocol, out)` — the whole pipeline; `load_bundle(path)` reads a
   bundle back as the same `RunResult` that `run` returns;
-* `preflight(protocol)` — every check `run` makes before it trains or loads a model;
+* `anistat.preflight.preflight(protocol)` — every check `run` makes before it trains or loads
+  a model (what `anistat validate` runs);
 * geometry on plain tensors/arrays: `energy_fraction`, `isoscore`, `isoscore_star`,
   `fit_proxy`, `draw_controls`;
 * measuring inside one's own training loop: `TrainingMeter`, `AnistatCallback`.
@@ -27,7 +28,6 @@ _LAZY = {
     "AnistatWarning": ("anistat.errors", "AnistatWarning"),
     "Protocol": ("anistat.protocol", "Protocol"),
     "load_protocol": ("anistat.protocol", "load_protocol"),
-    "preflight": ("anistat.preflight", "preflight"),
     "RunResult": ("anistat.pipeline", "RunResult"),
     "load_bundle": ("anistat.pipeline", "load_bundle"),
     "draw_controls": ("anistat.geometry", "draw_controls"),
@@ -44,7 +44,6 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from .errors import AnistatInputError, AnistatWarning
     from .geometry import draw_controls, energy_fraction, fit_proxy, isoscore, isoscore_star
     from .pipeline import RunResult, load_bundle
-    from .preflight import preflight
     from .protocol import Protocol, load_protocol
 
 
