@@ -102,6 +102,11 @@ def localized(protocol: Protocol) -> tuple[list[ModelSpec], Any]:
     data = protocol.data
     if data.paths:
         data = data.model_copy(update={"paths": [_resolve_pattern(p, base) for p in data.paths]})
+    if data.source == "hf_dataset" and data.dataset and base is not None:
+        # a dataset is a hub name or a `save_to_disk` folder: a folder next to the protocol wins
+        beside = resolve_path(data.dataset, base)
+        if beside.is_dir():
+            data = data.model_copy(update={"dataset": str(beside)})
     return models, data
 
 

@@ -127,7 +127,7 @@ def test_a_finished_bundle_is_replaced_only_whole(reference, tmp_path, capsys, m
         raise KeyboardInterrupt
 
     monkeypatch.setattr(anistat.pipeline, "write_results", interrupted)
-    code = main(["run", str(protocol), "--out", str(tmp_path / "out"), "--quiet"])
+    code = main(["run", str(protocol), "--out", str(tmp_path / "out"), "--quiet", "--overwrite"])
     assert code == 2 and "interrupted" in capsys.readouterr().err
     after = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()}
     assert after == before
