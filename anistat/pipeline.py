@@ -149,7 +149,7 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
                                         seed=derive_seed(seed, spec.name, key, method, rank, kind),
                                         activations=sample.activations.to(device),
                                         pca_span_dim=protocol.controls.pca_span_dim)
-                    for kind in protocol.controls.kinds
+                    for kind in protocol.projected_control_kinds
                 }
                 basis = distributed.broadcast_(proxy.basis.contiguous())
                 controls = {kind: distributed.broadcast_(stack.contiguous()) for kind, stack in controls.items()}
@@ -285,7 +285,7 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         log(f"warning: {warning}")
     token_counts = info.pop("frequency")
     frequency = frequency_rows(artifacts, token_counts, protocol)
-    claims = evaluate_claims(results, protocol.claims, frequency)
+    claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
     manifest = {
         "anistat_bundle": 1,
@@ -305,6 +305,7 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
                   for a in artifacts],
         "failed_units": len(failed),
         "warnings": list(results.attrs.get("warnings", [])),
+        "null_settings": results.attrs.get("null_settings", {}),
     }
     try:
         with staged_bundle(out) as staging:
