@@ -30,7 +30,7 @@ from .errors import AnistatInputError
 from .geometry import draw_controls, fit_proxy, frequency_buckets
 from .models import ModelSeries, resolve_models
 from .seeding import derive_seed
-from .protocol import Protocol, fit_window_size, load_protocol
+from .protocol import Protocol, control_problem, fit_window_size, load_protocol
 
 Log = Callable[[str], None]
 
@@ -138,6 +138,9 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
                 f"proxies.ranks {too_big} must be smaller than the dimension {dim} of site {name} of model "
                 f"'{spec.name}'"
             )
+        problem = control_problem(protocol.controls, protocol.proxies.ranks, dim)
+        if problem:  # haar/normal controls are drawn at analysis time: check them now, before collecting
+            raise AnistatInputError(f"models.{spec.name}: {problem} (site {name})")
         key = _seed_key(site)
         sets = []
         for method in protocol.proxies.methods:

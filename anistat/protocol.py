@@ -491,8 +491,8 @@ def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], h
         if rank >= d:
             return f"proxies.ranks: rank {rank} must be smaller than the hidden size {d}"
         if "normal" in controls.kinds and 2 * rank > d:
-            return (f"controls.kinds 'normal' needs 2 × rank ≤ hidden size (controls live in the proxy's "
-                    f"orthogonal complement); proxies.ranks has {rank} with hidden size {d}")
+            return (f"controls.kinds 'normal' needs 2k <= d (controls live in the proxy's orthogonal "
+                    f"complement); proxies.ranks has {rank} with hidden size {d}")
         if "pca_span" in controls.kinds:
             m = min(4 * rank, d) if controls.pca_span_dim is None else controls.pca_span_dim
             if m > d:

@@ -18,7 +18,8 @@ from ._validation import DegenerateStatisticWarning
 from .bootstrap import (BootstrapResult, bootstrap_weights, ci_from_replicates,
                         iter_bootstrap_weights, jackknife_weights, ratio_se,
                         sequence_bootstrap, sequence_bootstrap_columns)
-from .calibrate import CalibrationResult, run_calibration, write_calibration_report
+from .calibrate import (CalibrationResult, UniformityCheck, p_value_uniformity, run_calibration,
+                        write_calibration_report)
 from .effects import (anisotropy_capture, energy_ratio, hedges_correction, hedges_g_paired,
                       log2_energy_ratio, per_sequence_differences, z_score)
 from .energy import (CLOSED_FORM_KINDS, EXACT_TEST, METRICS, SIGN_FLIP_TEST, ControlComparison,
@@ -32,7 +33,7 @@ from .permutation import PermutationResult, sign_flip_null, sign_flip_pvalues, s
 
 __all__ = [
     "CLOSED_FORM_KINDS", "EXACT_TEST", "SIGN_FLIP_TEST", "cluster_sums", "expected_control_energy",
-    "BootstrapResult", "CalibrationResult", "ControlComparison", "DegenerateStatisticWarning",
+    "BootstrapResult", "CalibrationResult", "UniformityCheck", "p_value_uniformity", "ControlComparison", "DegenerateStatisticWarning",
     "EnergyAnalysis", "METRICS", "MetaResult", "MetricResult", "PermutationResult",
     "TrendResult", "adjust_in_families", "adjust_pvalues", "analyze_energy",
     "analyze_metric_vs_controls", "anisotropy_capture", "bootstrap_weights",
