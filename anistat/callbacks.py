@@ -401,7 +401,7 @@ class TrainingMeter:
                     controls = {kind: draw_controls(kind, proxy.basis, protocol.controls.n,
                                                     seed=derive_seed(seed, self.name, site.name, method, rank, kind),
                                                     activations=sample, pca_span_dim=protocol.controls.pca_span_dim)
-                                for kind in protocol.controls.kinds}
+                                for kind in protocol.projected_control_kinds}
                     sets.append(BasisSet(method, rank, proxy.basis, controls, proxy.reconstruction_error))
             self.bases[site.name] = sets
         self._fit_rows = {s.name: [] for s in self.sites}

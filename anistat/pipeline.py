@@ -169,7 +169,7 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
                                         seed=derive_seed(seed, spec.name, key, method, rank, kind),
                                         activations=sample.activations.to(device),
                                         pca_span_dim=protocol.controls.pca_span_dim)
-                    for kind in protocol.controls.kinds
+                    for kind in protocol.projected_control_kinds
                 }
                 basis = distributed.broadcast_(proxy.basis.contiguous())
                 controls = {kind: distributed.broadcast_(stack.contiguous()) for kind, stack in controls.items()}
@@ -313,7 +313,7 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
     log("frequency analysis: per-bucket energy ratios and log-frequency correlations …")
     frequency = frequency_rows(artifacts, token_counts, protocol)
     log(f"  {len(frequency)} frequency rows ({time.perf_counter() - stage:.1f}s)")
-    claims = evaluate_claims(results, protocol.claims, frequency)
+    claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
     manifest = {
         "anistat_bundle": 1,
@@ -333,6 +333,7 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
                   for a in artifacts],
         "failed_units": len(failed),
         "warnings": list(results.attrs.get("warnings", [])),
+        "null_settings": results.attrs.get("null_settings", {}),
     }
     stage = time.perf_counter()
     log("writing the bundle: tables, figures, report.html, tables.tex"

@@ -47,10 +47,11 @@ DESCRIPTIVE_METRICS = tuple(f"{cloud}_{metric}" for cloud in ("gradient", "activ
                             for metric in ("isoscore", "isoscore_star", "participation_ratio", "effective_rank",
                                            "mean_cosine"))
 CORRELATION_METRICS = ("spearman_logfreq_distance", "pearson_logfreq_distance")
-RESULT_COLUMNS = (
+RESULT_COLUMNS = (  # = anistat.analyze.RESULT_COLUMNS (a test keeps them equal; analyze imports torch)
     "model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim", "proxy", "control",
     "metric", "estimate", "control_mean", "control_sd", "ci_low", "ci_high", "ci_method", "p_value",
-    "p_adjusted", "effect_size", "n_controls", "n_sequences", "n_tokens", "status", "note",
+    "p_adjusted", "p_test", "p_value_paper", "effect_size", "effect_size_kind", "se", "n_controls",
+    "n_sequences", "n_clusters", "n_tokens", "status", "note",
 )
 FREQUENCY_ONLY_COLUMNS = ("bucket",)
 # Columns whose values the plan fixes (claims' `where` values on them are checked); the others

@@ -20,6 +20,8 @@ from .bundle import file_digests, read_manifest, utc_now, write_json
 from .errors import AnistatInputError
 
 RENDERED = ("report.html", "tables.tex", "report.tex", "report.pdf", "figures")
+TEXT_COLUMNS = ("ci_method", "note", "status", "p_test", "effect_size_kind")
+INTEGER_COLUMNS = ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_clusters", "n_tokens")
 
 
 def report_options(protocol: dict, **overrides):
@@ -54,10 +56,12 @@ def read_results(bundle: Path) -> pd.DataFrame:
     missing = {"model", "metric", "estimate"} - set(results.columns)
     if missing:
         raise AnistatInputError(f"{path}: missing column(s) {sorted(missing)}")
-    for column in ("ci_method", "note", "status"):
+    # the dtypes `anistat.analyze.analyze_units` gives (tests/test_workflow.py compares a bundle
+    # read back with the run's own table): text columns as str ("" for empty), counts as Int64
+    for column in TEXT_COLUMNS:
         if column in results:
-            results[column] = results[column].fillna("")
-    for column in ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_tokens"):
+            results[column] = results[column].astype(object).fillna("").astype(str)
+    for column in INTEGER_COLUMNS:
         if column in results:
             results[column] = pd.array(results[column], dtype="Int64")
     return results

@@ -136,9 +136,9 @@ def verify_bundle(bundle: Path, claims: tuple[ClaimSpec, ...] | None = None, cla
     if claims is not None:
         source = claims_source or "the given claims"
         check_claims_against_table(claims, claim_table(results, frequency), source)
-        evaluated = evaluate_claims(results, claims, frequency)
+        evaluated = evaluate_claims(results, claims, frequency, stats=protocol.stats)
         return BundleCheck(bundle, not problems, problems, evaluated, [], claims_source=source)
-    claims = evaluate_claims(results, protocol.claims, frequency)
+    claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
     recorded = []
     if (bundle / "claims.json").is_file():
         recorded = _optional_json(bundle / "claims.json")

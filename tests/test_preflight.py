@@ -105,7 +105,7 @@ def test_rank_against_the_configs_hidden_size(study, tmp_path, monkeypatch, caps
 def test_normal_controls_need_2k_at_most_d(study, tmp_path, monkeypatch, capsys):
     protocol = write(study, tmp_path, protocol_text(local_series(), ranks="[5]"))
     both_reject(capsys, monkeypatch, tmp_path, protocol, "models.loc", "controls.kinds 'normal'",
-                "2 × rank ≤ hidden size", "5", "hidden size 8")
+                "5", "hidden size 8")
 
 
 def test_site_name_beyond_the_blocks(study, tmp_path, monkeypatch, capsys):
@@ -195,3 +195,13 @@ def test_the_plan_is_exactly_the_rows_a_run_writes(tmp_path, monkeypatch):
     # fell in (here: one of the encoder's buckets has no masked token), which depends on the data
     assert {row[-1] for row in planned - actual} <= {"0", "1", "2", "3"}
     assert len(planned - actual) < len(planned) // 20
+
+
+def test_the_column_lists_are_analyzes():
+    """preflight keeps its own copy of the column names (importing analyze would import torch
+    into `anistat validate`); they must be analyze's."""
+    from anistat import analyze, preflight as module
+
+    assert list(module.RESULT_COLUMNS) == list(analyze.RESULT_COLUMNS)
+    assert set(analyze.FREQUENCY_COLUMNS) <= set(module.RESULT_COLUMNS) | set(module.FREQUENCY_ONLY_COLUMNS)
+    assert set(module.ENERGY_METRICS) == set(analyze.ENERGY_METRICS) | {"delta_isoscore_star"}

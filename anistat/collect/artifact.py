@@ -7,7 +7,9 @@ nothing of size (tokens × d):
   for every basis B (the proxy and each control), `energy[s, b, B] = Σ_{i∈s, i∈b} ‖Bᵀg_i‖²`;
 * `n_tokens[s]`, `sequence_documents[s]`;
 * gradient and activation moments over the whole test split (count, Σx, ΣxxᵀA);
-* ΔIsoScore* of every basis (from the gradient moments), the oracle fraction per rank;
+* ΔIsoScore* of every projected basis (from the gradient moments), the oracle fraction per rank;
+* the proxy bases themselves (the analysis draws haar / normal controls from the gradient
+  moments, in the proxy's complement where needed: no per-token work for them);
 * per token type: occurrences and the Bessel-corrected RMS distance of its activations to the
   type centroid;
 * optionally, activation sums per (sequence, token type) pair (`pair_sums`), from which the
@@ -34,9 +36,10 @@ from ..geometry import SequenceTypeSums
 
 
 #: Version of what a unit artifact holds and means. Bump it when a statistic is added or its
-#: definition changes (2: per-(sequence, type) sums; Bessel-corrected type distances), so a
+#: definition changes (2: per-(sequence, type) sums; Bessel-corrected type distances; 3: proxy
+#: bases kept, haar/normal controls no longer projected per token), so a
 #: resume never mixes units computed under different definitions.
-ARTIFACT_FORMAT = 2
+ARTIFACT_FORMAT = 3
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class UnitArtifact:
     extra: dict[str, Any] = field(default_factory=dict)
     pair_sums: SequenceTypeSums | None = None  # per-(sequence, type) activation sums, if kept
     pair_note: str = ""  # why pair_sums is None
+    #: the proxy bases (d, k) by (method, rank): the analysis draws controls in their complement
+    proxy_bases: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
 
     # -- views ----------------------------------------------------------------------------------
     def columns_for(self, proxy: str, rank: int, control: str) -> list[int]:
@@ -103,6 +108,8 @@ class UnitArtifact:
         for prefix, moments in (("gradient", self.gradient_moments), ("activation", self.activation_moments)):
             arrays[f"{prefix}_sum"] = np.asarray(moments["sum"], dtype=np.float64)
             arrays[f"{prefix}_outer"] = np.asarray(moments["outer"], dtype=np.float64)
+        for index, basis in enumerate(self.proxy_bases.values()):
+            arrays[f"proxy_basis_{index}"] = np.asarray(basis, dtype=np.float64)
         if self.pair_sums is not None:
             for name in _PAIR_FIELDS:
                 arrays[f"pair_{name}"] = np.asarray(getattr(self.pair_sums, name))
@@ -113,6 +120,7 @@ class UnitArtifact:
             "activation_count": int(self.activation_moments["count"]),
             "status": self.status, "note": self.note, "seconds": self.seconds, "extra": self.extra,
             "pair_note": self.pair_note,
+            "proxy_bases": [[proxy, int(rank)] for proxy, rank in self.proxy_bases],
             "pair_sequences": None if self.pair_sums is None else self.pair_sums.n_sequences,
         }
         # unit ids contain dots (`residual.3`), so names are built by appending, never with
@@ -132,6 +140,8 @@ class UnitArtifact:
         for prefix in ("gradient", "activation"):
             moments[prefix] = {"count": meta[f"{prefix}_count"], "sum": arrays.pop(f"{prefix}_sum"),
                                "outer": arrays.pop(f"{prefix}_outer")}
+        proxy_bases = {(proxy, int(rank)): arrays.pop(f"proxy_basis_{index}")
+                       for index, (proxy, rank) in enumerate(meta.get("proxy_bases", []))}
         pair_arrays = {name: arrays.pop(f"pair_{name}") for name in _PAIR_FIELDS if f"pair_{name}" in arrays}
         pair_sums = None
         if len(pair_arrays) == len(_PAIR_FIELDS) and meta.get("pair_sequences") is not None:
@@ -142,6 +152,7 @@ class UnitArtifact:
             gradient_moments=moments["gradient"], activation_moments=moments["activation"],
             status=meta["status"], note=meta["note"], seconds=meta["seconds"], extra=meta.get("extra", {}),
             pair_sums=pair_sums, pair_note=meta.get("pair_note", "" if pair_sums else "not in this cache file"),
+            proxy_bases=proxy_bases,
             **arrays,
         )
 

@@ -29,7 +29,11 @@ from .sites import as_sites, probe
 
 @dataclass
 class BasisSet:
-    """A frozen proxy basis and its matched-rank controls for one (site, method, rank)."""
+    """A frozen proxy basis and the controls projected per token, for one (site, method, rank).
+
+    `controls` holds only kinds whose energies need per-token projections (no closed-form
+    expectation, or `stats.energy_ratio_reference: drawn`); haar / normal controls are drawn
+    at analysis time from the unit's gradient moments (see `anistat.geometry.SpectralFrame`)."""
 
     proxy: str
     rank: int
@@ -458,6 +462,7 @@ class SiteAccumulator:
             gradient_unit_sum=_to_numpy(self.grad_unit), activation_unit_sum=_to_numpy(self.act_unit),
             type_count=_to_numpy(count).astype(np.int64), type_rms_distance=_to_numpy(rms),
             pair_sums=self.pair_sums(), pair_note=self.pair_note,
+            proxy_bases={(bs.proxy, bs.rank): _to_numpy(bs.basis) for bs in self.bases},
         )
 
 

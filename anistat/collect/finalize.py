@@ -48,7 +48,7 @@ def finalize_bundle(units: Iterable[UnitArtifact] | str | Path, protocol: Any, o
     out = Path(out)
     results = analyze_units(artifacts, protocol)
     frequency = frequency_rows(artifacts, token_counts or {}, protocol)
-    claims = evaluate_claims(results, protocol.claims, frequency)
+    claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
     cards = list(concept_cards or [])
     manifest = {
@@ -69,6 +69,7 @@ def finalize_bundle(units: Iterable[UnitArtifact] | str | Path, protocol: Any, o
                   for a in artifacts],
         "failed_units": len(failed),
         "warnings": list(results.attrs.get("warnings", [])),
+        "null_settings": results.attrs.get("null_settings", {}),
     }
     with staged_bundle(out) as staging:
         write_results(results, staging)

@@ -38,6 +38,7 @@ from .metrics import (
     participation_ratio_from_cov,
 )
 from .moments import GradientMoments
+from .random_subspaces import SpectralFrame, SubspaceTraces, isoscore_star_from_traces
 from .null_check import NullCheck, haar_energy_moments, haar_null_check, haar_token_fraction_law
 from .proxies import PROXY_METHODS, Proxy, ProxyMethod, fit_proxy, project, register_proxy, top_activating
 
@@ -67,6 +68,9 @@ __all__ = [
     "frequency_buckets",
     "haar_energy_moments",
     "haar_null_check",
+    "SpectralFrame",
+    "SubspaceTraces",
+    "isoscore_star_from_traces",
     "haar_token_fraction_law",
     "isoscore",
     "isoscore_from_cov",
