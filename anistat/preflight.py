@@ -382,7 +382,10 @@ def plan_pretrained(spec: ModelSpec, protocol: Protocol, base: Path | None) -> P
     else:  # minilm
         from .models import minilm_path
 
-        sources = [(str(minilm_path()), None, "final")]
+        try:
+            sources = [(str(minilm_path()), None, "final")]
+        except AnistatInputError as error:
+            raise AnistatInputError(f"{where}: {error}") from None
         local_only = True
     configs = []
     for source, revision, _ in sources:
@@ -392,6 +395,8 @@ def plan_pretrained(spec: ModelSpec, protocol: Protocol, base: Path | None) -> P
         if isinstance(config, AnistatInputError):
             message = missing_revision_message(spec.hub_id, revision, option="revisions: [{revision}, …]") \
                 if spec.source == "hub" else None
+            if message is None and spec.source == "hub" and local_only:
+                message = f"{str(config).split(': ', 1)[1]} (HF_HUB_OFFLINE is set: only the local cache is read)"
             raise AnistatInputError(f"{where}: {message}") if message else config
         configs.append(config)
     sizes = [config_sizes(c) for c in configs]
