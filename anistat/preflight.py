@@ -57,8 +57,9 @@ FREQUENCY_ONLY_COLUMNS = ("bucket",)
 # Columns whose values the plan fixes (claims' `where` values on them are checked); the others
 # (estimates, p-values, notes, …) are measured and cannot be checked before the run.
 UNIT_COLUMNS = ("model", "objective", "checkpoint", "step", "phase", "layer", "site", "dim")
-ROW_COLUMNS = ("proxy", "rank", "control", "metric", "bucket", "n_controls")
+ROW_COLUMNS = ("proxy", "rank", "control", "metric", "bucket")
 
+ANY = object()  # a planned value that is measured (unknown before the run): matches any claim value
 _STANDARD_SITE = re.compile(r"(residual|attn|mlp)\.(-?\d+)")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -138,7 +139,7 @@ class PlannedModel:
         n_early = fit_window_size(len(self.checkpoints), fit_window)
         return [{"model": self.name, "objective": self.objective, "checkpoint": label, "step": step,
                  "phase": "early" if i < n_early else "late", "layer": site.layer, "site": site.name,
-                 "dim": site.dim}
+                 "dim": ANY if site.dim is None else site.dim}
                 for i, (label, step) in enumerate(self.checkpoints) for site in self.sites]
 
 
@@ -150,9 +151,6 @@ class RowFamily:
     name: str
     values: dict[str, tuple]
     frequency: bool = False  # rows of frequency.csv (selected by claims only when they name a bucket)
-
-
-ANY = object()
 
 
 @dataclass(frozen=True)
@@ -194,15 +192,15 @@ def row_plan(protocol: Protocol, models: list[PlannedModel]) -> RowPlan:
     units = tuple(u for m in models for u in m.units(protocol.proxies.fit_window))
     families = (
         RowFamily("descriptive", {"metric": DESCRIPTIVE_METRICS, "proxy": ("none",), "rank": (None,),
-                                  "control": ("none",), "bucket": ("",), "n_controls": (0,)}),
+                                  "control": ("none",), "bucket": ("",)}),
         RowFamily("oracle", {"metric": ("oracle_fraction",), "proxy": ("oracle",), "rank": ranks,
-                             "control": ("none",), "bucket": ("",), "n_controls": (0,)}),
+                             "control": ("none",), "bucket": ("",)}),
         RowFamily("energy", {"metric": ENERGY_METRICS, "proxy": methods, "rank": ranks, "control": kinds,
-                             "bucket": ("",), "n_controls": (protocol.controls.n,)}),
+                             "bucket": ("",)}),
         RowFamily("frequency-bucket", {"metric": ("energy_ratio",), "proxy": methods, "rank": ranks,
-                                       "control": kinds, "bucket": buckets, "n_controls": (None,)}, frequency=True),
+                                       "control": kinds, "bucket": buckets}, frequency=True),
         RowFamily("frequency-correlation", {"metric": CORRELATION_METRICS, "proxy": ("none",), "rank": (None,),
-                                            "control": ("none",), "bucket": ("all",), "n_controls": (None,)}),
+                                            "control": ("none",), "bucket": ("all",)}),
     )
     return RowPlan(units, families)
 
