@@ -407,6 +407,7 @@ def read_bundle(bundle: Path) -> BundleContents:
 
     bundle = Path(bundle)
     manifest = read_manifest(bundle)
+    results, frequency = read_results(bundle), read_frequency(bundle)
     protocol = parse_protocol(manifest.get("protocol"), f"{bundle}/manifest.json:protocol")
     claims = read_json_file(bundle / "claims.json", [])
     if not (isinstance(claims, list) and all(isinstance(c, dict) for c in claims)):
@@ -414,7 +415,7 @@ def read_bundle(bundle: Path) -> BundleContents:
     cards = read_json_file(bundle / "concept_cards.json", [])
     if not (isinstance(cards, list) and all(isinstance(c, dict) for c in cards)):
         raise AnistatInputError(f"{bundle / 'concept_cards.json'}: expected a JSON list of concept cards")
-    return BundleContents(bundle, manifest, protocol, read_results(bundle), read_frequency(bundle), claims, cards)
+    return BundleContents(bundle, manifest, protocol, results, frequency, claims, cards)
 
 
 def load_bundle(bundle: str | Path) -> RunResult:

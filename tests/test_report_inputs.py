@@ -147,7 +147,7 @@ def test_run_warnings_are_prominent_in_html_and_latex(tmp_path):
     assert WARNING not in "".join(re.findall(r"<details>.*?</details>", html, re.S))
     tex = (tmp_path / "report.tex").read_text(encoding="utf-8")
     assert r"\textbf{Run warnings (1).}" in tex and WARNING.replace("%", r"\%") in tex
-    assert tex.index("Run warnings") < tex.index(r"\section{Methods}")
+    assert tex.index("Run warnings") < tex.index(r"\textbf{Question.}") < tex.index(r"\section{Methods}")
 
 
 def test_header_counts_the_rows_of_the_written_results_table(tmp_path):

@@ -447,7 +447,6 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
         r"\begin{document}",
         r"\maketitle",
         r"\section{Summary}",
-        r"\textbf{Question.} " + tex(QUESTION),
     ]
     if ctx.inputs.warnings:
         # run warnings first and framed: they can change how every number below is read
@@ -455,6 +454,7 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
               r"\textbf{Run warnings (%d).}" % len(ctx.inputs.warnings), r"\begin{itemize}"]
         L += [r"\item " + tex(w) for w in ctx.inputs.warnings]
         L += [r"\end{itemize}", r"\end{minipage}}\end{center}"]
+    L += ["", r"\textbf{Question.} " + tex(QUESTION)]
     if ctx.description:
         L += ["", tex(ctx.description)]
     claims = ctx.inputs.claims
