@@ -8,7 +8,7 @@
   :func:`load_bundle` returns the same :class:`RunResult` as `anistat.run`.
 * :func:`report_inputs` is the adapter from the typed protocol, tables and manifest to the
   report's frozen :class:`~anistat.report.ReportInputs`.
-* :func:`atomic_write_bytes` / :func:`atomic_write_text` are the one atomic-file helper.
+* every file is written atomically through ``anistat.atomic`` (the one atomic-file helper).
 
 A bundle is written into a hidden temporary directory beside its destination and moved into
 place with one rename, so a crash never leaves a half bundle. An existing destination is
@@ -29,13 +29,13 @@ import shutil
 import socket
 import sys
 import tempfile
-from datetime import datetime, timezone
-from pathlib import Path
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
 
-from .atomic import atomic_write_bytes, atomic_write_text
+from .atomic import atomic_write_text
 from .errors import AnistatInputError
 
 if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat validate` stays light
@@ -516,7 +516,13 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
 
     from .protocol import fit_window_size
     from .report import (
-        ClaimOutcome, ConceptCard, ModelDescription, ReportInputs, RunDescription, RunRecord, evidence_items,
+        ClaimOutcome,
+        ConceptCard,
+        ModelDescription,
+        ReportInputs,
+        RunDescription,
+        RunRecord,
+        evidence_items,
     )
 
     models = []

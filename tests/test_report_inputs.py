@@ -19,7 +19,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_report_fixtures import make_claims, make_inputs, make_protocol, make_results  # noqa: E402
 
-from anistat.bundle import RunFacts, load_bundle, publish_bundle, read_bundle, report_inputs  # noqa: E402
+from anistat.bundle import (  # noqa: E402
+    RunFacts,
+    load_bundle,
+    publish_bundle,
+    read_bundle,
+    report_inputs,
+)
 from anistat.protocol import load_protocol, parse_protocol  # noqa: E402
 from anistat.report import ReportOptions, render_bundle  # noqa: E402
 from anistat.report._content import ReportContext, methods  # noqa: E402

@@ -8,8 +8,8 @@ from pathlib import Path
 from ._content import ReportContext
 from .figures import render_figures
 from .html import render_html
-from .latex import PdfLatexError, compile_pdf, render_report_tex, render_tables
 from .inputs import ReportInputs
+from .latex import PdfLatexError, compile_pdf, render_report_tex, render_tables
 from .options import ReportOptions
 
 
