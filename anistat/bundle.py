@@ -260,7 +260,20 @@ def unit_records(artifacts: Sequence[Any]) -> tuple[dict[str, Any], ...]:
 
 
 def write_results(results: "pd.DataFrame", directory: Path) -> None:
-    """results.csv (always) and results.parquet (when pyarrow is installed)."""
+    """results.csv (always) and results.parquet (when pyarrow is installed).
+
+    Count columns (:data:`INTEGER_COLUMNS`) are written as integers (``4``, not ``4.0``; empty
+    where missing) whenever every value they hold is a whole number."""
+    import numpy as np
+    import pandas as pd
+
+    results = results.copy()
+    for column in INTEGER_COLUMNS:
+        if column in results and pd.api.types.is_float_dtype(results[column]):
+            values = results[column].to_numpy(dtype=float)
+            finite = values[~np.isnan(values)]
+            if np.all(np.isfinite(finite)) and np.all(finite == np.round(finite)):
+                results[column] = results[column].astype("Int64")
     results.to_csv(directory / "results.csv", index=False, float_format="%.10g", lineterminator="\n")
     try:
         import pyarrow  # noqa: F401

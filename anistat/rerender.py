@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .bundle import file_digests, read_bundle, report_options, utc_now, write_json
+from .errors import AnistatInputError
 
 RENDERED = ("report.html", "tables.tex", "report.tex", "report.pdf", "figures")
 
@@ -30,7 +31,13 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
     if precision is not None:
         overrides["precision"] = precision
     if metrics:
-        overrides["table_metrics"] = tuple(m.strip() for m in metrics.split(",") if m.strip())
+        wanted = tuple(m.strip() for m in metrics.split(",") if m.strip())
+        known = sorted({str(m) for m in contents.results["metric"].dropna()})
+        unknown = [m for m in wanted if m not in known]
+        if unknown or not wanted:
+            raise AnistatInputError(f"--metrics: unknown metric(s) {', '.join(unknown) or '(none given)'}; "
+                                    f"this bundle has: {', '.join(known)}")
+        overrides["table_metrics"] = wanted
     options = report_options(contents.protocol, **overrides)
     staging = Path(tempfile.mkdtemp(prefix=".rerender.", dir=bundle))
     try:

@@ -26,6 +26,7 @@ from anistat.bundle import (  # noqa: E402
     read_bundle,
     report_inputs,
 )
+from anistat.errors import AnistatInputError  # noqa: E402
 from anistat.protocol import load_protocol, parse_protocol  # noqa: E402
 from anistat.report import ReportOptions, render_bundle  # noqa: E402
 from anistat.report._content import ReportContext, methods  # noqa: E402
@@ -215,6 +216,7 @@ def test_publish_then_read_back_then_rerender_and_verify(tmp_path):
 
     protocol = make_protocol()
     results = make_results(with_failed=False)
+    results["rank"] = results["rank"].astype(float)  # as the analysis writes it (4.0)
     facts = RunFacts(device="cpu", started_at="2026-01-01T00:00:00+00:00", seconds=1.5,
                      corpus={"name": "builtin", "documents": 3}, models={},
                      units=({"id": "u", "status": "ok", "note": "", "seconds": 1.0},), warnings=(WARNING,))
@@ -223,6 +225,9 @@ def test_publish_then_read_back_then_rerender_and_verify(tmp_path):
     assert published.manifest["warnings"] == [WARNING]
     assert {"results.csv", "report.html", "tables.tex", "report.tex", "concept_cards.json"} <= set(
         published.manifest["files"])
+    head, first = (out / "results.csv").read_text(encoding="utf-8").splitlines()[:2]
+    row = dict(zip(head.split(","), first.split(",")))
+    assert row["rank"] == "4" and row["n_sequences"] == "64" and row["n_controls"] == ""  # integers stay integers
     loaded = load_bundle(out)
     assert len(loaded.results) == len(results) and loaded.manifest == published.manifest
     contents = read_bundle(out)
@@ -233,6 +238,8 @@ def test_publish_then_read_back_then_rerender_and_verify(tmp_path):
     assert WARNING in after and f"{len(results)} result rows" in after
     assert before.count(WARNING) == after.count(WARNING) == 1
     assert verify_bundle(out).integrity_ok
+    with pytest.raises(AnistatInputError, match=r"unknown metric\(s\) energy_ratoi; this bundle has: .*energy_ratio"):
+        rerender(out, metrics="energy_ratoi", compile_pdf=False)
 
 
 # ------------------------------------------------------------------ layout in a real browser
