@@ -28,8 +28,8 @@ _LAZY = {
     "AnistatWarning": ("anistat.errors", "AnistatWarning"),
     "Protocol": ("anistat.protocol", "Protocol"),
     "load_protocol": ("anistat.protocol", "load_protocol"),
-    "RunResult": ("anistat.pipeline", "RunResult"),
-    "load_bundle": ("anistat.pipeline", "load_bundle"),
+    "RunResult": ("anistat.bundle", "RunResult"),
+    "load_bundle": ("anistat.bundle", "load_bundle"),
     "draw_controls": ("anistat.geometry", "draw_controls"),
     "energy_fraction": ("anistat.geometry", "energy_fraction"),
     "fit_proxy": ("anistat.geometry", "fit_proxy"),
@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from .callbacks import AnistatCallback, TrainingMeter
     from .errors import AnistatInputError, AnistatWarning
     from .geometry import draw_controls, energy_fraction, fit_proxy, isoscore, isoscore_star
-    from .pipeline import RunResult, load_bundle
+    from .bundle import RunResult, load_bundle
     from .protocol import Protocol, load_protocol
 
 

@@ -20,7 +20,7 @@ Units: one per (window of measured steps, site); `window=w` pools steps s … s+
 labelled `step{s}` (more sequences per unit). Phase: the first `proxies.fit_window` share of
 units is `early`, the rest `late` (as in `anistat run`). `close()` writes unit artifacts to
 `<out>.units/` as they finish and, at the end, a full bundle at `out` (`anistat report` works
-on it; `anistat.collect.finalize_bundle` can rebuild it from the units directory).
+on it; `anistat.finalize.finalize_bundle` can rebuild it from the units directory).
 
 Example (plain PyTorch)::
 
@@ -75,8 +75,8 @@ import numpy as np
 import torch
 
 from .collect import BasisSet, SiteAccumulator, UnitKey, probe, sites_from_spec
-from .collect.finalize import finalize_bundle
 from .errors import AnistatInputError, AnistatWarning
+from .finalize import finalize_bundle
 from .geometry import draw_controls, fit_proxy, frequency_buckets
 from .models import infer_objective
 from .protocol import Protocol, control_problem, fit_window_size, load_protocol, parse_protocol

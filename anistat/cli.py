@@ -204,10 +204,9 @@ def verify(
         if not check.ok:
             raise typer.Exit(1)
         return
-    from .bundle import read_manifest
+    from .bundle import read_manifest, read_results
     from .protocol import load_protocol
     from .replicate import replicate
-    from .rerender import read_results
 
     # check both inputs before a (possibly long) re-run, so a typo costs milliseconds
     load_protocol(target)

@@ -22,16 +22,14 @@ atomically (temp file + rename) so an interrupted run never leaves a half unit.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..atomic import atomic_write_bytes
 from ..geometry import SequenceTypeSums
 
 
@@ -126,9 +124,9 @@ class UnitArtifact:
         # unit ids contain dots (`residual.3`), so names are built by appending, never with
         # Path.with_suffix (which would map residual.0 and residual.1 to the same file)
         meta_path = directory / f"{self.key.id}.json"
-        _atomic_write(_arrays_path(meta_path), lambda f: np.savez(f, **arrays))
+        atomic_write_bytes(_arrays_path(meta_path), lambda f: np.savez(f, **arrays))
         # the JSON is written last: its presence marks a complete unit
-        _atomic_write(meta_path, lambda f: f.write(json.dumps(meta, indent=1, allow_nan=True).encode()))
+        atomic_write_bytes(meta_path, lambda f: f.write(json.dumps(meta, indent=1, allow_nan=True).encode()))
         return meta_path
 
     @classmethod
@@ -164,16 +162,3 @@ def _arrays_path(meta_path: Path) -> Path:
     """`<unit-id>.json` → `<unit-id>.npz`."""
     name = meta_path.name
     return meta_path.with_name((name[:-5] if name.endswith(".json") else name) + ".npz")
-
-
-def _atomic_write(path: Path, write) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            write(stream)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-

@@ -19,7 +19,7 @@ import torch
 
 from ..data import Splits, mask_for_mlm
 from ..geometry import GradientMoments, SequenceTypeSums, delta_isoscore_star, oracle_fraction
-from ..models import lm_loss
+from ..objective import lm_loss
 from ..seeding import derive_seed
 from .artifact import BasisColumn, UnitArtifact, UnitKey
 from . import distributed
