@@ -559,6 +559,7 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
     corpus_info = manifest.get("corpus") if isinstance(manifest.get("corpus"), Mapping) else {}
     if corpus_info.get("documents"):
         corpus += f", {corpus_info['documents']} documents"
+    null_settings = manifest.get("null_settings") if isinstance(manifest.get("null_settings"), Mapping) else {}
     run = RunDescription(
         name=protocol.name, title=protocol.title, description=protocol.description, seed=protocol.seed,
         corpus=corpus, seq_len=protocol.data.seq_len, n_fit_sequences=protocol.data.n_fit_sequences,
@@ -573,6 +574,11 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
         family=protocol.stats.family, isoscore_c0=protocol.stats.isoscore_c0,
         isoscore_zeta=protocol.stats.isoscore_zeta, report_precision=protocol.report.precision,
         settings=_settings_rows(protocol, manifest),
+        energy_ratio_reference=protocol.stats.energy_ratio_reference,
+        resampling_unit=protocol.stats.resampling_unit,
+        n_null_draws=_int_or_none(null_settings.get("n_null_draws")),
+        n_permutations_used=_int_or_none(null_settings.get("n_permutations")),
+        null_draws_auto=protocol.stats.n_null_draws == "auto",
     )
     versions = manifest.get("versions") if isinstance(manifest.get("versions"), Mapping) else {}
     units = manifest.get("units") if isinstance(manifest.get("units"), list) else []
@@ -599,6 +605,10 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
     return ReportInputs(results=results, run=run, record=record,
                         frequency=frequency if frequency is not None else pd.DataFrame(),
                         warnings=tuple(str(w) for w in warnings), claims=outcomes, concept_cards=cards)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def flatten(obj: Any, prefix: str = "", max_items: int = 24) -> list[tuple[str, str]]:

@@ -59,8 +59,9 @@ def plan_results(protocol) -> pd.DataFrame:
                     rows.append({**unit, "rank": k, "control": "none", "metric": "oracle_fraction",
                                  "estimate": 2 * base, "ci_method": "none"})
                     for j, control in enumerate(protocol.controls.kinds):
-                        common = {**unit, "rank": k, "control": control, "n_controls": protocol.controls.n,
-                                  "p_value": 0.01, "p_adjusted": 0.013}
+                        common = {**unit, "rank": k, "control": control, "n_controls": 11519,
+                                  "p_value": 0.0001, "p_adjusted": 0.0003, "p_test": "haar_monte_carlo",
+                                  "p_value_paper": 0.01, "n_clusters": 41 - layer}
                         rows.append({**common, "metric": "energy_ratio", "estimate": 1.5 + j + base,
                                      "ci_low": 1.4 + j + base, "ci_high": 1.6 + j + base,
                                      "control_mean": 1.0})
@@ -75,7 +76,8 @@ def plan_results(protocol) -> pd.DataFrame:
 def quickstart_manifest(protocol) -> dict:
     return {"protocol": protocol.normalised(), "protocol_sha256": protocol.sha256(),
             "versions": {"anistat": "0.1.0"}, "device": "cpu", "finished_at": "2026-01-01T00:00:00+00:00",
-            "corpus": {"name": "builtin", "documents": 79}, "warnings": [WARNING]}
+            "corpus": {"name": "builtin", "documents": 79}, "warnings": [WARNING],
+            "null_settings": {"n_null_draws": 11519, "n_permutations": 11519, "n_tests": 576}}
 
 
 def methods_text(inputs) -> str:
@@ -128,13 +130,16 @@ def test_methods_text_follows_the_protocol_not_the_fixture_values():
 def test_statistics_paragraph_reads_new_result_columns_when_present():
     protocol = make_protocol()
     results = make_results(with_failed=False)
-    results["p_test"] = "exact-haar-mc"
+    results["p_test"] = "haar_monte_carlo"
     results["p_value_paper"] = 0.05
     results["n_clusters"] = 31
     text = methods_text(make_inputs(results, protocol=protocol))
-    assert "p_value comes from exact-haar-mc" in text
+    assert "p_value comes from an exact Monte-Carlo test against uniformly random (Haar) subspaces" in text
     assert "p_value_paper" in text and "not exact" in text
-    assert "sampling unit is the document (31 per unit)" in text
+    assert "resampling unit is the document (31 documents per unit)" in text
+    # without the new columns (an older bundle) the text says what that bundle did
+    old = methods_text(make_inputs(make_results(with_failed=False), protocol=protocol))
+    assert "resampling unit is the sequence" in old and "Haar" not in old
 
 
 # ------------------------------------------------------------------ warnings, counts, settings

@@ -39,7 +39,8 @@ class ModelDescription:
 class RunDescription:
     """What the protocol asked for, typed: the methods text is generated from these fields.
 
-    ``n_controls`` is the protocol's number of control draws per kind (``controls.n``);
+    ``n_controls`` is the protocol's number of control draws per kind (``controls.n``, the
+    paper's convention); ``n_null_draws`` the Haar draws of the exact test the run used;
     ``isoscore_c0`` and ``isoscore_zeta`` are IsoScore*'s shrinkage target and weight
     (``stats.isoscore_c0``, ``stats.isoscore_zeta``).
     """
@@ -75,6 +76,13 @@ class RunDescription:
     settings: tuple[tuple[str, str, str], ...]
     """(section, key, value) rows of the settings table: every protocol setting that applies to
     this run (per data and model source), then the manifest fields."""
+    energy_ratio_reference: str = "expected"
+    resampling_unit: str = "document"
+    n_null_draws: int | None = None
+    """Haar subspaces drawn for the exact test (the manifest's ``null_settings``)."""
+    n_permutations_used: int | None = None
+    null_draws_auto: bool = True
+    """``stats.n_null_draws: auto`` — the draws were sized so the floor can pass the family."""
 
 
 @dataclass(frozen=True)
