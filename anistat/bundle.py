@@ -604,7 +604,38 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
         contexts=tuple(str(x) for x in c.get("contexts") or ())) for c in concept_cards)
     return ReportInputs(results=results, run=run, record=record,
                         frequency=frequency if frequency is not None else pd.DataFrame(),
-                        warnings=tuple(str(w) for w in warnings), claims=outcomes, concept_cards=cards)
+                        warnings=tuple(str(w) for w in warnings), claims=outcomes, concept_cards=cards,
+                        null_checks=null_check_summaries(results, protocol.stats.alpha))
+
+
+def null_check_summaries(results: "pd.DataFrame", alpha: float) -> tuple["NullCheckSummary", ...]:
+    """The run's own null check: with an uninformative (``random``) proxy every null is true, so
+    the exact test's p-values (one per unit × rank, from the ``energy_fraction`` rows) must be
+    uniform; the paper's normal-control p-values are checked beside them."""
+    from .report.inputs import NullCheckSummary
+    from .stats import p_value_uniformity
+
+    needed = {"proxy", "metric", "p_value", "p_test", "status", "control"}
+    if results.empty or not needed <= set(results.columns):
+        return ()
+    rows = results[(results["proxy"] == "random") & (results["metric"] == "energy_fraction")
+                   & (results["status"] == "ok")]
+    checks = []
+    exact = rows[rows["p_test"] == "haar_monte_carlo"]
+    if not exact.empty:
+        first_kind = exact["control"].iloc[0]
+        checks.append(("exact", exact.loc[exact["control"] == first_kind, "p_value"]))
+    if "p_value_paper" in rows.columns:
+        checks.append(("paper", rows.loc[rows["control"] == "normal", "p_value_paper"]))
+    out = []
+    for test, values in checks:
+        values = values.astype(float).dropna()
+        if values.empty:
+            continue
+        check = p_value_uniformity(values.to_numpy(), alpha)
+        out.append(NullCheckSummary(test, tuple(float(v) for v in values), check.alpha, check.rejection_rate,
+                                    check.rate_ci[0], check.rate_ci[1], check.ks_p_value, check.calibrated))
+    return tuple(out)
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -293,3 +293,35 @@ def test_no_element_is_wider_than_the_viewport(tmp_path, width):
     assert viewport > 0.9 * width - 40, root
     assert 'data-too-wide=""' in root, root
     assert scroll_width <= viewport, root
+
+
+def test_null_check_of_a_random_proxy_run_is_stated_and_plotted(tmp_path):
+    from anistat.bundle import null_check_summaries
+    from anistat.report._content import null_check_sentences
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for unit in range(200):
+        p_exact, p_paper = rng.uniform(), rng.uniform() ** 2  # the paper's p anti-conservative
+        for control in ("normal", "haar"):
+            rows.append({"model": "m", "checkpoint": "step0", "layer": unit % 4, "site": f"residual.{unit % 4}",
+                         "rank": unit, "proxy": "random", "control": control, "metric": "energy_fraction",
+                         "estimate": 0.1, "p_value": p_exact, "p_test": "haar_monte_carlo",
+                         "p_value_paper": p_paper if control == "normal" else p_exact, "status": "ok"})
+    results = pd.DataFrame(rows)
+    exact, paper = null_check_summaries(results, 0.05)
+    assert (exact.test, paper.test) == ("exact", "paper") and len(exact.p_values) == 200
+    assert exact.calibrated and not paper.calibrated and paper.rejection_rate > 0.15
+    protocol = load_protocol(ROOT / "protocols" / "quickstart.yaml")
+    inputs = report_inputs(protocol, plan_results(protocol), quickstart_manifest(protocol))
+    assert inputs.null_checks == ()  # a PCA run has no null check
+    from dataclasses import replace
+
+    ctx = ReportContext(inputs=replace(inputs, null_checks=(exact, paper)), options=FAST)
+    sentences = null_check_sentences(ctx)
+    assert "consistent with a calibrated test" in sentences[0] and "NOT calibrated" in sentences[1]
+    from anistat.report.figures import fig_null_check
+
+    spec = fig_null_check(pd.DataFrame(), {"null_checks": (exact, paper)})
+    assert spec.name == "null_check" and "NOT calibrated" in spec.caption
+    assert fig_null_check(pd.DataFrame(), {}) == "no uninformative (random) proxy in this run"

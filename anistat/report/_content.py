@@ -253,9 +253,25 @@ FREQUENCY_CAPTION = (
 )
 
 
+NULL_CHECK_LABELS = {"exact": "the exact test (Haar draws)",
+                     "paper": "the paper's convention (normal controls in the proxy's complement, not exact)"}
+
+
+def null_check_sentences(ctx: ReportContext) -> list[str]:
+    """What the run's own null check (an uninformative proxy) says about the tests."""
+    out = []
+    for check in ctx.inputs.null_checks:
+        verdict = "consistent with a calibrated test" if check.calibrated else "NOT calibrated"
+        out.append(f"Null check (uninformative random proxy, {len(check.p_values)} tests): "
+                   f"{NULL_CHECK_LABELS.get(check.test, check.test)} gives p \u2264 {check.alpha:g} in "
+                   f"{check.rejection_rate:.1%} (95 % interval {check.rate_low:.1%}\u2013{check.rate_high:.1%}; "
+                   f"expected {check.alpha:.0%}; Kolmogorov\u2013Smirnov p = {check.ks_p_value:.2g}): {verdict}.")
+    return out
+
+
 def summary_sentences(ctx: ReportContext) -> list[str]:
     """Plain-text headline findings (escaped by the renderer)."""
-    out: list[str] = []
+    out: list[str] = null_check_sentences(ctx)
     d = ctx.main[ctx.main["_ok"] & (ctx.main["proxy"] == ctx.proxy)]
     er = d[(d["metric"] == "energy_ratio") & (d["control"] == ctx.control)]
     if len(er):

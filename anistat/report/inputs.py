@@ -126,13 +126,33 @@ class ConceptCard:
 
 
 @dataclass(frozen=True)
+class NullCheckSummary:
+    """A run's own null check: p-values of an uninformative (``random``) proxy against U(0, 1).
+
+    ``test`` is ``"exact"`` (the primary Haar Monte-Carlo test) or ``"paper"`` (normal controls,
+    the paper's convention); ``p_values`` the distinct tests' p-values; ``rate_low``/``rate_high``
+    the exact binomial 95 % interval of ``rejection_rate`` = share of p ≤ ``alpha``;
+    ``calibrated`` = ``alpha`` lies inside it."""
+
+    test: str
+    p_values: tuple[float, ...]
+    alpha: float
+    rejection_rate: float
+    rate_low: float
+    rate_high: float
+    ks_p_value: float
+    calibrated: bool
+
+
+@dataclass(frozen=True)
 class ReportInputs:
     """Everything a report is rendered from.
 
     ``results`` is the table as written to ``results.csv`` (its row count is the report's);
     ``frequency`` the rows of ``frequency.csv`` (empty when the run has none); ``warnings`` the
     run's warnings as recorded in the manifest, shown prominently in every output.
-    ``calibration`` and ``control_draws`` are optional extra figure data.
+    ``calibration`` and ``control_draws`` are optional extra figure data; ``null_checks`` the
+    run's own null check when it measured an uninformative (``random``) proxy.
     """
 
     results: pd.DataFrame
@@ -144,6 +164,7 @@ class ReportInputs:
     concept_cards: tuple[ConceptCard, ...] = ()
     calibration: pd.DataFrame | None = None
     control_draws: pd.DataFrame | None = None
+    null_checks: tuple[NullCheckSummary, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.results, pd.DataFrame):
