@@ -559,6 +559,7 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
     corpus_info = manifest.get("corpus") if isinstance(manifest.get("corpus"), Mapping) else {}
     if corpus_info.get("documents"):
         corpus += f", {corpus_info['documents']} documents"
+    null_settings = manifest.get("null_settings") if isinstance(manifest.get("null_settings"), Mapping) else {}
     run = RunDescription(
         name=protocol.name, title=protocol.title, description=protocol.description, seed=protocol.seed,
         corpus=corpus, seq_len=protocol.data.seq_len, n_fit_sequences=protocol.data.n_fit_sequences,
@@ -573,6 +574,11 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
         family=protocol.stats.family, isoscore_c0=protocol.stats.isoscore_c0,
         isoscore_zeta=protocol.stats.isoscore_zeta, report_precision=protocol.report.precision,
         settings=_settings_rows(protocol, manifest),
+        energy_ratio_reference=protocol.stats.energy_ratio_reference,
+        resampling_unit=protocol.stats.resampling_unit,
+        n_null_draws=_int_or_none(null_settings.get("n_null_draws")),
+        n_permutations_used=_int_or_none(null_settings.get("n_permutations")),
+        null_draws_auto=protocol.stats.n_null_draws == "auto",
     )
     versions = manifest.get("versions") if isinstance(manifest.get("versions"), Mapping) else {}
     units = manifest.get("units") if isinstance(manifest.get("units"), list) else []
@@ -598,7 +604,42 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
         contexts=tuple(str(x) for x in c.get("contexts") or ())) for c in concept_cards)
     return ReportInputs(results=results, run=run, record=record,
                         frequency=frequency if frequency is not None else pd.DataFrame(),
-                        warnings=tuple(str(w) for w in warnings), claims=outcomes, concept_cards=cards)
+                        warnings=tuple(str(w) for w in warnings), claims=outcomes, concept_cards=cards,
+                        null_checks=null_check_summaries(results, protocol.stats.alpha))
+
+
+def null_check_summaries(results: "pd.DataFrame", alpha: float) -> tuple["NullCheckSummary", ...]:
+    """The run's own null check: with an uninformative (``random``) proxy every null is true, so
+    the exact test's p-values (one per unit × rank, from the ``energy_fraction`` rows) must be
+    uniform; the paper's normal-control p-values are checked beside them."""
+    from .report.inputs import NullCheckSummary
+    from .stats import p_value_uniformity
+
+    needed = {"proxy", "metric", "p_value", "p_test", "status", "control"}
+    if results.empty or not needed <= set(results.columns):
+        return ()
+    rows = results[(results["proxy"] == "random") & (results["metric"] == "energy_fraction")
+                   & (results["status"] == "ok")]
+    checks = []
+    exact = rows[rows["p_test"] == "haar_monte_carlo"]
+    if not exact.empty:
+        first_kind = exact["control"].iloc[0]
+        checks.append(("exact", exact.loc[exact["control"] == first_kind, "p_value"]))
+    if "p_value_paper" in rows.columns:
+        checks.append(("paper", rows.loc[rows["control"] == "normal", "p_value_paper"]))
+    out = []
+    for test, values in checks:
+        values = values.astype(float).dropna()
+        if values.empty:
+            continue
+        check = p_value_uniformity(values.to_numpy(), alpha)
+        out.append(NullCheckSummary(test, tuple(float(v) for v in values), check.alpha, check.rejection_rate,
+                                    check.rate_ci[0], check.rate_ci[1], check.ks_p_value, check.calibrated))
+    return tuple(out)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def flatten(obj: Any, prefix: str = "", max_items: int = 24) -> list[tuple[str, str]]:

@@ -59,8 +59,9 @@ def plan_results(protocol) -> pd.DataFrame:
                     rows.append({**unit, "rank": k, "control": "none", "metric": "oracle_fraction",
                                  "estimate": 2 * base, "ci_method": "none"})
                     for j, control in enumerate(protocol.controls.kinds):
-                        common = {**unit, "rank": k, "control": control, "n_controls": protocol.controls.n,
-                                  "p_value": 0.01, "p_adjusted": 0.013}
+                        common = {**unit, "rank": k, "control": control, "n_controls": 11519,
+                                  "p_value": 0.0001, "p_adjusted": 0.0003, "p_test": "haar_monte_carlo",
+                                  "p_value_paper": 0.01, "n_clusters": 41 - layer}
                         rows.append({**common, "metric": "energy_ratio", "estimate": 1.5 + j + base,
                                      "ci_low": 1.4 + j + base, "ci_high": 1.6 + j + base,
                                      "control_mean": 1.0})
@@ -75,7 +76,8 @@ def plan_results(protocol) -> pd.DataFrame:
 def quickstart_manifest(protocol) -> dict:
     return {"protocol": protocol.normalised(), "protocol_sha256": protocol.sha256(),
             "versions": {"anistat": "0.1.0"}, "device": "cpu", "finished_at": "2026-01-01T00:00:00+00:00",
-            "corpus": {"name": "builtin", "documents": 79}, "warnings": [WARNING]}
+            "corpus": {"name": "builtin", "documents": 79}, "warnings": [WARNING],
+            "null_settings": {"n_null_draws": 11519, "n_permutations": 11519, "n_tests": 576}}
 
 
 def methods_text(inputs) -> str:
@@ -128,13 +130,16 @@ def test_methods_text_follows_the_protocol_not_the_fixture_values():
 def test_statistics_paragraph_reads_new_result_columns_when_present():
     protocol = make_protocol()
     results = make_results(with_failed=False)
-    results["p_test"] = "exact-haar-mc"
+    results["p_test"] = "haar_monte_carlo"
     results["p_value_paper"] = 0.05
     results["n_clusters"] = 31
     text = methods_text(make_inputs(results, protocol=protocol))
-    assert "p_value comes from exact-haar-mc" in text
+    assert "p_value comes from an exact Monte-Carlo test against uniformly random (Haar) subspaces" in text
     assert "p_value_paper" in text and "not exact" in text
-    assert "sampling unit is the document (31 per unit)" in text
+    assert "resampling unit is the document (31 documents per unit)" in text
+    # without the new columns (an older bundle) the text says what that bundle did
+    old = methods_text(make_inputs(make_results(with_failed=False), protocol=protocol))
+    assert "resampling unit is the sequence" in old and "Haar" not in old
 
 
 # ------------------------------------------------------------------ warnings, counts, settings
@@ -288,3 +293,35 @@ def test_no_element_is_wider_than_the_viewport(tmp_path, width):
     assert viewport > 0.9 * width - 40, root
     assert 'data-too-wide=""' in root, root
     assert scroll_width <= viewport, root
+
+
+def test_null_check_of_a_random_proxy_run_is_stated_and_plotted(tmp_path):
+    from anistat.bundle import null_check_summaries
+    from anistat.report._content import null_check_sentences
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for unit in range(200):
+        p_exact, p_paper = rng.uniform(), rng.uniform() ** 2  # the paper's p anti-conservative
+        for control in ("normal", "haar"):
+            rows.append({"model": "m", "checkpoint": "step0", "layer": unit % 4, "site": f"residual.{unit % 4}",
+                         "rank": unit, "proxy": "random", "control": control, "metric": "energy_fraction",
+                         "estimate": 0.1, "p_value": p_exact, "p_test": "haar_monte_carlo",
+                         "p_value_paper": p_paper if control == "normal" else p_exact, "status": "ok"})
+    results = pd.DataFrame(rows)
+    exact, paper = null_check_summaries(results, 0.05)
+    assert (exact.test, paper.test) == ("exact", "paper") and len(exact.p_values) == 200
+    assert exact.calibrated and not paper.calibrated and paper.rejection_rate > 0.15
+    protocol = load_protocol(ROOT / "protocols" / "quickstart.yaml")
+    inputs = report_inputs(protocol, plan_results(protocol), quickstart_manifest(protocol))
+    assert inputs.null_checks == ()  # a PCA run has no null check
+    from dataclasses import replace
+
+    ctx = ReportContext(inputs=replace(inputs, null_checks=(exact, paper)), options=FAST)
+    sentences = null_check_sentences(ctx)
+    assert "consistent with a calibrated test" in sentences[0] and "NOT calibrated" in sentences[1]
+    from anistat.report.figures import fig_null_check
+
+    spec = fig_null_check(pd.DataFrame(), {"null_checks": (exact, paper)})
+    assert spec.name == "null_check" and "NOT calibrated" in spec.caption
+    assert fig_null_check(pd.DataFrame(), {}) == "no uninformative (random) proxy in this run"

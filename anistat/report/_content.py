@@ -66,7 +66,8 @@ MULTIPLICITY_NAMES: dict[str, str] = {
     "holm": "Holm", "fdr_bh": "Benjamini\u2013Hochberg", "bonferroni": "Bonferroni", "none": "no",
 }
 FAMILY_TEXT: dict[str, str] = {
-    "run": "all tests of the run", "model": "the tests of each model", "claim": "the rows of each claim",
+    "run": "all tests of the run", "model": "the tests of each model",
+    "claim": "all tests of the run in results.csv, and, for each claim, the tests it selects",
 }
 CONTROL_INDEPENDENT_METRICS = frozenset({"anisotropy_capture", "delta_isoscore_star", "oracle_fraction"})
 """Metrics whose estimate does not depend on the control kind (only their control mean and
@@ -252,9 +253,25 @@ FREQUENCY_CAPTION = (
 )
 
 
+NULL_CHECK_LABELS = {"exact": "the exact test (Haar draws)",
+                     "paper": "the paper's convention (normal controls in the proxy's complement, not exact)"}
+
+
+def null_check_sentences(ctx: ReportContext) -> list[str]:
+    """What the run's own null check (an uninformative proxy) says about the tests."""
+    out = []
+    for check in ctx.inputs.null_checks:
+        verdict = "consistent with a calibrated test" if check.calibrated else "NOT calibrated"
+        out.append(f"Null check (uninformative random proxy, {len(check.p_values)} tests): "
+                   f"{NULL_CHECK_LABELS.get(check.test, check.test)} gives p \u2264 {check.alpha:g} in "
+                   f"{check.rejection_rate:.1%} (95 % interval {check.rate_low:.1%}\u2013{check.rate_high:.1%}; "
+                   f"expected {check.alpha:.0%}; Kolmogorov\u2013Smirnov p = {check.ks_p_value:.2g}): {verdict}.")
+    return out
+
+
 def summary_sentences(ctx: ReportContext) -> list[str]:
     """Plain-text headline findings (escaped by the renderer)."""
-    out: list[str] = []
+    out: list[str] = null_check_sentences(ctx)
     d = ctx.main[ctx.main["_ok"] & (ctx.main["proxy"] == ctx.proxy)]
     er = d[(d["metric"] == "energy_ratio") & (d["control"] == ctx.control)]
     if len(er):
@@ -266,7 +283,10 @@ def summary_sentences(ctx: ReportContext) -> list[str]:
                f"in {int((er['estimate'] > 1).sum())} of {len(er)} comparisons "
                f"(model \u00d7 checkpoint \u00d7 layer \u00d7 rank)")
         if tested:
-            txt += f"; significantly so ({pword}p < {ctx.alpha:g}) in {sig} of {tested}"
+            exact = "p_test" in er.columns and (er["p_test"] == "haar_monte_carlo").all()
+            test = (f"the proxy captures more than uniformly random subspaces (exact test, {pword}p < "
+                    f"{ctx.alpha:g})" if exact else f"significantly so ({pword}p < {ctx.alpha:g})")
+            txt += f"; {test} in {sig} of {tested}"
         out.append(txt + ".")
         for model in ordered_by_first(er["model"]):
             em = er[er["model"] == model]
@@ -365,9 +385,7 @@ def _proxies(ctx: ReportContext) -> Para:
 
 def _controls(ctx: ReportContext) -> Para:
     run = ctx.run
-    seg: list[Segment] = [
-        f"Each proxy was compared with n = {run.n_controls} random control subspaces of the "
-        "same rank per control kind: "]
+    seg: list[Segment] = ["Control kinds: "]
     for i, c in enumerate(run.control_kinds):
         h, latex = CONTROL_DESCRIPTIONS.get(c, (None, None))
         if h is None:
@@ -378,7 +396,18 @@ def _controls(ctx: ReportContext) -> Para:
                 latex = latex.replace("top-$m$", f"top-{run.pca_span_dim}")
             seg.extend([f"{c}: ", M(esc(h), latex)])
         seg.append("; " if i < len(run.control_kinds) - 1 else ". ")
-    seg.append("Control draws are seeded and identical across devices.")
+    closed = [c for c in run.control_kinds if c in ("haar", "normal") and run.energy_ratio_reference == "expected"]
+    drawn = [c for c in run.control_kinds if c not in closed]
+    if closed:
+        seg.append(f"For {_join(closed)} controls the energy ratio's denominator is the control energy's "
+                   "closed-form expectation over the control law (k/d of the gradient energy for haar, "
+                   "k/(d − k) of the energy outside the proxy for normal), and their spread (z, "
+                   "control mean and sd) comes from draws made at analysis time from each unit's "
+                   "gradient second moment. ")
+    if drawn:
+        seg.append(f"For {_join(drawn)} controls, n = {run.n_controls} draws per proxy were projected on "
+                   "every token, and the ratio is relative to their mean (conditional on those draws). ")
+    seg.append("All draws are seeded and identical across devices.")
     return P(*seg, heading="Controls")
 
 
@@ -399,9 +428,10 @@ def _metrics(ctx: ReportContext) -> Para:
                 " over its trace, the most any rank-k subspace can capture. "]
     if metrics & {"energy_ratio", "log2_energy_ratio"}:
         seg += ["The energy ratio is ",
-                M("<i>R</i> = <i>E</i>(<i>U</i>) / mean<sub><i>j</i></sub> <i>E</i>(<i>Q<sub>j"
-                  "</sub></i>)", r"$R = E(U) / \overline{E(Q_j)}$"),
-                " (also reported as log\u2082 R and as z = (E(U) \u2212 mean)/SD). "]
+                M("<i>R</i> = <i>E</i>(<i>U</i>) / E<sub><i>Q</i></sub>[<i>E</i>(<i>Q</i>)]",
+                  r"$R = E(U) / \mathrm{E}_Q[E(Q)]$"),
+                ", the proxy's energy over the expected energy of a control of the row's kind "
+                "(also reported as log\u2082 R and as z = (E(U) \u2212 mean)/SD over the control draws). "]
     if "anisotropy_capture" in metrics:
         seg += ["Anisotropy capture is ",
                 M("(<i>E</i>(<i>U</i>) \u2212 <i>k</i>/<i>d</i>) / (<i>E</i>*<sub><i>k</i></sub>"
@@ -415,8 +445,9 @@ def _metrics(ctx: ReportContext) -> Para:
                 f"gradients, with shrinkage target C0 = {run.isoscore_c0} ({c0}) and weight "
                 f"\u03b6 = {run.isoscore_zeta:g}. "]
     if "hedges_g" in metrics:
-        seg.append("Hedges' g is the bias-corrected standardised mean difference between the "
-                   "per-sequence energy fractions of the proxy and of the controls. ")
+        seg.append("Hedges' g is the bias-corrected standardised mean of the per-unit contributions "
+                   "\u03a3\u2016U\u1d40g\u2016\u00b2 \u2212 \u03a3 (expected control energy), the "
+                   "headline ratio's own numerator minus denominator. ")
     extra = sorted(m for m in metrics if m not in {
         "energy_fraction", "energy_ratio", "log2_energy_ratio", "oracle_fraction",
         "anisotropy_capture", "delta_isoscore_star", "hedges_g"})
@@ -427,7 +458,11 @@ def _metrics(ctx: ReportContext) -> Para:
 
 
 #: What each value of the results' ``p_test`` column means (the test behind ``p_value``).
-P_TEST_TEXT: dict[str, str] = {}
+P_TEST_TEXT: dict[str, str] = {
+    "haar_monte_carlo": ("an exact Monte-Carlo test against uniformly random (Haar) subspaces drawn from "
+                         "each unit's own gradient moments (energy metrics and \u0394IsoScore*)"),
+    "sign_flip": "a sign-flip permutation test of the per-unit contributions (hedges_g)",
+}
 
 
 def _distinct(df: pd.DataFrame, column: str) -> list[str]:
@@ -437,20 +472,37 @@ def _distinct(df: pd.DataFrame, column: str) -> list[str]:
 
 
 def _statistics(ctx: ReportContext) -> Para:
-    """The statistics paragraph. Facts come from the run description and from the results'
-    columns where they exist (``p_test``: the test behind ``p_value``; ``p_value_paper``: the
-    paper's normal-control Monte-Carlo p; ``n_clusters``: resampled documents)."""
+    """The statistics paragraph: what each test is exact under and what each interval is an
+    interval of. Facts come from the run description and from the results' columns where they
+    exist (``p_test``: the test behind ``p_value``; ``p_value_paper``: the paper's convention;
+    ``n_clusters``: resampling units)."""
     run, df = ctx.run, ctx.main
     seg: list[Segment] = []
     clusters = df["n_clusters"].dropna() if "n_clusters" in df.columns else pd.Series(dtype=float)
-    if len(clusters):
-        seg.append(f"The sampling unit is the document ({_range_text(clusters)} per unit); "
+    sequences = df["n_sequences"].dropna() if "n_sequences" in df.columns else pd.Series(dtype=float)
+    documents = len(clusters) and run.resampling_unit == "document" and not clusters.equals(
+        sequences.loc[clusters.index])
+    if documents:
+        seg.append(f"The resampling unit is the document ({_range_text(clusters)} documents per unit): "
                    "sequences cut from one document are resampled together. ")
     else:
-        seg.append("The sampling unit is the sequence. ")
+        seg.append("The resampling unit is the sequence"
+                   f"{' (each test sequence comes from its own document)' if run.resampling_unit == 'document' else ''}. ")
     tests = _distinct(df, "p_test")
     if tests:
         seg.append("p_value comes from " + _join([P_TEST_TEXT.get(t, t) for t in tests]) + ". ")
+        if "haar_monte_carlo" in tests:
+            n_null = f"{run.n_null_draws:,}" if run.n_null_draws else "the recorded number of"
+            seg += ["The exact test's p-value is ",
+                    M("<i>p</i> = (1 + #{<i>j</i>: <i>E</i>(<i>Q<sub>j</sub></i>) \u2265 <i>E</i>(<i>U"
+                      "</i>)}) / (1 + <i>n</i>)",
+                      r"$p = (1 + \#\{j : E(Q_j) \geq E(U)\}) / (1 + n)$"),
+                    f" with n = {n_null} Haar subspaces"
+                    + (", enough for its floor to pass the corrected threshold of the whole family"
+                       if run.null_draws_auto else " (set by the protocol)")
+                    + "; an uninformative (uniformly random) proxy is "
+                    "exchangeable with the draws, so under that null P(p \u2264 a) \u2264 a whatever the "
+                    "gradients' anisotropy. "]
     else:
         seg += ["The control draw is tested with the one-sided Monte-Carlo p-value ",
                 M("<i>p</i> = (1 + #{<i>j</i>: <i>E</i>(<i>Q<sub>j</sub></i>) \u2265 <i>E</i>(<i>U"
@@ -459,12 +511,19 @@ def _statistics(ctx: ReportContext) -> Para:
                 f" (smallest attainable p with n = {run.n_controls}: 1/{run.n_controls + 1} = "
                 f"{fmt_num(1 / (run.n_controls + 1), 3)}). "]
     if "p_value_paper" in df.columns and df["p_value_paper"].notna().any():
-        seg.append("p_value_paper holds the paper's convention, the Monte-Carlo p against normal "
-                   "controls drawn in the proxy's complement, which is not exact. ")
-    seg.append(f"The data are tested by a paired sign-flip permutation test "
-               f"({run.n_permutations} permutations, alternative: {run.alternative}). ")
-    seg.append(f"Confidence intervals ({run.ci_level * 100:g} %, {run.ci_method}) come from a "
-               f"bootstrap with {run.n_bootstrap} resamples")
+        seg.append(f"p_value_paper holds the paper's convention, the same statistic against the first "
+                   f"{run.n_controls} draws of the row's own control kind; for normal controls (drawn in "
+                   "the proxy's own orthogonal complement) it is not exact, and it rejects an "
+                   "uninformative proxy too often under anisotropic gradients (protocols/null-check.yaml). ")
+    n_perm = run.n_permutations_used or run.n_permutations
+    seg.append(f"The data are tested by a sign-flip permutation test of the per-unit contributions "
+               f"({n_perm} sign vectors, alternative: {run.alternative}), conditional on the proxy. ")
+    seg.append(f"Confidence intervals ({run.ci_level * 100:g} %, {run.ci_method}, {run.n_bootstrap} "
+               "bootstrap resamples of the resampling units) describe effect sizes over data sampling "
+               "for the fixed proxy: the energy ratio's interval covers the proxy's expected energy over "
+               "the expected control energy; it is not a test against random subspaces (a fixed random "
+               "subspace has a true ratio different from 1), which is what p_value is for. The note "
+               "column names each interval's estimand")
     used = df.loc[~df["ci_method"].isin(["", "none"]), "ci_method"].value_counts()
     if len(used):
         seg.append("; interval methods in the results: " + ", ".join(
@@ -474,7 +533,8 @@ def _statistics(ctx: ReportContext) -> Para:
         seg.append("p-values are not adjusted for multiplicity. ")
     else:
         seg.append(f"Multiplicity: {MULTIPLICITY_NAMES.get(run.multiplicity, run.multiplicity)} "
-                   f"correction over {FAMILY_TEXT.get(run.family, run.family)}. ")
+                   f"correction over {FAMILY_TEXT.get(run.family, run.family)}, each distinct test counted "
+                   "once. ")
     seg.append(f"Significance level \u03b1 = {run.alpha:g}; marks: {ctx.legend_text()}.")
     return P(*seg, heading="Statistics")
 

@@ -626,6 +626,46 @@ def fig_calibration(_df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
     return FigureSpec("calibration", "Calibration of the statistical engine", cap, fig)
 
 
+def fig_null_check(_df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
+    """QQ plot of an uninformative proxy's p-values against U(0, 1) (the run's own null check)."""
+    checks = ctx.get("null_checks") or ()
+    if not checks:
+        return "no uninformative (random) proxy in this run"
+    fig, axes = _grid(2, w=3.8, h=3.4, ncols_max=2)
+    colours = {"exact": OKABE_ITO["blue"], "paper": OKABE_ITO["vermillion"]}
+    labels = {"exact": "exact test (Haar draws)", "paper": "paper: normal controls (not exact)"}
+    qq, rate = axes
+    for check in checks:
+        p = np.sort(np.asarray(check.p_values, dtype=float))
+        expected = (np.arange(1, p.size + 1) - 0.5) / p.size
+        qq.plot(expected, p, marker="o", ms=2.5, lw=0, color=colours.get(check.test, "0.3"),
+                label=f"{labels.get(check.test, check.test)} (n = {p.size})")
+    qq.plot([0, 1], [0, 1], color="0.35", lw=1, ls=(0, (4, 3)))
+    qq.set_xlabel("uniform quantile")
+    qq.set_ylabel("observed p-value")
+    qq.set_title("p-values against U(0, 1)")
+    qq.legend(loc="upper left", fontsize=7)
+    alpha = checks[0].alpha
+    for i, check in enumerate(checks):
+        rate.errorbar([i], [check.rejection_rate],
+                      yerr=[[check.rejection_rate - check.rate_low], [check.rate_high - check.rejection_rate]],
+                      marker="o", capsize=4, color=colours.get(check.test, "0.3"))
+    rate.axhline(alpha, color="0.35", lw=1, ls=(0, (4, 3)))
+    rate.set_xticks(range(len(checks)), [labels.get(c.test, c.test).split(" (")[0] for c in checks], fontsize=7)
+    rate.set_xlim(-0.5, len(checks) - 0.5)
+    rate.set_ylabel(f"share of p \u2264 {alpha:g} (95 % exact CI)")
+    rate.set_title("Rejections under a true null")
+    fig.tight_layout()
+    verdicts = "; ".join(
+        f"{labels.get(c.test, c.test)}: {c.rejection_rate:.3f} [{c.rate_low:.3f}, {c.rate_high:.3f}], "
+        f"KS p = {c.ks_p_value:.2g} \u2014 {'calibrated' if c.calibrated else 'NOT calibrated'}" for c in checks)
+    cap = ("Null check: every proxy here is a uniformly random subspace, so every null is true and a valid "
+           f"test's p-values are uniform. Share of p \u2264 {alpha:g} with its exact binomial interval and the "
+           f"Kolmogorov\u2013Smirnov p-value: {verdicts}. Tests sharing a proxy or a checkpoint are dependent, so "
+           "the intervals are approximate.")
+    return FigureSpec("null_check", "Null check: an uninformative proxy", cap, fig)
+
+
 FIGURES: tuple[tuple[str, Callable[[pd.DataFrame, dict[str, Any]], FigureSpec | str], bool], ...] = (
     # (name, function, takes the full table including bucket rows)
     ("energy_ratio_trajectory", fig_energy_ratio_trajectory, False),
@@ -635,6 +675,7 @@ FIGURES: tuple[tuple[str, Callable[[pd.DataFrame, dict[str, Any]], FigureSpec | 
     ("delta_isoscore", fig_delta_isoscore, False),
     ("frequency_buckets", fig_frequency_buckets, True),
     ("calibration", fig_calibration, False),
+    ("null_check", fig_null_check, False),
 )
 
 

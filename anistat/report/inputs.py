@@ -39,7 +39,8 @@ class ModelDescription:
 class RunDescription:
     """What the protocol asked for, typed: the methods text is generated from these fields.
 
-    ``n_controls`` is the protocol's number of control draws per kind (``controls.n``);
+    ``n_controls`` is the protocol's number of control draws per kind (``controls.n``, the
+    paper's convention); ``n_null_draws`` the Haar draws of the exact test the run used;
     ``isoscore_c0`` and ``isoscore_zeta`` are IsoScore*'s shrinkage target and weight
     (``stats.isoscore_c0``, ``stats.isoscore_zeta``).
     """
@@ -75,6 +76,13 @@ class RunDescription:
     settings: tuple[tuple[str, str, str], ...]
     """(section, key, value) rows of the settings table: every protocol setting that applies to
     this run (per data and model source), then the manifest fields."""
+    energy_ratio_reference: str = "expected"
+    resampling_unit: str = "document"
+    n_null_draws: int | None = None
+    """Haar subspaces drawn for the exact test (the manifest's ``null_settings``)."""
+    n_permutations_used: int | None = None
+    null_draws_auto: bool = True
+    """``stats.n_null_draws: auto`` — the draws were sized so the floor can pass the family."""
 
 
 @dataclass(frozen=True)
@@ -118,13 +126,33 @@ class ConceptCard:
 
 
 @dataclass(frozen=True)
+class NullCheckSummary:
+    """A run's own null check: p-values of an uninformative (``random``) proxy against U(0, 1).
+
+    ``test`` is ``"exact"`` (the primary Haar Monte-Carlo test) or ``"paper"`` (normal controls,
+    the paper's convention); ``p_values`` the distinct tests' p-values; ``rate_low``/``rate_high``
+    the exact binomial 95 % interval of ``rejection_rate`` = share of p ≤ ``alpha``;
+    ``calibrated`` = ``alpha`` lies inside it."""
+
+    test: str
+    p_values: tuple[float, ...]
+    alpha: float
+    rejection_rate: float
+    rate_low: float
+    rate_high: float
+    ks_p_value: float
+    calibrated: bool
+
+
+@dataclass(frozen=True)
 class ReportInputs:
     """Everything a report is rendered from.
 
     ``results`` is the table as written to ``results.csv`` (its row count is the report's);
     ``frequency`` the rows of ``frequency.csv`` (empty when the run has none); ``warnings`` the
     run's warnings as recorded in the manifest, shown prominently in every output.
-    ``calibration`` and ``control_draws`` are optional extra figure data.
+    ``calibration`` and ``control_draws`` are optional extra figure data; ``null_checks`` the
+    run's own null check when it measured an uninformative (``random``) proxy.
     """
 
     results: pd.DataFrame
@@ -136,6 +164,7 @@ class ReportInputs:
     concept_cards: tuple[ConceptCard, ...] = ()
     calibration: pd.DataFrame | None = None
     control_draws: pd.DataFrame | None = None
+    null_checks: tuple[NullCheckSummary, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.results, pd.DataFrame):

@@ -42,7 +42,7 @@ def render_bundle(inputs: ReportInputs, out_dir: Path, *,
     ctx = ReportContext(inputs=inputs, options=options)
     fig_ctx = {"proxy": ctx.proxy, "control": ctx.control, "max_panels": options.max_panels,
                "ci_text": ctx.ci_text, "calibration": inputs.calibration,
-               "control_draws": inputs.control_draws}
+               "control_draws": inputs.control_draws, "null_checks": inputs.null_checks}
 
     fig_dir = out_dir / "figures"
     if options.figures:
