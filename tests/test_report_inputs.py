@@ -109,7 +109,8 @@ def test_methods_text_states_what_the_protocol_says():
     assert "k ∈ {4, 8, 16}" in proxies and "earliest 30 % of the checkpoints" in proxies
     # the number of controls is the protocol's n, not the range of a count column
     controls = text[text.index("Controls."):text.index("Metrics.")]
-    assert "compared with n = 99 random control subspaces" in controls and "–" not in controls
+    assert "draws made at analysis time from each unit's gradient second moment" in controls
+    assert "–" not in controls and "against the first 99 draws of the row's own control kind" in text
     # IsoScore*'s C0 and zeta from stats.isoscore_c0 / stats.isoscore_zeta
     assert "C0 = scaled_identity" in text and "ζ = 0.1" in text
     assert "Benjamini–Hochberg correction over all tests of the run" in text
@@ -122,7 +123,7 @@ def test_methods_text_follows_the_protocol_not_the_fixture_values():
                                                        "multiplicity": "none"})
     inputs = make_inputs(make_results(with_failed=False), protocol=protocol)
     text = methods_text(inputs)
-    assert "n = 7 random control subspaces" in text and "1/8" in text
+    assert "smallest attainable p with n = 7: 1/8" in text
     assert "C0 = identity" in text and "ζ = 0.25" in text
     assert "not adjusted for multiplicity" in text
 
