@@ -219,6 +219,7 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
                 isoscore_c0=protocol.stats.isoscore_c0, isoscore_zeta=protocol.stats.isoscore_zeta,
                 precision=spec.precision, progress_label=f"{spec.name} {checkpoint.label}",
                 pair_budget_bytes=int(protocol.data.frequency_ci_memory_mb * 2**20),
+                loss_reduction=protocol.data.loss_reduction,
             )
             for site in sites:
                 if main:

@@ -81,6 +81,14 @@ class DataSpec(StrictModel):
     batch_size: PositiveCount = Field(
         16, description="Sequences per forward/backward pass while measuring (never changes the numbers)."
     )
+    loss_reduction: Literal["global_mean", "per_sequence_mean"] = Field(
+        "global_mean",
+        description="How the token losses are reduced, for training built-in models and for the measured "
+        "gradients. global_mean: the objective's own mean over all target tokens, with one normaliser for the "
+        "whole split (every target token weighs the same). per_sequence_mean: the sum of per-sequence means "
+        "(a masked token weighs 1/m_s, m_s = masked tokens in its sequence; anistat's reduction before "
+        "issue #15). Identical for CLM, where every sequence has seq_len − 1 targets.",
+    )
     n_frequency_buckets: int = Field(
         4, ge=1, le=100, description="Quantile buckets of corpus token counts for frequency analysis."
     )

@@ -19,7 +19,7 @@ import torch
 
 from ..data import Splits, mask_for_mlm
 from ..geometry import GradientMoments, SequenceTypeSums, delta_isoscore_star, oracle_fraction
-from ..models import lm_loss
+from ..models import count_targets, lm_loss
 from ..seeding import derive_seed
 from .artifact import BasisColumn, UnitArtifact, UnitKey
 from . import distributed
@@ -479,13 +479,15 @@ def measure_checkpoint(
     precision: str = "fp32",
     progress_label: str = "",
     pair_budget_bytes: int = 0,
+    loss_reduction: str = "global_mean",
 ) -> dict:
     """Phase 2 for one checkpoint: every selected site in one forward/backward per batch.
 
     `keys` maps any key (a block index, a site name) to the unit's `UnitKey`; the site probed is
     `UnitKey.site` (see `sites.py`). `bases` is keyed alike. Under torchrun, batches are
     sharded across ranks and the statistics all-reduced (see `distributed.py`).
-    `pair_budget_bytes` is shared equally by the sites (see `SiteAccumulator`)."""
+    `pair_budget_bytes` is shared equally by the sites (see `SiteAccumulator`). The loss is
+    `lm_loss(..., loss_reduction)` with the normaliser of the whole test split (not of a batch)."""
     started = time.perf_counter()
     order = list(keys)
     sites = as_sites(model, {k: keys[k].site for k in order})
@@ -497,6 +499,7 @@ def measure_checkpoint(
         parameter.requires_grad_(False)  # post hoc: ∂L/∂h needs no parameter gradients
     inputs, labels = model_inputs(splits.test, splits, objective, mlm_probability, seed, "test")
     n_seq, seq_len = inputs.shape
+    targets_per_sequence = float(count_targets(labels, objective).sum()) / n_seq
     used = counted_positions(objective, seq_len)
     dim = next(iter(bases.values()))[0].basis.shape[0]
     acc = {k: SiteAccumulator(bases[k], dim=dim, n_seq=n_seq, n_buckets=n_buckets, vocab_size=splits.vocab_size,
@@ -513,7 +516,7 @@ def measure_checkpoint(
         batch_inputs = inputs[start:stop].to(device)
         batch_labels = labels[start:stop].to(device)
         with torch.enable_grad(), autocast(device, precision), probe(model, sites, gradients=True) as record:
-            loss = lm_loss(model, batch_inputs, batch_labels, objective)
+            loss = lm_loss(model, batch_inputs, batch_labels, objective, loss_reduction, targets_per_sequence)
             gradients = torch.autograd.grad(loss * scale if scale != 1.0 else loss,
                                             [record.deltas[k] for k in order])
         # frequency buckets and token types follow the text's own token (for MLM the masked
