@@ -273,7 +273,8 @@ class SiteSpec(StrictModel):
 
 
 class ProxySpec(StrictModel):
-    """Activation-derived tangent proxies: methods × ranks, fitted on the early window, then frozen."""
+    """Activation-derived tangent proxies: methods × ranks, fitted on the early window, then frozen
+    (or refitted at every checkpoint, see `refit`)."""
 
     methods: list[Name] = Field(default_factory=lambda: ["pca"], min_length=1)
     ranks: list[Annotated[int, Field(ge=1, le=65_536)]] = Field(default_factory=lambda: [4], min_length=1)
@@ -282,6 +283,30 @@ class ProxySpec(StrictModel):
     )
     max_fit_tokens: PositiveCount = Field(20_000, description="Cap on fit activations per site.")
     concept_card_tokens: int = Field(8, ge=0, le=1000, description="Top tokens per proxy direction.")
+    refit: Literal["frozen", "per_checkpoint", "both"] = Field(
+        "frozen",
+        description="frozen: fit once on the early window (the paper's design). per_checkpoint: refit on each "
+        "checkpoint's own fit-split activations (proxy labelled METHOD@refit), so a weaker late effect can be told "
+        "apart from a stale proxy. both: the frozen and the refitted proxies side by side.",
+    )
+    center: dict[Name, bool | Literal["both"]] = Field(
+        default_factory=dict,
+        description="Centring per method (pca, semi_nmf, nmf have the option): true, false or both. Omitted: the "
+        "method's own default (pca centred; semi_nmf, nmf uncentred). A variant other than the method's default is "
+        "labelled METHOD@centred / METHOD@uncentred in the results' proxy column.",
+    )
+
+    @model_validator(mode="after")
+    def _center_methods(self) -> "ProxySpec":
+        from .geometry import center_default  # lazy: geometry imports torch
+
+        for method in self.center:
+            if method not in self.methods:
+                raise ValueError(f"center names method '{method}', which is not in methods {list(self.methods)}")
+            if center_default(method) is None:
+                raise ValueError(f"center: proxy method '{method}' has no centring option "
+                                 "(ica centres by construction; random ignores the data)")
+        return self
 
     @field_validator("ranks", "methods")
     @classmethod

@@ -39,7 +39,10 @@ from .metrics import (
 )
 from .moments import GradientMoments
 from .null_check import NullCheck, haar_energy_moments, haar_null_check, haar_token_fraction_law
-from .proxies import PROXY_METHODS, Proxy, ProxyMethod, fit_proxy, project, register_proxy, top_activating
+from .proxies import (
+    PROXY_METHODS, Proxy, ProxyMethod, center_default, fit_proxy, project, proxy_variants, register_proxy,
+    top_activating,
+)
 
 __all__ = [
     "CONTROL_KINDS",
@@ -55,6 +58,7 @@ __all__ = [
     "ResampledCentroidDistance",
     "SequenceTypeSums",
     "anisotropy_capture",
+    "center_default",
     "centroid_distances",
     "complement_basis",
     "delta_isoscore_star",
@@ -81,6 +85,7 @@ __all__ = [
     "participation_ratio_from_cov",
     "principal_subspace",
     "project",
+    "proxy_variants",
     "register_proxy",
     "sequence_type_sums",
     "top_activating",
