@@ -304,7 +304,7 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         log(f"warning: {warning}")
     token_counts = info.pop("frequency")
     frequency = frequency_rows(artifacts, token_counts, protocol)
-    claims = evaluate_claims(results, protocol.claims, frequency)
+    claims = evaluate_claims(results, protocol.claims, frequency, ci_level=protocol.stats.ci_level)
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
     manifest = {
         "anistat_bundle": 1,

@@ -377,6 +377,31 @@ class ReplicationSpec(StrictModel):
     )
 
 
+class MetaSpec(StrictModel):
+    """How an `aggregate: meta` claim pools its rows (see `anistat.stats.meta`)."""
+
+    method: Literal["reml", "dl", "pm"] = Field(
+        "reml", description="Between-unit variance: REML, DerSimonian-Laird or Paule-Mandel.")
+    interval: Literal["hksj", "wald"] = Field(
+        "hksj", description="Hartung-Knapp-Sidik-Jonkman (t with k − 1 df) or Wald (normal) interval.")
+    dependence: Literal["aggregate", "robust", "independent"] = Field(
+        "aggregate",
+        description="Rows of one cluster share data (the layers, ranks and checkpoints of a model share its test "
+        "sequences). aggregate: pool one summary per cluster (its rows' mean, variance under correlation "
+        "`within_correlation`). robust: all rows, cluster-robust variance (CR2, t with m − 1 df). independent: "
+        "rows as independent studies (too narrow when they share data; for independent rows only).",
+    )
+    cluster: list[Name] = Field(
+        default_factory=lambda: ["model"], min_length=1,
+        description="Result columns whose values identify an independent unit (default: the model).",
+    )
+    within_correlation: float = Field(
+        1.0, ge=0.0, le=1.0,
+        description="aggregate: assumed correlation of the sampling errors of one cluster's rows (1 = the "
+        "conservative bound).",
+    )
+
+
 class ClaimSpec(StrictModel):
     """A statement about the results, checked after analysis (see anistat.claims)."""
 
@@ -392,6 +417,7 @@ class ClaimSpec(StrictModel):
     threshold: float | list[float] = 1.0
     alpha: float | None = Field(None, gt=0.0, lt=1.0, description="Also require p_adjusted < alpha.")
     aggregate: Literal["all", "any", "meta"] = "all"
+    meta: MetaSpec = Field(default_factory=MetaSpec, description="Pooling settings of aggregate: meta.")
 
     @model_validator(mode="after")
     def _threshold_shape(self) -> "ClaimSpec":

@@ -71,7 +71,7 @@ def verify_bundle(bundle: Path) -> BundleCheck:
     protocol = parse_protocol(manifest.get("protocol"), f"{bundle}/manifest.json:protocol")
     results = read_results(bundle)
     frequency = read_frequency(bundle)
-    claims = evaluate_claims(results, protocol.claims, frequency)
+    claims = evaluate_claims(results, protocol.claims, frequency, ci_level=protocol.stats.ci_level)
     recorded = []
     if (bundle / "claims.json").is_file():
         recorded = _optional_json(bundle / "claims.json")

@@ -48,7 +48,7 @@ def finalize_bundle(units: Iterable[UnitArtifact] | str | Path, protocol: Any, o
     out = Path(out)
     results = analyze_units(artifacts, protocol)
     frequency = frequency_rows(artifacts, token_counts or {}, protocol)
-    claims = evaluate_claims(results, protocol.claims, frequency)
+    claims = evaluate_claims(results, protocol.claims, frequency, ci_level=protocol.stats.ci_level)
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
     cards = list(concept_cards or [])
     manifest = {
