@@ -229,7 +229,11 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
     activation centroid, sqrt(Σ_i ‖a_i − c_t‖² / (n_t − 1)) — a root-mean-square form is
     computable from streamed sums (Σa, Σ‖a‖², count per type), so no activation matrix is kept,
     and the n − 1 divisor keeps a type's count from biasing it. Its CI is a sequence bootstrap
-    (see `_correlation_rows`); the p-value is scipy's, over types.
+    (see `_correlation_rows`); the p-value is scipy's, over types. Two more definitions of a
+    type's "distance" sit beside it, each named: `*_logfreq_mean_distance` (the type's mean
+    activation from the global mean) and `*_logfreq_mean_norm` (the norm of that mean), see
+    `geometry.type_mean_geometry`. For MLM, positions whose input is [MASK] or a random
+    replacement are left out of every type statistic.
     """
     stats = protocol.stats
     rows = []
@@ -309,8 +313,9 @@ def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protoco
             seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_distance"),
         )
     rows = []
+    spread = "distance = RMS spread of the type's activations around its own centroid"
     for (metric, value, p_value), interval in zip(estimates, intervals):
-        parts = [f"{correlation.n_types} token types", note if interval is None else interval.note]
+        parts = [f"{correlation.n_types} token types", spread, note if interval is None else interval.note]
         if interval is not None and interval.bias_in_se is not None and abs(interval.bias_in_se) > 1:
             # a rank correlation over types, each estimated from few sequences, is not a smooth
             # function of the sequences: say so when its resamples are visibly off-centre
@@ -320,4 +325,25 @@ def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protoco
                      "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),
                      "ci_method": "none" if interval is None else interval.method,
                      "note": "; ".join(part for part in parts if part)})
+    rows.extend(_mean_geometry_rows(artifact, counts, types))
+    return rows
+
+
+def _mean_geometry_rows(artifact: UnitArtifact, counts: np.ndarray, types: np.ndarray) -> list[dict]:
+    """The other two frequency definitions (geometry.type_mean_geometry) over the same types:
+    `*_logfreq_mean_distance` (distance of the type's centroid from the global mean) and
+    `*_logfreq_mean_norm` (norm of the type's centroid), both debiased for the centroid's
+    sampling noise. Point estimates with scipy's p-value over types; no bootstrap CI yet."""
+    rows = []
+    for name, values, meaning in (
+            ("mean_distance", artifact.type_mean_distance, "distance of the type's mean activation from the global mean"),
+            ("mean_norm", artifact.type_mean_norm, "norm of the type's mean activation")):
+        if values is None:
+            continue
+        correlation = log_frequency_correlation(counts[types], values[types])
+        note = f"{correlation.n_types} token types; {meaning} (debiased); no bootstrap CI for this definition"
+        for kind, value, p_value in (("spearman", correlation.spearman_rho, correlation.spearman_p),
+                                     ("pearson", correlation.pearson_r, correlation.pearson_p)):
+            rows.append({"metric": f"{kind}_logfreq_{name}", "estimate": float(value), "p_value": float(p_value),
+                         "ci_low": math.nan, "ci_high": math.nan, "ci_method": "none", "note": note})
     return rows

@@ -13,11 +13,13 @@ from .frequency import (
     FrequencyCorrelation,
     ResampledCentroidDistance,
     SequenceTypeSums,
+    TypeMeanGeometry,
     centroid_distances,
     frequency_buckets,
     log_frequency_correlation,
     masked_correlations,
     sequence_type_sums,
+    type_mean_geometry,
 )
 from .metrics import (
     DEFAULT_ZETA,
@@ -57,6 +59,7 @@ __all__ = [
     "ProxyMethod",
     "ResampledCentroidDistance",
     "SequenceTypeSums",
+    "TypeMeanGeometry",
     "anisotropy_capture",
     "center_default",
     "centroid_distances",
@@ -89,4 +92,5 @@ __all__ = [
     "register_proxy",
     "sequence_type_sums",
     "top_activating",
+    "type_mean_geometry",
 ]

@@ -4,8 +4,12 @@ sequence-bootstrap CIs).
 * :func:`frequency_buckets` — bucket index per token id from corpus counts.
 * :func:`centroid_distances` — per token type, the mean Euclidean distance of its occurrences'
   activations to the type's activation centroid.
+* :func:`type_mean_geometry` — from streamed per-type sums, the three per-type "distances"
+  the frequency analysis offers (each named in the results): the RMS spread of a type's
+  activations around its own centroid, the distance of the type's mean activation (centroid)
+  from the global mean, and the norm of the type's mean activation.
 * :func:`log_frequency_correlation` — Spearman and Pearson correlation of log-frequency with
-  that distance.
+  a per-type distance.
 * :class:`SequenceTypeSums` / :func:`sequence_type_sums` — activation sums per (sequence, token
   type) pair, the sufficient statistics that let a sequence bootstrap recompute every type's
   centroid; :class:`ResampledCentroidDistance` evaluates the RMS centroid distance of every
@@ -29,11 +33,13 @@ __all__ = [
     "FrequencyCorrelation",
     "ResampledCentroidDistance",
     "SequenceTypeSums",
+    "TypeMeanGeometry",
     "centroid_distances",
     "frequency_buckets",
     "log_frequency_correlation",
     "masked_correlations",
     "sequence_type_sums",
+    "type_mean_geometry",
 ]
 
 
@@ -116,6 +122,61 @@ def centroid_distances(activations: Any, token_ids: Any, *, min_occurrences: int
         mean_distance=mean_d[keep].cpu().numpy(),
         token_distance=dist.cpu().numpy(),
     )
+
+
+@dataclass(frozen=True)
+class TypeMeanGeometry:
+    """Per token type (arrays of the vocabulary's length, NaN where a type has fewer than two
+    occurrences): ``rms_spread``, ``mean_distance``, ``mean_norm`` (see
+    :func:`type_mean_geometry`) and the ``global_mean`` (d,) they refer to."""
+
+    rms_spread: np.ndarray
+    mean_distance: np.ndarray
+    mean_norm: np.ndarray
+    global_mean: np.ndarray
+
+
+def type_mean_geometry(count: Any, vector_sum: Any, square_sum: Any) -> TypeMeanGeometry:
+    """Three per-type geometries from streamed sums over a type's n_t occurrences
+    (``count`` n_t (V,), ``vector_sum`` Σa (V, d), ``square_sum`` Σ‖a‖² (V,)).
+
+    With centroid ``c_t = Σa / n_t`` and the token-weighted global mean
+    ``μ = Σ_t Σa / Σ_t n_t`` (over the same occurrences):
+
+    * ``rms_spread_t = sqrt(Σ_i ‖a_i − c_t‖² / (n_t − 1))`` — Bessel-corrected RMS distance of
+      the occurrences to their own centroid (what ``*_logfreq_distance`` correlates);
+    * ``mean_distance_t = sqrt(max(0, ‖c_t − μ‖² − rms_spread_t² / n_t))`` — distance of the
+      type's mean representation from the global mean, the anisotropy literature's usual
+      quantity (``*_logfreq_mean_distance``);
+    * ``mean_norm_t = sqrt(max(0, ‖c_t‖² − rms_spread_t² / n_t))`` — the norm of the type's mean
+      representation (``*_logfreq_mean_norm``).
+
+    Why the ``− rms²/n_t`` term: a centroid of n_t noisy occurrences lies on average
+    ``tr Σ_t / n_t`` (squared) farther from any fixed point than the type's true mean, and n_t
+    follows the corpus count, so the plug-in distance alone would correlate with frequency
+    (rare types pushed outward). Subtracting the unbiased ``rms_spread²/n_t`` makes each squared
+    distance unbiased for the true one (μ is treated as fixed: it pools all tokens). Types with
+    n_t < 2 get NaN."""
+    n = np.asarray(count, dtype=np.float64).ravel()
+    total = np.asarray(vector_sum, dtype=np.float64)
+    square = np.asarray(square_sum, dtype=np.float64).ravel()
+    if total.ndim != 2 or total.shape[0] != n.size or square.size != n.size:
+        raise ValueError(f"count (V,), vector_sum (V, d) and square_sum (V,) must align; got {n.shape}, "
+                         f"{total.shape}, {square.shape}")
+    enough = n >= 2
+    safe = np.maximum(n, 1.0)
+    centroid = total / safe[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scatter = np.maximum(square - np.einsum("vd,vd->v", total, total) / safe, 0.0)
+        variance = np.where(enough, scatter / np.maximum(n - 1.0, 1.0), np.nan)
+        global_mean = total.sum(0) / max(float(n.sum()), 1.0)
+        offset = centroid - global_mean
+        noise = variance / safe
+        mean_distance = np.sqrt(np.maximum(np.einsum("vd,vd->v", offset, offset) - noise, 0.0))
+        mean_norm = np.sqrt(np.maximum(np.einsum("vd,vd->v", centroid, centroid) - noise, 0.0))
+    nan = np.full(n.shape, np.nan)
+    return TypeMeanGeometry(rms_spread=np.sqrt(variance), mean_distance=np.where(enough, mean_distance, nan),
+                            mean_norm=np.where(enough, mean_norm, nan), global_mean=global_mean)
 
 
 @dataclass(frozen=True)
