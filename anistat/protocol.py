@@ -81,6 +81,12 @@ class DataSpec(StrictModel):
     batch_size: PositiveCount = Field(
         16, description="Sequences per forward/backward pass while measuring (never changes the numbers)."
     )
+    special_tokens: Literal["tokenizer", "none"] = Field(
+        "tokenizer",
+        description="tokenizer: every sequence carries the special tokens the model's tokenizer adds to a text "
+        "(add_special_tokens, e.g. [CLS] … [SEP] or BOS); the content fills the rest of seq_len and MLM never "
+        "masks them. none: raw token blocks. Built-in tokenizers add none either way.",
+    )
     loss_reduction: Literal["global_mean", "per_sequence_mean"] = Field(
         "global_mean",
         description="How the token losses are reduced, for training built-in models and for the measured "

@@ -55,7 +55,8 @@ def model_inputs(tokens: torch.Tensor, splits: Splits, objective: str, mlm_proba
     every checkpoint and every model sharing the data sees the same masked positions."""
     if objective == "mlm":
         generator = torch.Generator().manual_seed(derive_seed(seed, purpose, "mask"))
-        return mask_for_mlm(tokens, splits.mask_token_id, splits.vocab_size, mlm_probability, generator)
+        return mask_for_mlm(tokens, splits.mask_token_id, splits.vocab_size, mlm_probability, generator,
+                            splits.maskable)
     return tokens, tokens
 
 
