@@ -34,6 +34,7 @@ from .geometry import (
     ResampledCentroidDistance, effective_rank_from_cov, haar_null_check, isoscore_from_cov, isoscore_star_from_cov,
     log_frequency_correlation, masked_correlations, participation_ratio_from_cov,
 )
+from .geometry import ResampledTypeMeans
 from .protocol import Protocol
 from .seeding import derive_seed
 from .stats import (
@@ -325,25 +326,48 @@ def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protoco
                      "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),
                      "ci_method": "none" if interval is None else interval.method,
                      "note": "; ".join(part for part in parts if part)})
-    rows.extend(_mean_geometry_rows(artifact, counts, types))
+    rows.extend(_mean_geometry_rows(artifact, counts, types, protocol))
     return rows
 
 
-def _mean_geometry_rows(artifact: UnitArtifact, counts: np.ndarray, types: np.ndarray) -> list[dict]:
+def _mean_geometry_rows(artifact: UnitArtifact, counts: np.ndarray, types: np.ndarray,
+                        protocol: Protocol) -> list[dict]:
     """The other two frequency definitions (geometry.type_mean_geometry) over the same types:
     `*_logfreq_mean_distance` (distance of the type's centroid from the global mean) and
     `*_logfreq_mean_norm` (norm of the type's centroid), both debiased for the centroid's
-    sampling noise. Point estimates with scipy's p-value over types; no bootstrap CI yet."""
+    sampling noise; scipy's p-value over types, and the same sequence bootstrap and interval
+    as `_correlation_rows` (every resample recomputes centroids and global mean,
+    `ResampledTypeMeans`)."""
+    if artifact.type_mean_distance is None or artifact.type_mean_norm is None:
+        return []  # a unit from an anistat without these statistics
+    definitions = (("mean_distance", artifact.type_mean_distance, "distance of the type's mean activation from the "
+                    "global mean (debiased)"),
+                   ("mean_norm", artifact.type_mean_norm, "norm of the type's mean activation (debiased)"))
+    stats = protocol.stats
+    intervals: list = [None] * 4
+    if artifact.pair_sums is not None:
+        means = ResampledTypeMeans(artifact.pair_sums, types)
+        log_count = np.log(counts[types])
+
+        def statistic(weights):
+            distance, norm = means(weights)
+            return np.column_stack(masked_correlations(log_count, distance) + masked_correlations(log_count, norm))
+
+        intervals = sequence_bootstrap_columns(
+            statistic, artifact.pair_sums.n_sequences, n_resamples=stats.n_bootstrap, ci_level=stats.ci_level,
+            method="percentile" if stats.ci_method == "percentile" else "basic",
+            seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_mean_geometry"))
     rows = []
-    for name, values, meaning in (
-            ("mean_distance", artifact.type_mean_distance, "distance of the type's mean activation from the global mean"),
-            ("mean_norm", artifact.type_mean_norm, "norm of the type's mean activation")):
-        if values is None:
-            continue
+    for index, (name, values, meaning) in enumerate(definitions):
         correlation = log_frequency_correlation(counts[types], values[types])
-        note = f"{correlation.n_types} token types; {meaning} (debiased); no bootstrap CI for this definition"
-        for kind, value, p_value in (("spearman", correlation.spearman_rho, correlation.spearman_p),
-                                     ("pearson", correlation.pearson_r, correlation.pearson_p)):
+        for offset, (kind, value, p_value) in enumerate((("spearman", correlation.spearman_rho, correlation.spearman_p),
+                                                        ("pearson", correlation.pearson_r, correlation.pearson_p))):
+            interval = intervals[2 * index + offset]
+            parts = [f"{correlation.n_types} token types", meaning,
+                     artifact.pair_note if interval is None else interval.note]
             rows.append({"metric": f"{kind}_logfreq_{name}", "estimate": float(value), "p_value": float(p_value),
-                         "ci_low": math.nan, "ci_high": math.nan, "ci_method": "none", "note": note})
+                         "ci_low": math.nan if interval is None else max(-1.0, interval.ci_low),
+                         "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),
+                         "ci_method": "none" if interval is None else interval.method,
+                         "note": "; ".join(part for part in parts if part)})
     return rows

@@ -111,3 +111,72 @@ def test_accumulator_type_mask_selects_positions():
     np.testing.assert_allclose(artifact.type_rms_distance, expected.rms_spread, rtol=1e-10)
     pairs = sequence_type_sums(kept, ids[mask], np.nonzero(mask)[0], n_seq)
     np.testing.assert_allclose(artifact.pair_sums.vector_sum, pairs.vector_sum, rtol=1e-12)
+
+
+def test_resampled_type_means_equal_brute_force_resamples():
+    """At w = 1 the collector's values; under integer weights the plug-in centroid distance and
+    norm of the materialised resample (sequence s repeated w_s times), less the noise term of
+    the resampled spread."""
+    from anistat.geometry import ResampledCentroidDistance, ResampledTypeMeans
+
+    rng = np.random.default_rng(7)
+    n_seq, length, dim, vocab = 9, 12, 3, 6
+    ids = rng.integers(0, vocab, size=(n_seq, length))
+    activations = 4 * rng.normal(size=(vocab, dim))[ids] + rng.normal(size=(n_seq, length, dim))
+    sums = sequence_type_sums(activations.reshape(-1, dim), ids.ravel(), np.repeat(np.arange(n_seq), length))
+    full = type_mean_geometry(*_sums(activations.reshape(-1, dim), ids.ravel(), vocab))
+    types = np.flatnonzero(np.bincount(ids.ravel(), minlength=vocab) >= 2)
+    resampled = ResampledTypeMeans(sums, types)
+    distance, norm = resampled(np.ones((1, n_seq)))
+    np.testing.assert_allclose(distance[0], full.mean_distance[types], rtol=1e-9)
+    np.testing.assert_allclose(norm[0], full.mean_norm[types], rtol=1e-9)
+    weights = rng.multinomial(n_seq, np.full(n_seq, 1 / n_seq), size=3).astype(float)
+    distance, norm = resampled(weights)
+    spread = ResampledCentroidDistance(sums, types)(weights)
+    for b, w in enumerate(weights):
+        rows = np.repeat(activations, w.astype(int), axis=0).reshape(-1, dim)
+        row_ids = np.repeat(ids, w.astype(int), axis=0).ravel()
+        mean = rows.mean(0)
+        for j, t in enumerate(types):
+            mine = rows[row_ids == t]
+            if mine.shape[0] == 0:
+                assert np.isnan(distance[b, j])
+                continue
+            noise = spread[b, j] ** 2 / mine.shape[0]
+            centroid = mine.mean(0)
+            assert distance[b, j] ** 2 == pytest.approx(max(0.0, ((centroid - mean) ** 2).sum() - noise), rel=1e-8)
+            assert norm[b, j] ** 2 == pytest.approx(max(0.0, (centroid**2).sum() - noise), rel=1e-8)
+
+
+def test_frequency_rows_name_every_definition_with_a_ci():
+    from anistat.analyze import frequency_rows
+    from anistat.protocol import Protocol
+
+    rng = np.random.default_rng(11)
+    n_seq, length, dim, vocab = 30, 20, 4, 25
+    probabilities = 1 / np.arange(1, vocab + 1)
+    ids = rng.choice(vocab, size=(n_seq, length), p=probabilities / probabilities.sum())
+    activations = 3 * rng.normal(size=(vocab, dim))[ids] + rng.normal(size=(n_seq, length, dim))
+    basis = torch.linalg.qr(torch.randn(dim, 1, dtype=torch.float64))[0]
+    controls = torch.linalg.qr(torch.randn(3, dim, 1, dtype=torch.float64))[0]
+    accumulator = SiteAccumulator([BasisSet("pca", 1, basis, {"haar": controls})], dim=dim, n_seq=n_seq,
+                                  n_buckets=1, vocab_size=vocab, device=torch.device("cpu"), pair_budget_bytes=2**22)
+    accumulator.add(torch.as_tensor(rng.normal(size=(n_seq, length, dim))), torch.as_tensor(activations),
+                    torch.as_tensor(ids), torch.ones(n_seq, length, 1), start=0)
+    artifact = accumulator.finish(UnitKey("m", "clm", "c", 0, "early", 0, "residual.0"),
+                                  sequence_documents=np.arange(n_seq), seconds=0.0, isoscore_c0="scaled_identity",
+                                  isoscore_zeta=0.1)
+    protocol = Protocol(name="p", models=[{"name": "m", "architecture": "gpt2"}], stats={"n_bootstrap": 50})
+    corpus_counts = np.bincount(ids.ravel(), minlength=vocab) * 10
+    frame = frequency_rows([artifact], {"m": corpus_counts}, protocol)
+    correlations = frame[frame.bucket == "all"].set_index("metric")
+    for name in ("distance", "mean_distance", "mean_norm"):
+        for kind in ("spearman", "pearson"):
+            row = correlations.loc[f"{kind}_logfreq_{name}"]
+            assert row.ci_method == "basic" and row.ci_low <= row.estimate <= row.ci_high, (kind, name)
+    assert "global mean" in correlations.loc["spearman_logfreq_mean_distance", "note"]
+    assert "own centroid" in correlations.loc["spearman_logfreq_distance", "note"]
+    types = np.flatnonzero(artifact.type_count >= 2)
+    from scipy import stats as sps
+    expected = sps.spearmanr(np.log(corpus_counts[types]), artifact.type_mean_norm[types]).statistic
+    assert correlations.loc["spearman_logfreq_mean_norm", "estimate"] == pytest.approx(expected, rel=1e-12)

@@ -32,6 +32,7 @@ __all__ = [
     "CentroidDistances",
     "FrequencyCorrelation",
     "ResampledCentroidDistance",
+    "ResampledTypeMeans",
     "SequenceTypeSums",
     "TypeMeanGeometry",
     "centroid_distances",
@@ -363,6 +364,83 @@ class ResampledCentroidDistance:
         ok = denominator > 0.5  # an integer count of pairs; 0 when no two tokens can pair
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(ok, np.sqrt(np.maximum(numerator, 0.0) / np.where(ok, denominator, 1.0)), np.nan)
+
+
+class ResampledTypeMeans:
+    """:func:`type_mean_geometry`'s ``mean_distance`` and ``mean_norm`` of each of
+    ``token_types`` under sequence weights (sequence s drawn ``w_s`` times).
+
+    With per-(sequence, type) sums ``v_st = Σ a`` and counts ``n_st``, and per-sequence totals
+    over *all* types ``V_s = Σ_t v_st``, ``N_s = Σ_t n_st``:
+
+        A_t = Σ_s w_s v_st,  n_t = Σ_s w_s n_st,  B = Σ_s w_s V_s,  N = Σ_s w_s N_s
+        ‖c_t − μ‖² = ‖A_t‖²/n_t² − 2⟨A_t, B⟩/(n_t N) + ‖B‖²/N²,   ‖c_t‖² = ‖A_t‖²/n_t²
+
+    minus the noise term ``rms_t(w)²/n_t`` with ``rms_t(w)`` from
+    :class:`ResampledCentroidDistance` (which leaves out pairs between copies of a sequence),
+    then ``sqrt(max(0, ·))``. Quadratic terms use the Gram matrices of the pair sums: per type
+    ``v_st·v_s't`` (a block-diagonal sparse matrix, Σ_t S_t² entries), pair-by-sequence
+    ``v_st·V_s'`` (P × S) and ``V_s·V_s'`` (S × S), so a call costs ``O(b (Σ_t S_t² + P S))``.
+    At ``w = 1`` the values are :func:`type_mean_geometry`'s."""
+
+    def __init__(self, sums: SequenceTypeSums, token_types: Any):
+        types = np.asarray(token_types, dtype=np.int64).ravel()
+        self.n_sequences, self.n_types = int(sums.n_sequences), int(types.size)
+        self._spread = ResampledCentroidDistance(sums, types)
+        shape = (self.n_sequences, sums.vector_sum.shape[1])
+        totals = np.zeros(shape)
+        np.add.at(totals, sums.sequence, sums.vector_sum)
+        self._sequence_count = np.bincount(sums.sequence, weights=sums.count, minlength=self.n_sequences)
+        self._sequence_gram = totals @ totals.T  # (S, S)
+        column = np.full(int(max(types.max(initial=-1), sums.token_type.max(initial=-1))) + 1, -1, dtype=np.int64)
+        column[types] = np.arange(types.size)
+        pair_column = column[sums.token_type]
+        keep = pair_column >= 0
+        order = np.lexsort((sums.sequence[keep], pair_column[keep]))
+        self._col = pair_column[keep][order]
+        self._seq = sums.sequence[keep][order]
+        vector = sums.vector_sum[keep][order]
+        n_pairs = self._col.size
+        self._membership = sparse.csr_matrix((np.ones(n_pairs), (self._col, np.arange(n_pairs))),
+                                             shape=(self.n_types, n_pairs))
+        self._counts = sparse.csr_matrix((sums.count[keep][order], (self._col, self._seq)),
+                                         shape=(self.n_types, self.n_sequences))
+        self._cross = vector @ totals.T  # (P, S): v_st · V_s'
+        # block-diagonal Gram of the pairs of each type
+        starts = np.flatnonzero(np.r_[True, self._col[1:] != self._col[:-1]]) if n_pairs else np.zeros(0, np.int64)
+        stops = np.r_[starts[1:], n_pairs].astype(np.int64)
+        rows, cols, values = [], [], []
+        for start, stop in zip(starts, stops):
+            block = vector[start:stop]
+            index = np.arange(start, stop)
+            rows.append(np.repeat(index, stop - start))
+            cols.append(np.tile(index, stop - start))
+            values.append((block @ block.T).ravel())
+        self._gram = sparse.csr_matrix((np.concatenate(values) if values else np.zeros(0),
+                                        (np.concatenate(rows) if rows else np.zeros(0, np.int64),
+                                         np.concatenate(cols) if cols else np.zeros(0, np.int64))),
+                                       shape=(n_pairs, n_pairs))
+
+    def __call__(self, weights: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean_distance, mean_norm)``, each ``(b, n_types)``, for weights ``(b, n_sequences)``."""
+        w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+        if w.shape[1] != self.n_sequences:
+            raise ValueError(f"weights must have {self.n_sequences} columns, got {w.shape[1]}")
+        spread = self._spread(w)
+        pair_weight = w[:, self._seq]  # (b, P)
+        n = np.asarray(self._counts @ w.T).T  # (b, T)
+        a_squared = np.asarray(self._membership @ (pair_weight * np.asarray(self._gram @ pair_weight.T).T).T).T
+        a_dot_b = np.asarray(self._membership @ (pair_weight * (w @ self._cross.T)).T).T
+        b_squared = np.einsum("bs,st,bt->b", w, self._sequence_gram, w)[:, None]
+        total = (w @ self._sequence_count)[:, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            noise = spread**2 / n
+            norm_squared = a_squared / n**2
+            distance_squared = norm_squared - 2.0 * a_dot_b / (n * total) + b_squared / total**2
+            usable = (n > 0) & np.isfinite(spread)
+            distance = np.where(usable, np.sqrt(np.maximum(distance_squared - noise, 0.0)), np.nan)
+            norm = np.where(usable, np.sqrt(np.maximum(norm_squared - noise, 0.0)), np.nan)
+        return distance, norm
 
 
 def masked_correlations(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
