@@ -132,3 +132,25 @@ def test_refit_rows_sit_beside_frozen_ones(tmp_path):
     assert table.loc["step6", "pca"] != pytest.approx(table.loc["step6", "pca@uncentred"], rel=1e-6)
     assert result.manifest["models"]["dec"]["proxy_refit"] == "both"
     assert result.manifest["protocol"]["proxies"]["center"] == {"pca": "both"}
+
+
+def test_refit_contrast_pairs_frozen_and_refitted_rows():
+    from anistat.staleness import refit_contrast
+
+    base = {"model": "m", "objective": "clm", "step": 6, "layer": 0, "site": "residual.0", "rank": 2,
+            "control": "haar", "metric": "energy_fraction", "status": "ok"}
+    rows = [
+        {**base, "checkpoint": "step6", "phase": "late", "proxy": "pca", "estimate": 0.2},
+        {**base, "checkpoint": "step6", "phase": "late", "proxy": "pca@refit", "estimate": 0.5},
+        {**base, "checkpoint": "step6", "phase": "late", "proxy": "pca@uncentred", "estimate": 0.1},
+        {**base, "checkpoint": "step0", "phase": "early", "proxy": "pca", "estimate": 0.4},
+        {**base, "checkpoint": "step0", "phase": "early", "proxy": "pca@refit", "estimate": 0.4},
+        {**base, "checkpoint": "step6", "phase": "late", "proxy": "pca", "estimate": 9.0, "metric": "energy_ratio"},
+    ]
+    table = refit_contrast(pd.DataFrame(rows))
+    assert len(table) == 1
+    row = table.iloc[0]
+    assert (row.proxy, row.frozen, row.refit) == ("pca", 0.2, 0.5)
+    assert row.difference == pytest.approx(0.3) and row.ratio == pytest.approx(2.5)
+    assert len(refit_contrast(pd.DataFrame(rows), phase=None)) == 2
+    assert refit_contrast(pd.DataFrame(rows[:1])).empty
