@@ -147,25 +147,25 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
             )
         key = _seed_key(site)
         sets = []
-        for method in protocol.proxies.methods:
-            for label, options in proxy_variants(method, protocol.proxies.center.get(method)):
-                for rank in protocol.proxies.ranks:
-                    proxy = fit_proxy(sample.activations.to(device), method, rank,
-                                      seed=derive_seed(seed, spec.name, key, label, rank, "proxy", *refit_tag),
-                                      **options)
-                    controls = {
-                        kind: draw_controls(kind, proxy.basis, protocol.controls.n,
-                                            seed=derive_seed(seed, spec.name, key, label, rank, kind, *refit_tag),
-                                            activations=sample.activations.to(device),
-                                            pca_span_dim=protocol.controls.pca_span_dim)
-                        for kind in protocol.controls.kinds
-                    }
-                    basis = distributed.broadcast_(proxy.basis.contiguous())
-                    controls = {kind: distributed.broadcast_(stack.contiguous()) for kind, stack in controls.items()}
-                    cards = [] if refit_at is not None else concept_cards(
-                        sample, basis, fit_inputs, series.splits.decode, protocol.proxies.concept_card_tokens)
-                    proxy_name = label if refit_at is None else f"{label}@refit"
-                    sets.append(BasisSet(proxy_name, rank, basis, controls, proxy.reconstruction_error, cards))
+        variants = [(method, label, options) for method in protocol.proxies.methods
+                    for label, options in proxy_variants(method, protocol.proxies.center.get(method))]
+        for method, label, options in variants:
+            for rank in protocol.proxies.ranks:
+                proxy = fit_proxy(sample.activations.to(device), method, rank,
+                                  seed=derive_seed(seed, spec.name, key, label, rank, "proxy", *refit_tag), **options)
+                controls = {
+                    kind: draw_controls(kind, proxy.basis, protocol.controls.n,
+                                        seed=derive_seed(seed, spec.name, key, label, rank, kind, *refit_tag),
+                                        activations=sample.activations.to(device),
+                                        pca_span_dim=protocol.controls.pca_span_dim)
+                    for kind in protocol.controls.kinds
+                }
+                basis = distributed.broadcast_(proxy.basis.contiguous())
+                controls = {kind: distributed.broadcast_(stack.contiguous()) for kind, stack in controls.items()}
+                cards = [] if refit_at is not None else concept_cards(
+                    sample, basis, fit_inputs, series.splits.decode, protocol.proxies.concept_card_tokens)
+                proxy_name = label if refit_at is None else f"{label}@refit"
+                sets.append(BasisSet(proxy_name, rank, basis, controls, proxy.reconstruction_error, cards))
         bases[name] = sets
     if refit_at is not None:
         return bases, {}
