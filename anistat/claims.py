@@ -135,8 +135,8 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec, ci_level: float = 0.
         try:
             pooled = pool_rows(ok, claim, ci_level)
         except ValueError as error:
-            return {**record, "status": "error", "passed": False, "evidence": {"reason": str(error), **_finite(summary)},
-                    "selected_rows": _finite(rows)}
+            return {**record, "status": "error", "passed": False,
+                    "evidence": {"reason": str(error), **_finite(summary)}, "selected_rows": _finite(rows)}
         passed = _compare(pooled["meta_estimate"], claim)
         if passed and claim.alpha is not None:
             strict = pool_rows(ok, claim, 1 - claim.alpha)
