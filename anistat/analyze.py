@@ -6,23 +6,30 @@ bootstrap resamples or the multiplicity method re-runs only this stage.
 One row per unit × rank × proxy × control kind × metric (columns in `RESULT_COLUMNS`):
 
 * energy metrics from `anistat.stats.analyze_energy` — `energy_fraction`, `energy_ratio`,
-  `log2_energy_ratio`, `z`, `anisotropy_capture` share the Monte-Carlo test of the proxy
-  against the control draw; `hedges_g` carries the paired sign-flip test over sequences;
-* `delta_isoscore_star` (per basis, from the gradient moments) against the same controls;
+  `log2_energy_ratio`, `z`, `anisotropy_capture` share the exact Monte-Carlo test of the
+  proxy against Haar subspaces drawn from the unit's gradient second moment (`p_test`
+  `haar_monte_carlo`, exact under "the proxy is a uniformly random subspace"; the paper's
+  test against the row's own control kind is `p_value_paper`, not exact for `normal`);
+  `hedges_g` carries the sign-flip test of per-unit contributions (documents, else sequences);
+* `delta_isoscore_star` (per basis, from the gradient covariance) with its own exact Haar test;
 * `oracle_fraction` per unit and rank (proxy `oracle`, control `none`, no test);
 * descriptive metrics per unit (proxy and control `none`): IsoScore, IsoScore*, participation
   ratio, effective rank and mean cosine of the gradients (`gradient_*`) and of the activations
   (`activation_*`).
 
-Multiplicity: each distinct test enters the family once — the Monte-Carlo energy test of a
-basis, its sign-flip test and its ΔIsoScore* test — and the metrics sharing a test share its
-adjusted p-value. The family is the whole run or one model (protocol `stats.family`).
+Multiplicity: each distinct test enters the family once — the exact energy test of a (unit,
+proxy, rank), shared by every control kind, its ΔIsoScore* test, and one sign-flip test per
+control kind — and the metrics sharing a test share its adjusted p-value. The family is the
+whole run or one model (protocol `stats.family`; `claim` families are formed per claim by
+`anistat.claims`). The number of Haar draws is chosen so that the Monte-Carlo floor can pass
+the largest family's corrected threshold (`NullSettings`).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -31,20 +38,22 @@ import torch
 
 from .collect import UnitArtifact
 from .geometry import (
-    ResampledCentroidDistance, effective_rank_from_cov, haar_null_check, isoscore_from_cov, isoscore_star_from_cov,
-    log_frequency_correlation, masked_correlations, participation_ratio_from_cov,
+    ResampledCentroidDistance, SpectralFrame, effective_rank_from_cov, haar_null_check, isoscore_from_cov,
+    isoscore_star_from_cov, log_frequency_correlation, masked_correlations, participation_ratio_from_cov,
 )
 from .geometry import ResampledTypeMeans
 from .protocol import Protocol
 from .seeding import derive_seed
 from .stats import (
-    adjust_pvalues, analyze_energy, analyze_metric_vs_controls, resolution_warning, sequence_bootstrap_columns,
+    EXACT_TEST, adjust_pvalues, analyze_energy, analyze_metric_vs_controls, expected_control_energy,
+    min_controls_needed, resolution_warning, sequence_bootstrap_columns,
 )
 
 RESULT_COLUMNS = [
     "model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim", "proxy", "control",
     "metric", "estimate", "control_mean", "control_sd", "ci_low", "ci_high", "ci_method", "p_value",
-    "p_adjusted", "effect_size", "n_controls", "n_sequences", "n_tokens", "status", "note",
+    "p_adjusted", "p_test", "p_value_paper", "effect_size", "effect_size_kind", "se", "n_controls",
+    "n_sequences", "n_clusters", "n_tokens", "status", "note",
 ]
 FREQUENCY_COLUMNS = [
     "model", "objective", "checkpoint", "step", "phase", "layer", "site", "dim", "n_sequences", "n_tokens", "proxy",
@@ -59,14 +68,6 @@ def _unit_columns(artifact: UnitArtifact) -> dict[str, Any]:
     return {"model": key.model, "objective": key.objective, "checkpoint": key.checkpoint, "step": key.step,
             "phase": key.phase, "layer": key.layer, "site": key.site, "dim": artifact.dim,
             "n_sequences": int(artifact.n_tokens.shape[0]), "n_tokens": int(artifact.n_tokens.sum())}
-
-
-def _basis_groups(artifact: UnitArtifact) -> list[tuple[str, int, str]]:
-    seen = []
-    for basis in artifact.bases:
-        if basis.control != "proxy" and (basis.proxy, basis.rank, basis.control) not in seen:
-            seen.append((basis.proxy, basis.rank, basis.control))
-    return seen
 
 
 def _cov(moments: dict) -> torch.Tensor:
@@ -102,59 +103,176 @@ def descriptive_rows(artifact: UnitArtifact, c0: str = "scaled_identity", zeta: 
     return rows
 
 
-def unit_rows(artifact: UnitArtifact, protocol: Protocol) -> tuple[list[dict], list[str]]:
-    """All rows of one unit, plus any null-check warnings."""
+@dataclass(frozen=True)
+class NullSettings:
+    """Monte-Carlo sizes used for every unit of one analysis (recorded in results and manifest).
+
+    ``n_null_draws``: Haar draws of the exact tests; ``n_permutations``: sign vectors of the
+    sign-flip test; ``n_tests``: the largest multiplicity family they were sized for."""
+
+    n_null_draws: int
+    n_permutations: int
+    n_tests: int
+
+
+def planned_tests(artifacts: list[UnitArtifact], protocol: Protocol) -> int:
+    """Size of the largest multiplicity family: per unit and (proxy, rank), the exact energy test
+    and the exact ΔIsoScore* test, plus the sign-flip tests (one for the closed-form kinds
+    together, one per projected kind)."""
+    per_model: dict[str, int] = {}
+    for artifact in artifacts:
+        groups = set(_proxy_groups(artifact))
+        kinds = set(protocol.controls.kinds)
+        projected = kinds & set(protocol.projected_control_kinds)
+        sign_flips = len(projected) + (1 if kinds - projected else 0)
+        per_model[artifact.key.model] = per_model.get(artifact.key.model, 0) + len(groups) * (2 + sign_flips)
+    if not per_model:
+        return 1
+    return max(per_model.values()) if protocol.stats.family == "model" else sum(per_model.values())
+
+
+def null_settings(artifacts: list[UnitArtifact], protocol: Protocol) -> NullSettings:
+    """How many Haar draws and sign vectors: enough that the Monte-Carlo floor 1/(n+1) can pass
+    the corrected threshold of the largest family (`stats.n_null_draws: auto`), so the floor
+    never decides a result; an explicit `n_null_draws` is used as given."""
     stats = protocol.stats
+    n_tests = planned_tests(artifacts, protocol)
+    needed = min_controls_needed(stats.alpha, n_tests, stats.multiplicity)
+    draws = max(9999, needed) if stats.n_null_draws == "auto" else int(stats.n_null_draws)
+    return NullSettings(n_null_draws=draws, n_permutations=max(stats.n_permutations, needed), n_tests=n_tests)
+
+
+def _floor_note(p_value: float, n: int) -> str:
+    return f"p at its Monte-Carlo floor 1/({n}+1)" if np.isfinite(p_value) and p_value <= 1.0 / (n + 1) else ""
+
+
+def unit_rows(artifact: UnitArtifact, protocol: Protocol, nulls: NullSettings | None = None
+              ) -> tuple[list[dict], list[str]]:
+    """All rows of one unit, plus any null-check warnings.
+
+    Per (proxy, rank): the exact Haar Monte-Carlo tests of the energy fraction and of
+    ΔIsoScore* (draws from the unit's gradient second moment / covariance, shared by every
+    control kind), then per control kind the effect sizes and CIs of `analyze_energy`."""
+    stats = protocol.stats
+    nulls = nulls or null_settings([artifact], protocol)
     base = _unit_columns(artifact)
     rows: list[dict] = []
     notes: list[str] = []
+    groups = _proxy_groups(artifact)
     if artifact.status != "ok":
-        for proxy, rank, control in _basis_groups(artifact):
-            for metric in ENERGY_METRICS + ("delta_isoscore_star",):
-                rows.append({**base, "proxy": proxy, "rank": rank, "control": control, "metric": metric,
-                             "status": "failed", "note": artifact.note})
+        for proxy, rank in groups:
+            for control in protocol.controls.kinds:
+                for metric in ENERGY_METRICS + ("delta_isoscore_star",):
+                    rows.append({**base, "proxy": proxy, "rank": rank, "control": control, "metric": metric,
+                                 "status": "failed", "note": artifact.note})
         return rows, notes
+    dim, unit_id = artifact.dim, artifact.key.id
     total = artifact.total_energy.sum(axis=1)
     energy = artifact.energy.sum(axis=1)  # (S, n_bases): frequency buckets summed
-    second_moment = torch.as_tensor(artifact.gradient_moments["outer"])
+    documents = artifact.sequence_documents if stats.resampling_unit == "document" else None
+    if documents is not None and len(np.unique(documents)) < 2:
+        documents = None
+        notes.append(f"{unit_id}: all test sequences come from one document; sequences resampled instead")
+    second_moment = SpectralFrame(artifact.gradient_moments["outer"])
+    covariance = SpectralFrame(_cov(artifact.gradient_moments))
+    ranks = sorted({rank for _, rank in groups})
+    n_null = nulls.n_null_draws
+    haar_energy = {rank: second_moment.energy_fractions(traces) for rank, traces in second_moment.random_traces(
+        ranks, n_null, derive_seed(protocol.seed, unit_id, "haar-null", "energy")).items()}
+    delta_ok = dim - max(ranks) >= 2
+    haar_delta = ({rank: covariance.delta_isoscore_star(traces, rank, stats.isoscore_c0, stats.isoscore_zeta)
+                   for rank, traces in covariance.random_traces(
+                       ranks, n_null, derive_seed(protocol.seed, unit_id, "haar-null", "delta")).items()}
+                  if delta_ok else {})
     for rank, oracle in sorted(artifact.oracle_fraction.items()):
         rows.append({**base, "proxy": "oracle", "rank": rank, "control": "none", "metric": "oracle_fraction",
                      "estimate": oracle, "ci_method": "none", "n_controls": 0, "status": "ok", "note": ""})
-    for proxy, rank, control in _basis_groups(artifact):
-        proxy_column = artifact.columns_for(proxy, rank, "proxy")[0]
-        control_columns = artifact.columns_for(proxy, rank, control)
-        seed = derive_seed(protocol.seed, artifact.key.id, proxy, rank, control, "analysis")
-        analysis = analyze_energy(
-            energy[:, proxy_column], energy[:, control_columns], total, rank=rank, dim=artifact.dim,
-            oracle_fraction=artifact.oracle_fraction.get(rank), n_bootstrap=stats.n_bootstrap,
-            ci_level=stats.ci_level, ci_method=stats.ci_method, n_permutations=stats.n_permutations,
-            alternative=stats.alternative, seed=seed,
-        )
-        group = {**base, "proxy": proxy, "rank": rank, "control": control, "status": "ok"}
-        for record in analysis.to_records():
-            kind = record.pop("p_value_kind")
-            record["note"] = record["note"] or ""
-            rows.append({**group, **record, "_test": (artifact.key.id, proxy, rank, control, kind)})
-        delta = artifact.delta_isoscore_star
-        comparison = analyze_metric_vs_controls(delta[proxy_column], delta[control_columns], stats.alternative)
-        rows.append({**group, "metric": "delta_isoscore_star", "estimate": comparison.observed,
-                     "control_mean": comparison.control_mean, "control_sd": comparison.control_sd,
-                     "ci_method": "none", "p_value": comparison.p_value, "effect_size": comparison.z,
-                     "n_controls": comparison.n_controls,
-                     "note": f"IsoScore* C0={stats.isoscore_c0}, zeta={stats.isoscore_zeta}",
-                     "_test": (artifact.key.id, proxy, rank, control, "delta_isoscore_star")})
-        if control == "haar" and len(control_columns) >= 2:
-            check = haar_null_check(analysis.control_fractions, rank, artifact.dim, second_moment)
-            if not check.ok:
-                notes.append(f"{artifact.key.id} {proxy} rank {rank}: Haar null check failed: {check.message}")
+    projected = set(protocol.projected_control_kinds)
+    for proxy, rank in groups:
+        basis = artifact.proxy_bases[(proxy, rank)]
+        proxy_energy = energy[:, artifact.columns_for(proxy, rank, "proxy")[0]]
+        observed = float(second_moment.energy_fractions(second_moment.traces_of(basis))[0])
+        observed_delta = (float(covariance.delta_isoscore_star(covariance.traces_of(basis), rank, stats.isoscore_c0,
+                                                               stats.isoscore_zeta)[0]) if delta_ok else np.nan)
+        for control in protocol.controls.kinds:
+            # closed-form kinds share their resampling stream: their per-unit contributions are
+            # proportional (see anistat.stats.energy), so g, its CI and the sign-flip test coincide
+            stream = control if control in projected else "expected"
+            seed = derive_seed(protocol.seed, unit_id, proxy, rank, stream, "analysis")
+            if control in projected:
+                columns = artifact.columns_for(proxy, rank, control)
+                reference, reference_kind = energy[:, columns].mean(axis=1), "drawn"
+                control_fractions = energy[:, columns].sum(axis=0) / total.sum()
+                control_delta = artifact.delta_isoscore_star[columns]
+            elif control == "haar":
+                reference, reference_kind = expected_control_energy("haar", proxy_energy, total, rank, dim), "expected"
+                control_fractions, control_delta = haar_energy[rank], haar_delta.get(rank, np.array([np.nan]))
+            else:  # normal: uniform in the proxy's complement, drawn from the moments
+                reference, reference_kind = expected_control_energy("normal", proxy_energy, total, rank, dim), "expected"
+                n_normal = max(protocol.controls.n, 999)
+                draw_seed = derive_seed(protocol.seed, unit_id, proxy, rank, "normal-draws")
+                control_fractions = second_moment.energy_fractions(
+                    second_moment.random_traces([rank], n_normal, draw_seed, exclude=basis)[rank])
+                control_delta = (covariance.delta_isoscore_star(
+                    covariance.random_traces([rank], n_normal, draw_seed, exclude=basis)[rank], rank,
+                    stats.isoscore_c0, stats.isoscore_zeta) if delta_ok else np.array([np.nan]))
+            analysis = analyze_energy(
+                proxy_energy, total, reference, rank=rank, dim=dim, null_fractions=haar_energy[rank],
+                control_fractions=control_fractions, observed_fraction=observed,
+                n_paper_controls=protocol.controls.n, group_ids=documents,
+                oracle_fraction=artifact.oracle_fraction.get(rank), reference=reference_kind, control_kind=control,
+                n_bootstrap=stats.n_bootstrap, ci_level=stats.ci_level, ci_method=stats.ci_method,
+                n_permutations=nulls.n_permutations, alternative=stats.alternative, seed=seed,
+            )
+            group = {**base, "proxy": proxy, "rank": rank, "control": control, "status": "ok"}
+            for record in analysis.to_records():
+                test = ((unit_id, proxy, rank, EXACT_TEST) if record["p_test"] == EXACT_TEST
+                        else (unit_id, proxy, rank, stream, record["p_test"]))
+                n_draws = n_null if record["p_test"] == EXACT_TEST else analysis.sign_flip.n_permutations
+                record["note"] = _join_notes(record["note"], _floor_note(record["p_value"], n_draws))
+                rows.append({**group, **record, "_test": test})
+            comparison = analyze_metric_vs_controls(observed_delta, control_delta, stats.alternative,
+                                                    null_values=haar_delta.get(rank, np.array([np.nan])),
+                                                    n_paper_controls=protocol.controls.n)
+            rows.append({**group, "metric": "delta_isoscore_star", "estimate": comparison.observed,
+                         "control_mean": comparison.control_mean, "control_sd": comparison.control_sd,
+                         "ci_method": "none", "p_value": comparison.p_value, "p_test": EXACT_TEST,
+                         "p_value_paper": comparison.p_value_paper, "effect_size": comparison.z,
+                         "effect_size_kind": "z", "n_controls": comparison.n_controls,
+                         "n_sequences": analysis.n_sequences, "n_clusters": analysis.n_clusters,
+                         "note": _join_notes(f"IsoScore* C0={stats.isoscore_c0}, zeta={stats.isoscore_zeta}; "
+                                             f"test against {n_null} Haar subspaces",
+                                             _floor_note(comparison.p_value, n_null)),
+                         "_test": (unit_id, proxy, rank, "haar_monte_carlo_delta_isoscore_star")})
+        if "haar" in protocol.controls.kinds and "haar" in projected:
+            columns = artifact.columns_for(proxy, rank, "haar")
+            if len(columns) >= 2:
+                check = haar_null_check(energy[:, columns].sum(axis=0) / total.sum(), rank, dim,
+                                        torch.as_tensor(artifact.gradient_moments["outer"]))
+                if not check.ok:
+                    notes.append(f"{unit_id} {proxy} rank {rank}: Haar null check failed: {check.message}")
     for row in descriptive_rows(artifact, stats.isoscore_c0, stats.isoscore_zeta):
         rows.append({**base, **row, "status": "ok"})
     return rows, notes
 
 
+def _join_notes(*parts: str) -> str:
+    return "; ".join(part for part in parts if part)
+
+
+def _proxy_groups(artifact: UnitArtifact) -> list[tuple[str, int]]:
+    """(proxy method, rank) pairs of a unit, in collection order."""
+    seen: list[tuple[str, int]] = []
+    for basis in artifact.bases:
+        if basis.control == "proxy" and (basis.proxy, basis.rank) not in seen:
+            seen.append((basis.proxy, basis.rank))
+    return seen
+
+
 def test_families(results: pd.DataFrame, protocol: Protocol) -> list[pd.DataFrame]:
     """The multiplicity families: each distinct test once, grouped by the protocol's `stats.family`
-    (the whole run, or one model). Shared by the adjustment and the resolution guard."""
+    (the whole run, or one model; `claim` families are formed by `anistat.claims`, and
+    results.csv then adjusts over the run). Shared by the adjustment and the resolution guard."""
     tests = results.dropna(subset=["p_value"]).drop_duplicates("_test")
     if protocol.stats.family in ("run", "claim"):
         return [tests]
@@ -177,25 +295,28 @@ def adjust(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
     return results
 
 
-def multiplicity_warning(results: pd.DataFrame, protocol: Protocol) -> str | None:
-    """The resolution guard: can the Monte-Carlo tests reach the corrected threshold of the
-    largest family at all?"""
+def multiplicity_warning(results: pd.DataFrame, protocol: Protocol, nulls: NullSettings) -> str | None:
+    """The resolution guard: can the exact Monte-Carlo tests reach the corrected threshold of the
+    largest family (wording right for each correction, see `anistat.stats.resolution_warning`)?"""
     stats = protocol.stats
-    has_mc_test = any(isinstance(t, tuple) and t[-1] == "monte_carlo" for t in results["_test"].dropna())
-    if not has_mc_test:
+    has_test = any(isinstance(t, tuple) and t[-1] == EXACT_TEST for t in results["_test"].dropna())
+    if not has_test:
         return None
-    if stats.multiplicity == "none":
-        return resolution_warning(protocol.controls.n, stats.alpha, 1, "holm")
     n_tests = max(len(family) for family in test_families(results, protocol))
-    return resolution_warning(protocol.controls.n, stats.alpha, n_tests, stats.multiplicity)
+    return resolution_warning(nulls.n_null_draws, stats.alpha, n_tests, stats.multiplicity,
+                              what="Haar null draws")
 
 
 def analyze_units(artifacts: list[UnitArtifact], protocol: Protocol) -> pd.DataFrame:
-    """The tidy results table (sorted, typed, deterministic) for a list of units."""
+    """The tidy results table (sorted, typed, deterministic) for a list of units.
+
+    `results.attrs["warnings"]` lists run warnings; `results.attrs["null_settings"]` the
+    Monte-Carlo sizes used (`NullSettings`)."""
+    nulls = null_settings(artifacts, protocol)
     rows: list[dict] = []
     notes: list[str] = []
     for artifact in artifacts:
-        unit_rows_, unit_notes = unit_rows(artifact, protocol)
+        unit_rows_, unit_notes = unit_rows(artifact, protocol, nulls)
         rows.extend(unit_rows_)
         notes.extend(unit_notes)
     results = pd.DataFrame(rows)
@@ -203,15 +324,16 @@ def analyze_units(artifacts: list[UnitArtifact], protocol: Protocol) -> pd.DataF
         if column not in results:
             results[column] = np.nan
     results = adjust(results, protocol)
-    guard = multiplicity_warning(results, protocol)
+    guard = multiplicity_warning(results, protocol, nulls)
     results = results[RESULT_COLUMNS].copy()
-    for column in ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_tokens"):
+    for column in ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_clusters", "n_tokens"):
         results[column] = pd.array(results[column], dtype="Int64")
-    for column in ("ci_method", "note", "status"):
+    for column in ("ci_method", "note", "status", "p_test", "effect_size_kind"):
         # object first: a column that is all NaN (every unit failed) is float64
         results[column] = results[column].astype(object).fillna("").astype(str)
     results = results.reset_index(drop=True)
     results.attrs["warnings"] = ([guard] if guard else []) + notes
+    results.attrs["null_settings"] = asdict(nulls)  # plain data: attrs travel into parquet metadata
     return results
 
 
@@ -222,8 +344,10 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
     """Per-frequency-bucket energy ratios and the log-frequency vs centroid-distance correlation.
 
     Bucket b holds the token types of the b-th quantile of corpus counts (0 = rarest). The
-    ratio in a bucket is E_b(U) / mean_j E_b(Q_j) with E_b the energy fraction of the tokens in
-    that bucket; its CI is the same sequence bootstrap as the overall ratio.
+    ratio in a bucket is the proxy's energy over the expected control energy of the tokens in
+    that bucket (closed form, or the drawn controls' mean for projected kinds); its CI is the
+    same document / sequence bootstrap as the overall ratio, and its p-value the sign-flip test
+    of per-unit contributions (the exact Haar test would need per-bucket second moments).
 
     Correlation: over token types seen at least twice in the test split, Spearman and Pearson
     correlation of log corpus count with the type's Bessel-corrected RMS distance to its
@@ -242,27 +366,41 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
         if artifact.status != "ok":
             continue
         base = _unit_columns(artifact)
+        documents = artifact.sequence_documents if stats.resampling_unit == "document" else None
+        if documents is not None and len(np.unique(documents)) < 2:
+            documents = None
+        projected = set(protocol.projected_control_kinds)
+        # the energy fraction of Haar subspaces is k/d in expectation: a placeholder null (the
+        # per-bucket rows report the ratio's CI and the sign-flip test, not the Haar test,
+        # which needs per-bucket second moments)
         for bucket in range(artifact.total_energy.shape[1]):
             total = artifact.total_energy[:, bucket]
             if not total.sum() > 0:
                 continue
-            for proxy, rank, control in _basis_groups(artifact):
-                proxy_column = artifact.columns_for(proxy, rank, "proxy")[0]
-                control_columns = artifact.columns_for(proxy, rank, control)
-                energy = artifact.energy[:, bucket]
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    analysis = analyze_energy(
-                        energy[:, proxy_column], energy[:, control_columns], total, rank=rank, dim=artifact.dim,
-                        n_bootstrap=stats.n_bootstrap, ci_level=stats.ci_level, ci_method="percentile",
-                        n_permutations=10, alternative=stats.alternative,
-                        seed=derive_seed(protocol.seed, artifact.key.id, proxy, rank, control, bucket, "frequency"),
-                    )
-                ratio = analysis["energy_ratio"]
-                rows.append({**base, "proxy": proxy, "rank": rank, "control": control, "bucket": str(bucket),
-                             "metric": "energy_ratio", "estimate": ratio.estimate, "ci_low": ratio.ci_low,
-                             "ci_high": ratio.ci_high, "ci_method": ratio.ci_method, "p_value": analysis.mc_p_value,
-                             "note": ratio.note or ""})
+            energy = artifact.energy[:, bucket]
+            for proxy, rank in _proxy_groups(artifact):
+                proxy_energy = energy[:, artifact.columns_for(proxy, rank, "proxy")[0]]
+                for control in protocol.controls.kinds:
+                    if control in projected:
+                        reference = energy[:, artifact.columns_for(proxy, rank, control)].mean(axis=1)
+                    else:
+                        reference = expected_control_energy(control, proxy_energy, total, rank, artifact.dim)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        analysis = analyze_energy(
+                            proxy_energy, total, reference, rank=rank, dim=artifact.dim,
+                            null_fractions=np.array([rank / artifact.dim]), group_ids=documents,
+                            reference="drawn" if control in projected else "expected", control_kind=control,
+                            n_bootstrap=stats.n_bootstrap, ci_level=stats.ci_level, ci_method="percentile",
+                            n_permutations=stats.n_permutations, alternative=stats.alternative,
+                            seed=derive_seed(protocol.seed, artifact.key.id, proxy, rank, control, bucket, "frequency"),
+                        )
+                    ratio = analysis["energy_ratio"]
+                    rows.append({**base, "proxy": proxy, "rank": rank, "control": control, "bucket": str(bucket),
+                                 "metric": "energy_ratio", "estimate": ratio.estimate, "ci_low": ratio.ci_low,
+                                 "ci_high": ratio.ci_high, "ci_method": ratio.ci_method,
+                                 "p_value": analysis.sign_flip.p_value,
+                                 "note": _join_notes(ratio.note, "p: sign-flip test of per-unit contributions")})
         counts = token_counts.get(artifact.key.model)
         if counts is not None:
             rows.extend({**base, "proxy": "none", "rank": None, "control": "none", "bucket": "all", **row}

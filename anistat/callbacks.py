@@ -21,7 +21,7 @@ Units: one per (window of measured steps, site); `window=w` pools steps s … s+
 labelled `step{s}` (more sequences per unit). Phase: the first `proxies.fit_window` share of
 units is `early`, the rest `late` (as in `anistat run`). `close()` writes unit artifacts to
 `<out>.units/` as they finish and, at the end, a full bundle at `out` (`anistat report` works
-on it; `anistat.collect.finalize_bundle` can rebuild it from the units directory).
+on it; `anistat.finalize.finalize_bundle` can rebuild it from the units directory).
 
 Example (plain PyTorch)::
 
@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from .collect import BasisSet, SiteAccumulator, UnitKey, probe, sites_from_spec
-from .collect.finalize import finalize_bundle
+from .finalize import finalize_bundle
 from .errors import AnistatInputError
 from .geometry import draw_controls, fit_proxy, frequency_buckets
 from .models import infer_objective
@@ -270,7 +270,7 @@ class TrainingMeter:
                     controls = {kind: draw_controls(kind, proxy.basis, protocol.controls.n,
                                                     seed=derive_seed(seed, self.name, site.name, method, rank, kind),
                                                     activations=sample, pca_span_dim=protocol.controls.pca_span_dim)
-                                for kind in protocol.controls.kinds}
+                                for kind in protocol.projected_control_kinds}
                     sets.append(BasisSet(method, rank, proxy.basis, controls, proxy.reconstruction_error))
             self.bases[site.name] = sets
         self._fit_rows = {s.name: [] for s in self.sites}

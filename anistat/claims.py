@@ -2,7 +2,8 @@
 
 A claim selects rows of `results.csv` (`metric` plus a `where` filter on any result column;
 a list means "any of these values"), compares their estimates with a threshold, optionally
-requires the adjusted p-value to be below `alpha`, and aggregates:
+requires the adjusted p-value to be below `alpha` (adjusted over the run or model, or — with
+`stats.family: claim` — over the tests the claim itself selects), and aggregates:
 
 * `all`  — every selected row must satisfy the comparison (and significance);
 * `any`  — at least one must;
@@ -32,7 +33,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from .protocol import ClaimSpec
+from .protocol import ClaimSpec, StatsSpec
+from .stats import adjust_pvalues
 from .stats.meta import aggregate_clusters, random_effects_meta, robust_meta
 
 COMPARISONS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
@@ -245,9 +247,49 @@ def claim_table(results: pd.DataFrame, frequency: pd.DataFrame | None = None) ->
     return pd.concat([results.assign(bucket="") if "bucket" not in results else results, extra], ignore_index=True)
 
 
+def claim_family_adjusted(selected: pd.DataFrame, method: str) -> pd.Series:
+    """`stats.family: claim`: p-values adjusted over the distinct tests one claim selects.
+
+    Rows sharing a test share its p-value: the exact energy test of a (unit, proxy, rank) is
+    behind every energy metric and control kind, ΔIsoScore* has its own, and a sign-flip test
+    belongs to one control kind (counted per kind here, which can only make the correction
+    stricter)."""
+    def test_key(row) -> tuple:
+        unit = tuple(str(row.get(column)) for column in ("model", "checkpoint", "site", "proxy", "rank", "bucket"))
+        test = str(row.get("p_test", ""))
+        if test == "haar_monte_carlo":
+            return unit + (test, row.get("metric") == "delta_isoscore_star")
+        return unit + (test, str(row.get("control")), str(row.get("metric")))
+
+    p_values = selected["p_value"].astype(float)
+    keys = [test_key(row) for _, row in selected.iterrows()]
+    distinct: dict[tuple, float] = {}
+    for key, value in zip(keys, p_values):
+        if np.isfinite(value):
+            distinct.setdefault(key, value)
+    if method == "none" or not distinct:
+        return p_values
+    adjusted = dict(zip(distinct, adjust_pvalues(np.array(list(distinct.values())), method)))
+    return pd.Series([adjusted.get(key, np.nan) for key in keys], index=selected.index)
+
+
 def evaluate_claims(results: pd.DataFrame, claims: list[ClaimSpec] | tuple,
-                    frequency: pd.DataFrame | None = None, ci_level: float = 0.95) -> list[dict[str, Any]]:
-    """Every claim of the protocol, in order, as JSON-able records (see module docstring);
-    `ci_level` is the run's `stats.ci_level`."""
+                    frequency: pd.DataFrame | None = None, *, stats: StatsSpec | None = None) -> list[dict[str, Any]]:
+    """Every claim of the protocol, in order, as JSON-able records (see module docstring).
+
+    With `stats.family == "claim"`, each claim's significance uses p-values adjusted (with
+    `stats.multiplicity`) over the tests that claim selects, not over the run. SEs recovered
+    from CIs (`aggregate: meta`) use `stats.ci_level` (0.95 without `stats`)."""
     table = claim_table(results, frequency) if claims else results
-    return [evaluate_claim(table, claim, ci_level) for claim in claims]
+    ci_level = 0.95 if stats is None else stats.ci_level
+    if stats is None or stats.family != "claim":
+        return [evaluate_claim(table, claim, ci_level) for claim in claims]
+    records = []
+    for claim in claims:
+        selected = select_rows(table, claim)
+        family_table = table.copy()
+        family_table.loc[selected.index, "p_adjusted"] = claim_family_adjusted(selected, stats.multiplicity)
+        record = evaluate_claim(family_table, claim, ci_level)
+        record["family"] = f"claim ({stats.multiplicity} over the {len(selected)} selected rows' tests)"
+        records.append(record)
+    return records

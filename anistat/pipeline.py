@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,7 +16,7 @@ import pandas as pd
 import torch
 
 from .analyze import analyze_units, frequency_rows
-from .bundle import command_line, environment, file_digests, staged_bundle, check_destination, utc_now, write_json
+from .bundle import RunFacts, RunResult, check_destination, publish_bundle, unit_records, utc_now
 from .collect import (
     BasisSet, FitSampler, Site, UnitArtifact, UnitKey, autocast, concept_cards, measure_checkpoint, model_inputs,
     probe, resolve_precision, sites_from_spec,
@@ -30,21 +29,9 @@ from .errors import AnistatInputError
 from .geometry import draw_controls, fit_proxy, frequency_buckets, proxy_variants
 from .models import ModelSeries, resolve_models
 from .seeding import derive_seed
-from .protocol import Protocol, fit_window_size, load_protocol
+from .protocol import Protocol, control_problem, fit_window_size, load_protocol
 
 Log = Callable[[str], None]
-
-
-@dataclass
-class RunResult:
-    out: Path
-    results: pd.DataFrame
-    manifest: dict[str, Any]
-    claims: list[dict] = field(default_factory=list)
-
-    @property
-    def failed_units(self) -> int:
-        return int(self.manifest.get("failed_units", 0))
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -145,6 +132,9 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
                 f"proxies.ranks {too_big} must be smaller than the dimension {dim} of site {name} of model "
                 f"'{spec.name}'"
             )
+        problem = control_problem(protocol.controls, protocol.proxies.ranks, dim)
+        if problem:  # haar/normal controls are drawn at analysis time: check them now, before collecting
+            raise AnistatInputError(f"models.{spec.name}: {problem} (site {name})")
         key = _seed_key(site)
         sets = []
         variants = [(method, label, options) for method in protocol.proxies.methods
@@ -158,7 +148,7 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
                                         seed=derive_seed(seed, spec.name, key, label, rank, kind, *refit_tag),
                                         activations=sample.activations.to(device),
                                         pca_span_dim=protocol.controls.pca_span_dim)
-                    for kind in protocol.controls.kinds
+                    for kind in protocol.projected_control_kinds
                 }
                 basis = distributed.broadcast_(proxy.basis.contiguous())
                 controls = {kind: distributed.broadcast_(stack.contiguous()) for kind, stack in controls.items()}
@@ -275,8 +265,6 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         log: Log | None = None, keep_cache: bool = False) -> RunResult:
     """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`)."""
     from .claims import evaluate_claims
-    from .report import render_bundle
-    from .rerender import render_inputs, report_options
 
     log = log or (lambda message: None)
     if not isinstance(protocol, Protocol):
@@ -304,40 +292,14 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         log(f"warning: {warning}")
     token_counts = info.pop("frequency")
     frequency = frequency_rows(artifacts, token_counts, protocol)
-    claims = evaluate_claims(results, protocol.claims, frequency, ci_level=protocol.stats.ci_level)
+    claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
-    manifest = {
-        "anistat_bundle": 1,
-        "protocol": protocol.normalised(),
-        "protocol_sha256": sha,
-        "versions": environment(),
-        "device": str(torch_device),
-        "dtype": "float64 statistics, float32 model" if torch_device.type == "cpu" else "float32 statistics",
-        "seed": protocol.seed,
-        "command": command_line(),
-        "started_at": started_at,
-        "finished_at": utc_now(),
-        "seconds": round(time.perf_counter() - started, 3),
-        "corpus": info["corpus"],
-        "models": info["models"],
-        "units": [{"id": a.key.id, "status": a.status, "note": a.note, "seconds": round(a.seconds, 3)}
-                  for a in artifacts],
-        "failed_units": len(failed),
-        "warnings": list(results.attrs.get("warnings", [])),
-    }
+    facts = RunFacts(device=str(torch_device), started_at=started_at, seconds=time.perf_counter() - started,
+                     corpus=info["corpus"], models=info["models"], units=unit_records(artifacts),
+                     warnings=tuple(results.attrs.get("warnings", [])),
+                     null_settings=dict(results.attrs.get("null_settings", {})))
     try:
-        with staged_bundle(out) as staging:
-            write_results(results, staging)
-            if not frequency.empty:
-                frequency.to_csv(staging / "frequency.csv", index=False, float_format="%.10g", lineterminator="\n")
-            write_json(staging / "concept_cards.json", info["concept_cards"])
-            if protocol.claims:
-                write_json(staging / "claims.json", claims)
-            render_bundle(render_inputs(results, frequency), manifest, staging, claims=claims or None,
-                          extras={"concept_cards": info["concept_cards"], "frequency": frequency},
-                          options=report_options(protocol.normalised()))
-            manifest["files"] = file_digests(staging)
-            write_json(staging / "manifest.json", manifest)
+        outcome = publish_bundle(out, protocol, results, frequency, claims, info["concept_cards"], facts)
     except OSError as error:
         user_error = _as_user_error(error)
         if user_error is None:
@@ -347,17 +309,7 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         shutil.rmtree(cache, ignore_errors=True)
         _remove_if_empty(cache.parent)
     log(f"wrote {out}/ ({time.perf_counter() - started:.1f}s)" + (f"; {len(failed)} unit(s) FAILED" if failed else ""))
-    return RunResult(out=out, results=results, manifest=manifest, claims=claims)
-
-
-def write_results(results: pd.DataFrame, directory: Path) -> None:
-    """results.csv (always) and results.parquet (when pyarrow is installed)."""
-    results.to_csv(directory / "results.csv", index=False, float_format="%.10g", lineterminator="\n")
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return
-    results.to_parquet(directory / "results.parquet", index=False)
+    return outcome
 
 
 _DISK_ERRNOS = {"ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS", "EFBIG", "EMFILE", "ENFILE"}

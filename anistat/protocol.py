@@ -360,12 +360,45 @@ class StatsSpec(StrictModel):
         "frequency/centroid-distance correlations use the basic interval unless this is percentile "
         "(benchmarks/README.md: basic covers 0.94 at 100 sequences, percentile 0.97 at 300).",
     )
-    n_permutations: int = Field(2000, ge=10, le=1_000_000)
+    n_permutations: int = Field(
+        2000, ge=10, le=1_000_000,
+        description="Random sign vectors of the sign-flip test (at least enough for its floor to pass the "
+        "corrected family; the number used is recorded per row).",
+    )
+    n_null_draws: int | Literal["auto"] = Field(
+        "auto",
+        description="Haar subspaces drawn at analysis time (from each unit's gradient moments) for the exact "
+        "Monte-Carlo test. 'auto': max(9999, the smallest n whose floor 1/(n+1) can pass the corrected family), "
+        "so the floor never decides a result. An integer is used as given (at least 99).",
+    )
+    energy_ratio_reference: Literal["expected", "drawn"] = Field(
+        "expected",
+        description="Denominator of energy_ratio for haar/normal controls: 'expected' = the closed-form "
+        "expected control energy (CI over data, no noise from particular draws); 'drawn' = the mean of the "
+        "controls.n drawn controls, projected per token (the paper's conditional ratio). pca_span and "
+        "cov_matched controls are always drawn.",
+    )
+    resampling_unit: Literal["document", "sequence"] = Field(
+        "document",
+        description="Bootstrap and sign-flip unit: 'document' (sequences cut from one document are resampled "
+        "together; sequences where each has its own document) or 'sequence' (assumes independent sequences).",
+    )
     alternative: Literal["greater", "less", "two-sided"] = "greater"
     multiplicity: Literal["holm", "fdr_bh", "bonferroni", "none"] = "holm"
-    family: Literal["run", "model", "claim"] = "run"
+    family: Literal["run", "model", "claim"] = Field(
+        "run",
+        description="Multiplicity family: every test of the run, of one model, or (claim) the tests each "
+        "claim selects (results.csv then adjusts over the run).",
+    )
     isoscore_zeta: float = Field(0.1, ge=0.0, le=1.0, description="IsoScore* shrinkage weight.")
     isoscore_c0: Literal["scaled_identity", "identity"] = "scaled_identity"
+
+    @field_validator("n_null_draws")
+    @classmethod
+    def _enough_draws(cls, value: Any) -> Any:
+        if value != "auto" and not 99 <= int(value) <= 10_000_000:
+            raise ValueError(f"must be 'auto' or an integer in [99, 10000000], got {value}")
+        return value
 
 
 class ReportSpec(StrictModel):
@@ -505,6 +538,15 @@ class Protocol(StrictModel):
     def title(self) -> str:
         return self.report.title or self.name
 
+    @property
+    def projected_control_kinds(self) -> list[str]:
+        """Control kinds the collector projects per token: those without a closed-form expected
+        energy (pca_span, cov_matched), and every kind when the ratio's reference is the drawn
+        controls. haar / normal are otherwise drawn at analysis time from the moments."""
+        if self.stats.energy_ratio_reference == "drawn":
+            return list(self.controls.kinds)
+        return [kind for kind in self.controls.kinds if kind not in ("haar", "normal")]
+
 
 def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], hidden_size: int) -> str | None:
     """Why these controls cannot be drawn at these ranks in a d = hidden_size space (None if they
@@ -514,8 +556,8 @@ def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], h
         if rank >= d:
             return f"proxies.ranks: rank {rank} must be smaller than the hidden size {d}"
         if "normal" in controls.kinds and 2 * rank > d:
-            return (f"controls.kinds 'normal' needs 2 × rank ≤ hidden size (controls live in the proxy's "
-                    f"orthogonal complement); proxies.ranks has {rank} with hidden size {d}")
+            return (f"controls.kinds 'normal' needs 2k <= d (controls live in the proxy's orthogonal "
+                    f"complement); proxies.ranks has {rank} with hidden size {d}")
         if "pca_span" in controls.kinds:
             m = min(4 * rank, d) if controls.pca_span_dim is None else controls.pca_span_dim
             if m > d:

@@ -1,114 +1,47 @@
 """`anistat report BUNDLE`: re-render every report output from the bundle's tables alone.
 
-Reads `results.csv`, `manifest.json` and the optional `claims.json`, `concept_cards.json`,
-`frequency.csv`; no model is loaded and nothing is recomputed. The rendered files replace the
-old ones atomically (rendered into a temporary directory first), and the manifest's file
-digests are updated so `anistat verify` keeps working.
+Reads the bundle with `anistat.bundle.read_bundle` (results.csv, frequency.csv, manifest.json,
+claims.json, concept_cards.json) and renders from the same typed `ReportInputs` as `anistat run`;
+no model is loaded and nothing is recomputed. The rendered files replace the old ones
+atomically (rendered into a temporary directory first), and the manifest's file digests are
+updated so `anistat verify` keeps working.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-import pandas as pd
-
-from .bundle import file_digests, read_manifest, utc_now, write_json
+from .bundle import file_digests, read_bundle, report_options, utc_now, write_json
 from .errors import AnistatInputError
 
 RENDERED = ("report.html", "tables.tex", "report.tex", "report.pdf", "figures")
-
-
-def report_options(protocol: dict, **overrides):
-    """ReportOptions from the protocol's `report` section (title, precision, PDF), then overrides."""
-    from .report import ReportOptions
-
-    section = protocol.get("report", {}) if isinstance(protocol, dict) else {}
-    values = {"title": section.get("title"), "precision": section.get("precision", 3),
-              "compile_pdf": None if section.get("compile_pdf", True) else False}
-    values.update(overrides)
-    return ReportOptions(**values)
-
-
-def render_inputs(results: pd.DataFrame, frequency: pd.DataFrame) -> pd.DataFrame:
-    """The table the report draws from: results plus the per-frequency-bucket energy ratios
-    (kept in `frequency.csv`, not `results.csv`; the report recognises them by `bucket`)."""
-    if frequency is None or frequency.empty or "bucket" not in frequency:
-        return results
-    buckets = frequency[(frequency["metric"] == "energy_ratio") & (frequency["bucket"].astype(str) != "all")]
-    return pd.concat([results.assign(bucket=""), buckets.assign(bucket=buckets["bucket"].astype(str))],
-                     ignore_index=True)
-
-
-def read_results(bundle: Path) -> pd.DataFrame:
-    path = bundle / "results.csv"
-    if not path.is_file():
-        raise AnistatInputError(f"{bundle}: bundle has no results.csv")
-    try:
-        results = pd.read_csv(path, keep_default_na=True)
-    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as error:
-        raise AnistatInputError(f"{path}: cannot be read as CSV ({' '.join(str(error).split())})") from None
-    missing = {"model", "metric", "estimate"} - set(results.columns)
-    if missing:
-        raise AnistatInputError(f"{path}: missing column(s) {sorted(missing)}")
-    for column in ("ci_method", "note", "status"):
-        if column in results:
-            results[column] = results[column].fillna("")
-    for column in ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_tokens"):
-        if column in results:
-            results[column] = pd.array(results[column], dtype="Int64")
-    return results
-
-
-def read_frequency(bundle: Path) -> pd.DataFrame | None:
-    """The bundle's optional frequency.csv (None when absent); a damaged file is a user error."""
-    path = bundle / "frequency.csv"
-    if not path.is_file():
-        return None
-    try:
-        frequency = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
-        raise AnistatInputError(f"{path}: cannot be read as CSV ({' '.join(str(error).split())})") from None
-    for column in ("ci_method", "note"):
-        if column in frequency:
-            frequency[column] = frequency[column].fillna("").astype(str)
-    return frequency
-
-
-def _optional_json(path: Path):
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise AnistatInputError(f"{path}: not valid JSON ({error})") from None
 
 
 def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None = None, transpose: bool = False,
              compile_pdf: bool = True) -> list[Path]:
     from .report import render_bundle
 
-    manifest = read_manifest(bundle)
-    results = read_results(bundle)
-    claims = _optional_json(bundle / "claims.json")
-    cards = _optional_json(bundle / "concept_cards.json") or []
-    frequency = read_frequency(bundle)
-    frequency = pd.DataFrame() if frequency is None else frequency
-    overrides = {"transpose_tables": transpose}
+    contents = read_bundle(bundle)
+    overrides: dict = {"transpose_tables": transpose}
     if not compile_pdf:
         overrides["compile_pdf"] = False
     if precision is not None:
         overrides["precision"] = precision
     if metrics:
-        overrides["table_metrics"] = tuple(m.strip() for m in metrics.split(",") if m.strip())
-    options = report_options(manifest.get("protocol", {}), **overrides)
+        wanted = tuple(m.strip() for m in metrics.split(",") if m.strip())
+        known = sorted({str(m) for m in contents.results["metric"].dropna()})
+        unknown = [m for m in wanted if m not in known]
+        if unknown or not wanted:
+            raise AnistatInputError(f"--metrics: unknown metric(s) {', '.join(unknown) or '(none given)'}; "
+                                    f"this bundle has: {', '.join(known)}")
+        overrides["table_metrics"] = wanted
+    options = report_options(contents.protocol, **overrides)
     staging = Path(tempfile.mkdtemp(prefix=".rerender.", dir=bundle))
     try:
-        render_bundle(render_inputs(results, frequency), manifest, staging, claims=claims, extras={"concept_cards": cards, "frequency": frequency},
-                      options=options)
+        render_bundle(contents.report_inputs(), staging, options=options)
         written = []
         trash = staging / ".replaced"
         trash.mkdir()
@@ -125,6 +58,7 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
                 written.append(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    manifest = dict(contents.manifest)
     manifest["rerendered_at"] = utc_now()
     manifest["files"] = file_digests(bundle)
     write_json(bundle / "manifest.json", manifest)

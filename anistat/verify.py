@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from dataclasses import dataclass, field
@@ -22,11 +21,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from .bundle import read_manifest, sha256_file, utc_now
+from .bundle import read_bundle, read_manifest, read_results, sha256_file, utc_now
 from .claims import evaluate_claims
 from .errors import AnistatInputError
-from .protocol import parse_protocol
-from .rerender import _optional_json, read_frequency, read_results
+from .report.escape import tex
 
 KEY_COLUMNS = ["model", "checkpoint", "site", "rank", "proxy", "control", "metric"]
 RATIO_METRICS = {"energy_ratio"}
@@ -66,17 +64,12 @@ def check_integrity(bundle: Path, manifest: dict[str, Any]) -> list[str]:
 
 
 def verify_bundle(bundle: Path) -> BundleCheck:
-    manifest = read_manifest(bundle)
-    problems = check_integrity(bundle, manifest)
-    protocol = parse_protocol(manifest.get("protocol"), f"{bundle}/manifest.json:protocol")
-    results = read_results(bundle)
-    frequency = read_frequency(bundle)
-    claims = evaluate_claims(results, protocol.claims, frequency, ci_level=protocol.stats.ci_level)
-    recorded = []
-    if (bundle / "claims.json").is_file():
-        recorded = _optional_json(bundle / "claims.json")
-        if not (isinstance(recorded, list) and all(isinstance(c, dict) for c in recorded)):
-            raise AnistatInputError(f"{bundle / 'claims.json'}: expected a JSON list of claim records")
+    contents = read_bundle(bundle)
+    problems = check_integrity(bundle, contents.manifest)
+    claims = evaluate_claims(contents.results, contents.protocol.claims, contents.frequency,
+                             stats=contents.protocol.stats)
+    recorded = contents.claims
+    if recorded:
         for old, new in zip(recorded, claims):
             if old.get("passed") != new["passed"]:
                 problems.append(f"claims.json: claim '{new['id']}' recorded as {old.get('status')} "
@@ -184,65 +177,39 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+HEADLINE_COLUMNS = ("model", "checkpoint", "site", "rank", "control", "estimate_original", "estimate_replication",
+                    "difference", "difference_ci_low", "difference_ci_high", "sign_agrees", "ci_overlap",
+                    "within_tolerance")
+
+
 def _comparison_html(comparison: pd.DataFrame, claims: list[dict], environment: list[dict], summary: dict,
                      titles: tuple[str, str]) -> str:
-    e = html.escape
+    """comparison.html from the autoescaping template ``templates/comparison.html.j2``."""
+    from .report.html import environment as templates
+
     headline = comparison[comparison["metric"] == "energy_ratio"]
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{e(_fmt(row[c]))}</td>" for c in (
-            "model", "checkpoint", "site", "rank", "control", "estimate_original", "estimate_replication",
-            "difference", "difference_ci_low", "difference_ci_high", "sign_agrees", "ci_overlap", "within_tolerance"))
-        + "</tr>" for _, row in headline.iterrows())
-    claim_rows = "".join(f"<tr><td>{e(c['id'])}</td><td>{e(c['statement'])}</td><td>{e(str(c['original']))}</td>"
-                         f"<td>{e(str(c['replication']))}</td><td>{'yes' if c['agree'] else 'NO'}</td></tr>"
-                         for c in claims)
-    env_rows = "".join(f"<tr{' class=diff' if r['differs'] else ''}><td>{e(r['field'])}</td><td>{e(r['original'])}</td>"
-                       f"<td>{e(r['replication'])}</td></tr>" for r in environment)
-    summary_items = "".join(f"<li>{e(k.replace('_', ' '))}: {e(_fmt(v))}</li>" for k, v in summary.items())
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>anistat replication: {e(titles[1])} vs {e(titles[0])}</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}}
-table{{border-collapse:collapse;font-size:.85em;margin:1em 0}}td,th{{border-bottom:1px solid #ddd;padding:.25em .5em;text-align:right}}
-td:first-child,th:first-child{{text-align:left}}tr.diff td{{background:#fff3cd}}</style></head><body>
-<h1>Replication report</h1>
-<p>Original bundle: <b>{e(titles[0])}</b>; replication: <b>{e(titles[1])}</b>.</p>
-<h2>Summary</h2><ul>{summary_items}</ul>
-<h2>Claims</h2><table><tr><th>claim</th><th>statement</th><th>original</th><th>replication</th><th>agree</th></tr>{claim_rows}</table>
-<h2>Energy ratios</h2><table><tr><th>model</th><th>checkpoint</th><th>site</th><th>rank</th><th>control</th>
-<th>original</th><th>replication</th><th>difference</th><th>diff CI low</th><th>diff CI high</th><th>same sign</th>
-<th>CIs overlap</th><th>within tolerance</th></tr>{rows}</table>
-<h2>Environment</h2><table><tr><th>field</th><th>original</th><th>replication</th></tr>{env_rows}</table>
-</body></html>
-"""
-
-
-def _tex_escape(text: str) -> str:
-    replacements = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
-    return "".join(replacements.get(ch, ch) for ch in str(text))
+    rows = [[_fmt(row[c]) for c in HEADLINE_COLUMNS] for _, row in headline.iterrows()]
+    return templates().get_template("comparison.html.j2").render(
+        titles=titles, summary=[(k.replace("_", " "), _fmt(v)) for k, v in summary.items()],
+        claims=claims, rows=rows, environment=environment)
 
 
 def _comparison_tex(comparison: pd.DataFrame, summary: dict, titles: tuple[str, str]) -> str:
+    from .report.latex_table import booktabs_table
+
     headline = comparison[comparison["metric"] == "energy_ratio"]
-    lines = [
-        "% anistat replication table (requires booktabs)",
-        r"\begin{table}[t]", r"\centering", r"\small",
-        r"\caption{Replication of " + _tex_escape(titles[0]) + " by " + _tex_escape(titles[1])
-        + r": energy ratios, original vs replication.}",
-        r"\label{tab:anistat-replication}",
-        r"\begin{tabular}{lllrrrrc}", r"\toprule",
-        r"Model & Checkpoint & Site & $k$ & Original & Replication & $\Delta$ [95\% CI] & Agree \\", r"\midrule",
-    ]
+    body = []
     for _, row in headline.iterrows():
-        agree = r"\checkmark" if row["sign_agrees"] and row["ci_overlap"] else "--"
-        lines.append(
-            f"{_tex_escape(row['model'])} & {_tex_escape(row['checkpoint'])} & {_tex_escape(row['site'])} & "
-            f"{_tex_escape(row['rank'])} & {_fmt(row['estimate_original'])} & {_fmt(row['estimate_replication'])} & "
-            f"{_fmt(row['difference'])} [{_fmt(row['difference_ci_low'])}, {_fmt(row['difference_ci_high'])}] & {agree} \\\\"
-        )
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
-    return "\n".join(lines)
+        agree = r"$\checkmark$" if row["sign_agrees"] and row["ci_overlap"] else "--"
+        body.append([tex(row["model"]), tex(row["checkpoint"]), tex(row["site"]), tex(row["rank"]),
+                     tex(_fmt(row["estimate_original"])), tex(_fmt(row["estimate_replication"])),
+                     f"{tex(_fmt(row['difference']))} [{tex(_fmt(row['difference_ci_low']))}, "
+                     f"{tex(_fmt(row['difference_ci_high']))}]", agree])
+    head = [[r"Model", "Checkpoint", "Site", "$k$", "Original", "Replication", r"$\Delta$ [95\% CI]", "Agree"]]
+    caption = (r"Replication of " + tex(titles[0]) + " by " + tex(titles[1])
+               + r": energy ratios, original vs replication.")
+    return ("% anistat replication table (requires booktabs, amssymb, adjustbox)\n"
+            + booktabs_table("lllrrrrc", head, body, caption=caption, label="tab:anistat-replication") + "\n")
 
 
 def load_bundle_results(bundle: Path) -> tuple[pd.DataFrame, dict]:

@@ -643,7 +643,7 @@ def test_sigint_while_writing_the_bundle_then_resume(capsys, tmp_path, monkeypat
     is complete, so the rerun measures nothing again and writes the bundle."""
     protocol = tmp_path / "p.yaml"
     protocol.write_text(INTERRUPTIBLE)
-    _interrupt_after(monkeypatch, "anistat.pipeline:write_results", signal.SIGINT)
+    _interrupt_after(monkeypatch, "anistat.bundle:write_results", signal.SIGINT)
     no_figures(monkeypatch)
     code, _, err = run_cli(capsys, "run", protocol, "--out", tmp_path / "out")
     assert_one_line(code, err, "interrupted")

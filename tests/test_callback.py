@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from anistat.callbacks import AnistatCallback, TrainingMeter
-from anistat.collect.finalize import finalize_bundle, load_units
+from anistat.finalize import finalize_bundle, load_units
 from anistat.errors import AnistatInputError
 
 SETTINGS = dict(sites={"kind": ["residual", "mlp"], "layers": [0]}, proxies={"ranks": [2], "max_fit_tokens": 80},

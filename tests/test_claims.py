@@ -182,3 +182,22 @@ def test_bucket_rows_are_selected_only_when_named():
     first, second = evaluate_claims(_results(), [overall, rare], frequency)
     assert first["passed"] and first["n_selected"] == 4
     assert not second["passed"] and second["n_selected"] == 1
+
+
+def test_claim_family_adjusts_over_the_claims_own_tests():
+    from anistat.protocol import StatsSpec
+
+    results = _results().assign(p_test="haar_monte_carlo")
+    # raw p 0.01 for the 4 decoder rows: Holm over the claim's own 4 tests gives 0.04 (< 0.05),
+    # while the run-wide p_adjusted of the encoder rows (0.2) would fail the encoder claim
+    results.loc[results["model"] == "enc", "p_value"] = 0.012
+    spec = claim(where={"objective": "mlm"}, threshold=1.0, alpha=0.05, aggregate="any")
+    run_family = evaluate_claims(results, [spec], stats=StatsSpec(family="run", multiplicity="holm"))[0]
+    claim_family = evaluate_claims(results, [spec], stats=StatsSpec(family="claim", multiplicity="holm"))[0]
+    assert not run_family["passed"] and "family" not in run_family
+    assert claim_family["passed"] and claim_family["family"].startswith("claim (holm")
+    assert claim_family["evidence"]["p_adjusted_max"] == pytest.approx(4 * 0.012)
+    # rows sharing one exact test (every energy metric of a unit x proxy x rank) count once
+    doubled = pd.concat([results, results.assign(metric="energy_fraction")], ignore_index=True)
+    again = evaluate_claims(doubled, [spec], stats=StatsSpec(family="claim", multiplicity="holm"))[0]
+    assert again["evidence"]["p_adjusted_max"] == pytest.approx(4 * 0.012)

@@ -19,12 +19,15 @@ from test_report_fixtures import (  # noqa: E402
     COLUMNS,
     make_claims,
     make_extras,
+    make_inputs,
     make_manifest,
+    make_protocol,
     make_results,
+    split_buckets,
 )
 
 from anistat.report import PdfLatexError, ReportOptions, render_bundle  # noqa: E402
-from anistat.report._text import tex  # noqa: E402
+from anistat.report.escape import tex  # noqa: E402
 
 NO_PDF = ReportOptions(compile_pdf=False)
 FAST = ReportOptions(compile_pdf=False, figures=False)
@@ -33,11 +36,12 @@ TEXY = "tiny_bert & 50% $#{}~^\\ é 模"
 IMG_RE = re.compile(r"<img\b[^>]*>", re.I)
 
 
-def _render(tmp: Path, results: pd.DataFrame, name: str = "bundle", **kw) -> tuple[Path, list[Path]]:
+def _render(tmp: Path, results: pd.DataFrame, name: str = "bundle", *, options: ReportOptions = NO_PDF,
+            **kw) -> tuple[Path, list[Path]]:
+    """Render through the one adapter; `kw`: manifest, protocol, claims, extras (see make_inputs)."""
     out = tmp / name
     out.mkdir()
-    kw.setdefault("options", NO_PDF)
-    paths = render_bundle(results, kw.pop("manifest", make_manifest()), out, **kw)
+    paths = render_bundle(make_inputs(results, **kw), out, options=options)
     return out, paths
 
 
@@ -48,8 +52,8 @@ def hostile(tmp_path_factory):
     res.loc[res["model"] == "tiny-gpt2", "model"] = XSS
     res.loc[res["model"] == "tiny-bert", "model"] = TEXY
     res.loc[res["status"] == "failed", "note"] = "bad <b>gradients</b> & NaN"
-    man = make_manifest(name="<img src=x onerror=alert(2)>")
-    man["protocol"]["description"] = XSS + " description"
+    protocol = make_protocol(title="<img src=x onerror=alert(2)>", description=XSS + " description")
+    man = make_manifest()
     claims = make_claims() + [{"id": "<i>x</i>", "statement": XSS, "passed": False,
                                "evidence": {"<k>": XSS}}]
     extras = make_extras()
@@ -57,10 +61,10 @@ def hostile(tmp_path_factory):
     extras["frequency"].loc[1, "site"] = TEXY
     extras["concept_cards"][0]["top_tokens"].append("</span>" + XSS)
     extras["concept_cards"][0]["contexts"].append('" onmouseover="alert(3)')
-    extras["warnings"].append(XSS)
+    man["warnings"].append(XSS)
     tmp = tmp_path_factory.mktemp("hostile")
     t0 = time.perf_counter()
-    out, paths = _render(tmp, res, manifest=man, claims=claims, extras=extras)
+    out, paths = _render(tmp, res, manifest=man, protocol=protocol, claims=claims, extras=extras)
     seconds = time.perf_counter() - t0
     return tmp, out, paths, (out / "report.html").read_text(encoding="utf-8"), res, seconds
 
@@ -124,8 +128,8 @@ def test_summary_comes_first_and_sections_exist(hostile):
     assert "Question." in html
     # Methods name the control kinds, their count, multiplicity and software versions.
     methods = html[html.index('id="methods"'):html.index('id="results"')]
-    for needle in ("normal", "haar", "20 random control", "holm", "torch 2.13.0", "1/21",
-                   "2000 resamples", "10000 permutations"):
+    for needle in ("normal", "haar", "n = 20 random control", "Holm", "torch 2.13.0", "1/21",
+                   "2000 resamples", "10000 permutations", "C0 = scaled_identity", "ζ = 0.5"):
         assert needle in methods, needle
     # Raw draws are absent, so the null figure says it is an approximation.
     assert "normal density with the recorded control mean and SD" in html
@@ -158,7 +162,7 @@ def test_csv_round_trip_renders_identically(tmp_path):
 def test_missing_metrics_and_figures_are_skipped(tmp_path):
     res = make_results()
     res = res[res["metric"].isin(["energy_fraction", "oracle_fraction"])]
-    out, _ = _render(tmp_path, res, manifest={}, extras={"calibration": {"foo": [1, 2]}})
+    out, _ = _render(tmp_path, res, manifest={}, extras={"calibration": pd.DataFrame({"foo": [1, 2]})})
     html = (out / "report.html").read_text()
     assert "Not shown (no data)" in html
     assert "no delta_isoscore_star rows" in html and "no calibration data" in html
@@ -223,14 +227,15 @@ def test_options_change_tables_and_title(tmp_path):
 def test_latex_tables_escape_and_structure(tmp_path):
     res = make_results()
     res.loc[res["model"] == "tiny-gpt2", "model"] = "gpt_2 & co % $x$ #1"
-    out, _ = _render(tmp_path, res, manifest=make_manifest(name="proto_1 & 50% #a"),
+    out, _ = _render(tmp_path, res, protocol=make_protocol(name="proto_1", title="proto_1 & 50% #a"),
                      options=FAST)
     tables = (out / "tables.tex").read_text()
     assert r"gpt\_2 \& co \% \$x\$ \#1" in tables
     assert "gpt_2 & co" not in tables
     assert r"\multirow{" in tables and r"\toprule" in tables and "S[table-format=" in tables
-    assert r"\label{tab:proto-1-50-a-energy-ratio}" in tables
-    assert r"Protocol: proto\_1 \& 50\% \#a" in tables
+    assert r"\label{tab:proto-1-energy-ratio}" in tables
+    assert r"Protocol: proto\_1." in tables
+    assert r"\title{proto\_1 \& 50\% \#a}" in (out / "report.tex").read_text()
     assert "[" in tables and r"\textsuperscript{**}" in tables
     report = (out / "report.tex").read_text()
     assert r"\input{tables.tex}" in report
@@ -264,7 +269,7 @@ def test_pdflatex_failure_raises_with_log_tail(tmp_path, monkeypatch):
     out = tmp_path / "b"
     out.mkdir()
     with pytest.raises(PdfLatexError) as err:
-        render_bundle(make_results(), make_manifest(), out,
+        render_bundle(make_inputs(make_results()), out,
                       options=ReportOptions(compile_pdf=True, figures=False))
     msg = str(err.value)
     assert "Undefined control sequence" in msg and "l.42" in msg
@@ -294,7 +299,8 @@ def _chromium(profile: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not on PATH")
 def test_headless_chromium_runs_script_and_loads_images(hostile, tmp_path):
-    out, res = hostile[1], hostile[4]
+    out = hostile[1]
+    res = split_buckets(hostile[4])[0]  # the results table holds results.csv's rows only
     url = (out / "report.html").resolve().as_uri() + "#q=energy_ratio%20step400"
     proc = _chromium(tmp_path / "profile", "--virtual-time-budget=10000", "--dump-dom", url)
     dom = proc.stdout

@@ -148,28 +148,44 @@ def make_results(
     return df[COLUMNS + extra]
 
 
-def make_manifest(name: str = "quickstart-tiny") -> dict[str, Any]:
+PROTOCOL_YAML = """
+anistat_protocol: 1
+name: NAME
+description: Do PCA proxies fitted early in training capture more true-gradient energy than matched random subspaces?
+seed: 0
+data: {source: builtin, seq_len: 128, n_fit_sequences: 64, n_test_sequences: 64}
+models:
+  - {name: tiny-gpt2, source: builtin, architecture: gpt2, hidden_size: 64, num_layers: 2, num_heads: 2,
+     train: {steps: 400, checkpoints: [0, 100, 200, 400]}}
+  - {name: tiny-bert, source: builtin, architecture: bert, hidden_size: 64, num_layers: 2, num_heads: 2,
+     train: {steps: 400, checkpoints: [0, 100, 200, 400]}}
+sites: {kind: residual, layers: all}
+proxies: {methods: [pca], ranks: [4, 8], fit_window: 0.5}
+controls: {kinds: [normal, haar], n: 20}
+stats: {alpha: 0.05, n_bootstrap: 2000, ci_level: 0.95, ci_method: bca, n_permutations: 10000,
+        multiplicity: holm, family: run, isoscore_c0: scaled_identity, isoscore_zeta: 0.5}
+"""
+
+
+def make_protocol(name: str = "quickstart-tiny", title: str = "Tangent proxies vs random controls in tiny models",
+                  description: str | None = None, **sections: Any):
+    """The (real, validated) protocol the synthetic results pretend to come from."""
+    import yaml
+
+    from anistat.protocol import parse_protocol
+
+    data = yaml.safe_load(PROTOCOL_YAML.replace("NAME", name))
+    data["report"] = {"title": title}
+    if description is not None:
+        data["description"] = description
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    return parse_protocol(data)
+
+
+def make_manifest() -> dict[str, Any]:
+    """Manifest fields other than the protocol (which `make_inputs` adds from `make_protocol`)."""
     return {
-        "protocol": {
-            "name": name,
-            "title": "Tangent proxies vs random controls in tiny models",
-            "description": "Do PCA proxies fitted early in training capture more true-gradient "
-                           "energy than matched random subspaces?",
-            "seed": 0,
-            "models": [{"name": "tiny-gpt2", "kind": "builtin_decoder", "objective": "clm"},
-                       {"name": "tiny-bert", "kind": "builtin_encoder", "objective": "mlm"}],
-            "data": {"corpus": "builtin:pydoc_topics", "seq_len": 128, "n_sequences": 64,
-                     "split": {"fit": 0.5, "test": 0.5}},
-            "sites": ["layers.0.resid_post", "layers.1.resid_post"],
-            "proxies": {"methods": ["pca"], "ranks": [4, 8], "fit_window": 0.3},
-            "controls": {"kinds": ["normal", "haar"], "n": 20},
-            "metrics": ["energy_fraction", "energy_ratio", "oracle_fraction",
-                        "anisotropy_capture", "delta_isoscore_star", "hedges_g"],
-            "isoscore": {"C0": "scaled_identity", "zeta": 0.5},
-            "stats": {"alpha": 0.05, "n_bootstrap": 2000, "ci_level": 0.95, "ci_method": "bca",
-                      "n_permutations": 10000,
-                      "multiplicity": {"method": "holm", "family": "energy_ratio"}},
-        },
         "protocol_sha256": "3f1c0d5e9a7b2c4d6e8f00112233445566778899aabbccddeeff001122334455",
         "versions": {"anistat": "0.1.0", "python": "3.11.9", "torch": "2.13.0",
                      "transformers": "4.57.0", "numpy": "2.3.1", "scipy": "1.16.0"},
@@ -177,9 +193,41 @@ def make_manifest(name: str = "quickstart-tiny") -> dict[str, Any]:
         "dtype": "float32",
         "started_at": "2026-05-01T10:00:00Z",
         "finished_at": "2026-05-01T10:03:12Z",
-        "units": [{"unit": f"{m}/step{s}/layers.{l}", "seconds": 1.5 + l}
+        "units": [{"id": f"{m}/step{s}/layers.{l}", "status": "ok", "note": "", "seconds": 1.5 + l}
                   for m in ("tiny-gpt2", "tiny-bert") for s in STEPS for l in (0, 1)],
+        "warnings": ["Only 20 controls: the smallest attainable Monte-Carlo p is 1/21 = 0.048."],
     }
+
+
+def split_buckets(results: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Move per-frequency-bucket rows (``freq_bucket``) out of the results into frequency.csv
+    form (``bucket`` column), as the pipeline writes them."""
+    if "freq_bucket" not in results.columns:
+        return results, pd.DataFrame()
+    is_bucket = results["freq_bucket"].notna() & (results["freq_bucket"].astype(str) != "")
+    buckets = results[is_bucket].rename(columns={"freq_bucket": "bucket"})
+    return results[~is_bucket].drop(columns=["freq_bucket"]), buckets
+
+
+def make_inputs(results: pd.DataFrame, *, manifest: dict[str, Any] | None = None, protocol=None,
+                claims: list[dict] | None = None, extras: dict[str, Any] | None = None):
+    """ReportInputs through the one adapter (`anistat.bundle.report_inputs`)."""
+    import dataclasses
+
+    from anistat.bundle import report_inputs
+
+    protocol = protocol or make_protocol()
+    extras = extras or {}
+    manifest = dict(make_manifest() if manifest is None else manifest)
+    manifest["protocol"] = protocol.normalised()
+    results, buckets = split_buckets(results)
+    frequency = extras.get("frequency", pd.DataFrame())
+    if len(buckets):
+        frequency = pd.concat([frequency, buckets], ignore_index=True)
+    inputs = report_inputs(protocol, results, manifest, frequency=frequency, claims=claims or [],
+                           concept_cards=extras.get("concept_cards", []))
+    return dataclasses.replace(inputs, calibration=extras.get("calibration"),
+                               control_draws=extras.get("control_draws"))
 
 
 def make_claims() -> list[dict[str, Any]]:
@@ -220,8 +268,7 @@ def make_extras() -> dict[str, Any]:
         for site in ("residual.0", "residual.1")
         for metric, estimate in (("spearman_logfreq_distance", -0.42), ("pearson_logfreq_distance", -0.31))
     ])
-    return {"concept_cards": cards, "calibration": pd.DataFrame(calib), "frequency": frequency,
-            "warnings": ["Only 20 controls: the smallest attainable Monte-Carlo p is 1/21 = 0.048."]}
+    return {"concept_cards": cards, "calibration": pd.DataFrame(calib), "frequency": frequency}
 
 
 # ------------------------------------------------------------------ checks of the generator

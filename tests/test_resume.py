@@ -52,10 +52,10 @@ def write_protocol(directory: Path) -> Path:
 
 def skip_figures(monkeypatch) -> None:
     """These tests are about data, not pictures: skip the (slow) figure rendering."""
-    import anistat.rerender
+    import anistat.bundle
 
-    original = anistat.rerender.report_options
-    monkeypatch.setattr(anistat.rerender, "report_options",
+    original = anistat.bundle.report_options
+    monkeypatch.setattr(anistat.bundle, "report_options",
                         lambda protocol, **overrides: original(protocol, **{"figures": False, **overrides}))
 
 
@@ -117,7 +117,7 @@ def test_a_finished_bundle_is_replaced_only_whole(reference, tmp_path, capsys, m
     intact (the new one is staged beside it and swapped in with one rename)."""
     import shutil
 
-    import anistat.pipeline
+    import anistat.bundle
 
     shutil.copytree(reference, tmp_path / "out")
     before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()}
@@ -126,7 +126,7 @@ def test_a_finished_bundle_is_replaced_only_whole(reference, tmp_path, capsys, m
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(anistat.pipeline, "write_results", interrupted)
+    monkeypatch.setattr(anistat.bundle, "write_results", interrupted)
     code = main(["run", str(protocol), "--out", str(tmp_path / "out"), "--quiet"])
     assert code == 2 and "interrupted" in capsys.readouterr().err
     after = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()}

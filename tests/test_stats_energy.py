@@ -1,146 +1,144 @@
-"""The high-level entry point analyze_energy and analyze_metric_vs_controls."""
+"""The high-level entry point analyze_energy (exact test, named estimands, document resampling)
+and analyze_metric_vs_controls."""
 
 import numpy as np
 import pytest
-from scipy import stats
 
-from anistat.stats import (METRICS, analyze_energy, analyze_metric_vs_controls,
-                           hedges_correction, hedges_g_paired, monte_carlo_pvalue,
-                           sign_flip_test)
+from anistat.stats import (EXACT_TEST, METRICS, SIGN_FLIP_TEST, analyze_energy, analyze_metric_vs_controls,
+                           bootstrap_weights, ci_from_replicates, cluster_sums, expected_control_energy,
+                           hedges_correction, monte_carlo_pvalue, ratio_se, sign_flip_test)
 
 
-def _data(seed=0, s=80, n=60, boost=1.3):
+def _data(seed=0, s=80, boost=1.3, k=4, d=64):
     rng = np.random.default_rng(seed)
     t = rng.gamma(4, 1, s) * 10
-    c = t[:, None] * rng.beta(2, 30, (s, n))
     p = t * np.clip(boost * rng.beta(2, 30, s), 0, 1)
-    return p, c, t
+    null = rng.beta(2, 30, 999)
+    return p, t, null
 
 
-def test_estimates_match_hand_formulas():
-    p, c, t = _data()
-    a = analyze_energy(p, c, t, rank=4, dim=64, oracle_fraction=0.4, n_bootstrap=500,
-                       n_permutations=999, seed=1)
+def test_closed_form_expected_control_energy():
+    p = np.array([1.0, 2.0, 0.5])
+    t = np.array([10.0, 8.0, 4.0])
+    assert expected_control_energy("haar", p, t, 4, 64) == pytest.approx(4 / 64 * t)
+    assert expected_control_energy("normal", p, t, 4, 64) == pytest.approx(4 / 60 * (t - p))
+    with pytest.raises(ValueError, match="closed-form"):
+        expected_control_energy("pca_span", p, t, 4, 64)
+
+
+def test_expected_control_energy_matches_the_average_of_drawn_controls():
+    # the closed forms are the mean over the control law: check against many real draws
+    from anistat.geometry import draw_controls
+
+    rng = np.random.default_rng(3)
+    d, k = 16, 3
+    g = rng.standard_normal((200, d)) * np.linspace(3, 0.2, d)
+    u = draw_controls("haar", np.eye(d, k), 1, seed=1)[0].numpy()
+    p, t = np.sum((g @ u) ** 2), np.sum(g * g)
+    for kind in ("haar", "normal"):
+        q = draw_controls(kind, u, 20000, seed=2).numpy()
+        drawn = np.einsum("nd,jdk->jnk", g, q) ** 2
+        mean = drawn.sum(axis=(1, 2)).mean()
+        assert mean == pytest.approx(expected_control_energy(kind, p, t, k, d), rel=0.01), kind
+
+
+def test_estimates_tests_and_notes():
+    p, t, null = _data()
+    e = expected_control_energy("haar", p, t, 4, 64)
+    a = analyze_energy(p, t, e, rank=4, dim=64, null_fractions=null, oracle_fraction=0.4, n_bootstrap=500,
+                       n_permutations=999, n_paper_controls=20, seed=1)
     assert [m.metric for m in a.metrics] == list(METRICS)
     e_u = p.sum() / t.sum()
-    e_q = c.sum(axis=0) / t.sum()
-    ef = a["energy_fraction"]
-    assert ef.estimate == pytest.approx(e_u)
-    assert ef.control_mean == pytest.approx(e_q.mean())
-    assert ef.control_sd == pytest.approx(e_q.std(ddof=1))
-    assert a["energy_ratio"].estimate == pytest.approx(e_u / e_q.mean())
-    assert a["energy_ratio"].control_mean == pytest.approx(1.0)
-    assert a["log2_energy_ratio"].estimate == pytest.approx(np.log2(e_u / e_q.mean()))
-    z = (e_u - e_q.mean()) / e_q.std(ddof=1)
-    assert a["z"].estimate == pytest.approx(z)
-    assert a["z"].control_mean == pytest.approx(0, abs=1e-12)
-    assert a["z"].control_sd == pytest.approx(1.0)
+    assert a["energy_fraction"].estimate == pytest.approx(e_u)
+    assert a["energy_ratio"].estimate == pytest.approx(e_u / (4 / 64))
+    assert a["log2_energy_ratio"].estimate == pytest.approx(np.log2(e_u * 16))
+    assert a["energy_fraction"].control_mean == pytest.approx(null.mean())
+    assert a["z"].estimate == pytest.approx((e_u - null.mean()) / null.std(ddof=1))
     assert a["anisotropy_capture"].estimate == pytest.approx((e_u - 4 / 64) / (0.4 - 4 / 64))
-    # p-values: Monte-Carlo for the control-draw metrics, sign flip for hedges_g
-    mc = monte_carlo_pvalue(e_u, e_q)
-    assert a.mc_p_value == mc
-    for name in ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z",
-                 "anisotropy_capture"):
-        assert a[name].p_value == mc and a[name].p_value_kind == "monte_carlo"
-        assert a[name].effect_size == pytest.approx(z)
-    d = (p - c.mean(axis=1)) / t
-    sf = sign_flip_test(d, 999, seed=1)
-    assert a.sign_flip == sf
+    exact = monte_carlo_pvalue(e_u, null)
+    assert a.p_value == exact and a.p_value_paper == monte_carlo_pvalue(e_u, null[:20])
+    for name in ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "anisotropy_capture"):
+        assert a[name].p_value == exact and a[name].p_test == EXACT_TEST
+        assert a[name].effect_size_kind == "z"
+    # the sign-flip test and g use the headline's own contributions p - e, not ratios
+    d = p - e
+    assert a.sign_flip == sign_flip_test(d, 999, seed=1)
     g = a["hedges_g"]
-    assert g.p_value == sf.p_value and g.p_value_kind == "sign_flip"
-    assert g.estimate == pytest.approx(hedges_g_paired(d))
+    assert g.p_test == SIGN_FLIP_TEST and g.effect_size_kind == "hedges_g"
     assert g.estimate == pytest.approx(hedges_correction(79) * d.mean() / d.std(ddof=1))
+    # every interval says what it is an interval of, and over what
+    assert "for this proxy" in a["energy_fraction"].note and "80 sequences resampled" in a["energy_fraction"].note
+    assert "not a test against random subspaces" in a["energy_ratio"].note
+    assert [r["n_controls"] for r in a.to_records()] == [999, 999, 999, 999, 999, 999]
 
 
-def test_cis_bracket_estimates_and_transform():
-    p, c, t = _data(1)
-    a = analyze_energy(p, c, t, rank=4, dim=64, oracle_fraction=0.4, n_bootstrap=1000)
+def test_ratio_interval_is_a_studentized_ratio_of_sums():
+    p, t, null = _data(1)
+    e = expected_control_energy("normal", p, t, 4, 64)
+    a = analyze_energy(p, t, e, rank=4, dim=64, null_fractions=null, n_bootstrap=800, seed=4,
+                       control_kind="normal", n_permutations=99)
+    w = bootstrap_weights(p.size, 800, seed=4)
+    one = np.ones((1, p.size))
+    for metric, den in (("energy_fraction", t), ("energy_ratio", e)):
+        ref = ci_from_replicates(p.sum() / den.sum(), (w @ p) / (w @ den), method="studentized",
+                                 se=ratio_se(one, p, den)[0], replicate_se=ratio_se(w, p, den))
+        assert (a[metric].ci_low, a[metric].ci_high) == pytest.approx((ref.ci_low, ref.ci_high), rel=1e-9)
+    assert a["log2_energy_ratio"].ci_low == pytest.approx(np.log2(a["energy_ratio"].ci_low))
     for m in a.metrics:
-        assert m.ci_low <= m.estimate <= m.ci_high, m
-        assert m.ci_method in ("bca", "percentile")
-    r, l2 = a["energy_ratio"], a["log2_energy_ratio"]
-    assert l2.ci_low == pytest.approx(np.log2(r.ci_low))
-    assert l2.ci_high == pytest.approx(np.log2(r.ci_high))
-    f, ac = a["energy_fraction"], a["anisotropy_capture"]
-    assert ac.ci_low == pytest.approx((f.ci_low - 4 / 64) / (0.4 - 4 / 64))
+        if np.isfinite(m.ci_low):
+            assert m.ci_low <= m.estimate <= m.ci_high, m
 
 
-def test_ratio_ci_matches_scipy_joint_resampling():
-    """The ratio CI resamples sequences jointly for the proxy and all controls."""
-    p, c, t = _data(2, s=60, n=30)
-    a = analyze_energy(p, c, t, rank=4, dim=64, n_bootstrap=20000, ci_method="percentile")
-    cbar = c.mean(axis=1)
-    ref = stats.bootstrap((p, cbar), lambda x, y, axis: x.sum(axis) / y.sum(axis),
-                          paired=True, vectorized=True, n_resamples=20000,
-                          method="percentile", rng=0)
-    se = ref.standard_error
-    r = a["energy_ratio"]
-    assert abs(r.ci_low - ref.confidence_interval.low) < 0.15 * se
-    assert abs(r.ci_high - ref.confidence_interval.high) < 0.15 * se
+def test_documents_are_the_resampling_unit():
+    p, t, null = _data(2, s=90)
+    e = expected_control_energy("haar", p, t, 4, 64)
+    documents = np.repeat(np.arange(30), 3)
+    a = analyze_energy(p, t, e, rank=4, dim=64, null_fractions=null, group_ids=documents, n_bootstrap=400,
+                       n_permutations=999, seed=7)
+    sums, n_units = cluster_sums(np.stack([p, t, e], axis=1), documents)
+    assert n_units == 30 and a.n_clusters == 30 and a.n_sequences == 90
+    # identical to an analysis of the per-document sums
+    b = analyze_energy(*sums.T, rank=4, dim=64, null_fractions=null, n_bootstrap=400, n_permutations=999, seed=7)
+    for m, ref in zip(a.metrics, b.metrics):
+        assert (m.estimate, m.ci_low, m.ci_high) == pytest.approx((ref.estimate, ref.ci_low, ref.ci_high), nan_ok=True)
+    assert a.sign_flip.p_value == b.sign_flip.p_value
+    assert "30 documents resampled" in a["energy_ratio"].note
 
 
-def test_deterministic_and_seed_dependent():
-    p, c, t = _data(3)
-    a = analyze_energy(p, c, t, rank=4, dim=64, n_bootstrap=300, n_permutations=99, seed=5)
-    b = analyze_energy(p, c, t, rank=4, dim=64, n_bootstrap=300, n_permutations=99, seed=5)
-    assert a.metrics == b.metrics
-    c2 = analyze_energy(p, c, t, rank=4, dim=64, n_bootstrap=300, n_permutations=99, seed=6)
-    assert c2["energy_fraction"].ci_low != a["energy_fraction"].ci_low
-
-
-def test_resampled_sd_float32_matches_float64():
-    p, c, t = _data(4, s=200, n=300)
-    kw = dict(rank=4, dim=64, n_bootstrap=500, z_interval="resampled_sd")
-    a32 = analyze_energy(p, c, t, precision="float32", **kw)
-    a64 = analyze_energy(p, c, t, precision="float64", **kw)
-    assert a32["z"].ci_low == pytest.approx(a64["z"].ci_low, rel=1e-5)
-    assert a32["z"].ci_high == pytest.approx(a64["z"].ci_high, rel=1e-5)
-
-
-def test_hierarchical_groups_and_zero_energy_sequences():
-    p, c, t = _data(5, s=60)
-    groups = np.repeat(np.arange(20), 3)
-    a = analyze_energy(p, c, t, rank=4, dim=64, n_bootstrap=400, group_ids=groups)
-    b = analyze_energy(p, c, t, rank=4, dim=64, n_bootstrap=400)
-    assert a["energy_fraction"].estimate == b["energy_fraction"].estimate
-    assert np.isfinite(a["energy_fraction"].ci_low)
-    t0, p0, c0 = t.copy(), p.copy(), c.copy()
-    t0[:2] = p0[:2] = 0
-    c0[:2] = 0
-    z = analyze_energy(p0, c0, t0, rank=4, dim=64, n_bootstrap=300)
-    assert "2 sequences with zero gradient energy" in z.note
-    assert np.isfinite(z["hedges_g"].estimate)
-
-
-def test_missing_or_bad_oracle_and_records():
-    p, c, t = _data(6)
-    a = analyze_energy(p, c, t, rank=4, dim=64, n_bootstrap=200)
-    assert np.isnan(a["anisotropy_capture"].estimate)
-    assert "no oracle" in a["anisotropy_capture"].note
-    b = analyze_energy(p, c, t, rank=4, dim=64, oracle_fraction=0.01, n_bootstrap=200)
-    assert "capture undefined" in b["anisotropy_capture"].note
-    recs = a.to_records()
-    assert len(recs) == len(METRICS) and recs[0]["n_controls"] == 60
+def test_anisotropy_capture_interval_stays_in_range():
+    p, t, null = _data(4, s=12, boost=3.0)
+    e = expected_control_energy("haar", p, t, 4, 64)
+    oracle = p.sum() / t.sum() * 1.001  # the proxy is (nearly) the oracle
+    a = analyze_energy(p, t, e, rank=4, dim=64, null_fractions=null, oracle_fraction=oracle, n_bootstrap=500,
+                       n_permutations=99)
+    capture = a["anisotropy_capture"]
+    assert capture.ci_high <= 1.0 and capture.ci_low >= (0 - 4 / 64) / (oracle - 4 / 64)
 
 
 def test_input_validation():
-    p, c, t = _data(7)
+    p, t, null = _data()
+    e = expected_control_energy("haar", p, t, 4, 64)
     with pytest.raises(ValueError):
-        analyze_energy(p[:-1], c, t, rank=4, dim=64)
+        analyze_energy(p[:-1], t, e, rank=4, dim=64, null_fractions=null)
     with pytest.raises(ValueError):
-        analyze_energy(-p, c, t, rank=4, dim=64)
+        analyze_energy(-p, t, e, rank=4, dim=64, null_fractions=null)
     with pytest.raises(ValueError):
-        analyze_energy(p, c[:, :1], t, rank=4, dim=64)
+        analyze_energy(p, t, e, rank=4, dim=64, null_fractions=[])
     with pytest.raises(ValueError):
-        analyze_energy(p, c, t, rank=4, dim=64, ci_method="basic")
+        analyze_energy(p, t, e, rank=4, dim=64, null_fractions=null, ci_method="basic")
     with pytest.raises(ValueError):
-        analyze_energy(p, c, t, rank=4, dim=64, alternative="up")
+        analyze_energy(p, t, e, rank=4, dim=64, null_fractions=null, alternative="up")
+    with pytest.raises(ValueError, match="resampling units"):
+        analyze_energy(p, t, e, rank=4, dim=64, null_fractions=null, group_ids=np.zeros(p.size))
 
 
 def test_analyze_metric_vs_controls():
-    ctrl = np.array([0.1, 0.2, 0.3, np.nan, 0.4])
+    ctrl = np.array([0.1, 0.2, 0.3, 0.4])
     r = analyze_metric_vs_controls(0.5, ctrl)
-    assert r.p_value == pytest.approx(1 / 5) and r.n_controls == 4
-    assert r.control_mean == pytest.approx(0.25)
-    assert r.z == pytest.approx((0.5 - 0.25) / np.std([0.1, 0.2, 0.3, 0.4], ddof=1))
+    assert r.p_value == pytest.approx(1 / 5) and r.control_mean == pytest.approx(0.25)
     assert analyze_metric_vs_controls(0.0, ctrl, "less").p_value == pytest.approx(1 / 5)
+    # with a separate exact null, p comes from it and the controls give the paper's p
+    null = np.linspace(0, 1, 99)
+    r = analyze_metric_vs_controls(0.35, ctrl, null_values=null, n_paper_controls=4)
+    assert r.p_value == pytest.approx(monte_carlo_pvalue(0.35, null))
+    assert r.p_value_paper == pytest.approx(monte_carlo_pvalue(0.35, ctrl))

@@ -38,8 +38,8 @@ def test_resolution_guard():
     assert min_controls_needed(0.05, 12, "fdr_bh") == 239
     assert min_controls_needed(0.05, 1, "holm") == 19
     msg = resolution_warning(20, 0.05, 12, "holm")
-    assert msg.startswith("20 controls give a floor of 1/21 ≈ 0.0476")
-    assert "Holm-corrected family of 12 tests" in msg and "≥ 239 controls" in msg
+    assert msg.startswith("20 controls give a p-value floor of 1/21 ≈ 0.0476")
+    assert "Holm-corrected family of 12 tests" in msg and "use ≥ 239" in msg
     assert resolution_warning(239, 0.05, 12, "holm") is None
     assert resolution_warning(19, 0.05, 1, "holm") is None
 

@@ -7,7 +7,9 @@ nothing of size (tokens × d):
   for every basis B (the proxy and each control), `energy[s, b, B] = Σ_{i∈s, i∈b} ‖Bᵀg_i‖²`;
 * `n_tokens[s]`, `sequence_documents[s]`;
 * gradient and activation moments over the whole test split (count, Σx, ΣxxᵀA);
-* ΔIsoScore* of every basis (from the gradient moments), the oracle fraction per rank;
+* ΔIsoScore* of every projected basis (from the gradient moments), the oracle fraction per rank;
+* the proxy bases themselves (the analysis draws haar / normal controls from the gradient
+  moments, in the proxy's complement where needed: no per-token work for them);
 * per token type: occurrences and the Bessel-corrected RMS distance of its activations to the
   type centroid;
 * optionally, activation sums per (sequence, token type) pair (`pair_sums`), from which the
@@ -20,24 +22,23 @@ atomically (temp file + rename) so an interrupted run never leaves a half unit.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..atomic import atomic_write_bytes
 from ..geometry import SequenceTypeSums
 
 
 #: Version of what a unit artifact holds and means. Bump it when a statistic is added or its
-#: definition changes (2: per-(sequence, type) sums; Bessel-corrected type distances), so a
-#: resume never mixes units computed under different definitions. 3: type centroid distance from
-#: the global mean and norm; MLM type statistics without corrupted-input positions (issue #15).
-ARTIFACT_FORMAT = 3
+#: definition changes (2: per-(sequence, type) sums; Bessel-corrected type distances; 3: proxy
+#: bases kept, haar/normal controls no longer projected per token; 4: type centroid distance
+#: from the global mean and norm, MLM type statistics without corrupted-input positions), so a
+#: resume never mixes units computed under different definitions.
+ARTIFACT_FORMAT = 4
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,8 @@ class UnitArtifact:
     extra: dict[str, Any] = field(default_factory=dict)
     pair_sums: SequenceTypeSums | None = None  # per-(sequence, type) activation sums, if kept
     pair_note: str = ""  # why pair_sums is None
+    #: the proxy bases (d, k) by (method, rank): the analysis draws controls in their complement
+    proxy_bases: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
     # (V,) debiased distance of each type's centroid from the global mean, and its norm
     # (geometry.type_mean_geometry; nan if n < 2); None in units of older anistat versions
     type_mean_distance: np.ndarray | None = None
@@ -111,6 +114,8 @@ class UnitArtifact:
         for prefix, moments in (("gradient", self.gradient_moments), ("activation", self.activation_moments)):
             arrays[f"{prefix}_sum"] = np.asarray(moments["sum"], dtype=np.float64)
             arrays[f"{prefix}_outer"] = np.asarray(moments["outer"], dtype=np.float64)
+        for index, basis in enumerate(self.proxy_bases.values()):
+            arrays[f"proxy_basis_{index}"] = np.asarray(basis, dtype=np.float64)
         if self.pair_sums is not None:
             for name in _PAIR_FIELDS:
                 arrays[f"pair_{name}"] = np.asarray(getattr(self.pair_sums, name))
@@ -121,14 +126,15 @@ class UnitArtifact:
             "activation_count": int(self.activation_moments["count"]),
             "status": self.status, "note": self.note, "seconds": self.seconds, "extra": self.extra,
             "pair_note": self.pair_note,
+            "proxy_bases": [[proxy, int(rank)] for proxy, rank in self.proxy_bases],
             "pair_sequences": None if self.pair_sums is None else self.pair_sums.n_sequences,
         }
         # unit ids contain dots (`residual.3`), so names are built by appending, never with
         # Path.with_suffix (which would map residual.0 and residual.1 to the same file)
         meta_path = directory / f"{self.key.id}.json"
-        _atomic_write(_arrays_path(meta_path), lambda f: np.savez(f, **arrays))
+        atomic_write_bytes(_arrays_path(meta_path), lambda f: np.savez(f, **arrays))
         # the JSON is written last: its presence marks a complete unit
-        _atomic_write(meta_path, lambda f: f.write(json.dumps(meta, indent=1, allow_nan=True).encode()))
+        atomic_write_bytes(meta_path, lambda f: f.write(json.dumps(meta, indent=1, allow_nan=True).encode()))
         return meta_path
 
     @classmethod
@@ -140,6 +146,8 @@ class UnitArtifact:
         for prefix in ("gradient", "activation"):
             moments[prefix] = {"count": meta[f"{prefix}_count"], "sum": arrays.pop(f"{prefix}_sum"),
                                "outer": arrays.pop(f"{prefix}_outer")}
+        proxy_bases = {(proxy, int(rank)): arrays.pop(f"proxy_basis_{index}")
+                       for index, (proxy, rank) in enumerate(meta.get("proxy_bases", []))}
         pair_arrays = {name: arrays.pop(f"pair_{name}") for name in _PAIR_FIELDS if f"pair_{name}" in arrays}
         pair_sums = None
         if len(pair_arrays) == len(_PAIR_FIELDS) and meta.get("pair_sequences") is not None:
@@ -150,6 +158,7 @@ class UnitArtifact:
             gradient_moments=moments["gradient"], activation_moments=moments["activation"],
             status=meta["status"], note=meta["note"], seconds=meta["seconds"], extra=meta.get("extra", {}),
             pair_sums=pair_sums, pair_note=meta.get("pair_note", "" if pair_sums else "not in this cache file"),
+            proxy_bases=proxy_bases,
             **arrays,
         )
 
@@ -161,16 +170,3 @@ def _arrays_path(meta_path: Path) -> Path:
     """`<unit-id>.json` → `<unit-id>.npz`."""
     name = meta_path.name
     return meta_path.with_name((name[:-5] if name.endswith(".json") else name) + ".npz")
-
-
-def _atomic_write(path: Path, write) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            write(stream)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-

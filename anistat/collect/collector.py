@@ -19,7 +19,7 @@ import torch
 
 from ..data import Splits, mask_for_mlm
 from ..geometry import GradientMoments, SequenceTypeSums, delta_isoscore_star, oracle_fraction, type_mean_geometry
-from ..models import count_targets, lm_loss
+from ..objective import count_targets, lm_loss
 from ..seeding import derive_seed
 from .artifact import BasisColumn, UnitArtifact, UnitKey
 from . import distributed
@@ -29,7 +29,11 @@ from .sites import as_sites, probe
 
 @dataclass
 class BasisSet:
-    """A frozen proxy basis and its matched-rank controls for one (site, method, rank)."""
+    """A frozen proxy basis and the controls projected per token, for one (site, method, rank).
+
+    `controls` holds only kinds whose energies need per-token projections (no closed-form
+    expectation, or `stats.energy_ratio_reference: drawn`); haar / normal controls are drawn
+    at analysis time from the unit's gradient moments (see `anistat.geometry.SpectralFrame`)."""
 
     proxy: str
     rank: int
@@ -468,6 +472,7 @@ class SiteAccumulator:
             type_count=_to_numpy(count).astype(np.int64), type_rms_distance=types.rms_spread,
             type_mean_distance=types.mean_distance, type_mean_norm=types.mean_norm,
             pair_sums=self.pair_sums(), pair_note=self.pair_note,
+            proxy_bases={(bs.proxy, bs.rank): _to_numpy(bs.basis) for bs in self.bases},
         )
 
 

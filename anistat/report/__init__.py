@@ -1,17 +1,30 @@
-"""Report stage: results DataFrame + manifest dict → report.html, tables.tex, report.tex,
-figures (PDF + PNG) and, with pdflatex, report.pdf.
+"""Report stage: typed :class:`ReportInputs` → report.html, tables.tex, report.tex, figures
+(PDF + PNG) and, with pdflatex, report.pdf.
 
-This package imports nothing from the rest of anistat; its only inputs are the tidy results
-table (see ARCHITECTURE.md, "Results table"), the manifest dict, optional claims and extras.
-
-Token-frequency buckets are recognised in two forms: an extra column ``freq_bucket`` (or
-``bucket``) holding the bucket label on bucket rows, or metric names such as
-``energy_ratio_bucket_<label>``. Bucket rows are drawn in their own figure and kept out of the
-other figures and tables.
+This package imports nothing from the rest of anistat. Its one input is a frozen
+:class:`ReportInputs` (results and frequency tables, the typed run description, manifest fields,
+run warnings, claims, concept cards), built by ``anistat.bundle.report_inputs``. HTML goes
+through the jinja2 templates in ``anistat/templates/`` (autoescaped), LaTeX tables through
+:func:`~anistat.report.latex_table.booktabs_table`, and every user string through one escaping
+function per target (:mod:`anistat.report.escape`).
 """
 
+from .escape import esc, tex
+from .inputs import (
+    ClaimOutcome,
+    ConceptCard,
+    ModelDescription,
+    ReportInputs,
+    RunDescription,
+    RunRecord,
+    evidence_items,
+)
 from .latex import PdfLatexError
+from .latex_table import booktabs_table
 from .options import ReportOptions
 from .render import render_bundle
 
-__all__ = ["render_bundle", "ReportOptions", "PdfLatexError"]
+__all__ = [
+    "ClaimOutcome", "ConceptCard", "ModelDescription", "PdfLatexError", "ReportInputs", "ReportOptions",
+    "RunDescription", "RunRecord", "booktabs_table", "esc", "evidence_items", "render_bundle", "tex",
+]

@@ -6,8 +6,6 @@ never disagree on a number or a setting.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,12 +14,11 @@ import pandas as pd
 
 from ._data import (
     checkpoint_order,
-    flatten,
     fmt_num,
     fmt_p,
-    get_path,
     metric_label,
     natural_key,
+    normalise_results,
     ordered,
     ordered_by_first,
     phase_last_checkpoints,
@@ -29,7 +26,9 @@ from ._data import (
     sig_mark,
     sig_thresholds,
 )
-from ._text import M, P, Para
+from ._text import M, P, Para, Segment
+from .escape import esc
+from .inputs import ReportInputs, RunDescription, RunRecord
 from .options import ReportOptions
 
 ELLIPSIS_SEP = ", \u2026"
@@ -56,15 +55,34 @@ CONTROL_DESCRIPTIONS: dict[str, tuple[str, str]] = {
 }
 
 
+PROXY_DESCRIPTIONS: dict[str, str] = {
+    "pca": "PCA (the top-k right singular vectors of the centred activations)",
+    "semi_nmf": "semi-NMF (non-negative codes, free dictionary; Ding et al.), QR-orthonormalised",
+    "nmf": "NMF of the ReLU'd activations, QR-orthonormalised",
+    "ica": "ICA, QR-orthonormalised",
+    "random": "a uniformly random subspace (an uninformative proxy, for null checks)",
+}
+MULTIPLICITY_NAMES: dict[str, str] = {
+    "holm": "Holm", "fdr_bh": "Benjamini\u2013Hochberg", "bonferroni": "Bonferroni", "none": "no",
+}
+FAMILY_TEXT: dict[str, str] = {
+    "run": "all tests of the run", "model": "the tests of each model", "claim": "the rows of each claim",
+}
+CONTROL_INDEPENDENT_METRICS = frozenset({"anisotropy_capture", "delta_isoscore_star", "oracle_fraction"})
+"""Metrics whose estimate does not depend on the control kind (only their control mean and
+p-value do): tables show the estimate once."""
+
+
 @dataclass
 class ReportContext:
-    full: pd.DataFrame
-    main: pd.DataFrame
-    manifest: dict[str, Any]
-    claims: list[dict[str, Any]]
-    extras: dict[str, Any]
+    """What both renderers share: the typed inputs, the normalised tables and derived choices."""
+
+    inputs: ReportInputs
     options: ReportOptions
-    protocol: dict[str, Any] = field(init=False)
+    full: pd.DataFrame = field(init=False)
+    main: pd.DataFrame = field(init=False)
+    run: RunDescription = field(init=False)
+    record: RunRecord = field(init=False)
     title: str = field(init=False)
     name: str = field(init=False)
     description: str = field(init=False)
@@ -73,28 +91,30 @@ class ReportContext:
     alpha: float = field(init=False)
     thresholds: tuple[float, ...] = field(init=False)
     p_col: str = field(init=False)
-    ci_level: float | None = field(init=False)
+    ci_level: float = field(init=False)
     ci_text: str = field(init=False)
 
     def __post_init__(self) -> None:
-        proto = self.manifest.get("protocol")
-        self.protocol = dict(proto) if isinstance(proto, Mapping) else {}
-        self.name = str(self.protocol.get("name") or "anistat")
-        self.title = str(self.options.title or self.protocol.get("title") or self.name)
-        self.description = str(self.protocol.get("description") or "")
+        self.run, self.record = self.inputs.run, self.inputs.record
+        results = normalise_results(self.inputs.results)
+        buckets = frequency_bucket_rows(self.inputs.frequency)
+        self.main = results
+        self.full = results if buckets.empty else normalise_results(
+            pd.concat([self.inputs.results.assign(bucket=""), buckets], ignore_index=True))
+        if not buckets.empty:
+            self.main = self.full[self.full["bucket"] == ""]
+        self.name = self.run.name
+        self.title = self.options.title or self.run.title or self.run.name
+        self.description = self.run.description
         self.proxy = primary_choice(self.main["proxy"], self.options.primary_proxy, ("pca",))
         self.control = primary_choice(self.main["control"], self.options.primary_control,
                                       ("normal",))
-        alpha = _num(get_path(self.protocol, "stats.alpha", "alpha"))
-        self.alpha = alpha if alpha is not None and 0 < alpha < 1 else 0.05
+        self.alpha = self.run.alpha
         self.thresholds = sig_thresholds(self.alpha)
-        self.p_col = "p_adjusted" if self.main["p_adjusted"].notna().any() else "p_value"
-        lvl = _num(get_path(self.protocol, "stats.ci_level", "stats.confidence_level",
-                            "ci_level"))
-        if lvl is not None and lvl > 1:
-            lvl = lvl / 100
-        self.ci_level = lvl if lvl is not None and 0 < lvl < 1 else None
-        self.ci_text = f"{self.ci_level * 100:g}\u00a0%" if self.ci_level else "bootstrap"
+        adjusted = self.run.multiplicity != "none" and self.main["p_adjusted"].notna().any()
+        self.p_col = "p_adjusted" if adjusted else "p_value"
+        self.ci_level = self.run.ci_level
+        self.ci_text = f"{self.ci_level * 100:g}\u00a0%"
 
     # ------------------------------------------------------------ helpers
 
@@ -105,29 +125,33 @@ class ReportContext:
         return sig_mark(p, self.thresholds)
 
     def legend_text(self) -> str:
-        which = "Holm/BH-adjusted p" if self.p_col == "p_adjusted" else "unadjusted p"
-        method = get_path(self.protocol, "stats.multiplicity.method", "stats.multiplicity",
-                          "stats.correction")
-        if self.p_col == "p_adjusted" and isinstance(method, str):
-            which = f"{method}-adjusted p"
+        which = "unadjusted p"
+        if self.p_col == "p_adjusted":
+            which = f"{MULTIPLICITY_NAMES.get(self.run.multiplicity, self.run.multiplicity)}-adjusted p"
         parts = [f"{'*' * (i + 1)} {which} < {t:g}" for i, t in enumerate(self.thresholds)]
         return "; ".join(parts)
 
     @property
     def failed(self) -> pd.DataFrame:
-        return self.full[self.full["status"] != "ok"]
+        return self.main[self.main["status"] != "ok"]
+
+    @property
+    def n_result_rows(self) -> int:
+        """Rows of the results table as written (results.csv), frequency rows not included."""
+        return len(self.inputs.results)
 
     def n_units(self) -> int:
-        return int(self.full.groupby(["model", "checkpoint", "layer", "site"]).ngroups) \
-            if len(self.full) else 0
+        return int(self.main.groupby(["model", "checkpoint", "layer", "site"]).ngroups) \
+            if len(self.main) else 0
 
 
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
+def frequency_bucket_rows(frequency: pd.DataFrame) -> pd.DataFrame:
+    """The per-frequency-bucket energy ratios of ``frequency.csv`` (``bucket`` 0..K-1), drawn in
+    the frequency figure and kept out of every other figure and table."""
+    if frequency is None or frequency.empty or not {"bucket", "metric"} <= set(frequency.columns):
+        return pd.DataFrame()
+    rows = frequency[(frequency["metric"] == "energy_ratio") & (frequency["bucket"].astype(str) != "all")]
+    return rows.assign(bucket=rows["bucket"].astype(str))
 
 
 # ---------------------------------------------------------------- summary
@@ -188,8 +212,8 @@ class FrequencyCorrelations:
 
 
 def frequency_correlations(ctx: ReportContext) -> FrequencyCorrelations | None:
-    frequency = ctx.extras.get("frequency")
-    if not isinstance(frequency, pd.DataFrame) or frequency.empty or "metric" not in frequency:
+    frequency = ctx.inputs.frequency
+    if frequency.empty or "metric" not in frequency:
         return None
     d = frequency[frequency["metric"] == "spearman_logfreq_distance"]
     if d.empty or not {"model", "checkpoint", "site", "estimate"} <= set(d.columns):
@@ -280,96 +304,94 @@ def _join(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def methods(ctx: ReportContext) -> list[Para]:
-    """Methods paragraphs generated from the protocol, the manifest and the results."""
-    proto, man, df = ctx.protocol, ctx.manifest, ctx.full
-    paras: list[Para] = []
+    """Methods paragraphs generated from the typed run description (what the protocol asked
+    for) and the written results (what was measured: dimensions, sites, token counts)."""
+    return [_design(ctx), _proxies(ctx), _controls(ctx), _metrics(ctx), _statistics(ctx),
+            *([_software(ctx)] if _software(ctx).segments else [])]
 
-    # Design.
+
+def _design(ctx: ReportContext) -> Para:
+    run, df = ctx.run, ctx.main
     model_bits = []
-    for model in ordered_by_first(df["model"]):
-        dm = df[df["model"] == model]
-        obj = dm["objective"].iloc[0]
-        ck = checkpoint_order(dm)
+    for model in run.models:
+        dm = df[df["model"] == model.name]
         dims = ordered(dm["dim"].dropna().astype(int))
-        bits = [obj.upper() if obj else "", f"d = {'/'.join(dims)}" if dims else "",
-                f"{len(ck)} checkpoint{'s' if len(ck) != 1 else ''}"
-                + (f" ({ck[0]} \u2026 {ck[-1]})" if len(ck) > 1 else f" ({ck[0]})" if ck else "")]
-        early = ordered_by_first(dm.loc[dm["phase"] == "early", "checkpoint"])
-        if early:
+        # the measured checkpoints (results) where there are any, else the protocol's
+        ck = tuple(checkpoint_order(dm)) or model.checkpoints
+        early = tuple(ordered_by_first(dm.loc[dm["phase"] == "early", "checkpoint"])) or model.early_checkpoints
+        bits = [model.kind, model.objective.upper() if model.objective else "",
+                f"d = {'/'.join(dims)}" if dims else ""]
+        if ck:
+            bits.append(_plural(len(ck), "checkpoint")
+                        + (f" ({ck[0]} \u2026 {ck[-1]})" if len(ck) > 1 else f" ({ck[0]})"))
+        if early and len(early) < len(ck):
             bits.append(f"early phase: {', '.join(early)}")
-        model_bits.append(f"{model} (" + "; ".join(b for b in bits if b) + ")")
-    sites = ordered(df["site"]) or ordered(df["layer"])
-    n_seq = df["n_sequences"].dropna()
+        model_bits.append(f"{model.name} (" + "; ".join(b for b in bits if b) + ")")
+    sites = ordered(df["site"])
+    seg: list[Segment] = [
+        f"We analysed {_plural(len(run.models), 'model')}: {_join(model_bits)}. "
+        f"Hidden states were read at {_plural(len(sites), 'site')}"
+        + (f" ({', '.join(sites[:12])}{ELLIPSIS_SEP if len(sites) > 12 else ''})" if sites else "")
+        + ". "]
+    seg.append(f"Text: {run.corpus}, cut into sequences of {run.seq_len} tokens; per model, "
+               f"{run.n_fit_sequences} sequences fit the proxies and {run.n_test_sequences} "
+               f"disjoint test sequences give the gradients")
     n_tok = df["n_tokens"].dropna()
-    seg = [f"We analysed {len(model_bits)} model{'s' if len(model_bits) != 1 else ''}: "
-           f"{_join(model_bits)}. Hidden states were read at {len(sites)} site"
-           f"{'s' if len(sites) != 1 else ''} ({', '.join(sites[:12])}"
-           f"{ELLIPSIS_SEP if len(sites) > 12 else ''}). "]
-    if len(n_seq):
-        seg.append(f"Each unit (model \u00d7 checkpoint \u00d7 site) was evaluated on "
-                   f"{_range_text(n_seq)} test sequences")
-        if len(n_tok):
-            seg.append(f" ({_range_text(n_tok)} tokens)")
-        seg.append(". ")
-    corpus = get_path(proto, "data.corpus", "corpus", "data.name", "data")
-    if isinstance(corpus, (str, int, float)) and corpus != "":
-        seg.append(f"Text: {corpus}. ")
-    seed = get_path(proto, "seed", "seeds")
-    if seed is not None:
-        seg.append(f"Random seed: {seed}. ")
-    paras.append(P(*seg, heading="Design"))
+    if len(n_tok):
+        seg.append(f" ({_range_text(n_tok)} loss-bearing tokens per unit)")
+    seg.append(f". Random seed: {run.seed}.")
+    return P(*seg, heading="Design")
 
-    # Proxies.
-    methods_used = ordered_by_first(df["proxy"][df["proxy"] != ""])
-    ranks = [str(int(r)) for r in sorted(df["rank"].dropna().unique())]
-    fit = get_path(proto, "proxies.fit_window", "proxies.fit_fraction", "proxies.fit",
-                   "fit_window")
-    seg = [f"Tangent proxies U (orthonormal d \u00d7 k bases) of rank k \u2208 "
-           f"{{{', '.join(ranks)}}} were fitted with {_join(methods_used) or 'the protocol method'}"
-           " on activations of the fit split"]
-    if fit is not None and not isinstance(fit, Mapping):
-        seg.append(f" of the early part of training (fit window: {fit})")
-    elif "early" in set(df["phase"]):
-        seg.append(" of the early checkpoints")
-    seg.append(", then frozen. PCA uses the top-k right singular vectors of the centred "
-               "activations; other methods are orthonormalised by QR. Gradients "
-               )
+
+def _proxies(ctx: ReportContext) -> Para:
+    run = ctx.run
+    described = [PROXY_DESCRIPTIONS.get(m, m) for m in run.proxy_methods]
+    seg: list[Segment] = [
+        "Tangent proxies U (orthonormal d \u00d7 k bases) of rank k \u2208 {"
+        + ", ".join(str(r) for r in run.ranks) + f"}} were fitted with {_join(described)} "
+        f"on activations of the fit sequences at the earliest {run.fit_window * 100:g} % of the "
+        f"checkpoints (at most {run.max_fit_tokens} tokens per site), then frozen. Gradients "]
     seg.append(M("<i>g<sub>i</sub></i> = \u2202<i>L</i>/\u2202<i>h<sub>i</sub></i>",
                  r"$g_i = \partial L / \partial h_i$"))
     seg.append(" of the model's own training loss (next-token cross-entropy for CLM, masked-token "
-               "cross-entropy for MLM) were taken at the same sites on the held-out test split.")
-    paras.append(P(*seg, heading="Proxies and gradients"))
+               "cross-entropy for MLM) were taken at the same sites on the test sequences.")
+    return P(*seg, heading="Proxies and gradients")
 
-    # Controls.
-    controls = [c for c in ordered_by_first(df["control"]) if c not in ("", "none")]
-    n_ctrl = df["n_controls"].dropna()
-    n_decl = get_path(proto, "controls.n", "controls.n_controls", "n_controls")
-    n_text = (str(int(n_ctrl.iloc[0])) if len(n_ctrl) and n_ctrl.nunique() == 1
-              else _range_text(n_ctrl) if len(n_ctrl) else str(n_decl) if n_decl else "n")
-    seg = [f"Each proxy was compared with {n_text} random control subspaces of the same rank "
-           f"per control kind: "]
-    for i, c in enumerate(controls):
-        h, l = CONTROL_DESCRIPTIONS.get(c, (None, None))
+
+def _controls(ctx: ReportContext) -> Para:
+    run = ctx.run
+    seg: list[Segment] = [
+        f"Each proxy was compared with n = {run.n_controls} random control subspaces of the "
+        "same rank per control kind: "]
+    for i, c in enumerate(run.control_kinds):
+        h, latex = CONTROL_DESCRIPTIONS.get(c, (None, None))
         if h is None:
-            seg.append(f"{c}")
+            seg.append(c)
         else:
-            seg.extend([f"{c} (", M(_escape_h(h), l), ")"])
-        seg.append("; " if i < len(controls) - 1 else ". ")
-    if not controls:
-        seg.append("none recorded. ")
+            if c == "pca_span" and run.pca_span_dim is not None:
+                h = h.replace("top-m", f"top-{run.pca_span_dim}")
+                latex = latex.replace("top-$m$", f"top-{run.pca_span_dim}")
+            seg.extend([f"{c}: ", M(esc(h), latex)])
+        seg.append("; " if i < len(run.control_kinds) - 1 else ". ")
     seg.append("Control draws are seeded and identical across devices.")
-    paras.append(P(*seg, heading="Controls"))
+    return P(*seg, heading="Controls")
 
-    # Metrics with formulas.
-    metrics = set(df["metric"])
-    seg = []
-    seg += ["The energy fraction of a basis Q is ",
-            M("<i>E</i>(<i>Q</i>) = \u03a3<sub><i>i</i></sub> \u2016<i>Q</i><sup>\u22a4</sup>"
-              "<i>g<sub>i</sub></i>\u2016\u00b2 / \u03a3<sub><i>i</i></sub> \u2016<i>g<sub>i"
-              "</sub></i>\u2016\u00b2",
-              r"$E(Q) = \sum_i \lVert Q^{\top} g_i \rVert^2 / \sum_i \lVert g_i \rVert^2$"),
-            " (for a uniformly random subspace its expectation is k/d). "]
+
+def _metrics(ctx: ReportContext) -> Para:
+    metrics = set(ctx.main["metric"])
+    run = ctx.run
+    seg: list[Segment] = [
+        "The energy fraction of a basis Q is ",
+        M("<i>E</i>(<i>Q</i>) = \u03a3<sub><i>i</i></sub> \u2016<i>Q</i><sup>\u22a4</sup>"
+          "<i>g<sub>i</sub></i>\u2016\u00b2 / \u03a3<sub><i>i</i></sub> \u2016<i>g<sub>i"
+          "</sub></i>\u2016\u00b2",
+          r"$E(Q) = \sum_i \lVert Q^{\top} g_i \rVert^2 / \sum_i \lVert g_i \rVert^2$"),
+        " (for a uniformly random subspace its expectation is k/d). "]
     if "oracle_fraction" in metrics:
         seg += ["The oracle ", M("<i>E</i>*<sub><i>k</i></sub>", r"$E^{*}_{k}$"),
                 " is the sum of the top-k eigenvalues of ",
@@ -386,15 +408,12 @@ def methods(ctx: ReportContext) -> list[Para]:
                   " \u2212 <i>k</i>/<i>d</i>)", r"$(E(U) - k/d) / (E^{*}_{k} - k/d)$"),
                 ", the share of the attainable above-isotropic energy captured by the proxy. "]
     if "delta_isoscore_star" in metrics:
-        c0 = get_path(proto, "isoscore.C0", "isoscore.c0", "stats.isoscore.C0")
-        zeta = get_path(proto, "isoscore.zeta", "stats.isoscore.zeta")
+        c0 = {"scaled_identity": "the identity scaled to the gradients' mean variance",
+              "identity": "the identity"}.get(run.isoscore_c0, run.isoscore_c0)
         seg += ["\u0394IsoScore*(Q) is the IsoScore* (Rudman et al.) of the gradients expressed in "
                 "the (d \u2212 k) coordinates of the complement of Q minus the IsoScore* of all "
-                "gradients"]
-        if c0 is not None or zeta is not None:
-            seg.append(f" (shrinkage target C0 = {c0 if c0 is not None else 'default'}, "
-                       f"\u03b6 = {zeta if zeta is not None else 'default'})")
-        seg.append(". ")
+                f"gradients, with shrinkage target C0 = {run.isoscore_c0} ({c0}) and weight "
+                f"\u03b6 = {run.isoscore_zeta:g}. "]
     if "hedges_g" in metrics:
         seg.append("Hedges' g is the bias-corrected standardised mean difference between the "
                    "per-sequence energy fractions of the proxy and of the controls. ")
@@ -404,78 +423,80 @@ def methods(ctx: ReportContext) -> list[Para]:
     if extra:
         seg.append(f"Further metrics reported: {', '.join(extra[:20])}"
                    f"{ELLIPSIS_SEP if len(extra) > 20 else ''}. ")
-    paras.append(P(*seg, heading="Metrics"))
+    return P(*seg, heading="Metrics")
 
-    # Statistics.
-    st = get_path(proto, "stats") or {}
-    seg = ["The sampling unit is the sequence. The control draw is tested with the one-sided "
-           "Monte-Carlo p-value ",
-           M("<i>p</i> = (1 + #{<i>j</i>: <i>E</i>(<i>Q<sub>j</sub></i>) \u2265 <i>E</i>(<i>U"
-             "</i>)}) / (1 + <i>n</i>)",
-             r"$p = (1 + \#\{j : E(Q_j) \geq E(U)\}) / (1 + n)$")]
-    if len(n_ctrl):
-        nmin = int(n_ctrl.max())
-        seg.append(f" (smallest attainable p with n = {nmin}: 1/{nmin + 1} = "
-                   f"{fmt_num(1 / (nmin + 1), 3)})")
-    seg.append("; the data by a paired sign-flip permutation test over per-sequence differences")
-    n_perm = get_path(st, "n_permutations", "permutations")
-    if n_perm is not None:
-        seg.append(f" ({n_perm} permutations)")
-    n_boot = get_path(st, "n_bootstrap", "n_resamples", "bootstrap")
-    seg.append(". Confidence intervals")
-    if ctx.ci_level:
-        seg.append(f" ({ctx.ci_level * 100:g} %)")
-    seg.append(" come from a cluster bootstrap over sequences")
-    if n_boot is not None and not isinstance(n_boot, Mapping):
-        seg.append(f" with {n_boot} resamples")
-    used = df.loc[df["ci_method"] != "", "ci_method"].value_counts()
+
+#: What each value of the results' ``p_test`` column means (the test behind ``p_value``).
+P_TEST_TEXT: dict[str, str] = {}
+
+
+def _distinct(df: pd.DataFrame, column: str) -> list[str]:
+    if column not in df.columns:
+        return []
+    return [v for v in ordered_by_first(df[column]) if v not in ("", "nan", "none")]
+
+
+def _statistics(ctx: ReportContext) -> Para:
+    """The statistics paragraph. Facts come from the run description and from the results'
+    columns where they exist (``p_test``: the test behind ``p_value``; ``p_value_paper``: the
+    paper's normal-control Monte-Carlo p; ``n_clusters``: resampled documents)."""
+    run, df = ctx.run, ctx.main
+    seg: list[Segment] = []
+    clusters = df["n_clusters"].dropna() if "n_clusters" in df.columns else pd.Series(dtype=float)
+    if len(clusters):
+        seg.append(f"The sampling unit is the document ({_range_text(clusters)} per unit); "
+                   "sequences cut from one document are resampled together. ")
+    else:
+        seg.append("The sampling unit is the sequence. ")
+    tests = _distinct(df, "p_test")
+    if tests:
+        seg.append("p_value comes from " + _join([P_TEST_TEXT.get(t, t) for t in tests]) + ". ")
+    else:
+        seg += ["The control draw is tested with the one-sided Monte-Carlo p-value ",
+                M("<i>p</i> = (1 + #{<i>j</i>: <i>E</i>(<i>Q<sub>j</sub></i>) \u2265 <i>E</i>(<i>U"
+                  "</i>)}) / (1 + <i>n</i>)",
+                  r"$p = (1 + \#\{j : E(Q_j) \geq E(U)\}) / (1 + n)$"),
+                f" (smallest attainable p with n = {run.n_controls}: 1/{run.n_controls + 1} = "
+                f"{fmt_num(1 / (run.n_controls + 1), 3)}). "]
+    if "p_value_paper" in df.columns and df["p_value_paper"].notna().any():
+        seg.append("p_value_paper holds the paper's convention, the Monte-Carlo p against normal "
+                   "controls drawn in the proxy's complement, which is not exact. ")
+    seg.append(f"The data are tested by a paired sign-flip permutation test "
+               f"({run.n_permutations} permutations, alternative: {run.alternative}). ")
+    seg.append(f"Confidence intervals ({run.ci_level * 100:g} %, {run.ci_method}) come from a "
+               f"bootstrap with {run.n_bootstrap} resamples")
+    used = df.loc[~df["ci_method"].isin(["", "none"]), "ci_method"].value_counts()
     if len(used):
-        seg.append("; interval methods used: " + ", ".join(
+        seg.append("; interval methods in the results: " + ", ".join(
             f"{m} ({n} rows)" for m, n in sorted(used.items(), key=lambda kv: (-kv[1], kv[0]))))
-        if "percentile" in used.index and any(m.lower() == "bca" for m in used.index):
-            seg.append(" (BCa where valid, percentile fallback with the reason in the note)")
     seg.append(". ")
-    mult = get_path(st, "multiplicity")
-    mmethod = get_path(st, "multiplicity.method", "correction", "multiplicity_method")
-    if isinstance(mult, str):
-        mmethod = mult
-    family = get_path(st, "multiplicity.family", "family")
-    if mmethod or family:
-        seg.append(f"Multiplicity: {mmethod or 'adjusted'} correction")
-        if family:
-            fam = family if isinstance(family, str) else ", ".join(map(str, family)) \
-                if isinstance(family, (list, tuple)) else str(family)
-            seg.append(f" over the family {fam}")
-        seg.append(". ")
-    elif ctx.p_col == "p_adjusted":
-        seg.append("p-values were adjusted for multiplicity as declared by the protocol. ")
-    seg.append(f"Significance level \u03b1 = {ctx.alpha:g}; marks: {ctx.legend_text()}.")
-    paras.append(P(*seg, heading="Statistics"))
-
-    # Software.
-    versions = man.get("versions")
-    seg = []
-    if isinstance(versions, Mapping) and versions:
-        seg.append("Software: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ". ")
-    for key, label in (("device", "Device"), ("dtype", "dtype")):
-        if man.get(key) not in (None, ""):
-            seg.append(f"{label}: {man[key]}. ")
-    if man.get("protocol_sha256"):
-        seg.append(f"Protocol sha256: {man['protocol_sha256']}. ")
-    if man.get("started_at") or man.get("finished_at"):
-        seg.append(f"Run: {man.get('started_at', '?')} \u2192 {man.get('finished_at', '?')}. ")
-    t = unit_timing(man.get("units"))
-    if t:
-        seg.append(t)
-    if seg:
-        paras.append(P(*seg, heading="Software and run"))
-    return paras
+    if run.multiplicity == "none":
+        seg.append("p-values are not adjusted for multiplicity. ")
+    else:
+        seg.append(f"Multiplicity: {MULTIPLICITY_NAMES.get(run.multiplicity, run.multiplicity)} "
+                   f"correction over {FAMILY_TEXT.get(run.family, run.family)}. ")
+    seg.append(f"Significance level \u03b1 = {run.alpha:g}; marks: {ctx.legend_text()}.")
+    return P(*seg, heading="Statistics")
 
 
-def _escape_h(text: str) -> str:
-    from ._text import esc
-
-    return esc(text)
+def _software(ctx: ReportContext) -> Para:
+    rec = ctx.record
+    seg: list[Segment] = []
+    if rec.versions:
+        seg.append("Software: " + ", ".join(f"{k} {v}" for k, v in rec.versions) + ". ")
+    if rec.device:
+        seg.append(f"Device: {rec.device}. ")
+    if rec.dtype:
+        seg.append(f"dtype: {rec.dtype}. ")
+    if rec.protocol_sha256:
+        seg.append(f"Protocol sha256: {rec.protocol_sha256}. ")
+    if rec.started_at or rec.finished_at:
+        seg.append(f"Run: {rec.started_at or '?'} \u2192 {rec.finished_at or '?'}. ")
+    if rec.unit_seconds:
+        secs = rec.unit_seconds
+        seg.append(f"Per-unit timings: {len(secs)} units, total {fmt_num(sum(secs), 3)} s "
+                   f"(median {fmt_num(float(np.median(secs)), 3)} s). ")
+    return P(*seg, heading="Software and run")
 
 
 def _range_text(s: pd.Series) -> str:
@@ -487,51 +508,9 @@ def _range_text(s: pd.Series) -> str:
     return f(lo) if lo == hi else f"{f(lo)}\u2013{f(hi)}"
 
 
-def unit_timing(units: Any) -> str:
-    """'Per-unit timings: n units, total s (median s).' from a list or dict of timings."""
-    secs: list[float] = []
-    if isinstance(units, Mapping):
-        items = list(units.values())
-    elif isinstance(units, (list, tuple)):
-        items = list(units)
-    else:
-        return ""
-    for it in items:
-        v = it
-        if isinstance(it, Mapping):
-            v = next((it[k] for k in ("seconds", "wall_s", "elapsed_s", "duration_s", "time_s",
-                                      "elapsed", "duration") if k in it), None)
-        f = _num(v)
-        if f is not None:
-            secs.append(f)
-    if not secs:
-        return f"Units: {len(items)}. " if items else ""
-    return (f"Per-unit timings: {len(secs)} units, total {fmt_num(sum(secs), 3)} s "
-            f"(median {fmt_num(float(np.median(secs)), 3)} s). ")
-
-
-def settings_rows(ctx: ReportContext) -> list[tuple[str, str, str]]:
-    """(section, key, value) for every protocol setting and every other manifest field."""
-    rows: list[tuple[str, str, str]] = []
-    for k, v in flatten(ctx.protocol):
-        rows.append(("protocol", k, v))
-    for key, val in ctx.manifest.items():
-        if key == "protocol":
-            continue
-        if key == "units" and isinstance(val, (list, tuple, Mapping)):
-            rows.append(("manifest", "units", unit_timing(val).strip() or f"{len(val)} entries"))
-            continue
-        for k, v in flatten(val, key):
-            rows.append(("manifest", k, v))
-    return rows
-
-
-def claim_evidence_items(evidence: Any) -> list[tuple[str, str]] | str:
-    if evidence is None:
-        return ""
-    if isinstance(evidence, Mapping):
-        return flatten(evidence)
-    return str(evidence)
+def settings_rows(ctx: ReportContext) -> tuple[tuple[str, str, str], ...]:
+    """(source, key, value) for every setting that applies to this run and each manifest field."""
+    return ctx.run.settings
 
 
 def failed_units(ctx: ReportContext) -> list[tuple[str, str, str, str, str, int]]:
@@ -547,10 +526,10 @@ def failed_units(ctx: ReportContext) -> list[tuple[str, str, str, str, str, int]
 
 
 def metric_names(ctx: ReportContext) -> list[str]:
-    return ordered_by_first(ctx.full["metric"])
+    return ordered_by_first(ctx.main["metric"])
 
 
 __all__ = [
     "QUESTION", "ReportContext", "headline", "summary_sentences", "methods", "settings_rows",
-    "claim_evidence_items", "failed_units", "metric_label", "metric_names",
+    "failed_units", "metric_label", "metric_names", "CONTROL_INDEPENDENT_METRICS",
 ]

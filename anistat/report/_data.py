@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -231,22 +231,6 @@ def sig_thresholds(alpha: float) -> tuple[float, ...]:
     return tuple(base)
 
 
-def get_path(d: Any, *paths: str, default: Any = None) -> Any:
-    """First present value among dotted paths in nested mappings."""
-    for path in paths:
-        cur = d
-        ok = True
-        for part in path.split("."):
-            if isinstance(cur, Mapping) and part in cur:
-                cur = cur[part]
-            else:
-                ok = False
-                break
-        if ok and cur is not None:
-            return cur
-    return default
-
-
 def bucket_rows(df: pd.DataFrame) -> pd.DataFrame:
     """Rows describing token-frequency buckets, with columns ``_base`` and ``_bucket``.
 
@@ -276,36 +260,3 @@ def bucket_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def is_bucket_metric(metric: str) -> bool:
     return bool(BUCKET_METRIC_RE.match(metric))
-
-
-def flatten(obj: Any, prefix: str = "", max_items: int = 24) -> list[tuple[str, str]]:
-    """Flatten nested dicts/lists into (dotted key, short value string) pairs."""
-    out: list[tuple[str, str]] = []
-    if isinstance(obj, Mapping):
-        if not obj and prefix:
-            out.append((prefix, "{}"))
-        for k, v in obj.items():
-            out.extend(flatten(v, f"{prefix}.{k}" if prefix else str(k), max_items))
-    elif isinstance(obj, (list, tuple)):
-        if all(not isinstance(v, (Mapping, list, tuple)) for v in obj):
-            vals = [_as_value(v) for v in obj[:max_items]]
-            more = f", \u2026 ({len(obj) - max_items} more)" if len(obj) > max_items else ""
-            out.append((prefix, "[" + ", ".join(vals) + more + "]"))
-        else:
-            for i, v in enumerate(obj[:max_items]):
-                out.extend(flatten(v, f"{prefix}[{i}]", max_items))
-            if len(obj) > max_items:
-                out.append((f"{prefix}[\u2026]", f"{len(obj) - max_items} more entries"))
-    else:
-        out.append((prefix, _as_value(obj)))
-    return out
-
-
-def _as_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, float):
-        return repr(v) if not v.is_integer() or abs(v) >= 1e15 else str(int(v)) if v != 0 else "0"
-    return str(v)

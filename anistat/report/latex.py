@@ -15,9 +15,9 @@ from typing import Any
 import pandas as pd
 
 from ._content import (
+    CONTROL_INDEPENDENT_METRICS,
     QUESTION,
     ReportContext,
-    claim_evidence_items,
     failed_units,
     frequency_correlations,
     headline,
@@ -32,8 +32,9 @@ from ._data import (
     ordered_by_first,
     phase_last_checkpoints,
 )
-from ._text import tex, tex_num
+from .escape import tex, tex_num
 from .figures import SavedFigure
+from .latex_table import ADDSPACE, MIDRULE, booktabs_table
 
 PACKAGES_NOTE = (r"% Requires: \usepackage{booktabs,siunitx,multirow,adjustbox}" "\n")
 
@@ -80,6 +81,15 @@ class _Cell:
         self.est, self.lo, self.hi, self.mark, self.failed = est, lo, hi, mark, failed
 
 
+def _control_independent(d: pd.DataFrame) -> bool:
+    """True when every location's estimate is the same under every control kind (so a table
+    shows it once); checked on the data, not assumed from the metric's name alone."""
+    keyed = d[d["_ok"]].groupby(["model", "checkpoint", "_loc", "rank", "proxy"])["estimate"]
+    spread = keyed.max() - keyed.min()
+    scale = keyed.apply(lambda s: s.abs().max()).clip(lower=1e-300)
+    return bool(len(spread)) and bool(((spread / scale) <= 1e-9).all())
+
+
 def _metric_table(ctx: ReportContext, metric: str) -> str | None:
     d = ctx.main[(ctx.main["metric"] == metric)]
     if (d["proxy"] == ctx.proxy).any():
@@ -88,27 +98,20 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
         return None
     if ctx.options.table_checkpoints == "phase_last":
         d = phase_last_checkpoints(d)
-    transposed = ctx.options.transpose_tables
     controls = [c for c in ordered_by_first(d["control"])]
+    once = (metric in CONTROL_INDEPENDENT_METRICS and len(controls) > 1 and _control_independent(d))
+    if once:
+        # one estimate (with its CI) per location, then each control kind's mean with the mark
+        # of the proxy-vs-control test
+        return _once_table(ctx, metric, d, controls)
+    transposed = ctx.options.transpose_tables
     ranks = sorted(d["rank"].dropna().unique())
     has_control = any(c != "none" for c in controls)
     group = ctx.options.group_by if ctx.options.group_by in d.columns else "model"
 
     # Row keys and column keys.
     col_keys: list[Any] = ranks if transposed else controls
-    models = ordered_by_first(d[group])
-    row_keys: list[tuple[str, str, str, Any]] = []  # (group value, checkpoint, loc, rank|control)
-    for g in models:
-        dg = d[d[group] == g]
-        for ck in checkpoint_order(dg):
-            dc = dg[dg["checkpoint"] == ck]
-            for loc in sorted(dc["_loc"].unique(), key=natural_key):
-                inner = controls if transposed else ranks
-                for x in inner:
-                    sel = dc[(dc["_loc"] == loc)
-                             & ((dc["control"] == x) if transposed else (dc["rank"] == x))]
-                    if len(sel):
-                        row_keys.append((g, ck, loc, x))
+    row_keys = _row_keys(d, group, controls if transposed else ranks, "control" if transposed else "rank")
     if not row_keys:
         return None
 
@@ -129,84 +132,28 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
     has_ci = any(c.lo or c.hi for c in cells.values())
     has_mark = any(c.mark for c in cells.values())
 
-    # Column spec.
-    fmts = []
-    for ci in range(len(col_keys)):
-        fmts.append(_table_format([cells[k].est for k in cells if k[1] == ci]))
-    spec = ["l", "l", "l", "r" if not transposed else "l"]
-    per = []
-    for f in fmts:
-        cols = [f"S[table-format={f}]" if f else "c"]
-        if has_mark:
-            cols.append(r"@{}l")
-        if has_ci:
-            cols.append("c")
-        per.append(len(cols))
-        spec.extend(cols)
-    width = per[0] if per else 1
-
-    lab4 = r"Control" if transposed else r"$k$"
-    head_top = [tex(group.capitalize()), "Checkpoint", "Layer", lab4]
-    top_cells, mid_rules, sub_cells = [], [], []
-    col = 5
+    fmts = [_table_format([cells[k].est for k in cells if k[1] == ci]) for ci in range(len(col_keys))]
+    spec, width = _colspec(fmts, has_mark, has_ci, "l" if transposed else "r")
+    head_top = [tex(group.capitalize()), "Checkpoint", "Layer", r"Control" if transposed else r"$k$"]
+    names = []
     for y in col_keys:
         if transposed:
-            name = f"$k = {int(y)}$" if float(y).is_integer() else f"$k = {tex(y)}$"
+            names.append(f"$k = {int(y)}$" if float(y).is_integer() else f"$k = {tex(y)}$")
         else:
-            name = "" if y == "none" else tex(y) + (" controls" if len(col_keys) < 3 else "")
-        top_cells.append(r"\multicolumn{%d}{c}{%s}" % (width, name))
-        mid_rules.append(r"\cmidrule(lr){%d-%d}" % (col, col + width - 1))
-        col += width
-        sub_cells.append("{Est.}")
-        if has_mark:
-            sub_cells.append("")
-        if has_ci:
-            sub_cells.append(f"{tex(ctx.ci_text)} CI" if ctx.ci_level else "CI")
-    lines = [r"\toprule"]
+            names.append("" if y == "none" else tex(y) + (" controls" if len(col_keys) < 3 else ""))
+    sub_cells = _sub_heads(ctx, len(col_keys), has_mark, has_ci)
     if has_control or transposed:
-        lines.append(" & ".join(head_top[:4] + top_cells) + r" \\")
-        lines.append("".join(mid_rules))
-        lines.append(" & ".join(["", "", "", ""] + sub_cells) + r" \\")
+        head = _grouped_head(head_top, names, width, sub_cells)
     else:
-        lines.append(" & ".join(head_top[:4] + sub_cells) + r" \\")
-    lines.append(r"\midrule")
+        head = [head_top + sub_cells]
 
-    group_counts: dict[str, int] = {}
-    for rk in row_keys:
-        group_counts[rk[0]] = group_counts.get(rk[0], 0) + 1
-    prev_g, prev_ck = None, None
-    for ri, (g, ck, loc, x) in enumerate(row_keys):
-        if prev_g is not None and g != prev_g:
-            lines.append(r"\midrule")
-        elif prev_ck is not None and ck != prev_ck:
-            lines.append(r"\addlinespace[2pt]")
-        first_g = g != prev_g
-        gcell = (r"\multirow{%d}{*}{%s}" % (group_counts[g], tex(g))) if first_g else ""
-        sub = d[(d[group] == g) & (d["checkpoint"] == ck)]
-        ph = sub["phase"].iloc[0] if len(sub) else ""
-        ck_txt = f"{tex(ck)} ({tex(ph)})" if ph else tex(ck)
-        ckcell = ck_txt if (first_g or ck != prev_ck) else ""
-        if transposed:
-            xcell = tex(x)
-        else:
-            xcell = str(int(x)) if float(x).is_integer() else tex(x)
-        row = [gcell, ckcell, tex(loc), xcell]
+    def row_cells(ri: int) -> list[str]:
+        out: list[str] = []
         for ci in range(len(col_keys)):
-            c = cells.get((ri, ci))
-            if c is None:
-                row.extend(["{--}"] + ([""] if has_mark else []) + (["--"] if has_ci else []))
-            elif c.failed:
-                row.append(r"\multicolumn{%d}{c}{\textit{failed}}" % width)
-            else:
-                row.append(c.est if fmts[ci] else tex_num(c.est))
-                if has_mark:
-                    row.append(r"\textsuperscript{%s}" % c.mark if c.mark else "")
-                if has_ci:
-                    row.append(f"[{tex_num(c.lo)}, {tex_num(c.hi)}]" if c.lo or c.hi else "--")
-        lines.append(" & ".join(row) + r" \\")
-        prev_g, prev_ck = g, ck
-    lines.append(r"\bottomrule")
+            out += _value_cells(cells.get((ri, ci)), fmts[ci], has_mark, has_ci, width)
+        return out
 
+    body = _body(ctx, d, group, row_keys, transposed, row_cells)
     what = ("per checkpoint" if ctx.options.table_checkpoints == "all"
             else "at the last checkpoint of each training phase")
     mt = metric_tex(metric)
@@ -215,24 +162,171 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
         cap.append(", against each control kind")
     cap.append(". ")
     if has_ci:
-        cap.append(f"Brackets: {tex(ctx.ci_text)} bootstrap confidence intervals over sequences. ")
+        cap.append(f"Brackets: {tex(ctx.ci_text)} bootstrap confidence intervals. ")
     if has_mark:
         cap.append(tex(ctx.legend_text()) + ". ")
     cap.append(f"Protocol: {tex(ctx.name)}.")
-    label = f"tab:{slug(ctx.name)}-{slug(metric)}"
-    return "\n".join([
-        r"\begin{table}[htbp]",
-        r"\centering\small",
-        r"\setlength{\tabcolsep}{4pt}",
-        r"\caption{" + "".join(cap) + "}",
-        r"\label{" + label + "}",
-        r"\begin{adjustbox}{max width=\linewidth}",
-        r"\begin{tabular}{" + "".join(spec) + "}",
-        *lines,
-        r"\end{tabular}",
-        r"\end{adjustbox}",
-        r"\end{table}",
-    ])
+    return booktabs_table("".join(spec), head, body, caption="".join(cap),
+                          label=f"tab:{slug(ctx.name)}-{slug(metric)}",
+                          preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"))
+
+
+def _row_keys(d: pd.DataFrame, group: str, inner: list[Any], inner_col: str) -> list[tuple[str, str, str, Any]]:
+    """(group value, checkpoint, location, rank | control) of every table row, in order."""
+    keys = []
+    for g in ordered_by_first(d[group]):
+        dg = d[d[group] == g]
+        for ck in checkpoint_order(dg):
+            dc = dg[dg["checkpoint"] == ck]
+            for loc in sorted(dc["_loc"].unique(), key=natural_key):
+                for x in inner:
+                    if ((dc["_loc"] == loc) & (dc[inner_col] == x)).any():
+                        keys.append((g, ck, loc, x))
+    return keys
+
+
+def _colspec(fmts: list[str | None], has_mark: bool, has_ci: bool, fourth: str) -> tuple[list[str], int]:
+    spec = ["l", "l", "l", fourth]
+    width = 1 + has_mark + has_ci
+    for f in fmts:
+        spec.append(f"S[table-format={f}]" if f else "c")
+        if has_mark:
+            spec.append(r"@{}l")
+        if has_ci:
+            spec.append("c")
+    return spec, width
+
+
+def _sub_heads(ctx: ReportContext, n: int, has_mark: bool, has_ci: bool, first: str = "{Est.}") -> list[str]:
+    out: list[str] = []
+    for _ in range(n):
+        out.append(first)
+        if has_mark:
+            out.append("")
+        if has_ci:
+            out.append(f"{tex(ctx.ci_text)} CI")
+    return out
+
+
+def _grouped_head(head_top: list[str], names: list[str], width: int, sub_cells: list[str]) -> list[Any]:
+    top, rules, col = [], [], len(head_top) + 1
+    for name in names:
+        top.append(r"\multicolumn{%d}{c}{%s}" % (width, name))
+        rules.append(r"\cmidrule(lr){%d-%d}" % (col, col + width - 1))
+        col += width
+    return [head_top + top, "".join(rules), [""] * len(head_top) + sub_cells]
+
+
+def _value_cells(c: "_Cell | None", fmt: str | None, has_mark: bool, has_ci: bool, width: int) -> list[str]:
+    if c is None:
+        return ["{--}"] + ([""] if has_mark else []) + (["--"] if has_ci else [])
+    if c.failed:
+        return [r"\multicolumn{%d}{c}{\textit{failed}}" % width]
+    out = [c.est if fmt else tex_num(c.est)]
+    if has_mark:
+        out.append(r"\textsuperscript{%s}" % c.mark if c.mark else "")
+    if has_ci:
+        out.append(f"[{tex_num(c.lo)}, {tex_num(c.hi)}]" if c.lo or c.hi else "--")
+    return out
+
+
+def _body(ctx: ReportContext, d: pd.DataFrame, group: str, row_keys: list[tuple[str, str, str, Any]],
+          transposed: bool, row_cells) -> list[Any]:
+    counts: dict[str, int] = {}
+    for rk in row_keys:
+        counts[rk[0]] = counts.get(rk[0], 0) + 1
+    body: list[Any] = []
+    prev_g, prev_ck = None, None
+    for ri, (g, ck, loc, x) in enumerate(row_keys):
+        if prev_g is not None and g != prev_g:
+            body.append(MIDRULE)
+        elif prev_ck is not None and ck != prev_ck:
+            body.append(ADDSPACE)
+        first_g = g != prev_g
+        gcell = (r"\multirow{%d}{*}{%s}" % (counts[g], tex(g))) if first_g else ""
+        sub = d[(d[group] == g) & (d["checkpoint"] == ck)]
+        ph = sub["phase"].iloc[0] if len(sub) else ""
+        ck_txt = f"{tex(ck)} ({tex(ph)})" if ph else tex(ck)
+        ckcell = ck_txt if (first_g or ck != prev_ck) else ""
+        xcell = tex(x) if transposed else (str(int(x)) if float(x).is_integer() else tex(x))
+        body.append([gcell, ckcell, tex(loc), xcell] + row_cells(ri))
+        prev_g, prev_ck = g, ck
+    return body
+
+
+def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list[str]) -> str | None:
+    """A control-independent metric: its estimate and CI once per row, then per control kind the
+    control mean (the metric of the control subspaces) with the mark of the proxy's test."""
+    group = ctx.options.group_by if ctx.options.group_by in d.columns else "model"
+    ranks = sorted(d["rank"].dropna().unique())
+    row_keys = _row_keys(d, group, ranks, "rank")
+    if not row_keys:
+        return None
+    value: dict[int, _Cell] = {}
+    means: dict[tuple[int, int], _Cell] = {}
+    for ri, (g, ck, loc, k) in enumerate(row_keys):
+        sub = d[(d[group] == g) & (d["checkpoint"] == ck) & (d["_loc"] == loc) & (d["rank"] == k)]
+        first = sub.iloc[0]
+        if first["status"] != "ok" or pd.isna(first["estimate"]):
+            value[ri] = _Cell(failed=True)
+            continue
+        value[ri] = _Cell(ctx.fmt(first["estimate"]), ctx.fmt(first["ci_low"]), ctx.fmt(first["ci_high"]))
+        for ci, control in enumerate(controls):
+            s = sub[sub["control"] == control]
+            if len(s):
+                r = s.iloc[0]
+                means[(ri, ci)] = _Cell(ctx.fmt(r["control_mean"]), mark=ctx.mark(r[ctx.p_col]))
+    has_ci = any(c.lo or c.hi for c in value.values())
+    has_mark = any(c.mark for c in means.values())
+    has_means = any(c.est for c in means.values())
+    fmt_value = _table_format([c.est for c in value.values()])
+    fmt_means = [_table_format([means[k].est for k in means if k[1] == ci]) for ci in range(len(controls))]
+    spec, width = _colspec([fmt_value], False, has_ci, "r")
+    if has_means:
+        for f in fmt_means:
+            spec.append(f"S[table-format={f}]" if f else "c")
+            if has_mark:
+                spec.append(r"@{}l")
+    head_top = [tex(group.capitalize()), "Checkpoint", "Layer", "$k$"]
+    names = ["Proxy"] + ([tex(c) + " controls (mean)" for c in controls] if has_means else [])
+    top, rules, col = [], [], len(head_top) + 1
+    for i, name in enumerate(names):
+        w = width if i == 0 else 1 + has_mark
+        top.append(r"\multicolumn{%d}{c}{%s}" % (w, name))
+        rules.append(r"\cmidrule(lr){%d-%d}" % (col, col + w - 1))
+        col += w
+    sub_heads = _sub_heads(ctx, 1, False, has_ci)
+    if has_means:
+        sub_heads += _sub_heads(ctx, len(controls), has_mark, False, first="{Mean}")
+    head = [head_top + top, "".join(rules), [""] * len(head_top) + sub_heads]
+
+    def row_cells(ri: int) -> list[str]:
+        out = _value_cells(value.get(ri), fmt_value, False, has_ci, width)
+        if has_means and not (value.get(ri) and value[ri].failed):
+            for ci in range(len(controls)):
+                out += _value_cells(means.get((ri, ci)), fmt_means[ci], has_mark, False, 1 + has_mark)
+        elif has_means:
+            out += [""] * (len(controls) * (1 + has_mark))
+        return out
+
+    body = _body(ctx, d, group, row_keys, False, row_cells)
+    what = ("per checkpoint" if ctx.options.table_checkpoints == "all"
+            else "at the last checkpoint of each training phase")
+    mt = metric_tex(metric)
+    cap = [mt[:1].upper() + mt[1:] if mt[:1].isalpha() else mt,
+           f" of the {tex(ctx.proxy)} proxy {what}. It does not depend on the control kind, so it is "
+           "shown once"]
+    if has_means:
+        cap.append("; the next columns give the mean over the draws of each control kind")
+    cap.append(". ")
+    if has_ci:
+        cap.append(f"Brackets: {tex(ctx.ci_text)} bootstrap confidence intervals. ")
+    if has_mark:
+        cap.append("Marks: the proxy against that control kind; " + tex(ctx.legend_text()) + ". ")
+    cap.append(f"Protocol: {tex(ctx.name)}.")
+    return booktabs_table("".join(spec), head, body, caption="".join(cap),
+                          label=f"tab:{slug(ctx.name)}-{slug(metric)}",
+                          preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"))
 
 
 def render_tables(ctx: ReportContext) -> tuple[str, list[str]]:
@@ -267,8 +361,7 @@ def _headline_tex(ctx: ReportContext) -> str:
     if h is None:
         return ""
     ncols = len(h.columns)
-    head = " & ".join([r"Model", "Layer"] + [
-        f"{tex(ph or 'all')}, $k={int(r)}$" for ph, _c, r in h.columns])
+    head = [r"Model", "Layer"] + [f"{tex(ph or 'all')}, $k={int(r)}$" for ph, _c, r in h.columns]
     rows = []
     for model, loc, cells in h.rows:
         parts = [tex(model), tex(loc)]
@@ -281,31 +374,25 @@ def _headline_tex(ctx: ReportContext) -> str:
                 est, ci, _p, mark = c
                 parts.append(tex_num(est) + (r"\textsuperscript{%s}" % mark if mark else "")
                              + (r" {\footnotesize " + _ci_tex(ci) + "}" if ci else ""))
-        rows.append(" & ".join(parts) + r" \\")
-    return "\n".join([
-        r"\begin{table}[htbp]\centering\small",
-        r"\caption{Headline energy ratios $R$ of the " + tex(ctx.proxy) + " proxy against "
-        + tex(ctx.control) + " controls at the last checkpoint of each phase, with "
-        + tex(ctx.ci_text) + " CIs. " + tex(ctx.legend_text()) + ".}",
-        r"\begin{adjustbox}{max width=\linewidth}",
-        r"\begin{tabular}{ll" + "r" * ncols + "}",
-        r"\toprule", head + r" \\", r"\midrule", *rows, r"\bottomrule",
-        r"\end{tabular}", r"\end{adjustbox}", r"\end{table}",
-    ])
+        rows.append(parts)
+    caption = (r"Headline energy ratios $R$ of the " + tex(ctx.proxy) + " proxy against "
+               + tex(ctx.control) + " controls at the last checkpoint of each phase, with "
+               + tex(ctx.ci_text) + " CIs. " + tex(ctx.legend_text()) + ".")
+    return booktabs_table("ll" + "r" * ncols, [head], rows, caption=caption)
 
 
 def _frequency_tex(ctx: ReportContext) -> str:
     table = frequency_correlations(ctx)
     if table is None:
         return ""
-    head = " & ".join(["Model", "Checkpoint"] + [tex(site) for site in table.sites])
+    head = ["Model", "Checkpoint"] + [tex(site) for site in table.sites]
     rows = []
     for model, checkpoint, cells in table.rows:
         parts = [tex(model), tex(checkpoint)]
         for cell in cells:
             parts.append("" if cell is None else tex_num(cell[0])
                          + (r" {\footnotesize " + _ci_tex(cell[1]) + "}" if cell[1] else ""))
-        rows.append(" & ".join(parts) + r" \\")
+        rows.append(parts)
     caption = (r"Spearman $\rho$ between a token type's log corpus frequency and the RMS distance of its "
                r"activations to the type's centroid, $\sqrt{\sum_i \lVert a_i - c\rVert^2/(n-1)}$, over the types "
                r"seen at least twice in the test split (negative: frequent tokens sit closer to their centroid). "
@@ -315,15 +402,8 @@ def _frequency_tex(ctx: ReportContext) -> str:
                r"bootstrap's bias, and can exclude the estimate where that bias is large. Pearson $r$ is in "
                r"\texttt{frequency.csv}."
                + "".join(" " + tex(note) + "." for note in table.notes))
-    return "\n".join([
-        r"\begin{table}[htbp]\centering\small",
-        r"\caption{" + caption + "}",
-        r"\label{tab:frequency-distance}",
-        r"\begin{adjustbox}{max width=\linewidth}",
-        r"\begin{tabular}{ll" + "r" * len(table.sites) + "}",
-        r"\toprule", head + r" \\", r"\midrule", *rows, r"\bottomrule",
-        r"\end{tabular}", r"\end{adjustbox}", r"\end{table}",
-    ])
+    return booktabs_table("ll" + "r" * len(table.sites), [head], rows, caption=caption,
+                          label="tab:frequency-distance")
 
 
 def _ci_tex(ci: str) -> str:
@@ -363,38 +443,37 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
         r"\setlength{\parindent}{0pt}",
         r"\title{" + tex(ctx.title) + "}",
         r"\author{Generated by anistat from protocol \texttt{" + tex(ctx.name) + "}}",
-        r"\date{" + tex(str(ctx.manifest.get("finished_at") or "")) + "}",
+        r"\date{" + tex(ctx.record.finished_at) + "}",
         r"\begin{document}",
         r"\maketitle",
         r"\section{Summary}",
-        r"\textbf{Question.} " + tex(QUESTION),
     ]
+    if ctx.inputs.warnings:
+        # run warnings first and framed: they can change how every number below is read
+        L += ["", r"\begin{center}\fbox{\begin{minipage}{0.95\linewidth}",
+              r"\textbf{Run warnings (%d).}" % len(ctx.inputs.warnings), r"\begin{itemize}"]
+        L += [r"\item " + tex(w) for w in ctx.inputs.warnings]
+        L += [r"\end{itemize}", r"\end{minipage}}\end{center}"]
+    L += ["", r"\textbf{Question.} " + tex(QUESTION)]
     if ctx.description:
         L += ["", tex(ctx.description)]
-    if ctx.claims:
-        n_pass = sum(bool(c.get("passed")) for c in ctx.claims)
-        L += ["", r"\subsection*{Claims: %d of %d passed}" % (n_pass, len(ctx.claims)),
+    claims = ctx.inputs.claims
+    if claims:
+        n_pass = sum(c.passed for c in claims)
+        L += ["", r"\subsection*{Claims: %d of %d passed}" % (n_pass, len(claims)),
               r"\begin{itemize}"]
-        for c in ctx.claims:
-            badge = r"\textbf{PASS}" if c.get("passed") else r"\textbf{FAIL}"
-            cid = r" \texttt{" + tex(c.get("id")) + "}" if c.get("id") else ""
-            ev = claim_evidence_items(c.get("evidence"))
-            ev_t = ("; ".join(f"{tex(k)}: {tex(v)}" for k, v in ev) if isinstance(ev, list)
-                    else tex(ev))
-            L.append(r"\item[" + badge + "]" + cid + " " + tex(c.get("statement", ""))
+        for c in claims:
+            badge = r"\textbf{PASS}" if c.passed else r"\textbf{FAIL}"
+            cid = r" \texttt{" + tex(c.id) + "}" if c.id else ""
+            ev_t = (tex(c.evidence) if isinstance(c.evidence, str)
+                    else "; ".join(f"{tex(k)}: {tex(v)}" for k, v in c.evidence))
+            L.append(r"\item[" + badge + "]" + cid + " " + tex(c.statement)
                      + (r" \\ {\small Evidence: " + ev_t + "}" if ev_t else ""))
         L.append(r"\end{itemize}")
     findings = summary_sentences(ctx)
     if findings:
         L += [r"\subsection*{Findings}", r"\begin{itemize}"]
         L += [r"\item " + tex(s) for s in findings]
-        L.append(r"\end{itemize}")
-    warnings = ctx.extras.get("warnings") or []
-    if isinstance(warnings, str):
-        warnings = [warnings]
-    if warnings:
-        L += [r"\subsection*{Warnings}", r"\begin{itemize}"]
-        L += [r"\item " + tex(w) for w in warnings]
         L.append(r"\end{itemize}")
     hl = _headline_tex(ctx)
     if hl:
@@ -423,38 +502,34 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
               + " (also in \\texttt{tables.tex}, ready to \\texttt{\\textbackslash input} "
               "into a paper).", r"\input{tables.tex}", r"\clearpage"]
 
-    cards = ctx.extras.get("concept_cards")
-    if isinstance(cards, (list, tuple)) and cards:
+    cards = ctx.inputs.concept_cards
+    if cards:
         L += [r"\section{Concept cards}", r"\begin{itemize}"]
         for c in cards[:40]:
-            if not isinstance(c, dict):
-                continue
-            head = ", ".join(f"{k} {c[k]}" for k in ("model", "checkpoint", "layer", "proxy",
-                                                     "rank", "direction") if c.get(k) is not None)
-            toks = ", ".join(r"\texttt{" + tex(t) + "}" for t in list(c.get("top_tokens") or [])[:20])
-            ctxs = "; ".join("``" + tex(x) + "''" for x in list(c.get("contexts") or [])[:4])
+            head = ", ".join(f"{name} {value}" for name, value in (
+                ("model", c.model), ("checkpoint", c.checkpoint), ("layer", c.layer), ("proxy", c.proxy),
+                ("rank", c.rank), ("direction", c.direction)) if value not in (None, ""))
+            toks = ", ".join(r"\texttt{" + tex(t) + "}" for t in c.top_tokens[:20])
+            ctxs = "; ".join("``" + tex(x) + "''" for x in c.contexts[:4])
             L.append(r"\item \textbf{" + tex(head) + ".} Top tokens: " + (toks or "--")
                      + (r". Contexts: " + ctxs if ctxs else "") + ".")
         L.append(r"\end{itemize}")
 
     fu = failed_units(ctx)
     if fu:
-        L += [r"\section{Failed units}",
-              r"\begin{longtable}{@{}llll>{\raggedright\arraybackslash}p{6.5cm}@{}}",
-              r"\toprule Model & Checkpoint & Layer & Site & Reason \\ \midrule \endhead",
-              *[f"{tex(m)} & {tex(ck)} & {tex(layer)} & {tex(site)} & {tex(reason)} "
-                f"({n} rows) \\\\" for m, ck, layer, site, reason, n in fu],
-              r"\bottomrule", r"\end{longtable}"]
+        L += [r"\section{Failed units}", booktabs_table(
+            r"@{}llll>{\raggedright\arraybackslash}p{6.5cm}@{}",
+            [["Model", "Checkpoint", "Layer", "Site", "Reason"]],
+            [[tex(m), tex(ck), tex(layer), tex(site), f"{tex(reason)} ({n} rows)"]
+             for m, ck, layer, site, reason, n in fu], long=True)]
 
     rows = settings_rows(ctx)
     if rows:
-        L += [r"\section{All settings}", r"{\footnotesize",
-              r"\begin{longtable}{@{}l>{\raggedright\arraybackslash}p{6cm}"
-              r">{\raggedright\arraybackslash}p{7.5cm}@{}}",
-              r"\toprule Source & Key & Value \\ \midrule \endhead",
-              *[f"{tex(s)} & \\texttt{{{_breakable(k)}}} & {_breakable(v)} \\\\"
-                for s, k, v in rows],
-              r"\bottomrule", r"\end{longtable}}"]
+        L += [r"\section{All settings}", r"{\footnotesize", booktabs_table(
+            r"@{}l>{\raggedright\arraybackslash}p{6cm}>{\raggedright\arraybackslash}p{7.5cm}@{}",
+            [["Source", "Key", "Value"]],
+            [[tex(s), r"\texttt{" + _breakable(k) + "}", _breakable(v)] for s, k, v in rows],
+            long=True) + "}"]
     L.append(r"\end{document}")
     return "\n".join(L) + "\n"
 

@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
 
 from ._content import ReportContext
-from ._data import BUCKET_COLUMNS, is_bucket_metric, normalise_results
 from .figures import render_figures
 from .html import render_html
+from .inputs import ReportInputs
 from .latex import PdfLatexError, compile_pdf, render_report_tex, render_tables
 from .options import ReportOptions
 
 
-def render_bundle(
-    results: pd.DataFrame,
-    manifest: Mapping[str, Any] | None,
-    out_dir: Path,
-    *,
-    claims: Sequence[Mapping[str, Any]] | None = None,
-    extras: Mapping[str, Any] | None = None,
-    options: ReportOptions | None = None,
-) -> list[Path]:
+def render_bundle(inputs: ReportInputs, out_dir: Path, *,
+                  options: ReportOptions | None = None) -> list[Path]:
     """Write the report files of a bundle into ``out_dir`` (which must exist).
 
     Writes ``report.html`` (self-contained), ``tables.tex``, ``report.tex``,
@@ -33,15 +22,13 @@ def render_bundle(
     ``ReportOptions.compile_pdf``). Nothing is written outside ``out_dir``. Returns the written
     paths, sorted.
 
-    ``extras`` may hold ``concept_cards`` (list of dicts), ``calibration`` (DataFrame or dict),
-    ``warnings`` (list of str) and ``control_draws`` (DataFrame of raw control energies with
-    ``model, checkpoint, layer, rank, control`` and ``energy``).
-
     Raises:
         FileNotFoundError: ``out_dir`` does not exist.
         PdfLatexError: pdflatex failed (message ends with the log tail), or was required
             (``compile_pdf=True``) but is missing.
     """
+    if not isinstance(inputs, ReportInputs):
+        raise TypeError(f"inputs must be ReportInputs, got {type(inputs).__name__}")
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise FileNotFoundError(f"output directory does not exist: {out_dir}")
@@ -51,27 +38,15 @@ def render_bundle(
         want_pdf = shutil.which("pdflatex") is not None
     elif want_pdf and shutil.which("pdflatex") is None:
         raise PdfLatexError("compile_pdf=True but pdflatex is not on PATH")
-    manifest = dict(manifest or {})
-    extras = dict(extras or {})
-    claims_list = [dict(c) for c in (claims or []) if isinstance(c, Mapping)]
 
-    full = normalise_results(results)
-    bucket = pd.Series(False, index=full.index)
-    for col in BUCKET_COLUMNS:
-        if col in full.columns:
-            bucket |= full[col].astype(str) != ""
-    bucket |= full["metric"].map(is_bucket_metric).astype(bool)
-    main = full[~bucket]
-
-    ctx = ReportContext(full=full, main=main, manifest=manifest, claims=claims_list,
-                        extras=extras, options=options)
+    ctx = ReportContext(inputs=inputs, options=options)
     fig_ctx = {"proxy": ctx.proxy, "control": ctx.control, "max_panels": options.max_panels,
-               "ci_text": ctx.ci_text, "calibration": extras.get("calibration"),
-               "control_draws": extras.get("control_draws")}
+               "ci_text": ctx.ci_text, "calibration": inputs.calibration,
+               "control_draws": inputs.control_draws}
 
     fig_dir = out_dir / "figures"
     if options.figures:
-        figs, skipped = render_figures(main, full, fig_ctx, fig_dir, options.figure_dpi)
+        figs, skipped = render_figures(ctx.main, ctx.full, fig_ctx, fig_dir, options.figure_dpi)
     else:
         figs, skipped = [], {}
 

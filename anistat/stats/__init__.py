@@ -1,10 +1,11 @@
 """anistat.stats — the statistics engine (pure numpy / scipy / statsmodels).
 
 Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights matrix
-``W (B, S)`` of sequence multiplicities (sequences are the sampling unit). Entry points:
+``W (B, S)`` of unit multiplicities (documents, else sequences, are the sampling unit). Entry points:
 
-* :func:`analyze_energy` — everything for one proxy vs its controls (MC p-value, sign-flip
-  test, bootstrap CIs, effect sizes); :func:`analyze_metric_vs_controls` for one-value metrics.
+* :func:`analyze_energy` — everything for one proxy vs one control kind (exact Haar
+  Monte-Carlo p-value, the paper's control p-value, document sign-flip test, bootstrap CIs of
+  named estimands, effect sizes); :func:`analyze_metric_vs_controls` for one-value metrics.
 * :func:`monte_carlo_pvalue`, :func:`sign_flip_test`, :func:`sequence_bootstrap`
   (:func:`sequence_bootstrap_columns` for several statistics from one resample).
 * :func:`adjust_pvalues`, :func:`adjust_in_families`, :func:`min_controls_needed`,
@@ -17,11 +18,13 @@ from ._validation import DegenerateStatisticWarning
 from .bootstrap import (BootstrapResult, bootstrap_weights, ci_from_replicates,
                         iter_bootstrap_weights, jackknife_weights, ratio_se,
                         sequence_bootstrap, sequence_bootstrap_columns)
-from .calibrate import CalibrationResult, run_calibration, write_calibration_report
+from .calibrate import (CalibrationResult, UniformityCheck, p_value_uniformity, run_calibration,
+                        write_calibration_report)
 from .effects import (anisotropy_capture, energy_ratio, hedges_correction, hedges_g_paired,
                       log2_energy_ratio, per_sequence_differences, z_score)
-from .energy import (METRICS, ControlComparison, EnergyAnalysis, MetricResult,
-                     analyze_energy, analyze_metric_vs_controls)
+from .energy import (CLOSED_FORM_KINDS, EXACT_TEST, METRICS, SIGN_FLIP_TEST, ControlComparison,
+                     EnergyAnalysis, MetricResult, analyze_energy, analyze_metric_vs_controls,
+                     cluster_sums, expected_control_energy)
 from .meta import MetaResult, TrendResult, random_effects_meta, trend_test
 from .montecarlo import min_attainable_pvalue, monte_carlo_pvalue
 from .multiplicity import (adjust_in_families, adjust_pvalues, min_controls_needed,
@@ -29,7 +32,8 @@ from .multiplicity import (adjust_in_families, adjust_pvalues, min_controls_need
 from .permutation import PermutationResult, sign_flip_null, sign_flip_pvalues, sign_flip_test
 
 __all__ = [
-    "BootstrapResult", "CalibrationResult", "ControlComparison", "DegenerateStatisticWarning",
+    "CLOSED_FORM_KINDS", "EXACT_TEST", "SIGN_FLIP_TEST", "cluster_sums", "expected_control_energy",
+    "BootstrapResult", "CalibrationResult", "UniformityCheck", "p_value_uniformity", "ControlComparison", "DegenerateStatisticWarning",
     "EnergyAnalysis", "METRICS", "MetaResult", "MetricResult", "PermutationResult",
     "TrendResult", "adjust_in_families", "adjust_pvalues", "analyze_energy",
     "analyze_metric_vs_controls", "anisotropy_capture", "bootstrap_weights",

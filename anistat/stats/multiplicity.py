@@ -3,19 +3,21 @@
 ``adjust_pvalues`` wraps ``statsmodels.stats.multitest.multipletests``; NaN p-values stay NaN
 and are excluded from the family (so ``m`` counts only real tests).
 
-Resolution guard: with ``n`` controls the smallest Monte-Carlo p-value is ``1/(n+1)``. A test
-can only be declared significant after correction if that floor is at most the strictest
-threshold a single test may face:
+Resolution guard: with ``n`` Monte-Carlo draws the smallest p-value is ``f = 1/(n+1)``.
+Across ``m`` tests at level ``alpha``:
 
-* ``bonferroni``: ``alpha / m``;
-* ``holm``: ``alpha / m`` (the first step-down threshold; every rejection needs the smallest
-  p-value to pass it);
-* ``fdr_bh``: ``alpha / m`` in the worst case (a single true effect is rejected only when
-  ``p <= alpha / m``; with many true effects BH is more lenient, up to ``alpha``) — we guard the
-  worst case, because which case applies is unknown before the data;
-* ``none``: ``alpha``.
+* ``bonferroni`` and ``holm``: a test is rejected only if its p-value is at most ``alpha/m``
+  (Holm's first step); with ``f > alpha/m`` nothing can be rejected.
+* ``fdr_bh``: the ``r`` smallest p-values are rejected when ``p_(r) <= r alpha/m``. With
+  ``f > alpha/m`` a lone effect can never be detected, and any rejection needs at least
+  ``ceil(f m / alpha)`` tests at or near the floor — so whether anything passes depends on how
+  many effects there are, not only on the evidence of each.
+* ``none``: ``f`` must be at most ``alpha``.
 
-So ``1/(n+1) <= alpha/m``, i.e. ``n >= m/alpha - 1``.
+``min_controls_needed`` gives the smallest ``n`` with ``1/(n+1) <= alpha/m`` (``alpha`` for
+``none``), i.e. ``n >= m/alpha - 1``: with it, every correction can reject any single test on
+its own evidence. anistat draws at least that many Haar subspaces by default
+(``stats.n_null_draws: auto``), so the floor never decides a result.
 """
 
 from __future__ import annotations
@@ -90,13 +92,23 @@ def min_controls_needed(alpha: float = 0.05, n_tests: int = 1, method: str = "ho
 
 
 def resolution_warning(n_controls: int, alpha: float = 0.05, n_tests: int = 1,
-                       method: str = "holm") -> str | None:
-    """A one-line warning when ``n_controls`` cannot reach significance, else ``None``."""
+                       method: str = "holm", what: str = "controls") -> str | None:
+    """A one-line warning when ``n_controls`` Monte-Carlo draws leave the floor above the
+    corrected threshold of a single test (see the module docstring), else ``None``."""
     need = min_controls_needed(alpha, n_tests, method)
-    if int(n_controls) >= need:
+    n = int(n_controls)
+    if n >= need:
         return None
-    floor = 1.0 / (int(n_controls) + 1)
-    fam = (f"{_NAMES[method]}-corrected family of {int(n_tests)} tests" if method != "none"
-           else "test")
-    return (f"{int(n_controls)} controls give a floor of 1/{int(n_controls) + 1} ≈ {floor:.3g}, "
-            f"which no {fam} at alpha={alpha:g} can pass; use ≥ {need} controls")
+    floor = 1.0 / (n + 1)
+    m = int(n_tests)
+    if method == "none":
+        return (f"{n} {what} give a p-value floor of 1/{n + 1} ≈ {floor:.3g}, above alpha={alpha:g}: no test can "
+                f"be significant; use ≥ {need}")
+    family = f"{_NAMES[method]}-corrected family of {m} tests at alpha={alpha:g}"
+    if method == "fdr_bh":
+        at_least = math.ceil(floor * m / alpha - 1e-12)
+        return (f"{n} {what} give a p-value floor of 1/{n + 1} ≈ {floor:.3g}, above alpha/m = {alpha / m:.3g} for a "
+                f"{family}: a lone effect can never pass, and a rejection needs at least {at_least} tests at the "
+                f"floor; use ≥ {need}")
+    return (f"{n} {what} give a p-value floor of 1/{n + 1} ≈ {floor:.3g}, above alpha/m = {alpha / m:.3g}: no test "
+            f"of a {family} can be significant; use ≥ {need}")

@@ -1,0 +1,178 @@
+"""Random subspaces evaluated from a second-moment matrix alone (the analysis-time null).
+
+Every quantity anistat compares between a proxy ``U`` and random subspaces ``Q`` depends on the
+gradients only through a symmetric PSD matrix ``S`` (``d × d``): the uncentred second moment
+``M = Σ_i g_i g_iᵀ`` for energies, the covariance ``C`` for ΔIsoScore*. With ``S = V Λ Vᵀ``
+and ``Q̃ = VᵀQ``::
+
+    tr(QᵀSQ)     = Σ_j λ_j ‖Q̃_j‖²                 (energy, when S = M: E(Q) = tr(QᵀMQ)/tr M)
+    ‖SQ‖_F²      = Σ_j λ_j² ‖Q̃_j‖²
+    ‖QᵀSQ‖_F²    = ‖Q̃ᵀ Λ Q̃‖_F²
+
+all ``O(d k²)`` per basis once ``S`` is diagonalised (one ``O(d³)`` eigen-decomposition per
+matrix, shared by every draw). A Haar subspace stays Haar under the rotation ``Vᵀ``, so a Haar
+draw is made directly in eigen-coordinates; a ``normal`` draw (uniform in the complement of
+``U``) is ``(I − ŨŨᵀ)Z`` with ``Ũ = VᵀU``. No orthonormal basis is ever formed: the three
+quantities are invariant to the choice of basis of span ``Z``, so with ``ZᵀZ = LLᵀ``
+(Cholesky) the basis ``Z L⁻ᵀ`` gives ``Q̃ᵀΛQ̃ = L⁻¹ (ZᵀΛZ) L⁻ᵀ`` from three ``k × k`` Gram
+matrices.
+
+Because each draw costs ``O(d k²)``, the Monte-Carlo null can use thousands of draws at a
+negligible cost next to the collection, which removes the ``1/(n + 1)`` floor of a handful of
+controls (see :mod:`anistat.stats.montecarlo`). Draws come from numpy's PCG64 seeded with
+``seed``, in fixed-size chunks, so they depend on neither the device nor memory settings.
+
+ΔIsoScore* from traces (scalar targets C0 = ``identity`` or ``scaled_identity``, shrinkage
+ζ): for a covariance with trace ``T`` and squared Frobenius norm ``F`` in ``m`` coordinates,
+the shrunk spectrum ``(1 − ζ)λ + ζc`` has ``s1 = (1 − ζ)T + ζmc`` and
+``s2 = (1 − ζ)²F + 2ζ(1 − ζ)cT + mζ²c²`` (``c = 1`` or ``T/m``), and IsoScore =
+``(s1²/s2 − 1)/(m − 1)`` (the participation-ratio form of Rudman et al.'s score, see
+:func:`anistat.geometry.isoscore_from_eigenvalues`). Removing ``Q`` leaves ``m = d − k``
+coordinates with ``T' = T − tr(QᵀCQ)`` and ``F' = F − 2‖CQ‖_F² + ‖QᵀCQ‖_F²``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ._util import as_float64
+
+__all__ = ["SubspaceTraces", "SpectralFrame", "isoscore_star_from_traces"]
+
+#: Draws per chunk: fixed, so a seed gives the same draws whatever the memory available.
+_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class SubspaceTraces:
+    """``tr(QᵀSQ)``, ``‖SQ‖_F²`` and ``‖QᵀSQ‖_F²`` of ``n`` subspaces (each ``(n,)`` float64)."""
+
+    trace: np.ndarray
+    trace_squared: np.ndarray
+    frobenius: np.ndarray
+
+
+class SpectralFrame:
+    """A symmetric PSD matrix ``S`` diagonalised once, for evaluating many subspaces.
+
+    ``S`` is symmetrised and its eigenvalues clamped at 0 (rounding can make tiny ones
+    negative). ``total_trace = tr S`` and ``total_frobenius = ‖S‖_F²``.
+    """
+
+    def __init__(self, matrix) -> None:
+        s = as_float64(matrix, name="matrix", ndim=2).cpu()
+        if s.shape[0] != s.shape[1]:
+            raise ValueError(f"matrix must be square, got {tuple(s.shape)}")
+        s = 0.5 * (s + s.T)
+        eigenvalues, eigenvectors = torch.linalg.eigh(s)
+        self.eigenvalues = eigenvalues.clamp_min(0.0)
+        self.eigenvectors = eigenvectors
+        self.dim = int(s.shape[0])
+        self.total_trace = float(self.eigenvalues.sum())
+        self.total_frobenius = float((self.eigenvalues**2).sum())
+
+    def to_eigen_coordinates(self, basis) -> torch.Tensor:
+        """``Vᵀ B`` for a basis ``(d, k)`` (float64, CPU)."""
+        b = as_float64(basis, name="basis", ndim=2).cpu()
+        if b.shape[0] != self.dim:
+            raise ValueError(f"basis has ambient dimension {b.shape[0]}, expected {self.dim}")
+        return self.eigenvectors.T @ b
+
+    def traces_of(self, bases) -> SubspaceTraces:
+        """The three traces for given bases ``(d, k)`` or ``(n, d, k)`` with orthonormal columns."""
+        b = as_float64(bases, name="bases").cpu()
+        stack = b.unsqueeze(0) if b.ndim == 2 else b
+        rotated = torch.einsum("dj,ndk->njk", self.eigenvectors, stack)
+        return self._traces(rotated)
+
+    def random_traces(self, ranks, n: int, seed: int, *, exclude=None) -> dict[int, SubspaceTraces]:
+        """The three traces of ``n`` random subspaces for each rank in ``ranks``.
+
+        ``exclude=None``: Haar (uniform over all k-subspaces of R^d). ``exclude=U`` (``(d, k')``,
+        orthonormal): uniform over k-subspaces of the orthogonal complement of ``U`` (the
+        ``normal`` control of :func:`anistat.geometry.draw_controls`).
+
+        One Gaussian ``Z`` (``d × K``, K the largest rank) per draw serves every rank: the span
+        of its first ``k`` columns is itself a uniform k-subspace, and with ``ZᵀZ = LLᵀ`` the
+        basis ``Z L⁻ᵀ`` is Gram–Schmidt ordered, so rank ``k``'s traces are leading-block sums
+        of ``L⁻¹(ZᵀΛZ)L⁻ᵀ`` and ``L⁻¹(ZᵀΛ²Z)L⁻ᵀ``. Gaussians come from numpy's PCG64 seeded
+        with ``seed``, in chunks of fixed size (device- and memory-independent).
+        """
+        d = self.dim
+        ranks = sorted({int(r) for r in ([ranks] if np.isscalar(ranks) else ranks)})
+        if not ranks or ranks[0] < 1 or ranks[-1] >= d:
+            raise ValueError(f"ranks must satisfy 1 <= k < d = {d}, got {ranks}")
+        top, n = ranks[-1], int(n)
+        excluded = None if exclude is None else self.to_eigen_coordinates(exclude)
+        if excluded is not None and top > d - excluded.shape[1]:
+            raise ValueError(f"a rank-{top} subspace does not fit in the {d - excluded.shape[1]}-dimensional "
+                             "complement")
+        rng = np.random.default_rng(seed)
+        parts: dict[int, list[SubspaceTraces]] = {k: [] for k in ranks}
+        lam = self.eigenvalues[None, :, None]
+        for start in range(0, n, _CHUNK):
+            z = torch.from_numpy(rng.standard_normal((min(_CHUNK, n - start), d, top)))
+            if excluded is not None:
+                z = z - excluded @ (excluded.T @ z)
+            chol = torch.linalg.cholesky(z.transpose(1, 2) @ z)
+            weighted = lam * z
+            whitened = [_whiten(chol, z.transpose(1, 2) @ weighted),  # L⁻¹ZᵀΛZL⁻ᵀ
+                        _whiten(chol, weighted.transpose(1, 2) @ weighted)]  # L⁻¹ZᵀΛ²ZL⁻ᵀ
+            for k in ranks:
+                parts[k].append(_block_traces(*(w[:, :k, :k] for w in whitened)))
+        return {k: SubspaceTraces(*(np.concatenate([getattr(p, f) for p in chunks])
+                                    for f in ("trace", "trace_squared", "frobenius")))
+                for k, chunks in parts.items()}
+
+    def _traces(self, q: torch.Tensor) -> SubspaceTraces:
+        """Traces of orthonormal bases ``(n, d, k)`` given in eigen-coordinates."""
+        weighted = self.eigenvalues[None, :, None] * q
+        return _block_traces(q.transpose(1, 2) @ weighted, weighted.transpose(1, 2) @ weighted)
+
+    def energy_fractions(self, traces: SubspaceTraces) -> np.ndarray:
+        """``tr(QᵀSQ) / tr S`` — the energy fraction when ``S`` is the second moment ``M``."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return traces.trace / self.total_trace
+
+    def delta_isoscore_star(self, traces: SubspaceTraces, rank: int, c0: str, zeta: float) -> np.ndarray:
+        """ΔIsoScore* of removing each subspace, when ``S`` is the gradient covariance."""
+        full = isoscore_star_from_traces(self.total_trace, self.total_frobenius, self.dim, c0, zeta)
+        removed = isoscore_star_from_traces(
+            self.total_trace - traces.trace,
+            self.total_frobenius - 2.0 * traces.trace_squared + traces.frobenius,
+            self.dim - int(rank), c0, zeta)
+        return removed - full
+
+
+def isoscore_star_from_traces(trace, frobenius, dim: int, c0: str, zeta: float):
+    """IsoScore* of a covariance known by its trace ``T`` and ``‖C‖_F²`` in ``dim`` coordinates,
+    for a scalar shrinkage target (see the module docstring for the formula)."""
+    if c0 not in ("identity", "scaled_identity"):
+        raise ValueError(f"C0 must be 'identity' or 'scaled_identity', got {c0!r}")
+    if dim < 2:
+        raise ValueError(f"IsoScore needs at least 2 coordinates, got {dim}")
+    t = np.asarray(trace, dtype=np.float64)
+    f = np.maximum(np.asarray(frobenius, dtype=np.float64), 0.0)
+    c = np.ones_like(t) if c0 == "identity" else t / dim
+    z = float(zeta)
+    s1 = (1.0 - z) * t + z * dim * c
+    s2 = (1.0 - z) ** 2 * f + 2.0 * z * (1.0 - z) * c * t + dim * z * z * c * c
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(s2 > 0, (s1 * s1 / s2 - 1.0) / (dim - 1.0), np.nan)
+
+
+def _whiten(chol: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """``L⁻¹ G L⁻ᵀ`` for a batch of lower-triangular ``L`` and symmetric ``G``."""
+    half = torch.linalg.solve_triangular(chol, gram, upper=False)
+    return torch.linalg.solve_triangular(chol, half.transpose(1, 2), upper=False).transpose(1, 2)
+
+
+def _block_traces(projected: torch.Tensor, projected_squared: torch.Tensor) -> SubspaceTraces:
+    """From ``QᵀSQ`` and ``QᵀS²Q`` (``(n, k, k)``): ``tr(QᵀSQ)``, ``‖SQ‖_F² = tr(QᵀS²Q)``,
+    ``‖QᵀSQ‖_F²``."""
+    return SubspaceTraces(torch.diagonal(projected, dim1=1, dim2=2).sum(-1).numpy(),
+                          torch.diagonal(projected_squared, dim1=1, dim2=2).sum(-1).numpy(),
+                          projected.square().sum(dim=(1, 2)).numpy())

@@ -1,0 +1,116 @@
+"""The analysis stage on a synthetic unit: the exact test shared by every control kind, the
+closed-form and drawn references, document resampling, and the Monte-Carlo sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+
+from anistat.analyze import analyze_units, null_settings, planned_tests, unit_rows
+from anistat.collect import BasisColumn, UnitArtifact, UnitKey
+from anistat.geometry import SpectralFrame, draw_controls
+from anistat.protocol import Protocol
+from anistat.seeding import derive_seed
+from anistat.stats import monte_carlo_pvalue
+from conftest import MINI_PROTOCOL
+
+D, K, S, T = 12, 2, 30, 8
+
+
+def _protocol(**stats) -> Protocol:
+    raw = yaml.safe_load(MINI_PROTOCOL)
+    raw["proxies"]["ranks"] = [K]
+    raw["stats"].update({"n_bootstrap": 200, **stats})
+    return Protocol.model_validate(raw)
+
+
+def _artifact(kinds_projected=(), seed=0, n_controls=9) -> UnitArtifact:
+    rng = np.random.default_rng(seed)
+    scale = 1.0 / np.arange(1, D + 1)
+    grads = rng.standard_normal((S, T, D)) * scale * rng.lognormal(0, 0.3, (S, 1, 1))
+    acts = rng.standard_normal((S, T, D))
+    u = np.linalg.qr(rng.standard_normal((D, K)))[0]
+    bases = [BasisColumn("pca", K, "proxy", -1)]
+    stack = [u]
+    for kind in kinds_projected:
+        q = draw_controls(kind, u, n_controls, seed=3).numpy()
+        bases += [BasisColumn("pca", K, kind, j) for j in range(n_controls)]
+        stack += list(q)
+    energy = np.stack([((grads @ b) ** 2).sum(axis=(1, 2)) for b in stack], axis=1)  # (S, n_bases)
+    flat_g, flat_a = grads.reshape(-1, D), acts.reshape(-1, D)
+    moments = lambda x: {"count": x.shape[0], "sum": x.sum(0), "outer": x.T @ x}  # noqa: E731
+    second = flat_g.T @ flat_g
+    ev = np.linalg.eigvalsh(second)
+    return UnitArtifact(
+        key=UnitKey("m", "clm", "step0", 0, "early", seed, f"residual.{seed}"), dim=D, bases=bases,
+        n_tokens=np.full(S, T), sequence_documents=np.repeat(np.arange(10), 3),
+        total_energy=(grads**2).sum(axis=(1, 2))[:, None], energy=energy[:, None, :],
+        delta_isoscore_star=np.zeros(len(bases)), oracle_fraction={K: float(ev[-K:].sum() / ev.sum())},
+        gradient_moments=moments(flat_g), activation_moments=moments(flat_a),
+        gradient_unit_sum=flat_g.sum(0), activation_unit_sum=flat_a.sum(0),
+        type_count=np.zeros(5, dtype=np.int64), type_rms_distance=np.full(5, np.nan),
+        proxy_bases={("pca", K): u},
+    )
+
+
+def _rows(rows, **where):
+    return [r for r in rows if all(r.get(k) == v for k, v in where.items())]
+
+
+def test_one_exact_test_behind_every_energy_metric_and_kind():
+    protocol = _protocol(n_null_draws=999)
+    artifact = _artifact()
+    rows, _ = unit_rows(artifact, protocol)
+    energy_rows = [r for r in rows if r.get("p_test") == "haar_monte_carlo" and r["metric"] != "delta_isoscore_star"]
+    assert {r["control"] for r in energy_rows} == {"normal", "haar"}
+    assert len({r["p_value"] for r in energy_rows}) == 1 and len({r["_test"] for r in energy_rows}) == 1
+    # reproduce it: Haar draws from the unit's second moment, same seed
+    frame = SpectralFrame(artifact.gradient_moments["outer"])
+    null = frame.energy_fractions(frame.random_traces(
+        [K], 999, derive_seed(protocol.seed, artifact.key.id, "haar-null", "energy"))[K])
+    observed = frame.energy_fractions(frame.traces_of(artifact.proxy_bases[("pca", K)]))[0]
+    assert energy_rows[0]["p_value"] == monte_carlo_pvalue(observed, null)
+    # closed-form references, documents as the resampling unit
+    p, t = artifact.energy[:, 0, 0], artifact.total_energy[:, 0]
+    (haar_ratio,) = _rows(rows, metric="energy_ratio", control="haar")
+    (normal_ratio,) = _rows(rows, metric="energy_ratio", control="normal")
+    assert haar_ratio["estimate"] == pytest.approx(p.sum() / (K / D * t.sum()))
+    assert normal_ratio["estimate"] == pytest.approx(p.sum() / (K / (D - K) * (t - p).sum()))
+    assert haar_ratio["n_clusters"] == 10 and "10 documents resampled" in haar_ratio["note"]
+    # haar and normal contributions are proportional: one sign-flip test for both
+    flips = _rows(rows, metric="hedges_g")
+    assert len({r["_test"] for r in flips}) == 1 and flips[0]["estimate"] == pytest.approx(flips[1]["estimate"])
+
+
+def test_drawn_reference_is_the_papers_conditional_ratio():
+    protocol = _protocol(n_null_draws=499, energy_ratio_reference="drawn")
+    assert protocol.projected_control_kinds == ["normal", "haar"]
+    artifact = _artifact(kinds_projected=("normal", "haar"))
+    rows, _ = unit_rows(artifact, protocol)
+    (ratio,) = _rows(rows, metric="energy_ratio", control="normal")
+    columns = artifact.columns_for("pca", K, "normal")
+    energy = artifact.energy[:, 0]
+    assert ratio["estimate"] == pytest.approx(energy[:, 0].sum() / energy[:, columns].mean(axis=1).sum())
+    assert "drawn normal controls (conditional on the draw)" in ratio["note"]
+    # the paper's p-value: the proxy against its 9 drawn controls, beside the exact test
+    t = artifact.total_energy[:, 0].sum()
+    assert ratio["p_value_paper"] == monte_carlo_pvalue(energy[:, 0].sum() / t, energy[:, columns].sum(axis=0) / t)
+    assert ratio["p_test"] == "haar_monte_carlo"
+
+
+def test_enough_draws_for_the_family_and_sequence_option():
+    protocol = _protocol(multiplicity="holm")
+    artifacts = [_artifact(seed=s) for s in range(3)]
+    # per unit x (proxy, rank): exact energy test, exact ΔIsoScore* test, one sign flip
+    assert planned_tests(artifacts, protocol) == 9
+    nulls = null_settings(artifacts, protocol)
+    assert nulls.n_null_draws == 9999 and nulls.n_permutations >= 179
+    big = _protocol(multiplicity="holm", alpha=0.0001)
+    assert null_settings(artifacts, big).n_null_draws == 89999  # 9 / 0.0001 - 1
+    rows, _ = unit_rows(artifacts[0], _protocol(n_null_draws=199, resampling_unit="sequence"))
+    assert _rows(rows, metric="energy_ratio", control="haar")[0]["n_clusters"] == S
+    results = analyze_units(artifacts, _protocol(n_null_draws=99, multiplicity="holm"))
+    assert results.attrs["null_settings"]["n_null_draws"] == 99  # an explicit setting is used as given
+    assert any("Haar null draws give a p-value floor" in w for w in results.attrs["warnings"])
+    assert str(results["rank"].dtype) == "Int64" and str(results["n_clusters"].dtype) == "Int64"

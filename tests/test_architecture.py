@@ -1,0 +1,92 @@
+"""The import graph of anistat has no upward edge (ARCHITECTURE.md, "Layers").
+
+Every `import` / `from … import` in every module of the package — module-level and the lazy ones
+inside functions alike — is read with `ast`, mapped to the stage it targets (the first name after
+`anistat.`), and checked against the layer table below: a stage may import only stages of a
+strictly lower layer (and itself). The package facade `anistat/__init__.py` and `__main__` sit on
+top; `from anistat import __version__` is the one import of the facade allowed below it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "anistat"
+
+#: Layer of every stage (top-level module or subpackage of anistat); lower layers never import
+#: higher ones. Stages on one layer do not import each other.
+LAYERS: dict[str, int] = {
+    "errors": 0, "atomic": 0, "seeding": 0,
+    "geometry": 1, "stats": 1, "report": 1,           # pure libraries: nothing else from anistat
+    "protocol": 2,
+    "data": 3, "objective": 3,
+    "collect": 4,
+    "models": 5,
+    "analyze": 6, "claims": 6,
+    "bundle": 7,
+    "finalize": 8, "pipeline": 8, "rerender": 8, "verify": 8,
+    "replicate": 9, "callbacks": 9,
+    "cli": 10,
+    "__main__": 11, "anistat": 11,                     # the package facade
+}
+PURE = ("geometry", "stats", "report")
+
+
+def _stage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "anistat"
+
+
+def import_edges() -> list[tuple[str, str, str, int]]:
+    """(importing stage, imported stage, file, line) for every import of anistat inside anistat."""
+    edges = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        module = ".".join(rel.parts)
+        package = module[: -len(".__init__")] if module.endswith(".__init__") else module.rsplit(".", 1)[0]
+        module = package if module.endswith(".__init__") else module
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if target == "anistat":  # `from . import x` at the top: x is the stage
+                    targets = [f"anistat.{alias.name}" for alias in node.names]
+                else:
+                    targets = [target]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            for target in targets:
+                if target.split(".")[0] == "anistat":
+                    edges.append((_stage(module), _stage(target), str(path.relative_to(PACKAGE.parent)),
+                                  node.lineno))
+    return edges
+
+
+def test_the_graph_is_read():
+    edges = import_edges()
+    assert len(edges) > 50
+    assert ("pipeline", "bundle") in {(a, b) for a, b, _f, _l in edges}
+
+
+def test_every_stage_has_a_layer():
+    stages = {path.stem if path.is_file() else path.name for path in PACKAGE.iterdir()
+              if (path.suffix == ".py" or (path / "__init__.py").is_file()) and path.name != "__init__.py"}
+    assert stages <= set(LAYERS), sorted(stages - set(LAYERS))
+
+
+def test_no_upward_import():
+    upward = [f"{file}:{line}: {src} (layer {LAYERS[src]}) imports {dst} (layer {LAYERS.get(dst, '?')})"
+              for src, dst, file, line in import_edges()
+              if src != dst and dst != "__version__" and not LAYERS.get(dst, 99) < LAYERS[src]]
+    assert not upward, "\n".join(upward)
+
+
+def test_pure_stages_import_nothing_else_from_anistat():
+    leaks = [f"{file}:{line}: {src} imports {dst}" for src, dst, file, line in import_edges()
+             if src in PURE and dst != src]
+    assert not leaks, "\n".join(leaks)

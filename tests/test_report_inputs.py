@@ -1,0 +1,290 @@
+"""The report's typed inputs and what the report says from them: methods text generated from the
+protocol (golden test for protocols/quickstart.yaml), run warnings in both documents, row counts
+from the written table, per-source settings, control-independent metrics shown once, the one
+publish path and bundle reading, and the HTML's layout at 1400 px in headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_report_fixtures import make_claims, make_inputs, make_protocol, make_results  # noqa: E402
+
+from anistat.bundle import (  # noqa: E402
+    RunFacts,
+    load_bundle,
+    publish_bundle,
+    read_bundle,
+    report_inputs,
+)
+from anistat.errors import AnistatInputError  # noqa: E402
+from anistat.protocol import load_protocol, parse_protocol  # noqa: E402
+from anistat.report import ReportOptions, render_bundle  # noqa: E402
+from anistat.report._content import ReportContext, methods  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden" / "quickstart_methods.txt"
+FAST = ReportOptions(compile_pdf=False, figures=False)
+WARNING = "99 controls cannot pass this corrected family: the smallest p is 1/100"
+
+
+def plan_results(protocol) -> pd.DataFrame:
+    """A results table shaped exactly like the plan of `protocol` for built-in residual sites:
+    model × checkpoint × residual.L × rank × control × metric, with deterministic numbers.
+    Anisotropy capture and ΔIsoScore* have the same estimate under every control kind (as the
+    analysis writes them); only their control mean differs."""
+    rows = []
+    for m, model in enumerate(protocol.models):
+        n_ck = len(model.train.checkpoints)
+        n_early = max(1, int(np.ceil(protocol.proxies.fit_window * n_ck - 1e-9)))
+        for c, step in enumerate(model.train.checkpoints):
+            for layer in range(model.num_layers):
+                unit = dict(model=model.name, objective=model.resolved_objective, checkpoint=f"step{step}",
+                            step=step, phase="early" if c < n_early else "late", layer=layer,
+                            site=f"residual.{layer}", dim=model.hidden_size, proxy="pca",
+                            n_sequences=protocol.data.n_test_sequences,
+                            n_tokens=4032 if model.resolved_objective == "clm" else 580 + 7 * c + layer,
+                            status="ok", note="", ci_method="studentized")
+                for k in protocol.proxies.ranks:
+                    base = 0.1 + 0.01 * (m + c + layer) + k / 200
+                    rows.append({**unit, "rank": k, "control": "none", "metric": "oracle_fraction",
+                                 "estimate": 2 * base, "ci_method": "none"})
+                    for j, control in enumerate(protocol.controls.kinds):
+                        common = {**unit, "rank": k, "control": control, "n_controls": protocol.controls.n,
+                                  "p_value": 0.01, "p_adjusted": 0.013}
+                        rows.append({**common, "metric": "energy_ratio", "estimate": 1.5 + j + base,
+                                     "ci_low": 1.4 + j + base, "ci_high": 1.6 + j + base,
+                                     "control_mean": 1.0})
+                        rows.append({**common, "metric": "anisotropy_capture", "estimate": base,
+                                     "ci_low": base - 0.01, "ci_high": base + 0.01,
+                                     "control_mean": -0.01 * (j + 1)})
+                        rows.append({**common, "metric": "delta_isoscore_star", "estimate": base / 3,
+                                     "control_mean": 0.001 * (j + 1), "ci_method": "none"})
+    return pd.DataFrame(rows)
+
+
+def quickstart_manifest(protocol) -> dict:
+    return {"protocol": protocol.normalised(), "protocol_sha256": protocol.sha256(),
+            "versions": {"anistat": "0.1.0"}, "device": "cpu", "finished_at": "2026-01-01T00:00:00+00:00",
+            "corpus": {"name": "builtin", "documents": 79}, "warnings": [WARNING]}
+
+
+def methods_text(inputs) -> str:
+    ctx = ReportContext(inputs=inputs, options=FAST)
+    return "\n\n".join(p.plain() for p in methods(ctx)) + "\n"
+
+
+# ------------------------------------------------------------------ methods text
+
+
+def test_quickstart_methods_text_matches_the_golden_file():
+    """The methods text is generated from the typed run description of the shipped quickstart
+    protocol. Regenerate after an intended change with ANISTAT_UPDATE_GOLDEN=1."""
+    protocol = load_protocol(ROOT / "protocols" / "quickstart.yaml")
+    results = plan_results(protocol)
+    text = methods_text(report_inputs(protocol, results, quickstart_manifest(protocol)))
+    if os.environ.get("ANISTAT_UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text, encoding="utf-8")
+    assert text == GOLDEN.read_text(encoding="utf-8")
+
+
+def test_methods_text_states_what_the_protocol_says():
+    protocol = load_protocol(ROOT / "protocols" / "quickstart.yaml")
+    text = methods_text(report_inputs(protocol, plan_results(protocol), quickstart_manifest(protocol)))
+    proxies = text[text.index("Proxies and gradients."):text.index("Controls.")]
+    # the proxy methods are the protocol's, never the metric/control placeholders
+    assert "fitted with PCA" in proxies and "oracle" not in proxies and "none" not in proxies
+    assert "k ∈ {4, 8, 16}" in proxies and "earliest 30 % of the checkpoints" in proxies
+    # the number of controls is the protocol's n, not the range of a count column
+    controls = text[text.index("Controls."):text.index("Metrics.")]
+    assert "compared with n = 99 random control subspaces" in controls and "–" not in controls
+    # IsoScore*'s C0 and zeta from stats.isoscore_c0 / stats.isoscore_zeta
+    assert "C0 = scaled_identity" in text and "ζ = 0.1" in text
+    assert "Benjamini–Hochberg correction over all tests of the run" in text
+    assert "2 models: tiny-decoder" in text and "6 checkpoints (step0 … step400); early phase: step0, step25" in text
+
+
+def test_methods_text_follows_the_protocol_not_the_fixture_values():
+    """Changing the protocol's C0, zeta, n and correction changes the text accordingly."""
+    protocol = make_protocol(controls={"n": 7}, stats={"isoscore_c0": "identity", "isoscore_zeta": 0.25,
+                                                       "multiplicity": "none"})
+    inputs = make_inputs(make_results(with_failed=False), protocol=protocol)
+    text = methods_text(inputs)
+    assert "n = 7 random control subspaces" in text and "1/8" in text
+    assert "C0 = identity" in text and "ζ = 0.25" in text
+    assert "not adjusted for multiplicity" in text
+
+
+def test_statistics_paragraph_reads_new_result_columns_when_present():
+    protocol = make_protocol()
+    results = make_results(with_failed=False)
+    results["p_test"] = "exact-haar-mc"
+    results["p_value_paper"] = 0.05
+    results["n_clusters"] = 31
+    text = methods_text(make_inputs(results, protocol=protocol))
+    assert "p_value comes from exact-haar-mc" in text
+    assert "p_value_paper" in text and "not exact" in text
+    assert "sampling unit is the document (31 per unit)" in text
+
+
+# ------------------------------------------------------------------ warnings, counts, settings
+
+
+def test_run_warnings_are_prominent_in_html_and_latex(tmp_path):
+    protocol = load_protocol(ROOT / "protocols" / "quickstart.yaml")
+    results = plan_results(protocol)
+    inputs = report_inputs(protocol, results, quickstart_manifest(protocol))
+    assert inputs.warnings == (WARNING,)
+    render_bundle(inputs, tmp_path, options=FAST)
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    box = html[html.index('id="run-warnings"'):]
+    assert WARNING in box[:box.index("</div>")]
+    # first in the summary, before the question and claims, and never inside a collapsed block
+    assert html.index('id="run-warnings"') < html.index('class="question"')
+    assert WARNING not in "".join(re.findall(r"<details>.*?</details>", html, re.S))
+    tex = (tmp_path / "report.tex").read_text(encoding="utf-8")
+    assert r"\textbf{Run warnings (1).}" in tex and WARNING.replace("%", r"\%") in tex
+    assert tex.index("Run warnings") < tex.index(r"\textbf{Question.}") < tex.index(r"\section{Methods}")
+
+
+def test_header_counts_the_rows_of_the_written_results_table(tmp_path):
+    results = make_results(with_buckets=True)  # bucket rows travel in frequency.csv, not results.csv
+    inputs = make_inputs(results)
+    render_bundle(inputs, tmp_path, options=FAST)
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    n_written = len(inputs.results)
+    assert n_written < len(results)
+    assert f"{n_written} result rows" in html and f"{len(results)} result rows" not in html
+
+
+def test_settings_table_shows_only_the_settings_of_each_source(tmp_path):
+    protocol = parse_protocol({
+        "anistat_protocol": 1, "name": "mixed",
+        "models": [{"name": "mine", "source": "local", "path": str(tmp_path)},
+                   {"name": "tiny", "source": "builtin", "architecture": "gpt2", "hidden_size": 16,
+                    "num_heads": 2}],
+        "proxies": {"ranks": [2]}})
+    rows = report_inputs(protocol, pd.DataFrame(columns=["model", "metric", "estimate"]), {}).run.settings
+    keys = {k for _s, k, _v in rows}
+    assert "models.mine.path" in keys
+    assert not any(k.startswith(("models.mine.hidden_size", "models.mine.train", "models.mine.num_"))
+                   for k in keys)
+    assert {"models.tiny.hidden_size", "models.tiny.train.steps"} <= keys
+    assert "data.paths" not in keys and "data.dataset_split" not in keys
+
+
+def test_control_independent_metrics_are_shown_once_in_tables_tex(tmp_path):
+    protocol = load_protocol(ROOT / "protocols" / "quickstart.yaml")
+    results = plan_results(protocol)
+    render_bundle(report_inputs(protocol, results, quickstart_manifest(protocol)), tmp_path,
+                  options=ReportOptions(compile_pdf=False, figures=False,
+                                        table_metrics=("energy_ratio", "anisotropy_capture",
+                                                       "delta_isoscore_star")))
+    tables = (tmp_path / "tables.tex").read_text(encoding="utf-8")
+    blocks = tables.split(r"\begin{table}")[1:]
+    by_label = {re.search(r"\\label\{tab:quickstart-([a-z-]+)\}", b).group(1): b for b in blocks}
+    for name in ("anisotropy-capture", "delta-isoscore-star"):
+        block = by_label[name]
+        assert "shown once" in block and "normal controls (mean)" in block and "haar controls (mean)" in block
+    # one decoder unit at the last late checkpoint: layer 0, rank 4 — the estimate appears once
+    last = results[(results["checkpoint"] == "step400") & (results["model"] == "tiny-decoder")
+                   & (results["layer"] == 0) & (results["rank"] == 4)]
+    capture = last[last["metric"] == "anisotropy_capture"]["estimate"].iloc[0]
+    row = next(line for line in by_label["anisotropy-capture"].splitlines()
+               if "step400" in line and "& L0 & 4 &" in line)
+    assert row.count(f"{capture:.3g}") == 1, row
+    # the energy ratio depends on the control kind: one column group per kind
+    assert "normal controls" in by_label["energy-ratio"] and "shown once" not in by_label["energy-ratio"]
+
+
+# ------------------------------------------------------------------ one publish path
+
+
+def test_publish_then_read_back_then_rerender_and_verify(tmp_path):
+    from anistat.rerender import rerender
+    from anistat.verify import verify_bundle
+
+    protocol = make_protocol()
+    results = make_results(with_failed=False)
+    results["rank"] = results["rank"].astype(float)  # as the analysis writes it (4.0)
+    facts = RunFacts(device="cpu", started_at="2026-01-01T00:00:00+00:00", seconds=1.5,
+                     corpus={"name": "builtin", "documents": 3}, models={},
+                     units=({"id": "u", "status": "ok", "note": "", "seconds": 1.0},), warnings=(WARNING,))
+    out = tmp_path / "bundle"
+    published = publish_bundle(out, protocol, results, pd.DataFrame(), make_claims(), [], facts, options=FAST)
+    assert published.manifest["warnings"] == [WARNING]
+    assert {"results.csv", "report.html", "tables.tex", "report.tex", "concept_cards.json"} <= set(
+        published.manifest["files"])
+    head, first = (out / "results.csv").read_text(encoding="utf-8").splitlines()[:2]
+    row = dict(zip(head.split(","), first.split(",")))
+    assert row["rank"] == "4" and row["n_sequences"] == "64" and row["n_controls"] == ""  # integers stay integers
+    loaded = load_bundle(out)
+    assert len(loaded.results) == len(results) and loaded.manifest == published.manifest
+    contents = read_bundle(out)
+    assert contents.protocol == protocol and contents.report_inputs().warnings == (WARNING,)
+    before = (out / "report.html").read_text(encoding="utf-8")
+    rerender(out, compile_pdf=False)
+    after = (out / "report.html").read_text(encoding="utf-8")
+    assert WARNING in after and f"{len(results)} result rows" in after
+    assert before.count(WARNING) == after.count(WARNING) == 1
+    assert verify_bundle(out).integrity_ok
+    with pytest.raises(AnistatInputError, match=r"unknown metric\(s\) energy_ratoi; this bundle has: .*energy_ratio"):
+        rerender(out, metrics="energy_ratoi", compile_pdf=False)
+
+
+# ------------------------------------------------------------------ layout in a real browser
+
+CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else shutil.which("chromium")
+VIEWPORT_PROBE = """<script>
+window.addEventListener("load", function () {
+  var root = document.documentElement, vw = root.clientWidth, wide = [];
+  document.querySelectorAll("body *").forEach(function (e) {
+    if (e.parentElement && e.parentElement.closest(".scroll, .tablewrap")) { return; }  // clipped by a scroll container
+    var r = e.getBoundingClientRect();
+    if (r.right > vw + 1) { wide.push(e.tagName.toLowerCase() + "." + e.className + ":" + Math.round(r.right)); }
+  });
+  root.setAttribute("data-viewport", String(vw));
+  root.setAttribute("data-scroll-width", String(root.scrollWidth));
+  root.setAttribute("data-too-wide", wide.slice(0, 12).join("|"));
+});
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (/usr/bin/chromium)")
+@pytest.mark.parametrize("width", [1400, 600])
+def test_no_element_is_wider_than_the_viewport(tmp_path, width):
+    """The meta-analysis claim card (many evidence fields) used to overflow at 1400 px."""
+    meta_claim = {"id": "decoder-doubling", "passed": True,
+                  "statement": "Pooled over layers, ranks and checkpoints, the proxy captures twice the energy",
+                  "evidence": {"meta_estimate": 2.14131, "meta_ci_low": 1.95351, "meta_ci_high": 2.32911,
+                               "tau2": 0.660442, "i2": 0.999266, "k": 72, "estimate_min": 0.775697,
+                               "estimate_max": 4.08689, "p_adjusted_max": 0.0130909,
+                               "selected_units": "tiny-decoder/step0/residual.0_" * 6}}
+    inputs = make_inputs(make_results(), claims=make_claims() + [meta_claim])
+    render_bundle(inputs, tmp_path, options=FAST)
+    page = tmp_path / "probe.html"
+    page.write_text((tmp_path / "report.html").read_text(encoding="utf-8")
+                    .replace("</body>", VIEWPORT_PROBE + "</body>"), encoding="utf-8")
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+         f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},900", "--hide-scrollbars",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    root = re.search(r"<html\b[^>]*>", proc.stdout).group(0)
+    viewport = int(re.search(r'data-viewport="(\d+)"', root).group(1))
+    scroll_width = int(re.search(r'data-scroll-width="(\d+)"', root).group(1))
+    assert viewport > 0.9 * width - 40, root
+    assert 'data-too-wide=""' in root, root
+    assert scroll_width <= viewport, root
