@@ -200,6 +200,10 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float) -> dict[str
         pooled = f"{y.size} rows treated as independent studies"
     result = random_effects_meta(y, variances, method=spec.method, ci_level=ci_level, interval=spec.interval)
     interval = result.interval if result.k > 1 else "wald (a single unit: its own interval)"
+    if result.k == 1 and spec.dependence == "aggregate":
+        # one independent unit: the mean of its rows is a fixed-rows estimand whose interval
+        # covers this unit's data sampling only (no between-unit variance can be estimated)
+        pooled += "; a single independent unit: the interval covers its data sampling, not variation across units"
     fields.update(meta_estimate=result.estimate, meta_se=result.se, meta_ci_low=result.ci_low,
                   meta_ci_high=result.ci_high, meta_p_value=result.p_value, tau2=result.tau2, i2=result.i2,
                   k=result.k, df=result.df if np.isfinite(result.df) else None, method=spec.method,

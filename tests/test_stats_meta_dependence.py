@@ -192,4 +192,4 @@ def test_meta_claim_robust_and_its_limits():
     # a single cluster under aggregate: its own summary and interval
     single = evaluate_claim(rows[rows.model == "a"], _meta_claim())["evidence"]
     assert single["k"] == 1 and single["meta_se"] == pytest.approx(0.1, rel=1e-3)
-    assert single["interval"].startswith("wald")
+    assert single["interval"].startswith("wald") and "a single independent unit" in single["pooled"]
