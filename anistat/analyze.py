@@ -41,6 +41,7 @@ from .geometry import (
     ResampledCentroidDistance, SpectralFrame, effective_rank_from_cov, haar_null_check, isoscore_from_cov,
     isoscore_star_from_cov, log_frequency_correlation, masked_correlations, participation_ratio_from_cov,
 )
+from .geometry import ResampledTypeMeans
 from .protocol import Protocol
 from .seeding import derive_seed
 from .stats import (
@@ -353,7 +354,11 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
     activation centroid, sqrt(Σ_i ‖a_i − c_t‖² / (n_t − 1)) — a root-mean-square form is
     computable from streamed sums (Σa, Σ‖a‖², count per type), so no activation matrix is kept,
     and the n − 1 divisor keeps a type's count from biasing it. Its CI is a sequence bootstrap
-    (see `_correlation_rows`); the p-value is scipy's, over types.
+    (see `_correlation_rows`); the p-value is scipy's, over types. Two more definitions of a
+    type's "distance" sit beside it, each named: `*_logfreq_mean_distance` (the type's mean
+    activation from the global mean) and `*_logfreq_mean_norm` (the norm of that mean), see
+    `geometry.type_mean_geometry`. For MLM, positions whose input is [MASK] or a random
+    replacement are left out of every type statistic.
     """
     stats = protocol.stats
     rows = []
@@ -447,8 +452,9 @@ def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protoco
             seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_distance"),
         )
     rows = []
+    spread = "distance = RMS spread of the type's activations around its own centroid"
     for (metric, value, p_value), interval in zip(estimates, intervals):
-        parts = [f"{correlation.n_types} token types", note if interval is None else interval.note]
+        parts = [f"{correlation.n_types} token types", spread, note if interval is None else interval.note]
         if interval is not None and interval.bias_in_se is not None and abs(interval.bias_in_se) > 1:
             # a rank correlation over types, each estimated from few sequences, is not a smooth
             # function of the sequences: say so when its resamples are visibly off-centre
@@ -458,4 +464,48 @@ def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protoco
                      "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),
                      "ci_method": "none" if interval is None else interval.method,
                      "note": "; ".join(part for part in parts if part)})
+    rows.extend(_mean_geometry_rows(artifact, counts, types, protocol))
+    return rows
+
+
+def _mean_geometry_rows(artifact: UnitArtifact, counts: np.ndarray, types: np.ndarray,
+                        protocol: Protocol) -> list[dict]:
+    """The other two frequency definitions (geometry.type_mean_geometry) over the same types:
+    `*_logfreq_mean_distance` (distance of the type's centroid from the global mean) and
+    `*_logfreq_mean_norm` (norm of the type's centroid), both debiased for the centroid's
+    sampling noise; scipy's p-value over types, and the same sequence bootstrap and interval
+    as `_correlation_rows` (every resample recomputes centroids and global mean,
+    `ResampledTypeMeans`)."""
+    if artifact.type_mean_distance is None or artifact.type_mean_norm is None:
+        return []  # a unit from an anistat without these statistics
+    definitions = (("mean_distance", artifact.type_mean_distance, "distance of the type's mean activation from the "
+                    "global mean (debiased)"),
+                   ("mean_norm", artifact.type_mean_norm, "norm of the type's mean activation (debiased)"))
+    stats = protocol.stats
+    intervals: list = [None] * 4
+    if artifact.pair_sums is not None:
+        means = ResampledTypeMeans(artifact.pair_sums, types)
+        log_count = np.log(counts[types])
+
+        def statistic(weights):
+            distance, norm = means(weights)
+            return np.column_stack(masked_correlations(log_count, distance) + masked_correlations(log_count, norm))
+
+        intervals = sequence_bootstrap_columns(
+            statistic, artifact.pair_sums.n_sequences, n_resamples=stats.n_bootstrap, ci_level=stats.ci_level,
+            method="percentile" if stats.ci_method == "percentile" else "basic",
+            seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_mean_geometry"))
+    rows = []
+    for index, (name, values, meaning) in enumerate(definitions):
+        correlation = log_frequency_correlation(counts[types], values[types])
+        for offset, (kind, value, p_value) in enumerate((("spearman", correlation.spearman_rho, correlation.spearman_p),
+                                                        ("pearson", correlation.pearson_r, correlation.pearson_p))):
+            interval = intervals[2 * index + offset]
+            parts = [f"{correlation.n_types} token types", meaning,
+                     artifact.pair_note if interval is None else interval.note]
+            rows.append({"metric": f"{kind}_logfreq_{name}", "estimate": float(value), "p_value": float(p_value),
+                         "ci_low": math.nan if interval is None else max(-1.0, interval.ci_low),
+                         "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),
+                         "ci_method": "none" if interval is None else interval.method,
+                         "note": "; ".join(part for part in parts if part)})
     return rows

@@ -11,7 +11,8 @@ gradients on the frozen proxy and control bases and keeps only per-sequence sums
 
 What is measured is the gradient of *the loss the training loop optimises* on *its own
 batches*: every sequence of a measured step is one statistical sequence. (The post-hoc
-collector instead uses a fixed held-out test split and per-sequence-mean losses.) Its overall
+collector instead uses a fixed held-out test split and `data.loss_reduction`, by default the
+mean over all targets with one split-wide normaliser.) Its overall
 scale (batch mean, gradient-accumulation division, AMP loss scaling) cancels in every energy
 fraction; batches whose probed gradients are not finite (e.g. an AMP overflow step the
 optimiser skips) are skipped and counted in the unit's `extra`.

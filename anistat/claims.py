@@ -7,10 +7,17 @@ requires the adjusted p-value to be below `alpha` (adjusted over the run or mode
 
 * `all`  — every selected row must satisfy the comparison (and significance);
 * `any`  — at least one must;
-* `meta` — a random-effects meta-analysis (DerSimonian–Laird, statsmodels) of the selected
-  estimates, with variances from their CIs (se = (ci_high − ci_low) / (2 z_{1−α/2})); the
-  pooled estimate must satisfy the comparison and, if `alpha` is set, its CI must lie entirely
-  on the claimed side of the threshold.
+* `meta` — a random-effects meta-analysis of the selected estimates (`anistat.stats.meta`;
+  settings in the claim's `meta`): REML between-unit variance and the Hartung–Knapp–Sidik–
+  Jonkman interval by default. Each row's SE is its `se` column where the results carry one,
+  else recovered from its CI at the run's own `stats.ci_level`
+  (se = (ci_high − ci_low) / (2 z_{(1+level)/2})). Rows that share data are not independent
+  studies: by default one summary per cluster (`meta.cluster`, default the model) is pooled
+  (`dependence: aggregate`), or all rows with a cluster-robust CR2 variance (`robust`); only
+  `independent` pools rows as if they were separate studies. The pooled estimate must satisfy
+  the comparison and, if `alpha` is set, its (1 − alpha) interval must lie entirely on the
+  claimed side of the threshold. The evidence says what was pooled and how dependence was
+  handled.
 
 A claim that selects no row is never a pass: it is reported with status `error`. Failed units
 (status `failed`) among the selected rows make an `all` claim fail.
@@ -27,7 +34,8 @@ import pandas as pd
 from scipy import stats as sps
 
 from .protocol import ClaimSpec, StatsSpec
-from .stats import adjust_pvalues, random_effects_meta
+from .stats import adjust_pvalues
+from .stats.meta import aggregate_clusters, random_effects_meta, robust_meta
 
 COMPARISONS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
@@ -105,7 +113,8 @@ def _describe(claim: ClaimSpec) -> str:
     return f"{claim.aggregate}({value} {claim.compare} {threshold}{significance}) where {where or 'any row'}"
 
 
-def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec) -> dict[str, Any]:
+def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec, ci_level: float = 0.95) -> dict[str, Any]:
+    """One claim's record; `ci_level` is the run's `stats.ci_level` (for SEs recovered from CIs)."""
     selected = select_rows(results, claim)
     record: dict[str, Any] = {"id": claim.id, "statement": claim.statement or _describe(claim),
                               "rule": _describe(claim), "n_selected": int(len(selected))}
@@ -125,20 +134,81 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec) -> dict[str, Any]:
                             "failing_rows": failing[:5]})
     else:
         ok = selected[selected["status"] == "ok"]
-        level = 0.95
-        z = sps.norm.ppf(0.5 + level / 2)
-        se = (ok["ci_high"].astype(float) - ok["ci_low"].astype(float)) / (2 * z)
-        # the meta-analysis pools estimates (its variances come from their CIs), whatever `column` says
-        meta = random_effects_meta(ok["estimate"].astype(float).to_numpy(), (se**2).to_numpy())
-        passed = _compare(meta.estimate, claim)
+        try:
+            pooled = pool_rows(ok, claim, ci_level)
+        except ValueError as error:
+            return {**record, "status": "error", "passed": False,
+                    "evidence": {"reason": str(error), **_finite(summary)}, "selected_rows": _finite(rows)}
+        passed = _compare(pooled["meta_estimate"], claim)
         if passed and claim.alpha is not None:
-            z_alpha = sps.norm.ppf(0.5 + (1 - claim.alpha) / 2)
-            low, high = meta.estimate - z_alpha * meta.se, meta.estimate + z_alpha * meta.se
-            passed = (_compare(low, claim) and _compare(high, claim))
-        evidence = _finite({"meta_estimate": meta.estimate, "meta_ci_low": meta.ci_low, "meta_ci_high": meta.ci_high,
-                            "tau2": meta.tau2, "i2": meta.i2, "k": meta.k, **summary})
+            strict = pool_rows(ok, claim, 1 - claim.alpha)
+            passed = _compare(strict["meta_ci_low"], claim) and _compare(strict["meta_ci_high"], claim)
+        evidence = _finite({**pooled, **summary})
     return {**record, "status": "pass" if passed else "fail", "passed": bool(passed), "evidence": evidence,
             "selected_rows": _finite(rows)}
+
+
+def row_standard_errors(rows: pd.DataFrame, ci_level: float) -> tuple[np.ndarray, str]:
+    """Each row's SE: the `se` column where present and finite, else its CI width over
+    2 z_{(1+ci_level)/2} (the run's own CI level). Returns (se, where it came from)."""
+    z = sps.norm.ppf(0.5 + ci_level / 2)
+    from_ci = (rows["ci_high"].astype(float) - rows["ci_low"].astype(float)).to_numpy() / (2 * z)
+    if "se" not in rows:
+        return from_ci, f"CI width at level {ci_level:g}"
+    se = rows["se"].astype(float).to_numpy()
+    if np.isfinite(se).all():
+        return se, "se column"
+    return np.where(np.isfinite(se), se, from_ci), f"se column, else CI width at level {ci_level:g}"
+
+
+def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float) -> dict[str, Any]:
+    """The `aggregate: meta` pooling of a claim's rows (their estimates, whatever `column` says),
+    as evidence fields; ValueError when the rows cannot be pooled as asked."""
+    spec = claim.meta
+    se, se_source = row_standard_errors(rows, ci_level)
+    y = rows["estimate"].astype(float).to_numpy()
+    missing = [c for c in spec.cluster if c not in rows.columns]
+    if missing:
+        raise ValueError(f"meta.cluster names column(s) {missing} that the results do not have")
+    clusters = rows[list(spec.cluster)].astype(str).agg("/".join, axis=1).to_numpy()
+    usable = np.isfinite(y) & np.isfinite(se) & (se > 0)
+    y, se, clusters = y[usable], se[usable], clusters[usable]
+    if y.size == 0:
+        raise ValueError("no selected row has a finite estimate and standard error to pool")
+    by = "+".join(spec.cluster)
+    n_clusters = len(set(clusters.tolist()))
+    fields: dict[str, Any] = {"n_rows": int(y.size), "n_clusters": n_clusters, "cluster_by": by,
+                              "se_source": se_source, "dependence": spec.dependence}
+    if spec.dependence == "robust":
+        if n_clusters < 2:
+            raise ValueError(f"meta.dependence robust needs rows from at least 2 clusters ({by}); the claim selects "
+                             f"{n_clusters} — use dependence: aggregate")
+        result = robust_meta(y, se**2, clusters, ci_level=ci_level)
+        fields.update(meta_estimate=result.estimate, meta_se=result.se, meta_ci_low=result.ci_low,
+                      meta_ci_high=result.ci_high, meta_p_value=result.p_value, tau2=result.tau2, k=result.m,
+                      df=result.df, method=f"robust variance estimation ({result.small_sample})",
+                      pooled=(f"{y.size} rows in {n_clusters} clusters ({by}), correlated-effects working weights "
+                              f"(REML tau2 of the cluster means), CR2 cluster-robust variance, t with "
+                              f"{n_clusters - 1} df"))
+        return fields
+    if spec.dependence == "aggregate":
+        y, variances, sizes, _ = aggregate_clusters(y, se**2, clusters, spec.within_correlation)
+        pooled = (f"{len(y)} cluster summaries ({by}; mean of {int(sizes.min())}–{int(sizes.max())} rows each, "
+                  f"within-cluster correlation {spec.within_correlation:g})")
+    else:
+        variances = se**2
+        pooled = f"{y.size} rows treated as independent studies"
+    result = random_effects_meta(y, variances, method=spec.method, ci_level=ci_level, interval=spec.interval)
+    interval = result.interval if result.k > 1 else "wald (a single unit: its own interval)"
+    if result.k == 1 and spec.dependence == "aggregate":
+        # one independent unit: the mean of its rows is a fixed-rows estimand whose interval
+        # covers this unit's data sampling only (no between-unit variance can be estimated)
+        pooled += "; a single independent unit: the interval covers its data sampling, not variation across units"
+    fields.update(meta_estimate=result.estimate, meta_se=result.se, meta_ci_low=result.ci_low,
+                  meta_ci_high=result.ci_high, meta_p_value=result.p_value, tau2=result.tau2, i2=result.i2,
+                  k=result.k, df=result.df if np.isfinite(result.df) else None, method=spec.method,
+                  interval=interval, pooled=f"{pooled}; {spec.method.upper()} random effects, {interval} interval")
+    return fields
 
 
 def _row_label(row: dict[str, Any], column: str) -> str:
@@ -212,16 +282,18 @@ def evaluate_claims(results: pd.DataFrame, claims: list[ClaimSpec] | tuple,
     """Every claim of the protocol, in order, as JSON-able records (see module docstring).
 
     With `stats.family == "claim"`, each claim's significance uses p-values adjusted (with
-    `stats.multiplicity`) over the tests that claim selects, not over the run."""
+    `stats.multiplicity`) over the tests that claim selects, not over the run. SEs recovered
+    from CIs (`aggregate: meta`) use `stats.ci_level` (0.95 without `stats`)."""
     table = claim_table(results, frequency) if claims else results
+    ci_level = 0.95 if stats is None else stats.ci_level
     if stats is None or stats.family != "claim":
-        return [evaluate_claim(table, claim) for claim in claims]
+        return [evaluate_claim(table, claim, ci_level) for claim in claims]
     records = []
     for claim in claims:
         selected = select_rows(table, claim)
         family_table = table.copy()
         family_table.loc[selected.index, "p_adjusted"] = claim_family_adjusted(selected, stats.multiplicity)
-        record = evaluate_claim(family_table, claim)
+        record = evaluate_claim(family_table, claim, ci_level)
         record["family"] = f"claim ({stats.multiplicity} over the {len(selected)} selected rows' tests)"
         records.append(record)
     return records

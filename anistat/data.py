@@ -7,6 +7,13 @@ protocol seed. The first `n_test_sequences` blocks form the test split (true gra
 next `n_fit_sequences` blocks the fit split (activations for the proxies); every block that is
 not a test block may be used for training a built-in model. Test blocks are therefore never
 trained on by built-in models and never used to fit a proxy.
+
+Special tokens (`data.special_tokens`): a pretrained model sees its inputs as its tokenizer
+makes them — `tokenizer(text)` adds e.g. BERT's `[CLS] … [SEP]` or a Llama-style BOS — so by
+default (`tokenizer`) every block is `prefix + content + suffix` with the tokenizer's own
+`add_special_tokens` template and `seq_len − len(prefix) − len(suffix)` content tokens; MLM
+never masks those positions (as transformers' data collator does). `none` cuts raw content
+blocks (anistat before issue #15). Built-in tokenizers have no template.
 """
 
 from __future__ import annotations
@@ -51,6 +58,20 @@ class Splits:
     pad_token_id: int | None
     decode: Callable[[list[int]], str] = field(repr=False, compare=False)
     tokenizer_id: str = ""
+    special_prefix: tuple[int, ...] = ()  # the tokenizer's special tokens before every block's content
+    special_suffix: tuple[int, ...] = ()  # ... and after it
+
+    @property
+    def maskable(self) -> torch.Tensor | None:
+        """(seq_len,) bool: positions MLM may mask (not the special-token template); None = all."""
+        if not (self.special_prefix or self.special_suffix):
+            return None
+        seq_len = self.test.shape[1]
+        mask = torch.ones(seq_len, dtype=torch.bool)
+        mask[: len(self.special_prefix)] = False
+        if self.special_suffix:
+            mask[seq_len - len(self.special_suffix):] = False
+        return mask
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,6 +246,10 @@ class BuiltinTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(list(ids))
 
+    def special_template(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """No special-token template: the built-in models are trained on raw blocks."""
+        return (), ()
+
 
 class PretrainedTokenizer:
     """The tokenizer saved beside a Hugging Face model (`AutoTokenizer`, local files only)."""
@@ -244,9 +269,28 @@ class PretrainedTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(list(ids))
 
+    def special_template(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(prefix, suffix) ids the tokenizer's `add_special_tokens=True` puts around a text:
+        read off by encoding one probe text both ways (works for slow and fast tokenizers and
+        for post-processors such as BERT's `[CLS] $A [SEP]` or a BOS template)."""
+        probe = "anistat probe text"
+        bare = list(self._tokenizer(probe, add_special_tokens=False)["input_ids"])
+        full = list(self._tokenizer(probe, add_special_tokens=True)["input_ids"])
+        for start in range(len(full) - len(bare) + 1):
+            if full[start : start + len(bare)] == bare:
+                return tuple(full[:start]), tuple(full[start + len(bare):])
+        return (), ()  # the template changes the text's own ids: leave the inputs raw
+
 
 def make_splits(corpus: Corpus, tokenizer: BuiltinTokenizer | PretrainedTokenizer, spec: DataSpec, seed: int) -> Splits:
     """Tokenise, cut into blocks, shuffle by seed and split (see module docstring)."""
+    prefix, suffix = tokenizer.special_template() if spec.special_tokens == "tokenizer" else ((), ())
+    content_len = spec.seq_len - len(prefix) - len(suffix)
+    if content_len < 2:
+        raise AnistatInputError(
+            f"data.seq_len {spec.seq_len} leaves {content_len} content tokens after the tokenizer's "
+            f"{len(prefix) + len(suffix)} special tokens; raise seq_len or set data.special_tokens: none"
+        )
     encoded = tokenizer.encode_documents(corpus.documents)
     stream: list[int] = []
     document_of_token: list[int] = []
@@ -256,25 +300,31 @@ def make_splits(corpus: Corpus, tokenizer: BuiltinTokenizer | PretrainedTokenize
         stream.extend(ids)
         document_of_token.extend([index] * len(ids))
     n_tokens = len(stream)
-    if n_tokens < spec.seq_len:
+    if n_tokens < content_len:
         raise AnistatInputError(
             f"data: the corpus has {n_tokens} tokens, fewer than one sequence of seq_len={spec.seq_len}"
         )
-    n_blocks = n_tokens // spec.seq_len
+    n_blocks = n_tokens // content_len
     needed = spec.n_test_sequences + spec.n_fit_sequences
     if n_blocks < needed:
         raise AnistatInputError(
             f"data: the corpus gives {n_blocks} sequences of {spec.seq_len} tokens, but "
             f"n_test_sequences + n_fit_sequences = {needed}; lower them or add text"
         )
-    tokens = torch.tensor(stream[: n_blocks * spec.seq_len], dtype=torch.int64).view(n_blocks, spec.seq_len)
-    first_document = np.asarray(document_of_token[:: spec.seq_len][:n_blocks], dtype=np.int64)
+    tokens = torch.tensor(stream[: n_blocks * content_len], dtype=torch.int64).view(n_blocks, content_len)
+    first_document = np.asarray(document_of_token[::content_len][:n_blocks], dtype=np.int64)
+    if prefix or suffix:
+        tokens = torch.cat([torch.tensor(prefix, dtype=torch.int64).expand(n_blocks, -1), tokens,
+                            torch.tensor(suffix, dtype=torch.int64).expand(n_blocks, -1)], dim=1)
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(n_blocks, generator=generator)
     test_index = order[: spec.n_test_sequences]
     fit_index = order[spec.n_test_sequences : needed]
     train_index = order[spec.n_test_sequences :]
     counts = np.bincount(np.asarray(stream, dtype=np.int64), minlength=tokenizer.vocab_size)
+    if prefix or suffix:  # the template's tokens occur once per block of the model's input
+        special = np.bincount(np.asarray(prefix + suffix, dtype=np.int64), minlength=counts.shape[0]) * n_blocks
+        counts = np.pad(counts, (0, special.shape[0] - counts.shape[0])) + special
     return Splits(
         test=tokens[test_index].clone(),
         fit=tokens[fit_index].clone(),
@@ -286,18 +336,25 @@ def make_splits(corpus: Corpus, tokenizer: BuiltinTokenizer | PretrainedTokenize
         pad_token_id=tokenizer.pad_token_id,
         decode=tokenizer.decode,
         tokenizer_id=tokenizer.identity,
+        special_prefix=tuple(int(t) for t in prefix),
+        special_suffix=tuple(int(t) for t in suffix),
     )
 
 
 def mask_for_mlm(
-    tokens: torch.Tensor, mask_token_id: int, vocab_size: int, probability: float, generator: torch.Generator
+    tokens: torch.Tensor, mask_token_id: int, vocab_size: int, probability: float, generator: torch.Generator,
+    maskable: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's 80/10/10 masking: returns (inputs, labels) with labels −100 where not predicted.
 
     At least one position per sequence is masked so every sequence carries a loss (and a
-    gradient); randomness comes only from `generator`, so masks are reproducible.
+    gradient); randomness comes only from `generator`, so masks are reproducible. `maskable`
+    (seq_len,) bool keeps the special-token template unmasked (the same draws are made, so
+    positions that may be masked get the masks they would get without it).
     """
     probabilities = torch.rand(tokens.shape, generator=generator)
+    if maskable is not None:
+        probabilities = torch.where(maskable, probabilities, torch.full_like(probabilities, 2.0))
     selected = probabilities < probability
     # guarantee one prediction per sequence: the position with the smallest draw
     first = probabilities.argmin(dim=1)

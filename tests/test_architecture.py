@@ -23,7 +23,7 @@ LAYERS: dict[str, int] = {
     "data": 3, "objective": 3,
     "collect": 4,
     "models": 5,
-    "analyze": 6, "claims": 6, "preflight": 6,        # preflight: configs, sites and planned rows
+    "analyze": 6, "claims": 6, "preflight": 6, "staleness": 6,  # preflight: configs, sites and planned rows
     "bundle": 7,
     "finalize": 8, "pipeline": 8, "rerender": 8, "verify": 8,
     "replicate": 9, "callbacks": 9,

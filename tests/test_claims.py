@@ -68,7 +68,9 @@ def test_meta_aggregate_pools_with_random_effects():
     decoder = evaluate_claim(results, claim(where={"model": "dec"}, threshold=2.0, aggregate="meta", alpha=0.05))
     assert decoder["passed"]
     meta = decoder["evidence"]
-    assert meta["k"] == 4 and meta["meta_ci_low"] < meta["meta_estimate"] < meta["meta_ci_high"]
+    # the 4 rows of one model share its data: one summary is pooled (issue #15)
+    assert meta["k"] == 1 and meta["n_rows"] == 4
+    assert meta["meta_ci_low"] < meta["meta_estimate"] < meta["meta_ci_high"]
     assert not evaluate_claim(results, claim(where={"model": "enc"}, threshold=1.0, aggregate="meta",
                                              alpha=0.05))["passed"]
 

@@ -43,7 +43,7 @@ def test_hooked_gradient_equals_autograd(architecture, splits):
     layers = [0, 1] if objective == "clm" else [0, 1, 2]
     reference = torch.autograd.grad(loss, [outputs.hidden_states[l + 1] for l in layers])
     with residual_probe(model, layers, gradients=True) as record:
-        hooked_loss = lm_loss(model, inputs, labels, objective)
+        hooked_loss = lm_loss(model, inputs, labels, objective, "per_sequence_mean")
         hooked = torch.autograd.grad(hooked_loss, [record.deltas[l] for l in layers])
     assert torch.allclose(hooked_loss, loss, atol=1e-5)
     for ref, got in zip(reference, hooked):

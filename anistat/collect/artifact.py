@@ -35,9 +35,10 @@ from ..geometry import SequenceTypeSums
 
 #: Version of what a unit artifact holds and means. Bump it when a statistic is added or its
 #: definition changes (2: per-(sequence, type) sums; Bessel-corrected type distances; 3: proxy
-#: bases kept, haar/normal controls no longer projected per token), so a
+#: bases kept, haar/normal controls no longer projected per token; 4: type centroid distance
+#: from the global mean and norm, MLM type statistics without corrupted-input positions), so a
 #: resume never mixes units computed under different definitions.
-ARTIFACT_FORMAT = 3
+ARTIFACT_FORMAT = 4
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,10 @@ class UnitArtifact:
     pair_note: str = ""  # why pair_sums is None
     #: the proxy bases (d, k) by (method, rank): the analysis draws controls in their complement
     proxy_bases: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    # (V,) debiased distance of each type's centroid from the global mean, and its norm
+    # (geometry.type_mean_geometry; nan if n < 2); None in units of older anistat versions
+    type_mean_distance: np.ndarray | None = None
+    type_mean_norm: np.ndarray | None = None
 
     # -- views ----------------------------------------------------------------------------------
     def columns_for(self, proxy: str, rank: int, control: str) -> list[int]:
@@ -103,6 +108,9 @@ class UnitArtifact:
     def save(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         arrays = {name: np.asarray(getattr(self, name)) for name in self._ARRAYS}
+        for name in ("type_mean_distance", "type_mean_norm"):
+            if getattr(self, name) is not None:
+                arrays[name] = np.asarray(getattr(self, name))
         for prefix, moments in (("gradient", self.gradient_moments), ("activation", self.activation_moments)):
             arrays[f"{prefix}_sum"] = np.asarray(moments["sum"], dtype=np.float64)
             arrays[f"{prefix}_outer"] = np.asarray(moments["outer"], dtype=np.float64)

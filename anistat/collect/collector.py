@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from ..data import Splits, mask_for_mlm
-from ..geometry import GradientMoments, SequenceTypeSums, delta_isoscore_star, oracle_fraction
-from ..objective import lm_loss
+from ..geometry import GradientMoments, SequenceTypeSums, delta_isoscore_star, oracle_fraction, type_mean_geometry
+from ..objective import count_targets, lm_loss
 from ..seeding import derive_seed
 from .artifact import BasisColumn, UnitArtifact, UnitKey
 from . import distributed
@@ -59,7 +59,8 @@ def model_inputs(tokens: torch.Tensor, splits: Splits, objective: str, mlm_proba
     every checkpoint and every model sharing the data sees the same masked positions."""
     if objective == "mlm":
         generator = torch.Generator().manual_seed(derive_seed(seed, purpose, "mask"))
-        return mask_for_mlm(tokens, splits.mask_token_id, splits.vocab_size, mlm_probability, generator)
+        return mask_for_mlm(tokens, splits.mask_token_id, splits.vocab_size, mlm_probability, generator,
+                            splits.maskable)
     return tokens, tokens
 
 
@@ -276,8 +277,13 @@ class SiteAccumulator:
         self.failure = ""
 
     def add(self, grad: torch.Tensor, act: torch.Tensor, token_ids: torch.Tensor, bucket_onehot: torch.Tensor,
-            start: int | None = None, where: str = "") -> None:
-        """One batch: gradients and activations (B, T, d), token ids (B, T), bucket one-hot (B, T, K)."""
+            start: int | None = None, where: str = "", type_mask: torch.Tensor | None = None) -> None:
+        """One batch: gradients and activations (B, T, d), token ids (B, T), bucket one-hot (B, T, K).
+
+        `type_mask` (B, T) bool: the positions that enter the per-type statistics (type centroids
+        and the per-(sequence, type) sums); None = all. MLM leaves out positions whose input is
+        not the text's own token ([MASK] or a random replacement): their activation represents
+        the corrupted input, not the type."""
         if self.failure:
             return
         dim = self.dim
@@ -322,19 +328,23 @@ class SiteAccumulator:
         self.grad_unit += ((1.0 / grad_norm) @ flat_grad).double()  # Σ g_i/‖g_i‖ over evaluated rows
         act_scale = torch.where(act_norm > 0, 1.0 / act_norm.clamp(min=1e-300), torch.zeros_like(act_norm))
         self.act_unit += (act_scale @ flat_act).double()  # Σ a_i/‖a_i‖ (zero rows add nothing)
+        flat_sq = act_sq.reshape(-1)
+        rows = torch.arange(first_row, first_row + grad.shape[0], device=self.device).repeat_interleave(grad.shape[1])
+        if type_mask is not None:
+            typed = type_mask.reshape(-1).to(self.device)
+            flat_ids, flat_act, flat_sq, rows = flat_ids[typed], flat_act[typed], flat_sq[typed], rows[typed]
         self.type_count.index_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.float64))
         self.type_sum.index_add_(0, flat_ids, flat_act.double())
-        self.type_sq.index_add_(0, flat_ids, act_sq.reshape(-1).double())
+        self.type_sq.index_add_(0, flat_ids, flat_sq.double())
         if self.pair_budget_bytes > 0:
-            self._add_pairs(first_row, flat_ids, flat_act, act_sq.reshape(-1), grad.shape[0], grad.shape[1])
+            self._add_pairs(first_row, flat_ids, flat_act, flat_sq, grad.shape[0], rows)
 
     def _add_pairs(self, first_row: int, flat_ids: torch.Tensor, flat_act: torch.Tensor, act_sq: torch.Tensor,
-                   batch: int, length: int) -> None:
-        """Sums per (sequence, token type) pair of this batch. A batch holds whole sequences,
-        so its pairs never meet another batch's: they are kept as they come, in host memory
-        (they are only read by the analysis, and on an accelerator they would take the memory
-        the model needs)."""
-        rows = torch.arange(first_row, first_row + batch, device=self.device).repeat_interleave(length)
+                   batch: int, rows: torch.Tensor) -> None:
+        """Sums per (sequence, token type) pair of this batch (`rows`: each token's sequence row).
+        A batch holds whole sequences, so its pairs never meet another batch's: they are kept as
+        they come, in host memory (they are only read by the analysis, and on an accelerator
+        they would take the memory the model needs)."""
         pairs, inverse = torch.unique(flat_ids.long() * (first_row + batch) + rows, return_inverse=True)
         n_pairs = int(pairs.shape[0])
         self._pair_bytes += n_pairs * (self.dim + 4) * 8
@@ -448,19 +458,19 @@ class SiteAccumulator:
                 index = [i for i, b in enumerate(descriptors) if b.proxy == basis_set.proxy and b.rank == basis_set.rank]
                 stack = torch.cat([basis_set.basis.unsqueeze(0)] + list(basis_set.controls.values())).to(self.device)
                 delta[index] = _to_numpy(delta_isoscore_star(moments, stack, C0=isoscore_c0, zeta=isoscore_zeta))
-        # Bessel-corrected RMS distance to the type centroid, sqrt(Σ‖a − c‖² / (n − 1)): unbiased
-        # for the type's variance whatever its count (see geometry.ResampledCentroidDistance)
+        # per type: Bessel-corrected RMS spread around its centroid (unbiased for the type's
+        # variance whatever its count, see geometry.ResampledCentroidDistance), and the debiased
+        # distance of its centroid from the global mean and norm (geometry.type_mean_geometry)
         count = self.type_count
-        scatter = self.type_sq - self.type_sum.square().sum(-1) / count.clamp(min=1)
-        rms = torch.where(count >= 2, (scatter.clamp(min=0) / (count - 1).clamp(min=1)).sqrt(),
-                          torch.full_like(count, float("nan")))
+        types = type_mean_geometry(_to_numpy(count), _to_numpy(self.type_sum), _to_numpy(self.type_sq))
         return UnitArtifact(
             **kwargs,
             total_energy=_to_numpy(self.total), energy=_to_numpy(self.energy),
             delta_isoscore_star=delta, oracle_fraction=oracle,
             gradient_moments=_moments_dict(moments), activation_moments=_moments_dict(self.act),
             gradient_unit_sum=_to_numpy(self.grad_unit), activation_unit_sum=_to_numpy(self.act_unit),
-            type_count=_to_numpy(count).astype(np.int64), type_rms_distance=_to_numpy(rms),
+            type_count=_to_numpy(count).astype(np.int64), type_rms_distance=types.rms_spread,
+            type_mean_distance=types.mean_distance, type_mean_norm=types.mean_norm,
             pair_sums=self.pair_sums(), pair_note=self.pair_note,
             proxy_bases={(bs.proxy, bs.rank): _to_numpy(bs.basis) for bs in self.bases},
         )
@@ -484,13 +494,15 @@ def measure_checkpoint(
     precision: str = "fp32",
     progress_label: str = "",
     pair_budget_bytes: int = 0,
+    loss_reduction: str = "global_mean",
 ) -> dict:
     """Phase 2 for one checkpoint: every selected site in one forward/backward per batch.
 
     `keys` maps any key (a block index, a site name) to the unit's `UnitKey`; the site probed is
     `UnitKey.site` (see `sites.py`). `bases` is keyed alike. Under torchrun, batches are
     sharded across ranks and the statistics all-reduced (see `distributed.py`).
-    `pair_budget_bytes` is shared equally by the sites (see `SiteAccumulator`)."""
+    `pair_budget_bytes` is shared equally by the sites (see `SiteAccumulator`). The loss is
+    `lm_loss(..., loss_reduction)` with the normaliser of the whole test split (not of a batch)."""
     started = time.perf_counter()
     order = list(keys)
     sites = as_sites(model, {k: keys[k].site for k in order})
@@ -502,6 +514,7 @@ def measure_checkpoint(
         parameter.requires_grad_(False)  # post hoc: ∂L/∂h needs no parameter gradients
     inputs, labels = model_inputs(splits.test, splits, objective, mlm_probability, seed, "test")
     n_seq, seq_len = inputs.shape
+    targets_per_sequence = float(count_targets(labels, objective).sum()) / n_seq
     used = counted_positions(objective, seq_len)
     dim = next(iter(bases.values()))[0].basis.shape[0]
     acc = {k: SiteAccumulator(bases[k], dim=dim, n_seq=n_seq, n_buckets=n_buckets, vocab_size=splits.vocab_size,
@@ -518,19 +531,22 @@ def measure_checkpoint(
         batch_inputs = inputs[start:stop].to(device)
         batch_labels = labels[start:stop].to(device)
         with torch.enable_grad(), autocast(device, precision), probe(model, sites, gradients=True) as record:
-            loss = lm_loss(model, batch_inputs, batch_labels, objective)
+            loss = lm_loss(model, batch_inputs, batch_labels, objective, loss_reduction, targets_per_sequence)
             gradients = torch.autograd.grad(loss * scale if scale != 1.0 else loss,
                                             [record.deltas[k] for k in order])
         # frequency buckets and token types follow the text's own token (for MLM the masked
         # input shows <mask>, but the position still belongs to the original token)
         token_ids = splits.test[start:stop, :used].to(device)
+        # ...but type centroids use only positions that show their own token (MLM: not [MASK] or a
+        # random replacement; see SiteAccumulator.add)
+        type_mask = (batch_inputs[:, :used] == token_ids) if objective == "mlm" else None
         onehot = torch.nn.functional.one_hot(bucket_of_token[token_ids], n_buckets)
         for k, gradient in zip(order, gradients):
             grad = gradient[:, :used].to(compute)
             if scale != 1.0:
                 grad = grad / scale
             acc[k].add(grad, record.activations[k][:, :used], token_ids, onehot, start=start,
-                       where=f"sequences {start}-{stop - 1}")
+                       where=f"sequences {start}-{stop - 1}", type_mask=type_mask)
         tokens_done += (stop - start) * seq_len
         progress.update(1)
         progress.set_postfix_str(f"{tokens_done / max(time.perf_counter() - clock, 1e-9):,.0f} tok/s", refresh=False)

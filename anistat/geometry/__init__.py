@@ -12,12 +12,15 @@ from .frequency import (
     CentroidDistances,
     FrequencyCorrelation,
     ResampledCentroidDistance,
+    ResampledTypeMeans,
     SequenceTypeSums,
+    TypeMeanGeometry,
     centroid_distances,
     frequency_buckets,
     log_frequency_correlation,
     masked_correlations,
     sequence_type_sums,
+    type_mean_geometry,
 )
 from .metrics import (
     DEFAULT_ZETA,
@@ -40,7 +43,10 @@ from .metrics import (
 from .moments import GradientMoments
 from .random_subspaces import SpectralFrame, SubspaceTraces, isoscore_star_from_traces
 from .null_check import NullCheck, haar_energy_moments, haar_null_check, haar_token_fraction_law
-from .proxies import PROXY_METHODS, Proxy, ProxyMethod, fit_proxy, project, register_proxy, top_activating
+from .proxies import (
+    PROXY_METHODS, Proxy, ProxyMethod, center_default, fit_proxy, project, proxy_variants, register_proxy,
+    top_activating,
+)
 
 __all__ = [
     "CONTROL_KINDS",
@@ -54,8 +60,11 @@ __all__ = [
     "Proxy",
     "ProxyMethod",
     "ResampledCentroidDistance",
+    "ResampledTypeMeans",
     "SequenceTypeSums",
+    "TypeMeanGeometry",
     "anisotropy_capture",
+    "center_default",
     "centroid_distances",
     "complement_basis",
     "delta_isoscore_star",
@@ -85,7 +94,9 @@ __all__ = [
     "participation_ratio_from_cov",
     "principal_subspace",
     "project",
+    "proxy_variants",
     "register_proxy",
     "sequence_type_sums",
     "top_activating",
+    "type_mean_geometry",
 ]

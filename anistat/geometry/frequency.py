@@ -4,8 +4,12 @@ sequence-bootstrap CIs).
 * :func:`frequency_buckets` — bucket index per token id from corpus counts.
 * :func:`centroid_distances` — per token type, the mean Euclidean distance of its occurrences'
   activations to the type's activation centroid.
+* :func:`type_mean_geometry` — from streamed per-type sums, the three per-type "distances"
+  the frequency analysis offers (each named in the results): the RMS spread of a type's
+  activations around its own centroid, the distance of the type's mean activation (centroid)
+  from the global mean, and the norm of the type's mean activation.
 * :func:`log_frequency_correlation` — Spearman and Pearson correlation of log-frequency with
-  that distance.
+  a per-type distance.
 * :class:`SequenceTypeSums` / :func:`sequence_type_sums` — activation sums per (sequence, token
   type) pair, the sufficient statistics that let a sequence bootstrap recompute every type's
   centroid; :class:`ResampledCentroidDistance` evaluates the RMS centroid distance of every
@@ -28,12 +32,15 @@ __all__ = [
     "CentroidDistances",
     "FrequencyCorrelation",
     "ResampledCentroidDistance",
+    "ResampledTypeMeans",
     "SequenceTypeSums",
+    "TypeMeanGeometry",
     "centroid_distances",
     "frequency_buckets",
     "log_frequency_correlation",
     "masked_correlations",
     "sequence_type_sums",
+    "type_mean_geometry",
 ]
 
 
@@ -116,6 +123,61 @@ def centroid_distances(activations: Any, token_ids: Any, *, min_occurrences: int
         mean_distance=mean_d[keep].cpu().numpy(),
         token_distance=dist.cpu().numpy(),
     )
+
+
+@dataclass(frozen=True)
+class TypeMeanGeometry:
+    """Per token type (arrays of the vocabulary's length, NaN where a type has fewer than two
+    occurrences): ``rms_spread``, ``mean_distance``, ``mean_norm`` (see
+    :func:`type_mean_geometry`) and the ``global_mean`` (d,) they refer to."""
+
+    rms_spread: np.ndarray
+    mean_distance: np.ndarray
+    mean_norm: np.ndarray
+    global_mean: np.ndarray
+
+
+def type_mean_geometry(count: Any, vector_sum: Any, square_sum: Any) -> TypeMeanGeometry:
+    """Three per-type geometries from streamed sums over a type's n_t occurrences
+    (``count`` n_t (V,), ``vector_sum`` Σa (V, d), ``square_sum`` Σ‖a‖² (V,)).
+
+    With centroid ``c_t = Σa / n_t`` and the token-weighted global mean
+    ``μ = Σ_t Σa / Σ_t n_t`` (over the same occurrences):
+
+    * ``rms_spread_t = sqrt(Σ_i ‖a_i − c_t‖² / (n_t − 1))`` — Bessel-corrected RMS distance of
+      the occurrences to their own centroid (what ``*_logfreq_distance`` correlates);
+    * ``mean_distance_t = sqrt(max(0, ‖c_t − μ‖² − rms_spread_t² / n_t))`` — distance of the
+      type's mean representation from the global mean, the anisotropy literature's usual
+      quantity (``*_logfreq_mean_distance``);
+    * ``mean_norm_t = sqrt(max(0, ‖c_t‖² − rms_spread_t² / n_t))`` — the norm of the type's mean
+      representation (``*_logfreq_mean_norm``).
+
+    Why the ``− rms²/n_t`` term: a centroid of n_t noisy occurrences lies on average
+    ``tr Σ_t / n_t`` (squared) farther from any fixed point than the type's true mean, and n_t
+    follows the corpus count, so the plug-in distance alone would correlate with frequency
+    (rare types pushed outward). Subtracting the unbiased ``rms_spread²/n_t`` makes each squared
+    distance unbiased for the true one (μ is treated as fixed: it pools all tokens). Types with
+    n_t < 2 get NaN."""
+    n = np.asarray(count, dtype=np.float64).ravel()
+    total = np.asarray(vector_sum, dtype=np.float64)
+    square = np.asarray(square_sum, dtype=np.float64).ravel()
+    if total.ndim != 2 or total.shape[0] != n.size or square.size != n.size:
+        raise ValueError(f"count (V,), vector_sum (V, d) and square_sum (V,) must align; got {n.shape}, "
+                         f"{total.shape}, {square.shape}")
+    enough = n >= 2
+    safe = np.maximum(n, 1.0)
+    centroid = total / safe[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scatter = np.maximum(square - np.einsum("vd,vd->v", total, total) / safe, 0.0)
+        variance = np.where(enough, scatter / np.maximum(n - 1.0, 1.0), np.nan)
+        global_mean = total.sum(0) / max(float(n.sum()), 1.0)
+        offset = centroid - global_mean
+        noise = variance / safe
+        mean_distance = np.sqrt(np.maximum(np.einsum("vd,vd->v", offset, offset) - noise, 0.0))
+        mean_norm = np.sqrt(np.maximum(np.einsum("vd,vd->v", centroid, centroid) - noise, 0.0))
+    nan = np.full(n.shape, np.nan)
+    return TypeMeanGeometry(rms_spread=np.sqrt(variance), mean_distance=np.where(enough, mean_distance, nan),
+                            mean_norm=np.where(enough, mean_norm, nan), global_mean=global_mean)
 
 
 @dataclass(frozen=True)
@@ -302,6 +364,83 @@ class ResampledCentroidDistance:
         ok = denominator > 0.5  # an integer count of pairs; 0 when no two tokens can pair
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(ok, np.sqrt(np.maximum(numerator, 0.0) / np.where(ok, denominator, 1.0)), np.nan)
+
+
+class ResampledTypeMeans:
+    """:func:`type_mean_geometry`'s ``mean_distance`` and ``mean_norm`` of each of
+    ``token_types`` under sequence weights (sequence s drawn ``w_s`` times).
+
+    With per-(sequence, type) sums ``v_st = Σ a`` and counts ``n_st``, and per-sequence totals
+    over *all* types ``V_s = Σ_t v_st``, ``N_s = Σ_t n_st``:
+
+        A_t = Σ_s w_s v_st,  n_t = Σ_s w_s n_st,  B = Σ_s w_s V_s,  N = Σ_s w_s N_s
+        ‖c_t − μ‖² = ‖A_t‖²/n_t² − 2⟨A_t, B⟩/(n_t N) + ‖B‖²/N²,   ‖c_t‖² = ‖A_t‖²/n_t²
+
+    minus the noise term ``rms_t(w)²/n_t`` with ``rms_t(w)`` from
+    :class:`ResampledCentroidDistance` (which leaves out pairs between copies of a sequence),
+    then ``sqrt(max(0, ·))``. Quadratic terms use the Gram matrices of the pair sums: per type
+    ``v_st·v_s't`` (a block-diagonal sparse matrix, Σ_t S_t² entries), pair-by-sequence
+    ``v_st·V_s'`` (P × S) and ``V_s·V_s'`` (S × S), so a call costs ``O(b (Σ_t S_t² + P S))``.
+    At ``w = 1`` the values are :func:`type_mean_geometry`'s."""
+
+    def __init__(self, sums: SequenceTypeSums, token_types: Any):
+        types = np.asarray(token_types, dtype=np.int64).ravel()
+        self.n_sequences, self.n_types = int(sums.n_sequences), int(types.size)
+        self._spread = ResampledCentroidDistance(sums, types)
+        shape = (self.n_sequences, sums.vector_sum.shape[1])
+        totals = np.zeros(shape)
+        np.add.at(totals, sums.sequence, sums.vector_sum)
+        self._sequence_count = np.bincount(sums.sequence, weights=sums.count, minlength=self.n_sequences)
+        self._sequence_gram = totals @ totals.T  # (S, S)
+        column = np.full(int(max(types.max(initial=-1), sums.token_type.max(initial=-1))) + 1, -1, dtype=np.int64)
+        column[types] = np.arange(types.size)
+        pair_column = column[sums.token_type]
+        keep = pair_column >= 0
+        order = np.lexsort((sums.sequence[keep], pair_column[keep]))
+        self._col = pair_column[keep][order]
+        self._seq = sums.sequence[keep][order]
+        vector = sums.vector_sum[keep][order]
+        n_pairs = self._col.size
+        self._membership = sparse.csr_matrix((np.ones(n_pairs), (self._col, np.arange(n_pairs))),
+                                             shape=(self.n_types, n_pairs))
+        self._counts = sparse.csr_matrix((sums.count[keep][order], (self._col, self._seq)),
+                                         shape=(self.n_types, self.n_sequences))
+        self._cross = vector @ totals.T  # (P, S): v_st · V_s'
+        # block-diagonal Gram of the pairs of each type
+        starts = np.flatnonzero(np.r_[True, self._col[1:] != self._col[:-1]]) if n_pairs else np.zeros(0, np.int64)
+        stops = np.r_[starts[1:], n_pairs].astype(np.int64)
+        rows, cols, values = [], [], []
+        for start, stop in zip(starts, stops):
+            block = vector[start:stop]
+            index = np.arange(start, stop)
+            rows.append(np.repeat(index, stop - start))
+            cols.append(np.tile(index, stop - start))
+            values.append((block @ block.T).ravel())
+        self._gram = sparse.csr_matrix((np.concatenate(values) if values else np.zeros(0),
+                                        (np.concatenate(rows) if rows else np.zeros(0, np.int64),
+                                         np.concatenate(cols) if cols else np.zeros(0, np.int64))),
+                                       shape=(n_pairs, n_pairs))
+
+    def __call__(self, weights: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean_distance, mean_norm)``, each ``(b, n_types)``, for weights ``(b, n_sequences)``."""
+        w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+        if w.shape[1] != self.n_sequences:
+            raise ValueError(f"weights must have {self.n_sequences} columns, got {w.shape[1]}")
+        spread = self._spread(w)
+        pair_weight = w[:, self._seq]  # (b, P)
+        n = np.asarray(self._counts @ w.T).T  # (b, T)
+        a_squared = np.asarray(self._membership @ (pair_weight * np.asarray(self._gram @ pair_weight.T).T).T).T
+        a_dot_b = np.asarray(self._membership @ (pair_weight * (w @ self._cross.T)).T).T
+        b_squared = np.einsum("bs,st,bt->b", w, self._sequence_gram, w)[:, None]
+        total = (w @ self._sequence_count)[:, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            noise = spread**2 / n
+            norm_squared = a_squared / n**2
+            distance_squared = norm_squared - 2.0 * a_dot_b / (n * total) + b_squared / total**2
+            usable = (n > 0) & np.isfinite(spread)
+            distance = np.where(usable, np.sqrt(np.maximum(distance_squared - noise, 0.0)), np.nan)
+            norm = np.where(usable, np.sqrt(np.maximum(norm_squared - noise, 0.0)), np.nan)
+        return distance, norm
 
 
 def masked_correlations(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -6,11 +6,12 @@ orthonormal columns spanning the model's directions.
 
 Methods (registered in :data:`PROXY_METHODS`; add one with ``@register_proxy("name")``):
 
-* ``pca``      — top-k right singular vectors of the centred activations.
+* ``pca``      — top-k right singular vectors of the centred activations (``center=False``:
+  of the raw activations, i.e. the top-k eigenvectors of the second moment ``AᵀA/N``).
 * ``semi_nmf`` — Ding, Li & Jordan (2010) semi-NMF of the *uncentred* activations
   ``A ≈ G Fᵀ``, codes ``G ≥ 0`` (N, k), free dictionary ``F`` (d, k); basis = QR(F).
 * ``nmf``      — Lee–Seung NMF of ``ReLU(A) ≈ W H`` (W ≥ 0 codes, H ≥ 0 dictionary);
-  basis = QR(Hᵀ).
+  basis = QR(Hᵀ) (``center=True``: of ``ReLU(A − mean)``).
 * ``ica``      — FastICA (symmetric, log-cosh contrast) on the whitened top-k PCA
   coordinates; basis = QR of the unmixing directions mapped back to activation space.  Those
   directions span exactly the top-k PCA subspace, so ``ica`` gives the *same subspace* (and
@@ -18,6 +19,14 @@ Methods (registered in :data:`PROXY_METHODS`; add one with ``@register_proxy("na
   differ.
 * ``random``   — a Haar-random k-subspace drawn from ``seed``: a deliberately uninformative
   negative control that goes through the same pipeline as a real proxy.
+
+Centring. A method that can model the activations either centred or raw takes ``center`` and
+declares its default in ``center_default`` (pca: centred; semi_nmf and nmf: raw, as in the
+concept-extraction literature; ica centres by construction and random ignores the data, so
+neither has the option). Centring decides whether the activation mean — often the largest
+direction of a transformer's activations — can enter the span, so a comparison of methods is
+one of methods *and* centring unless both are set alike; :func:`proxy_variants` names every
+non-default variant in its label (``pca@uncentred``, ``semi_nmf@centred``).
 
 All fitting is done in float64 on the activations' device (torch only, so it runs on GPU);
 random initialisations use a CPU ``torch.Generator`` seeded with ``seed`` and are then moved,
@@ -41,8 +50,10 @@ __all__ = [
     "PROXY_METHODS",
     "Proxy",
     "ProxyMethod",
+    "center_default",
     "fit_proxy",
     "project",
+    "proxy_variants",
     "register_proxy",
     "top_activating",
 ]
@@ -79,6 +90,8 @@ class ProxyMethod(abc.ABC):
     take their options as constructor keyword arguments and implement :meth:`fit`."""
 
     name: ClassVar[str] = ""
+    #: the method's own centring (None: it has no ``center`` option), see the module docstring
+    center_default: ClassVar[bool | None] = None
 
     @abc.abstractmethod
     def fit(self, x: torch.Tensor, rank: int, seed: int) -> tuple[torch.Tensor, float, dict]:
@@ -138,6 +151,36 @@ def fit_proxy(activations: Any, method: str, rank: int, seed: int = 0, **options
     if completed:
         info["completed_dims"] = completed
     return Proxy(method=method, rank=rank, basis=basis.to(output_dtype(a.dtype)), reconstruction_error=float(err), info=info)
+
+
+def center_default(method: str) -> bool | None:
+    """A registered method's default centring (None when it has no ``center`` option)."""
+    if method not in PROXY_METHODS:
+        raise ValueError(f"unknown proxy method {method!r}; registered: {sorted(PROXY_METHODS)}")
+    return PROXY_METHODS[method].center_default
+
+
+def proxy_variants(method: str, center: bool | str | None = None) -> list[tuple[str, dict]]:
+    """The (label, fit options) pairs one protocol method expands to.
+
+    ``center``: None (the method's default), True / False, or ``"both"`` (the default variant
+    and the other one). The default variant is labelled by the method name alone; the other
+    by ``METHOD@centred`` or ``METHOD@uncentred``, so results never mix the two."""
+    default = center_default(method)
+    if default is None:
+        if center is not None:
+            raise ValueError(f"proxy method {method!r} has no centring option")
+        return [(method, {})]
+    if center is None:
+        wanted = [default]
+    elif center == "both":
+        wanted = [default, not default]
+    elif isinstance(center, bool):
+        wanted = [center]
+    else:
+        raise ValueError(f"center must be true, false or 'both', got {center!r}")
+    return [(method if c == default else f"{method}@{'centred' if c else 'uncentred'}", {"center": c})
+            for c in wanted]
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -240,19 +283,35 @@ def top_activating(scores: Any, m: int, *, absolute: bool = False) -> torch.Tens
 # ---------------------------------------------------------------------------- methods
 @register_proxy("pca")
 class PCAProxy(ProxyMethod):
-    """Top-k right singular vectors of the centred activations (signs: largest entry > 0).
-    info: ``explained_variance_ratio`` (captured share of centred variance), ``singular_values``
-    (top k), ``mean`` (d,)."""
+    """Top-k right singular vectors of the centred activations ``A − 1μᵀ`` (signs: largest
+    entry > 0); with ``center=False`` of the raw activations ``A`` — the top-k eigenvectors of
+    the second moment ``AᵀA/N = C + μμᵀ`` (C the biased covariance), which lean towards the
+    mean direction when ‖μ‖² is large against C's eigenvalues.
+    info: ``explained_variance_ratio`` (captured share of ‖A − 1μᵀ‖_F², or of ‖A‖_F² when
+    uncentred), ``singular_values`` (top k), ``mean`` (d,), ``centered``.
+    Options: ``center=True``."""
+
+    center_default = True
+
+    def __init__(self, center: bool = True):
+        self.center = bool(center)
 
     def fit(self, x, rank, seed):
-        mu, v, s = _top_pcs(x, rank)
+        if self.center:
+            mu, v, s = _top_pcs(x, rank)
+        else:
+            mu = x.mean(dim=0)
+            _, s, vh = torch.linalg.svd(x, full_matrices=False)
+            v = _fix_signs(vh[:rank].T)
         # drop numerically null components (N ≤ rank): fit_proxy completes them at random
         nonnull = s[: v.shape[1]] > 1e-12 * max(float(s[0]) if len(s) else 0.0, 1e-300)
         v = v[:, nonnull]
         tot = float((s**2).sum())
         evr = float((s[:rank] ** 2).sum()) / tot if tot > 0 else float("nan")
-        info = {"explained_variance_ratio": evr, "singular_values": s[:rank].cpu().numpy(), "mean": mu.cpu().numpy()}
-        return v, _centred_projection_error(x, v), info
+        info = {"explained_variance_ratio": evr, "singular_values": s[:rank].cpu().numpy(), "mean": mu.cpu().numpy(),
+                "centered": self.center}
+        error = _centred_projection_error(x, v) if self.center else _rel_error(x, (x @ v) @ v.T)
+        return v, error, info
 
 
 @register_proxy("random")
@@ -323,6 +382,8 @@ class SemiNMFProxy(ProxyMethod):
     Options: ``max_iter=500``, ``tol=1e-7``, ``kmeans_iter=10``, ``center=False`` (centre the
     activations first).
     """
+
+    center_default = False
 
     def __init__(self, max_iter: int = 500, tol: float = 1e-7, kmeans_iter: int = 10, center: bool = False):
         self.max_iter = int(max_iter)
@@ -395,14 +456,20 @@ class NMFProxy(ProxyMethod):
     """NMF (Lee & Seung multiplicative updates, Frobenius loss) of ``X⁺ = ReLU(A)``:
     ``X⁺ ≈ W H`` with codes ``W ≥ 0`` (N, k) and dictionary ``H ≥ 0`` (k, d); basis = QR(Hᵀ)
     (atoms sorted by ‖W_j‖·‖H_j‖).  Seeded uniform init scaled to the data.
-    info: ``objective`` trace, ``n_iter``, ``converged``.
-    Options: ``max_iter=500``, ``tol=1e-7``."""
+    info: ``objective`` trace, ``n_iter``, ``converged``, ``centered``.
+    Options: ``max_iter=500``, ``tol=1e-7``, ``center=False`` (model ``ReLU(A − 1μᵀ)``: the
+    positive part of the deviations from the mean)."""
 
-    def __init__(self, max_iter: int = 500, tol: float = 1e-7):
+    center_default = False
+
+    def __init__(self, max_iter: int = 500, tol: float = 1e-7, center: bool = False):
         self.max_iter = int(max_iter)
         self.tol = float(tol)
+        self.center = bool(center)
 
     def fit(self, x, rank, seed):
+        if self.center:
+            x = x - x.mean(dim=0, keepdim=True)
         xp = x.clamp_min(0.0)
         n, d = xp.shape
         k = rank
@@ -432,7 +499,7 @@ class NMFProxy(ProxyMethod):
         w, h = w[:, order], h[order]
         basis = _orthonormal_span(h.T)
         err = math.sqrt(max(trace[-1], 0.0) / xx) if xx > 0 else 0.0
-        return basis, err, {"objective": trace, "n_iter": it, "converged": converged}
+        return basis, err, {"objective": trace, "n_iter": it, "converged": converged, "centered": self.center}
 
 
 @register_proxy("ica")

@@ -1,13 +1,42 @@
 """Across models / seeds / checkpoints: random-effects meta-analysis and trend tests.
 
-``random_effects_meta`` uses ``statsmodels.stats.meta_analysis.combine_effects``. Default
-``method="dl"``: DerSimonian–Laird moment estimator of the between-study variance
-``tau2 = max(0, (Q - (k-1)) / (sum w - sum w^2 / sum w))`` with ``w = 1/v``; ``"pm"`` gives
-Paule–Mandel (statsmodels supplies ``tau2`` and ``Q``; ``tau2`` is truncated at 0, which
-statsmodels' DL does not do). Estimate ``mu = sum w* y / sum w*`` with ``w* = 1/(v + tau2)``,
-``se = 1/sqrt(sum w*)``, Wald CI ``mu ± z se`` and two-sided normal p-value for ``mu = 0``.
-``Q`` is Cochran's heterogeneity statistic, ``I2 = max(0, (Q - (k-1)) / Q)``.
-Typical input: log2 energy ratios and their bootstrap variances (``se**2``).
+**Random effects** (``random_effects_meta``): rows ``y_i`` with sampling variances ``v_i``,
+``y_i = mu + u_i + e_i``, ``u_i ~ N(0, tau2)``. Between-row variance ``tau2``:
+
+* ``"dl"`` DerSimonian–Laird moment estimator ``max(0, (Q − (k−1)) / (Σw − Σw²/Σw))``,
+  ``w = 1/v`` (via ``statsmodels.stats.meta_analysis.combine_effects``, truncated at 0, which
+  statsmodels' DL does not do);
+* ``"pm"`` Paule–Mandel (statsmodels' iterated estimator);
+* ``"reml"`` restricted maximum likelihood: ``tau2 ≥ 0`` maximising
+  ``−½ [Σ log(v_i + tau2) + log Σ w*_i + Σ w*_i (y_i − mu*)²]`` — at an interior optimum it
+  solves ``tau2 = Σ w*²((y − mu*)² − v) / Σ w*² + 1/Σ w*`` (Viechtbauer 2005). statsmodels has
+  no REML for meta-analysis; the tests check it against metafor's published BCG numbers.
+
+Estimate ``mu = Σ w* y / Σ w*`` with ``w* = 1/(v + tau2)``. Intervals: ``"wald"``
+``mu ± z se``, ``se = 1/√Σw*``, normal p-value; ``"hksj"`` Hartung–Knapp–Sidik–Jonkman
+``mu ± t_{k−1} se_HK``, ``se_HK² = Σ w* (y − mu)² / ((k − 1) Σ w*)`` (untruncated, as in
+statsmodels' "random effect wls"), p-value from ``t_{k−1}``. HKSJ keeps its coverage with few
+rows, where the Wald interval is too narrow. ``Q`` is Cochran's statistic,
+``I2 = max(0, (Q − (k−1)) / Q)``.
+
+**Dependent rows.** Rows computed on the same data (e.g. the layers × ranks × checkpoints of one
+model share its test sequences) are not independent studies; pooling them as if they were
+shrinks the SE by about √(rows per model). Two remedies:
+
+* ``aggregate_clusters``: one summary per cluster (the independent unit, e.g. the model) — the
+  mean of its rows, with variance ``(Σ_i v_i + rho Σ_{i≠j} √(v_i v_j)) / k_j²`` under a common
+  within-cluster correlation ``rho``; ``rho = 1`` (default) is the Cauchy–Schwarz upper bound,
+  exact when the rows are perfectly correlated and conservative otherwise. The summaries are
+  then pooled by ``random_effects_meta``.
+* ``robust_meta``: robust variance estimation (Hedges, Tipton & Jackson 2010) — intercept-only
+  weighted least squares over all rows with "correlated effects" working weights
+  ``w_ij = 1/(k_j (v̄_j + tau2))`` and a cluster sandwich variance, valid whatever the
+  within-cluster correlation. Small-sample correction CR2 (Bell & McCaffrey 2002; Tipton 2015):
+  for an intercept-only model it is exactly
+  ``V = Σ_j (Σ_i w_ij e_ij)² / (1 − W_j/W) / W²``, ``W_j = Σ_i w_ij``, ``W = Σ_j W_j``,
+  ``e = y − mu``; CR0 omits the ``1/(1 − W_j/W)``. Interval and test use ``t_{m−1}`` (m
+  clusters; HTJ 2010). Tipton (2015) shows Satterthwaite degrees of freedom to be better when
+  clusters are few or unbalanced: with fewer than about 10 clusters the interval is approximate.
 
 ``trend_test`` fits ``estimate = a + b * step`` by weighted least squares (weights
 ``1/variance``; ordinary least squares without variances) with statsmodels and tests
@@ -23,7 +52,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import optimize
 from scipy import stats as sps
+
+META_METHODS = ("dl", "pm", "reml")
+META_INTERVALS = ("wald", "hksj")
 
 
 @dataclass(frozen=True)
@@ -38,6 +71,24 @@ class MetaResult:
     p_value: float
     k: int
     method: str = "dl"
+    interval: str = "wald"
+    df: float = float("inf")  # degrees of freedom of the interval's t quantile (inf: normal)
+
+
+@dataclass(frozen=True)
+class RobustMetaResult:
+    """Robust-variance (cluster sandwich) pooled estimate; ``k`` rows in ``m`` clusters."""
+
+    estimate: float
+    se: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    tau2: float
+    k: int
+    m: int
+    df: float
+    small_sample: str
 
 
 @dataclass(frozen=True)
@@ -57,41 +108,144 @@ class TrendResult:
     weighted: bool
 
 
-def random_effects_meta(estimates, variances, method: str = "dl",
-                        ci_level: float = 0.95) -> MetaResult:
-    """Random-effects pooled estimate (NaN pairs are dropped)."""
-    from statsmodels.stats.meta_analysis import combine_effects
-
-    if method not in ("dl", "pm"):
-        raise ValueError(f"method must be 'dl' or 'pm', got {method!r}")
+def _clean(estimates, variances, *others):
     y = np.asarray(estimates, dtype=np.float64).ravel()
     v = np.asarray(variances, dtype=np.float64).ravel()
     if y.shape != v.shape:
         raise ValueError("estimates and variances must have the same length")
+    for other in others:
+        if len(other) != y.size:
+            raise ValueError("every input must have one entry per estimate")
     ok = np.isfinite(y) & np.isfinite(v)
-    y, v = y[ok], v[ok]
-    if (v <= 0).any():
+    if (v[ok] <= 0).any():
         raise ValueError("variances must be positive")
+    return ok, y[ok], v[ok]
+
+
+def reml_tau2(estimates, variances) -> float:
+    """REML between-study variance (see module docstring), by bounded Brent maximisation of the
+    restricted log-likelihood on [0, 10·(sample variance of y + max v)]."""
+    y = np.asarray(estimates, dtype=np.float64)
+    v = np.asarray(variances, dtype=np.float64)
+    if y.size < 2:
+        return 0.0
+
+    def negative_restricted_loglik(tau2: float) -> float:
+        w = 1.0 / (v + tau2)
+        mu = (w * y).sum() / w.sum()
+        return 0.5 * (np.log(v + tau2).sum() + np.log(w.sum()) + (w * (y - mu) ** 2).sum())
+
+    upper = 10.0 * (float(np.var(y, ddof=1)) + float(v.max()))
+    if upper <= 0:
+        return 0.0
+    found = optimize.minimize_scalar(negative_restricted_loglik, bounds=(0.0, upper), method="bounded",
+                                     options={"xatol": 1e-12 * upper, "maxiter": 500})
+    tau2 = float(found.x)
+    # Brent never evaluates the bound itself: compare with the boundary solution tau2 = 0
+    return 0.0 if negative_restricted_loglik(0.0) <= negative_restricted_loglik(tau2) else tau2
+
+
+def random_effects_meta(estimates, variances, method: str = "dl", ci_level: float = 0.95,
+                        interval: str = "wald") -> MetaResult:
+    """Random-effects pooled estimate (NaN pairs are dropped); see the module docstring."""
+    from statsmodels.stats.meta_analysis import combine_effects
+
+    if method not in META_METHODS:
+        raise ValueError(f"method must be one of {META_METHODS}, got {method!r}")
+    if interval not in META_INTERVALS:
+        raise ValueError(f"interval must be one of {META_INTERVALS}, got {interval!r}")
+    _, y, v = _clean(estimates, variances)
     k = y.size
     if k == 0:
-        return MetaResult(*(np.nan,) * 8, 0, method)
-    if k == 1:
+        return MetaResult(*(np.nan,) * 8, 0, method, interval, np.nan)
+    if k == 1:  # nothing to pool: the row's own normal interval
         se = float(np.sqrt(v[0]))
         zc = sps.norm.ppf(0.5 + ci_level / 2)
         return MetaResult(float(y[0]), se, y[0] - zc * se, y[0] + zc * se, 0.0, 0.0, 0.0,
-                          float(2 * sps.norm.sf(abs(y[0]) / se)), 1, method)
-    res = combine_effects(y, v, method_re="chi2" if method == "dl" else "iterated",
-                          alpha=1 - ci_level)
-    tau2 = max(0.0, float(res.tau2))  # statsmodels does not truncate DL's tau2 at 0
+                          float(2 * sps.norm.sf(abs(y[0]) / se)), 1, method, "wald", np.inf)
+    if method == "reml":
+        tau2 = reml_tau2(y, v)
+        w_fixed = 1.0 / v
+        q = float((w_fixed * (y - (w_fixed * y).sum() / w_fixed.sum()) ** 2).sum())
+    else:
+        res = combine_effects(y, v, method_re="chi2" if method == "dl" else "iterated", alpha=1 - ci_level)
+        tau2 = max(0.0, float(res.tau2))  # statsmodels does not truncate DL's tau2 at 0
+        q = float(res.q)
     w = 1.0 / (v + tau2)
     est = float((w * y).sum() / w.sum())
-    se = float(1.0 / np.sqrt(w.sum()))
-    q = float(res.q)
     i2 = max(0.0, (q - (k - 1)) / q) if q > 0 else 0.0
-    zc = sps.norm.ppf(0.5 + ci_level / 2)
-    p = float(2 * sps.norm.sf(abs(est) / se))
-    return MetaResult(est, se, est - zc * se, est + zc * se, tau2, float(i2), q, p, int(k),
-                      method)
+    if interval == "hksj":
+        df = float(k - 1)
+        se = float(np.sqrt((w * (y - est) ** 2).sum() / (df * w.sum())))
+        crit = sps.t.ppf(0.5 + ci_level / 2, df)
+        p = float(2 * sps.t.sf(abs(est) / se, df)) if se > 0 else (0.0 if est != 0 else 1.0)
+    else:
+        df = np.inf
+        se = float(1.0 / np.sqrt(w.sum()))
+        crit = sps.norm.ppf(0.5 + ci_level / 2)
+        p = float(2 * sps.norm.sf(abs(est) / se))
+    return MetaResult(est, se, est - crit * se, est + crit * se, tau2, float(i2), q, p, int(k), method, interval,
+                      df)
+
+
+def aggregate_clusters(estimates, variances, clusters, correlation: float = 1.0):
+    """One summary per cluster: (means (m,), variances (m,), sizes (m,), cluster labels (m,)).
+
+    Mean of the cluster's rows and its variance under a common within-cluster correlation
+    ``correlation`` between rows' sampling errors (module docstring); NaN rows are dropped."""
+    if not 0.0 <= correlation <= 1.0:
+        raise ValueError(f"correlation must be in [0, 1], got {correlation}")
+    labels = np.asarray(clusters, dtype=object).ravel()
+    ok, y, v = _clean(estimates, variances, labels)
+    labels = labels[ok]
+    order = list(dict.fromkeys(labels.tolist()))
+    means, variances_out, sizes = [], [], []
+    for label in order:
+        rows = labels == label
+        yj, sj = y[rows], np.sqrt(v[rows])
+        kj = int(rows.sum())
+        total = (1 - correlation) * (sj**2).sum() + correlation * sj.sum() ** 2
+        means.append(yj.mean())
+        variances_out.append(total / kj**2)
+        sizes.append(kj)
+    return np.asarray(means), np.asarray(variances_out), np.asarray(sizes), order
+
+
+def robust_meta(estimates, variances, clusters, ci_level: float = 0.95, small_sample: str = "CR2",
+                tau2: float | None = None) -> RobustMetaResult:
+    """Robust variance estimation over dependent rows (module docstring).
+
+    ``tau2``: between-cluster variance of the working weights; default the REML estimate of the
+    cluster summaries of ``aggregate_clusters`` (rho = 1). The weights only affect efficiency:
+    the sandwich variance is valid for any weights."""
+    if small_sample not in ("CR2", "CR0"):
+        raise ValueError(f"small_sample must be CR2 or CR0, got {small_sample!r}")
+    labels = np.asarray(clusters, dtype=object).ravel()
+    ok, y, v = _clean(estimates, variances, labels)
+    labels = labels[ok]
+    names = list(dict.fromkeys(labels.tolist()))
+    m = len(names)
+    if m < 2:
+        raise ValueError(f"robust variance estimation needs at least 2 clusters, got {m}")
+    index = np.array([names.index(label) for label in labels])
+    sizes = np.bincount(index, minlength=m).astype(float)
+    mean_v = np.bincount(index, weights=v, minlength=m) / sizes
+    if tau2 is None:
+        summary_y, summary_v, _, _ = aggregate_clusters(y, v, labels)
+        tau2 = reml_tau2(summary_y, summary_v)
+    w = 1.0 / (sizes[index] * (mean_v[index] + tau2))
+    total_w = w.sum()
+    estimate = float((w * y).sum() / total_w)
+    residual_sums = np.bincount(index, weights=w * (y - estimate), minlength=m)
+    if small_sample == "CR2":
+        cluster_w = np.bincount(index, weights=w, minlength=m)
+        residual_sums = residual_sums / np.sqrt(1.0 - cluster_w / total_w)
+    se = float(np.sqrt((residual_sums**2).sum()) / total_w)
+    df = float(m - 1)
+    crit = sps.t.ppf(0.5 + ci_level / 2, df)
+    p = float(2 * sps.t.sf(abs(estimate) / se, df)) if se > 0 else (0.0 if estimate != 0 else 1.0)
+    return RobustMetaResult(estimate, se, estimate - crit * se, estimate + crit * se, p, float(tau2), int(y.size), m,
+                            df, small_sample)
 
 
 def trend_test(steps, estimates, variances=None, ci_level: float = 0.95,
