@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat val
 
     from .protocol import Protocol
     from .report import ReportInputs, ReportOptions
+    from .report.inputs import NullCheckSummary
 
 
 

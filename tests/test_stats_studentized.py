@@ -4,10 +4,9 @@ independence of simulated studies."""
 import numpy as np
 import pytest
 from scipy import stats
-from scipy.special import ndtri
 
 import anistat.stats.calibrate as calibrate
-from anistat.stats import (analyze_energy, bootstrap_weights, ci_from_replicates, ratio_se,
+from anistat.stats import (bootstrap_weights, ci_from_replicates, ratio_se,
                            run_calibration, sequence_bootstrap)
 
 
