@@ -38,10 +38,10 @@ import torch
 
 from .collect import UnitArtifact
 from .geometry import (
-    ResampledCentroidDistance, SpectralFrame, effective_rank_from_cov, haar_null_check, isoscore_from_cov,
-    isoscore_star_from_cov, log_frequency_correlation, masked_correlations, participation_ratio_from_cov,
+    ResampledCentroidDistance, ResampledTypeMeans, SpectralFrame, effective_rank_from_cov, haar_null_check,
+    isoscore_from_cov, isoscore_star_from_cov, log_frequency_correlation, masked_correlations,
+    participation_ratio_from_cov, random_subspace_traces,
 )
-from .geometry import ResampledTypeMeans
 from .protocol import Protocol
 from .seeding import derive_seed
 from .stats import (
@@ -177,13 +177,14 @@ def unit_rows(artifact: UnitArtifact, protocol: Protocol, nulls: NullSettings | 
     covariance = SpectralFrame(_cov(artifact.gradient_moments))
     ranks = sorted({rank for _, rank in groups})
     n_null = nulls.n_null_draws
-    haar_energy = {rank: second_moment.energy_fractions(traces) for rank, traces in second_moment.random_traces(
-        ranks, n_null, derive_seed(protocol.seed, unit_id, "haar-null", "energy")).items()}
     delta_ok = dim - max(ranks) >= 2
+    # one set of Haar draws serves the energy test (second moment) and the ΔIsoScore* test
+    # (covariance): each frame reads them in its own eigen-coordinates (see random_subspace_traces)
+    energy_traces, delta_traces = random_subspace_traces(
+        [second_moment, covariance], ranks, n_null, derive_seed(protocol.seed, unit_id, "haar-null"))
+    haar_energy = {rank: second_moment.energy_fractions(traces) for rank, traces in energy_traces.items()}
     haar_delta = ({rank: covariance.delta_isoscore_star(traces, rank, stats.isoscore_c0, stats.isoscore_zeta)
-                   for rank, traces in covariance.random_traces(
-                       ranks, n_null, derive_seed(protocol.seed, unit_id, "haar-null", "delta")).items()}
-                  if delta_ok else {})
+                   for rank, traces in delta_traces.items()} if delta_ok else {})
     for rank, oracle in sorted(artifact.oracle_fraction.items()):
         rows.append({**base, "proxy": "oracle", "rank": rank, "control": "none", "metric": "oracle_fraction",
                      "estimate": oracle, "ci_method": "none", "n_controls": 0, "status": "ok", "note": ""})
@@ -210,12 +211,13 @@ def unit_rows(artifact: UnitArtifact, protocol: Protocol, nulls: NullSettings | 
             else:  # normal: uniform in the proxy's complement, drawn from the moments
                 reference, reference_kind = expected_control_energy("normal", proxy_energy, total, rank, dim), "expected"
                 n_normal = max(protocol.controls.n, 999)
-                draw_seed = derive_seed(protocol.seed, unit_id, proxy, rank, "normal-draws")
-                control_fractions = second_moment.energy_fractions(
-                    second_moment.random_traces([rank], n_normal, draw_seed, exclude=basis)[rank])
-                control_delta = (covariance.delta_isoscore_star(
-                    covariance.random_traces([rank], n_normal, draw_seed, exclude=basis)[rank], rank,
-                    stats.isoscore_c0, stats.isoscore_zeta) if delta_ok else np.array([np.nan]))
+                energy_normal, delta_normal = random_subspace_traces(
+                    [second_moment, covariance], [rank], n_normal,
+                    derive_seed(protocol.seed, unit_id, proxy, rank, "normal-draws"), exclude=basis)
+                control_fractions = second_moment.energy_fractions(energy_normal[rank])
+                control_delta = (covariance.delta_isoscore_star(delta_normal[rank], rank, stats.isoscore_c0,
+                                                                stats.isoscore_zeta)
+                                 if delta_ok else np.array([np.nan]))
             analysis = analyze_energy(
                 proxy_energy, total, reference, rank=rank, dim=dim, null_fractions=haar_energy[rank],
                 control_fractions=control_fractions, observed_fraction=observed,

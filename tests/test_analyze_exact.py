@@ -68,7 +68,7 @@ def test_one_exact_test_behind_every_energy_metric_and_kind():
     # reproduce it: Haar draws from the unit's second moment, same seed
     frame = SpectralFrame(artifact.gradient_moments["outer"])
     null = frame.energy_fractions(frame.random_traces(
-        [K], 999, derive_seed(protocol.seed, artifact.key.id, "haar-null", "energy"))[K])
+        [K], 999, derive_seed(protocol.seed, artifact.key.id, "haar-null"))[K])
     observed = frame.energy_fractions(frame.traces_of(artifact.proxy_bases[("pca", K)]))[0]
     assert energy_rows[0]["p_value"] == monte_carlo_pvalue(observed, null)
     # closed-form references, documents as the resampling unit

@@ -41,7 +41,7 @@ from .metrics import (
     participation_ratio_from_cov,
 )
 from .moments import GradientMoments
-from .random_subspaces import SpectralFrame, SubspaceTraces, isoscore_star_from_traces
+from .random_subspaces import SpectralFrame, SubspaceTraces, isoscore_star_from_traces, random_subspace_traces
 from .null_check import NullCheck, haar_energy_moments, haar_null_check, haar_token_fraction_law
 from .proxies import (
     PROXY_METHODS, Proxy, ProxyMethod, center_default, fit_proxy, project, proxy_variants, register_proxy,
@@ -80,6 +80,7 @@ __all__ = [
     "SpectralFrame",
     "SubspaceTraces",
     "isoscore_star_from_traces",
+    "random_subspace_traces",
     "haar_token_fraction_law",
     "isoscore",
     "isoscore_from_cov",

@@ -40,7 +40,7 @@ import torch
 
 from ._util import as_float64
 
-__all__ = ["SubspaceTraces", "SpectralFrame", "isoscore_star_from_traces"]
+__all__ = ["SubspaceTraces", "SpectralFrame", "isoscore_star_from_traces", "random_subspace_traces"]
 
 #: Draws per chunk: fixed, so a seed gives the same draws whatever the memory available.
 _CHUNK = 512
@@ -93,39 +93,10 @@ class SpectralFrame:
 
         ``exclude=None``: Haar (uniform over all k-subspaces of R^d). ``exclude=U`` (``(d, k')``,
         orthonormal): uniform over k-subspaces of the orthogonal complement of ``U`` (the
-        ``normal`` control of :func:`anistat.geometry.draw_controls`).
-
-        One Gaussian ``Z`` (``d × K``, K the largest rank) per draw serves every rank: the span
-        of its first ``k`` columns is itself a uniform k-subspace, and with ``ZᵀZ = LLᵀ`` the
-        basis ``Z L⁻ᵀ`` is Gram–Schmidt ordered, so rank ``k``'s traces are leading-block sums
-        of ``L⁻¹(ZᵀΛZ)L⁻ᵀ`` and ``L⁻¹(ZᵀΛ²Z)L⁻ᵀ``. Gaussians come from numpy's PCG64 seeded
-        with ``seed``, in chunks of fixed size (device- and memory-independent).
+        ``normal`` control of :func:`anistat.geometry.draw_controls`). See
+        :func:`random_subspace_traces` for how the draws are made.
         """
-        d = self.dim
-        ranks = sorted({int(r) for r in ([ranks] if np.isscalar(ranks) else ranks)})
-        if not ranks or ranks[0] < 1 or ranks[-1] >= d:
-            raise ValueError(f"ranks must satisfy 1 <= k < d = {d}, got {ranks}")
-        top, n = ranks[-1], int(n)
-        excluded = None if exclude is None else self.to_eigen_coordinates(exclude)
-        if excluded is not None and top > d - excluded.shape[1]:
-            raise ValueError(f"a rank-{top} subspace does not fit in the {d - excluded.shape[1]}-dimensional "
-                             "complement")
-        rng = np.random.default_rng(seed)
-        parts: dict[int, list[SubspaceTraces]] = {k: [] for k in ranks}
-        lam = self.eigenvalues[None, :, None]
-        for start in range(0, n, _CHUNK):
-            z = torch.from_numpy(rng.standard_normal((min(_CHUNK, n - start), d, top)))
-            if excluded is not None:
-                z = z - excluded @ (excluded.T @ z)
-            chol = torch.linalg.cholesky(z.transpose(1, 2) @ z)
-            weighted = lam * z
-            whitened = [_whiten(chol, z.transpose(1, 2) @ weighted),  # L⁻¹ZᵀΛZL⁻ᵀ
-                        _whiten(chol, weighted.transpose(1, 2) @ weighted)]  # L⁻¹ZᵀΛ²ZL⁻ᵀ
-            for k in ranks:
-                parts[k].append(_block_traces(*(w[:, :k, :k] for w in whitened)))
-        return {k: SubspaceTraces(*(np.concatenate([getattr(p, f) for p in chunks])
-                                    for f in ("trace", "trace_squared", "frobenius")))
-                for k, chunks in parts.items()}
+        return random_subspace_traces([self], ranks, n, seed, exclude=exclude)[0]
 
     def _traces(self, q: torch.Tensor) -> SubspaceTraces:
         """Traces of orthonormal bases ``(n, d, k)`` given in eigen-coordinates."""
@@ -145,6 +116,50 @@ class SpectralFrame:
             self.total_frobenius - 2.0 * traces.trace_squared + traces.frobenius,
             self.dim - int(rank), c0, zeta)
         return removed - full
+
+
+def random_subspace_traces(frames, ranks, n: int, seed: int, *, exclude=None) -> list[dict[int, SubspaceTraces]]:
+    """Traces of ``n`` random subspaces per rank, evaluated in every frame of ``frames``.
+
+    One Gaussian ``Z`` (``d × K``, K the largest rank) per draw serves every rank and every
+    frame. Ranks: the span of ``Z``'s first ``k`` columns is itself a uniform k-subspace, and
+    with ``ZᵀZ = LLᵀ`` the basis ``Z L⁻ᵀ`` is Gram–Schmidt ordered, so rank ``k``'s traces are
+    leading-block sums of ``L⁻¹(ZᵀΛZ)L⁻ᵀ`` and ``L⁻¹(ZᵀΛ²Z)L⁻ᵀ``. Frames: ``Z`` is read in each
+    frame's own eigen-coordinates, where it is again a uniform draw, so each frame's null is
+    exact on its own (the frames' draws are dependent, which no single test sees). With
+    ``exclude=U`` each frame projects ``Vᵀ U`` out of ``Z``. Gaussians come from numpy's PCG64
+    seeded with ``seed``, in chunks of fixed size (device- and memory-independent)."""
+    frames = list(frames)
+    d = frames[0].dim
+    if any(frame.dim != d for frame in frames):
+        raise ValueError("frames must share one dimension")
+    ranks = sorted({int(r) for r in ([ranks] if np.isscalar(ranks) else ranks)})
+    if not ranks or ranks[0] < 1 or ranks[-1] >= d:
+        raise ValueError(f"ranks must satisfy 1 <= k < d = {d}, got {ranks}")
+    top, n = ranks[-1], int(n)
+    excluded = [None if exclude is None else frame.to_eigen_coordinates(exclude).numpy() for frame in frames]
+    if exclude is not None and top > d - excluded[0].shape[1]:
+        raise ValueError(f"a rank-{top} subspace does not fit in the {d - excluded[0].shape[1]}-dimensional "
+                         "complement")
+    rng = np.random.default_rng(seed)
+    parts: list[dict[int, list[SubspaceTraces]]] = [{k: [] for k in ranks} for _ in frames]
+    for start in range(0, n, _CHUNK):
+        gaussian = rng.standard_normal((min(_CHUNK, n - start), d, top))
+        for frame, drop, out in zip(frames, excluded, parts):
+            z = gaussian if drop is None else gaussian - drop @ (drop.T @ gaussian)
+            # Gram matrices with numpy's batched matmul (faster than torch's bmm for these
+            # small float64 blocks), the k × k algebra in torch
+            lam = frame.eigenvalues.numpy()[None, :, None]
+            zt = z.transpose(0, 2, 1)
+            weighted = lam * z
+            chol = torch.linalg.cholesky(torch.from_numpy(zt @ z))
+            whitened = [_whiten(chol, torch.from_numpy(zt @ weighted)),  # L⁻¹ZᵀΛZL⁻ᵀ
+                        _whiten(chol, torch.from_numpy(weighted.transpose(0, 2, 1) @ weighted))]  # L⁻¹ZᵀΛ²ZL⁻ᵀ
+            for k in ranks:
+                out[k].append(_block_traces(*(w[:, :k, :k] for w in whitened)))
+    return [{k: SubspaceTraces(*(np.concatenate([getattr(p, f) for p in chunks])
+                                 for f in ("trace", "trace_squared", "frobenius")))
+             for k, chunks in frame_parts.items()} for frame_parts in parts]
 
 
 def isoscore_star_from_traces(trace, frobenius, dim: int, c0: str, zeta: float):
