@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..data import Splits, mask_for_mlm
-from ..geometry import GradientMoments, SequenceTypeSums, delta_isoscore_star, oracle_fraction
+from ..geometry import GradientMoments, SequenceTypeSums, delta_isoscore_star, oracle_fractions
 from ..models import lm_loss
 from ..seeding import derive_seed
 from .artifact import BasisColumn, UnitArtifact, UnitKey
@@ -222,12 +222,96 @@ def autocast(device: torch.device, precision: str):
 
 
 def compute_dtype(device: torch.device) -> torch.dtype:
-    return torch.float64 if device.type == "cpu" else torch.float32  # CPU stays exact for tests
+    """Per-batch products (projections, outer products) run in float32 on every device and are
+    added into float64 running sums; per-batch centring keeps every statistic within ~1e-7
+    relative of a float64 computation (tests/test_collect_precision.py checks 1e-6)."""
+    return torch.float32
 
 
 # ----------------------------------------------------------------------------------------------
 # per-site accumulation of sufficient statistics
 # ----------------------------------------------------------------------------------------------
+class _TypeTable:
+    """Per-token-type activation sums (count, Σa, Σ‖a‖², float64) for the types seen so far.
+
+    Rows are given to types as they first occur (a vocabulary-sized index maps id → row), and
+    the tables grow by doubling, so memory follows the number of distinct types in the data —
+    never more than a dense vocabulary table. The result is read back per vocabulary id, so
+    row order never shows."""
+
+    def __init__(self, vocab_size: int, dim: int, device: torch.device):
+        self.vocab_size, self.dim, self.device = vocab_size, dim, device
+        self.row_of = torch.full((vocab_size,), -1, dtype=torch.int64, device=device)
+        self.n_rows = 0
+        self._allocate(0)
+
+    def _allocate(self, capacity: int) -> None:
+        f64 = dict(dtype=torch.float64, device=self.device)
+        self.type_id = torch.zeros(capacity, dtype=torch.int64, device=self.device)
+        self.count, self.sq = torch.zeros(capacity, **f64), torch.zeros(capacity, **f64)
+        self.sum = torch.zeros(capacity, self.dim, **f64)
+
+    def _grow(self, needed: int) -> None:
+        old = (self.type_id, self.count, self.sq, self.sum)
+        self._allocate(max(needed, 2 * old[0].shape[0], 256))
+        for new, part in zip((self.type_id, self.count, self.sq, self.sum), old):
+            new[: self.n_rows] = part[: self.n_rows]
+
+    def add(self, ids: torch.Tensor, act64: torch.Tensor, act_sq: torch.Tensor) -> None:
+        rows = self.row_of[ids]
+        unseen = rows < 0
+        if bool(unseen.any()):
+            new = torch.unique(ids[unseen])
+            if self.n_rows + new.shape[0] > self.type_id.shape[0]:
+                self._grow(self.n_rows + new.shape[0])
+            self.row_of[new] = torch.arange(self.n_rows, self.n_rows + new.shape[0], device=self.device)
+            self.type_id[self.n_rows : self.n_rows + new.shape[0]] = new
+            self.n_rows += new.shape[0]
+            rows = self.row_of[ids]
+        self.count.index_add_(0, rows, torch.ones_like(act_sq))
+        self.sum.index_add_(0, rows, act64)
+        self.sq.index_add_(0, rows, act_sq)
+
+    def dense(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(count, Σa, Σ‖a‖²) as vocabulary-sized tables."""
+        f64 = dict(dtype=torch.float64, device=self.device)
+        ids = self.type_id[: self.n_rows]
+        count = torch.zeros(self.vocab_size, **f64).index_copy_(0, ids, self.count[: self.n_rows])
+        sq = torch.zeros(self.vocab_size, **f64).index_copy_(0, ids, self.sq[: self.n_rows])
+        total = torch.zeros(self.vocab_size, self.dim, **f64).index_copy_(0, ids, self.sum[: self.n_rows])
+        return count, total, sq
+
+    def all_reduce(self) -> None:
+        """Ranks saw different types in a different order: sum dense tables, then keep the types
+        any rank saw."""
+        count, total, sq = self.dense()
+        for tensor in (count, total, sq):
+            distributed.all_reduce_sum_(tensor)
+        seen = torch.nonzero(count > 0).flatten()
+        self.row_of.fill_(-1)
+        self.n_rows = 0
+        self._allocate(int(seen.shape[0]))
+        self.row_of[seen] = torch.arange(seen.shape[0], device=self.device)
+        self.type_id[:] = seen
+        self.count[:], self.sq[:], self.sum[:] = count[seen], sq[seen], total[seen]
+        self.n_rows = int(seen.shape[0])
+
+    def count_and_rms_distance(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per vocabulary id: occurrences, and the Bessel-corrected RMS distance to the type
+        centroid, sqrt(Σ‖a − c‖² / (n − 1)) = sqrt((Σ‖a‖² − ‖Σa‖²/n) / (n − 1)): unbiased for
+        the type's variance whatever its count (see geometry.ResampledCentroidDistance); nan
+        where n < 2."""
+        ids = self.type_id[: self.n_rows]
+        count = self.count[: self.n_rows]
+        scatter = self.sq[: self.n_rows] - self.sum[: self.n_rows].square().sum(-1) / count.clamp(min=1)
+        rms = torch.where(count >= 2, (scatter.clamp(min=0) / (count - 1).clamp(min=1)).sqrt(),
+                          torch.full_like(count, float("nan")))
+        f64 = dict(dtype=torch.float64, device=self.device)
+        dense_count = torch.zeros(self.vocab_size, **f64).index_copy_(0, ids, count)
+        dense_rms = torch.full((self.vocab_size,), float("nan"), **f64).index_copy_(0, ids, rms)
+        return dense_count, dense_rms
+
+
 class SiteAccumulator:
     """Per-sequence sufficient statistics of one site, streamed batch by batch.
 
@@ -236,7 +320,13 @@ class SiteAccumulator:
     (measurement inside training, where sequences are the training batches).
 
     `dtype` is the per-batch compute precision (projections, outer products); every running sum
-    is float64. Default: float64 on CPU (exact, what the tests check), float32 on accelerators.
+    is float64. Default float32 on every device: the second moments are accumulated about each
+    batch's own mean (Σ aaᵀ = Σ(a − s)(a − s)ᵀ + s(Σa − Ns)ᵀ + (Σa)sᵀ, the small correction in
+    float64), so a large mean never costs float32 digits; sums of vectors, type sums and the
+    squared norms behind them are float64. Everything stays on `device`.
+
+    Token-type sums (count, Σa, Σ‖a‖² per type) are kept only for the types seen (`_TypeTable`),
+    not for the whole vocabulary: at a 50k vocabulary a dense table costs 300 MB per site.
 
     `pair_budget_bytes` > 0 also keeps activation sums per (sequence, token type) pair (count,
     Σ‖a‖², Σa — see `geometry.SequenceTypeSums`), which the analysis needs to bootstrap the
@@ -262,9 +352,7 @@ class SiteAccumulator:
         self.act = GradientMoments.zeros(dim, device=device)
         self.grad_unit = torch.zeros(dim, **f64)
         self.act_unit = torch.zeros(dim, **f64)
-        self.type_count = torch.zeros(vocab_size, **f64)
-        self.type_sum = torch.zeros(vocab_size, dim, **f64)
-        self.type_sq = torch.zeros(vocab_size, **f64)
+        self.types = _TypeTable(vocab_size, dim, device)
         self.pair_budget_bytes = int(pair_budget_bytes)
         self._pairs: list[tuple[torch.Tensor, ...]] = []
         self._pair_bytes = 0  # what the pairs take (counted on past the budget, for the note)
@@ -277,52 +365,68 @@ class SiteAccumulator:
         if self.failure:
             return
         dim = self.dim
-        grad = grad.to(self.dtype)
-        act = act.to(self.dtype)
-        grad_sq = grad.square().sum(-1)  # (B, T) ‖g_i‖²
-        act_sq = act.square().sum(-1)  # (B, T) ‖a_i‖²
-        # one cheap check instead of a pass over every element: a NaN/Inf anywhere in a row
-        # makes its squared norm NaN/Inf
-        if not (torch.isfinite(grad_sq).all() and torch.isfinite(act_sq).all()):
-            self.failure = f"non-finite gradients or activations in {where}"
-            return
-        onehot = bucket_onehot.to(self.dtype)
-        squared = (grad @ self.stacked).square() @ self.indicator  # (B, T, n_bases)
-        energy = torch.einsum("btn,btk->bkn", squared, onehot).double()
-        total = torch.einsum("bt,btk->bk", grad_sq, onehot).double()
+        flat_grad = grad.reshape(-1, dim).to(self.dtype)  # one contiguous copy (the inputs are slices)
+        # the one float64 copy (of the input, so float64 inputs lose nothing): type sums, pairs,
+        # Σa and ‖a‖² are float64 — the per-type scatter Σ‖a‖² − ‖Σa‖²/n cancels digits
+        act64 = act.reshape(-1, dim).double()
+        flat_act = act.reshape(-1, dim).to(self.dtype)
+        n_rows = flat_grad.shape[0]
+        grad_norm = torch.linalg.vector_norm(flat_grad, dim=1)  # ‖g_i‖, no (N, d) temporary
+        act_sq = torch.linalg.vector_norm(act64, dim=1).square()  # ‖a_i‖² (float64)
+        grad_sq = grad_norm.square()
         # Gradient rows that are exactly zero carry no loss signal by construction (e.g.
         # unmasked positions after an encoder's last block): they are not evaluated tokens.
-        evaluated = grad_sq > 0  # (B, T)
-        count = evaluated.sum(dim=1)
+        evaluated = grad_sq > 0
+        # one host sync per batch: a NaN/Inf anywhere in a row makes its norm NaN/Inf
+        finite_grad, finite_act, n_eval = torch.stack([
+            torch.isfinite(grad_sq).all().long(), torch.isfinite(act_sq).all().long(), evaluated.sum()]).tolist()
+        if not (finite_grad and finite_act):
+            self.failure = f"non-finite gradients or activations in {where}"
+            return
+        onehot = bucket_onehot.reshape(n_rows, -1).to(self.dtype)
+        squared = (flat_grad @ self.stacked).square() @ self.indicator  # (N, n_bases) ‖Qᵀg_i‖²
+        batch, length = grad.shape[0], grad.shape[1]
+        energy = torch.einsum("btn,btk->bkn", squared.reshape(batch, length, -1),
+                              onehot.reshape(batch, length, -1)).double()
+        total = torch.einsum("bt,btk->bk", grad_sq.reshape(batch, length),
+                             onehot.reshape(batch, length, -1)).double()
+        count = evaluated.reshape(batch, length).sum(dim=1)
         first_row = self.n_sequences if self.growing else start
         if self.growing:
             self._chunks.append((total, energy, count))
         else:
-            stop = start + grad.shape[0]
+            stop = start + batch
             self.energy[start:stop] += energy
             self.total[start:stop] += total
             self.n_tokens[start:stop] += count
-        flat_grad = grad.reshape(-1, dim)
-        grad_norm = grad_sq.reshape(-1).sqrt()
-        if not bool(evaluated.all()):
-            keep = evaluated.reshape(-1)
-            flat_grad, grad_norm = flat_grad[keep], grad_norm[keep]
-        flat_act = act.reshape(-1, dim)
-        act_norm = act_sq.reshape(-1).sqrt()
-        flat_ids = token_ids.reshape(-1).to(self.device)
-        # moments: per-batch products in the compute dtype, accumulated in float64
-        for moments, rows in ((self.grad, flat_grad), (self.act, flat_act)):
-            moments.count += int(rows.shape[0])
-            moments.sum += rows.sum(0).double()
-            moments.outer += (rows.T @ rows).double()
-        self.grad_unit += ((1.0 / grad_norm) @ flat_grad).double()  # Σ g_i/‖g_i‖ over evaluated rows
+        # moments: Σx and the shift s (this batch's mean) in float64; Σ(x − s)(x − s)ᵀ of both
+        # clouds in one batched float32 product; zero (unevaluated) gradient rows are masked
+        grad_sum = flat_grad.sum(0, dtype=torch.float64)
+        act_sum = act64.sum(0)
+        grad_shift = (grad_sum / max(n_eval, 1)).to(self.dtype)
+        act_shift = (act_sum / n_rows).to(self.dtype)
+        centred = torch.empty(2, n_rows, dim, dtype=self.dtype, device=self.device)
+        torch.sub(flat_grad, grad_shift, out=centred[0])
+        if n_eval < n_rows:
+            centred[0].mul_(evaluated.unsqueeze(1))
+        torch.sub(flat_act, act_shift, out=centred[1])
+        scatter = torch.bmm(centred.transpose(1, 2), centred)  # (2, d, d)
+        for index, (moments, n, total_sum, shift) in enumerate(
+                ((self.grad, n_eval, grad_sum, grad_shift), (self.act, n_rows, act_sum, act_shift))):
+            shift = shift.double()
+            moments.count += int(n)
+            moments.sum += total_sum
+            moments.outer += scatter[index]
+            moments.outer += torch.outer(shift, total_sum - n * shift) + torch.outer(total_sum, shift)
+        inverse_norm = torch.where(evaluated, 1.0 / grad_norm.clamp(min=1e-30), torch.zeros_like(grad_norm))
+        self.grad_unit += inverse_norm @ flat_grad  # Σ g_i/‖g_i‖ over evaluated rows
+        act_norm = act_sq.sqrt()
         act_scale = torch.where(act_norm > 0, 1.0 / act_norm.clamp(min=1e-300), torch.zeros_like(act_norm))
-        self.act_unit += (act_scale @ flat_act).double()  # Σ a_i/‖a_i‖ (zero rows add nothing)
-        self.type_count.index_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.float64))
-        self.type_sum.index_add_(0, flat_ids, flat_act.double())
-        self.type_sq.index_add_(0, flat_ids, act_sq.reshape(-1).double())
+        self.act_unit += act_scale @ act64  # Σ a_i/‖a_i‖ (zero rows add nothing)
+        flat_ids = token_ids.reshape(-1).to(self.device)
+        self.types.add(flat_ids, act64, act_sq)
         if self.pair_budget_bytes > 0:
-            self._add_pairs(first_row, flat_ids, flat_act, act_sq.reshape(-1), grad.shape[0], grad.shape[1])
+            self._add_pairs(first_row, flat_ids, act64, act_sq, batch, length)
 
     def _add_pairs(self, first_row: int, flat_ids: torch.Tensor, flat_act: torch.Tensor, act_sq: torch.Tensor,
                    batch: int, length: int) -> None:
@@ -399,8 +503,9 @@ class SiteAccumulator:
         if failed.item() and not self.failure:
             self.failure = "non-finite gradients or activations on another rank"
         for tensor in (self.total, self.energy, self.n_tokens, self.grad.sum, self.grad.outer, self.act.sum,
-                       self.act.outer, self.grad_unit, self.act_unit, self.type_count, self.type_sum, self.type_sq):
+                       self.act.outer, self.grad_unit, self.act_unit):
             distributed.all_reduce_sum_(tensor)
+        self.types.all_reduce()
         counts = torch.tensor([self.grad.count, self.act.count], dtype=torch.int64, device=self.device)
         distributed.all_reduce_sum_(counts)
         self.grad.count, self.act.count = int(counts[0]), int(counts[1])
@@ -437,19 +542,15 @@ class SiteAccumulator:
             return _failed_artifact(f"{self.failure} at {key.site}", int(self.total.shape[0]), self.n_buckets,
                                     len(descriptors), self.vocab_size, **kwargs)
         moments = self.grad
-        oracle = {bs.rank: oracle_fraction(moments.second_moment, bs.rank) for bs in self.bases}
+        oracle = oracle_fractions(moments.second_moment, sorted({bs.rank for bs in self.bases}))
         delta = np.full(len(descriptors), np.nan)
         if oracle and dim - max(oracle) >= 2:
+            covariance = moments.covariance()  # once per unit; ΔIsoScore* is O(d²k) per basis from it
             for basis_set in self.bases:
                 index = [i for i, b in enumerate(descriptors) if b.proxy == basis_set.proxy and b.rank == basis_set.rank]
                 stack = torch.cat([basis_set.basis.unsqueeze(0)] + list(basis_set.controls.values())).to(self.device)
-                delta[index] = _to_numpy(delta_isoscore_star(moments, stack, C0=isoscore_c0, zeta=isoscore_zeta))
-        # Bessel-corrected RMS distance to the type centroid, sqrt(Σ‖a − c‖² / (n − 1)): unbiased
-        # for the type's variance whatever its count (see geometry.ResampledCentroidDistance)
-        count = self.type_count
-        scatter = self.type_sq - self.type_sum.square().sum(-1) / count.clamp(min=1)
-        rms = torch.where(count >= 2, (scatter.clamp(min=0) / (count - 1).clamp(min=1)).sqrt(),
-                          torch.full_like(count, float("nan")))
+                delta[index] = _to_numpy(delta_isoscore_star(covariance, stack, C0=isoscore_c0, zeta=isoscore_zeta))
+        count, rms = self.types.count_and_rms_distance()
         return UnitArtifact(
             **kwargs,
             total_energy=_to_numpy(self.total), energy=_to_numpy(self.energy),
