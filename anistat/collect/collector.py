@@ -258,6 +258,8 @@ class _TypeTable:
             new[: self.n_rows] = part[: self.n_rows]
 
     def add(self, ids: torch.Tensor, act64: torch.Tensor, act_sq: torch.Tensor) -> None:
+        """Add rows (float64) of the given vocabulary ids. `index_put_(accumulate=True)` rather
+        than `index_add_`: same sums, in index order, ~30× faster for float64 rows on CPU."""
         rows = self.row_of[ids]
         unseen = rows < 0
         if bool(unseen.any()):
@@ -268,9 +270,9 @@ class _TypeTable:
             self.type_id[self.n_rows : self.n_rows + new.shape[0]] = new
             self.n_rows += new.shape[0]
             rows = self.row_of[ids]
-        self.count.index_add_(0, rows, torch.ones_like(act_sq))
-        self.sum.index_add_(0, rows, act64)
-        self.sq.index_add_(0, rows, act_sq)
+        self.count.index_put_((rows,), torch.ones_like(act_sq), accumulate=True)
+        self.sum.index_put_((rows,), act64, accumulate=True)
+        self.sq.index_put_((rows,), act_sq, accumulate=True)
 
     def dense(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(count, Σa, Σ‖a‖²) as vocabulary-sized tables."""
@@ -348,8 +350,12 @@ class SiteAccumulator:
         self.energy = torch.zeros(rows, n_buckets, n_bases, **f64)
         self.n_tokens = torch.zeros(rows, dtype=torch.int64, device=device)
         self._chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self.grad = GradientMoments.zeros(dim, device=device)
-        self.act = GradientMoments.zeros(dim, device=device)
+        # both clouds' running sums in one (2, ...) float64 block, so a batch updates them with
+        # one batched operation each; `grad` and `act` are views into it
+        self._sums = torch.zeros(2, dim, **f64)
+        self._outers = torch.zeros(2, dim, dim, **f64)
+        self.grad = GradientMoments(count=0, sum=self._sums[0], outer=self._outers[0])
+        self.act = GradientMoments(count=0, sum=self._sums[1], outer=self._outers[1])
         self.grad_unit = torch.zeros(dim, **f64)
         self.act_unit = torch.zeros(dim, **f64)
         self.types = _TypeTable(vocab_size, dim, device)
@@ -366,10 +372,11 @@ class SiteAccumulator:
             return
         dim = self.dim
         flat_grad = grad.reshape(-1, dim).to(self.dtype)  # one contiguous copy (the inputs are slices)
+        flat_input = act.reshape(-1, dim)
         # the one float64 copy (of the input, so float64 inputs lose nothing): type sums, pairs,
         # Σa and ‖a‖² are float64 — the per-type scatter Σ‖a‖² − ‖Σa‖²/n cancels digits
-        act64 = act.reshape(-1, dim).double()
-        flat_act = act.reshape(-1, dim).to(self.dtype)
+        act64 = flat_input.double()
+        flat_act = flat_input.to(self.dtype)
         n_rows = flat_grad.shape[0]
         grad_norm = torch.linalg.vector_norm(flat_grad, dim=1)  # ‖g_i‖, no (N, d) temporary
         act_sq = torch.linalg.vector_norm(act64, dim=1).square()  # ‖a_i‖² (float64)
@@ -401,23 +408,22 @@ class SiteAccumulator:
             self.n_tokens[start:stop] += count
         # moments: Σx and the shift s (this batch's mean) in float64; Σ(x − s)(x − s)ᵀ of both
         # clouds in one batched float32 product; zero (unevaluated) gradient rows are masked
-        grad_sum = flat_grad.sum(0, dtype=torch.float64)
-        act_sum = act64.sum(0)
-        grad_shift = (grad_sum / max(n_eval, 1)).to(self.dtype)
-        act_shift = (act_sum / n_rows).to(self.dtype)
+        sums = torch.stack([flat_grad.sum(0, dtype=torch.float64), act64.sum(0)])  # (2, d) Σg, Σa
+        counts = torch.tensor([[max(n_eval, 1)], [n_rows]], dtype=torch.float64, device=self.device)
+        shifts = (sums / counts).to(self.dtype)  # each cloud's batch mean, as used below
         centred = torch.empty(2, n_rows, dim, dtype=self.dtype, device=self.device)
-        torch.sub(flat_grad, grad_shift, out=centred[0])
+        torch.sub(flat_grad, shifts[0], out=centred[0])
         if n_eval < n_rows:
             centred[0].mul_(evaluated.unsqueeze(1))
-        torch.sub(flat_act, act_shift, out=centred[1])
-        scatter = torch.bmm(centred.transpose(1, 2), centred)  # (2, d, d)
-        for index, (moments, n, total_sum, shift) in enumerate(
-                ((self.grad, n_eval, grad_sum, grad_shift), (self.act, n_rows, act_sum, act_shift))):
-            shift = shift.double()
-            moments.count += int(n)
-            moments.sum += total_sum
-            moments.outer += scatter[index]
-            moments.outer += torch.outer(shift, total_sum - n * shift) + torch.outer(total_sum, shift)
+        torch.sub(flat_act, shifts[1], out=centred[1])
+        self._outers += torch.bmm(centred.transpose(1, 2), centred)  # Σ(x − s)(x − s)ᵀ, (2, d, d)
+        # + s(Σx − Ns)ᵀ + (Σx)sᵀ as one rank-2 update per cloud: [s, Σx] @ [Σx − Ns, s]ᵀ
+        shifts = shifts.double()
+        counts = torch.tensor([[n_eval], [n_rows]], dtype=torch.float64, device=self.device)
+        self._outers.baddbmm_(torch.stack([shifts, sums], dim=2), torch.stack([sums - counts * shifts, shifts], dim=1))
+        self._sums += sums
+        self.grad.count += n_eval
+        self.act.count += n_rows
         inverse_norm = torch.where(evaluated, 1.0 / grad_norm.clamp(min=1e-30), torch.zeros_like(grad_norm))
         self.grad_unit += inverse_norm @ flat_grad  # Σ g_i/‖g_i‖ over evaluated rows
         act_norm = act_sq.sqrt()
@@ -445,9 +451,10 @@ class SiteAccumulator:
         f64 = dict(dtype=torch.float64, device=self.device)
         self._pairs.append(tuple(part.cpu() for part in (
             pairs % (first_row + batch), pairs // (first_row + batch),
-            torch.zeros(n_pairs, **f64).index_add_(0, inverse, torch.ones_like(act_sq, dtype=torch.float64)),
-            torch.zeros(n_pairs, **f64).index_add_(0, inverse, act_sq.double()),
-            torch.zeros(n_pairs, self.dim, **f64).index_add_(0, inverse, flat_act.double()),
+            torch.zeros(n_pairs, **f64).index_put_((inverse,), torch.ones_like(act_sq, dtype=torch.float64),
+                                                   accumulate=True),  # = index_add_, much faster on CPU
+            torch.zeros(n_pairs, **f64).index_put_((inverse,), act_sq.double(), accumulate=True),
+            torch.zeros(n_pairs, self.dim, **f64).index_put_((inverse,), flat_act.double(), accumulate=True),
         )))
 
     @property
@@ -502,8 +509,8 @@ class SiteAccumulator:
         distributed.all_reduce_max_(failed)
         if failed.item() and not self.failure:
             self.failure = "non-finite gradients or activations on another rank"
-        for tensor in (self.total, self.energy, self.n_tokens, self.grad.sum, self.grad.outer, self.act.sum,
-                       self.act.outer, self.grad_unit, self.act_unit):
+        for tensor in (self.total, self.energy, self.n_tokens, self._sums, self._outers, self.grad_unit,
+                       self.act_unit):
             distributed.all_reduce_sum_(tensor)
         self.types.all_reduce()
         counts = torch.tensor([self.grad.count, self.act.count], dtype=torch.int64, device=self.device)
