@@ -73,6 +73,9 @@ def main() -> None:
     parser.add_argument("--n-test", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time, or process CPU time (stable on a shared machine; use with --threads 1)")
     args = parser.parse_args()
     from anistat.pipeline import run
 
@@ -82,29 +85,32 @@ def main() -> None:
         save_model_with_tokenizer(model_dir, args)
         protocol = tmp / "protocol.yaml"
         protocol.write_text(yaml.safe_dump(protocol_for(model_dir, args), sort_keys=False))
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
         events: list[tuple[float, str]] = []
-        started = time.perf_counter()
-        result = run(protocol, tmp / "bundle", log=lambda message: events.append((time.perf_counter() - started, message)))
-        wall = time.perf_counter() - started
+        started = clock()
+        result = run(protocol, tmp / "bundle", log=lambda message: events.append((clock() - started, message)))
+        wall = clock() - started
         manifest = result.manifest
         # the floor, same process, same model and token counts
         model = make_model(args.dim, args.layers, args.vocab, args.seq_len, arch="gpt-neox").eval()
         splits = make_splits(args.n_test, args.seq_len, args.vocab)
         fit_tokens = torch.randint(0, args.vocab, (args.n_fit, args.seq_len), generator=torch.Generator().manual_seed(1))
         layers = list(range(args.layers))
-        t0 = time.perf_counter()
+        t0 = clock()
         collect_fit_activations(model, fit_tokens, layers, batch_size=args.batch_size, device=torch.device("cpu"))
-        fit_floor = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        fit_floor = clock() - t0
+        t0 = clock()
         floor_collect(model, splits, layers, args.batch_size)
-        test_floor = time.perf_counter() - t0
+        test_floor = clock() - t0
     phases = []
     previous = 0.0
     for at, message in events:
         phases.append({"until_s": round(at, 2), "took_s": round(at - previous, 2), "log": message})
         previous = at
     floor = fit_floor + test_floor
-    out = {"config": vars(args), "run_seconds": wall, "floor_seconds": {"fit_forward": fit_floor,
+    out = {"config": vars(args), "clock": args.clock, "run_seconds": wall, "floor_seconds": {"fit_forward": fit_floor,
                                                                           "test_forward_backward": test_floor},
            "ratio_to_floor": wall / floor, "unit_seconds": [u["seconds"] for u in manifest["units"]],
            "phases": phases}

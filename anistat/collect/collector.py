@@ -661,8 +661,8 @@ def _failed_artifact(note: str, n_seq: int, n_buckets: int, n_bases: int, vocab:
 
 @contextlib.contextmanager
 def _single_threaded(device: torch.device):
-    """The end-of-unit linear algebra (ΔIsoScore* / oracle eigenvalues of d×d matrices) runs
-    single-threaded on CPU: small LAPACK eigen-problems with several OpenMP threads thrash
+    """The end-of-unit linear algebra (the oracle's eigenvalues of the d×d second moment; ΔIsoScore*
+    needs none) runs single-threaded on CPU: small LAPACK eigen-problems with several OpenMP threads thrash
     (measured on a 2-core VM: 41 eigvalsh of 124×124 take 0.02 s on 1 thread, 0.5–3.5 s on 2)."""
     if device.type != "cpu":
         yield
