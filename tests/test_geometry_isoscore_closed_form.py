@@ -145,6 +145,8 @@ def test_removal_traces_in_eigenbasis_equal_d_coordinates_and_give_delta():
         np.testing.assert_allclose(from_traces.numpy(), delta_isoscore_star(c, bases, c0, 0.3).numpy(), atol=1e-12)
     one = removal_traces_in_eigenbasis(eigenvalues, in_eigenbasis[0])
     assert float(one[0]) == pytest.approx(float(tr_qcq[0]), rel=1e-12)
+    single = removal_traces(c, bases[0])
+    assert [float(x) for x in single] == pytest.approx([float(tr_qcq[0]), float(cq2[0]), float(qcq2[0])], rel=1e-10)
 
 
 def test_delta_from_traces_with_pre_shrunk_matrix_target():

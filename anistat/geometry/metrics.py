@@ -362,11 +362,15 @@ def removal_traces(matrix: torch.Tensor, bases: torch.Tensor) -> tuple[torch.Ten
 
     With ``P = I − QQᵀ``: ``tr(PSP) = tr S − tr(QᵀSQ)`` and
     ``‖PSP‖_F² = ‖S‖_F² − 2‖SQ‖_F² + ‖QᵀSQ‖_F²`` (expand ``PSP = S − SQQᵀ − QQᵀS +
-    Q(QᵀSQ)Qᵀ`` and use ``QᵀQ = I``).  See :func:`removal_traces_in_eigenbasis` for O(dk²)."""
-    sq = torch.einsum("de,bek->bdk", matrix, bases)  # S Q
-    qsq = bases.transpose(1, 2) @ sq  # Qᵀ S Q
-    return (torch.diagonal(qsq, dim1=-2, dim2=-1).sum(-1), sq.square().sum(dim=(1, 2)),
-            qsq.square().sum(dim=(1, 2)))
+    Q(QᵀSQ)Qᵀ`` and use ``QᵀQ = I``).  One (d, k) basis gives 0-d tensors.  See
+    :func:`removal_traces_in_eigenbasis` for O(dk²)."""
+    s = as_float64(matrix, name="matrix", ndim=2)
+    q = as_float64(bases, name="bases").to(s.device)
+    _check_bases(q, s.shape[0], "bases")
+    sq = s @ q  # S Q, batched over a leading dim
+    qsq = q.transpose(-1, -2) @ sq  # Qᵀ S Q
+    return (torch.diagonal(qsq, dim1=-2, dim2=-1).sum(-1), sq.square().sum(dim=(-2, -1)),
+            qsq.square().sum(dim=(-2, -1)))
 
 
 def removal_traces_in_eigenbasis(eigenvalues: Any, bases: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
