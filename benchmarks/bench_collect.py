@@ -40,12 +40,23 @@ from anistat.geometry import draw_controls, fit_proxy
 from anistat.models import lm_loss
 
 
-def make_model(dim: int, layers: int, vocab: int, seq_len: int, seed: int = 0):
-    from transformers import GPT2Config, GPT2LMHeadModel
+def make_model(dim: int, layers: int, vocab: int, seq_len: int, seed: int = 0, arch: str = "gpt2"):
+    """A randomly initialised decoder of the given shape: `gpt2`, or `gpt-neox` (Pythia's
+    architecture: rotary attention on 25 % of each head, parallel attention/MLP residual)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     torch.manual_seed(seed)
+    if arch == "gpt-neox":
+        from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+        config = GPTNeoXConfig(vocab_size=vocab, hidden_size=dim, num_hidden_layers=layers,
+                               num_attention_heads=max(1, dim // 64), intermediate_size=4 * dim, rotary_pct=0.25,
+                               max_position_embeddings=max(2048, seq_len), use_parallel_residual=True,
+                               hidden_dropout=0.0, attention_dropout=0.0, bos_token_id=None, eos_token_id=None)
+        return GPTNeoXForCausalLM(config)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     config = GPT2Config(vocab_size=vocab, n_positions=seq_len, n_embd=dim, n_layer=layers, n_head=max(1, dim // 64),
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
     return GPT2LMHeadModel(config)
@@ -59,14 +70,27 @@ def make_splits(n_test: int, seq_len: int, vocab: int, seed: int = 0) -> Splits:
                   vocab_size=vocab, mask_token_id=None, pad_token_id=None, decode=lambda ids: "", tokenizer_id="bench")
 
 
-def make_bases(model, splits, layers, rank=4, n_controls=20):
-    acts = collect_fit_activations(model, splits.fit, layers, batch_size=16, device=torch.device("cpu"))
+def make_bases(model, splits, layers, rank=4, n_controls=20, per_token_controls=None, device="cpu", acts=None):
+    """PCA proxies of the given rank per layer, with `n_controls` normal + `n_controls` Haar draws.
+
+    `per_token_controls` (an int) instead builds what the collector projects per token in the
+    default configuration since issue #12: Haar and normal controls are evaluated at analysis
+    time from the second moment, so `BasisSet.controls` holds only kinds without a closed form
+    (`pca_span`, `cov_matched`) — none by default (0), or that many extra columns to price
+    one control."""
+    if acts is None:
+        acts = collect_fit_activations(model, splits.fit, layers, batch_size=16, device=torch.device(device))
     bases = {}
     for layer in layers:
         sample = acts[layer].reshape(-1, acts[layer].shape[-1])
         proxy = fit_proxy(sample, "pca", rank, seed=layer)
-        controls = {kind: draw_controls(kind, proxy.basis, n_controls, seed=layer + 100 * i)
-                    for i, kind in enumerate(("normal", "haar"))}
+        if per_token_controls is None:
+            controls = {kind: draw_controls(kind, proxy.basis, n_controls, seed=layer + 100 * i)
+                        for i, kind in enumerate(("normal", "haar"))}
+        elif per_token_controls > 0:  # the projection cost of a control does not depend on its kind
+            controls = {"pca_span": draw_controls("haar", proxy.basis, per_token_controls, seed=layer)}
+        else:
+            controls = {}
         bases[layer] = [BasisSet("pca", rank, proxy.basis, controls)]
     return bases
 
@@ -75,29 +99,32 @@ def make_bases(model, splits, layers, rank=4, n_controls=20):
 PIPELINE_PAIR_BUDGET = 1024 * 2**20
 
 
-def anistat_collect(model, splits, layers, bases, batch_size, pair_budget_bytes=PIPELINE_PAIR_BUDGET):
+def anistat_collect(model, splits, layers, bases, batch_size, pair_budget_bytes=PIPELINE_PAIR_BUDGET,
+                    device="cpu", precision="fp32"):
     """`pair_budget_bytes` > 0 also keeps the per-(sequence, type) activation sums behind the
     frequency-correlation CI, as `anistat run` does by default."""
     keys = {l: UnitKey("bench", "clm", "c", 0, "early", l, f"residual.{l}") for l in layers}
     return measure_checkpoint(model, keys=keys, bases=bases, splits=splits, objective="clm",
                               token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1,
-                              mlm_probability=0.15, seed=0, batch_size=batch_size, device=torch.device("cpu"),
-                              isoscore_c0="scaled_identity", isoscore_zeta=0.1, pair_budget_bytes=pair_budget_bytes)
+                              mlm_probability=0.15, seed=0, batch_size=batch_size, device=torch.device(device),
+                              isoscore_c0="scaled_identity", isoscore_zeta=0.1, pair_budget_bytes=pair_budget_bytes,
+                              precision=precision)
 
 
-def naive_collect(model, splits, layers, bases, batch_size):
+def naive_collect(model, splits, layers, bases, batch_size, device="cpu"):
     """The straightforward way: retain_grad on returned hidden states, a full backward with
-    parameter gradients, projections and moments in NumPy."""
+    parameter gradients, projections (proxy and every control, per token) and moments in NumPy."""
     for parameter in model.parameters():
         parameter.requires_grad_(True)
     model.eval()
-    matrices = {l: [bases[l][0].basis.numpy()] + [q.numpy() for stack in bases[l][0].controls.values() for q in stack]
+    matrices = {l: [bases[l][0].basis.cpu().numpy()] + [q.cpu().numpy() for stack in bases[l][0].controls.values()
+                                                         for q in stack]
                 for l in layers}
     n_seq, seq_len = splits.test.shape
     energies = {l: np.zeros((n_seq, len(matrices[l]))) for l in layers}
     outer = {l: 0.0 for l in layers}
     for start in range(0, n_seq, batch_size):
-        batch = splits.test[start : start + batch_size]
+        batch = splits.test[start : start + batch_size].to(device)
         model.zero_grad(set_to_none=True)
         out = model(input_ids=batch, output_hidden_states=True)
         hidden = [out.hidden_states[l + 1] for l in layers]
@@ -108,7 +135,7 @@ def naive_collect(model, splits, layers, bases, batch_size):
                                                  reduction="none").view(batch.shape[0], -1).mean(1).sum()
         loss.backward()
         for l, h in zip(layers, hidden):
-            g = h.grad[:, :-1].double().numpy()
+            g = h.grad[:, :-1].double().cpu().numpy()
             for j, q in enumerate(matrices[l]):
                 energies[l][start : start + batch.shape[0], j] = ((g @ q) ** 2).sum(axis=(1, 2))
             flat = g.reshape(-1, g.shape[-1])
@@ -118,19 +145,24 @@ def naive_collect(model, splits, layers, bases, batch_size):
     return energies
 
 
-def floor_collect(model, splits, layers, batch_size):
+def floor_collect(model, splits, layers, batch_size, device="cpu", precision="fp32"):
     """Forward + backward to the hidden states only (the probes), no statistics."""
     from anistat.collect import residual_probe
+    from anistat.collect.collector import autocast
 
+    device = torch.device(device)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     model.eval()
     n_seq = splits.test.shape[0]
     for start in range(0, n_seq, batch_size):
-        batch = splits.test[start : start + batch_size]
-        with torch.enable_grad(), residual_probe(model, layers, gradients=True) as record:
+        batch = splits.test[start : start + batch_size].to(device)
+        with torch.enable_grad(), autocast(device, precision), residual_probe(model, layers, gradients=True) as record:
             loss = lm_loss(model, batch, batch, "clm")
-            torch.autograd.grad(loss, [record.deltas[l] for l in layers])
+            gradients = torch.autograd.grad(loss, [record.deltas[l] for l in layers])
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return gradients
 
 
 def timed(fn, repeats):
@@ -144,44 +176,82 @@ def timed(fn, repeats):
 
 # ----------------------------------------------------------------------------------------------
 def bench_p2(args) -> dict:
-    model = make_model(args.dim, args.layers, args.vocab, args.seq_len).eval()
+    """P2 side by side: anistat in the default configuration (proxy projections only, see
+    `make_bases`), the same with +N per-token controls and with twice the rank (the marginal
+    costs), without the per-(sequence, type) sums, the naive loop (20 normal + 20 Haar controls
+    projected per token, as the paper's procedure needs) and the floor."""
+    model = make_model(args.dim, args.layers, args.vocab, args.seq_len, arch=args.arch).eval()
     splits = make_splits(args.n_test, args.seq_len, args.vocab)
     layers = list(range(args.layers))
-    bases = make_bases(model, splits, layers)
+    acts = collect_fit_activations(model, splits.fit, layers, batch_size=16, device=torch.device("cpu"))
+    default = make_bases(model, splits, layers, per_token_controls=0, acts=acts)
+    extra = make_bases(model, splits, layers, per_token_controls=args.extra_controls, acts=acts)
+    double_rank = make_bases(model, splits, layers, rank=8, per_token_controls=0, acts=acts)
+    paper = make_bases(model, splits, layers, n_controls=20, acts=acts)
     tokens = splits.test.numel()
-    runs = {"anistat": lambda: anistat_collect(model, splits, layers, bases, args.batch_size),
-            "anistat_no_pair_sums": lambda: anistat_collect(model, splits, layers, bases, args.batch_size, 0),
-            "naive": lambda: naive_collect(model, splits, layers, bases, args.batch_size),
-            "floor": lambda: floor_collect(model, splits, layers, args.batch_size)}
-    for fn in runs.values():  # warm-up
-        fn()
+    device, precision = args.device, args.precision
+    model.to(device)
+    pipeline_pairs = PIPELINE_PAIR_BUDGET
+
+    def ours(bases, pairs=pipeline_pairs):
+        return lambda: anistat_collect(model, splits, layers, bases, args.batch_size, pairs, device, precision)
+
+    runs = {"anistat": ours(default),
+            "anistat_no_pair_sums": ours(default, 0),
+            f"anistat_plus_{args.extra_controls}_controls": ours(extra),
+            "anistat_rank_8": ours(double_rank),
+            "naive": lambda: naive_collect(model, splits, layers, paper, args.batch_size, device),
+            "floor": lambda: floor_collect(model, splits, layers, args.batch_size, device, precision)}
+    if args.skip_marginal:
+        for name in ("anistat_no_pair_sums", f"anistat_plus_{args.extra_controls}_controls", "anistat_rank_8"):
+            runs.pop(name)
+    # warm-up (allocator, first-call dispatch) on the two kinds of pass
+    floor_collect(model, splits, layers, args.batch_size, device, precision)
+    ours(default)()
     times = {name: [] for name in runs}
+    cpu_times = {name: [] for name in runs}
+    outputs = {}
     for _ in range(args.repeats):  # interleaved, so background load hits every method alike
         for name, fn in runs.items():
-            times[name].extend(timed(fn, 1))
-    # agreement: the naive energies equal anistat's
-    measured = anistat_collect(model, splits, layers, bases, args.batch_size)
-    naive = naive_collect(model, splits, layers, bases, args.batch_size)
-    # (not the last block: GPT-2's last returned hidden state is ln_f's *output*, so retain_grad
-    # there yields the gradient w.r.t. a different tensor — the pitfall the additive probe avoids)
-    agreement = max(float(np.max(np.abs(measured[l].energy[:, 0] - naive[l]) / np.maximum(np.abs(naive[l]), 1e-30)))
-                    for l in layers[:-1])
-    last = layers[-1]
-    last_block_difference = float(np.max(np.abs(measured[last].energy[:, 0] - naive[last])
-                                         / np.maximum(np.abs(naive[last]), 1e-30)))
-    median = {name: statistics.median(t) for name, t in times.items()}
+            wall, cpu = time.perf_counter(), time.process_time()
+            outputs[name] = fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - wall)
+            cpu_times[name].append(time.process_time() - cpu)
+    # agreement: the naive proxy energies equal anistat's
+    measured, naive = outputs["anistat"], outputs["naive"]
+    # (not the last block: the last returned hidden state is the final norm's *output*, so
+    # retain_grad there yields the gradient w.r.t. a different tensor — the pitfall the
+    # additive probe avoids)
+    agreement = max(float(np.max(np.abs(measured[l].energy[:, 0, 0] - naive[l][:, 0])
+                                 / np.maximum(np.abs(naive[l][:, 0]), 1e-30))) for l in layers[:-1])
+    median = wall_median = {name: statistics.median(t) for name, t in times.items()}
+    if args.clock == "cpu":  # process CPU time: the work done, whatever else the machine runs
+        median = {name: statistics.median(t) for name, t in cpu_times.items()}
+    floor = median["floor"]
+    marginal = {}
+    if not args.skip_marginal:
+        marginal = {
+            "ratio_to_floor_no_pair_sums": median["anistat_no_pair_sums"] / floor,
+            "cost_per_extra_control_of_floor": (median[f"anistat_plus_{args.extra_controls}_controls"]
+                                                - median["anistat"]) / args.extra_controls / floor,
+            "cost_per_extra_rank_of_floor": (median["anistat_rank_8"] - median["anistat"]) / 4 / floor,
+        }
     return {
-        "config": {"dim": args.dim, "layers": args.layers, "vocab": args.vocab, "seq_len": args.seq_len,
-                   "n_test": args.n_test, "batch_size": args.batch_size, "rank": 4, "controls": "20 normal + 20 haar",
+        "config": {"device": device, "precision": precision, "arch": args.arch, "dim": args.dim, "layers": args.layers, "vocab": args.vocab,
+                   "seq_len": args.seq_len, "n_test": args.n_test, "batch_size": args.batch_size, "rank": 4,
+                   "per_token_controls": "none (haar/normal from the second moment at analysis time)",
+                   "naive_controls": "20 normal + 20 haar, projected per token",
                    "sites": f"residual.0..{args.layers - 1}", "repeats": args.repeats, "tokens": tokens},
         "seconds": median, "tokens_per_s": {k: tokens / v for k, v in median.items()},
+        "wall_seconds": wall_median,
         "speedup_vs_naive": median["naive"] / median["anistat"],
-        "ratio_to_floor": median["anistat"] / median["floor"],
-        "pair_sums_cost": median["anistat"] / median["anistat_no_pair_sums"],
-        "ratio_to_floor_no_pair_sums": median["anistat_no_pair_sums"] / median["floor"],
+        "ratio_to_floor": median["anistat"] / floor,
+        **marginal,
         "max_relative_difference_vs_naive": agreement,
-        "last_block_relative_difference_vs_naive_retain_grad": last_block_difference,
-        "all_seconds": times,
+        "clock": args.clock, "threads": torch.get_num_threads(),
+        "all_seconds": times, "all_cpu_seconds": cpu_times,
     }
 
 
@@ -193,7 +263,7 @@ def bench_p1(args) -> dict:
                for _ in range(args.steps)]
 
     def train(measure: bool, out: str) -> list[float]:
-        model = make_model(args.dim, args.layers, args.vocab, args.seq_len, seed=1)
+        model = make_model(args.dim, args.layers, args.vocab, args.seq_len, seed=1, arch=args.arch)
         model.train()
         optimiser = torch.optim.AdamW(model.parameters(), lr=1e-3)
         meter = None
@@ -201,8 +271,9 @@ def bench_p1(args) -> dict:
             meter = TrainingMeter(model, out=out, fit_steps=[0], measure_steps=[0], window=args.steps,
                                   name="bench", report={"compile_pdf": False})
         per_step = []
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
         for step, batch in enumerate(batches):
-            started = time.perf_counter()
+            started = clock()
             if meter is not None:
                 meter.begin(step)
             loss = model(input_ids=batch, labels=batch).loss
@@ -211,7 +282,7 @@ def bench_p1(args) -> dict:
                 meter.end()
             optimiser.step()
             optimiser.zero_grad(set_to_none=True)
-            per_step.append(time.perf_counter() - started)
+            per_step.append(clock() - started)
         # the unit closes itself (statistics finished, artifact written) inside the last timed step;
         # the bundle/report rendering of `meter.close()` is a one-off after training and not timed
         assert meter is None or len(meter.artifacts) == args.layers
@@ -232,6 +303,7 @@ def bench_p1(args) -> dict:
         "seconds_per_step": {"plain": statistics.median(plain), "anistat": statistics.median(metered)},
         "ratio": statistics.median(metered) / statistics.median(plain),
         "ratio_of_means": statistics.fmean(metered) / statistics.fmean(plain),
+        "clock": args.clock, "threads": torch.get_num_threads(),
     }
 
 
@@ -247,10 +319,10 @@ def p4_child(n_test: int, args) -> dict:
     """Peak RSS of the collection phase alone: after the (identical) setup, the kernel's RSS
     high-water mark is reset (`echo 5 > /proc/self/clear_refs`), so VmHWM afterwards is the
     peak reached while measuring — setup spikes (imports, fitting) cannot hide growth."""
-    model = make_model(args.dim, args.layers, args.vocab, args.seq_len).eval()
+    model = make_model(args.dim, args.layers, args.vocab, args.seq_len, arch=args.arch).eval()
     splits = make_splits(16, args.seq_len, args.vocab)
     layers = list(range(args.layers))
-    bases = make_bases(model, splits, layers)
+    bases = make_bases(model, splits, layers, per_token_controls=0)
     splits = make_splits(n_test, args.seq_len, args.vocab)
     import gc
 
@@ -273,6 +345,7 @@ def bench_p4(args) -> dict:
     for factor in (1, 10):
         n_test = args.n_test * factor
         command = [sys.executable, __file__, "p4-child", "--n-test", str(n_test), "--dim", str(args.dim),
+                   "--arch", args.arch,
                    "--layers", str(args.layers), "--vocab", str(args.vocab), "--seq-len", str(args.seq_len),
                    "--batch-size", str(args.batch_size), "--pair-budget-mb", str(args.pair_budget_mb)]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -285,6 +358,11 @@ def bench_p4(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["p1", "p2", "p4", "all", "p4-child"])
+    parser.add_argument("--arch", choices=["gpt2", "gpt-neox"], default="gpt2")
+    parser.add_argument("--extra-controls", type=int, default=20, help="P2: per-token controls added to price one")
+    parser.add_argument("--skip-marginal", action="store_true", help="P2: skip the +controls / rank 8 / no-pairs runs")
+    parser.add_argument("--device", default="cpu", help="P2: cpu or cuda")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"], help="P2 on cuda: autocast")
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=8192)
@@ -298,7 +376,13 @@ def main() -> None:
                         help="P4: memory for per-(sequence, type) sums (0: off, the constant-memory path; "
                         "anistat run defaults to 1024 and then grows with the test split up to that cap)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="P2: compare wall time, or process CPU time (stable on a machine shared with other "
+                        "jobs; use with --threads 1)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.what == "p4-child":
         print(json.dumps(p4_child(args.n_test, args)))
         return

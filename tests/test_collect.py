@@ -74,7 +74,8 @@ def test_streamed_energies_equal_brute_force(architecture, splits):
                   isoscore_c0="scaled_identity", isoscore_zeta=0.1)
     artifact = measure_checkpoint(model, batch_size=3, **common)[layer]
     again = measure_checkpoint(model, batch_size=7, **common)[layer]
-    np.testing.assert_allclose(artifact.energy, again.energy, rtol=1e-10)  # batching never matters
+    # batching changes only float32 rounding of the per-batch products (sums are float64)
+    np.testing.assert_allclose(artifact.energy, again.energy, rtol=1e-6)
 
     inputs, labels = model_inputs(splits.test, splits, objective, 0.15, 0, "test")
     for parameter in model.parameters():
@@ -96,7 +97,11 @@ def test_streamed_energies_equal_brute_force(architecture, splits):
         expected += [(g @ q.double()).square().sum().item() for q in controls["normal"]]
         np.testing.assert_allclose(artifact.energy[s, 0], expected, rtol=1e-6)
     flat = gradient.reshape(-1, dim)[nonzero.reshape(-1)]
-    np.testing.assert_allclose(artifact.gradient_moments["outer"], (flat.T @ flat).numpy(), rtol=1e-6, atol=1e-12)
+    reference = (flat.T @ flat).numpy()
+    # float32 per-batch products: each entry within 1e-6 of the scale sqrt(M_ii M_jj) it is
+    # a sum of products at (entries near zero by cancellation have no relative precision)
+    scale = np.sqrt(np.outer(np.diag(reference), np.diag(reference)))
+    assert np.max(np.abs(artifact.gradient_moments["outer"] - reference) / scale) < 1e-6
     assert artifact.gradient_moments["count"] == flat.shape[0]
 
 

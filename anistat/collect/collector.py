@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from ..data import Splits, mask_for_mlm
-from ..geometry import GradientMoments, SequenceTypeSums, delta_isoscore_star, oracle_fraction, type_mean_geometry
+from ..geometry import (GradientMoments, SequenceTypeSums, TypeMeanGeometry, delta_isoscore_star, oracle_fractions,
+                        type_mean_geometry)
 from ..objective import count_targets, lm_loss
 from ..seeding import derive_seed
 from .artifact import BasisColumn, UnitArtifact, UnitKey
@@ -227,12 +228,98 @@ def autocast(device: torch.device, precision: str):
 
 
 def compute_dtype(device: torch.device) -> torch.dtype:
-    return torch.float64 if device.type == "cpu" else torch.float32  # CPU stays exact for tests
+    """Per-batch products (projections, outer products) run in float32 on every device and are
+    added into float64 running sums; per-batch centring keeps every statistic within ~1e-7
+    relative of a float64 computation (tests/test_collect_precision.py checks 1e-6)."""
+    return torch.float32
 
 
 # ----------------------------------------------------------------------------------------------
 # per-site accumulation of sufficient statistics
 # ----------------------------------------------------------------------------------------------
+class _TypeTable:
+    """Per-token-type activation sums (count, Σa, Σ‖a‖², float64) for the types seen so far.
+
+    Rows are given to types as they first occur (a vocabulary-sized index maps id → row), and
+    the tables grow by doubling, so memory follows the number of distinct types in the data —
+    never more than a dense vocabulary table. The result is read back per vocabulary id, so
+    row order never shows."""
+
+    def __init__(self, vocab_size: int, dim: int, device: torch.device):
+        self.vocab_size, self.dim, self.device = vocab_size, dim, device
+        self.row_of = torch.full((vocab_size,), -1, dtype=torch.int64, device=device)
+        self.n_rows = 0
+        self._allocate(0)
+
+    def _allocate(self, capacity: int) -> None:
+        f64 = dict(dtype=torch.float64, device=self.device)
+        self.type_id = torch.zeros(capacity, dtype=torch.int64, device=self.device)
+        self.count, self.sq = torch.zeros(capacity, **f64), torch.zeros(capacity, **f64)
+        self.sum = torch.zeros(capacity, self.dim, **f64)
+
+    def _grow(self, needed: int) -> None:
+        old = (self.type_id, self.count, self.sq, self.sum)
+        self._allocate(max(needed, 2 * old[0].shape[0], 256))
+        for new, part in zip((self.type_id, self.count, self.sq, self.sum), old):
+            new[: self.n_rows] = part[: self.n_rows]
+
+    def add(self, ids: torch.Tensor, act64: torch.Tensor, act_sq: torch.Tensor) -> None:
+        """Add rows (float64) of the given vocabulary ids. `index_put_(accumulate=True)` rather
+        than `index_add_`: same sums, in index order, ~30× faster for float64 rows on CPU."""
+        rows = self.row_of[ids]
+        unseen = rows < 0
+        if bool(unseen.any()):
+            new = torch.unique(ids[unseen])
+            if self.n_rows + new.shape[0] > self.type_id.shape[0]:
+                self._grow(self.n_rows + new.shape[0])
+            self.row_of[new] = torch.arange(self.n_rows, self.n_rows + new.shape[0], device=self.device)
+            self.type_id[self.n_rows : self.n_rows + new.shape[0]] = new
+            self.n_rows += new.shape[0]
+            rows = self.row_of[ids]
+        self.count.index_put_((rows,), torch.ones_like(act_sq), accumulate=True)
+        self.sum.index_put_((rows,), act64, accumulate=True)
+        self.sq.index_put_((rows,), act_sq, accumulate=True)
+
+    def dense(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(count, Σa, Σ‖a‖²) as vocabulary-sized tables."""
+        f64 = dict(dtype=torch.float64, device=self.device)
+        ids = self.type_id[: self.n_rows]
+        count = torch.zeros(self.vocab_size, **f64).index_copy_(0, ids, self.count[: self.n_rows])
+        sq = torch.zeros(self.vocab_size, **f64).index_copy_(0, ids, self.sq[: self.n_rows])
+        total = torch.zeros(self.vocab_size, self.dim, **f64).index_copy_(0, ids, self.sum[: self.n_rows])
+        return count, total, sq
+
+    def all_reduce(self) -> None:
+        """Ranks saw different types in a different order: sum dense tables, then keep the types
+        any rank saw."""
+        count, total, sq = self.dense()
+        for tensor in (count, total, sq):
+            distributed.all_reduce_sum_(tensor)
+        seen = torch.nonzero(count > 0).flatten()
+        self.row_of.fill_(-1)
+        self.n_rows = 0
+        self._allocate(int(seen.shape[0]))
+        self.row_of[seen] = torch.arange(seen.shape[0], device=self.device)
+        self.type_id[:] = seen
+        self.count[:], self.sq[:], self.sum[:] = count[seen], sq[seen], total[seen]
+        self.n_rows = int(seen.shape[0])
+
+    def geometry(self) -> tuple[torch.Tensor, "TypeMeanGeometry"]:
+        """Per vocabulary id: occurrences, and `geometry.type_mean_geometry` of the types seen
+        (RMS spread, centroid distance from the global mean, centroid norm; NaN elsewhere)."""
+        ids = self.type_id[: self.n_rows].cpu().numpy()
+        seen = type_mean_geometry(self.count[: self.n_rows].cpu().numpy(), self.sum[: self.n_rows].cpu().numpy(),
+                                  self.sq[: self.n_rows].cpu().numpy())
+        dense = {}
+        for name in ("rms_spread", "mean_distance", "mean_norm"):
+            values = np.full(self.vocab_size, np.nan)
+            values[ids] = getattr(seen, name)
+            dense[name] = values
+        count = torch.zeros(self.vocab_size, dtype=torch.float64, device=self.device).index_copy_(
+            0, self.type_id[: self.n_rows], self.count[: self.n_rows])
+        return count, TypeMeanGeometry(**dense, global_mean=seen.global_mean)
+
+
 class SiteAccumulator:
     """Per-sequence sufficient statistics of one site, streamed batch by batch.
 
@@ -241,7 +328,13 @@ class SiteAccumulator:
     (measurement inside training, where sequences are the training batches).
 
     `dtype` is the per-batch compute precision (projections, outer products); every running sum
-    is float64. Default: float64 on CPU (exact, what the tests check), float32 on accelerators.
+    is float64. Default float32 on every device: the second moments are accumulated about each
+    batch's own mean (Σ aaᵀ = Σ(a − s)(a − s)ᵀ + s(Σa − Ns)ᵀ + (Σa)sᵀ, the small correction in
+    float64), so a large mean never costs float32 digits; sums of vectors, type sums and the
+    squared norms behind them are float64. Everything stays on `device`.
+
+    Token-type sums (count, Σa, Σ‖a‖² per type) are kept only for the types seen (`_TypeTable`),
+    not for the whole vocabulary: at a 50k vocabulary a dense table costs 300 MB per site.
 
     `pair_budget_bytes` > 0 also keeps activation sums per (sequence, token type) pair (count,
     Σ‖a‖², Σa — see `geometry.SequenceTypeSums`), which the analysis needs to bootstrap the
@@ -263,13 +356,15 @@ class SiteAccumulator:
         self.energy = torch.zeros(rows, n_buckets, n_bases, **f64)
         self.n_tokens = torch.zeros(rows, dtype=torch.int64, device=device)
         self._chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self.grad = GradientMoments.zeros(dim, device=device)
-        self.act = GradientMoments.zeros(dim, device=device)
+        # both clouds' running sums in one (2, ...) float64 block, so a batch updates them with
+        # one batched operation each; `grad` and `act` are views into it
+        self._sums = torch.zeros(2, dim, **f64)
+        self._outers = torch.zeros(2, dim, dim, **f64)
+        self.grad = GradientMoments(count=0, sum=self._sums[0], outer=self._outers[0])
+        self.act = GradientMoments(count=0, sum=self._sums[1], outer=self._outers[1])
         self.grad_unit = torch.zeros(dim, **f64)
         self.act_unit = torch.zeros(dim, **f64)
-        self.type_count = torch.zeros(vocab_size, **f64)
-        self.type_sum = torch.zeros(vocab_size, dim, **f64)
-        self.type_sq = torch.zeros(vocab_size, **f64)
+        self.types = _TypeTable(vocab_size, dim, device)
         self.pair_budget_bytes = int(pair_budget_bytes)
         self._pairs: list[tuple[torch.Tensor, ...]] = []
         self._pair_bytes = 0  # what the pairs take (counted on past the budget, for the note)
@@ -287,57 +382,73 @@ class SiteAccumulator:
         if self.failure:
             return
         dim = self.dim
-        grad = grad.to(self.dtype)
-        act = act.to(self.dtype)
-        grad_sq = grad.square().sum(-1)  # (B, T) ‖g_i‖²
-        act_sq = act.square().sum(-1)  # (B, T) ‖a_i‖²
-        # one cheap check instead of a pass over every element: a NaN/Inf anywhere in a row
-        # makes its squared norm NaN/Inf
-        if not (torch.isfinite(grad_sq).all() and torch.isfinite(act_sq).all()):
-            self.failure = f"non-finite gradients or activations in {where}"
-            return
-        onehot = bucket_onehot.to(self.dtype)
-        squared = (grad @ self.stacked).square() @ self.indicator  # (B, T, n_bases)
-        energy = torch.einsum("btn,btk->bkn", squared, onehot).double()
-        total = torch.einsum("bt,btk->bk", grad_sq, onehot).double()
+        flat_grad = grad.reshape(-1, dim).to(self.dtype)  # one contiguous copy (the inputs are slices)
+        flat_input = act.reshape(-1, dim)
+        # the one float64 copy (of the input, so float64 inputs lose nothing): type sums, pairs,
+        # Σa and ‖a‖² are float64 — the per-type scatter Σ‖a‖² − ‖Σa‖²/n cancels digits
+        act64 = flat_input.double()
+        flat_act = flat_input.to(self.dtype)
+        n_rows = flat_grad.shape[0]
+        grad_norm = torch.linalg.vector_norm(flat_grad, dim=1)  # ‖g_i‖, no (N, d) temporary
+        act_sq = torch.linalg.vector_norm(act64, dim=1).square()  # ‖a_i‖² (float64)
+        grad_sq = grad_norm.square()
         # Gradient rows that are exactly zero carry no loss signal by construction (e.g.
         # unmasked positions after an encoder's last block): they are not evaluated tokens.
-        evaluated = grad_sq > 0  # (B, T)
-        count = evaluated.sum(dim=1)
+        evaluated = grad_sq > 0
+        # one host sync per batch: a NaN/Inf anywhere in a row makes its norm NaN/Inf
+        finite_grad, finite_act, n_eval = torch.stack([
+            torch.isfinite(grad_sq).all().long(), torch.isfinite(act_sq).all().long(), evaluated.sum()]).tolist()
+        if not (finite_grad and finite_act):
+            self.failure = f"non-finite gradients or activations in {where}"
+            return
+        onehot = bucket_onehot.reshape(n_rows, -1).to(self.dtype)
+        squared = (flat_grad @ self.stacked).square() @ self.indicator  # (N, n_bases) ‖Qᵀg_i‖²
+        batch, length = grad.shape[0], grad.shape[1]
+        energy = torch.einsum("btn,btk->bkn", squared.reshape(batch, length, -1),
+                              onehot.reshape(batch, length, -1)).double()
+        total = torch.einsum("bt,btk->bk", grad_sq.reshape(batch, length),
+                             onehot.reshape(batch, length, -1)).double()
+        count = evaluated.reshape(batch, length).sum(dim=1)
         first_row = self.n_sequences if self.growing else start
         if self.growing:
             self._chunks.append((total, energy, count))
         else:
-            stop = start + grad.shape[0]
+            stop = start + batch
             self.energy[start:stop] += energy
             self.total[start:stop] += total
             self.n_tokens[start:stop] += count
-        flat_grad = grad.reshape(-1, dim)
-        grad_norm = grad_sq.reshape(-1).sqrt()
-        if not bool(evaluated.all()):
-            keep = evaluated.reshape(-1)
-            flat_grad, grad_norm = flat_grad[keep], grad_norm[keep]
-        flat_act = act.reshape(-1, dim)
-        act_norm = act_sq.reshape(-1).sqrt()
-        flat_ids = token_ids.reshape(-1).to(self.device)
-        # moments: per-batch products in the compute dtype, accumulated in float64
-        for moments, rows in ((self.grad, flat_grad), (self.act, flat_act)):
-            moments.count += int(rows.shape[0])
-            moments.sum += rows.sum(0).double()
-            moments.outer += (rows.T @ rows).double()
-        self.grad_unit += ((1.0 / grad_norm) @ flat_grad).double()  # Σ g_i/‖g_i‖ over evaluated rows
+        # moments: Σx and the shift s (this batch's mean) in float64; Σ(x − s)(x − s)ᵀ of both
+        # clouds in one batched float32 product; zero (unevaluated) gradient rows are masked
+        sums = torch.stack([flat_grad.sum(0, dtype=torch.float64), act64.sum(0)])  # (2, d) Σg, Σa
+        counts = torch.tensor([[max(n_eval, 1)], [n_rows]], dtype=torch.float64, device=self.device)
+        shifts = (sums / counts).to(self.dtype)  # each cloud's batch mean, as used below
+        centred = torch.empty(2, n_rows, dim, dtype=self.dtype, device=self.device)
+        torch.sub(flat_grad, shifts[0], out=centred[0])
+        if n_eval < n_rows:
+            centred[0].mul_(evaluated.unsqueeze(1))
+        torch.sub(flat_act, shifts[1], out=centred[1])
+        self._outers += torch.bmm(centred.transpose(1, 2), centred)  # Σ(x − s)(x − s)ᵀ, (2, d, d)
+        # + s(Σx − Ns)ᵀ + (Σx)sᵀ as one rank-2 update per cloud: [s, Σx] @ [Σx − Ns, s]ᵀ
+        shifts = shifts.double()
+        counts = torch.tensor([[n_eval], [n_rows]], dtype=torch.float64, device=self.device)
+        self._outers.baddbmm_(torch.stack([shifts, sums], dim=2), torch.stack([sums - counts * shifts, shifts], dim=1))
+        self._sums += sums
+        self.grad.count += n_eval
+        self.act.count += n_rows
+        inverse_norm = torch.where(evaluated, 1.0 / grad_norm.clamp(min=1e-30), torch.zeros_like(grad_norm))
+        self.grad_unit += inverse_norm @ flat_grad  # Σ g_i/‖g_i‖ over evaluated rows
+        act_norm = act_sq.sqrt()
         act_scale = torch.where(act_norm > 0, 1.0 / act_norm.clamp(min=1e-300), torch.zeros_like(act_norm))
-        self.act_unit += (act_scale @ flat_act).double()  # Σ a_i/‖a_i‖ (zero rows add nothing)
-        flat_sq = act_sq.reshape(-1)
-        rows = torch.arange(first_row, first_row + grad.shape[0], device=self.device).repeat_interleave(grad.shape[1])
+        self.act_unit += act_scale @ act64  # Σ a_i/‖a_i‖ (zero rows add nothing)
+        flat_ids = token_ids.reshape(-1).to(self.device)
+        rows = torch.arange(first_row, first_row + batch, device=self.device).repeat_interleave(length)
+        type_act, type_sq = act64, act_sq
         if type_mask is not None:
             typed = type_mask.reshape(-1).to(self.device)
-            flat_ids, flat_act, flat_sq, rows = flat_ids[typed], flat_act[typed], flat_sq[typed], rows[typed]
-        self.type_count.index_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.float64))
-        self.type_sum.index_add_(0, flat_ids, flat_act.double())
-        self.type_sq.index_add_(0, flat_ids, flat_sq.double())
+            flat_ids, type_act, type_sq, rows = flat_ids[typed], act64[typed], act_sq[typed], rows[typed]
+        self.types.add(flat_ids, type_act, type_sq)
         if self.pair_budget_bytes > 0:
-            self._add_pairs(first_row, flat_ids, flat_act, flat_sq, grad.shape[0], rows)
+            self._add_pairs(first_row, flat_ids, type_act, type_sq, batch, rows)
 
     def _add_pairs(self, first_row: int, flat_ids: torch.Tensor, flat_act: torch.Tensor, act_sq: torch.Tensor,
                    batch: int, rows: torch.Tensor) -> None:
@@ -355,9 +466,10 @@ class SiteAccumulator:
         f64 = dict(dtype=torch.float64, device=self.device)
         self._pairs.append(tuple(part.cpu() for part in (
             pairs % (first_row + batch), pairs // (first_row + batch),
-            torch.zeros(n_pairs, **f64).index_add_(0, inverse, torch.ones_like(act_sq, dtype=torch.float64)),
-            torch.zeros(n_pairs, **f64).index_add_(0, inverse, act_sq.double()),
-            torch.zeros(n_pairs, self.dim, **f64).index_add_(0, inverse, flat_act.double()),
+            torch.zeros(n_pairs, **f64).index_put_((inverse,), torch.ones_like(act_sq, dtype=torch.float64),
+                                                   accumulate=True),  # = index_add_, much faster on CPU
+            torch.zeros(n_pairs, **f64).index_put_((inverse,), act_sq.double(), accumulate=True),
+            torch.zeros(n_pairs, self.dim, **f64).index_put_((inverse,), flat_act.double(), accumulate=True),
         )))
 
     @property
@@ -412,9 +524,10 @@ class SiteAccumulator:
         distributed.all_reduce_max_(failed)
         if failed.item() and not self.failure:
             self.failure = "non-finite gradients or activations on another rank"
-        for tensor in (self.total, self.energy, self.n_tokens, self.grad.sum, self.grad.outer, self.act.sum,
-                       self.act.outer, self.grad_unit, self.act_unit, self.type_count, self.type_sum, self.type_sq):
+        for tensor in (self.total, self.energy, self.n_tokens, self._sums, self._outers, self.grad_unit,
+                       self.act_unit):
             distributed.all_reduce_sum_(tensor)
+        self.types.all_reduce()
         counts = torch.tensor([self.grad.count, self.act.count], dtype=torch.int64, device=self.device)
         distributed.all_reduce_sum_(counts)
         self.grad.count, self.act.count = int(counts[0]), int(counts[1])
@@ -451,18 +564,19 @@ class SiteAccumulator:
             return _failed_artifact(f"{self.failure} at {key.site}", int(self.total.shape[0]), self.n_buckets,
                                     len(descriptors), self.vocab_size, **kwargs)
         moments = self.grad
-        oracle = {bs.rank: oracle_fraction(moments.second_moment, bs.rank) for bs in self.bases}
+        oracle = oracle_fractions(moments.second_moment, sorted({bs.rank for bs in self.bases}))
         delta = np.full(len(descriptors), np.nan)
         if oracle and dim - max(oracle) >= 2:
+            covariance = moments.covariance()  # once per unit; ΔIsoScore* is O(d²k) per basis from it
             for basis_set in self.bases:
                 index = [i for i, b in enumerate(descriptors) if b.proxy == basis_set.proxy and b.rank == basis_set.rank]
                 stack = torch.cat([basis_set.basis.unsqueeze(0)] + list(basis_set.controls.values())).to(self.device)
-                delta[index] = _to_numpy(delta_isoscore_star(moments, stack, C0=isoscore_c0, zeta=isoscore_zeta))
+                delta[index] = _to_numpy(delta_isoscore_star(covariance, stack, C0=isoscore_c0, zeta=isoscore_zeta))
         # per type: Bessel-corrected RMS spread around its centroid (unbiased for the type's
         # variance whatever its count, see geometry.ResampledCentroidDistance), and the debiased
-        # distance of its centroid from the global mean and norm (geometry.type_mean_geometry)
-        count = self.type_count
-        types = type_mean_geometry(_to_numpy(count), _to_numpy(self.type_sum), _to_numpy(self.type_sq))
+        # distance of its centroid from the global mean and norm (geometry.type_mean_geometry),
+        # computed on the types seen and spread back to vocabulary-sized arrays
+        count, types = self.types.geometry()
         return UnitArtifact(
             **kwargs,
             total_energy=_to_numpy(self.total), energy=_to_numpy(self.energy),
@@ -574,8 +688,8 @@ def _failed_artifact(note: str, n_seq: int, n_buckets: int, n_bases: int, vocab:
 
 @contextlib.contextmanager
 def _single_threaded(device: torch.device):
-    """The end-of-unit linear algebra (ΔIsoScore* / oracle eigenvalues of d×d matrices) runs
-    single-threaded on CPU: small LAPACK eigen-problems with several OpenMP threads thrash
+    """The end-of-unit linear algebra (the oracle's eigenvalues of the d×d second moment; ΔIsoScore*
+    needs none) runs single-threaded on CPU: small LAPACK eigen-problems with several OpenMP threads thrash
     (measured on a 2-core VM: 41 eigvalsh of 124×124 take 0.02 s on 1 thread, 0.5–3.5 s on 2)."""
     if device.type != "cpu":
         yield

@@ -3,6 +3,12 @@
 Conventions (DESIGN.md §2): points / gradients are ``(N, d)`` rows; a basis is ``(d, k)`` with
 orthonormal columns; a stack of bases is ``(n, d, k)``.  Everything is computed in float64 on
 the input's device.  Scalars come back as Python floats, batched results as float64 tensors.
+
+The IsoScore family needs no eigen-decomposition: IsoScore = (PR − 1)/(d − 1) with
+PR = tr(C)²/‖C‖_F² the participation ratio (exact for the package's definition; derivation
+above :func:`isoscore_from_eigenvalues`).  Hence the gradient IsoScore and the gradient
+participation ratio carry the same information.  IsoScore* and ΔIsoScore* follow from traces
+and Frobenius norms too (O(d²k) per removed basis, O(dk²) in the covariance's eigenbasis).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ __all__ = [
     "DEFAULT_ZETA",
     "anisotropy_capture",
     "delta_isoscore_star",
+    "delta_isoscore_star_from_traces",
     "effective_rank",
     "effective_rank_from_cov",
     "energy_fraction",
@@ -27,12 +34,17 @@ __all__ = [
     "isoscore",
     "isoscore_from_cov",
     "isoscore_from_eigenvalues",
+    "isoscore_from_trace_frobenius",
     "isoscore_star",
     "isoscore_star_from_cov",
     "mean_cosine",
     "oracle_fraction",
+    "oracle_fractions",
     "participation_ratio",
     "participation_ratio_from_cov",
+    "removal_traces",
+    "removal_traces_in_eigenbasis",
+    "shrunk_trace_frobenius",
 ]
 
 #: Default IsoScore* shrinkage weight ζ.  Light shrinkage: it keeps IsoScore* defined and
@@ -126,6 +138,25 @@ def oracle_fraction(second_moment: Any, k: int) -> float:
     return float(ev[-int(k):].sum()) / total
 
 
+def oracle_fractions(second_moment: Any, ranks: Any) -> dict[int, float]:
+    """:func:`oracle_fraction` for several ranks from one eigen-decomposition of ``M``:
+    ``{k: E*_k}``.  Empty ``ranks`` → ``{}`` (nothing is decomposed)."""
+    m = _second_moment_of(second_moment)
+    d = m.shape[0]
+    ranks = [int(k) for k in ranks]
+    if not ranks:
+        return {}
+    for k in ranks:
+        if not 1 <= k <= d:
+            raise ValueError(f"k must satisfy 1 <= k <= d = {d}, got {k}")
+    ev = sym_eigvalsh(m).clamp_min(0.0)
+    total = float(ev.sum())
+    if not total > 0.0:
+        warn_degenerate("second moment has zero trace; oracle fraction is nan")
+        return {k: float("nan") for k in ranks}
+    return {k: float(ev[-k:].sum()) / total for k in ranks}
+
+
 def anisotropy_capture(energy: Any, k: int, d: int, oracle: float, *, atol: float = 1e-12) -> Any:
     """Share of the attainable above-isotropic energy that a basis captures:
     ``(E − k/d) / (E*_k − k/d)``.
@@ -156,6 +187,15 @@ def anisotropy_capture(energy: Any, k: int, d: int, oracle: float, *, atol: floa
 
 
 # ============================================================================ IsoScore family
+#
+# IsoScore needs no eigen-decomposition.  The package (Rudman et al. 2022) takes the spectrum σ
+# of the covariance (its singular values; for a PSD matrix these are its eigenvalues λ),
+# normalises it to norm √m, measures δ² = ‖σ̂ − 1‖²/(2(m − √m)) and rescales.  Expanding,
+# ‖σ̂ − 1‖² = 2m − 2√m·Σσ/‖σ‖, so m − δ²(m − √m) = √m·Σσ/‖σ‖ and
+#     score = (m·(Σσ)²/‖σ‖² − m) / (m(m − 1)) = (PR − 1)/(m − 1),   PR = (Σσ)²/Σσ².
+# For a PSD matrix C, Σσ = tr C and Σσ² = ‖C‖_F², so IsoScore = (tr(C)²/‖C‖_F² − 1)/(m − 1):
+# the score is an affine function of the participation ratio, and every variant below only
+# needs a trace and a Frobenius norm.
 def isoscore_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
     """IsoScore of a covariance spectrum, batched over leading dims (``(..., m)`` → ``(...)``).
 
@@ -167,13 +207,52 @@ def isoscore_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
     covariance).  ``nan`` for m = 1 or an all-zero spectrum.
     """
     lam = eigenvalues.to(torch.float64).abs()
-    m = lam.shape[-1]
-    s1 = lam.sum(dim=-1)
-    s2 = (lam * lam).sum(dim=-1)
+    return isoscore_from_trace_frobenius(lam.sum(dim=-1), (lam * lam).sum(dim=-1), lam.shape[-1])
+
+
+def isoscore_from_trace_frobenius(trace: Any, frobenius_sq: Any, m: int) -> torch.Tensor:
+    """IsoScore of an m×m PSD matrix C from ``tr C`` and ``‖C‖_F²`` (batched, broadcasting):
+    ``(PR − 1)/(m − 1)`` with ``PR = tr(C)² / ‖C‖_F²``.  ``nan`` for m < 2 or ‖C‖_F = 0.
+
+    Exact for positive semi-definite C (then Σ|λ| = tr C); see the derivation above
+    :func:`isoscore_from_eigenvalues`."""
+    tr = torch.as_tensor(trace, dtype=torch.float64)
+    fro2 = torch.as_tensor(frobenius_sq, dtype=torch.float64, device=tr.device)
+    tr, fro2 = torch.broadcast_tensors(tr, fro2)
     if m < 2:
-        return torch.full_like(s1, float("nan"))
-    pr = torch.where(s2 > 0, s1 * s1 / torch.where(s2 > 0, s2, torch.ones_like(s2)), torch.full_like(s1, float("nan")))
+        return torch.full_like(tr, float("nan"))
+    positive = fro2 > 0
+    pr = torch.where(positive, tr * tr / torch.where(positive, fro2, torch.ones_like(fro2)),
+                     torch.full_like(tr, float("nan")))
     return (pr - 1.0) / (m - 1.0)
+
+
+def _trace_frobenius(c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tr C`` and ``‖C‖_F²`` of (..., m, m) matrices."""
+    return torch.diagonal(c, dim1=-2, dim2=-1).sum(-1), (c * c).sum(dim=(-2, -1))
+
+
+def shrunk_trace_frobenius(trace: Any, frobenius_sq: Any, m: int, C0: str, zeta: float
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tr S`` and ``‖S‖_F²`` of the IsoScore* shrinkage ``S = (1 − ζ)C + ζ·c·I_m`` in closed
+    form from ``tr C`` and ``‖C‖_F²`` (batched):
+
+        tr S    = (1 − ζ) tr C + ζ c m
+        ‖S‖_F² = (1 − ζ)² ‖C‖_F² + 2 ζ (1 − ζ) c tr C + ζ² c² m,
+
+    with ``c = 1`` for ``C0 = "identity"`` and ``c = tr(C)/m`` for ``"scaled_identity"``."""
+    z = _check_zeta(zeta)
+    tr = torch.as_tensor(trace, dtype=torch.float64)
+    fro2 = torch.as_tensor(frobenius_sq, dtype=torch.float64, device=tr.device)
+    if C0 == "identity":
+        c = torch.ones_like(tr)
+    elif C0 == "scaled_identity":
+        c = tr / m
+    else:
+        raise ValueError(f"C0 must be a matrix, 'identity' or 'scaled_identity', got {C0!r}")
+    tr_s = (1.0 - z) * tr + z * c * m
+    fro2_s = (1.0 - z) ** 2 * fro2 + 2.0 * z * (1.0 - z) * c * tr + z * z * c * c * m
+    return tr_s, fro2_s
 
 
 def _cov_of_points(points: Any) -> torch.Tensor:
@@ -191,16 +270,25 @@ def _check_cov(cov: Any, name: str = "cov") -> torch.Tensor:
 
 
 def isoscore_from_cov(cov: Any) -> float:
-    """IsoScore of a covariance matrix (same meaning as ``IsoScore.IsoScore.IsoScore_cov``)."""
+    """IsoScore of a covariance matrix (same value as ``IsoScore.IsoScore.IsoScore_cov``),
+    computed without an eigen-decomposition as ``(PR − 1)/(d − 1)``, ``PR = tr(C)²/‖C‖_F²``.
+
+    ``cov`` must be positive semi-definite (any covariance is); for a general symmetric
+    matrix the package's singular-value definition is ``isoscore_from_eigenvalues(svdvals)``.
+    The gradient IsoScore and the gradient participation ratio
+    (:func:`participation_ratio_from_cov`) therefore carry the same information: one is an
+    affine function of the other, ``IsoScore = (PR − 1)/(d − 1)``."""
     c = _check_cov(cov)
-    return float(isoscore_from_eigenvalues(sym_eigvalsh(c)))
+    tr, fro2 = _trace_frobenius(0.5 * (c + c.T))
+    return float(isoscore_from_trace_frobenius(tr, fro2, c.shape[0]))
 
 
 def isoscore(points: Any) -> float:
     """IsoScore of a point cloud ``(n_samples, dim)`` (Rudman et al. 2022), matching
     ``IsoScore.IsoScore.IsoScore``: covariance via ``torch.cov`` (centred, unbiased), then
-    :func:`isoscore_from_eigenvalues`.  1 = isotropic, 0 = all variance on one axis."""
-    return float(isoscore_from_eigenvalues(sym_eigvalsh(_cov_of_points(points))))
+    :func:`isoscore_from_cov` (closed form, no eigen-decomposition).  1 = isotropic, 0 = all
+    variance on one axis."""
+    return isoscore_from_cov(_cov_of_points(points))
 
 
 def _resolve_c0(c0: C0Spec, cov: torch.Tensor) -> torch.Tensor:
@@ -229,14 +317,24 @@ def _check_zeta(zeta: float) -> float:
 
 def isoscore_star_from_cov(cov: Any, C0: C0Spec = "scaled_identity", zeta: float = DEFAULT_ZETA) -> float:
     """IsoScore* (Rudman & Eickhoff 2023) of a covariance: IsoScore of the shrunk covariance
-    ``(1 − ζ)·cov + ζ·C0``.
+    ``S = (1 − ζ)·cov + ζ·C0``.
 
     ``C0``: a (d, d) matrix, ``"identity"`` (as in the reference package's usual call) or
     ``"scaled_identity"`` = ``tr(cov)/d · I`` — the scale-free choice: the score then does not
     change when the points are multiplied by a constant.
+
+    Computation: for the two scalar targets ``tr S`` and ``‖S‖_F²`` are closed forms in
+    ``tr C`` and ``‖C‖_F²`` (:func:`shrunk_trace_frobenius`), and IsoScore = (PR(S) − 1)/(d − 1)
+    — no eigen-decomposition.  A matrix ``C0`` may be indefinite, where the package's
+    singular-value definition differs from the trace form, so that case takes the general
+    path (the spectrum of S).
     """
     c = _check_cov(cov)
     z = _check_zeta(zeta)
+    if isinstance(C0, str):
+        tr, fro2 = _trace_frobenius(0.5 * (c + c.T))
+        tr_s, fro2_s = shrunk_trace_frobenius(tr, fro2, c.shape[0], C0, z)
+        return float(isoscore_from_trace_frobenius(tr_s, fro2_s, c.shape[0]))
     s = (1.0 - z) * c + z * _resolve_c0(C0, c)
     return float(isoscore_from_eigenvalues(sym_eigvalsh(s)))
 
@@ -248,6 +346,89 @@ def isoscore_star(points: Any, C0: C0Spec = "scaled_identity", zeta: float = DEF
     ``C0`` may also be ``"identity"`` or ``"scaled_identity"`` (see
     :func:`isoscore_star_from_cov`)."""
     return isoscore_star_from_cov(_cov_of_points(points), C0, zeta)
+
+
+#: below this share of ‖S‖_F² left after removing Q, the Frobenius identity
+#: ‖PSP‖² = ‖S‖² − 2‖SQ‖² + ‖QᵀSQ‖² has cancelled too many digits (float64 keeps ~16; the
+#: statistics promise 1e-6), and that basis' ‖PSP‖_F² is computed from PSP itself instead.
+_CANCELLATION_GUARD = 1e-6
+
+
+def removal_traces(matrix: torch.Tensor, bases: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For a symmetric (d, d) ``matrix`` S and a stack of orthonormal bases (n, d, k): the three
+    quantities that give ``tr`` and ``‖·‖_F²`` of S with span Q removed, in O(d²k) per basis:
+
+        tr(QᵀSQ),  ‖SQ‖_F²,  ‖QᵀSQ‖_F²      (each (n,), float64)
+
+    With ``P = I − QQᵀ``: ``tr(PSP) = tr S − tr(QᵀSQ)`` and
+    ``‖PSP‖_F² = ‖S‖_F² − 2‖SQ‖_F² + ‖QᵀSQ‖_F²`` (expand ``PSP = S − SQQᵀ − QQᵀS +
+    Q(QᵀSQ)Qᵀ`` and use ``QᵀQ = I``).  One (d, k) basis gives 0-d tensors.  See
+    :func:`removal_traces_in_eigenbasis` for O(dk²)."""
+    s = as_float64(matrix, name="matrix", ndim=2)
+    q = as_float64(bases, name="bases").to(s.device)
+    _check_bases(q, s.shape[0], "bases")
+    sq = s @ q  # S Q, batched over a leading dim
+    qsq = q.transpose(-1, -2) @ sq  # Qᵀ S Q
+    return (torch.diagonal(qsq, dim1=-2, dim2=-1).sum(-1), sq.square().sum(dim=(-2, -1)),
+            qsq.square().sum(dim=(-2, -1)))
+
+
+def removal_traces_in_eigenbasis(eigenvalues: Any, bases: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same three quantities as :func:`removal_traces`, for ``S = V diag(λ) Vᵀ`` given its
+    eigenvalues ``λ`` (d,) and bases already expressed in its eigenbasis (``Vᵀ Q``, shape
+    (n, d, k) or (d, k)) — O(dk²) per basis, no d×d matrix touched:
+
+        tr(QᵀSQ)   = Σ_j λ_j Σ_i Q_ji²
+        ‖SQ‖_F²    = Σ_j λ_j² Σ_i Q_ji²
+        ‖QᵀSQ‖_F² = ‖Qᵀ (λ ∘ Q)‖_F²
+
+    Returns float64 tensors of shape (n,) (or scalars' 0-d tensors for one (d, k) basis) on
+    the bases' device.  Feed them to :func:`delta_isoscore_star_from_traces` with
+    ``trace = Σλ`` and ``frobenius_sq = Σλ²``.  Use it for many Monte-Carlo draws: a Haar draw
+    can be made directly in eigenbasis coordinates (Haar measure is rotation invariant)."""
+    q = as_float64(bases, name="bases")
+    lam = as_float64(eigenvalues, name="eigenvalues", ndim=1).to(q.device)
+    _check_bases(q, lam.shape[0], "bases")
+    row_sq = q.square().sum(-1)  # (..., d): Σ_i Q_ji²
+    lq = lam.unsqueeze(-1) * q  # Λ Q
+    qlq = q.transpose(-1, -2) @ lq  # Qᵀ Λ Q  (k, k)
+    return row_sq @ lam, row_sq @ (lam * lam), qlq.square().sum(dim=(-2, -1))
+
+
+def delta_isoscore_star_from_traces(trace: Any, frobenius_sq: Any, removed_trace: Any, removed_cross_sq: Any,
+                                    removed_block_sq: Any, *, dim: int, rank: int, C0: str | None = "scaled_identity",
+                                    zeta: float = DEFAULT_ZETA) -> torch.Tensor:
+    """ΔIsoScore* from traces (batched; see :func:`delta_isoscore_star` for the definition).
+
+    ``trace``/``frobenius_sq``: ``tr S`` and ``‖S‖_F²`` of the d×d matrix; ``removed_*``:
+    ``tr(QᵀSQ)``, ``‖SQ‖_F²``, ``‖QᵀSQ‖_F²`` per basis (:func:`removal_traces` or
+    :func:`removal_traces_in_eigenbasis`).  ``C0``: ``"identity"`` or ``"scaled_identity"`` with
+    S = C the (unshrunk) covariance — the shrinkage is applied in closed form, in d
+    coordinates for the full score and in the (d − k) complement coordinates for the removed
+    one; or ``None`` when S is already the shrunk ``(1 − ζ)C + ζC0`` of a PSD matrix target
+    (its complement restriction ``Wᵀ S W`` is then the complement's shrunk covariance).
+
+    Precision: ``‖PSP‖_F²`` is a difference of terms up to ``‖S‖_F²``; it loses
+    ``log10(‖S‖_F²/‖PSP‖_F²)`` of float64's ~16 digits (irrelevant unless Q removes nearly all
+    of S's Frobenius mass — :func:`delta_isoscore_star` recomputes such bases directly)."""
+    tr = torch.as_tensor(trace, dtype=torch.float64)
+    fro2 = torch.as_tensor(frobenius_sq, dtype=torch.float64, device=tr.device)
+    f64 = dict(dtype=torch.float64, device=tr.device)
+    tr_p = tr - torch.as_tensor(removed_trace, **f64)
+    fro2_p = fro2 - 2.0 * torch.as_tensor(removed_cross_sq, **f64) + torch.as_tensor(removed_block_sq, **f64)
+    return _delta_from_parts(tr, fro2, tr_p, fro2_p.clamp_min(0.0), dim, rank, C0, zeta)
+
+
+def _delta_from_parts(tr, fro2, tr_p, fro2_p, dim: int, rank: int, C0: str | None, zeta: float) -> torch.Tensor:
+    z = _check_zeta(zeta)
+    m = dim - rank
+    if C0 is None:
+        full = isoscore_from_trace_frobenius(tr, fro2, dim)
+        removed = isoscore_from_trace_frobenius(tr_p, fro2_p, m)
+    else:
+        full = isoscore_from_trace_frobenius(*shrunk_trace_frobenius(tr, fro2, dim, C0, z), dim)
+        removed = isoscore_from_trace_frobenius(*shrunk_trace_frobenius(tr_p, fro2_p, m, C0, z), m)
+    return removed - full
 
 
 def delta_isoscore_star(
@@ -267,10 +448,14 @@ def delta_isoscore_star(
     which complement basis ``W`` is used.  Positive ΔIsoScore* = removing Q makes the
     gradient cloud more isotropic.
 
-    Computation: the spectrum of ``Wᵀ S W`` (S = shrunk covariance in d coordinates, or C for
-    scalar targets) equals the spectrum of ``(I − QQᵀ) S (I − QQᵀ)`` minus k zeros; because
-    ``S`` is positive semi-definite those zeros are its k smallest eigenvalues, so they are
-    dropped — no complement basis is ever formed.  A matrix ``C0`` must therefore be PSD.
+    Computation (no eigen-decomposition, O(d²k) per basis): IsoScore = (PR − 1)/(m − 1) with
+    PR = tr²/‖·‖_F² (see :func:`isoscore_from_cov`), and ``WᵀSW`` has the trace and Frobenius
+    norm of ``PSP`` (P = I − QQᵀ): ``tr(PSP) = tr S − tr(QᵀSQ)``, ``‖PSP‖_F² = ‖S‖_F² −
+    2‖SQ‖_F² + ‖QᵀSQ‖_F²`` (:func:`removal_traces`), with S = C for the scalar targets (shrunk
+    afterwards in closed form) and S = (1 − ζ)C + ζC0 for a matrix target, which must then be
+    positive semi-definite (checked once, by its eigenvalues).  Where removing Q leaves less
+    than 1e-6 of ‖S‖_F² (the identity would cancel digits), that basis' ``PSP`` is formed
+    and measured directly.
 
     Parameters
     ----------
@@ -285,40 +470,38 @@ def delta_isoscore_star(
     k = q.shape[-1]
     if not 1 <= k < d - 1:
         raise ValueError(f"delta_isoscore_star needs 1 <= k < d - 1 (complement of dimension >= 2), got k={k}, d={d}")
-    full = isoscore_star_from_cov(cov, C0, z)
-
-    scalar_target = isinstance(C0, str)
-    if scalar_target:
+    cov = 0.5 * (cov + cov.T)
+    if isinstance(C0, str):
         if C0 not in ("identity", "scaled_identity"):
             raise ValueError(f"C0 must be a matrix, 'identity' or 'scaled_identity', got {C0!r}")
-        s = cov
+        s, target = cov, C0
     else:
         c0 = _resolve_c0(C0, cov)
         c0 = 0.5 * (c0 + c0.T)
         ev0 = torch.linalg.eigvalsh(c0)
         if float(ev0[0]) < -1e-10 * max(float(ev0[-1].abs()), 1e-300):
             raise ValueError("a matrix C0 must be positive semi-definite")
-        s = (1.0 - z) * cov + z * c0
+        s, target = (1.0 - z) * cov + z * c0, None
 
+    tr_s, fro2_s = _trace_frobenius(s)
     qs = q.unsqueeze(0) if q.ndim == 2 else q
     n = qs.shape[0]
     if chunk_size is None:
-        chunk_size = max(1, int(2**24 // (d * d)))
-    out = torch.empty(n, dtype=torch.float64, device=cov.device)
+        chunk_size = max(1, int(2**24 // (d * k)))
+    tr_p = torch.empty(n, dtype=torch.float64, device=cov.device)
+    fro2_p = torch.empty_like(tr_p)
     for start in range(0, n, chunk_size):
         qb = qs[start : start + chunk_size]
-        sq = torch.einsum("de,bek->bdk", s, qb)  # S Q
-        qtsq = qb.transpose(1, 2) @ sq  # Qᵀ S Q
-        # (I−P) S (I−P) = S − SQQᵀ − QQᵀS + Q(QᵀSQ)Qᵀ
-        sqqt = sq @ qb.transpose(1, 2)
-        proj = s.unsqueeze(0) - sqqt - sqqt.transpose(1, 2) + qb @ qtsq @ qb.transpose(1, 2)
-        ev = sym_eigvalsh(proj)[:, k:].clamp_min(0.0)  # drop the k structural zeros
-        if scalar_target:
-            m = d - k
-            target = torch.ones_like(ev) if C0 == "identity" else ev.sum(-1, keepdim=True) / m
-            ev = (1.0 - z) * ev + z * target
-        out[start : start + qb.shape[0]] = isoscore_from_eigenvalues(ev)
-    out = out - full
+        removed_trace, cross_sq, block_sq = removal_traces(s, qb)
+        tr_p[start : start + qb.shape[0]] = tr_s - removed_trace
+        fro2_p[start : start + qb.shape[0]] = fro2_s - 2.0 * cross_sq + block_sq
+    for i in torch.nonzero(fro2_p < _CANCELLATION_GUARD * fro2_s).flatten().tolist():
+        qi = qs[i]
+        sq = s @ qi
+        sqqt = sq @ qi.T
+        psp = s - sqqt - sqqt.T + qi @ (qi.T @ sq) @ qi.T
+        tr_p[i], fro2_p[i] = _trace_frobenius(psp)
+    out = _delta_from_parts(tr_s, fro2_s, tr_p, fro2_p.clamp_min(0.0), d, k, target, z)
     return float(out[0]) if q.ndim == 2 else out
 
 
@@ -346,7 +529,10 @@ def mean_cosine(points: Any) -> float:
 def participation_ratio_from_cov(matrix: Any) -> float:
     """Participation ratio ``(Σλ)² / Σλ²`` of the eigenvalues λ of a symmetric PSD matrix —
     computed as ``tr(C)² / ‖C‖_F²`` (no eigendecomposition).  Scale-free; between 1 (rank one)
-    and d (isotropic).  Works for a covariance or for an uncentred second moment ``GᵀG``."""
+    and d (isotropic).  Works for a covariance or for an uncentred second moment ``GᵀG``.
+    Of a covariance it carries the same information as its IsoScore:
+    ``IsoScore = (PR − 1)/(d − 1)`` (:func:`isoscore_from_cov`), so a gradient IsoScore and a
+    gradient participation ratio are one measurement on two scales."""
     c = _check_cov(matrix, name="matrix")
     c = 0.5 * (c + c.T)
     fro2 = float(torch.sum(c * c))

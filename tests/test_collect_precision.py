@@ -1,0 +1,139 @@
+"""The collector's float32 hot path against a float64 reference of every statistic, and
+byte-identical reruns on CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from anistat.collect import BasisSet, SiteAccumulator, UnitKey, measure_checkpoint
+from anistat.data import BuiltinTokenizer, load_corpus, make_splits
+from anistat.geometry import delta_isoscore_star, draw_controls, fit_proxy
+from anistat.models import build_builtin_model
+from anistat.protocol import DataSpec, ModelSpec
+
+RELATIVE = 1e-6
+
+
+def _relative(got, expected) -> float:
+    """Normwise relative error ‖got − expected‖ / ‖expected‖."""
+    got, expected = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+
+
+def _scaled_max(got, expected_matrix) -> float:
+    """Largest entry error of a second moment relative to sqrt(M_ii M_jj), the scale of the
+    products each entry sums."""
+    diagonal = np.sqrt(np.diag(expected_matrix))
+    return float(np.max(np.abs(np.asarray(got) - expected_matrix) / np.outer(diagonal, diagonal)))
+
+
+def _inputs(seed=0, n_seq=12, length=40, dim=48, vocab=60):
+    """float32 gradients (anisotropic, with a mean, some exactly-zero rows) and activations with
+    a mean much larger than their spread — the case where uncentred float32 products lose digits."""
+    rng = np.random.default_rng(seed)
+    spread = np.geomspace(5.0, 0.05, dim)
+    gradients = (rng.standard_normal((n_seq, length, dim)) * spread + 0.3 * spread).astype(np.float32) * 1e-3
+    gradients[:, ::7] = 0.0  # unevaluated positions
+    activations = (rng.standard_normal((n_seq, length, dim)) + 40.0 * rng.standard_normal(dim)).astype(np.float32)
+    ids = rng.zipf(1.5, size=(n_seq, length)) % vocab
+    buckets = rng.integers(0, 3, size=vocab)
+    return gradients, activations, ids, buckets
+
+
+def test_every_statistic_within_1e6_of_float64_reference():
+    gradients, activations, ids, buckets = _inputs()
+    n_seq, length, dim = gradients.shape
+    vocab, n_buckets, rank = 60, 3, 4
+    proxy = fit_proxy(torch.from_numpy(activations.reshape(-1, dim)), "pca", rank, seed=0).basis
+    controls = {"normal": draw_controls("normal", proxy, 6, seed=1)}
+    sets = [BasisSet("pca", rank, proxy, controls)]
+    accumulator = SiteAccumulator(sets, dim=dim, n_seq=n_seq, n_buckets=n_buckets, vocab_size=vocab,
+                                  device=torch.device("cpu"))
+    assert accumulator.dtype == torch.float32  # the default hot path
+    onehot = torch.nn.functional.one_hot(torch.from_numpy(buckets[ids]), n_buckets)
+    for start in range(0, n_seq, 5):
+        stop = min(n_seq, start + 5)
+        accumulator.add(torch.from_numpy(gradients[start:stop]), torch.from_numpy(activations[start:stop]),
+                        torch.from_numpy(ids[start:stop]), onehot[start:stop], start=start)
+    key = UnitKey("m", "clm", "c", 0, "early", 0, "residual.0")
+    artifact = accumulator.finish(key, sequence_documents=np.arange(n_seq), seconds=0.0,
+                                  isoscore_c0="scaled_identity", isoscore_zeta=0.1)
+
+    # float64 reference from the same (float32-valued) inputs
+    g = gradients.astype(np.float64)
+    a = activations.astype(np.float64)
+    stack = [proxy.double().numpy()] + [q.double().numpy() for q in controls["normal"]]
+    bucket_of = buckets[ids]
+    total = np.zeros((n_seq, n_buckets))
+    energy = np.zeros((n_seq, n_buckets, len(stack)))
+    for b in range(n_buckets):
+        mask = (bucket_of == b)[..., None]
+        total[:, b] = np.sum((g * mask) ** 2, axis=(1, 2))
+        for j, q in enumerate(stack):
+            energy[:, b, j] = np.sum(((g * mask) @ q) ** 2, axis=(1, 2))
+    assert _relative(artifact.total_energy, total) < RELATIVE
+    assert np.max(np.abs(artifact.energy - energy) / np.maximum(energy, 1e-300)) < RELATIVE  # every entry
+    flat_g = g.reshape(-1, dim)
+    evaluated = np.linalg.norm(flat_g, axis=1) > 0
+    flat_g = flat_g[evaluated]
+    flat_a = a.reshape(-1, dim)
+    assert artifact.n_tokens.tolist() == evaluated.reshape(n_seq, length).sum(1).tolist()
+    for moments, rows in ((artifact.gradient_moments, flat_g), (artifact.activation_moments, flat_a)):
+        assert moments["count"] == rows.shape[0]
+        assert _relative(moments["sum"], rows.sum(0)) < RELATIVE
+        outer = rows.T @ rows
+        assert _scaled_max(moments["outer"], outer) < RELATIVE
+        # the covariance (outer − Nμμᵀ)/(N − 1) is where a large mean would cost float32 digits
+        covariance = np.cov(rows.T)
+        got_mean = moments["sum"] / moments["count"]
+        got_cov = (moments["outer"] - moments["count"] * np.outer(got_mean, got_mean)) / (moments["count"] - 1)
+        assert _scaled_max(got_cov, covariance) < RELATIVE
+    unit_g = flat_g / np.linalg.norm(flat_g, axis=1, keepdims=True)
+    assert _relative(artifact.gradient_unit_sum, unit_g.sum(0)) < RELATIVE
+    assert _relative(artifact.activation_unit_sum, (flat_a / np.linalg.norm(flat_a, axis=1, keepdims=True)).sum(0)) < RELATIVE
+    flat_ids = ids.ravel()
+    assert artifact.type_count.tolist() == np.bincount(flat_ids, minlength=vocab).tolist()
+    for t in range(vocab):
+        rows = flat_a[flat_ids == t]
+        if rows.shape[0] >= 2:
+            expected = np.sqrt(((rows - rows.mean(0)) ** 2).sum() / (rows.shape[0] - 1))
+            assert artifact.type_rms_distance[t] == pytest.approx(expected, rel=RELATIVE)
+        else:
+            assert np.isnan(artifact.type_rms_distance[t])
+    second = flat_g.T @ flat_g
+    eigenvalues = np.linalg.eigvalsh(second)
+    assert artifact.oracle_fraction[rank] == pytest.approx(eigenvalues[-rank:].sum() / eigenvalues.sum(), rel=RELATIVE)
+    reference_delta = delta_isoscore_star(np.cov(flat_g.T), torch.from_numpy(np.stack(stack)), "scaled_identity", 0.1)
+    np.testing.assert_allclose(artifact.delta_isoscore_star, reference_delta.numpy(), atol=RELATIVE, rtol=0)
+
+
+def _small_run():
+    spec = DataSpec(seq_len=16, n_fit_sequences=8, n_test_sequences=9, vocab_size=300)
+    corpus = load_corpus(spec)
+    splits = make_splits(corpus, BuiltinTokenizer(corpus.documents, 300), spec, seed=0)
+    model = build_builtin_model(ModelSpec(name="t", architecture="gpt2", hidden_size=32, num_layers=2, num_heads=2),
+                                splits.vocab_size, 16, seed=0).eval()
+    proxy = fit_proxy(torch.randn(200, 32, generator=torch.Generator().manual_seed(0)), "pca", 3, seed=0).basis
+    bases = {l: [BasisSet("pca", 3, proxy, {"haar": draw_controls("haar", proxy, 4, seed=l)})] for l in (0, 1)}
+    keys = {l: UnitKey("m", "clm", "c", 0, "early", l, f"residual.{l}") for l in (0, 1)}
+    return model, splits, bases, keys
+
+
+def test_reruns_are_byte_identical_on_cpu(tmp_path):
+    model, splits, bases, keys = _small_run()
+    saved = []
+    for run in range(2):
+        artifacts = measure_checkpoint(model, keys=keys, bases=bases, splits=splits, objective="clm",
+                                       token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1,
+                                       mlm_probability=0.15, seed=0, batch_size=4, device=torch.device("cpu"),
+                                       isoscore_c0="scaled_identity", isoscore_zeta=0.1, pair_budget_bytes=2**20)
+        files = []
+        for layer, artifact in artifacts.items():
+            meta = dataclasses.replace(artifact, seconds=0.0).save(tmp_path / f"run{run}")
+            files.append((meta.read_bytes(), meta.with_name(meta.name[:-5] + ".npz").read_bytes()))
+        saved.append(files)
+    assert saved[0] == saved[1]
