@@ -46,7 +46,10 @@ ENERGY_METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "
 DESCRIPTIVE_METRICS = tuple(f"{cloud}_{metric}" for cloud in ("gradient", "activation")
                             for metric in ("isoscore", "isoscore_star", "participation_ratio", "effective_rank",
                                            "mean_cosine"))
-CORRELATION_METRICS = ("spearman_logfreq_distance", "pearson_logfreq_distance")
+#: = the frequency correlations `anistat.analyze` writes (a test keeps them in step): each
+#: correlation kind × each definition of a type's "distance" (issue #15)
+CORRELATION_METRICS = tuple(f"{kind}_logfreq_{definition}" for definition in ("distance", "mean_distance", "mean_norm")
+                            for kind in ("spearman", "pearson"))
 RESULT_COLUMNS = (  # = anistat.analyze.RESULT_COLUMNS (a test keeps them equal; analyze imports torch)
     "model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim", "proxy", "control",
     "metric", "estimate", "control_mean", "control_sd", "ci_low", "ci_high", "ci_method", "p_value",
