@@ -284,10 +284,13 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
             return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
         stage = time.perf_counter()
-        log(f"analysing {len(artifacts)} unit(s): Monte-Carlo tests, {protocol.stats.n_bootstrap} bootstrap "
-            f"resamples, {protocol.stats.n_permutations} sign flips per test …")
+        log(f"analysing {len(artifacts)} unit(s): exact tests against Haar subspaces drawn from each unit's "
+            f"moments, {protocol.stats.n_bootstrap} bootstrap resamples per interval …")
         results = analyze_units(artifacts, protocol)
-        log(f"  analysed: {len(results)} result rows ({time.perf_counter() - stage:.1f}s)")
+        nulls = results.attrs.get("null_settings", {})
+        log(f"  analysed: {len(results)} result rows; {nulls.get('n_null_draws')} Haar draws and "
+            f"{nulls.get('n_permutations')} sign vectors per test, sized for a family of {nulls.get('n_tests')} "
+            f"({time.perf_counter() - stage:.1f}s)")
     except OSError as error:
         user_error = _disk_error(error)
         if user_error is None:
