@@ -619,8 +619,8 @@ def null_check_summaries(results: "pd.DataFrame", alpha: float) -> tuple["NullCh
     needed = {"proxy", "metric", "p_value", "p_test", "status", "control"}
     if results.empty or not needed <= set(results.columns):
         return ()
-    rows = results[(results["proxy"] == "random") & (results["metric"] == "energy_fraction")
-                   & (results["status"] == "ok")]
+    random_proxy = results["proxy"].astype(str).str.fullmatch(r"random(@.+)?")  # random, random@refit
+    rows = results[random_proxy & (results["metric"] == "energy_fraction") & (results["status"] == "ok")]
     checks = []
     exact = rows[rows["p_test"] == "haar_monte_carlo"]
     if not exact.empty:

@@ -32,15 +32,6 @@ class IncompleteRun(AnistatError):
     exit_code = 3
 
 
-class CollectionError(AnistatInputError):
-    """A unit could not be measured (e.g. NaN/Inf gradients); the reason is recorded."""
-
-
 class AnistatWarning(UserWarning):
     """Something the user should know about the result (e.g. too few controls)."""
 
-
-class ClaimsFailed(Exception):
-    """Raised by `verify` when at least one claim fails (exit code 1)."""
-
-    exit_code = 1

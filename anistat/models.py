@@ -70,23 +70,26 @@ def build_builtin_model(spec: ModelSpec, vocab_size: int, seq_len: int, seed: in
     """A tiny randomly initialised model from a transformers config (sizes from the protocol)."""
     from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
-    torch.manual_seed(derive_seed(seed, spec.name, "init"))
-    intermediate = spec.intermediate_size or 4 * spec.hidden_size
-    if spec.architecture == "gpt2":
-        config = GPT2Config(
-            vocab_size=vocab_size, n_positions=seq_len, n_embd=spec.hidden_size, n_layer=spec.num_layers,
-            n_head=spec.num_heads, n_inner=intermediate, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            bos_token_id=None, eos_token_id=None, pad_token_id=None,
-        )
-        model = GPT2LMHeadModel(config)
-    else:
-        config = BertConfig(
-            vocab_size=vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
-            num_attention_heads=spec.num_heads, intermediate_size=intermediate,
-            max_position_embeddings=seq_len, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-            pad_token_id=0,
-        )
-        model = BertForMaskedLM(config)
+    # transformers initialises weights from torch's global generator: seed it inside fork_rng, so
+    # the caller's own random state is left as it was (same weights as seeding it directly)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, spec.name, "init"))
+        intermediate = spec.intermediate_size or 4 * spec.hidden_size
+        if spec.architecture == "gpt2":
+            config = GPT2Config(
+                vocab_size=vocab_size, n_positions=seq_len, n_embd=spec.hidden_size, n_layer=spec.num_layers,
+                n_head=spec.num_heads, n_inner=intermediate, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                bos_token_id=None, eos_token_id=None, pad_token_id=None,
+            )
+            model = GPT2LMHeadModel(config)
+        else:
+            config = BertConfig(
+                vocab_size=vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+                num_attention_heads=spec.num_heads, intermediate_size=intermediate,
+                max_position_embeddings=seq_len, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                pad_token_id=0,
+            )
+            model = BertForMaskedLM(config)
     return model
 
 

@@ -774,6 +774,12 @@ models:
     num_layers: 2
     num_heads: 2
     train: {steps: 200, batch_size: 16, learning_rate: 0.001, checkpoints: [0, 50, 100, 200]}
+  # Your own checkpoints (save_pretrained folders, one per checkpoint; paths relative to this file):
+  # - name: my-model
+  #   source: local
+  #   checkpoints: [ckpt/step1000, ckpt/step2000, ckpt/step4000]
+  # A Hugging Face checkpoint series (needs the hub or a local cache):
+  # - {name: pythia-160m, source: hub, hub_id: EleutherAI/pythia-160m, revisions: [step1000, step143000]}
 
 sites: {kind: residual, layers: all}   # also embed, attn, mlp, module (see `anistat sites MODEL`)
 
@@ -784,11 +790,12 @@ proxies:
 
 controls:
   kinds: [normal, haar]        # normal = random subspaces orthogonal to the proxy (the paper's)
-  n: 20
+  n: 20                        # the paper's convention (p_value_paper); significance uses the exact test
 
 stats:
   alpha: 0.05
-  n_bootstrap: 1000            # sequence-level bootstrap resamples
+  n_null_draws: auto           # Haar subspaces for the exact test: >= 9999, enough for the corrected family
+  n_bootstrap: 1000            # bootstrap resamples of documents (sequences cut from one document move together)
   multiplicity: holm           # holm | fdr_bh | bonferroni | none
 
 # claims:

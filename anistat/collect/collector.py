@@ -702,11 +702,6 @@ def _single_threaded(device: torch.device):
         torch.set_num_threads(threads)
 
 
-def _unit_rows(matrix: torch.Tensor) -> torch.Tensor:
-    norms = matrix.norm(dim=1, keepdim=True)
-    return torch.where(norms > 0, matrix / norms.clamp(min=1e-300), torch.zeros_like(matrix))
-
-
 def _moments_dict(moments: GradientMoments) -> dict:
     return {"count": int(moments.count), "sum": _to_numpy(moments.sum), "outer": _to_numpy(moments.outer)}
 
