@@ -52,9 +52,11 @@ class StrictModel(BaseModel):
 class DataSpec(StrictModel):
     """Where the text comes from and how it is cut into sequences.
 
-    The sequence is the statistical sampling unit. The corpus is tokenised, concatenated and cut
-    into non-overlapping blocks of `seq_len` tokens; blocks are shuffled by the protocol seed and
-    split into disjoint `test` (gradients), `fit` (activations for proxies) and training blocks.
+    The corpus is tokenised, concatenated and cut into non-overlapping blocks of `seq_len`
+    tokens; blocks are shuffled by the protocol seed and split into disjoint `test` (gradients),
+    `fit` (activations for proxies) and training blocks. Each block remembers its document: the
+    statistical resampling unit is the document (`stats.resampling_unit`), since blocks cut from
+    one document are dependent.
     """
 
     source: Literal["builtin", "text", "jsonl", "hf_dataset"] = Field(
@@ -362,8 +364,9 @@ class StatsSpec(StrictModel):
     ci_level: float = Field(0.95, gt=0.5, lt=1.0)
     ci_method: Literal["percentile", "bca", "studentized"] = Field(
         "studentized",
-        description="Sequence-bootstrap CI: studentized (bootstrap-t; nominal coverage from ~100 heterogeneous "
-        "sequences in `anistat calibrate`), bca (0.93 at 100 sequences, 0.94 at 400), or percentile. The "
+        description="Bootstrap CI over the resampling units (documents, else sequences): studentized (bootstrap-t; "
+        "0.937-0.940 at 60 documents in `anistat calibrate`, 0.945 at 100 sequences), bca (0.93 at 100 sequences, "
+        "0.94 at 400), or percentile. The "
         "frequency/centroid-distance correlations use the basic interval unless this is percentile "
         "(benchmarks/README.md: basic covers 0.94 at 100 sequences, percentile 0.97 at 300).",
     )
@@ -754,7 +757,7 @@ device: cpu                    # auto | cpu | cuda | mps
 
 data:
   source: builtin              # builtin (Python's docs, no download) | text | jsonl | hf_dataset
-  seq_len: 64                  # tokens per sequence (the statistical sampling unit)
+  seq_len: 64                  # tokens per sequence (sequences of one document are resampled together)
   n_fit_sequences: 64          # activations used to fit the proxies
   n_test_sequences: 64         # sequences whose true gradients are measured
   vocab_size: 512              # BPE vocabulary of the built-in tokenizer
