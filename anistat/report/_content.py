@@ -487,7 +487,7 @@ def _statistics(ctx: ReportContext) -> Para:
                    "sequences cut from one document are resampled together. ")
     else:
         seg.append("The resampling unit is the sequence"
-                   f"{' (each test sequence comes from its own document)' if run.resampling_unit == 'document' else ''}. ")
+                   f"{' (no two test sequences share a recorded document)' if run.resampling_unit == 'document' else ''}. ")
     tests = _distinct(df, "p_test")
     if tests:
         seg.append("p_value comes from " + _join([P_TEST_TEXT.get(t, t) for t in tests]) + ". ")
