@@ -12,7 +12,8 @@ One row per unit × rank × proxy × control kind × metric (columns in `RESULT_
   test against the row's own control kind is `p_value_paper`, not exact for `normal`);
   `hedges_g` carries the sign-flip test of per-unit contributions (documents, else sequences);
 * `delta_isoscore_star` (per basis, from the gradient covariance) with its own exact Haar test;
-* `oracle_fraction` per unit and rank (proxy `oracle`, control `none`, no test);
+* `oracle_fraction` per unit and rank (proxy `oracle`, control `none`, no test), from the
+  eigenvalues of the unit's gradient second moment (the decomposition the exact test needs);
 * descriptive metrics per unit (proxy and control `none`): IsoScore, IsoScore*, participation
   ratio, effective rank and mean cosine of the gradients (`gradient_*`) and of the activations
   (`activation_*`).
@@ -185,9 +186,10 @@ def unit_rows(artifact: UnitArtifact, protocol: Protocol, nulls: NullSettings | 
     haar_energy = {rank: second_moment.energy_fractions(traces) for rank, traces in energy_traces.items()}
     haar_delta = ({rank: covariance.delta_isoscore_star(traces, rank, stats.isoscore_c0, stats.isoscore_zeta)
                    for rank, traces in delta_traces.items()} if delta_ok else {})
-    for rank, oracle in sorted(artifact.oracle_fraction.items()):
+    oracle = oracle_fractions_from(second_moment, ranks)
+    for rank, value in oracle.items():
         rows.append({**base, "proxy": "oracle", "rank": rank, "control": "none", "metric": "oracle_fraction",
-                     "estimate": oracle, "ci_method": "none", "n_controls": 0, "status": "ok", "note": ""})
+                     "estimate": value, "ci_method": "none", "n_controls": 0, "status": "ok", "note": ""})
     projected = set(protocol.projected_control_kinds)
     for proxy, rank in groups:
         basis = artifact.proxy_bases[(proxy, rank)]
@@ -222,7 +224,7 @@ def unit_rows(artifact: UnitArtifact, protocol: Protocol, nulls: NullSettings | 
                 proxy_energy, total, reference, rank=rank, dim=dim, null_fractions=haar_energy[rank],
                 control_fractions=control_fractions, observed_fraction=observed,
                 n_paper_controls=protocol.controls.n, group_ids=documents,
-                oracle_fraction=artifact.oracle_fraction.get(rank), reference=reference_kind, control_kind=control,
+                oracle_fraction=oracle[rank], reference=reference_kind, control_kind=control,
                 n_bootstrap=stats.n_bootstrap, ci_level=stats.ci_level, ci_method=stats.ci_method,
                 n_permutations=nulls.n_permutations, alternative=stats.alternative, seed=seed,
             )
@@ -256,6 +258,15 @@ def unit_rows(artifact: UnitArtifact, protocol: Protocol, nulls: NullSettings | 
     for row in descriptive_rows(artifact, stats.isoscore_c0, stats.isoscore_zeta):
         rows.append({**base, **row, "status": "ok"})
     return rows, notes
+
+
+def oracle_fractions_from(second_moment: SpectralFrame, ranks: list[int]) -> dict[int, float]:
+    """The oracle fraction E*_k = (sum of the k largest eigenvalues of M) / tr M for each rank,
+    from the eigen-decomposition the exact test already made (`geometry.oracle_fractions` is
+    the same quantity from a matrix); NaN when M has zero trace."""
+    eigenvalues = second_moment.eigenvalues  # ascending, clamped at 0
+    total = float(eigenvalues.sum())
+    return {rank: float(eigenvalues[-rank:].sum()) / total if total > 0 else math.nan for rank in ranks}
 
 
 def _join_notes(*parts: str) -> str:
@@ -444,6 +455,7 @@ def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protoco
     stats = protocol.stats
     intervals = [None, None]
     note = artifact.pair_note
+    kept_note = artifact.extra.get("type_statistics_note", "")
     if artifact.pair_sums is not None:
         distance = ResampledCentroidDistance(artifact.pair_sums, types)
         log_count = np.log(counts[types])
@@ -456,7 +468,7 @@ def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protoco
     rows = []
     spread = "distance = RMS spread of the type's activations around its own centroid"
     for (metric, value, p_value), interval in zip(estimates, intervals):
-        parts = [f"{correlation.n_types} token types", spread, note if interval is None else interval.note]
+        parts = [f"{correlation.n_types} token types", spread, note if interval is None else interval.note, kept_note]
         if interval is not None and interval.bias_in_se is not None and abs(interval.bias_in_se) > 1:
             # a rank correlation over types, each estimated from few sequences, is not a smooth
             # function of the sequences: say so when its resamples are visibly off-centre
@@ -504,7 +516,8 @@ def _mean_geometry_rows(artifact: UnitArtifact, counts: np.ndarray, types: np.nd
                                                         ("pearson", correlation.pearson_r, correlation.pearson_p))):
             interval = intervals[2 * index + offset]
             parts = [f"{correlation.n_types} token types", meaning,
-                     artifact.pair_note if interval is None else interval.note]
+                     artifact.pair_note if interval is None else interval.note,
+                     artifact.extra.get("type_statistics_note", "")]
             rows.append({"metric": f"{kind}_logfreq_{name}", "estimate": float(value), "p_value": float(p_value),
                          "ci_low": math.nan if interval is None else max(-1.0, interval.ci_low),
                          "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),

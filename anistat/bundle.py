@@ -492,7 +492,7 @@ def _settings_rows(protocol: "Protocol", manifest: Mapping[str, Any]) -> tuple[t
     data_keys = ("source", *DATA_FIELDS[data.source], "max_documents", "seq_len", "n_fit_sequences",
                  "n_test_sequences", *(("vocab_size",) if uses_builtin_tokenizer else ()),
                  *(("mlm_probability",) if has_mlm else ()), "batch_size", "n_frequency_buckets",
-                 "frequency_ci_memory_mb")
+                 "frequency_ci_memory_mb", "type_statistics_memory_mb")
     dumped = protocol.normalised()
     rows: list[tuple[str, str, str]] = []
     for key in ("name", "seed", "device"):

@@ -120,6 +120,7 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
             for name in by_name:
                 sampler.add(name, c, start, record.activations[name])
             progress.update(1)
+        del model  # one checkpoint's weights resident at a time: let it go before the next loads
     progress.close()
     bases: dict[str, list[BasisSet]] = {}
     n_tokens = 0
@@ -222,6 +223,7 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
                 isoscore_c0=protocol.stats.isoscore_c0, isoscore_zeta=protocol.stats.isoscore_zeta,
                 precision=spec.precision, progress_label=f"{spec.name} {checkpoint.label}",
                 pair_budget_bytes=int(protocol.data.frequency_ci_memory_mb * 2**20),
+                type_budget_bytes=protocol.data.type_statistics_memory_mb * 2**20,
                 loss_reduction=protocol.data.loss_reduction,
             )
             for site in sites:

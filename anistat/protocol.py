@@ -112,6 +112,15 @@ class DataSpec(StrictModel):
         "note); 0 turns the CI off.",
     )
 
+    type_statistics_memory_mb: float = Field(
+        256, ge=0, le=1_000_000,
+        description="Memory (MiB) for the per-token-type activation sums behind the log-frequency analysis "
+        "(count, Σa, Σ‖a‖² per type: (d + 3)·8 bytes per type and site), shared by the sites measured in one "
+        "pass. Only types occurring at least twice in the test split are used; past the budget the most "
+        "frequent of them are kept (decided from the test split before the pass, so memory stays flat "
+        "however many tokens are measured) and the frequency rows say how many. 0 keeps none.",
+    )
+
     @model_validator(mode="after")
     def _paths_match_source(self) -> "DataSpec":
         if self.source in ("builtin", "hf_dataset") and self.paths:

@@ -16,7 +16,10 @@ P2  post-hoc collection throughput (tokens/s) on the same model and test split:
       floor   — forward + backward to the hidden states only (probes, frozen parameters), no
                 statistics.
     Goals: anistat ≥ 1.5× naive tokens/s; anistat time ≤ 1.2× floor time.
-P4  peak RSS of a fresh process measuring 10× more test tokens ÷ the same at 1× (goal ≤ 1.1).
+      floor_plus_moments — the floor plus only the two d×d second moments the exact test and
+                the activation geometry need: the arithmetic lower bound of anistat's pass.
+P4  peak RSS of a fresh process measuring 10× more test tokens ÷ the same at 1× (goal ≤ 1.1),
+    with the pipeline's default budget for per-type sums (256 MiB).
 """
 
 from __future__ import annotations
@@ -95,12 +98,14 @@ def make_bases(model, splits, layers, rank=4, n_controls=20, per_token_controls=
     return bases
 
 
-#: what `anistat run` passes by default (data.frequency_ci_memory_mb = 1024)
+#: what `anistat run` passes by default (data.frequency_ci_memory_mb = 1024,
+#: data.type_statistics_memory_mb = 256)
 PIPELINE_PAIR_BUDGET = 1024 * 2**20
+PIPELINE_TYPE_BUDGET = 256 * 2**20
 
 
 def anistat_collect(model, splits, layers, bases, batch_size, pair_budget_bytes=PIPELINE_PAIR_BUDGET,
-                    device="cpu", precision="fp32"):
+                    device="cpu", precision="fp32", type_budget_bytes=PIPELINE_TYPE_BUDGET):
     """`pair_budget_bytes` > 0 also keeps the per-(sequence, type) activation sums behind the
     frequency-correlation CI, as `anistat run` does by default."""
     keys = {l: UnitKey("bench", "clm", "c", 0, "early", l, f"residual.{l}") for l in layers}
@@ -108,7 +113,7 @@ def anistat_collect(model, splits, layers, bases, batch_size, pair_budget_bytes=
                               token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1,
                               mlm_probability=0.15, seed=0, batch_size=batch_size, device=torch.device(device),
                               isoscore_c0="scaled_identity", isoscore_zeta=0.1, pair_budget_bytes=pair_budget_bytes,
-                              precision=precision)
+                              precision=precision, type_budget_bytes=type_budget_bytes)
 
 
 def naive_collect(model, splits, layers, bases, batch_size, device="cpu"):
@@ -165,6 +170,34 @@ def floor_collect(model, splits, layers, batch_size, device="cpu", precision="fp
     return gradients
 
 
+def floor_plus_moments(model, splits, layers, batch_size, device="cpu", precision="fp32"):
+    """The floor plus only the two d×d second moments (gradients and activations, float32
+    per-batch products into float64 sums, as the collector takes them): the arithmetic lower
+    bound of a pass that keeps what the exact test and the activation geometry need."""
+    from anistat.collect import residual_probe
+    from anistat.collect.collector import add_gram_, autocast
+
+    device = torch.device(device)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    model.eval()
+    dim = model.config.hidden_size
+    outers = {l: torch.zeros(2, dim, dim, dtype=torch.float64, device=device) for l in layers}
+    n_seq = splits.test.shape[0]
+    for start in range(0, n_seq, batch_size):
+        batch = splits.test[start : start + batch_size].to(device)
+        with torch.enable_grad(), autocast(device, precision), residual_probe(model, layers, gradients=True) as record:
+            loss = lm_loss(model, batch, batch, "clm")
+            gradients = torch.autograd.grad(loss, [record.deltas[l] for l in layers])
+        for l, gradient in zip(layers, gradients):
+            rows = torch.stack([gradient[:, :-1].reshape(-1, dim).float(),
+                                record.activations[l][:, :-1].reshape(-1, dim).float()])
+            add_gram_(outers[l], rows, upper_only=device.type == "cpu")
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return outers
+
+
 def timed(fn, repeats):
     times = []
     for _ in range(repeats):
@@ -201,7 +234,9 @@ def bench_p2(args) -> dict:
             f"anistat_plus_{args.extra_controls}_controls": ours(extra),
             "anistat_rank_8": ours(double_rank),
             "naive": lambda: naive_collect(model, splits, layers, paper, args.batch_size, device),
-            "floor": lambda: floor_collect(model, splits, layers, args.batch_size, device, precision)}
+            "floor": lambda: floor_collect(model, splits, layers, args.batch_size, device, precision),
+            "floor_plus_moments": lambda: floor_plus_moments(model, splits, layers, args.batch_size, device,
+                                                             precision)}
     if args.skip_marginal:
         for name in ("anistat_no_pair_sums", f"anistat_plus_{args.extra_controls}_controls", "anistat_rank_8"):
             runs.pop(name)
@@ -248,6 +283,10 @@ def bench_p2(args) -> dict:
         "wall_seconds": wall_median,
         "speedup_vs_naive": median["naive"] / median["anistat"],
         "ratio_to_floor": median["anistat"] / floor,
+        # the two second moments alone, ÷ the floor; and anistat ÷ that lower bound
+        "moments_only_ratio_to_floor": median["floor_plus_moments"] / floor,
+        "ratio_to_floor_plus_moments": median["anistat"] / median["floor_plus_moments"],
+        "naive_ratio_to_floor": median["naive"] / floor,
         **marginal,
         "max_relative_difference_vs_naive": agreement,
         "clock": args.clock, "threads": torch.get_num_threads(),
@@ -334,7 +373,8 @@ def p4_child(n_test: int, args) -> dict:
     except OSError:
         reset = False
     before = _status_kb("VmRSS")
-    anistat_collect(model, splits, layers, bases, args.batch_size, int(args.pair_budget_mb * 2**20))
+    anistat_collect(model, splits, layers, bases, args.batch_size, int(args.pair_budget_mb * 2**20),
+                    type_budget_bytes=args.type_budget_mb * 2**20)
     return {"n_test": n_test, "tokens": n_test * args.seq_len, "peak_rss_kb": _status_kb("VmHWM"),
             "rss_before_collect_kb": before, "hwm_reset": reset,
             "process_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
@@ -347,7 +387,8 @@ def bench_p4(args) -> dict:
         command = [sys.executable, __file__, "p4-child", "--n-test", str(n_test), "--dim", str(args.dim),
                    "--arch", args.arch,
                    "--layers", str(args.layers), "--vocab", str(args.vocab), "--seq-len", str(args.seq_len),
-                   "--batch-size", str(args.batch_size), "--pair-budget-mb", str(args.pair_budget_mb)]
+                   "--batch-size", str(args.batch_size), "--pair-budget-mb", str(args.pair_budget_mb),
+                   "--type-budget-mb", str(args.type_budget_mb)]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         results[f"{factor}x"] = json.loads(done.stdout.strip().splitlines()[-1])
     one, ten = results["1x"], results["10x"]
@@ -375,6 +416,8 @@ def main() -> None:
     parser.add_argument("--pair-budget-mb", type=float, default=0.0,
                         help="P4: memory for per-(sequence, type) sums (0: off, the constant-memory path; "
                         "anistat run defaults to 1024 and then grows with the test split up to that cap)")
+    parser.add_argument("--type-budget-mb", type=float, default=256.0,
+                        help="P4: memory for per-type sums (data.type_statistics_memory_mb; inf: every type seen twice)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",

@@ -40,13 +40,11 @@ def _artifact(kinds_projected=(), seed=0, n_controls=9) -> UnitArtifact:
     energy = np.stack([((grads @ b) ** 2).sum(axis=(1, 2)) for b in stack], axis=1)  # (S, n_bases)
     flat_g, flat_a = grads.reshape(-1, D), acts.reshape(-1, D)
     moments = lambda x: {"count": x.shape[0], "sum": x.sum(0), "outer": x.T @ x}  # noqa: E731
-    second = flat_g.T @ flat_g
-    ev = np.linalg.eigvalsh(second)
     return UnitArtifact(
         key=UnitKey("m", "clm", "step0", 0, "early", seed, f"residual.{seed}"), dim=D, bases=bases,
         n_tokens=np.full(S, T), sequence_documents=np.repeat(np.arange(10), 3),
         total_energy=(grads**2).sum(axis=(1, 2))[:, None], energy=energy[:, None, :],
-        delta_isoscore_star=np.zeros(len(bases)), oracle_fraction={K: float(ev[-K:].sum() / ev.sum())},
+        delta_isoscore_star=np.zeros(len(bases)),
         gradient_moments=moments(flat_g), activation_moments=moments(flat_a),
         gradient_unit_sum=flat_g.sum(0), activation_unit_sum=flat_a.sum(0),
         type_count=np.zeros(5, dtype=np.int64), type_rms_distance=np.full(5, np.nan),
@@ -81,6 +79,12 @@ def test_one_exact_test_behind_every_energy_metric_and_kind():
     # haar and normal contributions are proportional: one sign-flip test for both
     flips = _rows(rows, metric="hedges_g")
     assert len({r["_test"] for r in flips}) == 1 and flips[0]["estimate"] == pytest.approx(flips[1]["estimate"])
+    # the oracle fraction comes from the second moment's eigenvalues (numpy's, independently)
+    ev = np.linalg.eigvalsh(artifact.gradient_moments["outer"])
+    (oracle,) = _rows(rows, metric="oracle_fraction")
+    assert oracle["estimate"] == pytest.approx(ev[-K:].sum() / ev.sum(), rel=1e-12)
+    (capture,) = _rows(rows, metric="anisotropy_capture", control="haar")
+    assert capture["estimate"] == pytest.approx((observed - K / D) / (oracle["estimate"] - K / D), rel=1e-9)
 
 
 def test_drawn_reference_is_the_papers_conditional_ratio():

@@ -4,14 +4,17 @@ byte-identical reruns on CPU."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
 import torch
 
-from anistat.collect import BasisSet, SiteAccumulator, UnitKey, measure_checkpoint
+from anistat.analyze import oracle_fractions_from
+from anistat.collect import BasisSet, SiteAccumulator, TypePlan, UnitKey, measure_checkpoint
+from anistat.collect.collector import GRAM_BLOCK, add_gram_
 from anistat.data import BuiltinTokenizer, load_corpus, make_splits
-from anistat.geometry import delta_isoscore_star, draw_controls, fit_proxy
+from anistat.geometry import SpectralFrame, delta_isoscore_star, draw_controls, fit_proxy
 from anistat.models import build_builtin_model
 from anistat.protocol import DataSpec, ModelSpec
 
@@ -44,8 +47,9 @@ def _inputs(seed=0, n_seq=12, length=40, dim=48, vocab=60):
     return gradients, activations, ids, buckets
 
 
-def test_every_statistic_within_1e6_of_float64_reference():
-    gradients, activations, ids, buckets = _inputs()
+@pytest.mark.parametrize("dim", [48, 150])  # 150: two full Gram column blocks and a partial one
+def test_every_statistic_within_1e6_of_float64_reference(dim):
+    gradients, activations, ids, buckets = _inputs(dim=dim)
     n_seq, length, dim = gradients.shape
     vocab, n_buckets, rank = 60, 3, 4
     proxy = fit_proxy(torch.from_numpy(activations.reshape(-1, dim)), "pca", rank, seed=0).basis
@@ -104,11 +108,30 @@ def test_every_statistic_within_1e6_of_float64_reference():
             assert artifact.type_rms_distance[t] == pytest.approx(expected, rel=RELATIVE)
         else:
             assert np.isnan(artifact.type_rms_distance[t])
+    # the oracle fraction is taken at analysis time from the collected second moment
     second = flat_g.T @ flat_g
     eigenvalues = np.linalg.eigvalsh(second)
-    assert artifact.oracle_fraction[rank] == pytest.approx(eigenvalues[-rank:].sum() / eigenvalues.sum(), rel=RELATIVE)
+    oracle = oracle_fractions_from(SpectralFrame(artifact.gradient_moments["outer"]), [rank])
+    assert oracle[rank] == pytest.approx(eigenvalues[-rank:].sum() / eigenvalues.sum(), rel=RELATIVE)
     reference_delta = delta_isoscore_star(np.cov(flat_g.T), torch.from_numpy(np.stack(stack)), "scaled_identity", 0.1)
     np.testing.assert_allclose(artifact.delta_isoscore_star, reference_delta.numpy(), atol=RELATIVE, rtol=0)
+
+
+@pytest.mark.parametrize("dim", [1, GRAM_BLOCK - 1, GRAM_BLOCK, 2 * GRAM_BLOCK + 5])
+def test_upper_triangle_gram_equals_full_product(dim):
+    rows = torch.randn(2, 37, dim, generator=torch.Generator().manual_seed(dim))
+    full = torch.zeros(2, dim, dim, dtype=torch.float64)
+    upper = torch.full((2, dim, dim), 7.0, dtype=torch.float64)
+    add_gram_(full, rows, upper_only=False)
+    add_gram_(upper, rows, upper_only=True)
+    reference = torch.einsum("cni,cnj->cij", rows.double(), rows.double())
+    assert torch.allclose(full, reference, rtol=1e-5, atol=1e-4)
+    rows_i, cols_j = torch.triu_indices(dim, dim)
+    assert torch.allclose(upper[:, rows_i, cols_j] - 7.0, reference[:, rows_i, cols_j], rtol=1e-5, atol=1e-4)
+    # below the diagonal blocks nothing is touched (that is the work saved)
+    block = torch.arange(dim) // GRAM_BLOCK
+    untouched = block[:, None] > block[None, :]
+    assert bool((upper[:, untouched] == 7.0).all())
 
 
 def _small_run():
@@ -137,3 +160,48 @@ def test_reruns_are_byte_identical_on_cpu(tmp_path):
             files.append((meta.read_bytes(), meta.with_name(meta.name[:-5] + ".npz").read_bytes()))
         saved.append(files)
     assert saved[0] == saved[1]
+
+
+def test_type_plan_keeps_types_seen_twice_most_frequent_first_within_the_budget():
+    ids = torch.tensor([[5, 5, 5, 2, 2, 9], [9, 7, 7, 1, 3, 3]])
+    # occurrences: 5×3, 2×2, 9×2, 7×2, 3×2, 1×1 → eligible {2, 3, 5, 7, 9}
+    dim = 5
+    per_type = (dim + 3) * 8
+    everything = TypePlan.from_tokens(ids, None, 12, dim, math.inf)
+    assert everything.kept.tolist() == [2, 3, 5, 7, 9] and everything.n_eligible == 5 and everything.note == ""
+    assert everything.occurrences.tolist() == [0, 1, 2, 2, 0, 3, 0, 2, 0, 2, 0, 0]
+    three = TypePlan.from_tokens(ids, None, 12, dim, 3 * per_type + per_type - 1)
+    assert three.kept.tolist() == [2, 3, 5]  # 5 first (3 occurrences), then the ties 2, 3 by id
+    assert "3 most frequent of the 5 types" in three.note
+    masked = TypePlan.from_tokens(ids, ids != 5, 12, dim, math.inf)
+    assert 5 not in masked.kept.tolist() and int(masked.occurrences[5]) == 0
+    assert TypePlan.from_tokens(ids, None, 12, dim, 0).kept.numel() == 0
+    # the planned table is allocated once, at the plan's size, and never grows
+    basis = torch.linalg.qr(torch.randn(dim, 1, dtype=torch.float64))[0]
+    accumulator = SiteAccumulator([BasisSet("pca", 1, basis, {})], dim=dim, n_seq=2, n_buckets=1, vocab_size=12,
+                                  device=torch.device("cpu"), type_plan=three)
+    accumulator.add(torch.randn(2, 6, dim), torch.randn(2, 6, dim), ids, torch.ones(2, 6, 1), start=0)
+    assert accumulator.types.sum.shape == (3, dim)
+
+
+def test_a_type_budget_bounds_the_tables_and_changes_no_kept_value():
+    """Post hoc with a budget for two types per site: the kept types' statistics equal the unlimited run's (the global mean
+    still pools every occurrence), every other type is NaN, and the counts stay complete."""
+    model, splits, bases, keys = _small_run()
+    common = dict(keys=keys, bases=bases, splits=splits, objective="clm",
+                  token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1, mlm_probability=0.15,
+                  seed=0, batch_size=4, device=torch.device("cpu"), isoscore_c0="scaled_identity", isoscore_zeta=0.1)
+    full = measure_checkpoint(model, **common)
+    dim = 32
+    limited = measure_checkpoint(model, **common, type_budget_bytes=len(keys) * 2 * (dim + 3) * 8)
+    for layer in keys:
+        a, b = full[layer], limited[layer]
+        np.testing.assert_array_equal(a.type_count, b.type_count)
+        eligible = np.flatnonzero(a.type_count >= 2)
+        kept = np.flatnonzero(np.isfinite(b.type_rms_distance))
+        order = sorted(eligible, key=lambda t: (-a.type_count[t], t))
+        assert kept.tolist() == sorted(order[:2])
+        for name in ("type_rms_distance", "type_mean_distance", "type_mean_norm"):
+            np.testing.assert_allclose(getattr(b, name)[kept], getattr(a, name)[kept], rtol=1e-12)
+        assert f"2 most frequent of the {len(eligible)} types" in b.extra["type_statistics_note"]
+        assert "type_statistics_note" not in a.extra

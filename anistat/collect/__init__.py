@@ -6,6 +6,7 @@ from .collector import (
     FitSample,
     FitSampler,
     SiteAccumulator,
+    TypePlan,
     autocast,
     collect_fit_activations,
     concept_cards,
@@ -28,7 +29,7 @@ from .sites import (
 )
 
 __all__ = [
-    "BasisColumn", "BasisSet", "FitSample", "FitSampler", "SITE_KINDS", "Site", "SiteAccumulator", "UnitArtifact",
+    "BasisColumn", "BasisSet", "FitSample", "FitSampler", "SITE_KINDS", "Site", "SiteAccumulator", "TypePlan", "UnitArtifact",
     "UnitKey", "autocast", "collect_fit_activations", "concept_cards", "find_blocks", "list_sites",
     "measure_checkpoint", "model_inputs", "probe", "residual_probe", "resolve_layers", "resolve_precision",
     "resolve_site", "sample_fit_tokens", "site_name", "sites_from_spec",

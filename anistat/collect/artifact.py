@@ -36,9 +36,10 @@ from ..geometry import SequenceTypeSums
 #: Version of what a unit artifact holds and means. Bump it when a statistic is added or its
 #: definition changes (2: per-(sequence, type) sums; Bessel-corrected type distances; 3: proxy
 #: bases kept, haar/normal controls no longer projected per token; 4: type centroid distance
-#: from the global mean and norm, MLM type statistics without corrupted-input positions), so a
-#: resume never mixes units computed under different definitions.
-ARTIFACT_FORMAT = 4
+#: from the global mean and norm, MLM type statistics without corrupted-input positions; 5: no
+#: oracle fraction — the analysis takes it from the second moment's eigenvalues), so a resume
+#: never mixes units computed under different definitions.
+ARTIFACT_FORMAT = 5
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,6 @@ class UnitArtifact:
     total_energy: np.ndarray  # (S, n_buckets)
     energy: np.ndarray  # (S, n_buckets, n_bases)
     delta_isoscore_star: np.ndarray  # (n_bases,)
-    oracle_fraction: dict[int, float]  # rank -> E*_k
     gradient_moments: dict[str, Any]  # count, sum (d,), outer (d,d)
     activation_moments: dict[str, Any]
     gradient_unit_sum: np.ndarray  # Σ g_i/‖g_i‖ (d,), for the mean cosine
@@ -121,7 +121,6 @@ class UnitArtifact:
                 arrays[f"pair_{name}"] = np.asarray(getattr(self.pair_sums, name))
         meta = {
             "key": asdict(self.key), "dim": self.dim, "bases": [asdict(b) for b in self.bases],
-            "oracle_fraction": {str(k): v for k, v in self.oracle_fraction.items()},
             "gradient_count": int(self.gradient_moments["count"]),
             "activation_count": int(self.activation_moments["count"]),
             "status": self.status, "note": self.note, "seconds": self.seconds, "extra": self.extra,
@@ -154,7 +153,6 @@ class UnitArtifact:
             pair_sums = SequenceTypeSums(**pair_arrays, n_sequences=int(meta["pair_sequences"]))
         return cls(
             key=UnitKey(**meta["key"]), dim=meta["dim"], bases=[BasisColumn(**b) for b in meta["bases"]],
-            oracle_fraction={int(k): v for k, v in meta["oracle_fraction"].items()},
             gradient_moments=moments["gradient"], activation_moments=moments["activation"],
             status=meta["status"], note=meta["note"], seconds=meta["seconds"], extra=meta.get("extra", {}),
             pair_sums=pair_sums, pair_note=meta.get("pair_note", "" if pair_sums else "not in this cache file"),

@@ -11,6 +11,7 @@ collection device until a unit is finished.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -18,8 +19,7 @@ import numpy as np
 import torch
 
 from ..data import Splits, mask_for_mlm
-from ..geometry import (GradientMoments, SequenceTypeSums, TypeMeanGeometry, delta_isoscore_star, oracle_fractions,
-                        type_mean_geometry)
+from ..geometry import GradientMoments, SequenceTypeSums, TypeMeanGeometry, delta_isoscore_star, type_mean_geometry
 from ..objective import count_targets, lm_loss
 from ..seeding import derive_seed
 from .artifact import BasisColumn, UnitArtifact, UnitKey
@@ -234,22 +234,107 @@ def compute_dtype(device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+#: column block of `add_gram_` on CPU: 64-wide blocks did the least work at d = 256–1024
+#: (single-threaded CPU time of one batch's Gram, 1016 tokens × 768: 8.5 ms vs 14.4 ms for the
+#: full product; benchmarks/README.md, "Collector at real model size")
+GRAM_BLOCK = 64
+
+
+def add_gram_(out: torch.Tensor, rows: torch.Tensor, *, upper_only: bool) -> None:
+    """``out += rowsᵀ rows`` for stacked clouds: ``out`` (c, d, d) float64, ``rows`` (c, N, d).
+
+    Each product is taken in ``rows``' dtype and added in float64. ``upper_only``: only the
+    upper triangle of ``out`` is updated (entries i ≤ j; the lower triangle is left stale and
+    must be mirrored before use), block row by block row — ``X[:, a:a+b]ᵀ X[:, a:]`` — which
+    skips the ~half of the multiply-adds that a full product spends on the mirror image. BLAS
+    has no symmetric rank-k update for torch tensors; on CPU this is the cheaper path, on an
+    accelerator one batched product is."""
+    if not upper_only:
+        out += torch.bmm(rows.transpose(1, 2), rows)
+        return
+    dim = rows.shape[2]
+    for cloud in range(rows.shape[0]):
+        x = rows[cloud]
+        for start in range(0, dim, GRAM_BLOCK):
+            stop = min(dim, start + GRAM_BLOCK)
+            out[cloud, start:stop, start:] += x[:, start:stop].T @ x[:, start:]
+
+
 # ----------------------------------------------------------------------------------------------
 # per-site accumulation of sufficient statistics
 # ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TypePlan:
+    """Which token types get per-type activation statistics in a post-hoc pass, decided before
+    it from the test split's own token ids (so every rank and every rerun keeps the same ones).
+
+    ``occurrences`` (V,): how often each type occurs at the positions that enter the per-type
+    statistics. Only types occurring at least twice are ever used (a centroid's spread needs two
+    rows; the frequency analysis takes types with n ≥ 2), and of those the most frequent (ties:
+    lower id first) that fit ``budget_bytes`` at ``(d + 3)·8`` bytes per type and site — so the
+    tables' memory is bounded whatever the number of tokens. ``kept``: the kept type ids, sorted."""
+
+    occurrences: torch.Tensor
+    kept: torch.Tensor
+    n_eligible: int
+
+    @classmethod
+    def from_tokens(cls, token_ids: torch.Tensor, mask: torch.Tensor | None, vocab_size: int, dim: int,
+                    budget_bytes: float) -> "TypePlan":
+        ids = token_ids.reshape(-1) if mask is None else token_ids.reshape(-1)[mask.reshape(-1)]
+        occurrences = torch.bincount(ids.long().cpu(), minlength=vocab_size)[:vocab_size]
+        eligible = torch.nonzero(occurrences >= 2).flatten()
+        per_type = (dim + 3) * 8
+        capacity = eligible.shape[0] if budget_bytes >= eligible.shape[0] * per_type else int(max(budget_bytes, 0) // per_type)
+        if eligible.shape[0] > capacity:
+            # most frequent first; a stable sort of the ascending ids keeps ties in id order
+            order = torch.sort(occurrences[eligible], descending=True, stable=True).indices
+            kept = eligible[order[:capacity]].sort().values
+        else:
+            kept = eligible
+        return cls(occurrences=occurrences, kept=kept, n_eligible=int(eligible.shape[0]))
+
+    @property
+    def note(self) -> str:
+        """What the frequency analysis must say ('' when every usable type is kept)."""
+        if self.kept.shape[0] >= self.n_eligible:
+            return ""
+        return (f"per-type statistics kept for the {self.kept.shape[0]:,} most frequent of the {self.n_eligible:,} "
+                "types occurring at least twice (data.type_statistics_memory_mb)")
+
+
 class _TypeTable:
-    """Per-token-type activation sums (count, Σa, Σ‖a‖², float64) for the types seen so far.
+    """Per-token-type activation sums (count, Σa, Σ‖a‖², float64).
 
-    Rows are given to types as they first occur (a vocabulary-sized index maps id → row), and
-    the tables grow by doubling, so memory follows the number of distinct types in the data —
-    never more than a dense vocabulary table. The result is read back per vocabulary id, so
-    row order never shows."""
+    Post hoc (``plan`` given): rows for exactly the planned types, allocated once; other types'
+    rows are skipped. In training (``plan=None``, the batches are not known in advance): rows
+    are given to types as they first occur (a vocabulary-sized index maps id → row), and the
+    tables grow by doubling, so memory follows the number of distinct types seen — never more
+    than a dense vocabulary table. The result is read back per vocabulary id, so row order
+    never shows."""
 
-    def __init__(self, vocab_size: int, dim: int, device: torch.device):
+    def __init__(self, vocab_size: int, dim: int, device: torch.device, plan: TypePlan | None = None):
         self.vocab_size, self.dim, self.device = vocab_size, dim, device
         self.row_of = torch.full((vocab_size,), -1, dtype=torch.int64, device=device)
+        self.plan = plan
         self.n_rows = 0
-        self._allocate(0)
+        # Σa and the number of rows over every occurrence added: the global mean the type
+        # distances refer to pools all tokens, not only the types with a row
+        self.all_sum = torch.zeros(dim, dtype=torch.float64, device=device)
+        self.all_count = torch.zeros((), dtype=torch.float64, device=device)
+        if plan is None:
+            self._allocate(0)
+            return
+        kept = plan.kept.to(device)
+        self._allocate(int(kept.shape[0]))
+        self.row_of[kept] = torch.arange(kept.shape[0], device=device)
+        self.type_id[:] = kept
+        self.n_rows = int(kept.shape[0])
+
+    @property
+    def global_mean(self) -> torch.Tensor:
+        """Mean activation over every occurrence added (kept type or not): μ of `geometry`."""
+        return self.all_sum / max(float(self.all_count), 1.0)
 
     def _allocate(self, capacity: int) -> None:
         f64 = dict(dtype=torch.float64, device=self.device)
@@ -266,7 +351,14 @@ class _TypeTable:
     def add(self, ids: torch.Tensor, act64: torch.Tensor, act_sq: torch.Tensor) -> None:
         """Add rows (float64) of the given vocabulary ids. `index_put_(accumulate=True)` rather
         than `index_add_`: same sums, in index order, ~30× faster for float64 rows on CPU."""
+        self.all_sum += act64.sum(0)
+        self.all_count += act64.shape[0]
         rows = self.row_of[ids]
+        if self.plan is not None:  # fixed rows: drop the types not planned
+            planned = rows >= 0
+            rows, act64, act_sq = rows[planned], act64[planned], act_sq[planned]
+            self._scatter(rows, act64, act_sq)
+            return
         unseen = rows < 0
         if bool(unseen.any()):
             new = torch.unique(ids[unseen])
@@ -276,6 +368,9 @@ class _TypeTable:
             self.type_id[self.n_rows : self.n_rows + new.shape[0]] = new
             self.n_rows += new.shape[0]
             rows = self.row_of[ids]
+        self._scatter(rows, act64, act_sq)
+
+    def _scatter(self, rows: torch.Tensor, act64: torch.Tensor, act_sq: torch.Tensor) -> None:
         self.count.index_put_((rows,), torch.ones_like(act_sq), accumulate=True)
         self.sum.index_put_((rows,), act64, accumulate=True)
         self.sq.index_put_((rows,), act_sq, accumulate=True)
@@ -290,8 +385,14 @@ class _TypeTable:
         return count, total, sq
 
     def all_reduce(self) -> None:
-        """Ranks saw different types in a different order: sum dense tables, then keep the types
-        any rank saw."""
+        """Planned: every rank holds the same rows, sum them. Otherwise ranks saw different types
+        in a different order: sum dense tables, then keep the types any rank saw."""
+        distributed.all_reduce_sum_(self.all_sum)
+        distributed.all_reduce_sum_(self.all_count)
+        if self.plan is not None:
+            for tensor in (self.count, self.sum, self.sq):
+                distributed.all_reduce_sum_(tensor)
+            return
         count, total, sq = self.dense()
         for tensor in (count, total, sq):
             distributed.all_reduce_sum_(tensor)
@@ -309,14 +410,17 @@ class _TypeTable:
         (RMS spread, centroid distance from the global mean, centroid norm; NaN elsewhere)."""
         ids = self.type_id[: self.n_rows].cpu().numpy()
         seen = type_mean_geometry(self.count[: self.n_rows].cpu().numpy(), self.sum[: self.n_rows].cpu().numpy(),
-                                  self.sq[: self.n_rows].cpu().numpy())
+                                  self.sq[: self.n_rows].cpu().numpy(), global_mean=self.global_mean.cpu().numpy())
         dense = {}
         for name in ("rms_spread", "mean_distance", "mean_norm"):
             values = np.full(self.vocab_size, np.nan)
             values[ids] = getattr(seen, name)
             dense[name] = values
-        count = torch.zeros(self.vocab_size, dtype=torch.float64, device=self.device).index_copy_(
-            0, self.type_id[: self.n_rows], self.count[: self.n_rows])
+        if self.plan is not None:  # every type's occurrences, kept or not
+            count = self.plan.occurrences.to(device=self.device, dtype=torch.float64)
+        else:
+            count = torch.zeros(self.vocab_size, dtype=torch.float64, device=self.device).index_copy_(
+                0, self.type_id[: self.n_rows], self.count[: self.n_rows])
         return count, TypeMeanGeometry(**dense, global_mean=seen.global_mean)
 
 
@@ -333,8 +437,11 @@ class SiteAccumulator:
     float64), so a large mean never costs float32 digits; sums of vectors, type sums and the
     squared norms behind them are float64. Everything stays on `device`.
 
-    Token-type sums (count, Σa, Σ‖a‖² per type) are kept only for the types seen (`_TypeTable`),
-    not for the whole vocabulary: at a 50k vocabulary a dense table costs 300 MB per site.
+    Token-type sums (count, Σa, Σ‖a‖² per type) are kept only for some types (`_TypeTable`),
+    not for the whole vocabulary (at a 50k vocabulary a dense table costs 300 MB per site):
+    post hoc, the types of `type_plan` (those occurring at least twice, the most frequent first
+    within a memory budget, decided from the test split before the pass), so memory does not
+    grow with the number of tokens; in training (`type_plan=None`), every type seen.
 
     `pair_budget_bytes` > 0 also keeps activation sums per (sequence, token type) pair (count,
     Σ‖a‖², Σa — see `geometry.SequenceTypeSums`), which the analysis needs to bootstrap the
@@ -343,7 +450,8 @@ class SiteAccumulator:
     (the correlation is then reported without a CI). 0 keeps none."""
 
     def __init__(self, bases: list[BasisSet], *, dim: int, n_seq: int | None, n_buckets: int, vocab_size: int,
-                 device: torch.device, dtype: torch.dtype | None = None, pair_budget_bytes: int = 0):
+                 device: torch.device, dtype: torch.dtype | None = None, pair_budget_bytes: int = 0,
+                 type_plan: TypePlan | None = None):
         self.dim, self.n_buckets, self.vocab_size, self.device = dim, n_buckets, vocab_size, device
         self.dtype = dtype or compute_dtype(device)
         self.bases = bases
@@ -360,11 +468,14 @@ class SiteAccumulator:
         # one batched operation each; `grad` and `act` are views into it
         self._sums = torch.zeros(2, dim, **f64)
         self._outers = torch.zeros(2, dim, dim, **f64)
+        # on CPU only the upper triangle is accumulated (`add_gram_`); `_complete_outers` mirrors
+        # it before anything reads the moments
+        self._upper_only = device.type == "cpu"
         self.grad = GradientMoments(count=0, sum=self._sums[0], outer=self._outers[0])
         self.act = GradientMoments(count=0, sum=self._sums[1], outer=self._outers[1])
         self.grad_unit = torch.zeros(dim, **f64)
         self.act_unit = torch.zeros(dim, **f64)
-        self.types = _TypeTable(vocab_size, dim, device)
+        self.types = _TypeTable(vocab_size, dim, device, type_plan)
         self.pair_budget_bytes = int(pair_budget_bytes)
         self._pairs: list[tuple[torch.Tensor, ...]] = []
         self._pair_bytes = 0  # what the pairs take (counted on past the budget, for the note)
@@ -427,7 +538,7 @@ class SiteAccumulator:
         if n_eval < n_rows:
             centred[0].mul_(evaluated.unsqueeze(1))
         torch.sub(flat_act, shifts[1], out=centred[1])
-        self._outers += torch.bmm(centred.transpose(1, 2), centred)  # Σ(x − s)(x − s)ᵀ, (2, d, d)
+        add_gram_(self._outers, centred, upper_only=self._upper_only)  # Σ(x − s)(x − s)ᵀ, (2, d, d)
         # + s(Σx − Ns)ᵀ + (Σx)sᵀ as one rank-2 update per cloud: [s, Σx] @ [Σx − Ns, s]ᵀ
         shifts = shifts.double()
         counts = torch.tensor([[n_eval], [n_rows]], dtype=torch.float64, device=self.device)
@@ -520,6 +631,7 @@ class SiteAccumulator:
         if not distributed.active():
             return
         self._settle()
+        self._complete_outers()
         failed = torch.tensor([1 if self.failure else 0], dtype=torch.int64, device=self.device)
         distributed.all_reduce_max_(failed)
         if failed.item() and not self.failure:
@@ -543,6 +655,12 @@ class SiteAccumulator:
                 parts = [torch.cat(columns) for columns in zip(*self._pairs)] if self._pairs else self._empty_pairs()
                 self._pairs = [tuple(distributed.all_gather_rows(part) for part in parts)]
 
+    def _complete_outers(self) -> None:
+        """Mirror the accumulated upper triangle of both Σxxᵀ into the lower one (idempotent)."""
+        if self._upper_only:
+            upper = torch.triu(self._outers)
+            self._outers.copy_(upper + torch.triu(upper, diagonal=1).transpose(1, 2))
+
     def _empty_pairs(self) -> list[torch.Tensor]:
         return [torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
                 torch.zeros(0, dtype=torch.float64), torch.zeros(0, self.dim, dtype=torch.float64)]
@@ -556,17 +674,21 @@ class SiteAccumulator:
     def _finish(self, key: UnitKey, *, sequence_documents: np.ndarray, seconds: float, isoscore_c0: str,
                 isoscore_zeta: float, extra: dict | None = None) -> UnitArtifact:
         self._settle()
+        self._complete_outers()
         dim, descriptors = self.dim, self.descriptors
+        extra = dict(extra or {})
+        plan = self.types.plan
+        if plan is not None and plan.note:
+            extra["type_statistics_note"] = plan.note
         kwargs = dict(key=key, dim=dim, bases=descriptors, n_tokens=self.n_tokens.cpu().numpy(),
                       sequence_documents=np.asarray(sequence_documents, dtype=np.int64), seconds=seconds,
-                      extra=dict(extra or {}))
+                      extra=extra)
         if self.failure:
             return _failed_artifact(f"{self.failure} at {key.site}", int(self.total.shape[0]), self.n_buckets,
                                     len(descriptors), self.vocab_size, **kwargs)
         moments = self.grad
-        oracle = oracle_fractions(moments.second_moment, sorted({bs.rank for bs in self.bases}))
         delta = np.full(len(descriptors), np.nan)
-        if oracle and dim - max(oracle) >= 2:
+        if self.bases and dim - max(bs.rank for bs in self.bases) >= 2:
             covariance = moments.covariance()  # once per unit; ΔIsoScore* is O(d²k) per basis from it
             for basis_set in self.bases:
                 index = [i for i, b in enumerate(descriptors) if b.proxy == basis_set.proxy and b.rank == basis_set.rank]
@@ -580,7 +702,7 @@ class SiteAccumulator:
         return UnitArtifact(
             **kwargs,
             total_energy=_to_numpy(self.total), energy=_to_numpy(self.energy),
-            delta_isoscore_star=delta, oracle_fraction=oracle,
+            delta_isoscore_star=delta,
             gradient_moments=_moments_dict(moments), activation_moments=_moments_dict(self.act),
             gradient_unit_sum=_to_numpy(self.grad_unit), activation_unit_sum=_to_numpy(self.act_unit),
             type_count=_to_numpy(count).astype(np.int64), type_rms_distance=types.rms_spread,
@@ -609,13 +731,15 @@ def measure_checkpoint(
     progress_label: str = "",
     pair_budget_bytes: int = 0,
     loss_reduction: str = "global_mean",
+    type_budget_bytes: float = math.inf,
 ) -> dict:
     """Phase 2 for one checkpoint: every selected site in one forward/backward per batch.
 
     `keys` maps any key (a block index, a site name) to the unit's `UnitKey`; the site probed is
     `UnitKey.site` (see `sites.py`). `bases` is keyed alike. Under torchrun, batches are
     sharded across ranks and the statistics all-reduced (see `distributed.py`).
-    `pair_budget_bytes` is shared equally by the sites (see `SiteAccumulator`). The loss is
+    `pair_budget_bytes` and `type_budget_bytes` (per-type sums, see `TypePlan`) are shared
+    equally by the sites (see `SiteAccumulator`). The loss is
     `lm_loss(..., loss_reduction)` with the normaliser of the whole test split (not of a batch)."""
     started = time.perf_counter()
     order = list(keys)
@@ -631,8 +755,12 @@ def measure_checkpoint(
     targets_per_sequence = float(count_targets(labels, objective).sum()) / n_seq
     used = counted_positions(objective, seq_len)
     dim = next(iter(bases.values()))[0].basis.shape[0]
+    typed_tokens = splits.test[:, :used]
+    type_plan = TypePlan.from_tokens(typed_tokens, (inputs[:, :used] == typed_tokens) if objective == "mlm" else None,
+                                     splits.vocab_size, dim, type_budget_bytes / len(order))
     acc = {k: SiteAccumulator(bases[k], dim=dim, n_seq=n_seq, n_buckets=n_buckets, vocab_size=splits.vocab_size,
-                              device=device, dtype=compute, pair_budget_bytes=pair_budget_bytes // len(order))
+                              device=device, dtype=compute, pair_budget_bytes=pair_budget_bytes // len(order),
+                              type_plan=type_plan)
            for k in order}
     bucket_of_token = token_bucket.to(device).clamp(min=0)  # unseen ids (-1) never occur in text
     scale = FP16_LOSS_SCALE if precision == "fp16" else 1.0
@@ -680,7 +808,7 @@ def _failed_artifact(note: str, n_seq: int, n_buckets: int, n_bases: int, vocab:
     empty = {"count": 0, "sum": np.full(dim, nan), "outer": np.full((dim, dim), nan)}
     return UnitArtifact(
         **kwargs, total_energy=np.full((n_seq, n_buckets), nan), energy=np.full((n_seq, n_buckets, n_bases), nan),
-        delta_isoscore_star=np.full(n_bases, nan), oracle_fraction={}, gradient_moments=empty,
+        delta_isoscore_star=np.full(n_bases, nan), gradient_moments=empty,
         activation_moments=dict(empty), gradient_unit_sum=np.full(dim, nan), activation_unit_sum=np.full(dim, nan),
         type_count=np.zeros(vocab, dtype=np.int64), type_rms_distance=np.full(vocab, nan), status="failed", note=note,
     )
@@ -688,9 +816,11 @@ def _failed_artifact(note: str, n_seq: int, n_buckets: int, n_bases: int, vocab:
 
 @contextlib.contextmanager
 def _single_threaded(device: torch.device):
-    """The end-of-unit linear algebra (the oracle's eigenvalues of the d×d second moment; ΔIsoScore*
-    needs none) runs single-threaded on CPU: small LAPACK eigen-problems with several OpenMP threads thrash
-    (measured on a 2-core VM: 41 eigvalsh of 124×124 take 0.02 s on 1 thread, 0.5–3.5 s on 2)."""
+    """The end-of-unit work (ΔIsoScore* traces of each basis, type geometry; no eigen-problem:
+    the oracle fraction is computed at analysis time from the eigenvalues the exact test needs)
+    runs single-threaded on CPU: small linear algebra with several OpenMP threads thrashes on a
+    busy machine (measured on a 2-core VM: 41 eigvalsh of 124×124 take 0.02 s on 1 thread,
+    0.5–3.5 s on 2)."""
     if device.type != "cpu":
         yield
         return

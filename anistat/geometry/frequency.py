@@ -137,7 +137,7 @@ class TypeMeanGeometry:
     global_mean: np.ndarray
 
 
-def type_mean_geometry(count: Any, vector_sum: Any, square_sum: Any) -> TypeMeanGeometry:
+def type_mean_geometry(count: Any, vector_sum: Any, square_sum: Any, global_mean: Any = None) -> TypeMeanGeometry:
     """Three per-type geometries from streamed sums over a type's n_t occurrences
     (``count`` n_t (V,), ``vector_sum`` Σa (V, d), ``square_sum`` Σ‖a‖² (V,)).
 
@@ -157,7 +157,11 @@ def type_mean_geometry(count: Any, vector_sum: Any, square_sum: Any) -> TypeMean
     follows the corpus count, so the plug-in distance alone would correlate with frequency
     (rare types pushed outward). Subtracting the unbiased ``rms_spread²/n_t`` makes each squared
     distance unbiased for the true one (μ is treated as fixed: it pools all tokens). Types with
-    n_t < 2 get NaN."""
+    n_t < 2 get NaN.
+
+    ``global_mean``: μ when the rows given are not all the occurrences it pools (a collector
+    that keeps sums only for some types passes the mean of every occurrence); by default μ is
+    pooled over the rows given."""
     n = np.asarray(count, dtype=np.float64).ravel()
     total = np.asarray(vector_sum, dtype=np.float64)
     square = np.asarray(square_sum, dtype=np.float64).ravel()
@@ -170,7 +174,9 @@ def type_mean_geometry(count: Any, vector_sum: Any, square_sum: Any) -> TypeMean
     with np.errstate(invalid="ignore", divide="ignore"):
         scatter = np.maximum(square - np.einsum("vd,vd->v", total, total) / safe, 0.0)
         variance = np.where(enough, scatter / np.maximum(n - 1.0, 1.0), np.nan)
-        global_mean = total.sum(0) / max(float(n.sum()), 1.0)
+        if global_mean is None:
+            global_mean = total.sum(0) / max(float(n.sum()), 1.0)
+        global_mean = np.asarray(global_mean, dtype=np.float64)
         offset = centroid - global_mean
         noise = variance / safe
         mean_distance = np.sqrt(np.maximum(np.einsum("vd,vd->v", offset, offset) - noise, 0.0))
