@@ -65,9 +65,15 @@ def make_model(dim: int, layers: int, vocab: int, seq_len: int, seed: int = 0, a
     return GPT2LMHeadModel(config)
 
 
-def make_splits(n_test: int, seq_len: int, vocab: int, seed: int = 0) -> Splits:
+def make_splits(n_test: int, seq_len: int, vocab: int, seed: int = 0, tokens: str = "uniform") -> Splits:
+    """Random token ids: `uniform` over the vocabulary (every token nearly a new type: the
+    worst case for per-type statistics), or `zipf` (rank-frequency ∝ 1/r^1.1, like text)."""
     generator = torch.Generator().manual_seed(seed)
-    test = torch.randint(0, vocab, (n_test, seq_len), generator=generator)
+    if tokens == "zipf":
+        weights = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64) ** 1.1
+        test = torch.multinomial(weights, n_test * seq_len, replacement=True, generator=generator).view(n_test, seq_len)
+    else:
+        test = torch.randint(0, vocab, (n_test, seq_len), generator=generator)
     fit = torch.randint(0, vocab, (16, seq_len), generator=generator)
     return Splits(test=test, fit=fit, train=fit, test_documents=np.arange(n_test), token_counts=np.ones(vocab, np.int64),
                   vocab_size=vocab, mask_token_id=None, pad_token_id=None, decode=lambda ids: "", tokenizer_id="bench")
@@ -362,7 +368,7 @@ def p4_child(n_test: int, args) -> dict:
     splits = make_splits(16, args.seq_len, args.vocab)
     layers = list(range(args.layers))
     bases = make_bases(model, splits, layers, per_token_controls=0)
-    splits = make_splits(n_test, args.seq_len, args.vocab)
+    splits = make_splits(n_test, args.seq_len, args.vocab, tokens=args.tokens)
     import gc
 
     gc.collect()
@@ -373,9 +379,13 @@ def p4_child(n_test: int, args) -> dict:
     except OSError:
         reset = False
     before = _status_kb("VmRSS")
-    anistat_collect(model, splits, layers, bases, args.batch_size, int(args.pair_budget_mb * 2**20),
-                    type_budget_bytes=args.type_budget_mb * 2**20)
-    return {"n_test": n_test, "tokens": n_test * args.seq_len, "peak_rss_kb": _status_kb("VmHWM"),
+    artifacts = anistat_collect(model, splits, layers, bases, args.batch_size, int(args.pair_budget_mb * 2**20),
+                                type_budget_bytes=args.type_budget_mb * 2**20)
+    first = artifacts[layers[0]]
+    peak = _status_kb("VmHWM")
+    return {"n_test": n_test, "tokens": n_test * args.seq_len, "peak_rss_kb": peak,
+            "distinct_types": int((first.type_count > 0).sum()), "types_seen_twice": int((first.type_count >= 2).sum()),
+            "types_kept": int(np.isfinite(first.type_rms_distance).sum()),
             "rss_before_collect_kb": before, "hwm_reset": reset,
             "process_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
 
@@ -388,7 +398,7 @@ def bench_p4(args) -> dict:
                    "--arch", args.arch,
                    "--layers", str(args.layers), "--vocab", str(args.vocab), "--seq-len", str(args.seq_len),
                    "--batch-size", str(args.batch_size), "--pair-budget-mb", str(args.pair_budget_mb),
-                   "--type-budget-mb", str(args.type_budget_mb)]
+                   "--type-budget-mb", str(args.type_budget_mb), "--tokens", args.tokens]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         results[f"{factor}x"] = json.loads(done.stdout.strip().splitlines()[-1])
     one, ten = results["1x"], results["10x"]
@@ -418,6 +428,7 @@ def main() -> None:
                         "anistat run defaults to 1024 and then grows with the test split up to that cap)")
     parser.add_argument("--type-budget-mb", type=float, default=256.0,
                         help="P4: memory for per-type sums (data.type_statistics_memory_mb; inf: every type seen twice)")
+    parser.add_argument("--tokens", choices=["uniform", "zipf"], default="uniform", help="P4: test-split token ids")
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
