@@ -11,6 +11,16 @@ without PDF). The run is timed phase by phase from its own log, then — in the 
 right after — the floor: the fit split's forward pass (phase 1) plus the test split's forward
 and backward to the probes (phase 2), on the same model and the same number of tokens. Goal:
 run ÷ floor ≤ 1.5.
+
+The JSON says where the time goes: `phase_seconds` splits the run into disjoint phases that add
+up to `run_seconds` (model loading and tokenising, fit forward, proxies, concept cards, test pass,
+analysis, report, other; see `phase_seconds`), `phase_ratio_to_floor` compares the two passes
+with their floors, `fixed_seconds` is everything but those two passes, and `functions` lists the
+inclusive time and call count of each timed function (`TIMED`; e.g. `_load_pretrained` counts
+checkpoint loads). `--profile FILE` writes cProfile stats of the run.
+
+Sizes used in benchmarks/README.md (both `--threads 1 --clock cpu`): `--n-fit 32 --n-test 32`
+and a realistic study, `--n-fit 64 --n-test 256`.
 """
 
 from __future__ import annotations
