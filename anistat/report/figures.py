@@ -689,8 +689,11 @@ def png_size(data: bytes) -> tuple[int, int]:
 def save_figure(spec: FigureSpec, fig_dir: Path, dpi: int) -> SavedFigure:
     # `tight_layout` leaves a placeholder layout engine behind, and with any engine set every
     # `savefig` first makes a whole extra (non-rendering) draw of the figure; the layout is
-    # already final here, so drop the engine: same pixels and bytes, one draw per file.
-    spec.fig.set_layout_engine(None)
+    # already final here, so drop the engine: same pixels and bytes, one draw per file. (With
+    # None, matplotlib reads the autolayout rcParams: pinned off so a user's matplotlibrc cannot
+    # turn this into a new layout pass.)
+    with mpl.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+        spec.fig.set_layout_engine(None)
     pdf = fig_dir / f"{spec.name}.pdf"
     png = fig_dir / f"{spec.name}.png"
     spec.fig.savefig(pdf, format="pdf",
