@@ -7,6 +7,7 @@ numbers; the bundle itself appears only when everything is done (atomic rename).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -78,6 +79,56 @@ def _seed_key(site: Site):
     return site.layer if site.kind == "residual" else site.name
 
 
+class _SitesRecorded(Exception):
+    """Raised inside a fit forward once every site holds its final activation (`_FitForwardCut`)."""
+
+
+class _FitForwardCut:
+    """Ends a fit-split forward pass as soon as the probed sites are recorded.
+
+    The fit forward only feeds the sites' activations; what follows the last site (the later
+    blocks, the final norm and the LM head, whose vocabulary-sized logits cost about a third of
+    a Pythia-sized forward) is never read. The probe keeps a module's *last* output of a forward
+    and a module shared across depth fires more than once, so the number of calls per site is
+    learnt from the first (full) forward, and later forwards stop right after every site has
+    fired that many times: the recorded activations are the same tensors, bit for bit. A
+    forward that ends without the stop (fewer calls than learnt) simply runs to the end."""
+
+    def __init__(self, sites: dict[str, Site]):
+        self.sites = sites
+        self.expected: dict[str, int] | None = None
+        self.n_cut = 0  # forwards ended early
+
+    @contextlib.contextmanager
+    def armed(self, model: torch.nn.Module):
+        """Count site calls during one forward (register inside `probe`, so the probe's own
+        hook runs first); raise `_SitesRecorded` once the learnt counts are reached."""
+        modules = dict(model.named_modules())
+        calls = {name: 0 for name in self.sites}
+        expected = self.expected
+
+        def counter(name: str):
+            def hook(*_args):
+                calls[name] += 1
+                if expected is not None and all(calls[n] >= expected[n] for n in expected):
+                    raise _SitesRecorded
+            return hook
+
+        handles = [modules[site.module].register_forward_pre_hook(counter(name)) if site.hook == "input"
+                   else modules[site.module].register_forward_hook(counter(name))
+                   for name, site in self.sites.items()]
+        try:
+            yield
+        except _SitesRecorded:
+            self.n_cut += 1
+            return
+        finally:
+            for handle in handles:
+                handle.remove()
+        if self.expected is None:
+            self.expected = dict(calls)
+
+
 def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device: torch.device,
               log: Log, refit_at: int | None = None) -> tuple[dict[str, list[BasisSet]], dict[str, Any]]:
     """Fit every proxy on the early window (pooled fit-split activations), draw its controls.
@@ -107,6 +158,7 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
     batch_size = protocol.data.batch_size
     starts = list(range(0, fit_inputs.shape[0], batch_size))
     progress = bar(len(window) * len(starts), f"{spec.name} fit", unit="batch")
+    cut = _FitForwardCut(by_name)
     for c, checkpoint in enumerate(window):
         model = checkpoint.load()
         model.to(device)
@@ -115,7 +167,8 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
             if not distributed.owns(b):
                 continue
             batch = fit_inputs[start : start + batch_size].to(device)
-            with torch.no_grad(), autocast(device, precision), probe(model, by_name, gradients=False) as record:
+            with torch.no_grad(), autocast(device, precision), probe(model, by_name, gradients=False) as record, \
+                    cut.armed(model):
                 model(input_ids=batch)
             for name in by_name:
                 sampler.add(name, c, start, record.activations[name])

@@ -11,6 +11,16 @@ without PDF). The run is timed phase by phase from its own log, then — in the 
 right after — the floor: the fit split's forward pass (phase 1) plus the test split's forward
 and backward to the probes (phase 2), on the same model and the same number of tokens. Goal:
 run ÷ floor ≤ 1.5.
+
+The JSON says where the time goes: `phase_seconds` splits the run into disjoint phases that add
+up to `run_seconds` (model loading and tokenising, fit forward, proxies, concept cards, test pass,
+analysis, report, other; see `phase_seconds`), `phase_ratio_to_floor` compares the two passes
+with their floors, `fixed_seconds` is everything but those two passes, and `functions` lists the
+inclusive time and call count of each timed function (`TIMED`; e.g. `_load_pretrained` counts
+checkpoint loads). `--profile FILE` writes cProfile stats of the run.
+
+Sizes used in benchmarks/README.md (both `--threads 1 --clock cpu`): `--n-fit 32 --n-test 32`
+and a realistic study, `--n-fit 64 --n-test 256`.
 """
 
 from __future__ import annotations
@@ -29,6 +39,94 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_collect import floor_collect, make_model, make_splits  # noqa: E402
 
 from anistat.collect import collect_fit_activations  # noqa: E402
+
+#: Functions timed inside the run (module, attribute): each is wrapped for the run's duration and
+#: its inclusive time and call count recorded. Calls nest (fit_bases holds fit_proxy, …), so the
+#: phases below are built by subtraction, not by summing every row.
+TIMED = (
+    ("anistat.pipeline", "preflight"),
+    ("anistat.pipeline", "load_corpus"),
+    ("anistat.models", "_load_pretrained"),
+    ("anistat.models", "_pretrained_tokenizer"),
+    ("anistat.models", "make_splits"),
+    ("anistat.models", "_pretrained_series"),
+    ("anistat.pipeline", "sites_from_spec"),
+    ("anistat.pipeline", "fit_bases"),
+    ("anistat.pipeline", "fit_proxy"),
+    ("anistat.pipeline", "draw_controls"),
+    ("anistat.pipeline", "concept_cards"),
+    ("anistat.pipeline", "measure_checkpoint"),
+    ("anistat.pipeline", "analyze_units"),
+    ("anistat.pipeline", "frequency_rows"),
+    ("anistat.claims", "evaluate_claims"),
+    ("anistat.pipeline", "publish_bundle"),
+    ("anistat.bundle", "write_results"),
+    ("anistat.bundle", "report_inputs"),
+    ("anistat.report", "render_bundle"),
+    ("anistat.report.render", "render_figures"),
+    ("anistat.report.render", "render_html"),
+    ("anistat.report.render", "render_tables"),
+    ("anistat.report.render", "render_report_tex"),
+    ("anistat.bundle", "file_digests"),
+)
+
+
+class FunctionTimer:
+    """Wrap the `TIMED` functions with a clock; restore them on exit."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.saved: list[tuple[object, str, object]] = []
+
+    def __enter__(self):
+        import importlib
+
+        for module_name, attribute in TIMED:
+            module = importlib.import_module(module_name)
+            original = getattr(module, attribute)
+            self.saved.append((module, attribute, original))
+            setattr(module, attribute, self._wrap(attribute, original))
+        return self
+
+    def _wrap(self, name, original):
+        def timed(*args, **kwargs):
+            started = self.clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + self.clock() - started
+                self.calls[name] = self.calls.get(name, 0) + 1
+        return timed
+
+    def __exit__(self, *exc):
+        for module, attribute, original in reversed(self.saved):
+            setattr(module, attribute, original)
+        return False
+
+
+def phase_seconds(total: float, t: dict[str, float]) -> dict[str, float]:
+    """The run split into disjoint phases (they add up to `total`), from the timed functions.
+
+    fit_forward: phase 1's model forward passes and activation sampling (fit_bases minus the
+    proxy fits, control draws and concept cards); proxies: PCA fits + control draws; concept
+    cards; test_pass: measure_checkpoint (the test split's forward/backward and statistics);
+    model_loading: loading the checkpoint, the tokenizer, tokenising the corpus; analysis:
+    analyze_units + frequency rows + claims; report: publish_bundle (tables, figures, HTML, LaTeX,
+    digests); other: the rest (protocol, preflight, corpus, sites, …)."""
+    g = lambda name: t.get(name, 0.0)  # noqa: E731
+    phases = {
+        "model_loading_and_tokenising": g("_pretrained_series"),
+        "fit_forward": g("fit_bases") - g("fit_proxy") - g("draw_controls") - g("concept_cards"),
+        "proxies_pca_and_controls": g("fit_proxy") + g("draw_controls"),
+        "concept_cards": g("concept_cards"),
+        "test_pass": g("measure_checkpoint"),
+        "analysis": g("analyze_units") + g("frequency_rows") + g("evaluate_claims"),
+        "report": g("publish_bundle"),
+    }
+    phases["other"] = total - sum(phases.values())
+    return {k: round(v, 3) for k, v in phases.items()}
 
 
 def save_model_with_tokenizer(directory: Path, args) -> None:
@@ -76,6 +174,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall time, or process CPU time (stable on a shared machine; use with --threads 1)")
+    parser.add_argument("--profile", default=None, help="also write cProfile stats of the run to this file")
+    parser.add_argument("--keep-bundle", default=None,
+                        help="copy the run's bundle here (to profile `anistat report` on it)")
     args = parser.parse_args()
     from anistat.pipeline import run
 
@@ -89,9 +190,26 @@ def main() -> None:
             torch.set_num_threads(args.threads)
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
         events: list[tuple[float, str]] = []
-        started = clock()
-        result = run(protocol, tmp / "bundle", log=lambda message: events.append((clock() - started, message)))
-        wall = clock() - started
+        profiler = None
+        if args.profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+        with FunctionTimer(clock) as timer:
+            started = clock()
+            if profiler:
+                profiler.enable()
+            result = run(protocol, tmp / "bundle",
+                         log=lambda message: events.append((clock() - started, message)))
+            if profiler:
+                profiler.disable()
+            wall = clock() - started
+        if profiler:
+            profiler.dump_stats(args.profile)
+        if args.keep_bundle:
+            import shutil
+
+            shutil.copytree(tmp / "bundle", args.keep_bundle, dirs_exist_ok=True)
         manifest = result.manifest
         # the floor, same process, same model and token counts
         model = make_model(args.dim, args.layers, args.vocab, args.seq_len, arch="gpt-neox").eval()
@@ -110,10 +228,20 @@ def main() -> None:
         phases.append({"until_s": round(at, 2), "took_s": round(at - previous, 2), "log": message})
         previous = at
     floor = fit_floor + test_floor
+    phase = phase_seconds(wall, timer.seconds)
+    # fixed costs: everything but the passes the floor also makes (fit forward, test pass)
+    fixed = wall - phase["fit_forward"] - phase["test_pass"]
     out = {"config": vars(args), "clock": args.clock, "run_seconds": wall, "floor_seconds": {"fit_forward": fit_floor,
                                                                           "test_forward_backward": test_floor},
-           "ratio_to_floor": wall / floor, "unit_seconds": [u["seconds"] for u in manifest["units"]],
-           "phases": phases}
+           "ratio_to_floor": wall / floor,
+           "phase_seconds": phase,
+           "phase_ratio_to_floor": {"fit_forward": phase["fit_forward"] / fit_floor,
+                                    "test_pass": phase["test_pass"] / test_floor},
+           "fixed_seconds": round(fixed, 3), "fixed_share_of_run": round(fixed / wall, 3),
+           "functions": {name: {"seconds": round(seconds, 3), "calls": timer.calls[name]}
+                         for name, seconds in timer.seconds.items()},
+           "unit_seconds": [u["seconds"] for u in manifest["units"]],
+           "log": phases}
     print(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -151,3 +151,66 @@ def test_jsonl_glob_source(tmp_path: Path):
         (tmp_path / f"part{i}.jsonl").write_text(json.dumps({"body": f"document {i}"}) + "\n\n")
     corpus = load_corpus(DataSpec(source="jsonl", paths=[str(tmp_path / "*.jsonl")], text_field="body"))
     assert corpus.documents == ("document 0", "document 1")
+
+
+class _SharedDepth(torch.nn.Module):
+    """One linear layer applied three times (weights shared across depth), then a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(4, 3)
+        self.head_calls = 0
+
+    def forward(self, input_ids):
+        hidden = input_ids
+        for _ in range(3):
+            hidden = torch.tanh(self.shared(hidden))
+        self.head_calls += 1
+        return self.head(hidden)
+
+
+def test_fit_forward_cut_keeps_a_shared_modules_last_output_and_skips_the_rest():
+    from anistat.collect import Site, probe
+
+    torch.manual_seed(0)
+    model = _SharedDepth()
+    sites = {"shared": Site("shared", "module", -1, "shared", "output")}
+    cut = pipeline._FitForwardCut(sites)
+    batches = [torch.randn(2, 5, 4) for _ in range(3)]
+    recorded = []
+    for batch in batches:
+        with torch.no_grad(), probe(model, sites, gradients=False) as record, cut.armed(model):
+            model(input_ids=batch)
+        recorded.append(record.activations["shared"])
+    # the first forward runs to the end and learns that the site fires 3 times; the others stop
+    # right after its third call, before the head
+    assert cut.expected == {"shared": 3} and cut.n_cut == 2 and model.head_calls == 1
+    with torch.no_grad():
+        for batch, activations in zip(batches, recorded):
+            hidden = batch
+            for _ in range(3):
+                last = model.shared(hidden)  # the site: the shared layer's output, before tanh
+                hidden = torch.tanh(last)
+            assert torch.equal(activations, last)
+
+
+def test_fit_forward_cut_changes_no_number(tmp_path: Path, monkeypatch):
+    import contextlib
+
+    import yaml
+
+    protocol = parse_protocol(yaml.safe_load(RESUME))
+    cuts = []
+
+    class Recorded(pipeline._FitForwardCut):
+        def __init__(self, sites):
+            super().__init__(sites)
+            cuts.append(self)
+
+    monkeypatch.setattr(pipeline, "_FitForwardCut", Recorded)
+    cut = pipeline.run(protocol, tmp_path / "cut").results
+    assert sum(c.n_cut for c in cuts) > 0
+    monkeypatch.setattr(Recorded, "armed", lambda self, model: contextlib.nullcontext())
+    full = pipeline.run(protocol, tmp_path / "full").results
+    pd.testing.assert_frame_equal(cut, full, check_exact=True)

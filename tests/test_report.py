@@ -159,6 +159,36 @@ def test_csv_round_trip_renders_identically(tmp_path):
     assert b"CreationDate" not in (out1 / "figures" / "forest_effects.pdf").read_bytes()
 
 
+def test_each_figure_file_is_one_draw_and_the_same_bytes_as_with_the_layout_engine(tmp_path, monkeypatch):
+    """save_figure drops the placeholder engine tight_layout leaves behind, so savefig skips its
+    extra layout draw: one draw per PDF and per PNG, and byte for byte what the extra draw gave."""
+    from matplotlib.figure import Figure
+
+    res = make_results(models=(("tiny-bert", "mlm"),), with_buckets=True)
+    kw = dict(claims=make_claims(), extras=make_extras())
+    draws = {"n": 0}
+    real_draw = Figure.draw
+
+    def counted(self, renderer):
+        draws["n"] += 1
+        return real_draw(self, renderer)
+
+    monkeypatch.setattr(Figure, "draw", counted)
+    fast, _ = _render(tmp_path, res, "fast", **kw)
+    n_files = len(list((fast / "figures").iterdir()))
+    assert n_files >= 8 and draws["n"] == n_files
+    # the previous behaviour: the placeholder engine stays, so every savefig draws twice
+    real_set = Figure.set_layout_engine
+    monkeypatch.setattr(Figure, "set_layout_engine",
+                        lambda self, layout=None, **k: None if layout is None else real_set(self, layout, **k))
+    draws["n"] = 0
+    slow, _ = _render(tmp_path, res, "slow", **kw)
+    assert draws["n"] == 2 * n_files
+    for path in sorted((fast / "figures").iterdir()):
+        assert path.read_bytes() == (slow / "figures" / path.name).read_bytes(), path.name
+    assert (fast / "report.html").read_bytes() == (slow / "report.html").read_bytes()
+
+
 def test_missing_metrics_and_figures_are_skipped(tmp_path):
     res = make_results()
     res = res[res["metric"].isin(["energy_fraction", "oracle_fraction"])]
