@@ -8,8 +8,9 @@ A randomly initialised GPT-NeoX model of the given shape (default: Pythia-160m's
 local checkpoint directory with a byte-level BPE tokenizer trained on the built-in corpus, and a
 protocol measures it (one checkpoint, all residual sites, PCA rank 4, default controls, report
 without PDF). The run is timed phase by phase from its own log, then — in the same process,
-right after — the floor: the fit split's forward pass (phase 1) plus the test split's forward
-and backward to the probes (phase 2), on the same model and the same number of tokens. Goal:
+right after — the floor: the fit split's forward through the transformer body (phase 1: every
+block, no LM head, `fit_floor_pass`) plus the test split's forward and backward to the probes
+(phase 2), on the same model and the same number of tokens. Goal:
 run ÷ floor ≤ 1.5.
 
 The JSON says where the time goes: `phase_seconds` splits the run into disjoint phases that add
@@ -38,7 +39,6 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_collect import floor_collect, make_model, make_splits  # noqa: E402
 
-from anistat.collect import collect_fit_activations  # noqa: E402
 
 #: Functions timed inside the run (module, attribute): each is wrapped for the run's duration and
 #: its inclusive time and call count recorded. Calls nest (fit_bases holds fit_proxy, …), so the
@@ -160,6 +160,16 @@ def protocol_for(model_dir: Path, args) -> dict:
     }
 
 
+def fit_floor_pass(model, tokens: torch.Tensor, batch_size: int) -> None:
+    """The least a fit pass can do: the fit split through the transformer body only (every
+    block, up to the last site; no LM head, no gradients, nothing recorded). anistat's fit
+    forward also stops after the last site (`pipeline._FitForwardCut`)."""
+    body = model.base_model
+    with torch.no_grad():
+        for start in range(0, tokens.shape[0], batch_size):
+            body(input_ids=tokens[start : start + batch_size])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dim", type=int, default=768)
@@ -217,7 +227,7 @@ def main() -> None:
         fit_tokens = torch.randint(0, args.vocab, (args.n_fit, args.seq_len), generator=torch.Generator().manual_seed(1))
         layers = list(range(args.layers))
         t0 = clock()
-        collect_fit_activations(model, fit_tokens, layers, batch_size=args.batch_size, device=torch.device("cpu"))
+        fit_floor_pass(model, fit_tokens, args.batch_size)
         fit_floor = clock() - t0
         t0 = clock()
         floor_collect(model, splits, layers, args.batch_size)
