@@ -156,8 +156,9 @@ def naive_collect(model, splits, layers, bases, batch_size, device="cpu"):
     return energies
 
 
-def floor_collect(model, splits, layers, batch_size, device="cpu", precision="fp32"):
-    """Forward + backward to the hidden states only (the probes), no statistics."""
+def floor_collect(model, splits, layers, batch_size, device="cpu", precision="fp32", on_batch=None):
+    """Forward + backward to the hidden states only (the probes), no statistics; `on_batch`
+    (record, gradients), if given, runs after each batch's backward."""
     from anistat.collect import residual_probe
     from anistat.collect.collector import autocast
 
@@ -171,6 +172,8 @@ def floor_collect(model, splits, layers, batch_size, device="cpu", precision="fp
         with torch.enable_grad(), autocast(device, precision), residual_probe(model, layers, gradients=True) as record:
             loss = lm_loss(model, batch, batch, "clm")
             gradients = torch.autograd.grad(loss, [record.deltas[l] for l in layers])
+        if on_batch is not None:
+            on_batch(record, gradients)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return gradients
@@ -180,27 +183,18 @@ def floor_plus_moments(model, splits, layers, batch_size, device="cpu", precisio
     """The floor plus only the two d×d second moments (gradients and activations, float32
     per-batch products into float64 sums, as the collector takes them): the arithmetic lower
     bound of a pass that keeps what the exact test and the activation geometry need."""
-    from anistat.collect import residual_probe
-    from anistat.collect.collector import add_gram_, autocast
+    from anistat.collect.collector import add_gram_
 
-    device = torch.device(device)
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    model.eval()
     dim = model.config.hidden_size
     outers = {l: torch.zeros(2, dim, dim, dtype=torch.float64, device=device) for l in layers}
-    n_seq = splits.test.shape[0]
-    for start in range(0, n_seq, batch_size):
-        batch = splits.test[start : start + batch_size].to(device)
-        with torch.enable_grad(), autocast(device, precision), residual_probe(model, layers, gradients=True) as record:
-            loss = lm_loss(model, batch, batch, "clm")
-            gradients = torch.autograd.grad(loss, [record.deltas[l] for l in layers])
+
+    def moments(record, gradients):
         for l, gradient in zip(layers, gradients):
             rows = torch.stack([gradient[:, :-1].reshape(-1, dim).float(),
                                 record.activations[l][:, :-1].reshape(-1, dim).float()])
-            add_gram_(outers[l], rows, upper_only=device.type == "cpu")
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+            add_gram_(outers[l], rows, upper_only=torch.device(device).type == "cpu")
+
+    floor_collect(model, splits, layers, batch_size, device, precision, on_batch=moments)
     return outers
 
 
