@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from anistat.analyze import oracle_fractions_from
+from anistat.analyze import frequency_rows, oracle_fractions_from
 from anistat.collect import BasisSet, SiteAccumulator, TypePlan, UnitKey, measure_checkpoint
 from anistat.collect.collector import GRAM_BLOCK, add_gram_
 from anistat.data import BuiltinTokenizer, load_corpus, make_splits
 from anistat.geometry import SpectralFrame, delta_isoscore_star, draw_controls, fit_proxy
 from anistat.models import build_builtin_model
-from anistat.protocol import DataSpec, ModelSpec
+from anistat.protocol import DataSpec, ModelSpec, Protocol
 
 RELATIVE = 1e-6
 
@@ -192,16 +192,26 @@ def test_a_type_budget_bounds_the_tables_and_changes_no_kept_value():
                   token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1, mlm_probability=0.15,
                   seed=0, batch_size=4, device=torch.device("cpu"), isoscore_c0="scaled_identity", isoscore_zeta=0.1)
     full = measure_checkpoint(model, **common)
-    dim = 32
-    limited = measure_checkpoint(model, **common, type_budget_bytes=len(keys) * 2 * (dim + 3) * 8)
+    dim, n_kept = 32, 4
+    limited = measure_checkpoint(model, **common, type_budget_bytes=len(keys) * n_kept * (dim + 3) * 8)
     for layer in keys:
         a, b = full[layer], limited[layer]
         np.testing.assert_array_equal(a.type_count, b.type_count)
         eligible = np.flatnonzero(a.type_count >= 2)
+        assert len(eligible) > n_kept
         kept = np.flatnonzero(np.isfinite(b.type_rms_distance))
         order = sorted(eligible, key=lambda t: (-a.type_count[t], t))
-        assert kept.tolist() == sorted(order[:2])
+        assert kept.tolist() == sorted(order[:n_kept])
         for name in ("type_rms_distance", "type_mean_distance", "type_mean_norm"):
             np.testing.assert_allclose(getattr(b, name)[kept], getattr(a, name)[kept], rtol=1e-12)
-        assert f"2 most frequent of the {len(eligible)} types" in b.extra["type_statistics_note"]
+        assert f"{n_kept} most frequent of the {len(eligible)} types" in b.extra["type_statistics_note"]
         assert "type_statistics_note" not in a.extra
+    # the frequency analysis says so beside the correlations it computes over the kept types
+    protocol = Protocol.model_validate({"anistat_protocol": 1, "name": "t", "models": [{"name": "m", "architecture": "gpt2"}],
+                                        "stats": {"n_bootstrap": 20, "n_permutations": 20}})
+    counts = {"m": np.arange(1, splits.vocab_size + 1)}
+    noted = frequency_rows([limited[0]], counts, protocol)
+    row = noted[noted.metric == "spearman_logfreq_distance"].iloc[0]
+    assert f"{n_kept} token types" in row.note and "data.type_statistics_memory_mb" in row.note
+    plain = frequency_rows([full[0]], counts, protocol)
+    assert "type_statistics_memory_mb" not in plain[plain.metric == "spearman_logfreq_distance"].iloc[0].note

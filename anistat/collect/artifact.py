@@ -7,11 +7,13 @@ nothing of size (tokens × d):
   for every basis B (the proxy and each control), `energy[s, b, B] = Σ_{i∈s, i∈b} ‖Bᵀg_i‖²`;
 * `n_tokens[s]`, `sequence_documents[s]`;
 * gradient and activation moments over the whole test split (count, Σx, ΣxxᵀA);
-* ΔIsoScore* of every projected basis (from the gradient moments), the oracle fraction per rank;
+* ΔIsoScore* of every projected basis (from the gradient moments); the oracle fraction is not
+  kept — the analysis reads it off the second moment's eigenvalues;
 * the proxy bases themselves (the analysis draws haar / normal controls from the gradient
   moments, in the proxy's complement where needed: no per-token work for them);
-* per token type: occurrences and the Bessel-corrected RMS distance of its activations to the
-  type centroid;
+* per token type: occurrences, and for the types with per-type sums (post hoc: those of the
+  collector's `TypePlan`) the Bessel-corrected RMS distance of its activations to the type
+  centroid and the centroid's debiased distance from the global mean and norm (NaN elsewhere);
 * optionally, activation sums per (sequence, token type) pair (`pair_sums`), from which the
   analysis bootstraps the log-frequency vs centroid-distance correlation over sequences;
   `pair_note` says why they are absent (over the memory budget, or not requested).

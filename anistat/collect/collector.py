@@ -697,7 +697,8 @@ class SiteAccumulator:
         # per type: Bessel-corrected RMS spread around its centroid (unbiased for the type's
         # variance whatever its count, see geometry.ResampledCentroidDistance), and the debiased
         # distance of its centroid from the global mean and norm (geometry.type_mean_geometry),
-        # computed on the types seen and spread back to vocabulary-sized arrays
+        # computed on the types with rows (planned, or seen in training) and spread back to
+        # vocabulary-sized arrays
         count, types = self.types.geometry()
         return UnitArtifact(
             **kwargs,
