@@ -362,7 +362,9 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
     same document / sequence bootstrap as the overall ratio, and its p-value the sign-flip test
     of per-unit contributions (the exact Haar test would need per-bucket second moments).
 
-    Correlation: over token types seen at least twice in the test split, Spearman and Pearson
+    Correlation: over token types seen at least twice in the test split (those with per-type
+    statistics: past `data.type_statistics_memory_mb` the collector keeps the most frequent,
+    and the rows' note says how many), Spearman and Pearson
     correlation of log corpus count with the type's Bessel-corrected RMS distance to its
     activation centroid, sqrt(Σ_i ‖a_i − c_t‖² / (n_t − 1)) — a root-mean-square form is
     computable from streamed sums (Σa, Σ‖a‖², count per type), so no activation matrix is kept,
@@ -428,7 +430,8 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
 def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protocol: Protocol) -> list[dict]:
     """`spearman_logfreq_distance` and `pearson_logfreq_distance` of one unit, with CIs.
 
-    Types: seen at least twice in the test split and at least once in the corpus. The CI
+    Types: seen at least twice in the test split (and kept by the collector's type budget, most
+    frequent first) and at least once in the corpus. The CI
     resamples test sequences (the sampling unit): every resample recomputes each type's
     centroid and RMS distance from the per-(sequence, type) sums (`ResampledCentroidDistance`),
     drops types that cannot pair (see `ResampledCentroidDistance`), and recomputes both
@@ -446,8 +449,16 @@ def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protoco
     counts = np.zeros(vocab)
     counts[: min(vocab, corpus_counts.shape[0])] = corpus_counts[:vocab]
     present = (artifact.type_count >= 2) & np.isfinite(artifact.type_rms_distance) & (counts > 0)
+    kept_note = artifact.extra.get("type_statistics_note", "")
     if present.sum() < 3:
-        return []
+        if not kept_note:
+            return []
+        # the budget, not the data, left too few types: say so rather than drop the rows silently
+        return [{"metric": metric, "estimate": math.nan, "p_value": math.nan, "ci_low": math.nan,
+                 "ci_high": math.nan, "ci_method": "none",
+                 "note": f"{int(present.sum())} token types with per-type statistics, too few for a correlation; "
+                         f"{kept_note}"}
+                for metric in ("spearman_logfreq_distance", "pearson_logfreq_distance")]
     types = np.flatnonzero(present)
     correlation = log_frequency_correlation(counts[types], artifact.type_rms_distance[types])
     estimates = (("spearman_logfreq_distance", correlation.spearman_rho, correlation.spearman_p),
@@ -455,7 +466,6 @@ def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protoco
     stats = protocol.stats
     intervals = [None, None]
     note = artifact.pair_note
-    kept_note = artifact.extra.get("type_statistics_note", "")
     if artifact.pair_sums is not None:
         distance = ResampledCentroidDistance(artifact.pair_sums, types)
         log_count = np.log(counts[types])

@@ -79,8 +79,9 @@ def _seed_key(site: Site):
     return site.layer if site.kind == "residual" else site.name
 
 
-class _SitesRecorded(Exception):
-    """Raised inside a fit forward once every site holds its final activation (`_FitForwardCut`)."""
+class _SitesRecorded(BaseException):
+    """Raised inside a fit forward once every site holds its final activation (`_FitForwardCut`).
+    A `BaseException`, so a model's own `except Exception` fallback cannot swallow it."""
 
 
 class _FitForwardCut:
@@ -92,7 +93,10 @@ class _FitForwardCut:
     and a module shared across depth fires more than once, so the number of calls per site is
     learnt from the first (full) forward, and later forwards stop right after every site has
     fired that many times: the recorded activations are the same tensors, bit for bit. A
-    forward that ends without the stop (fewer calls than learnt) simply runs to the end."""
+    forward that ends without the stop (fewer calls than learnt) simply runs to the end. This
+    assumes a site fires equally often in every forward (true of the transformer blocks and
+    their submodules; a module site whose call count depended on the data, e.g. a routed expert,
+    would be cut at the learnt count)."""
 
     def __init__(self, sites: dict[str, Site]):
         self.sites = sites

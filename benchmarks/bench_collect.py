@@ -19,7 +19,7 @@ P2  post-hoc collection throughput (tokens/s) on the same model and test split:
       floor_plus_moments — the floor plus only the two d×d second moments the exact test and
                 the activation geometry need: the arithmetic lower bound of anistat's pass.
 P4  peak RSS of a fresh process measuring 10× more test tokens ÷ the same at 1× (goal ≤ 1.1),
-    with the pipeline's default budget for per-type sums (256 MiB).
+    with the pipeline's default budget for per-type sums (1024 MiB).
 """
 
 from __future__ import annotations
@@ -105,9 +105,9 @@ def make_bases(model, splits, layers, rank=4, n_controls=20, per_token_controls=
 
 
 #: what `anistat run` passes by default (data.frequency_ci_memory_mb = 1024,
-#: data.type_statistics_memory_mb = 256)
+#: data.type_statistics_memory_mb = 1024)
 PIPELINE_PAIR_BUDGET = 1024 * 2**20
-PIPELINE_TYPE_BUDGET = 256 * 2**20
+PIPELINE_TYPE_BUDGET = 1024 * 2**20
 
 
 def anistat_collect(model, splits, layers, bases, batch_size, pair_budget_bytes=PIPELINE_PAIR_BUDGET,
@@ -420,7 +420,7 @@ def main() -> None:
     parser.add_argument("--pair-budget-mb", type=float, default=0.0,
                         help="P4: memory for per-(sequence, type) sums (0: off, the constant-memory path; "
                         "anistat run defaults to 1024 and then grows with the test split up to that cap)")
-    parser.add_argument("--type-budget-mb", type=float, default=256.0,
+    parser.add_argument("--type-budget-mb", type=float, default=1024.0,
                         help="P4: memory for per-type sums (data.type_statistics_memory_mb; inf: every type seen twice)")
     parser.add_argument("--tokens", choices=["uniform", "zipf"], default="uniform", help="P4: test-split token ids")
     parser.add_argument("--json", default=None)

@@ -117,6 +117,21 @@ def test_every_statistic_within_1e6_of_float64_reference(dim):
     np.testing.assert_allclose(artifact.delta_isoscore_star, reference_delta.numpy(), atol=RELATIVE, rtol=0)
 
 
+def test_moments_read_mid_stream_are_complete():
+    """`grad` / `act` mirror the accumulated upper triangle on access, so a caller reading the
+    moments between batches gets the whole matrix."""
+    gradients, activations, ids, _ = _inputs(dim=150)
+    n_seq, length, dim = gradients.shape
+    basis = torch.linalg.qr(torch.randn(dim, 2, dtype=torch.float64))[0]
+    accumulator = SiteAccumulator([BasisSet("pca", 2, basis, {})], dim=dim, n_seq=n_seq, n_buckets=1, vocab_size=60,
+                                  device=torch.device("cpu"))
+    half = n_seq // 2
+    accumulator.add(torch.from_numpy(gradients[:half]), torch.from_numpy(activations[:half]),
+                    torch.from_numpy(ids[:half]), torch.ones(half, length, 1), start=0)
+    rows = activations[:half].reshape(-1, dim).astype(np.float64)
+    assert _scaled_max(accumulator.act.outer.numpy(), rows.T @ rows) < RELATIVE
+
+
 @pytest.mark.parametrize("dim", [1, GRAM_BLOCK - 1, GRAM_BLOCK, 2 * GRAM_BLOCK + 5])
 def test_upper_triangle_gram_equals_full_product(dim):
     rows = torch.randn(2, 37, dim, generator=torch.Generator().manual_seed(dim))
@@ -215,3 +230,9 @@ def test_a_type_budget_bounds_the_tables_and_changes_no_kept_value():
     assert f"{n_kept} token types" in row.note and "data.type_statistics_memory_mb" in row.note
     plain = frequency_rows([full[0]], counts, protocol)
     assert "type_statistics_memory_mb" not in plain[plain.metric == "spearman_logfreq_distance"].iloc[0].note
+    # a budget below one type keeps none: the correlation rows say why they have no estimate
+    nothing = measure_checkpoint(model, **common, type_budget_bytes=0)
+    assert not np.isfinite(nothing[0].type_rms_distance).any()
+    empty = frequency_rows([nothing[0]], counts, protocol)
+    row = empty[empty.metric == "spearman_logfreq_distance"].iloc[0]
+    assert np.isnan(row.estimate) and "no per-type statistics kept" in row.note

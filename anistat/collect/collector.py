@@ -299,6 +299,9 @@ class TypePlan:
         """What the frequency analysis must say ('' when every usable type is kept)."""
         if self.kept.shape[0] >= self.n_eligible:
             return ""
+        if self.kept.shape[0] == 0:
+            return (f"no per-type statistics kept for the {self.n_eligible:,} types occurring at least twice "
+                    "(data.type_statistics_memory_mb is below one type's size)")
         return (f"per-type statistics kept for the {self.kept.shape[0]:,} most frequent of the {self.n_eligible:,} "
                 "types occurring at least twice (data.type_statistics_memory_mb)")
 
@@ -406,8 +409,9 @@ class _TypeTable:
         self.n_rows = int(seen.shape[0])
 
     def geometry(self) -> tuple[torch.Tensor, "TypeMeanGeometry"]:
-        """Per vocabulary id: occurrences, and `geometry.type_mean_geometry` of the types seen
-        (RMS spread, centroid distance from the global mean, centroid norm; NaN elsewhere)."""
+        """Per vocabulary id: occurrences, and `geometry.type_mean_geometry` of the types with
+        rows — planned, or seen in training — (RMS spread, centroid distance from the global
+        mean, centroid norm; NaN elsewhere)."""
         ids = self.type_id[: self.n_rows].cpu().numpy()
         seen = type_mean_geometry(self.count[: self.n_rows].cpu().numpy(), self.sum[: self.n_rows].cpu().numpy(),
                                   self.sq[: self.n_rows].cpu().numpy(), global_mean=self.global_mean.cpu().numpy())
@@ -469,10 +473,10 @@ class SiteAccumulator:
         self._sums = torch.zeros(2, dim, **f64)
         self._outers = torch.zeros(2, dim, dim, **f64)
         # on CPU only the upper triangle is accumulated (`add_gram_`); `_complete_outers` mirrors
-        # it before anything reads the moments
+        # it before anything reads the moments (`grad` / `act` do it on access)
         self._upper_only = device.type == "cpu"
-        self.grad = GradientMoments(count=0, sum=self._sums[0], outer=self._outers[0])
-        self.act = GradientMoments(count=0, sum=self._sums[1], outer=self._outers[1])
+        self._grad = GradientMoments(count=0, sum=self._sums[0], outer=self._outers[0])
+        self._act = GradientMoments(count=0, sum=self._sums[1], outer=self._outers[1])
         self.grad_unit = torch.zeros(dim, **f64)
         self.act_unit = torch.zeros(dim, **f64)
         self.types = _TypeTable(vocab_size, dim, device, type_plan)
@@ -544,8 +548,8 @@ class SiteAccumulator:
         counts = torch.tensor([[n_eval], [n_rows]], dtype=torch.float64, device=self.device)
         self._outers.baddbmm_(torch.stack([shifts, sums], dim=2), torch.stack([sums - counts * shifts, shifts], dim=1))
         self._sums += sums
-        self.grad.count += n_eval
-        self.act.count += n_rows
+        self._grad.count += n_eval
+        self._act.count += n_rows
         inverse_norm = torch.where(evaluated, 1.0 / grad_norm.clamp(min=1e-30), torch.zeros_like(grad_norm))
         self.grad_unit += inverse_norm @ flat_grad  # Σ g_i/‖g_i‖ over evaluated rows
         act_norm = act_sq.sqrt()
@@ -640,9 +644,9 @@ class SiteAccumulator:
                        self.act_unit):
             distributed.all_reduce_sum_(tensor)
         self.types.all_reduce()
-        counts = torch.tensor([self.grad.count, self.act.count], dtype=torch.int64, device=self.device)
+        counts = torch.tensor([self._grad.count, self._act.count], dtype=torch.int64, device=self.device)
         distributed.all_reduce_sum_(counts)
-        self.grad.count, self.act.count = int(counts[0]), int(counts[1])
+        self._grad.count, self._act.count = int(counts[0]), int(counts[1])
         if self.pair_budget_bytes > 0:
             # ranks hold disjoint sequences: the budget applies to their pairs together, and
             # the kept pairs are concatenated (then sorted, so rank order does not matter)
@@ -654,6 +658,18 @@ class SiteAccumulator:
             else:
                 parts = [torch.cat(columns) for columns in zip(*self._pairs)] if self._pairs else self._empty_pairs()
                 self._pairs = [tuple(distributed.all_gather_rows(part) for part in parts)]
+
+    @property
+    def grad(self) -> GradientMoments:
+        """The gradient moments so far (evaluated rows), complete at any point of the stream."""
+        self._complete_outers()
+        return self._grad
+
+    @property
+    def act(self) -> GradientMoments:
+        """The activation moments so far, complete at any point of the stream."""
+        self._complete_outers()
+        return self._act
 
     def _complete_outers(self) -> None:
         """Mirror the accumulated upper triangle of both Σxxᵀ into the lower one (idempotent)."""
@@ -686,7 +702,7 @@ class SiteAccumulator:
         if self.failure:
             return _failed_artifact(f"{self.failure} at {key.site}", int(self.total.shape[0]), self.n_buckets,
                                     len(descriptors), self.vocab_size, **kwargs)
-        moments = self.grad
+        moments = self._grad
         delta = np.full(len(descriptors), np.nan)
         if self.bases and dim - max(bs.rank for bs in self.bases) >= 2:
             covariance = moments.covariance()  # once per unit; ΔIsoScore* is O(d²k) per basis from it
@@ -704,7 +720,7 @@ class SiteAccumulator:
             **kwargs,
             total_energy=_to_numpy(self.total), energy=_to_numpy(self.energy),
             delta_isoscore_star=delta,
-            gradient_moments=_moments_dict(moments), activation_moments=_moments_dict(self.act),
+            gradient_moments=_moments_dict(moments), activation_moments=_moments_dict(self._act),
             gradient_unit_sum=_to_numpy(self.grad_unit), activation_unit_sum=_to_numpy(self.act_unit),
             type_count=_to_numpy(count).astype(np.int64), type_rms_distance=types.rms_spread,
             type_mean_distance=types.mean_distance, type_mean_norm=types.mean_norm,
@@ -817,11 +833,11 @@ def _failed_artifact(note: str, n_seq: int, n_buckets: int, n_bases: int, vocab:
 
 @contextlib.contextmanager
 def _single_threaded(device: torch.device):
-    """The end-of-unit work (ΔIsoScore* traces of each basis, type geometry; no eigen-problem:
-    the oracle fraction is computed at analysis time from the eigenvalues the exact test needs)
-    runs single-threaded on CPU: small linear algebra with several OpenMP threads thrashes on a
-    busy machine (measured on a 2-core VM: 41 eigvalsh of 124×124 take 0.02 s on 1 thread,
-    0.5–3.5 s on 2)."""
+    """The end-of-unit work (ΔIsoScore* traces of each basis, type geometry, pair sorting; no
+    eigen-problem since the oracle fraction moved to analysis time) runs single-threaded on
+    CPU: it is small (≈ 19 ms per unit at d = 768 on an idle core; 13 ms with 2 threads), and
+    small linear algebra with several OpenMP threads thrashed on a busy 2-core VM (41 eigvalsh
+    of 124×124: 0.02 s on 1 thread, 0.5–3.5 s on 2, when the finish still had them)."""
     if device.type != "cpu":
         yield
         return
