@@ -41,7 +41,7 @@ from .collect import UnitArtifact
 from .geometry import (
     ResampledCentroidDistance, ResampledTypeMeans, SpectralFrame, effective_rank_from_cov, haar_null_check,
     isoscore_from_cov, isoscore_star_from_cov, log_frequency_correlation, masked_correlations,
-    participation_ratio_from_cov, random_subspace_traces,
+    oracle_fractions_of_spectrum, participation_ratio_from_cov, random_subspace_traces,
 )
 from .protocol import Protocol
 from .seeding import derive_seed
@@ -186,7 +186,7 @@ def unit_rows(artifact: UnitArtifact, protocol: Protocol, nulls: NullSettings | 
     haar_energy = {rank: second_moment.energy_fractions(traces) for rank, traces in energy_traces.items()}
     haar_delta = ({rank: covariance.delta_isoscore_star(traces, rank, stats.isoscore_c0, stats.isoscore_zeta)
                    for rank, traces in delta_traces.items()} if delta_ok else {})
-    oracle = oracle_fractions_from(second_moment, ranks)
+    oracle = oracle_fractions_of_spectrum(second_moment.eigenvalues, ranks)  # the null's own decomposition
     for rank, value in oracle.items():
         rows.append({**base, "proxy": "oracle", "rank": rank, "control": "none", "metric": "oracle_fraction",
                      "estimate": value, "ci_method": "none", "n_controls": 0, "status": "ok", "note": ""})
@@ -258,15 +258,6 @@ def unit_rows(artifact: UnitArtifact, protocol: Protocol, nulls: NullSettings | 
     for row in descriptive_rows(artifact, stats.isoscore_c0, stats.isoscore_zeta):
         rows.append({**base, **row, "status": "ok"})
     return rows, notes
-
-
-def oracle_fractions_from(second_moment: SpectralFrame, ranks: list[int]) -> dict[int, float]:
-    """The oracle fraction E*_k = (sum of the k largest eigenvalues of M) / tr M for each rank,
-    from the eigen-decomposition the exact test already made (`geometry.oracle_fractions` is
-    the same quantity from a matrix); NaN when M has zero trace."""
-    eigenvalues = second_moment.eigenvalues  # ascending, clamped at 0
-    total = float(eigenvalues.sum())
-    return {rank: float(eigenvalues[-rank:].sum()) / total if total > 0 else math.nan for rank in ranks}
 
 
 def _join_notes(*parts: str) -> str:

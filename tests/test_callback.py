@@ -32,6 +32,19 @@ def _batches(n: int, batch: int = 4, length: int = 12):
     return [torch.randint(0, 48, (batch, length), generator=generator) for _ in range(n)]
 
 
+class _Tokens(torch.utils.data.Dataset):
+    """The training batches of `_batches(6)` as a Trainer dataset (labels = inputs)."""
+
+    def __init__(self):
+        self.rows = torch.cat(_batches(6))
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return {"input_ids": self.rows[index], "labels": self.rows[index]}
+
+
 def test_plain_meter_piggybacks_on_the_training_backward(tmp_path: Path):
     model = _tiny_gpt2()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -85,23 +98,13 @@ def test_trainer_callback_writes_a_bundle_that_report_accepts(tmp_path: Path):
 
     from anistat.cli import main
 
-    class Tokens(torch.utils.data.Dataset):
-        def __init__(self):
-            self.rows = torch.cat(_batches(6))
-
-        def __len__(self):
-            return len(self.rows)
-
-        def __getitem__(self, index):
-            return {"input_ids": self.rows[index], "labels": self.rows[index]}
-
     callback = AnistatCallback(out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained",
                                **SETTINGS)
     args = TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=4, max_steps=5,
                              gradient_accumulation_steps=2, learning_rate=1e-2, report_to=[], save_strategy="no",
                              logging_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
                              seed=0)
-    trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=Tokens(), callbacks=[callback])
+    trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(), callbacks=[callback])
     trainer.train()
     assert not (tmp_path / "bundle.units").exists()  # cleaned up once the bundle is written
     artifacts = callback.meter.artifacts
@@ -127,17 +130,6 @@ def test_trainer_callback_writes_a_bundle_that_report_accepts(tmp_path: Path):
 # ----------------------------------------------------------------------------------------------
 # AnistatCallback: everything is checked in on_train_begin, before the first optimiser step
 # ----------------------------------------------------------------------------------------------
-class _Tokens(torch.utils.data.Dataset):
-    def __init__(self):
-        self.rows = torch.cat(_batches(6))
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, index):
-        return {"input_ids": self.rows[index], "labels": self.rows[index]}
-
-
 def _trainer(tmp_path: Path, callback, max_steps: int = 5, extra_callbacks=(), **arguments):
     pytest.importorskip("accelerate")  # transformers' Trainer needs it
     from transformers import Trainer, TrainingArguments

@@ -284,12 +284,11 @@ class TypePlan:
         ids = token_ids.reshape(-1) if mask is None else token_ids.reshape(-1)[mask.reshape(-1)]
         occurrences = torch.bincount(ids.long().cpu(), minlength=vocab_size)[:vocab_size]
         eligible = torch.nonzero(occurrences >= 2).flatten()
-        per_type = (dim + 3) * 8
-        capacity = eligible.shape[0] if budget_bytes >= eligible.shape[0] * per_type else int(max(budget_bytes, 0) // per_type)
+        capacity = min(eligible.shape[0], max(budget_bytes, 0) // ((dim + 3) * 8))  # budget may be inf
         if eligible.shape[0] > capacity:
             # most frequent first; a stable sort of the ascending ids keeps ties in id order
             order = torch.sort(occurrences[eligible], descending=True, stable=True).indices
-            kept = eligible[order[:capacity]].sort().values
+            kept = eligible[order[: int(capacity)]].sort().values
         else:
             kept = eligible
         return cls(occurrences=occurrences, kept=kept, n_eligible=int(eligible.shape[0]))
@@ -351,10 +350,11 @@ class _TypeTable:
         for new, part in zip((self.type_id, self.count, self.sq, self.sum), old):
             new[: self.n_rows] = part[: self.n_rows]
 
-    def add(self, ids: torch.Tensor, act64: torch.Tensor, act_sq: torch.Tensor) -> None:
+    def add(self, ids: torch.Tensor, act64: torch.Tensor, act_sq: torch.Tensor,
+            act_sum: torch.Tensor | None = None) -> None:
         """Add rows (float64) of the given vocabulary ids. `index_put_(accumulate=True)` rather
         than `index_add_`: same sums, in index order, ~30× faster for float64 rows on CPU."""
-        self.all_sum += act64.sum(0)
+        self.all_sum += act64.sum(0) if act_sum is None else act_sum  # the caller's Σa when it has it
         self.all_count += act64.shape[0]
         rows = self.row_of[ids]
         if self.plan is not None:  # fixed rows: drop the types not planned
@@ -557,11 +557,12 @@ class SiteAccumulator:
         self.act_unit += act_scale @ act64  # Σ a_i/‖a_i‖ (zero rows add nothing)
         flat_ids = token_ids.reshape(-1).to(self.device)
         rows = torch.arange(first_row, first_row + batch, device=self.device).repeat_interleave(length)
-        type_act, type_sq = act64, act_sq
+        type_act, type_sq, type_sum = act64, act_sq, sums[1]
         if type_mask is not None:
             typed = type_mask.reshape(-1).to(self.device)
             flat_ids, type_act, type_sq, rows = flat_ids[typed], act64[typed], act_sq[typed], rows[typed]
-        self.types.add(flat_ids, type_act, type_sq)
+            type_sum = None
+        self.types.add(flat_ids, type_act, type_sq, type_sum)
         if self.pair_budget_bytes > 0:
             self._add_pairs(first_row, flat_ids, type_act, type_sq, batch, rows)
 

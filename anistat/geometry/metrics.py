@@ -126,35 +126,41 @@ def _ratio(num: torch.Tensor, total: torch.Tensor, scalar: bool) -> float | torc
 def oracle_fraction(second_moment: Any, k: int) -> float:
     """Oracle ``E*_k`` = (sum of the k largest eigenvalues of ``M = GᵀG``) / tr(M): the largest
     energy fraction any rank-k subspace can capture (attained by the top-k eigenvectors)."""
-    m = _second_moment_of(second_moment)
-    d = m.shape[0]
-    if isinstance(k, bool) or not 1 <= int(k) <= d:
-        raise ValueError(f"k must satisfy 1 <= k <= d = {d}, got {k}")
-    ev = sym_eigvalsh(m).clamp_min(0.0)
-    total = float(ev.sum())
-    if not total > 0.0:
-        warn_degenerate("second moment has zero trace; oracle fraction is nan")
-        return float("nan")
-    return float(ev[-int(k):].sum()) / total
+    if isinstance(k, bool):
+        raise ValueError(f"k must be an integer rank, got {k}")
+    return oracle_fractions(second_moment, [k])[int(k)]
 
 
 def oracle_fractions(second_moment: Any, ranks: Any) -> dict[int, float]:
     """:func:`oracle_fraction` for several ranks from one eigen-decomposition of ``M``:
     ``{k: E*_k}``.  Empty ``ranks`` → ``{}`` (nothing is decomposed)."""
     m = _second_moment_of(second_moment)
-    d = m.shape[0]
     ranks = [int(k) for k in ranks]
+    _check_oracle_ranks(ranks, m.shape[0])
     if not ranks:
         return {}
-    for k in ranks:
-        if not 1 <= k <= d:
-            raise ValueError(f"k must satisfy 1 <= k <= d = {d}, got {k}")
-    ev = sym_eigvalsh(m).clamp_min(0.0)
+    return oracle_fractions_of_spectrum(sym_eigvalsh(m), ranks)
+
+
+def oracle_fractions_of_spectrum(eigenvalues: Any, ranks: Any) -> dict[int, float]:
+    """``{k: E*_k}`` from the eigenvalues of ``M`` in ascending order (e.g. a
+    :class:`~anistat.geometry.SpectralFrame`'s, which the analysis has already computed);
+    negative rounding residue is clamped to 0. Zero trace → NaN with a
+    :class:`DegenerateMetricWarning`."""
+    ev = torch.as_tensor(eigenvalues, dtype=torch.float64).clamp_min(0.0)
+    ranks = [int(k) for k in ranks]
+    _check_oracle_ranks(ranks, ev.shape[0])
     total = float(ev.sum())
     if not total > 0.0:
         warn_degenerate("second moment has zero trace; oracle fraction is nan")
         return {k: float("nan") for k in ranks}
     return {k: float(ev[-k:].sum()) / total for k in ranks}
+
+
+def _check_oracle_ranks(ranks: list[int], d: int) -> None:
+    for k in ranks:
+        if not 1 <= k <= d:
+            raise ValueError(f"k must satisfy 1 <= k <= d = {d}, got {k}")
 
 
 def anisotropy_capture(energy: Any, k: int, d: int, oracle: float, *, atol: float = 1e-12) -> Any:
