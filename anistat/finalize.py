@@ -42,7 +42,7 @@ def finalize_bundle(units: Iterable[UnitArtifact] | str | Path, protocol: Any, o
     artifacts = load_units(units) if isinstance(units, (str, Path)) else list(units)
     if not artifacts:
         raise AnistatInputError("no measured units to write a bundle from")
-    results = analyze_units(artifacts, protocol)
+    results = analyze_units(artifacts, protocol, device=device)
     frequency = frequency_rows(artifacts, token_counts or {}, protocol)
     claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
     facts = RunFacts(device=device, started_at=started_at, seconds=time.perf_counter() - started,

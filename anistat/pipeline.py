@@ -8,6 +8,7 @@ numbers; the bundle itself appears only when everything is done (atomic rename).
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from .collect.artifact import ARTIFACT_FORMAT
 from .collect.progress import bar
 from .data import load_corpus
 from .errors import AnistatInputError
-from .geometry import draw_controls, fit_proxy, frequency_buckets, proxy_variants
+from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_variants
 from .models import ModelSeries, resolve_models
 from .seeding import derive_seed
 from .preflight import localized, preflight
@@ -181,6 +182,7 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
     progress.close()
     bases: dict[str, list[BasisSet]] = {}
     n_tokens = 0
+    decode = _memoized_decode(series.splits.decode)
     for name, site in by_name.items():
         sample = sampler.finish(name)
         n_tokens = int(sample.activations.shape[0])
@@ -198,9 +200,14 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
         variants = [(method, label, options) for method in protocol.proxies.methods
                     for label, options in proxy_variants(method, protocol.proxies.center.get(method))]
         for method, label, options in variants:
-            for rank in protocol.proxies.ranks:
-                proxy = fit_proxy(sample.activations.to(device), method, rank,
-                                  seed=derive_seed(seed, spec.name, key, label, rank, "proxy", *refit_tag), **options)
+            ranks = protocol.proxies.ranks
+            proxies = fit_proxies(sample.activations.to(device), method, ranks,
+                                  {rank: derive_seed(seed, spec.name, key, label, rank, "proxy", *refit_tag)
+                                   for rank in ranks}, **options)
+            largest = proxies[max(ranks)].basis
+            widest_cards = None  # the largest rank's cards serve every rank whose basis is its prefix
+            for rank in ranks:
+                proxy = proxies[rank]
                 controls = {
                     kind: draw_controls(kind, proxy.basis, protocol.controls.n,
                                         seed=derive_seed(seed, spec.name, key, label, rank, kind, *refit_tag),
@@ -210,8 +217,15 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
                 }
                 basis = distributed.broadcast_(proxy.basis.contiguous())
                 controls = {kind: distributed.broadcast_(stack.contiguous()) for kind, stack in controls.items()}
-                cards = [] if refit_at is not None else concept_cards(
-                    sample, basis, fit_inputs, series.splits.decode, protocol.proxies.concept_card_tokens)
+                if refit_at is not None:
+                    cards = []
+                elif torch.equal(proxy.basis, largest[:, :rank]):  # nested (pca): the same directions
+                    if widest_cards is None:
+                        widest_cards = concept_cards(sample, largest, fit_inputs, decode,
+                                                     protocol.proxies.concept_card_tokens)
+                    cards = widest_cards[:rank]
+                else:
+                    cards = concept_cards(sample, basis, fit_inputs, decode, protocol.proxies.concept_card_tokens)
                 proxy_name = label if refit_at is None else f"{label}@refit"
                 sets.append(BasisSet(proxy_name, rank, basis, controls, proxy.reconstruction_error, cards))
         bases[name] = sets
@@ -220,6 +234,12 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
     log(f"  {spec.name}: proxies fitted on {n_early} early checkpoint(s) "
         f"({', '.join(c.label for c in window)}), {n_tokens} tokens per site")
     return bases, {"fit_checkpoints": [c.label for c in window], "fit_tokens_per_site": n_tokens}
+
+
+def _memoized_decode(decode: Callable[[list[int]], str]) -> Callable[[list[int]], str]:
+    """`decode` with a cache: concept cards decode the same tokens and contexts many times."""
+    cached = functools.lru_cache(maxsize=None)(lambda ids: decode(list(ids)))
+    return lambda ids: cached(tuple(ids))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -343,13 +363,14 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
             return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
         stage = time.perf_counter()
-        log(f"analysing {len(artifacts)} unit(s): exact tests against Haar subspaces drawn from each unit's "
-            f"moments, {protocol.stats.n_bootstrap} bootstrap resamples per interval …")
-        results = analyze_units(artifacts, protocol)
+        log(f"analysing {len(artifacts)} unit(s): exact tests against Haar subspaces shared by the units of "
+            f"each width, {protocol.stats.n_bootstrap} bootstrap resamples per interval …")
+        results = analyze_units(artifacts, protocol, device=torch_device)
         nulls = results.attrs.get("null_settings", {})
-        log(f"  analysed: {len(results)} result rows; {nulls.get('n_null_draws')} Haar draws and "
-            f"{nulls.get('n_permutations')} sign vectors per test, sized for a family of {nulls.get('n_tests')} "
-            f"({time.perf_counter() - stage:.1f}s)")
+        made = ", ".join(f"{n} at d = {d}" for d, n in nulls.get("draws_made", {}).items())
+        log(f"  analysed: {len(results)} result rows; at most {nulls.get('n_null_draws')} Haar draws per test "
+            f"(drawn: {made or 'none'}) and {nulls.get('n_permutations')} sign vectors, sized for a family of "
+            f"{nulls.get('n_tests')} ({time.perf_counter() - stage:.1f}s)")
     except OSError as error:
         user_error = _disk_error(error)
         if user_error is None:

@@ -389,8 +389,15 @@ class StatsSpec(StrictModel):
     n_null_draws: int | Literal["auto"] = Field(
         "auto",
         description="Haar subspaces drawn at analysis time (from each unit's gradient moments) for the exact "
-        "Monte-Carlo test. 'auto': max(9999, the smallest n whose floor 1/(n+1) can pass the corrected family), "
-        "so the floor never decides a result. An integer is used as given (at least 99).",
+        "Monte-Carlo test (at most: see null_stop_exceedances). 'auto': max(9999, the smallest n whose floor "
+        "1/(n+1) can pass the corrected family), so the floor never decides a result. An integer is used as "
+        "given (at least 99).",
+    )
+    null_stop_exceedances: int = Field(
+        10, ge=0, le=1000,
+        description="Sequential stopping of the exact tests (Besag & Clifford 1991): a test stops drawing once "
+        "this many Haar draws reach its observed value, with p = h/L after L draws (exact); tests near or past "
+        "their threshold still use all n_null_draws. 0: every test uses n_null_draws.",
     )
     energy_ratio_reference: Literal["expected", "drawn"] = Field(
         "expected",

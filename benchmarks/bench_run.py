@@ -6,7 +6,8 @@ Run (from the repository root):
 
 A randomly initialised GPT-NeoX model of the given shape (default: Pythia-160m's) is saved as a
 local checkpoint directory with a byte-level BPE tokenizer trained on the built-in corpus, and a
-protocol measures it (one checkpoint, all residual sites, PCA rank 4, default controls, report
+protocol measures it (one checkpoint, all residual sites, the paper's settings by default: PCA ranks
+8/32/128 and 20 normal controls — `--ranks`, `--kinds`, `--n-controls` — default statistics, report
 without PDF). The run is timed phase by phase from its own log, then — in the same process,
 right after — the floor: the fit split's forward through the transformer body (phase 1: every
 block, no LM head, `fit_floor_pass`) plus the test split's forward and backward to the probes
@@ -52,7 +53,7 @@ TIMED = (
     ("anistat.models", "_pretrained_series"),
     ("anistat.pipeline", "sites_from_spec"),
     ("anistat.pipeline", "fit_bases"),
-    ("anistat.pipeline", "fit_proxy"),
+    ("anistat.pipeline", "fit_proxies"),
     ("anistat.pipeline", "draw_controls"),
     ("anistat.pipeline", "concept_cards"),
     ("anistat.pipeline", "measure_checkpoint"),
@@ -118,8 +119,8 @@ def phase_seconds(total: float, t: dict[str, float]) -> dict[str, float]:
     g = lambda name: t.get(name, 0.0)  # noqa: E731
     phases = {
         "model_loading_and_tokenising": g("_pretrained_series"),
-        "fit_forward": g("fit_bases") - g("fit_proxy") - g("draw_controls") - g("concept_cards"),
-        "proxies_pca_and_controls": g("fit_proxy") + g("draw_controls"),
+        "fit_forward": g("fit_bases") - g("fit_proxies") - g("draw_controls") - g("concept_cards"),
+        "proxies_pca_and_controls": g("fit_proxies") + g("draw_controls"),
         "concept_cards": g("concept_cards"),
         "test_pass": g("measure_checkpoint"),
         "analysis": g("analyze_units") + g("frequency_rows") + g("evaluate_claims"),
@@ -154,8 +155,8 @@ def protocol_for(model_dir: Path, args) -> dict:
                  "n_test_sequences": args.n_test, "batch_size": args.batch_size},
         "models": [{"name": "pythia-shape", "source": "local", "path": str(model_dir), "objective": "clm"}],
         "sites": {"kind": "residual", "layers": "all"},
-        "proxies": {"methods": ["pca"], "ranks": [4]},
-        "controls": {"kinds": ["normal", "haar"], "n": 20},
+        "proxies": {"methods": ["pca"], "ranks": args.ranks},
+        "controls": {"kinds": args.kinds, "n": args.n_controls},
         "report": {"compile_pdf": False},
     }
 
@@ -180,6 +181,10 @@ def main() -> None:
     parser.add_argument("--n-fit", type=int, default=32)
     parser.add_argument("--n-test", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 128],
+                        help="PCA ranks (default: the paper's 8 32 128)")
+    parser.add_argument("--kinds", nargs="+", default=["normal"], help="control kinds (default: the paper's normal)")
+    parser.add_argument("--n-controls", type=int, default=20, help="controls.n (default: the paper's 20)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from anistat.analyze import analyze_units, null_settings, planned_tests, unit_rows
 from anistat.collect import BasisColumn, UnitArtifact, UnitKey
-from anistat.geometry import SpectralFrame, draw_controls
+from anistat.geometry import HaarDiagonalStream, SpectralFrame, draw_controls
 from anistat.protocol import Protocol
 from anistat.seeding import derive_seed
-from anistat.stats import monte_carlo_pvalue
+from anistat.stats import monte_carlo_pvalue, sequential_monte_carlo_pvalue
 from conftest import MINI_PROTOCOL
 
 D, K, S, T = 12, 2, 30, 8
@@ -63,12 +64,16 @@ def test_one_exact_test_behind_every_energy_metric_and_kind():
     energy_rows = [r for r in rows if r.get("p_test") == "haar_monte_carlo" and r["metric"] != "delta_isoscore_star"]
     assert {r["control"] for r in energy_rows} == {"normal", "haar"}
     assert len({r["p_value"] for r in energy_rows}) == 1 and len({r["_test"] for r in energy_rows}) == 1
-    # reproduce it: Haar draws from the unit's second moment, same seed
+    # reproduce it independently: the run's Haar stream for this width (float64 throughout), read
+    # against the unit's eigenvalues, counted with the sequential rule
     frame = SpectralFrame(artifact.gradient_moments["outer"])
-    null = frame.energy_fractions(frame.random_traces(
-        [K], 999, derive_seed(protocol.seed, artifact.key.id, "haar-null"))[K])
     observed = frame.energy_fractions(frame.traces_of(artifact.proxy_bases[("pca", K)]))[0]
-    assert energy_rows[0]["p_value"] == monte_carlo_pvalue(observed, null)
+    stream = HaarDiagonalStream(D, [K], derive_seed(protocol.seed, "haar-null", D), dtype=torch.float64)
+    weights = frame.eigenvalues / frame.eigenvalues.sum()
+    null = torch.cat([stream.chunk(i).diagonals[K] @ weights for i in range(8)])[:999].numpy()
+    p, used = sequential_monte_carlo_pvalue(observed, null, protocol.stats.null_stop_exceedances)
+    assert energy_rows[0]["p_value"] == p and energy_rows[0]["n_controls"] == used
+    assert monte_carlo_pvalue(observed, null) == pytest.approx(p, abs=0.05)  # h/L vs the fixed-n p
     # closed-form references, documents as the resampling unit
     p, t = artifact.energy[:, 0, 0], artifact.total_energy[:, 0]
     (haar_ratio,) = _rows(rows, metric="energy_ratio", control="haar")

@@ -29,6 +29,7 @@ from .metrics import (
     delta_isoscore_star_from_traces,
     effective_rank,
     effective_rank_from_cov,
+    effective_rank_from_eigenvalues,
     energy_fraction,
     energy_fraction_from_moments,
     isoscore,
@@ -47,16 +48,22 @@ from .metrics import (
     removal_traces_in_eigenbasis,
     shrunk_trace_frobenius,
 )
+from .haar_null import CHUNK, HaarChunk, HaarDiagonalStream
 from .moments import GradientMoments
-from .random_subspaces import SpectralFrame, SubspaceTraces, isoscore_star_from_traces, random_subspace_traces
+from .random_subspaces import (
+    SpectralFrame, SubspaceTraces, complement_subspace_traces, isoscore_star_from_traces, random_subspace_traces,
+)
 from .null_check import NullCheck, haar_energy_moments, haar_null_check, haar_token_fraction_law
 from .proxies import (
-    PROXY_METHODS, Proxy, ProxyMethod, center_default, fit_proxy, project, proxy_variants, register_proxy,
+    PROXY_METHODS, Proxy, ProxyMethod, center_default, fit_proxies, fit_proxy, project, proxy_variants, register_proxy,
     top_activating,
 )
 
 __all__ = [
+    "CHUNK",
     "CONTROL_KINDS",
+    "HaarChunk",
+    "HaarDiagonalStream",
     "DEFAULT_ZETA",
     "PROXY_METHODS",
     "CentroidDistances",
@@ -74,13 +81,16 @@ __all__ = [
     "center_default",
     "centroid_distances",
     "complement_basis",
+    "complement_subspace_traces",
     "delta_isoscore_star",
     "delta_isoscore_star_from_traces",
     "draw_controls",
     "effective_rank",
     "effective_rank_from_cov",
+    "effective_rank_from_eigenvalues",
     "energy_fraction",
     "energy_fraction_from_moments",
+    "fit_proxies",
     "fit_proxy",
     "frequency_buckets",
     "haar_energy_moments",

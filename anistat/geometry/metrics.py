@@ -29,6 +29,7 @@ __all__ = [
     "delta_isoscore_star_from_traces",
     "effective_rank",
     "effective_rank_from_cov",
+    "effective_rank_from_eigenvalues",
     "energy_fraction",
     "energy_fraction_from_moments",
     "isoscore",
@@ -578,6 +579,12 @@ def effective_rank(points: Any, *, center: bool = True) -> float:
     if center:
         x = x - x.mean(dim=0, keepdim=True)
     return _erank_from_singular_values(torch.linalg.svdvals(x))
+
+
+def effective_rank_from_eigenvalues(eigenvalues: Any) -> float:
+    """:func:`effective_rank_from_cov` from the matrix's eigenvalues (when they are at hand)."""
+    lam = as_float64(eigenvalues, name="eigenvalues", ndim=1)
+    return _erank_from_singular_values(lam.clamp_min(0.0).sqrt())
 
 
 def effective_rank_from_cov(matrix: Any) -> float:

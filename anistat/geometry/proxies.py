@@ -51,6 +51,7 @@ __all__ = [
     "Proxy",
     "ProxyMethod",
     "center_default",
+    "fit_proxies",
     "fit_proxy",
     "project",
     "proxy_variants",
@@ -98,6 +99,11 @@ class ProxyMethod(abc.ABC):
         """Fit on float64 activations ``x`` (N, d); return ``(basis (d, k) float64 orthonormal,
         reconstruction_error, info)``."""
 
+    def fit_ranks(self, x: torch.Tensor, ranks: list[int], seeds: dict[int, int]) -> dict[int, tuple]:
+        """:meth:`fit` at every rank (``seeds[rank]``); methods whose rank-k fit is the first k
+        directions of one decomposition (pca) override it to decompose once."""
+        return {rank: self.fit(x, rank, seeds[rank]) for rank in ranks}
+
 
 #: name → ProxyMethod subclass.
 PROXY_METHODS: dict[str, type[ProxyMethod]] = {}
@@ -128,13 +134,20 @@ def fit_proxy(activations: Any, method: str, rank: int, seed: int = 0, **options
     completed with seeded random orthonormal directions and ``info["completed_dims"]`` says
     how many.  ``options`` go to the method's constructor (unknown ones raise ``ValueError``).
     """
+    return fit_proxies(activations, method, [rank], {int(rank): int(seed)}, **options)[int(rank)]
+
+
+def fit_proxies(activations: Any, method: str, ranks, seeds: dict[int, int], **options: Any) -> dict[int, Proxy]:
+    """:func:`fit_proxy` at several ranks of the same activations (``seeds[rank]`` per rank),
+    validating once and letting the method share work across ranks (pca decomposes once: its
+    rank-k proxy is the first k directions of the largest rank's, exactly)."""
     if method not in PROXY_METHODS:
         raise ValueError(f"unknown proxy method {method!r}; registered: {sorted(PROXY_METHODS)}")
     a = as_tensor(activations, name="activations")
     if a.ndim != 2:
         raise ValueError(f"activations must be (N, d), got shape {tuple(a.shape)}")
     n, d = a.shape
-    rank = check_rank(rank, d)
+    ranks = sorted({check_rank(rank, d) for rank in ranks})
     if n < 2:
         raise ValueError(f"need at least 2 activation rows, got {n}")
     x = a.detach().to(torch.float64)
@@ -144,13 +157,16 @@ def fit_proxy(activations: Any, method: str, rank: int, seed: int = 0, **options
         impl = PROXY_METHODS[method](**options)
     except TypeError as exc:
         raise ValueError(f"bad options for proxy method {method!r}: {exc}") from exc
-    basis, err, info = impl.fit(x, rank, int(seed))
-    basis = basis.to(torch.float64)
-    info = dict(info)
-    basis, completed = _ensure_orthonormal(basis, rank, seed)
-    if completed:
-        info["completed_dims"] = completed
-    return Proxy(method=method, rank=rank, basis=basis.to(output_dtype(a.dtype)), reconstruction_error=float(err), info=info)
+    seeds = {int(rank): int(seed) for rank, seed in seeds.items()}
+    out = {}
+    for rank, (basis, err, info) in impl.fit_ranks(x, ranks, seeds).items():
+        info = dict(info)
+        basis, completed = _ensure_orthonormal(basis.to(torch.float64), rank, seeds[rank])
+        if completed:
+            info["completed_dims"] = completed
+        out[rank] = Proxy(method=method, rank=rank, basis=basis.to(output_dtype(a.dtype)),
+                          reconstruction_error=float(err), info=info)
+    return out
 
 
 def center_default(method: str) -> bool | None:
@@ -300,7 +316,11 @@ class PCAProxy(ProxyMethod):
     mean direction when ‖μ‖² is large against C's eigenvalues.
     info: ``explained_variance_ratio`` (captured share of ‖A − 1μᵀ‖_F², or of ‖A‖_F² when
     uncentred), ``singular_values`` (top k), ``mean`` (d,), ``centered``.
-    Options: ``center=True``."""
+    Options: ``center=True``.
+
+    Computed as the eigenvectors of the (centred) Gram matrix ``XᵀX`` (float64, one ``d × d``
+    eigen-decomposition for every rank): the right singular vectors of ``X`` with ``σ² = λ``,
+    and the reconstruction error ``‖X − XVVᵀ‖_F / ‖X‖_F = sqrt(Σ_{i>k} λ_i / Σ λ_i)``."""
 
     center_default = True
 
@@ -308,21 +328,29 @@ class PCAProxy(ProxyMethod):
         self.center = bool(center)
 
     def fit(self, x, rank, seed):
-        if self.center:
-            mu, v, s = _top_pcs(x, rank)
-        else:
-            mu = x.mean(dim=0)
-            s, vh = _right_singular(x)
-            v = _fix_signs(vh[:rank].T)
-        # drop numerically null components (N ≤ rank): fit_proxy completes them at random
-        nonnull = s[: v.shape[1]] > 1e-12 * max(float(s[0]) if len(s) else 0.0, 1e-300)
-        v = v[:, nonnull]
-        tot = float((s**2).sum())
-        evr = float((s[:rank] ** 2).sum()) / tot if tot > 0 else float("nan")
-        info = {"explained_variance_ratio": evr, "singular_values": s[:rank].cpu().numpy(), "mean": mu.cpu().numpy(),
-                "centered": self.center}
-        error = _centred_projection_error(x, v) if self.center else _rel_error(x, (x @ v) @ v.T)
-        return v, error, info
+        return self.fit_ranks(x, [rank], {rank: seed})[rank]
+
+    def fit_ranks(self, x, ranks, seeds):
+        mu = x.mean(dim=0)
+        xc = x - mu if self.center else x
+        eigenvalues, vectors = torch.linalg.eigh(xc.T @ xc)
+        eigenvalues, vectors = eigenvalues.flip(0).clamp_min(0.0), vectors.flip(1)
+        total = float(eigenvalues.sum())
+        # numerically null directions (N ≤ rank, or rounding of the Gram's null space at ~1e-16
+        # of its largest eigenvalue): fit_proxy completes them at random
+        informative = min(x.shape[0] - (1 if self.center else 0), x.shape[1])
+        nonnull = eigenvalues > 1e-12 * max(float(eigenvalues[0]) if len(eigenvalues) else 0.0, 1e-300)
+        nonnull[informative:] = False
+        out = {}
+        for rank in ranks:
+            v = _fix_signs(vectors[:, :rank])[:, nonnull[:rank]]
+            captured = float(eigenvalues[:rank].sum())
+            evr = captured / total if total > 0 else float("nan")
+            error = math.sqrt(max(total - captured, 0.0) / total) if total > 0 else 0.0
+            info = {"explained_variance_ratio": evr, "singular_values": eigenvalues[:rank].sqrt().cpu().numpy(),
+                    "mean": mu.cpu().numpy(), "centered": self.center}
+            out[rank] = (v, error, info)
+        return out
 
 
 @register_proxy("random")

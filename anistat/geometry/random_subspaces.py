@@ -40,7 +40,8 @@ import torch
 
 from ._util import as_float64
 
-__all__ = ["SubspaceTraces", "SpectralFrame", "isoscore_star_from_traces", "random_subspace_traces"]
+__all__ = ["SubspaceTraces", "SpectralFrame", "complement_subspace_traces", "isoscore_star_from_traces",
+           "random_subspace_traces"]
 
 #: Draws per chunk: fixed, so a seed gives the same draws whatever the memory available.
 _CHUNK = 512
@@ -165,6 +166,40 @@ def random_subspace_traces(frames, ranks, n: int, seed: int, *, exclude=None) ->
     return [{k: SubspaceTraces(*(np.concatenate([getattr(p, f) for p in chunks])
                                  for f in ("trace", "trace_squared", "frobenius")))
              for k, chunks in frame_parts.items()} for frame_parts in parts]
+
+
+def complement_subspace_traces(matrices, basis, n: int, seed: int, *,
+                               dtype: torch.dtype = torch.float32) -> list[SubspaceTraces]:
+    """The three traces in each of ``matrices`` (symmetric ``d × d``) of ``n`` subspaces drawn
+    uniformly in the orthogonal complement of ``basis`` ``U`` (``d × k``, orthonormal), of rank
+    ``k`` — the paper's ``normal`` control, evaluated without projecting a token.
+
+    A draw is the span of ``(I − UUᵀ) Z`` for a Gaussian ``Z`` (``d × k``, from a CPU
+    ``torch.Generator`` seeded with ``seed``; uniform in the complement because the projected
+    Gaussian is), orthonormalised by Cholesky–QR; each matrix multiplies all draws in one
+    ``d × d · d × nk`` product. Everything in ``dtype`` (float32 by default: these draws serve the
+    paper's convention and descriptive control statistics, not the exact test)."""
+    u = torch.as_tensor(np.asarray(basis)).to(dtype)
+    d, k = u.shape
+    if 2 * k > d:
+        raise ValueError(f"normal controls need 2k <= d, got k={k}, d={d}")
+    n = int(n)
+    generator = torch.Generator().manual_seed(int(seed) & (2**63 - 1))
+    z = torch.randn(d, n * k, generator=generator).to(dtype)  # draw j: columns j·k … j·k + k − 1
+    z = z - u @ (u.T @ z)
+    blocks = z.reshape(d, n, k).permute(1, 0, 2)  # (n, d, k)
+    chol = torch.linalg.cholesky(blocks.transpose(1, 2) @ blocks)
+    eye = torch.eye(k, dtype=dtype).expand(n, k, k)
+    q = blocks @ torch.linalg.solve_triangular(chol, eye, upper=False).transpose(1, 2)  # Z L⁻ᵀ, orthonormal
+    flat = q.permute(1, 0, 2).reshape(d, n * k)
+    out = []
+    for matrix in matrices:
+        sq = (torch.as_tensor(matrix).to(dtype) @ flat).reshape(d, n, k).permute(1, 0, 2)  # S Q per draw
+        qsq = q.transpose(1, 2) @ sq
+        out.append(SubspaceTraces(torch.diagonal(qsq, dim1=1, dim2=2).sum(-1).double().numpy(),
+                                  sq.square().sum(dim=(1, 2)).double().numpy(),
+                                  qsq.square().sum(dim=(1, 2)).double().numpy()))
+    return out
 
 
 def isoscore_star_from_traces(trace, frobenius, dim: int, c0: str, zeta: float):

@@ -23,16 +23,19 @@ from .calibrate import (CalibrationResult, UniformityCheck, p_value_uniformity, 
 from .effects import (anisotropy_capture, energy_ratio, hedges_correction, hedges_g_paired,
                       log2_energy_ratio, per_sequence_differences, z_score)
 from .energy import (CLOSED_FORM_KINDS, EXACT_TEST, METRICS, SIGN_FLIP_TEST, ControlComparison,
-                     EnergyAnalysis, MetricResult, analyze_energy, analyze_metric_vs_controls,
-                     cluster_sums, expected_control_energy)
+                     ControlMoments, EnergyAnalysis, ExactTestResult, MetricResult, analyze_energy,
+                     analyze_metric_vs_controls, cluster_sums, control_energy_moments,
+                     expected_control_energy)
 from .meta import MetaResult, TrendResult, random_effects_meta, trend_test
-from .montecarlo import min_attainable_pvalue, monte_carlo_pvalue
+from .montecarlo import (SequentialMonteCarlo, min_attainable_pvalue, monte_carlo_pvalue,
+                         sequential_monte_carlo_pvalue)
 from .multiplicity import (adjust_in_families, adjust_pvalues, min_controls_needed,
                            resolution_warning)
 from .permutation import PermutationResult, sign_flip_null, sign_flip_pvalues, sign_flip_test
 
 __all__ = [
     "CLOSED_FORM_KINDS", "EXACT_TEST", "SIGN_FLIP_TEST", "cluster_sums", "expected_control_energy",
+    "ControlMoments", "ExactTestResult", "control_energy_moments",
     "BootstrapResult", "CalibrationResult", "UniformityCheck", "p_value_uniformity", "ControlComparison", "DegenerateStatisticWarning",
     "EnergyAnalysis", "METRICS", "MetaResult", "MetricResult", "PermutationResult",
     "TrendResult", "adjust_in_families", "adjust_pvalues", "analyze_energy",
@@ -40,7 +43,7 @@ __all__ = [
     "ci_from_replicates", "energy_ratio", "hedges_correction", "hedges_g_paired",
     "iter_bootstrap_weights", "jackknife_weights", "log2_energy_ratio", "min_attainable_pvalue",
     "min_controls_needed", "monte_carlo_pvalue", "per_sequence_differences",
-    "random_effects_meta", "ratio_se", "resolution_warning", "run_calibration", "sequence_bootstrap",
+    "random_effects_meta", "ratio_se", "SequentialMonteCarlo", "sequential_monte_carlo_pvalue", "resolution_warning", "run_calibration", "sequence_bootstrap",
     "sequence_bootstrap_columns",
     "sign_flip_null", "sign_flip_pvalues", "sign_flip_test", "trend_test",
     "write_calibration_report", "z_score",

@@ -187,8 +187,79 @@ def _hedges_g(weights: np.ndarray, d: np.ndarray) -> np.ndarray:
         return hedges_correction(n - 1.0) * mean / np.sqrt(var)
 
 
+@dataclass(frozen=True)
+class ControlMoments:
+    """Mean and sd of a control kind's energy fraction ``E(Q)`` over its draw, and their source
+    (``"closed form"`` or ``"N draws"``): the ``control_mean`` / ``control_sd`` of the energy
+    rows and the scale of ``z``."""
+
+    mean: float
+    sd: float
+    source: str
+
+    @classmethod
+    def of_draws(cls, fractions) -> "ControlMoments":
+        mean, sd = _mean_sd(np.asarray(fractions, dtype=np.float64).ravel())
+        return cls(mean, sd, f"{np.isfinite(np.asarray(fractions, dtype=float)).sum()} draws")
+
+
+def control_energy_moments(kind: str, rank: int, dim: int, trace: float, frobenius_sq: float,
+                           proxy_trace: float = 0.0, proxy_cross_sq: float = 0.0,
+                           proxy_block_sq: float = 0.0) -> ControlMoments:
+    """Exact mean and sd of ``E(Q) = tr(QᵀMQ)/tr M`` over a Haar or ``normal`` control draw.
+
+    For ``P`` a Haar rank-``k`` projection in ``m`` dimensions and symmetric ``A`` (``m × m``):
+    ``E tr(PA) = k/m · tr A`` and ``Var tr(PA) = 2k(m − k) / ((m − 1) m (m + 2)) · (tr A² −
+    (tr A)²/m)``. Haar: ``A = M``, ``m = d``. ``normal`` (uniform in the complement of the proxy
+    ``U``): ``A`` is ``M`` compressed to that complement, ``m = d − k``, with ``tr A = tr M −
+    tr(UᵀMU)`` and ``tr A² = ‖M‖_F² − 2‖MU‖_F² + ‖UᵀMU‖_F²`` — the proxy's three traces
+    (``proxy_trace``, ``proxy_cross_sq``, ``proxy_block_sq``,
+    :func:`anistat.geometry.removal_traces`). ``trace`` = ``tr M``, ``frobenius_sq`` = ``‖M‖_F²``.
+    """
+    if kind == "haar":
+        m, a_trace, a_frob = dim, trace, frobenius_sq
+    elif kind == "normal":
+        m = dim - rank
+        a_trace = trace - proxy_trace
+        a_frob = frobenius_sq - 2.0 * proxy_cross_sq + proxy_block_sq
+    else:
+        raise ValueError(f"no closed-form moments for control kind {kind!r}")
+    if not (trace > 0 and m > rank):
+        return ControlMoments(np.nan, np.nan, "closed form")
+    mean = rank / m * a_trace / trace
+    variance = (2.0 * rank * (m - rank) / ((m - 1.0) * m * (m + 2.0))
+                * max(a_frob - a_trace * a_trace / m, 0.0) / (trace * trace))
+    return ControlMoments(float(mean), float(np.sqrt(variance)), "closed form")
+
+
+@dataclass(frozen=True)
+class ExactTestResult:
+    """The exact test of the energy fraction, computed elsewhere (e.g. from draws shared by many
+    units, :mod:`anistat.analyze.nulls`): its p-value, the draws it used and a note."""
+
+    p_value: float
+    n_draws: int
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class _Units:
+    """Per-resampling-unit sums of proxy, total and reference energy."""
+
+    proxy: np.ndarray
+    total: np.ndarray
+    reference: np.ndarray
+    name: str
+
+    @property
+    def n(self) -> int:
+        return int(self.proxy.size)
+
+
 def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, dim: int,
-                   null_fractions, control_fractions=None, observed_fraction: float | None = None,
+                   null_fractions=None, exact: ExactTestResult | None = None,
+                   control_fractions=None, control_moments: ControlMoments | None = None,
+                   paper_fractions=None, observed_fraction: float | None = None,
                    n_paper_controls: int | None = None, group_ids=None,
                    oracle_fraction: float | None = None, reference: str = "expected",
                    control_kind: str = "haar", n_bootstrap: int = 2000, ci_level: float = 0.95,
@@ -201,12 +272,16 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
     proxy_energy, total_energy, reference_energy
         ``(S,)`` per-sequence energies (finite, non-negative), ``S >= 2``;
         ``reference_energy`` from :func:`expected_control_energy` or the drawn controls' mean.
-    null_fractions
-        ``(n,)`` energy fractions of Haar draws on the whole split (the exact test's null).
-    control_fractions
-        ``(n_c,)`` energy fractions of draws of this row's control kind (``control_mean``,
-        ``control_sd``, ``z``, and the first ``n_paper_controls`` give ``p_value_paper``);
-        defaults to ``null_fractions``.
+    exact, null_fractions
+        The exact test: its result (``exact``), or ``(n,)`` energy fractions of Haar draws on
+        the whole split from which the fixed-``n`` Monte-Carlo p-value is computed.
+    control_moments, control_fractions
+        The row's control distribution (``control_mean``, ``control_sd``, ``z``): exact moments
+        (:func:`control_energy_moments`), or the moments of ``(n_c,)`` drawn fractions
+        (default: ``null_fractions``).
+    paper_fractions, n_paper_controls
+        ``p_value_paper`` is the Monte-Carlo p against the first ``n_paper_controls`` of
+        ``paper_fractions`` (default: ``control_fractions``).
     observed_fraction
         ``E(U)`` evaluated like the draws (``tr(UᵀMU)/tr M``); defaults to ``Σp/Σt``.
     group_ids
@@ -216,10 +291,36 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
 
     See the module docstring for what every interval and test conditions on.
     """
+    p, t, e, null = _checked_inputs(proxy_energy, total_energy, reference_energy, null_fractions, exact, rank, dim,
+                                    alternative, ci_level, n_bootstrap, ci_method, reference)
+    units = _resampling_units(p, t, e, group_ids)
+    draws = null if control_fractions is None else np.asarray(control_fractions, dtype=np.float64).ravel()
+    control = control_moments if control_moments is not None else ControlMoments.of_draws(draws)
+    paper = draws if paper_fractions is None else np.asarray(paper_fractions, dtype=np.float64).ravel()
+    fraction = units.proxy.sum() / units.total.sum()
+    observed = fraction if observed_fraction is None else float(observed_fraction)
+    if exact is None:
+        exact = ExactTestResult(monte_carlo_pvalue(observed, null, alternative), int(null.size))
+    p_paper = (monte_carlo_pvalue(observed, paper[:n_paper_controls], alternative)
+               if n_paper_controls and paper.size else np.nan)
+    contribution = units.proxy - units.reference
+    sign_flip = sign_flip_test(contribution, n_permutations, seed, alternative)
+    weights = bootstrap_weights(units.n, n_bootstrap, seed)
+    ci_f, ci_r = _ratio_intervals(units, weights, ci_level, ci_method)
+    rows = _metric_rows(units, control, exact, float(p_paper), ci_f, ci_r, weights, contribution, sign_flip,
+                        rank, dim, oracle_fraction, reference, control_kind, group_ids is not None, ci_level,
+                        draws.size if control.source != "closed form" else 0)
+    return EnergyAnalysis(tuple(rows), float(exact.p_value), float(p_paper), sign_flip, int(exact.n_draws),
+                          int(draws.size), int(p.size), units.n, int(rank), int(dim), int(n_bootstrap),
+                          float(ci_level), alternative, int(seed), exact.note)
+
+
+def _checked_inputs(proxy_energy, total_energy, reference_energy, null_fractions, exact, rank, dim, alternative,
+                    ci_level, n_bootstrap, ci_method, reference):
+    """Validate :func:`analyze_energy`'s inputs once (the core never re-checks them)."""
     p = as_1d_float(proxy_energy, "proxy_energy")
     t = as_1d_float(total_energy, "total_energy")
     e = as_1d_float(reference_energy, "reference_energy")
-    null = np.asarray(null_fractions, dtype=np.float64).ravel()
     s = p.size
     if t.size != s or e.size != s:
         raise ValueError(f"proxy, total and reference energies must have the same shape (S,); got "
@@ -230,8 +331,9 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
         raise ValueError("energies must be non-negative")
     if not t.sum() > 0:
         raise ValueError("total_energy sums to zero")
-    if null.size < 1 or not np.isfinite(null).all():
-        raise ValueError("null_fractions must be a non-empty array of finite values")
+    null = np.empty(0) if null_fractions is None else np.asarray(null_fractions, dtype=np.float64).ravel()
+    if exact is None and (null.size < 1 or not np.isfinite(null).all()):
+        raise ValueError("null_fractions must be a non-empty array of finite values (or give `exact`)")
     check_positive_int(rank, "rank")
     check_positive_int(dim, "dim")
     check_alternative(alternative)
@@ -241,109 +343,124 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
         raise ValueError(f"ci_method must be 'bca', 'percentile' or 'studentized', got {ci_method!r}")
     if reference not in ("expected", "drawn"):
         raise ValueError(f"reference must be 'expected' or 'drawn', got {reference!r}")
-    controls = null if control_fractions is None else np.asarray(control_fractions, dtype=np.float64).ravel()
+    return p, t, e, null
 
-    # ---- resampling units: documents (sums per document) or sequences ---------------
-    units, n_units = cluster_sums(np.stack([p, t, e], axis=1), group_ids)
-    up, ut, ue = units.T
-    unit_name = "documents" if group_ids is not None else "sequences"
+
+def _resampling_units(p, t, e, group_ids) -> _Units:
+    """Documents (sums per document) or sequences: sums are additive, so a ratio of sums is
+    unchanged by the grouping."""
+    sums, n_units = cluster_sums(np.stack([p, t, e], axis=1), group_ids)
+    name = "documents" if group_ids is not None else "sequences"
     if n_units < 2:
-        raise ValueError(f"need at least 2 resampling units, got {n_units} {unit_name}")
+        raise ValueError(f"need at least 2 resampling units, got {n_units} {name}")
+    return _Units(*sums.T, name)
 
-    # ---- point estimates and the exact test -----------------------------------------
-    fraction = up.sum() / ut.sum()
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = up.sum() / ue.sum()
-    observed = fraction if observed_fraction is None else float(observed_fraction)
-    p_exact = monte_carlo_pvalue(observed, null, alternative)
-    p_paper = (monte_carlo_pvalue(observed, controls[:n_paper_controls], alternative)
-               if n_paper_controls else np.nan)
-    control_mean, control_sd = _mean_sd(controls)
-    reference_fraction = ue.sum() / ut.sum()
-    with np.errstate(invalid="ignore", divide="ignore"):
-        z = (fraction - control_mean) / control_sd if control_sd > 0 else np.nan
-        control_ratio = controls / reference_fraction
-        control_z = (controls - control_mean) / control_sd
 
-    # ---- per-unit contributions: sign flip and Hedges' g ------------------------------
-    contribution = up - ue
-    sign_flip = sign_flip_test(contribution, n_permutations, seed, alternative)
-    ones = np.ones((1, n_units))
-    g = float(_hedges_g(ones, contribution)[0]) if n_units > 2 else np.nan
-
-    # ---- bootstrap over units -----------------------------------------------------------
-    weights = bootstrap_weights(n_units, n_bootstrap, seed)
-    jackknife = 1.0 - np.eye(n_units)
-    intervals = {}
-    for name, numerator, denominator, estimate in (("fraction", up, ut, fraction), ("ratio", up, ue, ratio)):
+def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[BootstrapResult, BootstrapResult]:
+    """Bootstrap CIs of the energy fraction Σp/Σt and the energy ratio Σp/Σe over the units."""
+    ones = np.ones((1, units.n))
+    jackknife = 1.0 - np.eye(units.n)
+    out = []
+    for numerator, denominator in ((units.proxy, units.total), (units.proxy, units.reference)):
         with np.errstate(invalid="ignore", divide="ignore"):
+            estimate = numerator.sum() / denominator.sum()
             replicates = (weights @ numerator) / (weights @ denominator)
             jack = (jackknife @ numerator) / (jackknife @ denominator)
         extra = {}
         if ci_method == "studentized":
             extra = dict(se=float(ratio_se(ones, numerator, denominator)[0]),
                          replicate_se=ratio_se(weights, numerator, denominator))
-        intervals[name] = ci_from_replicates(estimate, replicates, jack, ci_level, ci_method, **extra)
-    g_interval = ci_from_replicates(g, _hedges_g(weights, contribution), _hedges_g(jackknife, contribution),
-                                    ci_level, "bca") if n_units > 3 else BootstrapResult(
-        g, np.nan, np.nan, "none", "too few resampling units for a CI of g", np.nan, 0, ci_level)
+        out.append(ci_from_replicates(estimate, replicates, jack, ci_level, ci_method, **extra))
+    return out[0], out[1]
 
-    # ---- assemble -----------------------------------------------------------------------
-    units_note = f"{n_units} {unit_name} resampled"
-    if group_ids is not None and n_units < 20:
+
+def _metric_rows(units: _Units, control: ControlMoments, exact: ExactTestResult, p_paper: float,
+                 ci_f: BootstrapResult, ci_r: BootstrapResult, weights, contribution, sign_flip, rank, dim,
+                 oracle_fraction, reference, control_kind, by_document, ci_level, n_drawn) -> list[MetricResult]:
+    """The six metric rows; every ``se`` on its own row's scale (delta method for transforms)."""
+    fraction, ratio = ci_f.estimate, ci_r.estimate
+    mean, sd = control.mean, control.sd
+    reference_fraction = units.reference.sum() / units.total.sum()
+    units_note = f"{units.n} {units.name} resampled"
+    if by_document and units.n < 20:
         units_note += " (few documents: CIs may undercover)"
     kind_note = (f"expected {control_kind}-control energy (closed form)" if reference == "expected"
-                 else f"mean of the {controls.size} drawn {control_kind} controls (conditional on the draw)")
-    ci_f, ci_r = intervals["fraction"], intervals["ratio"]
+                 else f"mean of the {n_drawn} drawn {control_kind} controls (conditional on the draw)")
+    moments_note = f"control mean and sd: {control.source}"
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = (fraction - mean) / sd if sd > 0 else np.nan
 
-    def row(metric, estimate, control_values, lo, hi, ci: BootstrapResult, note, p_value=p_exact,
-            p_test=EXACT_TEST, paper=p_paper, effect=z, effect_kind="z"):
-        mean, sd = _mean_sd(np.asarray(control_values, dtype=np.float64))
-        return MetricResult(metric, float(estimate), mean, sd, float(lo), float(hi), ci.method,
-                            _join(note, units_note, ci.note), float(p_value), p_test, float(paper),
-                            float(effect), effect_kind, ci.se)
+    def row(metric, estimate, control_mean, control_sd, lo, hi, ci, note, se):
+        # every energy row shares the exact test and carries z as its effect size
+        return MetricResult(metric, float(estimate), float(control_mean), float(control_sd), float(lo), float(hi),
+                            ci.method, _join(note, units_note, ci.note, exact.note), float(exact.p_value),
+                            EXACT_TEST, float(p_paper), float(z), "z", float(se))
 
     with np.errstate(invalid="ignore", divide="ignore"):
-        log2_ratio = float(np.log2(ratio)) if ratio > 0 else np.nan
+        ratio_mean, ratio_sd = mean / reference_fraction, sd / reference_fraction
+        log2 = float(np.log2(ratio)) if ratio > 0 else np.nan
         log2_lo = float(np.log2(ci_r.ci_low)) if ci_r.ci_low > 0 else np.nan
         log2_hi = float(np.log2(ci_r.ci_high)) if ci_r.ci_high > 0 else np.nan
-        z_lo, z_hi = ((ci_f.ci_low - control_mean) / control_sd, (ci_f.ci_high - control_mean) / control_sd)
+        # the controls' log2 ratio by the delta method (second order for the mean)
+        log2_mean = np.log2(ratio_mean) - ratio_sd**2 / (2.0 * ratio_mean**2 * np.log(2.0))
+        log2_sd = ratio_sd / (ratio_mean * np.log(2.0))
+        z_scale = 1.0 / sd if sd > 0 else np.nan
     rows = [
-        row("energy_fraction", fraction, controls, ci_f.ci_low, ci_f.ci_high, ci_f,
-            "CI of E[Σ‖Uᵀg‖²]/E[Σ‖g‖²] for this proxy"),
-        row("energy_ratio", ratio, control_ratio, ci_r.ci_low, ci_r.ci_high, ci_r,
+        row("energy_fraction", fraction, mean, sd, ci_f.ci_low, ci_f.ci_high, ci_f,
+            f"CI of E[Σ‖Uᵀg‖²]/E[Σ‖g‖²] for this proxy; {moments_note}", ci_f.se),
+        row("energy_ratio", ratio, ratio_mean, ratio_sd, ci_r.ci_low, ci_r.ci_high, ci_r,
             f"ratio to the {kind_note}; its CI is over data for this proxy, not a test against "
-            "random subspaces (that is p_value)"),
-        row("log2_energy_ratio", log2_ratio, np.log2(control_ratio), log2_lo, log2_hi, ci_r,
-            "CI = log2 of the ratio CI"),
-        row("z", z, control_z, z_lo, z_hi, ci_f,
-            f"z against the {controls.size} {control_kind} draws; CI maps the fraction CI with the "
-            "draws' mean and sd held fixed"),
-        MetricResult("hedges_g", g, np.nan, np.nan, g_interval.ci_low, g_interval.ci_high, g_interval.method,
-                     _join(f"standardized mean of per-unit contributions Σp − Σe ({kind_note})", units_note,
-                           g_interval.note),
-                     float(sign_flip.p_value), SIGN_FLIP_TEST, np.nan, g, "hedges_g", g_interval.se),
+            f"random subspaces (that is p_value); {moments_note}", ci_r.se),
+        row("log2_energy_ratio", log2, log2_mean, log2_sd, log2_lo, log2_hi, ci_r,
+            "CI = log2 of the ratio CI; se by the delta method; control mean and sd by the delta method",
+            ci_r.se / (ratio * np.log(2.0)) if ratio > 0 else np.nan),
+        row("z", (fraction - mean) * z_scale, 0.0 if sd > 0 else np.nan, 1.0 if sd > 0 else np.nan,
+            (ci_f.ci_low - mean) * z_scale, (ci_f.ci_high - mean) * z_scale, ci_f,
+            f"z against the {control_kind} controls' mean and sd ({control.source}); CI maps the fraction CI with "
+            "them held fixed", ci_f.se * z_scale),
+        _hedges_row(units, weights, contribution, sign_flip, ci_level, kind_note, units_note),
     ]
-    base = rank / dim
-    if oracle_fraction is None or not np.isfinite(oracle_fraction):
-        rows.append(MetricResult("anisotropy_capture", np.nan, np.nan, np.nan, np.nan, np.nan, "none",
-                                 "no oracle fraction given", float(p_exact), EXACT_TEST, float(p_paper),
-                                 float(z), "z"))
-    elif not oracle_fraction > base:
-        rows.append(MetricResult("anisotropy_capture", np.nan, np.nan, np.nan, np.nan, np.nan, "none",
-                                 f"oracle fraction {oracle_fraction:.4g} <= k/d; capture undefined",
-                                 float(p_exact), EXACT_TEST, float(p_paper), float(z), "z"))
+    rows.append(_capture_row(row, fraction, mean, sd, ci_f, rank, dim, oracle_fraction, exact, p_paper, z))
+    return rows
+
+
+def _hedges_row(units: _Units, weights, contribution, sign_flip, ci_level, kind_note, units_note) -> MetricResult:
+    """Hedges' g of the per-unit contributions Σp − Σe, with a BCa CI and the sign-flip test."""
+    ones = np.ones((1, units.n))
+    g = float(_hedges_g(ones, contribution)[0]) if units.n > 2 else np.nan
+    if units.n > 3:
+        jackknife = 1.0 - np.eye(units.n)
+        interval = ci_from_replicates(g, _hedges_g(weights, contribution), _hedges_g(jackknife, contribution),
+                                      ci_level, "bca")
     else:
-        def capture(x):
-            return anisotropy_capture(x, rank, dim, oracle_fraction)
-        low_bound = capture(0.0)
-        lo = float(np.clip(capture(ci_f.ci_low), low_bound, 1.0))
-        hi = float(np.clip(capture(ci_f.ci_high), low_bound, 1.0))
-        rows.append(row("anisotropy_capture", capture(fraction), capture(controls), lo, hi, ci_f,
-                        "CI = affine map of the fraction CI with the oracle held fixed, clipped to [capture(0), 1]"))
-    return EnergyAnalysis(tuple(rows), float(p_exact), float(p_paper), sign_flip, int(null.size),
-                          int(controls.size), int(s), int(n_units), int(rank), int(dim), int(n_bootstrap),
-                          float(ci_level), alternative, int(seed))
+        interval = BootstrapResult(g, np.nan, np.nan, "none", "too few resampling units for a CI of g", np.nan, 0,
+                                   ci_level)
+    return MetricResult("hedges_g", g, np.nan, np.nan, interval.ci_low, interval.ci_high, interval.method,
+                        _join(f"standardized mean of per-unit contributions Σp − Σe ({kind_note})", units_note,
+                              interval.note),
+                        float(sign_flip.p_value), SIGN_FLIP_TEST, np.nan, g, "hedges_g", interval.se)
+
+
+def _capture_row(row, fraction, mean, sd, ci_f, rank, dim, oracle_fraction, exact, p_paper, z) -> MetricResult:
+    """Anisotropy capture ``(E − k/d)/(E*_k − k/d)``: an affine map of the fraction (and its CI,
+    clipped to the metric's range ``[capture(0), 1]``), the oracle held fixed."""
+    base = rank / dim
+    if oracle_fraction is None or not np.isfinite(oracle_fraction) or not oracle_fraction > base:
+        why = ("no oracle fraction given" if oracle_fraction is None or not np.isfinite(oracle_fraction)
+               else f"oracle fraction {oracle_fraction:.4g} <= k/d; capture undefined")
+        return MetricResult("anisotropy_capture", np.nan, np.nan, np.nan, np.nan, np.nan, "none", why,
+                            float(exact.p_value), EXACT_TEST, float(p_paper), float(z), "z")
+    span = oracle_fraction - base
+
+    def capture(x):
+        return anisotropy_capture(x, rank, dim, oracle_fraction)
+
+    low_bound = capture(0.0)
+    lo = float(np.clip(capture(ci_f.ci_low), low_bound, 1.0))
+    hi = float(np.clip(capture(ci_f.ci_high), low_bound, 1.0))
+    return row("anisotropy_capture", capture(fraction), capture(mean), sd / span, lo, hi, ci_f,
+               "CI = affine map of the fraction CI with the oracle held fixed, clipped to [capture(0), 1]",
+               ci_f.se / span)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,209 @@
+"""Analysis: collection artifacts → the tidy results table (and the frequency table).
+
+Pure functions over `UnitArtifact`s (no model is touched), so changing alpha, the number of
+bootstrap resamples or the multiplicity method re-runs only this stage.
+
+One row per unit × rank × proxy × control kind × metric (columns in `RESULT_COLUMNS`):
+
+* energy metrics from `anistat.stats.analyze_energy` — `energy_fraction`, `energy_ratio`,
+  `log2_energy_ratio`, `z`, `anisotropy_capture` share the exact Monte-Carlo test of the
+  proxy against Haar subspaces drawn from the unit's gradient second moment (`p_test`
+  `haar_monte_carlo`, exact under "the proxy is a uniformly random subspace"; the paper's
+  test against the row's own control kind is `p_value_paper`, not exact for `normal`);
+  `hedges_g` carries the sign-flip test of per-unit contributions (documents, else sequences);
+* `delta_isoscore_star` (per basis, from the gradient covariance) with its own exact Haar test;
+* `oracle_fraction` per unit and rank (proxy `oracle`, control `none`, no test), from the
+  eigenvalues of the unit's gradient second moment (the decomposition the exact test needs);
+* descriptive metrics per unit (proxy and control `none`): IsoScore, IsoScore*, participation
+  ratio, effective rank and mean cosine of the gradients (`gradient_*`) and of the activations
+  (`activation_*`).
+
+Multiplicity: each distinct test enters the family once — the exact energy test of a (unit,
+proxy, rank), shared by every control kind, its ΔIsoScore* test, and one sign-flip test per
+control kind — and the metrics sharing a test share its adjusted p-value. The family is the
+whole run or one model (protocol `stats.family`; `claim` families are formed per claim by
+`anistat.claims`). The number of Haar draws is chosen so that the Monte-Carlo floor can pass
+the largest family's corrected threshold (`NullSettings`).
+
+Modules: `nulls` (the exact tests of every unit from Haar draws shared by all units of a width,
+with sequential stopping), `units` (one unit's rows), `frequency` (frequency.csv).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..collect import UnitArtifact
+from ..protocol import Protocol
+from ..seeding import derive_seed
+from ..stats import EXACT_TEST, adjust_pvalues, min_controls_needed, resolution_warning
+from .frequency import FREQUENCY_COLUMNS, frequency_rows
+from .nulls import ExactNulls, NullOptions, exact_tests
+from .units import (ENERGY_METRICS, PreparedUnit, descriptive_rows, failed_rows, prepare_unit, proxy_groups,
+                    rows_of_unit)
+
+__all__ = [
+    "DESCRIPTIVE_METRICS", "ENERGY_METRICS", "FREQUENCY_COLUMNS", "RESULT_COLUMNS", "NullSettings", "adjust",
+    "analyze_units", "descriptive_rows", "frequency_rows", "multiplicity_warning", "null_settings", "planned_tests",
+    "run_exact_tests", "test_families", "unit_rows",
+]
+
+RESULT_COLUMNS = [
+    "model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim", "proxy", "control",
+    "metric", "estimate", "control_mean", "control_sd", "ci_low", "ci_high", "ci_method", "p_value",
+    "p_adjusted", "p_test", "p_value_paper", "effect_size", "effect_size_kind", "se", "n_controls",
+    "n_sequences", "n_clusters", "n_tokens", "status", "note",
+]
+DESCRIPTIVE_METRICS = ("isoscore", "isoscore_star", "participation_ratio", "effective_rank", "mean_cosine")
+
+
+@dataclass(frozen=True)
+class NullSettings:
+    """Monte-Carlo sizes used for every unit of one analysis (recorded in results and manifest).
+
+    ``n_null_draws``: the most Haar draws an exact test uses; ``stop_after``: its sequential
+    stopping rule (a test stops once this many draws reach its observed value; 0: never);
+    ``n_permutations``: sign vectors of the sign-flip test; ``n_tests``: the largest
+    multiplicity family they were sized for."""
+
+    n_null_draws: int
+    n_permutations: int
+    n_tests: int
+    stop_after: int = 0
+
+
+def planned_tests(artifacts: list[UnitArtifact], protocol: Protocol) -> int:
+    """Size of the largest multiplicity family: per unit and (proxy, rank), the exact energy test
+    and the exact ΔIsoScore* test, plus the sign-flip tests (one for the closed-form kinds
+    together, one per projected kind)."""
+    per_model: dict[str, int] = {}
+    for artifact in artifacts:
+        groups = set(proxy_groups(artifact))
+        kinds = set(protocol.controls.kinds)
+        projected = kinds & set(protocol.projected_control_kinds)
+        sign_flips = len(projected) + (1 if kinds - projected else 0)
+        per_model[artifact.key.model] = per_model.get(artifact.key.model, 0) + len(groups) * (2 + sign_flips)
+    if not per_model:
+        return 1
+    return max(per_model.values()) if protocol.stats.family == "model" else sum(per_model.values())
+
+
+def null_settings(artifacts: list[UnitArtifact], protocol: Protocol) -> NullSettings:
+    """How many Haar draws and sign vectors: enough that the Monte-Carlo floor 1/(n+1) can pass
+    the corrected threshold of the largest family (`stats.n_null_draws: auto`), so the floor
+    never decides a result; an explicit `n_null_draws` is used as given."""
+    stats = protocol.stats
+    n_tests = planned_tests(artifacts, protocol)
+    needed = min_controls_needed(stats.alpha, n_tests, stats.multiplicity)
+    draws = max(9999, needed) if stats.n_null_draws == "auto" else int(stats.n_null_draws)
+    return NullSettings(n_null_draws=draws, n_permutations=max(stats.n_permutations, needed), n_tests=n_tests,
+                        stop_after=stats.null_stop_exceedances)
+
+
+def run_exact_tests(prepared: list[PreparedUnit], protocol: Protocol, settings: NullSettings,
+                    device: str | torch.device = "cpu") -> ExactNulls:
+    """Every prepared unit's exact tests from one stream of Haar draws per width (seeded by the
+    protocol seed and the width, so a unit's null never depends on the other units)."""
+    stats = protocol.stats
+    record = protocol.controls.n if "haar" in protocol.controls.kinds else 0
+    options = NullOptions(n_max=settings.n_null_draws, stop_after=settings.stop_after,
+                          alternative=stats.alternative, c0=stats.isoscore_c0, zeta=stats.isoscore_zeta,
+                          n_record=record, device=device)
+    return exact_tests([unit.spectrum for unit in prepared], options,
+                       lambda dim: derive_seed(protocol.seed, "haar-null", dim))
+
+
+def unit_rows(artifact: UnitArtifact, protocol: Protocol, settings: NullSettings | None = None,
+              nulls: ExactNulls | None = None) -> tuple[list[dict], list[str]]:
+    """All rows of one unit, plus its warnings (before multiplicity adjustment). Without `nulls`
+    the unit's exact tests run on their own (the same draws as in a run: the stream depends on the
+    protocol seed and the width only)."""
+    if artifact.status != "ok":
+        return failed_rows(artifact, protocol), []
+    settings = settings or null_settings([artifact], protocol)
+    prepared = prepare_unit(artifact, protocol)
+    nulls = nulls or run_exact_tests([prepared], protocol, settings)
+    return rows_of_unit(prepared, nulls, protocol, settings)
+
+
+def test_families(results: pd.DataFrame, protocol: Protocol) -> list[pd.DataFrame]:
+    """The multiplicity families: each distinct test once, grouped by the protocol's `stats.family`
+    (the whole run, or one model; `claim` families are formed by `anistat.claims`, and
+    results.csv then adjusts over the run). Shared by the adjustment and the resolution guard."""
+    tests = results.dropna(subset=["p_value"]).drop_duplicates("_test")
+    if protocol.stats.family in ("run", "claim"):
+        return [tests]
+    return [group for _, group in tests.groupby("model", sort=False)]
+
+
+def adjust(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
+    """p_adjusted: each distinct test once per family (see module docstring)."""
+    stats = protocol.stats
+    results["p_adjusted"] = np.nan
+    if stats.multiplicity == "none":
+        results["p_adjusted"] = results["p_value"]
+        return results
+    adjusted: dict[tuple, float] = {}
+    for family in test_families(results, protocol):
+        values = adjust_pvalues(family["p_value"].to_numpy(dtype=float), stats.multiplicity)
+        adjusted.update(zip(family["_test"], values))
+    results["p_adjusted"] = [adjusted.get(test, np.nan) if isinstance(test, tuple) else np.nan
+                             for test in results["_test"]]
+    return results
+
+
+def multiplicity_warning(results: pd.DataFrame, protocol: Protocol, nulls: NullSettings) -> str | None:
+    """The resolution guard: can the exact Monte-Carlo tests reach the corrected threshold of the
+    largest family (wording right for each correction, see `anistat.stats.resolution_warning`)?"""
+    stats = protocol.stats
+    has_test = any(isinstance(t, tuple) and t[-1] == EXACT_TEST for t in results["_test"].dropna())
+    if not has_test:
+        return None
+    n_tests = max(len(family) for family in test_families(results, protocol))
+    return resolution_warning(nulls.n_null_draws, stats.alpha, n_tests, stats.multiplicity,
+                              what="Haar null draws")
+
+
+def analyze_units(artifacts: list[UnitArtifact], protocol: Protocol,
+                  device: str | torch.device = "cpu") -> pd.DataFrame:
+    """The tidy results table (sorted, typed, deterministic) for a list of units.
+
+    `results.attrs["warnings"]` lists run warnings; `results.attrs["null_settings"]` the
+    Monte-Carlo sizes used (`NullSettings`) and the draws each width's stream made."""
+    settings = null_settings(artifacts, protocol)
+    prepared = {a.key.id: prepare_unit(a, protocol) for a in artifacts if a.status == "ok"}
+    nulls = run_exact_tests(list(prepared.values()), protocol, settings, device)
+    rows: list[dict] = []
+    notes: list[str] = []
+    for artifact in artifacts:
+        if artifact.status != "ok":
+            rows.extend(failed_rows(artifact, protocol))
+            continue
+        unit_rows_, unit_notes = rows_of_unit(prepared[artifact.key.id], nulls, protocol, settings)
+        rows.extend(unit_rows_)
+        notes.extend(unit_notes)
+    results = _typed(pd.DataFrame(rows), protocol)
+    guard = multiplicity_warning(results, protocol, settings)
+    results = results[RESULT_COLUMNS].copy().reset_index(drop=True)
+    results.attrs["warnings"] = ([guard] if guard else []) + notes
+    # plain data: attrs travel into parquet metadata
+    results.attrs["null_settings"] = {**asdict(settings),
+                                      "draws_made": {str(d): n for d, n in nulls.draws_made.items()}}
+    return results
+
+
+def _typed(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
+    for column in RESULT_COLUMNS + ["_test"]:
+        if column not in results:
+            results[column] = np.nan
+    results = adjust(results, protocol)
+    for column in ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_clusters", "n_tokens"):
+        results[column] = pd.array(results[column], dtype="Int64")
+    for column in ("ci_method", "note", "status", "p_test", "effect_size_kind"):
+        # object first: a column that is all NaN (every unit failed) is float64
+        results[column] = results[column].astype(object).fillna("").astype(str)
+    return results

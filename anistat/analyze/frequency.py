@@ -1,0 +1,205 @@
+"""The frequency table: per-frequency-bucket energy ratios and the log-frequency vs
+centroid-distance correlations (``frequency.csv``; columns in :data:`FREQUENCY_COLUMNS`)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from ..collect import UnitArtifact
+from ..geometry import ResampledCentroidDistance, ResampledTypeMeans, log_frequency_correlation, masked_correlations
+from ..protocol import Protocol
+from ..seeding import derive_seed
+from ..stats import analyze_energy, expected_control_energy, sequence_bootstrap_columns
+from .units import join_notes, proxy_groups, unit_columns
+
+FREQUENCY_COLUMNS = [
+    "model", "objective", "checkpoint", "step", "phase", "layer", "site", "dim", "n_sequences", "n_tokens", "proxy",
+    "rank", "control", "bucket", "metric", "estimate", "ci_low", "ci_high", "ci_method", "p_value", "note",
+]
+
+
+def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarray], protocol: Protocol) -> pd.DataFrame:
+    """Per-frequency-bucket energy ratios and the log-frequency vs centroid-distance correlation.
+
+    Bucket b holds the token types of the b-th quantile of corpus counts (0 = rarest). The
+    ratio in a bucket is the proxy's energy over the expected control energy of the tokens in
+    that bucket (closed form, or the drawn controls' mean for projected kinds); its CI is the
+    same document / sequence bootstrap as the overall ratio, and its p-value the sign-flip test
+    of per-unit contributions (the exact Haar test would need per-bucket second moments).
+
+    Correlation: over token types seen at least twice in the test split (those with per-type
+    statistics: past `data.type_statistics_memory_mb` the collector keeps the most frequent,
+    and the rows' note says how many), Spearman and Pearson
+    correlation of log corpus count with the type's Bessel-corrected RMS distance to its
+    activation centroid, sqrt(Σ_i ‖a_i − c_t‖² / (n_t − 1)) — a root-mean-square form is
+    computable from streamed sums (Σa, Σ‖a‖², count per type), so no activation matrix is kept,
+    and the n − 1 divisor keeps a type's count from biasing it. Its CI is a sequence bootstrap
+    (see `_correlation_rows`); the p-value is scipy's, over types. Two more definitions of a
+    type's "distance" sit beside it, each named: `*_logfreq_mean_distance` (the type's mean
+    activation from the global mean) and `*_logfreq_mean_norm` (the norm of that mean), see
+    `geometry.type_mean_geometry`. For MLM, positions whose input is [MASK] or a random
+    replacement are left out of every type statistic.
+    """
+    stats = protocol.stats
+    rows = []
+    for artifact in artifacts:
+        if artifact.status != "ok":
+            continue
+        base = unit_columns(artifact)
+        documents = artifact.sequence_documents if stats.resampling_unit == "document" else None
+        if documents is not None and len(np.unique(documents)) < 2:
+            documents = None
+        projected = set(protocol.projected_control_kinds)
+        # the energy fraction of Haar subspaces is k/d in expectation: a placeholder null (the
+        # per-bucket rows report the ratio's CI and the sign-flip test, not the Haar test,
+        # which needs per-bucket second moments)
+        for bucket in range(artifact.total_energy.shape[1]):
+            total = artifact.total_energy[:, bucket]
+            if not total.sum() > 0:
+                continue
+            energy = artifact.energy[:, bucket]
+            for proxy, rank in proxy_groups(artifact):
+                proxy_energy = energy[:, artifact.columns_for(proxy, rank, "proxy")[0]]
+                for control in protocol.controls.kinds:
+                    if control in projected:
+                        reference = energy[:, artifact.columns_for(proxy, rank, control)].mean(axis=1)
+                    else:
+                        reference = expected_control_energy(control, proxy_energy, total, rank, artifact.dim)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        analysis = analyze_energy(
+                            proxy_energy, total, reference, rank=rank, dim=artifact.dim,
+                            null_fractions=np.array([rank / artifact.dim]), group_ids=documents,
+                            reference="drawn" if control in projected else "expected", control_kind=control,
+                            n_bootstrap=stats.n_bootstrap, ci_level=stats.ci_level, ci_method="percentile",
+                            n_permutations=stats.n_permutations, alternative=stats.alternative,
+                            seed=derive_seed(protocol.seed, artifact.key.id, proxy, rank, control, bucket, "frequency"),
+                        )
+                    ratio = analysis["energy_ratio"]
+                    rows.append({**base, "proxy": proxy, "rank": rank, "control": control, "bucket": str(bucket),
+                                 "metric": "energy_ratio", "estimate": ratio.estimate, "ci_low": ratio.ci_low,
+                                 "ci_high": ratio.ci_high, "ci_method": ratio.ci_method,
+                                 "p_value": analysis.sign_flip.p_value,
+                                 "note": join_notes(ratio.note, "p: sign-flip test of per-unit contributions")})
+        counts = token_counts.get(artifact.key.model)
+        if counts is not None:
+            rows.extend({**base, "proxy": "none", "rank": None, "control": "none", "bucket": "all", **row}
+                        for row in _correlation_rows(artifact, counts, protocol))
+    frame = pd.DataFrame(rows, columns=FREQUENCY_COLUMNS)
+    if not frame.empty:
+        frame["rank"] = pd.array(frame["rank"], dtype="Int64")
+        frame["step"] = pd.array(frame["step"], dtype="Int64")
+    return frame
+
+
+def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protocol: Protocol) -> list[dict]:
+    """`spearman_logfreq_distance` and `pearson_logfreq_distance` of one unit, with CIs.
+
+    Types: seen at least twice in the test split (and kept by the collector's type budget, most
+    frequent first) and at least once in the corpus. The CI
+    resamples test sequences (the sampling unit): every resample recomputes each type's
+    centroid and RMS distance from the per-(sequence, type) sums (`ResampledCentroidDistance`),
+    drops types that cannot pair (see `ResampledCentroidDistance`), and recomputes both
+    correlations; log corpus counts are fixed.
+
+    Interval: the *basic* bootstrap interval (the percentile interval reflected about the
+    estimate), or percentile when the protocol asks for percentile. Why not BCa or studentized:
+    every type's distance is a ratio estimated from the few sequences holding the type, so the
+    correlation's bootstrap distribution sits off-centre (often 1–2.5 SE on real models), which
+    is the estimate's own bias mirrored; BCa would then need quantiles beyond its resamples,
+    and there is no standard error per resample for a studentized interval. In the calibration
+    of `benchmarks/bench_frequency.py` the basic interval covers best at 30–100 sequences (see
+    `benchmarks/README.md`). Endpoints are clipped to [−1, 1]."""
+    vocab = artifact.type_count.shape[0]
+    counts = np.zeros(vocab)
+    counts[: min(vocab, corpus_counts.shape[0])] = corpus_counts[:vocab]
+    present = (artifact.type_count >= 2) & np.isfinite(artifact.type_rms_distance) & (counts > 0)
+    kept_note = artifact.extra.get("type_statistics_note", "")
+    if present.sum() < 3:
+        if not kept_note:
+            return []
+        # the budget, not the data, left too few types: say so rather than drop the rows silently
+        return [{"metric": metric, "estimate": math.nan, "p_value": math.nan, "ci_low": math.nan,
+                 "ci_high": math.nan, "ci_method": "none",
+                 "note": f"{int(present.sum())} token types with per-type statistics, too few for a correlation; "
+                         f"{kept_note}"}
+                for metric in ("spearman_logfreq_distance", "pearson_logfreq_distance")]
+    types = np.flatnonzero(present)
+    correlation = log_frequency_correlation(counts[types], artifact.type_rms_distance[types])
+    estimates = (("spearman_logfreq_distance", correlation.spearman_rho, correlation.spearman_p),
+                 ("pearson_logfreq_distance", correlation.pearson_r, correlation.pearson_p))
+    stats = protocol.stats
+    intervals = [None, None]
+    note = artifact.pair_note
+    if artifact.pair_sums is not None:
+        distance = ResampledCentroidDistance(artifact.pair_sums, types)
+        log_count = np.log(counts[types])
+        method = "percentile" if stats.ci_method == "percentile" else "basic"
+        intervals = sequence_bootstrap_columns(
+            lambda weights: np.column_stack(masked_correlations(log_count, distance(weights))),
+            artifact.pair_sums.n_sequences, n_resamples=stats.n_bootstrap, ci_level=stats.ci_level, method=method,
+            seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_distance"),
+        )
+    rows = []
+    spread = "distance = RMS spread of the type's activations around its own centroid"
+    for (metric, value, p_value), interval in zip(estimates, intervals):
+        parts = [f"{correlation.n_types} token types", spread, note if interval is None else interval.note, kept_note]
+        if interval is not None and interval.bias_in_se is not None and abs(interval.bias_in_se) > 1:
+            # a rank correlation over types, each estimated from few sequences, is not a smooth
+            # function of the sequences: say so when its resamples are visibly off-centre
+            parts.append(f"bootstrap mean {interval.bias_in_se:+.1f} SE from the estimate")
+        rows.append({"metric": metric, "estimate": float(value), "p_value": float(p_value),
+                     "ci_low": math.nan if interval is None else max(-1.0, interval.ci_low),
+                     "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),
+                     "ci_method": "none" if interval is None else interval.method,
+                     "note": "; ".join(part for part in parts if part)})
+    rows.extend(_mean_geometry_rows(artifact, counts, types, protocol))
+    return rows
+
+
+def _mean_geometry_rows(artifact: UnitArtifact, counts: np.ndarray, types: np.ndarray,
+                        protocol: Protocol) -> list[dict]:
+    """The other two frequency definitions (geometry.type_mean_geometry) over the same types:
+    `*_logfreq_mean_distance` (distance of the type's centroid from the global mean) and
+    `*_logfreq_mean_norm` (norm of the type's centroid), both debiased for the centroid's
+    sampling noise; scipy's p-value over types, and the same sequence bootstrap and interval
+    as `_correlation_rows` (every resample recomputes centroids and global mean,
+    `ResampledTypeMeans`)."""
+    if artifact.type_mean_distance is None or artifact.type_mean_norm is None:
+        return []  # a unit from an anistat without these statistics
+    definitions = (("mean_distance", artifact.type_mean_distance, "distance of the type's mean activation from the "
+                    "global mean (debiased)"),
+                   ("mean_norm", artifact.type_mean_norm, "norm of the type's mean activation (debiased)"))
+    stats = protocol.stats
+    intervals: list = [None] * 4
+    if artifact.pair_sums is not None:
+        means = ResampledTypeMeans(artifact.pair_sums, types)
+        log_count = np.log(counts[types])
+
+        def statistic(weights):
+            distance, norm = means(weights)
+            return np.column_stack(masked_correlations(log_count, distance) + masked_correlations(log_count, norm))
+
+        intervals = sequence_bootstrap_columns(
+            statistic, artifact.pair_sums.n_sequences, n_resamples=stats.n_bootstrap, ci_level=stats.ci_level,
+            method="percentile" if stats.ci_method == "percentile" else "basic",
+            seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_mean_geometry"))
+    rows = []
+    for index, (name, values, meaning) in enumerate(definitions):
+        correlation = log_frequency_correlation(counts[types], values[types])
+        for offset, (kind, value, p_value) in enumerate((("spearman", correlation.spearman_rho, correlation.spearman_p),
+                                                        ("pearson", correlation.pearson_r, correlation.pearson_p))):
+            interval = intervals[2 * index + offset]
+            parts = [f"{correlation.n_types} token types", meaning,
+                     artifact.pair_note if interval is None else interval.note,
+                     artifact.extra.get("type_statistics_note", "")]
+            rows.append({"metric": f"{kind}_logfreq_{name}", "estimate": float(value), "p_value": float(p_value),
+                         "ci_low": math.nan if interval is None else max(-1.0, interval.ci_low),
+                         "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),
+                         "ci_method": "none" if interval is None else interval.method,
+                         "note": "; ".join(part for part in parts if part)})
+    return rows
