@@ -64,6 +64,21 @@ def edit_a_number(bundle: Path) -> None:
     (bundle / "results.csv").write_text("\n".join(lines) + "\n")
 
 
+def test_verify_prints_the_evidence_and_json_for_scripts(bundle, capsys):
+    code, out, err = cli(capsys, "verify", bundle)
+    assert code == 0 and err == ""
+    assert "claim dec-early: PASS — " in out and "  95 % interval [" in out and "decided by: interval" in out
+    assert "  p = " in out and "H0: ln pooled energy_ratio = ln 1" in out
+    code, out, err = cli(capsys, "verify", bundle, "--json")
+    document = json.loads(out)
+    assert code == 0 and err == "" and document["ok"] and document["integrity"]["ok"]
+    assert document["integrity"]["files_checked"] == len(json.loads((bundle / "manifest.json").read_text())["files"])
+    # the same records as claims.json
+    assert document["claims"] == json.loads((bundle / "claims.json").read_text())
+    code, out, err = cli(capsys, "verify", bundle, "--json", "--against", bundle)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--json" in err
+
+
 def test_report_refuses_edited_data_and_changes_nothing(bundle, capsys):
     assert cli(capsys, "verify", bundle)[0] == 0
     edit_a_number(bundle)
