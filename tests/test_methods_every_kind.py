@@ -176,3 +176,26 @@ def test_quickstart_figure_captions_match_the_golden_file():
     assert "studentized bootstrap intervals, resampling 38–41 documents per unit" in text
     assert "the first 30 % of the checkpoints, on which the proxies were fitted" in text
     matches_golden("quickstart_captions.txt", text)
+
+
+def test_a_real_refit_run_of_random_proxies_reports_what_it_did(tmp_path, capsys):
+    """A real `anistat run` of the null-check design in miniature (random proxies drawn anew per
+    checkpoint): the methods never say "fitted … then frozen", the figures find the
+    `random@refit` rows, and the null check states its verdict."""
+    from conftest import MINI_PROTOCOL
+
+    from anistat.cli import main
+
+    protocol = tmp_path / "null.yaml"
+    protocol.write_text(MINI_PROTOCOL.replace("proxies: {methods: [pca], ranks: [2, 4], max_fit_tokens: 400, "
+                                              "concept_card_tokens: 3}",
+                                              "proxies: {methods: [random], ranks: [2, 4], refit: per_checkpoint}"))
+    assert "refit: per_checkpoint" in protocol.read_text()
+    assert main(["run", str(protocol), "--out", str(tmp_path / "bundle"), "--quiet"]) == 0, capsys.readouterr().err
+    html = (tmp_path / "bundle" / "report.html").read_text(encoding="utf-8")
+    methods_html = html[html.index('id="methods"'):]
+    assert "anew at every checkpoint (labelled random@refit)" in methods_html and "then frozen" not in methods_html
+    for skipped in ("no energy_ratio rows", "no log2_energy_ratio", "no energy_fraction rows",
+                    "no delta_isoscore_star rows"):
+        assert skipped not in html, skipped
+    assert "Null check (uninformative random proxy" in html and "uniformity on the p-values" in html
