@@ -119,8 +119,8 @@ class IntegrityProblem:
                 "added": "not in the manifest (added after the run)", "escapes": "path escapes the bundle",
                 "no digests": "the manifest records no file digests"}[self.kind]
         if self.accepted_at:
-            text += (f"; these edited data were re-rendered with `anistat report --allow-edited-data` at "
-                     f"{self.accepted_at}")
+            text += (f"; {'the data' if self.kind == 'no digests' else 'these edited data'} were re-rendered with "
+                     f"`anistat report --allow-edited-data` at {self.accepted_at}")
         return text if self.kind == "no digests" else f"{self.name}: {text}"
 
 
@@ -130,11 +130,15 @@ def integrity_problems(bundle: Path, manifest: Mapping[str, Any]) -> list[Integr
     record, and edits that `anistat report --allow-edited-data` accepted (still reported:
     accepting an edit never makes the data match the run again)."""
     recorded = manifest.get("files")
+    recorded_edits = manifest.get("edited_data")
+    edits = [e for e in recorded_edits if isinstance(e, Mapping)] if isinstance(recorded_edits, list) else []
+    # a bundle re-rendered without digests stays unverified, whatever digests it was given then
+    unverified = [IntegrityProblem("manifest.json", "no digests", accepted_at=str(e.get("accepted_at", "")))
+                  for e in edits if e.get("change") == "no digests"][:1]
     if not isinstance(recorded, Mapping) or not recorded:
-        return [IntegrityProblem("manifest.json", "no digests")]
-    accepted = {(e.get("file"), e.get("sha256")): str(e.get("accepted_at", ""))
-                for e in manifest.get("edited_data") or [] if isinstance(e, Mapping)}
-    problems = []
+        return unverified or [IntegrityProblem("manifest.json", "no digests")]
+    accepted = {(e.get("file"), e.get("sha256")): str(e.get("accepted_at", "")) for e in edits}
+    problems = list(unverified)
     root = bundle.resolve()
     for name, digest in sorted(recorded.items()):
         path = (bundle / name).resolve()
@@ -659,9 +663,18 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
                            and isinstance(u.get("seconds"), (int, float))),
         failed_units=int(manifest.get("failed_units") or 0),
     )
-    warnings = list(manifest.get("warnings") or [])
-    for edit in manifest.get("edited_data") or []:
-        if isinstance(edit, Mapping):  # written by `anistat report --allow-edited-data`
+    recorded_warnings = manifest.get("warnings")
+    warnings = (list(recorded_warnings) if isinstance(recorded_warnings, list)
+                else [str(recorded_warnings)] if recorded_warnings else [])
+    edits = manifest.get("edited_data") if isinstance(manifest.get("edited_data"), list) else []
+    for edit in edits:
+        if not isinstance(edit, Mapping):
+            continue
+        if edit.get("change") == "no digests":  # written by `anistat report --allow-edited-data`
+            warnings.append(f"the manifest recorded no file digests, so this bundle's data could not be checked "
+                            f"against the run; this report was re-rendered with `anistat report "
+                            f"--allow-edited-data` at {edit.get('accepted_at')}")
+        else:
             warnings.append(f"{edit.get('file')} was {'removed' if edit.get('change') == 'missing' else 'edited'} "
                             f"after the run (its sha256 differs from the one the run recorded); this report was "
                             f"re-rendered from the edited data with `anistat report --allow-edited-data` at "

@@ -91,7 +91,7 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
     now = utc_now()
     new_manifest = dict(contents.manifest)
     if edits:  # allowed: the report must say it was rendered from data edited after the run
-        new_manifest["edited_data"] = list(new_manifest.get("edited_data") or []) + [
+        new_manifest["edited_data"] = _records(new_manifest.get("edited_data")) + [
             {"file": p.name, "change": p.kind, "recorded_sha256": (manifest.get("files") or {}).get(p.name),
              "sha256": p.sha256 or None, "accepted_at": now} for p in edits]
     log(f"re-rendering {bundle}: {len(contents.results)} result rows → figures, report.html, tables.tex, report.tex"
@@ -123,13 +123,18 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
         shutil.rmtree(staging, ignore_errors=True)
     log(f"  rendered ({time.perf_counter() - started:.1f}s)")
     new_manifest["rerendered_at"] = now
-    new_manifest["rerenders"] = list(new_manifest.get("rerenders") or []) + [{
+    new_manifest["rerenders"] = _records(new_manifest.get("rerenders")) + [{
         "at": now, "rendered": sorted(p.name for p in written),
         "kept_from_an_earlier_rendering": kept,
         **({"edited_data": [p.name for p in edits]} if edits else {})}]
     new_manifest["files"] = _digests_after(bundle, manifest)
     write_json(bundle / "manifest.json", new_manifest)
     return written
+
+
+def _records(value) -> list:
+    """A manifest list this module appends to (anything else — a hand-edited value — starts anew)."""
+    return list(value) if isinstance(value, list) else []
 
 
 def _with_manifest(contents, manifest: dict):

@@ -108,6 +108,18 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
     assert "by TrainingMeter in the user's own PyTorch loop" in text
     assert "early phase (the first 30 % of the measured steps): step1" in text
     matches_golden("meter_methods.txt", text)
+    # the captions speak of measured steps and of the loop's fit steps too
+    from anistat.report.figures import FIGURES
+    from anistat.report.render import figure_context
+
+    ctx = ReportContext(inputs=contents.report_inputs(), options=FAST)
+    captions = {name: function(ctx.full if full else ctx.main, figure_context(ctx))
+                for name, function, full in FIGURES}
+    trajectory = captions["energy_ratio_trajectory"].caption
+    assert "over measured training steps" in trajectory
+    assert "the first 30 % of the measured steps; the proxies were fitted on training steps 0, 1" in trajectory
+    assert "resampling 8 sequences per unit" in trajectory
+    assert "at the last measured step of each training phase" in captions["forest_effects"].caption
 
 
 def test_trainer_callback_methods_text_describes_the_trainer_run(tmp_path):

@@ -151,3 +151,16 @@ def test_no_pdf_keeps_an_existing_report_pdf(bundle, capsys):
     assert "report.pdf" not in manifest["rerenders"][-1]["rendered"]
     code, out, _ = cli(capsys, "verify", bundle)
     assert code == 0 and "integrity: all" in out
+
+
+def test_a_bundle_without_digests_is_refused_and_stays_unverified(bundle, capsys):
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    del manifest["files"]
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = cli(capsys, "report", bundle, "--no-pdf")
+    assert code == 2 and "the manifest records no file digests" in err
+    assert cli(capsys, "report", bundle, "--no-pdf", "--allow-edited-data", "-q")[0] == 0
+    assert "no file digests" in (bundle / "report.html").read_text()
+    # the re-render wrote digests, but they are not the run's: verify never says all files match
+    code, out, _ = cli(capsys, "verify", bundle)
+    assert code == 1 and "the manifest records no file digests" in out and "files match" not in out

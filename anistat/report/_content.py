@@ -151,6 +151,11 @@ class ReportContext:
         """Rows of the results table as written (results.csv), frequency rows not included."""
         return len(self.inputs.results)
 
+    @property
+    def unit_noun(self) -> str:
+        """What one of the run's time points is: a checkpoint, or a measured step of a training loop."""
+        return "measured step" if self.run.measured_in_loop else "checkpoint"
+
     def phase_rule(self) -> str:
         """What `phase` early means in this run, in words (captions and methods agree)."""
         run, share = self.run, f"{self.run.fit_window * 100:g} %"

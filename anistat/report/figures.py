@@ -318,7 +318,7 @@ def fig_null_distribution(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec |
                "is drawn as a normal density with the recorded control mean and SD "
                "(an approximation for display only; p-values use the actual draws).")
     cap = (f"Energy captured by random control subspaces versus the proxy (vertical line) at the "
-           f"last checkpoint of each model ({ckpts}). {how}")
+           f"last {ctx.get('unit_noun', 'checkpoint')} of each model ({ckpts}). {how}")
     return FigureSpec("null_distribution", "Control energies and the proxy", cap + note, fig)
 
 
@@ -376,14 +376,15 @@ def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
     for ph in phases:
         mk, face = PHASE_MARKERS.get(ph, ("D", None))
         handles.append(Line2D([], [], color="0.25", marker=mk, ls="none", ms=5.5,
-                              markerfacecolor=face or "0.25", label=f"{ph or 'all'} (last checkpoint)"))
+                              markerfacecolor=face or "0.25",
+                              label=f"{ph or 'all'} (last {ctx.get('unit_noun', 'checkpoint')})"))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), frameon=False)
     n_leg_rows = math.ceil(len(handles) / 4)
     fig.tight_layout(rect=(0, min(0.4, (0.3 * n_leg_rows + 0.15) / fig.get_figheight()), 1, 1))
     null = "0 (R = 1)" if metric != "energy_ratio" else "1"
     bars = interval_phrase(data, ctx["ci_text"]) or "no interval (these rows carry none)"
     cap = (f"Forest plot of {metric_label(metric)} with {bars}, "
-           f"per model, layer and rank, at the last checkpoint of each training phase (open "
+           f"per model, layer and rank, at the last {ctx.get('unit_noun', 'checkpoint')} of each training phase (open "
            f"circles: early, filled squares: late), for each control kind. The dashed line marks "
            f"no effect ({null}).")
     return FigureSpec("forest_effects", "Effect sizes across models, layers and ranks",
@@ -456,7 +457,7 @@ def fig_proxy_oracle_controls(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSp
     _fig_legend(fig, handles)
     _finish(fig)
     whiskers = interval_phrase(ef, ctx["ci_text"])
-    cap = ("Share of true-gradient energy captured at the last checkpoint of each model, per "
+    cap = (f"Share of true-gradient energy captured at the last {ctx.get('unit_noun', 'checkpoint')} of each model, per "
            "rank: the proxy E(U) (" + (f"with its {whiskers}" if whiskers else "no interval recorded")
            + "), the oracle E*\u2096 (top-k "
            "eigenvalues of G\u1d40G over its trace, the ceiling for any rank-k subspace), and the "
@@ -509,7 +510,7 @@ def fig_delta_isoscore(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | st
     _finish(fig)
     whiskers = interval_phrase(data, ctx["ci_text"])
     cap = ("\u0394IsoScore*: IsoScore* of the gradients restricted to the complement of a "
-           "subspace minus IsoScore* of all gradients, at the last checkpoint of each model. "
+           f"subspace minus IsoScore* of all gradients, at the last {ctx.get('unit_noun', 'checkpoint')} of each model. "
            "Positive values: removing the subspace makes the gradient cloud more isotropic. "
            + (f"Proxy with its {whiskers}" if whiskers else "Proxy as a point (its rows carry no interval)")
            + "; controls as mean \u00b1 1 SD over draws.")
@@ -558,12 +559,12 @@ def fig_frequency_buckets(df_all: pd.DataFrame, ctx: dict[str, Any]) -> FigureSp
         ax.set_ylabel(metric_label(base))
     handles = [Line2D([], [], color=pcol.get(ph, "0.3"), marker=PHASE_MARKERS.get(ph, ("D",))[0],
                       markerfacecolor=PHASE_MARKERS.get(ph, ("D", None))[1] or pcol.get(ph, "0.3"),
-                      label=f"{ph or 'all'} (last checkpoint)") for ph in phases]
+                      label=f"{ph or 'all'} (last {ctx.get('unit_noun', 'checkpoint')})") for ph in phases]
     _fig_legend(fig, handles)
     _finish(fig)
     label = metric_label(base)
     cap = (f"{label[:1].upper() + label[1:]} (control: {ctrl}) per token-frequency bucket, "
-           f"in the producer's bucket order, at the last checkpoint of each phase; "
+           f"in the producer's bucket order, at the last {ctx.get('unit_noun', 'checkpoint')} of each phase; "
            + (interval_phrase(data, ctx["ci_text"], ctx.get("unit_hint", "")) or "no intervals recorded") + ".")
     return FigureSpec("frequency_buckets", "Token-frequency buckets", cap + note, fig)
 

@@ -156,7 +156,7 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
 
     body = _body(ctx, d, group, row_keys, transposed, row_cells)
     what = ("per checkpoint" if ctx.options.table_checkpoints == "all"
-            else "at the last checkpoint of each training phase")
+            else f"at the last {ctx.unit_noun} of each training phase")
     mt = metric_tex(metric)
     cap = [mt[:1].upper() + mt[1:] if mt[:1].isalpha() else mt, f" of the {tex(ctx.proxy)} proxy {what}"]
     if has_control and not transposed:
@@ -325,7 +325,7 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
 
     body = _body(ctx, d, group, row_keys, False, row_cells)
     what = ("per checkpoint" if ctx.options.table_checkpoints == "all"
-            else "at the last checkpoint of each training phase")
+            else f"at the last {ctx.unit_noun} of each training phase")
     mt = metric_tex(metric)
     cap = [mt[:1].upper() + mt[1:] if mt[:1].isalpha() else mt,
            f" of the {tex(ctx.proxy)} proxy {what}. It does not depend on the control kind, so it is "
@@ -392,7 +392,7 @@ def _headline_tex(ctx: ReportContext) -> str:
                              + (r" {\footnotesize " + _ci_tex(ci) + "}" if ci else ""))
         rows.append(parts)
     caption = (r"Headline energy ratios $R$ of the " + tex(ctx.proxy) + " proxy against "
-               + tex(ctx.control) + " controls at the last checkpoint of each phase, with "
+               + tex(ctx.control) + f" controls at the last {ctx.unit_noun} of each phase, with "
                + tex(ctx.ci_text) + " CIs. " + tex(ctx.legend_text()) + ".")
     return booktabs_table("ll" + "r" * ncols, [head], rows, caption=caption)
 

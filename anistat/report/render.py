@@ -22,6 +22,7 @@ def figure_context(ctx: ReportContext) -> dict:
             "ci_text": ctx.ci_text, "calibration": inputs.calibration,
             "control_draws": inputs.control_draws, "null_checks": inputs.null_checks,
             "step_word": "measured training steps" if ctx.run.measured_in_loop else "training steps",
+            "unit_noun": ctx.unit_noun,
             "phase_rule": ctx.phase_rule(), "unit_hint": ctx.unit_hint()}
 
 
