@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat val
 
     from .protocol import Protocol
     from .report import ReportInputs, ReportOptions
-    from .report.inputs import NullCheckSummary
+    from .report.inputs import LoopDescription, NullCheckSummary
 
 
 
@@ -84,6 +84,77 @@ def file_digests(directory: Path) -> dict[str, str]:
         if path.is_file() and path.name != "manifest.json":
             digests[path.relative_to(directory).as_posix()] = sha256_file(path)
     return digests
+
+
+#: What `anistat report` renders (and replaces); everything else in a bundle is data it reads.
+RENDERED_FILES = ("report.html", "tables.tex", "report.tex", "report.pdf")
+RENDERED_DIRS = ("figures",)
+#: The data files anistat reads back from a bundle (an unrecorded one is an addition, not noise).
+DATA_FILES = ("results.csv", "results.parquet", "frequency.csv", "claims.json", "concept_cards.json")
+
+
+def is_rendered(name: str) -> bool:
+    """A bundle file that `anistat report` re-renders (report.html, figures/…, …)."""
+    return name in RENDERED_FILES or name.split("/", 1)[0] in RENDERED_DIRS
+
+
+@dataclass(frozen=True)
+class IntegrityProblem:
+    """One way a bundle differs from its manifest: ``kind`` is ``modified``, ``missing``,
+    ``added`` (a data file the manifest does not record), ``escapes`` (a recorded name outside
+    the bundle) or ``no digests``; ``sha256`` the file's digest now (modified/added), and
+    ``accepted_at`` when `anistat report --allow-edited-data` recorded this very edit."""
+
+    name: str
+    kind: str
+    sha256: str = ""
+    accepted_at: str = ""
+
+    @property
+    def rendered(self) -> bool:
+        return is_rendered(self.name)
+
+    def __str__(self) -> str:
+        text = {"modified": "modified (sha256 differs from the manifest)", "missing": "missing",
+                "added": "not in the manifest (added after the run)", "escapes": "path escapes the bundle",
+                "no digests": "the manifest records no file digests"}[self.kind]
+        if self.accepted_at:
+            text += (f"; {'the data' if self.kind == 'no digests' else 'these edited data'} were re-rendered with "
+                     f"`anistat report --allow-edited-data` at {self.accepted_at}")
+        return text if self.kind == "no digests" else f"{self.name}: {text}"
+
+
+def integrity_problems(bundle: Path, manifest: Mapping[str, Any]) -> list[IntegrityProblem]:
+    """Every file of the bundle against the sha256 recorded in its manifest (module docstring):
+    recorded files modified or missing, data files anistat reads that the manifest does not
+    record, and edits that `anistat report --allow-edited-data` accepted (still reported:
+    accepting an edit never makes the data match the run again)."""
+    recorded = manifest.get("files")
+    recorded_edits = manifest.get("edited_data")
+    edits = [e for e in recorded_edits if isinstance(e, Mapping)] if isinstance(recorded_edits, list) else []
+    # a bundle re-rendered without digests stays unverified, whatever digests it was given then
+    unverified = [IntegrityProblem("manifest.json", "no digests", accepted_at=str(e.get("accepted_at", "")))
+                  for e in edits if e.get("change") == "no digests"][:1]
+    if not isinstance(recorded, Mapping) or not recorded:
+        return unverified or [IntegrityProblem("manifest.json", "no digests")]
+    accepted = {(e.get("file"), e.get("sha256")): str(e.get("accepted_at", "")) for e in edits}
+    problems = list(unverified)
+    root = bundle.resolve()
+    for name, digest in sorted(recorded.items()):
+        path = (bundle / name).resolve()
+        if root not in path.parents:
+            problems.append(IntegrityProblem(name, "escapes"))
+        elif not path.is_file():
+            problems.append(IntegrityProblem(name, "missing", accepted_at=accepted.get((name, None), "")))
+        else:
+            now = sha256_file(path)
+            if now != digest:
+                problems.append(IntegrityProblem(name, "modified", now, accepted.get((name, now), "")))
+    for name in DATA_FILES:
+        if name not in recorded and (bundle / name).is_file():
+            now = sha256_file(bundle / name)
+            problems.append(IntegrityProblem(name, "added", now, accepted.get((name, now), "")))
+    return problems
 
 
 def check_destination(out: Path) -> None:
@@ -532,32 +603,30 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
     import pandas as pd
 
     from .protocol import fit_window_size
-    from .report import (
-        ClaimOutcome,
-        ConceptCard,
-        ModelDescription,
-        ReportInputs,
-        RunDescription,
-        RunRecord,
-        evidence_items,
-    )
+    from .report import ConceptCard, ModelDescription, ReportInputs, RunDescription, RunRecord
+    from .report.inputs import claim_outcome
 
+    corpus_info = manifest.get("corpus") if isinstance(manifest.get("corpus"), Mapping) else {}
+    models_info = manifest.get("models") if isinstance(manifest.get("models"), Mapping) else {}
     models = []
     for m in protocol.models:
         checkpoints = _checkpoints(m)
         kind = MODEL_KIND[m.source]
         if isinstance(kind, dict):
             kind = kind[m.architecture]
+        info = models_info.get(m.name) if isinstance(models_info.get(m.name), Mapping) else {}
+        loop = _loop_description(info, corpus_info) if m.source == "external" else None
+        if loop is not None:
+            checkpoints = tuple(f"step{s}" for s in loop.measured_steps)
         n_early = fit_window_size(len(checkpoints), protocol.proxies.fit_window) if checkpoints else 0
         models.append(ModelDescription(
             name=m.name, source=m.source, kind=kind, objective=m.resolved_objective or "",
-            checkpoints=checkpoints, early_checkpoints=checkpoints[:n_early], settings=()))
+            checkpoints=checkpoints, early_checkpoints=checkpoints[:n_early], settings=(), loop=loop))
     sites = protocol.sites
     site_selection = (", ".join(sites.names) if sites.names else
                       f"{sites.kind if isinstance(sites.kind, str) else ', '.join(sites.kind)} at layers "
                       f"{sites.layers if isinstance(sites.layers, str) else ', '.join(map(str, sites.layers))}")
     corpus = CORPUS_TEXT[protocol.data.source]
-    corpus_info = manifest.get("corpus") if isinstance(manifest.get("corpus"), Mapping) else {}
     if corpus_info.get("documents"):
         corpus += f", {corpus_info['documents']} documents"
     null_settings = manifest.get("null_settings") if isinstance(manifest.get("null_settings"), Mapping) else {}
@@ -580,6 +649,7 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
         n_null_draws=_int_or_none(null_settings.get("n_null_draws")),
         n_permutations_used=_int_or_none(null_settings.get("n_permutations")),
         null_draws_auto=protocol.stats.n_null_draws == "auto",
+        proxy_refit=protocol.proxies.refit,
     )
     versions = manifest.get("versions") if isinstance(manifest.get("versions"), Mapping) else {}
     units = manifest.get("units") if isinstance(manifest.get("units"), list) else []
@@ -593,10 +663,23 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
                            and isinstance(u.get("seconds"), (int, float))),
         failed_units=int(manifest.get("failed_units") or 0),
     )
-    warnings = manifest.get("warnings") or []
-    outcomes = tuple(ClaimOutcome(id=str(c.get("id", "")), statement=str(c.get("statement", "")),
-                                  passed=bool(c.get("passed")), evidence=evidence_items(c.get("evidence")))
-                     for c in claims)
+    recorded_warnings = manifest.get("warnings")
+    warnings = (list(recorded_warnings) if isinstance(recorded_warnings, list)
+                else [str(recorded_warnings)] if recorded_warnings else [])
+    edits = manifest.get("edited_data") if isinstance(manifest.get("edited_data"), list) else []
+    for edit in edits:
+        if not isinstance(edit, Mapping):
+            continue
+        if edit.get("change") == "no digests":  # written by `anistat report --allow-edited-data`
+            warnings.append(f"the manifest recorded no file digests, so this bundle's data could not be checked "
+                            f"against the run; this report was re-rendered with `anistat report "
+                            f"--allow-edited-data` at {edit.get('accepted_at')}")
+        else:
+            warnings.append(f"{edit.get('file')} was {'removed' if edit.get('change') == 'missing' else 'edited'} "
+                            f"after the run (its sha256 differs from the one the run recorded); this report was "
+                            f"re-rendered from the edited data with `anistat report --allow-edited-data` at "
+                            f"{edit.get('accepted_at')}, and `anistat verify` reports the difference")
+    outcomes = tuple(claim_outcome(c) for c in claims)
     cards = tuple(ConceptCard(
         model=str(c.get("model", "")), checkpoint=str(c.get("checkpoint", "") or ""),
         layer="" if c.get("layer") is None else str(c.get("layer")), site=str(c.get("site", "") or ""),
@@ -606,13 +689,46 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
     return ReportInputs(results=results, run=run, record=record,
                         frequency=frequency if frequency is not None else pd.DataFrame(),
                         warnings=tuple(str(w) for w in warnings), claims=outcomes, concept_cards=cards,
-                        null_checks=null_check_summaries(results, protocol.stats.alpha))
+                        null_checks=null_check_summaries(results, protocol.stats.alpha, protocol.controls.n))
 
 
-def null_check_summaries(results: "pd.DataFrame", alpha: float) -> tuple["NullCheckSummary", ...]:
+def _loop_description(info: Mapping[str, Any], corpus: Mapping[str, Any]) -> "LoopDescription | None":
+    """What the manifest records about a model measured in its own training loop (written by
+    `anistat.callbacks.TrainingMeter.close`); None when the manifest does not say (a bundle
+    whose manifest lacks the loop's record is described from its protocol)."""
+    from .report import LoopDescription
+
+    if not isinstance(info.get("measured_steps"), list):
+        return None
+    train = info.get("training") if isinstance(info.get("training"), Mapping) else {}
+    described = {"steps": "{} optimiser steps", "batch_size": "effective batch {}", "learning_rate": "learning rate {}",
+                 "weight_decay": "weight decay {}", "warmup_steps": "{} warm-up steps"}
+    training = ", ".join(text.format(f"{train[key]:g}" if isinstance(train[key], float) else train[key])
+                         for key, text in described.items() if key in train)
+    driver = {"AnistatCallback": "AnistatCallback in a transformers Trainer run",
+              "TrainingMeter": "TrainingMeter in the user's own PyTorch loop"}.get(
+        str(info.get("driver")), "the user's own training loop")
+
+    def count(value: Any) -> int | None:
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return LoopDescription(
+        driver=driver, training=training,
+        fit_steps=tuple(int(s) for s in info.get("fit_steps") or ()),
+        measured_steps=tuple(int(s) for s in info.get("measured_steps") or ()),
+        window=count(info.get("window")) or 1,
+        fit_sequences=count(corpus.get("fit_sequences")), measured_sequences=count(corpus.get("measured_sequences")),
+        sequence_length=count(corpus.get("sequence_length")), token_counts=str(corpus.get("token_counts") or ""))
+
+
+def null_check_summaries(results: "pd.DataFrame", alpha: float,
+                         n_paper_controls: int | None = None) -> tuple["NullCheckSummary", ...]:
     """The run's own null check: with an uninformative (``random``) proxy every null is true, so
-    the exact test's p-values (one per unit × rank, from the ``energy_fraction`` rows) must be
-    uniform; the paper's normal-control p-values are checked beside them."""
+    the exact test's p-values (one per unit × rank, from the ``energy_fraction`` rows) must
+    follow its null law — uniform on the grid of its ``n_controls`` Haar draws; the paper's
+    normal-control p-values (on the grid of the protocol's ``n_paper_controls`` controls) are
+    checked beside them. Proxies are recognised by label: ``random`` and its variants
+    (``random@refit``)."""
     from .report.inputs import NullCheckSummary
     from .stats import p_value_uniformity
 
@@ -625,17 +741,20 @@ def null_check_summaries(results: "pd.DataFrame", alpha: float) -> tuple["NullCh
     exact = rows[rows["p_test"] == "haar_monte_carlo"]
     if not exact.empty:
         first_kind = exact["control"].iloc[0]
-        checks.append(("exact", exact.loc[exact["control"] == first_kind, "p_value"]))
+        exact = exact[exact["control"] == first_kind]
+        draws = (exact["n_controls"].dropna().astype(int).unique() if "n_controls" in exact else [])
+        checks.append(("exact", exact["p_value"], int(draws[0]) if len(draws) == 1 else None))
     if "p_value_paper" in rows.columns:
-        checks.append(("paper", rows.loc[rows["control"] == "normal", "p_value_paper"]))
+        checks.append(("paper", rows.loc[rows["control"] == "normal", "p_value_paper"], n_paper_controls))
     out = []
-    for test, values in checks:
+    for test, values, n_draws in checks:
         values = values.astype(float).dropna()
         if values.empty:
             continue
-        check = p_value_uniformity(values.to_numpy(), alpha)
+        check = p_value_uniformity(values.to_numpy(), alpha, n_draws=n_draws)
         out.append(NullCheckSummary(test, tuple(float(v) for v in values), check.alpha, check.rejection_rate,
-                                    check.rate_ci[0], check.rate_ci[1], check.ks_p_value, check.calibrated))
+                                    check.rate_ci[0], check.rate_ci[1], check.expected_rate, check.grid,
+                                    check.binomial_p, check.uniformity_p, check.level, check.verdict))
     return tuple(out)
 
 

@@ -162,6 +162,9 @@ class TrainingMeter:
             facts["num_layers"] = num_layers
         if training:
             facts["train"] = {**training, "checkpoints": self.measure_steps}
+        self.training = dict(training or {})
+        # who measures: the report's methods text names it (AnistatCallback sets its own name)
+        self.driver = "TrainingMeter"
         self.protocol = _external_protocol(protocol, name, objective, overrides, facts)
         self.name = self.protocol.models[0].name
         self.out = Path(out)
@@ -491,7 +494,7 @@ class TrainingMeter:
                               "measure_steps": self.measure_steps, "measured_steps": measured,
                               "unreached_steps": sorted(set(self.measure_steps) - set(measured)),
                               "dropped_steps": self.dropped_steps, "window": self.window,
-                              "data": data_note}}
+                              "driver": self.driver, "training": self.training, "data": data_note}}
         counts = {self.name: self.token_counts} if self.token_counts is not None else None
         corpus = {"name": "training batches", "sha256": None, "documents": None, "note": data_note,
                   "sequence_length": self._seen_length, "fit_sequences": self._fit_sequences,
@@ -554,6 +557,7 @@ class AnistatCallback(_trainer_callback_base()):
                         "warmup_steps": int(args.get_warmup_steps(max_steps))}
         self.meter = TrainingMeter(model, max_steps=max_steps, first_step=int(state.global_step or 0),
                                    training=training, **self._args)
+        self.meter.driver = "AnistatCallback"
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.meter is not None:

@@ -9,15 +9,24 @@ requires the adjusted p-value to be below `alpha` (adjusted over the run or mode
 * `any`  — at least one must;
 * `meta` — a random-effects meta-analysis of the selected estimates (`anistat.stats.meta`;
   settings in the claim's `meta`): REML between-unit variance and the Hartung–Knapp–Sidik–
-  Jonkman interval by default. Each row's SE is its `se` column where the results carry one,
-  else recovered from its CI at the run's own `stats.ci_level`
-  (se = (ci_high − ci_low) / (2 z_{(1+level)/2})). Rows that share data are not independent
-  studies: by default one summary per cluster (`meta.cluster`, default the model) is pooled
-  (`dependence: aggregate`), or all rows with a cluster-robust CR2 variance (`robust`); only
-  `independent` pools rows as if they were separate studies. The pooled estimate must satisfy
-  the comparison and, if `alpha` is set, its (1 − alpha) interval must lie entirely on the
-  claimed side of the threshold. The evidence says what was pooled and how dependence was
-  handled.
+  Jonkman interval with the Knapp–Hartung safeguard (scale factor max(1, s)) by default. Each
+  row's SE is its `se` column where the results carry one, else recovered from its CI at the
+  run's own `stats.ci_level` (se = (ci_high − ci_low) / (2 z_{(1+level)/2})). Ratio metrics
+  (`energy_ratio`) are pooled on the log scale (ln R; the threshold becomes ln threshold) and
+  reported back as ratios. Rows that share data are not independent studies: by default one
+  summary per cluster (`meta.cluster`, default the model) is pooled (`dependence: aggregate`),
+  or all rows with a cluster-robust CR2 variance (`robust`); only `independent` pools rows as if
+  they were separate studies. With `alpha` the pooled (1 − alpha) interval decides: it must lie
+  entirely on the claimed side of the threshold, which is exactly "the p-value against the
+  threshold is below alpha" (`p_value` in the record; two-sided, TOST for `between`). Without
+  `alpha` only the pooled point estimate is compared — the record says so (`decided_by`).
+
+What decides (`decided_by`): the `interval` (a `ci_low`/`ci_high` column, or a meta claim's
+pooled interval), the `test` (each row's `p_adjusted` < alpha, its estimate on the claimed side),
+or the `point estimate` alone. Shipped protocols state every "more than" / "less than" claim on
+an interval or a test (tests/test_claims_decision.py checks them). Each record carries the `rule` in
+words, the `interval` shown beside the verdict, the `p_value` with what it tests, and on a FAIL
+the criteria that failed (`failed`).
 
 A claim that selects no row is never a pass: it is reported with status `error`. Failed units
 (status `failed`) among the selected rows make an `all` claim fail.
@@ -75,18 +84,6 @@ def _compare(value: float, claim: ClaimSpec) -> bool:
     return bool(COMPARISONS[claim.compare](value, claim.threshold))
 
 
-def _row_passes(row: pd.Series, claim: ClaimSpec) -> bool:
-    if row.get("status", "ok") != "ok":
-        return False
-    if not _compare(float(row[claim.column]), claim):
-        return False
-    if claim.alpha is not None:
-        p_adjusted = row.get("p_adjusted")
-        if p_adjusted is None or not np.isfinite(p_adjusted) or not p_adjusted < claim.alpha:
-            return False
-    return True
-
-
 def _evidence_row(row: pd.Series) -> dict[str, Any]:
     keys = ("model", "checkpoint", "phase", "layer", "site", "rank", "proxy", "control", "estimate", "ci_low",
             "ci_high", "effect_size", "control_mean", "p_value", "p_adjusted", "status")
@@ -105,71 +102,271 @@ def _evidence_row(row: pd.Series) -> dict[str, Any]:
     return out
 
 
-def _describe(claim: ClaimSpec) -> str:
-    threshold = f"[{claim.threshold[0]}, {claim.threshold[1]}]" if claim.compare == "between" else f"{claim.threshold}"
-    where = ", ".join(f"{k}={v}" for k, v in claim.where.items())
-    significance = f" and p_adjusted < {claim.alpha}" if claim.alpha is not None else ""
+#: Metrics that are ratios: `aggregate: meta` pools them on the log scale (ln R, SE = se/R by the
+#: delta method, or the CI's width on the log scale) and compares ln(threshold); the pooled
+#: estimate and interval are reported back on the ratio scale.
+RATIO_METRICS = frozenset({"energy_ratio"})
+#: What each value of `p_test` tests (the row's p-value that `alpha` thresholds in all/any claims).
+P_TEST_NULLS = {
+    "haar_monte_carlo": "exact Haar Monte-Carlo test of 'the proxy is no better than a uniformly random subspace'",
+    "sign_flip": "sign-flip test of 'the per-unit contributions are symmetric about 0'",
+}
+
+
+def _threshold_text(claim: ClaimSpec) -> str:
+    return (f"[{claim.threshold[0]:g}, {claim.threshold[1]:g}]" if claim.compare == "between"
+            else f"{claim.threshold:g}")
+
+
+def _side_text(claim: ClaimSpec) -> str:
+    """How an interval must sit for the claim: "above 1", "inside [0, 1]" …"""
+    return {">": "above", ">=": "at or above", "<": "below", "<=": "at or below",
+            "between": "inside"}[claim.compare] + f" {_threshold_text(claim)}"
+
+
+def decided_by(claim: ClaimSpec) -> str:
+    """What decides the claim: ``interval`` (a CI bound, or the pooled interval), ``test`` (each
+    row's adjusted p-value, with its estimate on the claimed side) or ``point estimate`` (nothing
+    that carries the data's uncertainty — a claim that says more than its data)."""
+    if claim.aggregate == "meta":
+        return "interval" if claim.alpha is not None else "point estimate"
+    if claim.column in ("ci_low", "ci_high"):
+        return "interval" if claim.alpha is None else "interval and test"
+    return "test" if claim.alpha is not None else "point estimate"
+
+
+def _describe(claim: ClaimSpec, ci_level: float = 0.95) -> str:
+    """The claim's rule in words: what is compared and what decides."""
+    where = ", ".join(f"{k}={v}" for k, v in claim.where.items()) or "any row"
     value = claim.metric if claim.column == "estimate" else f"{claim.metric}.{claim.column}"
-    return f"{claim.aggregate}({value} {claim.compare} {threshold}{significance}) where {where or 'any row'}"
+    rule = f"{claim.compare} {_threshold_text(claim)}"
+    if claim.aggregate == "meta":
+        scale = " (pooled on the log scale)" if claim.metric in RATIO_METRICS else ""
+        head = f"meta: pooled {claim.metric}{scale} {rule}"
+        if claim.alpha is None:
+            return (f"{head}, decided by the pooled point estimate alone (no alpha: no interval decides) "
+                    f"where {where}")
+        return (f"{head}: the pooled {(1 - claim.alpha) * 100:g} % interval lies entirely {_side_text(claim)} "
+                f"(equivalently: p against the threshold < {claim.alpha:g}) where {where}")
+    quantifier = "every selected row" if claim.aggregate == "all" else "at least one selected row"
+    parts = [f"{value} {rule}"]
+    if claim.alpha is not None:
+        parts.append(f"p_adjusted < {claim.alpha:g} (the row's own test)")
+    if claim.column in ("ci_low", "ci_high"):
+        bound = "lower" if claim.column == "ci_low" else "upper"
+        deciding = f"decided by the {bound} bound of each row's {ci_level * 100:g} % interval"
+    elif claim.alpha is not None:
+        deciding = "decided by each row's test (and the estimate's side of the threshold)"
+    else:
+        deciding = "decided by point estimates alone (no alpha, no interval)"
+    return f"{claim.aggregate}: {quantifier} has {' and '.join(parts)}, {deciding}; where {where}"
+
+
+def _row_value(row: pd.Series, column: str) -> float:
+    value = row.get(column)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _failing_criteria(row: pd.Series, claim: ClaimSpec) -> list[str]:
+    """Which of a row's criteria fail (empty: the row passes)."""
+    if row.get("status", "ok") != "ok":
+        return ["unit failed"]
+    out = []
+    if not _compare(_row_value(row, claim.column), claim):
+        out.append(f"{claim.column} not {claim.compare} {_threshold_text(claim)}")
+    if claim.alpha is not None:
+        p_adjusted = _row_value(row, "p_adjusted")
+        if not (np.isfinite(p_adjusted) and p_adjusted < claim.alpha):
+            out.append(f"p_adjusted not < {claim.alpha:g}")
+    return out
 
 
 def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec, ci_level: float = 0.95) -> dict[str, Any]:
-    """One claim's record; `ci_level` is the run's `stats.ci_level` (for SEs recovered from CIs)."""
+    """One claim's record; `ci_level` is the run's `stats.ci_level` (the level of the rows' CIs).
+
+    Besides ``status``/``passed`` the record says what decided it (``decided_by``, ``rule``), the
+    interval shown beside the verdict (``interval``: the pooled interval of a meta claim, the
+    weakest selected row's CI of an all/any claim), the p-value and what it tests (``p_value``:
+    against the claim's own threshold for meta claims) and, on a FAIL, which criteria failed
+    (``failed``). The same record is written to claims.json and printed by `verify --json`."""
     selected = select_rows(results, claim)
-    record: dict[str, Any] = {"id": claim.id, "statement": claim.statement or _describe(claim),
-                              "rule": _describe(claim), "n_selected": int(len(selected))}
+    record: dict[str, Any] = {"id": claim.id, "statement": claim.statement or _describe(claim, ci_level),
+                              "rule": _describe(claim, ci_level), "decided_by": decided_by(claim),
+                              "n_selected": int(len(selected))}
     if selected.empty:
-        return {**record, "status": "error", "passed": False,
-                "evidence": {"reason": "the claim selects no result rows (check metric and where)"}}
+        reason = "the claim selects no result rows (check metric and where)"
+        return {**record, "status": "error", "passed": False, "interval": None, "p_value": None,
+                "failed": [reason], "evidence": {"reason": reason}}
     rows = [_evidence_row(row) for _, row in selected.iterrows()]
     estimates = selected[claim.column].astype(float)
     adjusted = selected["p_adjusted"].astype(float) if "p_adjusted" in selected else pd.Series(dtype=float)
     summary = {f"{claim.column}_min": estimates.min(), f"{claim.column}_max": estimates.max(),
                "p_adjusted_max": adjusted.max() if adjusted.notna().any() else None}
     if claim.aggregate in ("all", "any"):
-        passes = [_row_passes(row, claim) for _, row in selected.iterrows()]
-        passed = all(passes) if claim.aggregate == "all" else any(passes)
-        failing = [_row_label(row, claim.column) for row, ok in zip(rows, passes) if not ok]
-        evidence = _finite({"n_pass": int(sum(passes)), "n_rows": len(passes), **summary,
-                            "failing_rows": failing[:5]})
+        outcome = _rows_outcome(selected, rows, claim, ci_level)
+        evidence = _finite({**outcome.pop("evidence"), **summary})
     else:
         ok = selected[selected["status"] == "ok"]
+        level = 1 - claim.alpha if claim.alpha is not None else ci_level
         try:
-            pooled = pool_rows(ok, claim, ci_level)
+            pooled = pool_rows(ok, claim, ci_level, level=level)
         except ValueError as error:
-            return {**record, "status": "error", "passed": False,
-                    "evidence": {"reason": str(error), **_finite(summary)}, "selected_rows": _finite(rows)}
-        passed = _compare(pooled["meta_estimate"], claim)
-        if passed and claim.alpha is not None:
-            strict = pool_rows(ok, claim, 1 - claim.alpha)
-            passed = _compare(strict["meta_ci_low"], claim) and _compare(strict["meta_ci_high"], claim)
+            return {**record, "status": "error", "passed": False, "interval": None, "p_value": None,
+                    "failed": [str(error)], "evidence": {"reason": str(error), **_finite(summary)},
+                    "selected_rows": _finite(rows)}
+        outcome = _meta_outcome(pooled, claim)
         evidence = _finite({**pooled, **summary})
-    return {**record, "status": "pass" if passed else "fail", "passed": bool(passed), "evidence": evidence,
-            "selected_rows": _finite(rows)}
+    passed = not outcome["failed"]
+    return {**record, "status": "pass" if passed else "fail", "passed": passed,
+            **_finite(outcome), "evidence": evidence, "selected_rows": _finite(rows)}
 
 
-def row_standard_errors(rows: pd.DataFrame, ci_level: float) -> tuple[np.ndarray, str]:
+def _rows_outcome(selected: pd.DataFrame, rows: list[dict], claim: ClaimSpec, ci_level: float) -> dict[str, Any]:
+    """all/any: per-row criteria, the weakest (all) or best (any) row's interval, the p-value."""
+    criteria = [_failing_criteria(row, claim) for _, row in selected.iterrows()]
+    passes = [not c for c in criteria]
+    failing = [(label, c) for label, c in zip((_row_label(r, claim.column) for r in rows), criteria) if c]
+    failed: list[str] = []
+    if claim.aggregate == "all" and failing:
+        counts: dict[str, int] = {}
+        for _label, reasons in failing:
+            for reason in reasons:
+                counts[reason] = counts.get(reason, 0) + 1
+        failed = [f"{n} of {len(rows)} rows: {reason}" for reason, n in counts.items()]
+    elif claim.aggregate == "any" and not any(passes):
+        failed = [f"none of the {len(rows)} rows passes"]
+    ok_mask = (selected["status"] == "ok") if "status" in selected else pd.Series(True, index=selected.index)
+    ok = selected[ok_mask]
+    strongest = claim.aggregate == "any"
+    candidates = selected[ok_mask & pd.Series(passes, index=selected.index)] if strongest and any(passes) else ok
+    shown = _shown_row(candidates, claim, strongest=strongest)
+    interval = None
+    if shown is not None:
+        which = ("the weakest selected row" if not strongest else
+                 "the strongest passing row" if any(passes) else "the strongest selected row")
+        interval = {"low": _row_value(shown, "ci_low"), "high": _row_value(shown, "ci_high"), "level": ci_level,
+                    "estimate": _row_value(shown, "estimate"),
+                    "of": f"{claim.metric} of {which}: {_row_label(_evidence_row(shown), 'estimate')}"}
+    p_value = None
+    p_rows = ok["p_adjusted"].astype(float) if "p_adjusted" in ok else pd.Series(dtype=float)
+    if p_rows.notna().any():
+        tests = sorted({str(t) for t in ok.get("p_test", pd.Series(dtype=str)) if str(t) not in ("", "nan")})
+        what = "; ".join(P_TEST_NULLS.get(t, t) for t in tests) or "the rows' own test"
+        value = p_rows.max() if claim.aggregate == "all" else p_rows.min()
+        p_value = {"value": float(value), "of": f"{'largest' if claim.aggregate == 'all' else 'smallest'} p_adjusted "
+                                                f"of the selected rows ({what}; not a test of the threshold "
+                                                f"{_threshold_text(claim)})"}
+    evidence = {"n_pass": int(sum(passes)), "n_rows": len(passes),
+                "failing_rows": [f"{label} ({'; '.join(reasons)})" for label, reasons in failing[:5]]}
+    return {"interval": interval, "p_value": p_value, "failed": failed, "evidence": evidence}
+
+
+def _shown_row(rows: pd.DataFrame, claim: ClaimSpec, strongest: bool = False) -> pd.Series | None:
+    """The row whose interval is shown beside the verdict: the one whose interval is least on the
+    claimed side (lowest lower bound for > / >=, highest upper bound for < / <=, the bound
+    nearest an edge for between) — or, with ``strongest`` (an `any` claim), most on it. Rows
+    without a CI are skipped; None when no row has one."""
+    if rows.empty or not {"ci_low", "ci_high"} <= set(rows.columns):
+        return None
+    low, high = rows["ci_low"].astype(float), rows["ci_high"].astype(float)
+    finite = np.isfinite(low) & np.isfinite(high)
+    if not finite.any():
+        return None
+    low, high = low[finite], high[finite]
+    if claim.compare in (">", ">="):
+        margin = low - claim.threshold
+    elif claim.compare in ("<", "<="):
+        margin = claim.threshold - high
+    else:
+        margin = pd.concat([low - claim.threshold[0], claim.threshold[1] - high], axis=1).min(axis=1)
+    return rows.loc[margin.idxmax() if strongest else margin.idxmin()]
+
+
+def _meta_outcome(pooled: dict[str, Any], claim: ClaimSpec) -> dict[str, Any]:
+    """meta: the pooled interval decides when alpha is set, the pooled estimate alone otherwise."""
+    estimate, low, high = pooled["meta_estimate"], pooled["meta_ci_low"], pooled["meta_ci_high"]
+    interval = {"low": low, "high": high, "level": pooled["meta_ci_level"], "estimate": estimate,
+                "of": f"pooled {claim.metric} ({pooled['interval']}, {pooled['method']})"}
+    p_value = {"value": pooled["p_vs_threshold"], "of": pooled["p_null"]}
+    failed = []
+    if not _compare(estimate, claim):
+        failed.append(f"the pooled estimate {estimate:.4g} is not {claim.compare} {_threshold_text(claim)}")
+    if claim.alpha is not None and not (_compare(low, claim) and _compare(high, claim)):
+        failed.append(f"the pooled {pooled['meta_ci_level'] * 100:g} % interval [{low:.4g}, {high:.4g}] does not lie "
+                      f"entirely {_side_text(claim)}")
+    return {"interval": interval, "p_value": p_value, "failed": failed}
+
+
+def row_standard_errors(rows: pd.DataFrame, ci_level: float, log_scale: bool = False) -> tuple[np.ndarray, str]:
     """Each row's SE: the `se` column where present and finite, else its CI width over
-    2 z_{(1+ci_level)/2} (the run's own CI level). Returns (se, where it came from)."""
+    2 z_{(1+ci_level)/2} (the run's own CI level). Returns (se, where it came from).
+
+    ``log_scale``: the SE of ln(estimate) — the `se` column over the estimate (delta method), else
+    the CI's width on the log scale, (ln ci_high − ln ci_low) / (2 z)."""
     z = sps.norm.ppf(0.5 + ci_level / 2)
-    from_ci = (rows["ci_high"].astype(float) - rows["ci_low"].astype(float)).to_numpy() / (2 * z)
+    low, high = rows["ci_low"].astype(float).to_numpy(), rows["ci_high"].astype(float).to_numpy()
+    if log_scale:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            from_ci = (np.log(high) - np.log(low)) / (2 * z)
+    else:
+        from_ci = (high - low) / (2 * z)
+    ci_text = f"CI width{' on the log scale' if log_scale else ''} at level {ci_level:g}"
     if "se" not in rows:
-        return from_ci, f"CI width at level {ci_level:g}"
+        return from_ci, ci_text
     se = rows["se"].astype(float).to_numpy()
+    if log_scale:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            se = se / rows["estimate"].astype(float).to_numpy()
+    column = "se column" + (" / estimate (delta method)" if log_scale else "")
     if np.isfinite(se).all():
-        return se, "se column"
-    return np.where(np.isfinite(se), se, from_ci), f"se column, else CI width at level {ci_level:g}"
+        return se, column
+    return np.where(np.isfinite(se), se, from_ci), f"{column}, else {ci_text}"
 
 
-def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float) -> dict[str, Any]:
+def p_against_threshold(estimate: float, se: float, df: float, claim: ClaimSpec,
+                        transform=lambda v: v) -> float:
+    """The p-value of the claim's own threshold, on the pooling scale (``transform`` maps the
+    threshold there, e.g. ``math.log`` for ratio metrics): two-sided for > / >= / < / <=, so
+    that ``p < alpha`` exactly when the pooled (1 − alpha) interval excludes the threshold;
+    for ``between`` twice the larger of the two one-sided p-values (TOST at alpha/2 per side),
+    so that ``p < alpha`` exactly when the interval lies inside. t with ``df`` degrees of
+    freedom (normal when infinite)."""
+    law = sps.norm if not np.isfinite(df) else sps.t(df)
+    if not (np.isfinite(estimate) and np.isfinite(se) and se > 0):
+        return float("nan")
+    if claim.compare == "between":
+        low, high = (transform(v) for v in claim.threshold)
+        return float(min(1.0, 2 * max(law.sf((estimate - low) / se), law.sf((high - estimate) / se))))
+    return float(min(1.0, 2 * law.sf(abs(estimate - transform(claim.threshold)) / se)))
+
+
+def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, level: float | None = None) -> dict[str, Any]:
     """The `aggregate: meta` pooling of a claim's rows (their estimates, whatever `column` says),
-    as evidence fields; ValueError when the rows cannot be pooled as asked."""
+    as evidence fields; ValueError when the rows cannot be pooled as asked.
+
+    ``ci_level`` is the level of the rows' own CIs (SEs recovered from them); ``level`` that of the
+    pooled interval (default ``ci_level``; a claim with ``alpha`` uses 1 − alpha, the interval
+    that decides). Ratio metrics (:data:`RATIO_METRICS`) pool ln R and are reported back on the
+    ratio scale (``scale``); ``p_vs_threshold`` tests the claim's own threshold on the pooling
+    scale (:func:`p_against_threshold`)."""
     spec = claim.meta
-    se, se_source = row_standard_errors(rows, ci_level)
+    level = ci_level if level is None else level
+    log_scale = claim.metric in RATIO_METRICS
+    se, se_source = row_standard_errors(rows, ci_level, log_scale)
     y = rows["estimate"].astype(float).to_numpy()
     missing = [c for c in spec.cluster if c not in rows.columns]
     if missing:
         raise ValueError(f"meta.cluster names column(s) {missing} that the results do not have")
+    if log_scale:
+        thresholds = claim.threshold if isinstance(claim.threshold, list) else [claim.threshold]
+        if min(thresholds) <= 0:
+            raise ValueError(f"{claim.metric} is a ratio, pooled on the log scale: its threshold must be positive, "
+                             f"got {_threshold_text(claim)}")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y = np.where(y > 0, np.log(np.where(y > 0, y, 1.0)), np.nan)
     clusters = rows[list(spec.cluster)].astype(str).agg("/".join, axis=1).to_numpy()
     usable = np.isfinite(y) & np.isfinite(se) & (se > 0)
     y, se, clusters = y[usable], se[usable], clusters[usable]
@@ -177,16 +374,24 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float) -> dict[str
         raise ValueError("no selected row has a finite estimate and standard error to pool")
     by = "+".join(spec.cluster)
     n_clusters = len(set(clusters.tolist()))
+    back = np.exp if log_scale else (lambda v: v)
+    transform = math.log if log_scale else (lambda v: v)
     fields: dict[str, Any] = {"n_rows": int(y.size), "n_clusters": n_clusters, "cluster_by": by,
-                              "se_source": se_source, "dependence": spec.dependence}
+                              "se_source": se_source, "dependence": spec.dependence,
+                              "scale": f"log (ln {claim.metric}; estimate and interval shown as ratios)"
+                              if log_scale else "the metric's own"}
     if spec.dependence == "robust":
         if n_clusters < 2:
             raise ValueError(f"meta.dependence robust needs rows from at least 2 clusters ({by}); the claim selects "
                              f"{n_clusters} — use dependence: aggregate")
-        result = robust_meta(y, se**2, clusters, ci_level=ci_level)
-        fields.update(meta_estimate=result.estimate, meta_se=result.se, meta_ci_low=result.ci_low,
-                      meta_ci_high=result.ci_high, meta_p_value=result.p_value, tau2=result.tau2, k=result.m,
-                      df=result.df, method=f"robust variance estimation ({result.small_sample})",
+        result = robust_meta(y, se**2, clusters, ci_level=level)
+        p = p_against_threshold(result.estimate, result.se, result.df, claim, transform)
+        fields.update(meta_estimate=float(back(result.estimate)), meta_se=result.se,
+                      meta_ci_low=float(back(result.ci_low)), meta_ci_high=float(back(result.ci_high)),
+                      meta_ci_level=level, p_vs_threshold=p, p_null=_null_text(claim, log_scale, result.df),
+                      tau2=result.tau2, k=result.m, df=result.df,
+                      method=f"robust variance estimation ({result.small_sample})",
+                      interval=f"t with {n_clusters - 1} df, CR2",
                       pooled=(f"{y.size} rows in {n_clusters} clusters ({by}), correlated-effects working weights "
                               f"(REML tau2 of the cluster means), CR2 cluster-robust variance, t with "
                               f"{n_clusters - 1} df"))
@@ -198,17 +403,44 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float) -> dict[str
     else:
         variances = se**2
         pooled = f"{y.size} rows treated as independent studies"
-    result = random_effects_meta(y, variances, method=spec.method, ci_level=ci_level, interval=spec.interval)
-    interval = result.interval if result.k > 1 else "wald (a single unit: its own interval)"
+    result = random_effects_meta(y, variances, method=spec.method, ci_level=level, interval=spec.interval)
+    safeguard = {}
+    if result.k == 1:
+        interval = "wald (a single unit: its own interval)"
+    elif result.interval == "hksj":
+        interval = "hksj (Knapp–Hartung safeguard)"
+        safeguard = {"hksj_scale": result.hksj_scale,
+                     "hksj_safeguard": ("scale factor max(1, s) = 1: raised, so the SE is the Wald SE (with the t "
+                                        "quantile)" if result.safeguard_applied else
+                                        "scale factor max(1, s) = s: not needed")}
+    else:
+        interval = result.interval
     if result.k == 1 and spec.dependence == "aggregate":
         # one independent unit: the mean of its rows is a fixed-rows estimand whose interval
         # covers this unit's data sampling only (no between-unit variance can be estimated)
         pooled += "; a single independent unit: the interval covers its data sampling, not variation across units"
-    fields.update(meta_estimate=result.estimate, meta_se=result.se, meta_ci_low=result.ci_low,
-                  meta_ci_high=result.ci_high, meta_p_value=result.p_value, tau2=result.tau2, i2=result.i2,
-                  k=result.k, df=result.df if np.isfinite(result.df) else None, method=spec.method,
-                  interval=interval, pooled=f"{pooled}; {spec.method.upper()} random effects, {interval} interval")
+    p = p_against_threshold(result.estimate, result.se, result.df, claim, transform)
+    fields.update(meta_estimate=float(back(result.estimate)), meta_se=result.se,
+                  meta_ci_low=float(back(result.ci_low)), meta_ci_high=float(back(result.ci_high)),
+                  meta_ci_level=level, p_vs_threshold=p, p_null=_null_text(claim, log_scale, result.df),
+                  tau2=result.tau2, i2=result.i2, k=result.k, df=result.df if np.isfinite(result.df) else None,
+                  method=spec.method, interval=interval, **safeguard,
+                  pooled=f"{pooled}; {spec.method.upper()} random effects, {interval} interval")
     return fields
+
+
+def _null_text(claim: ClaimSpec, log_scale: bool, df: float) -> str:
+    """What ``p_vs_threshold`` tests, in words."""
+    quantity = f"ln pooled {claim.metric}" if log_scale else f"pooled {claim.metric}"
+    law = f"t with {df:g} df" if np.isfinite(df) else "normal"
+    if claim.compare == "between":
+        low, high = claim.threshold
+        edges = (f"ln {low:g} or ln {high:g}" if log_scale else f"{low:g} or {high:g}")
+        return (f"H0: {quantity} at or outside {edges} (twice the larger one-sided p, TOST; {law}); "
+                f"< alpha exactly when the pooled interval lies inside")
+    threshold = f"ln {claim.threshold:g}" if log_scale else f"{claim.threshold:g}"
+    return (f"H0: {quantity} = {threshold} (two-sided, {law}); < alpha exactly when the pooled "
+            f"(1 − alpha) interval excludes the threshold")
 
 
 def _row_label(row: dict[str, Any], column: str) -> str:

@@ -57,7 +57,7 @@ def run(
                           overwrite=overwrite)
     failed_claims = [c for c in result.claims if not c["passed"]]
     for claim in result.claims:
-        _echo(f"claim {claim['id']}: {claim['status'].upper()} — {claim['statement']}")
+        _echo_claim(claim)
     if result.failed_units:
         failed = [u for u in result.manifest.get("units", []) if u.get("status") != "ok"]
         first = f"; first: {failed[0]['id']}: {failed[0]['note']}" if failed else ""
@@ -67,6 +67,20 @@ def run(
         )
     if failed_claims:
         raise typer.Exit(1)
+
+
+def _echo_claim(record: dict) -> None:
+    """A claim's verdict, the interval beside it, what decided it and, on a FAIL, what failed."""
+    from .report import claim_outcome
+
+    outcome = claim_outcome(record)
+    _echo(f"claim {outcome.id}: {outcome.status.upper()} — {outcome.statement}")
+    _echo(f"  {outcome.interval}" + (f" — {outcome.interval_of}" if outcome.interval_of else "")
+          + (f"; decided by: {outcome.decided_by}" if outcome.decided_by else ""))
+    if outcome.p_value:
+        _echo(f"  {outcome.p_value}")
+    for reason in outcome.failed:
+        _echo(f"  failed: {reason}")
 
 
 @app.command()
@@ -122,14 +136,21 @@ def report(
     precision: Optional[int] = typer.Option(None, min=1, max=8, help="Significant digits in tables."),
     metrics: Optional[str] = typer.Option(None, help="Comma-separated metrics for the tables."),
     transpose: bool = typer.Option(False, help="Transposed table layout."),
-    pdf: bool = typer.Option(True, help="Compile report.pdf when pdflatex is installed."),
+    pdf: bool = typer.Option(True, help="Compile report.pdf when pdflatex is installed (--no-pdf keeps an existing "
+                             "report.pdf as it is)."),
+    allow_edited_data: bool = typer.Option(
+        False, "--allow-edited-data", help="Re-render even though data files differ from the sha256 in the "
+        "manifest; the manifest then records the edit and `verify` keeps reporting it."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
 ) -> None:
-    """Re-render report.html, tables.tex and report.tex from results.csv + manifest.json alone."""
+    """Re-render report.html, tables.tex and report.tex from results.csv + manifest.json alone.
+
+    The bundle's integrity is checked first: data that differ from the manifest's sha256 are
+    refused (exit 2) unless --allow-edited-data is given."""
     from .rerender import rerender
 
     written = rerender(bundle, precision=precision, metrics=metrics, transpose=transpose, compile_pdf=pdf,
-                       log=None if quiet else _echo)
+                       allow_edited_data=allow_edited_data, log=None if quiet else _echo)
     _echo(f"re-rendered {len(written)} file(s) in {bundle}")
 
 
@@ -181,26 +202,39 @@ def verify(
         None, "--claims", help="Evaluate the claims in this YAML file (a list, or a protocol's 'claims:') against "
         "the bundle instead of its protocol's; nothing is re-run."),
     overwrite: bool = typer.Option(False, "--overwrite", help="With --against: replace an existing re-run bundle."),
+    as_json: bool = typer.Option(False, "--json", help="Print the integrity check and every claim record (the "
+                                 "same records as claims.json) as one JSON document on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
 ) -> None:
-    """Check a bundle's integrity and claims, or re-run a protocol and compare with a bundle."""
+    """Check a bundle's integrity and claims, or re-run a protocol and compare with a bundle.
+
+    Exit codes: 0 intact and every claim passes; 1 a file differs from the manifest or a claim
+    fails; 2 invalid input."""
     from .verify import load_claims, verify_bundle
 
     if claims is not None and against is not None:
         raise AnistatInputError("--claims evaluates claims against an existing bundle; it cannot be combined with "
                                 "--against")
+    if as_json and against is not None:
+        raise AnistatInputError("--json reports a bundle's verification; with --against the comparison is written "
+                                "to comparison.json")
     if against is None:
         new_claims = load_claims(claims) if claims is not None else None
         check = verify_bundle(target, new_claims, claims_source=str(claims) if claims is not None else None)
+        if as_json:
+            typer.echo(json.dumps(check.to_json(), indent=2, ensure_ascii=False, allow_nan=False))
+            if not check.ok:
+                raise typer.Exit(1)
+            return
         for problem in check.problems:
             _echo(f"integrity: {problem}")
         if check.integrity_ok:
-            _echo(f"integrity: all {len(json.loads((target / 'manifest.json').read_text())['files'])} files match the manifest")
+            _echo(f"integrity: all {check.files_checked} files match the manifest")
         if claims is not None:
             _echo(f"claims: {len(check.claims)} from {claims}, evaluated against the existing bundle {target} "
                   "(not the claims of its protocol; nothing was re-run)")
         for claim in check.claims:
-            _echo(f"claim {claim['id']}: {claim['status'].upper()} — {claim['statement']}")
+            _echo_claim(claim)
         if not check.ok:
             raise typer.Exit(1)
         return

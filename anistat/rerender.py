@@ -3,8 +3,21 @@
 Reads the bundle with `anistat.bundle.read_bundle` (results.csv, frequency.csv, manifest.json,
 claims.json, concept_cards.json) and renders from the same typed `ReportInputs` as `anistat run`;
 no model is loaded and nothing is recomputed. The rendered files replace the old ones
-atomically (rendered into a temporary directory first), and the manifest's file digests are
-updated so `anistat verify` keeps working.
+atomically (rendered into a temporary directory first).
+
+**Integrity first.** Re-rendering must never launder an edit: before anything is read, every
+file is checked against the sha256 recorded in the manifest (`anistat.bundle.integrity_problems`).
+A data file that differs (results.csv, frequency.csv, claims.json, …: anything that is not a
+rendered output) is refused — one line, exit 2 — unless the caller passes
+``allow_edited_data`` (`--allow-edited-data`). Then the manifest records each edit under
+``edited_data`` (file, recorded and current sha256, when), keeps the *recorded* digest of the
+edited files, so `anistat verify` keeps reporting them as modified, and every report says the
+data were edited after the run. Edits already recorded there do not need the flag again.
+Rendered outputs that differ (an edited report.html, a missing figure) are simply re-rendered.
+
+A report.pdf that is not recompiled (`--no-pdf`, or no pdflatex) is kept as it was; the
+manifest's ``rerenders`` entry says which files were re-rendered and which were kept from an
+earlier rendering.
 """
 
 from __future__ import annotations
@@ -14,22 +27,52 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .bundle import file_digests, read_bundle, report_options, utc_now, write_json
+from .bundle import (
+    IntegrityProblem,
+    file_digests,
+    integrity_problems,
+    is_rendered,
+    read_bundle,
+    read_manifest,
+    report_options,
+    utc_now,
+    write_json,
+)
 from .errors import AnistatInputError
 
 RENDERED = ("report.html", "tables.tex", "report.tex", "report.pdf", "figures")
 
 
+def refuse_edited_data(bundle: Path, problems: list[IntegrityProblem]) -> None:
+    """One clear line naming the first edit (and how many more), what to run to see them all and
+    how to re-render them anyway."""
+    first = problems[0]
+    more = f" (and {len(problems) - 1} more difference(s))" if len(problems) > 1 else ""
+    raise AnistatInputError(
+        f"{bundle}: {first}{more}; refusing to re-render data that differ from the run's manifest "
+        f"(`anistat verify {bundle}` lists every difference; `anistat report {bundle} --allow-edited-data` "
+        "re-renders them and records the edit in the manifest)")
+
+
 def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None = None, transpose: bool = False,
-             compile_pdf: bool = True, log=None) -> list[Path]:
+             compile_pdf: bool = True, allow_edited_data: bool = False, log=None) -> list[Path]:
     """Re-render every report output of `bundle` in place (see module docstring); `log` gets
-    one line before and one after rendering (the figures and the PDF take most of the time)."""
+    one line before and one after rendering (the figures and the PDF take most of the time).
+
+    Raises AnistatInputError (exit 2) when a data file differs from the manifest and
+    ``allow_edited_data`` is False — before anything is written."""
     import time
 
     from .report import render_bundle
 
     log = log or (lambda message: None)
     started = time.perf_counter()
+    bundle = Path(bundle)
+    manifest = read_manifest(bundle)
+    problems = integrity_problems(bundle, manifest)
+    edits = [p for p in problems if not p.rendered and not p.accepted_at]
+    if edits and not allow_edited_data:
+        refuse_edited_data(bundle, edits)
     contents = read_bundle(bundle)
     overrides: dict = {"transpose_tables": transpose}
     if not compile_pdf:
@@ -45,16 +88,28 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
                                     f"this bundle has: {', '.join(known)}")
         overrides["table_metrics"] = wanted
     options = report_options(contents.protocol, **overrides)
+    now = utc_now()
+    new_manifest = dict(contents.manifest)
+    if edits:  # allowed: the report must say it was rendered from data edited after the run
+        new_manifest["edited_data"] = _records(new_manifest.get("edited_data")) + [
+            {"file": p.name, "change": p.kind, "recorded_sha256": (manifest.get("files") or {}).get(p.name),
+             "sha256": p.sha256 or None, "accepted_at": now} for p in edits]
     log(f"re-rendering {bundle}: {len(contents.results)} result rows → figures, report.html, tables.tex, report.tex"
         + (", report.pdf" if options.compile_pdf is not False else "") + " …")
     staging = Path(tempfile.mkdtemp(prefix=".rerender.", dir=bundle))
+    written, kept = [], []
     try:
-        render_bundle(contents.report_inputs(), staging, options=options)
-        written = []
+        inputs = contents.report_inputs() if not edits else _with_manifest(contents, new_manifest)
+        render_bundle(inputs, staging, options=options)
         trash = staging / ".replaced"
         trash.mkdir()
         for name in RENDERED:
             target, fresh = bundle / name, staging / name
+            if name == "report.pdf" and not fresh.exists():
+                # not recompiled (--no-pdf or no pdflatex): the earlier PDF stays, and the manifest says so
+                if target.is_file() and not target.is_symlink():
+                    kept.append(name)
+                continue
             if fresh.is_file() and not target.is_dir():
                 os.replace(fresh, target)  # one atomic rename per file: never half a file
                 written.append(target)
@@ -67,8 +122,37 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log(f"  rendered ({time.perf_counter() - started:.1f}s)")
-    manifest = dict(contents.manifest)
-    manifest["rerendered_at"] = utc_now()
-    manifest["files"] = file_digests(bundle)
-    write_json(bundle / "manifest.json", manifest)
+    new_manifest["rerendered_at"] = now
+    new_manifest["rerenders"] = _records(new_manifest.get("rerenders")) + [{
+        "at": now, "rendered": sorted(p.name for p in written),
+        "kept_from_an_earlier_rendering": kept,
+        **({"edited_data": [p.name for p in edits]} if edits else {})}]
+    new_manifest["files"] = _digests_after(bundle, manifest)
+    write_json(bundle / "manifest.json", new_manifest)
     return written
+
+
+def _records(value) -> list:
+    """A manifest list this module appends to (anything else — a hand-edited value — starts anew)."""
+    return list(value) if isinstance(value, list) else []
+
+
+def _with_manifest(contents, manifest: dict):
+    """The report inputs of `contents` with an updated manifest (the edit notice)."""
+    from .bundle import report_inputs
+
+    return report_inputs(contents.protocol, contents.results, manifest, frequency=contents.frequency,
+                         claims=contents.claims, concept_cards=contents.concept_cards)
+
+
+def _digests_after(bundle: Path, manifest: dict) -> dict[str, str]:
+    """The manifest's digests after a re-render: fresh ones for the rendered outputs, the
+    recorded ones for every data file — an edited data file keeps the digest of the run, so
+    `anistat verify` still reports it."""
+    recorded = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    now = file_digests(bundle)
+    digests = {name: digest for name, digest in now.items() if is_rendered(name)}
+    digests.update({name: digest for name, digest in recorded.items() if not is_rendered(name)})
+    # data files the manifest never recorded (an older bundle) are taken as they are
+    digests.update({name: digest for name, digest in now.items() if name not in digests and not recorded})
+    return dict(sorted(digests.items()))

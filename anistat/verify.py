@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from .bundle import read_bundle, read_manifest, read_results, sha256_file, utc_now
+from .bundle import integrity_problems, read_bundle, read_manifest, read_results, utc_now
 from .claims import evaluate_claims
 from .errors import AnistatInputError
 from .protocol import ClaimSpec, format_validation_error, read_yaml
@@ -35,12 +35,17 @@ RATIO_METRICS = {"energy_ratio"}
 
 @dataclass
 class BundleCheck:
+    """The outcome of `anistat verify BUNDLE`: integrity problems (every file against the sha256 in
+    the manifest, and re-evaluated claims that disagree with claims.json), the claim records and
+    where the claims came from. :meth:`to_json` is what `verify --json` prints."""
+
     bundle: Path
     integrity_ok: bool
     problems: list[str]
     claims: list[dict[str, Any]]
     recorded_claims: list[dict[str, Any]] = field(default_factory=list)
     claims_source: str = "the bundle's protocol"
+    files_checked: int = 0
 
     @property
     def claims_ok(self) -> bool:
@@ -50,21 +55,21 @@ class BundleCheck:
     def ok(self) -> bool:
         return self.integrity_ok and self.claims_ok
 
+    def to_json(self) -> dict[str, Any]:
+        """One JSON document for scripts: ``ok``, ``integrity`` (``ok``, ``files_checked``,
+        ``problems``), ``claims_source`` and ``claims`` — each claim the same record claims.json
+        holds (id, statement, status, passed, rule, decided_by, interval, p_value, failed,
+        evidence, selected_rows)."""
+        return {"bundle": str(self.bundle), "ok": self.ok,
+                "integrity": {"ok": self.integrity_ok, "files_checked": self.files_checked,
+                              "problems": list(self.problems)},
+                "claims_source": self.claims_source, "claims_ok": self.claims_ok, "claims": self.claims}
+
 
 def check_integrity(bundle: Path, manifest: dict[str, Any]) -> list[str]:
-    recorded = manifest.get("files")
-    if not isinstance(recorded, dict) or not recorded:
-        return ["manifest records no file digests"]
-    problems = []
-    for name, digest in sorted(recorded.items()):
-        path = (bundle / name).resolve()
-        if bundle.resolve() not in path.parents:
-            problems.append(f"{name}: path escapes the bundle")
-        elif not path.is_file():
-            problems.append(f"{name}: missing")
-        elif sha256_file(path) != digest:
-            problems.append(f"{name}: modified (sha256 differs from the manifest)")
-    return problems
+    """Every recorded file's sha256 against the manifest, as one line per problem
+    (``anistat.bundle.integrity_problems``)."""
+    return [str(problem) for problem in integrity_problems(bundle, manifest)]
 
 
 def load_claims(path: Path) -> tuple[ClaimSpec, ...]:
@@ -130,11 +135,14 @@ def verify_bundle(bundle: Path, claims: tuple[ClaimSpec, ...] | None = None, cla
 
     contents = read_bundle(bundle)
     problems = check_integrity(bundle, contents.manifest)
+    recorded_files = contents.manifest.get("files")
+    files_checked = len(recorded_files) if isinstance(recorded_files, dict) else 0
     if claims is not None:
         source = claims_source or "the given claims"
         check_claims_against_table(claims, claim_table(contents.results, contents.frequency), source)
         evaluated = evaluate_claims(contents.results, claims, contents.frequency, stats=contents.protocol.stats)
-        return BundleCheck(bundle, not problems, problems, evaluated, [], claims_source=source)
+        return BundleCheck(bundle, not problems, problems, evaluated, [], claims_source=source,
+                           files_checked=files_checked)
     claims = evaluate_claims(contents.results, contents.protocol.claims, contents.frequency,
                              stats=contents.protocol.stats)
     recorded = contents.claims
@@ -143,7 +151,7 @@ def verify_bundle(bundle: Path, claims: tuple[ClaimSpec, ...] | None = None, cla
             if old.get("passed") != new["passed"]:
                 problems.append(f"claims.json: claim '{new['id']}' recorded as {old.get('status')} "
                                 f"but re-evaluates as {new['status']}")
-    return BundleCheck(bundle, not problems, problems, claims, recorded)
+    return BundleCheck(bundle, not problems, problems, claims, recorded, files_checked=files_checked)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -436,8 +436,20 @@ def test_report_on_a_corrupt_bundle(capsys, tmp_path):
     assert_one_line(code, err, "manifest.json", "not valid JSON")
     (tmp_path / "manifest.json").write_text("{}")
     (tmp_path / "results.csv").write_bytes(b"\xff\xfe\x00garbage")
+    _seal(tmp_path)  # the damage is the run's own (recorded digests): `report` reaches the reader
     code, _, err = run_cli(capsys, "report", tmp_path, "--no-pdf")
     assert_one_line(code, err, "results.csv")
+
+
+def _seal(bundle: Path) -> None:
+    """Record the sha256 of every file in the manifest, as a run does (integrity then passes)."""
+    import json
+
+    from anistat.bundle import file_digests
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["files"] = file_digests(bundle)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
 
 
 def _fake_bundle(directory: Path) -> Path:
@@ -470,6 +482,7 @@ def test_verify_damaged_bundle(capsys, tmp_path, damage, needles):
 def test_report_damaged_frequency(capsys, tmp_path):
     bundle = _fake_bundle(tmp_path / "b")
     (bundle / "frequency.csv").write_bytes(b"\xff\xfe\x00")
+    _seal(bundle)
     before = snapshot(tmp_path)
     code, _, err = run_cli(capsys, "report", bundle, "--no-pdf")
     assert_one_line(code, err, "frequency.csv")

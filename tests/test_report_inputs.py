@@ -37,9 +37,10 @@ FAST = ReportOptions(compile_pdf=False, figures=False)
 WARNING = "99 controls cannot pass this corrected family: the smallest p is 1/100"
 
 
-def plan_results(protocol) -> pd.DataFrame:
+def plan_results(protocol, proxies=("pca",)) -> pd.DataFrame:
     """A results table shaped exactly like the plan of `protocol` for built-in residual sites:
-    model × checkpoint × residual.L × rank × control × metric, with deterministic numbers.
+    model × checkpoint × residual.L × rank × proxy × control × metric, with deterministic numbers.
+    The oracle rows come first in each unit with proxy 'oracle' (as the analysis writes them).
     Anisotropy capture and ΔIsoScore* have the same estimate under every control kind (as the
     analysis writes them); only their control mean differs."""
     rows = []
@@ -50,16 +51,16 @@ def plan_results(protocol) -> pd.DataFrame:
             for layer in range(model.num_layers):
                 unit = dict(model=model.name, objective=model.resolved_objective, checkpoint=f"step{step}",
                             step=step, phase="early" if c < n_early else "late", layer=layer,
-                            site=f"residual.{layer}", dim=model.hidden_size, proxy="pca",
+                            site=f"residual.{layer}", dim=model.hidden_size,
                             n_sequences=protocol.data.n_test_sequences,
                             n_tokens=4032 if model.resolved_objective == "clm" else 580 + 7 * c + layer,
                             status="ok", note="", ci_method="studentized")
                 for k in protocol.proxies.ranks:
                     base = 0.1 + 0.01 * (m + c + layer) + k / 200
-                    rows.append({**unit, "rank": k, "control": "none", "metric": "oracle_fraction",
-                                 "estimate": 2 * base, "ci_method": "none"})
-                    for j, control in enumerate(protocol.controls.kinds):
-                        common = {**unit, "rank": k, "control": control, "n_controls": 11519,
+                    rows.append({**unit, "rank": k, "proxy": "oracle", "control": "none",
+                                 "metric": "oracle_fraction", "estimate": 2 * base, "ci_method": "none"})
+                    for j, (proxy, control) in enumerate((p, c) for p in proxies for c in protocol.controls.kinds):
+                        common = {**unit, "rank": k, "proxy": proxy, "control": control, "n_controls": 11519,
                                   "p_value": 0.0001, "p_adjusted": 0.0003, "p_test": "haar_monte_carlo",
                                   "p_value_paper": 0.01, "n_clusters": 41 - layer}
                         rows.append({**common, "metric": "energy_ratio", "estimate": 1.5 + j + base,
@@ -106,7 +107,7 @@ def test_methods_text_states_what_the_protocol_says():
     proxies = text[text.index("Proxies and gradients."):text.index("Controls.")]
     # the proxy methods are the protocol's, never the metric/control placeholders
     assert "fitted with PCA" in proxies and "oracle" not in proxies and "none" not in proxies
-    assert "k ∈ {4, 8, 16}" in proxies and "earliest 30 % of the checkpoints" in proxies
+    assert "k ∈ {4, 8, 16}" in proxies and "early-phase checkpoints (the earliest 30 %" in proxies
     # the number of controls is the protocol's n, not the range of a count column
     controls = text[text.index("Controls."):text.index("Metrics.")]
     assert "draws made at analysis time from each unit's gradient second moment" in controls
@@ -114,7 +115,8 @@ def test_methods_text_states_what_the_protocol_says():
     # IsoScore*'s C0 and zeta from stats.isoscore_c0 / stats.isoscore_zeta
     assert "C0 = scaled_identity" in text and "ζ = 0.1" in text
     assert "Benjamini–Hochberg correction over all tests of the run" in text
-    assert "2 models: tiny-decoder" in text and "6 checkpoints (step0 … step400); early phase: step0, step25" in text
+    assert "2 models: tiny-decoder" in text
+    assert "6 checkpoints (step0 … step400); early phase (the first 30 % of the checkpoints): step0, step25" in text
 
 
 def test_methods_text_follows_the_protocol_not_the_fixture_values():

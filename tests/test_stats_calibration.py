@@ -57,18 +57,3 @@ def test_calibration_validates():
         run_calibration(n_simulations=5, scenarios=("heavy",))
     with pytest.raises(ValueError):
         run_calibration(n_simulations=5, ci_method="basic")
-
-
-def test_p_value_uniformity_against_scipy():
-    from scipy import stats as sps
-
-    from anistat.stats import p_value_uniformity
-
-    rng = np.random.default_rng(0)
-    uniform = p_value_uniformity(rng.uniform(size=2000))
-    assert uniform.calibrated and uniform.ks_p_value > 0.01
-    skewed = p_value_uniformity(rng.uniform(size=2000) ** 2)  # anti-conservative
-    assert not skewed.calibrated and skewed.rejection_rate > 0.15 and skewed.ks_p_value < 1e-6
-    ref = sps.binomtest(7, 100, 0.05).proportion_ci(method="exact")
-    check = p_value_uniformity(np.r_[np.full(7, 0.01), np.full(93, 0.5)])
-    assert check.rejection_rate == 0.07 and check.rate_ci == pytest.approx((ref.low, ref.high))

@@ -43,6 +43,38 @@ def test_reml_matches_metafor_on_bcg():
     assert dl.tau2 == pytest.approx(0.3088, abs=5e-4) and dl.estimate == pytest.approx(-0.7141, abs=5e-4)
 
 
+def test_hksj_matches_metafors_published_bcg_output():
+    """metafor's README: rma(yi, vi, data=escalc("RR", …dat.bcg), test="knha") → estimate −0.7145,
+    se 0.1808, tval −3.9522, df 12, p 0.0019, 95 % CI (−1.1084, −0.3206). There s > 1, so the
+    safeguarded interval (the default) and the untruncated one agree."""
+    y, v = _bcg_log_risk_ratios()
+    for safeguard in (True, False):
+        result = random_effects_meta(y, v, method="reml", interval="hksj", hksj_safeguard=safeguard)
+        assert result.estimate == pytest.approx(-0.7145, abs=5e-5)
+        assert result.se == pytest.approx(0.1808, abs=5e-5)
+        assert result.estimate / result.se == pytest.approx(-3.9522, abs=5e-4)
+        assert result.df == 12 and result.p_value == pytest.approx(0.0019, abs=5e-5)
+        assert (result.ci_low, result.ci_high) == pytest.approx((-1.1084, -0.3206), abs=5e-5)
+        assert result.hksj_scale > 1 and not result.safeguard_applied
+
+
+def test_hksj_safeguard_never_narrows_the_interval_below_wald():
+    """Issue #20: with tau² = 0 and Q < k − 1 (k = 3) untruncated HKSJ gave (0.084, 0.133) against
+    Wald's (−0.068, 0.285). The Knapp–Hartung safeguard (scale factor max(1, s); metafor's
+    test="adhoc") uses the Wald SE there, with the t_{k−1} quantile."""
+    y, v = np.array([0.100, 0.110, 0.115]), np.full(3, 0.0243)
+    wald = random_effects_meta(y, v, method="reml", interval="wald")
+    raw = random_effects_meta(y, v, method="reml", interval="hksj", hksj_safeguard=False)
+    safe = random_effects_meta(y, v, method="reml", interval="hksj")
+    assert wald.tau2 == 0 and raw.hksj_scale < 1
+    assert raw.ci_high - raw.ci_low < 0.2 * (wald.ci_high - wald.ci_low)  # the untruncated interval
+    assert safe.safeguard_applied and safe.se == pytest.approx(wald.se, rel=1e-12)
+    half = sps.t.ppf(0.975, 2) * wald.se
+    assert (safe.ci_low, safe.ci_high) == pytest.approx((safe.estimate - half, safe.estimate + half), rel=1e-12)
+    assert safe.ci_low < wald.ci_low and safe.ci_high > wald.ci_high
+    assert safe.p_value == pytest.approx(2 * sps.t.sf(abs(safe.estimate) / wald.se, 2), rel=1e-12)
+
+
 def test_reml_is_zero_without_heterogeneity():
     assert reml_tau2(np.full(6, 0.3), np.full(6, 0.01)) == 0.0
 
@@ -173,7 +205,8 @@ def test_meta_claim_pools_one_summary_per_model_by_default():
     naive = evaluate_claim(rows, _meta_claim(dependence="independent"))["evidence"]
     evidence = default["evidence"]
     assert evidence["k"] == 2 and evidence["n_rows"] == 24 and evidence["cluster_by"] == "model"
-    assert evidence["method"] == "reml" and evidence["interval"] == "hksj"
+    assert evidence["method"] == "reml" and evidence["interval"] == "hksj (Knapp–Hartung safeguard)"
+    assert "hksj_scale" in evidence and evidence["hksj_safeguard"].startswith("scale factor max(1, s)")
     assert "2 cluster summaries (model" in evidence["pooled"]
     # two models' summaries: the HKSJ interval uses t with 1 df, far wider than the naive pool
     assert evidence["meta_ci_high"] - evidence["meta_ci_low"] > 10 * (naive["meta_ci_high"] - naive["meta_ci_low"])

@@ -13,10 +13,12 @@ from .escape import esc, tex
 from .inputs import (
     ClaimOutcome,
     ConceptCard,
+    LoopDescription,
     ModelDescription,
     ReportInputs,
     RunDescription,
     RunRecord,
+    claim_outcome,
     evidence_items,
 )
 from .latex import PdfLatexError
@@ -25,6 +27,6 @@ from .options import ReportOptions
 from .render import render_bundle
 
 __all__ = [
-    "ClaimOutcome", "ConceptCard", "ModelDescription", "PdfLatexError", "ReportInputs", "ReportOptions",
-    "RunDescription", "RunRecord", "booktabs_table", "esc", "evidence_items", "render_bundle", "tex",
+    "ClaimOutcome", "ConceptCard", "LoopDescription", "ModelDescription", "PdfLatexError", "ReportInputs", "ReportOptions",
+    "RunDescription", "RunRecord", "booktabs_table", "claim_outcome", "esc", "evidence_items", "render_bundle", "tex",
 ]

@@ -16,6 +16,7 @@ from ._data import (
     checkpoint_order,
     fmt_num,
     fmt_p,
+    interval_phrase,
     metric_label,
     natural_key,
     normalise_results,
@@ -26,6 +27,7 @@ from ._data import (
     sig_mark,
     sig_thresholds,
 )
+from ._null_check import DEPENDENCE_CAVEAT, verdict_sentence
 from ._text import M, P, Para, Segment
 from .escape import esc
 from .inputs import ReportInputs, RunDescription, RunRecord
@@ -69,6 +71,9 @@ FAMILY_TEXT: dict[str, str] = {
     "run": "all tests of the run", "model": "the tests of each model",
     "claim": "all tests of the run in results.csv, and, for each claim, the tests it selects",
 }
+PROXY_METRICS = frozenset({"energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g",
+                           "anisotropy_capture", "delta_isoscore_star"})
+"""Metrics that describe a fitted proxy (their ``proxy`` column names it)."""
 CONTROL_INDEPENDENT_METRICS = frozenset({"anisotropy_capture", "delta_isoscore_star", "oracle_fraction"})
 """Metrics whose estimate does not depend on the control kind (only their control mean and
 p-value do): tables show the estimate once."""
@@ -107,7 +112,12 @@ class ReportContext:
         self.name = self.run.name
         self.title = self.options.title or self.run.title or self.run.name
         self.description = self.run.description
-        self.proxy = primary_choice(self.main["proxy"], self.options.primary_proxy, ("pca",))
+        # the proxy of the proxy metrics: the oracle's rows (proxy "oracle") and descriptive rows
+        # ("none") come first in the table and are no proxy to plot (a run whose only proxy is
+        # random@refit must find those rows)
+        proxy_rows = self.main[self.main["metric"].isin(PROXY_METRICS)]
+        self.proxy = primary_choice(proxy_rows["proxy"] if len(proxy_rows) else self.main["proxy"],
+                                    self.options.primary_proxy, ("pca", "pca@refit"))
         self.control = primary_choice(self.main["control"], self.options.primary_control,
                                       ("normal",))
         self.alpha = self.run.alpha
@@ -140,6 +150,30 @@ class ReportContext:
     def n_result_rows(self) -> int:
         """Rows of the results table as written (results.csv), frequency rows not included."""
         return len(self.inputs.results)
+
+    @property
+    def unit_noun(self) -> str:
+        """What one of the run's time points is: a checkpoint, or a measured step of a training loop."""
+        return "measured step" if self.run.measured_in_loop else "checkpoint"
+
+    def phase_rule(self) -> str:
+        """What `phase` early means in this run, in words (captions and methods agree)."""
+        run, share = self.run, f"{self.run.fit_window * 100:g} %"
+        if run.measured_in_loop:
+            fits = "; ".join(_steps_text(m.loop.fit_steps) for m in run.models)
+            return f"the first {share} of the measured steps; the proxies were fitted on training {fits}"
+        if run.proxy_refit == "per_checkpoint":
+            return f"the first {share} of the checkpoints; every checkpoint's proxy is refitted on its own activations"
+        if run.proxy_refit == "both":
+            return (f"the first {share} of the checkpoints, on which the frozen proxies were fitted; the @refit proxies "
+                    "are refitted at every checkpoint")
+        return f"the first {share} of the checkpoints, on which the proxies were fitted"
+
+    def unit_hint(self) -> str:
+        """The run's resampling unit in words, for rows that do not record it (frequency buckets)."""
+        rows = self.main[self.main["metric"] == "energy_ratio"]
+        phrase = interval_phrase(rows, "")
+        return phrase[phrase.index("resampling"):] if "resampling" in phrase else ""
 
     def n_units(self) -> int:
         return int(self.main.groupby(["model", "checkpoint", "layer", "site"]).ngroups) \
@@ -253,20 +287,10 @@ FREQUENCY_CAPTION = (
 )
 
 
-NULL_CHECK_LABELS = {"exact": "the exact test (Haar draws)",
-                     "paper": "the paper's convention (normal controls in the proxy's complement, not exact)"}
-
-
 def null_check_sentences(ctx: ReportContext) -> list[str]:
     """What the run's own null check (an uninformative proxy) says about the tests."""
-    out = []
-    for check in ctx.inputs.null_checks:
-        verdict = "consistent with a calibrated test" if check.calibrated else "NOT calibrated"
-        out.append(f"Null check (uninformative random proxy, {len(check.p_values)} tests): "
-                   f"{NULL_CHECK_LABELS.get(check.test, check.test)} gives p \u2264 {check.alpha:g} in "
-                   f"{check.rejection_rate:.1%} (95 % interval {check.rate_low:.1%}\u2013{check.rate_high:.1%}; "
-                   f"expected {check.alpha:.0%}; Kolmogorov\u2013Smirnov p = {check.ks_p_value:.2g}): {verdict}.")
-    return out
+    sentences = [verdict_sentence(check) for check in ctx.inputs.null_checks]
+    return sentences + [DEPENDENCE_CAVEAT] if sentences else []
 
 
 def summary_sentences(ctx: ReportContext) -> list[str]:
@@ -335,22 +359,42 @@ def methods(ctx: ReportContext) -> list[Para]:
             *([_software(ctx)] if _software(ctx).segments else [])]
 
 
+def _steps_text(steps: tuple[int, ...]) -> str:
+    """"step 3", "steps 0, 1, 2", "steps 0–19" (a contiguous run)."""
+    if not steps:
+        return "no step"
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if len(steps) > 3 and list(steps) == list(range(steps[0], steps[-1] + 1)):
+        return f"steps {steps[0]}\u2013{steps[-1]}"
+    shown = ", ".join(map(str, steps[:8])) + (ELLIPSIS_SEP if len(steps) > 8 else "")
+    return f"steps {shown}"
+
+
 def _design(ctx: ReportContext) -> Para:
+    """Models, checkpoints (or measured steps), the phase rule, sites and the data — each from
+    what this kind of run actually did (`anistat run`: the protocol's corpus and splits; a model
+    measured in its own loop: the loop's batches and steps, from the manifest)."""
     run, df = ctx.run, ctx.main
     model_bits = []
+    share = f"{run.fit_window * 100:g} %"
     for model in run.models:
         dm = df[df["model"] == model.name]
         dims = ordered(dm["dim"].dropna().astype(int))
         # the measured checkpoints (results) where there are any, else the protocol's
         ck = tuple(checkpoint_order(dm)) or model.checkpoints
         early = tuple(ordered_by_first(dm.loc[dm["phase"] == "early", "checkpoint"])) or model.early_checkpoints
-        bits = [model.kind, model.objective.upper() if model.objective else "",
+        loop = model.loop
+        kind = model.kind if loop is None else (
+            f"measured during training by {loop.driver}" + (f" ({loop.training})" if loop.training else ""))
+        bits = [kind, model.objective.upper() if model.objective else "",
                 f"d = {'/'.join(dims)}" if dims else ""]
+        noun = "measured step" if loop is not None else "checkpoint"
         if ck:
-            bits.append(_plural(len(ck), "checkpoint")
+            bits.append(_plural(len(ck), noun)
                         + (f" ({ck[0]} \u2026 {ck[-1]})" if len(ck) > 1 else f" ({ck[0]})"))
         if early and len(early) < len(ck):
-            bits.append(f"early phase: {', '.join(early)}")
+            bits.append(f"early phase (the first {share} of the {noun}s): {', '.join(early)}")
         model_bits.append(f"{model.name} (" + "; ".join(b for b in bits if b) + ")")
     sites = ordered(df["site"])
     seg: list[Segment] = [
@@ -358,24 +402,102 @@ def _design(ctx: ReportContext) -> Para:
         f"Hidden states were read at {_plural(len(sites), 'site')}"
         + (f" ({', '.join(sites[:12])}{ELLIPSIS_SEP if len(sites) > 12 else ''})" if sites else "")
         + ". "]
-    seg.append(f"Text: {run.corpus}, cut into sequences of {run.seq_len} tokens; per model, "
-               f"{run.n_fit_sequences} sequences fit the proxies and {run.n_test_sequences} "
-               f"disjoint test sequences give the gradients")
     n_tok = df["n_tokens"].dropna()
-    if len(n_tok):
-        seg.append(f" ({_range_text(n_tok)} loss-bearing tokens per unit)")
+    tokens = f" ({_range_text(n_tok)} loss-bearing tokens per unit)" if len(n_tok) else ""
+    if run.measured_in_loop:
+        for model in run.models:
+            loop = model.loop
+            length = f"sequences of up to {loop.sequence_length} tokens" if loop.sequence_length else "sequences"
+            fit_n = f"the {loop.fit_sequences} sequences" if loop.fit_sequences is not None else "the sequences"
+            measured_n = (f"the {loop.measured_sequences} sequences" if loop.measured_sequences is not None
+                          else "the sequences")
+            window = f" (units of {loop.window} consecutive steps)" if loop.window > 1 else ""
+            seg.append(f"Data{f' ({model.name})' if len(run.models) > 1 else ''}: the training loop's own batches "
+                       f"({length}), not a held-out split — the protocol's data settings were not used: "
+                       f"{fit_n} of training {_steps_text(loop.fit_steps)} fit the proxies and {measured_n} of "
+                       f"training {_steps_text(loop.measured_steps)}{window} give the gradients{tokens}. ")
+        seg.append(f"Random seed: {run.seed}.")
+        return P(*seg, heading="Design")
+    fitting = (f"{run.n_fit_sequences} sequences fit the proxies and {run.n_test_sequences} disjoint test sequences"
+               if any(m not in DATA_FREE_PROXIES for m in run.proxy_methods) else
+               f"{run.n_test_sequences} test sequences (the proxies use no activation)")
+    seg.append(f"Text: {run.corpus}, cut into sequences of {run.seq_len} tokens; per model, {fitting} give the "
+               f"gradients{tokens}")
     seg.append(f". Random seed: {run.seed}.")
     return P(*seg, heading="Design")
 
 
+DATA_FREE_PROXIES = {"random": "uniformly random subspaces (uninformative proxies, for null checks; no activation "
+                                "shapes them)"}
+"""Proxy methods whose basis uses no activation (drawn, not fitted), as the methods text names them."""
+
+
 def _proxies(ctx: ReportContext) -> Para:
+    """How the proxies came to be: fitted (or drawn) on what, frozen or refitted — for the run's
+    own `proxies.refit` and, for a loop-measured model, on the loop's fit steps."""
     run = ctx.run
-    described = [PROXY_DESCRIPTIONS.get(m, m) for m in run.proxy_methods]
-    seg: list[Segment] = [
-        "Tangent proxies U (orthonormal d \u00d7 k bases) of rank k \u2208 {"
-        + ", ".join(str(r) for r in run.ranks) + f"}} were fitted with {_join(described)} "
-        f"on activations of the fit sequences at the earliest {run.fit_window * 100:g} % of the "
-        f"checkpoints (at most {run.max_fit_tokens} tokens per site), then frozen. Gradients "]
+    fitted = [m for m in run.proxy_methods if m not in DATA_FREE_PROXIES]
+    drawn = [m for m in run.proxy_methods if m in DATA_FREE_PROXIES]
+    ranks = "{" + ", ".join(str(r) for r in run.ranks) + "}"
+    cap = f"at most {run.max_fit_tokens} tokens per site"
+    seg: list[Segment] = [f"Tangent proxies U (orthonormal d \u00d7 k bases) of rank k \u2208 {ranks}"]
+    clauses = []
+    if run.measured_in_loop:
+        loop_fits = "; ".join(
+            f"{_steps_text(m.loop.fit_steps)}" + (f" of {m.name}" if len(run.models) > 1 else "") for m in run.models)
+        if fitted:
+            clauses.append(f"were fitted with {_join([PROXY_DESCRIPTIONS.get(m, m) for m in fitted])} on the "
+                           f"activations of the training batches of {loop_fits} ({cap}, sampled evenly over the "
+                           "fit steps), then frozen")
+        if drawn:
+            clauses.append(f"{'and ' if fitted else ''}were drawn as {_join([DATA_FREE_PROXIES[m] for m in drawn])}"
+                           " once, after the fit steps, then frozen")
+        seg.append(" " + " ".join(clauses) + ". ")
+        overlaps = [(m.name, sorted(set(m.loop.fit_steps) & set(m.loop.measured_steps))) for m in run.models]
+        for name, steps in overlaps:
+            if steps:
+                seg.append(f"Training {_steps_text(tuple(steps))} {'was' if len(steps) == 1 else 'were'} both fitted and "
+                           f"measured{f' ({name})' if len(run.models) > 1 else ''}: its gradients come from the "
+                           "batches whose activations fitted the proxy. ")
+        seg.append("Gradients ")
+        seg.append(M("<i>g<sub>i</sub></i> = \u2202<i>L</i>/\u2202<i>h<sub>i</sub></i>",
+                     r"$g_i = \partial L / \partial h_i$"))
+        seg.append(" of the loss the training loop optimised were read from each measured training step's own "
+                   "backward pass (no extra forward or backward) at the same sites; the phase of a unit is its "
+                   f"place among the measured steps (the first {run.fit_window * 100:g} % are early), not the "
+                   "steps the proxies were fitted on.")
+        return P(*seg, heading="Proxies and gradients")
+    window = f"the early-phase checkpoints (the earliest {run.fit_window * 100:g} %"
+    refit = run.proxy_refit
+    if fitted:
+        how = _join([PROXY_DESCRIPTIONS.get(m, m) for m in fitted])
+        if refit == "frozen":
+            clauses.append(f"were fitted with {how} on activations of the fit sequences at {window}; {cap}), "
+                           "then frozen")
+        elif refit == "per_checkpoint":
+            labels = ", ".join(f"{m}@refit" for m in fitted)
+            clauses.append(f"were fitted with {how} on activations of the fit sequences of each checkpoint "
+                           f"separately ({cap}): every checkpoint is measured with a proxy refitted on its own "
+                           f"activations (labelled {labels}), so the early phase only places a checkpoint in "
+                           "training")
+        else:
+            clauses.append(f"were fitted with {how} twice: on activations of the fit sequences at {window}), then "
+                           f"frozen (labelled {', '.join(fitted)}), and refitted on each checkpoint's own fit "
+                           f"sequences (labelled {', '.join(f'{m}@refit' for m in fitted)}; {cap})")
+    if drawn:
+        how = _join([DATA_FREE_PROXIES[m] for m in drawn])
+        prefix = "and " if fitted else ""
+        if refit == "frozen":
+            clauses.append(f"{prefix}were drawn as {how}, once per site and rank, then frozen")
+        elif refit == "per_checkpoint":
+            clauses.append(f"{prefix}were drawn as {how}, anew at every checkpoint "
+                           f"(labelled {', '.join(f'{m}@refit' for m in drawn)}), so the proxies of different "
+                           "checkpoints are independent draws")
+        else:
+            clauses.append(f"{prefix}were drawn as {how} once and frozen (labelled "
+                           f"{', '.join(drawn)}) and anew at every checkpoint "
+                           f"(labelled {', '.join(f'{m}@refit' for m in drawn)})")
+    seg.append(" " + " ".join(clauses) + ". Gradients ")
     seg.append(M("<i>g<sub>i</sub></i> = \u2202<i>L</i>/\u2202<i>h<sub>i</sub></i>",
                  r"$g_i = \partial L / \partial h_i$"))
     seg.append(" of the model's own training loss (next-token cross-entropy for CLM, masked-token "
@@ -399,10 +521,11 @@ def _controls(ctx: ReportContext) -> Para:
     closed = [c for c in run.control_kinds if c in ("haar", "normal") and run.energy_ratio_reference == "expected"]
     drawn = [c for c in run.control_kinds if c not in closed]
     if closed:
+        forms = {"haar": "k/d of the gradient energy for haar", "normal": "k/(d − k) of the energy outside the "
+                 "proxy for normal"}
         seg.append(f"For {_join(closed)} controls the energy ratio's denominator is the control energy's "
-                   "closed-form expectation over the control law (k/d of the gradient energy for haar, "
-                   "k/(d − k) of the energy outside the proxy for normal), and their spread (z, "
-                   "control mean and sd) comes from draws made at analysis time from each unit's "
+                   f"closed-form expectation over the control law ({', '.join(forms[c] for c in closed)}), and "
+                   "their spread (z, control mean and sd) comes from draws made at analysis time from each unit's "
                    "gradient second moment. ")
     if drawn:
         seg.append(f"For {_join(drawn)} controls, n = {run.n_controls} draws per proxy were projected on "
@@ -485,6 +608,9 @@ def _statistics(ctx: ReportContext) -> Para:
     if documents:
         seg.append(f"The resampling unit is the document ({_range_text(clusters)} documents per unit): "
                    "sequences cut from one document are resampled together. ")
+    elif run.measured_in_loop:
+        seg.append("The resampling unit is the sequence (each sequence of a measured training batch is its own "
+                   "unit). ")
     else:
         seg.append("The resampling unit is the sequence"
                    f"{' (no two test sequences share a recorded document)' if run.resampling_unit == 'document' else ''}. ")

@@ -260,3 +260,53 @@ def bucket_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def is_bucket_metric(metric: str) -> bool:
     return bool(BUCKET_METRIC_RE.match(metric))
+
+
+# ---------------------------------------------------------------- what an interval is
+
+#: The results' ``ci_method`` values in words.
+CI_METHOD_TEXT: dict[str, str] = {
+    "studentized": "studentized bootstrap",
+    "bca": "BCa bootstrap",
+    "percentile": "percentile bootstrap",
+    "basic": "basic bootstrap",
+}
+
+
+def _count_range(values: pd.Series) -> str:
+    values = pd.to_numeric(values, errors="coerce").dropna()
+    if values.empty:
+        return ""
+    low, high = int(values.min()), int(values.max())
+    return str(low) if low == high else f"{low}\u2013{high}"
+
+
+def interval_phrase(rows: pd.DataFrame, ci_text: str, unit_hint: str = "") -> str:
+    """What the intervals of ``rows`` are, from the rows themselves: level, method(s) and the
+    resampling unit with its count per unit — e.g. "95 % studentized bootstrap intervals,
+    resampling 38–41 documents per unit (the sequences cut from one document together)". ``""`` when no row has an interval. ``unit_hint`` is used for rows that do not
+    record their resampling units (frequency-bucket rows)."""
+    if rows.empty or not {"ci_low", "ci_high"} <= set(rows.columns):
+        return ""
+    low = pd.to_numeric(rows["ci_low"], errors="coerce")
+    high = pd.to_numeric(rows["ci_high"], errors="coerce")
+    with_ci = rows[np.isfinite(low) & np.isfinite(high)]
+    if with_ci.empty:
+        return ""
+    methods = [m for m in ordered_by_first(with_ci.get("ci_method", pd.Series(dtype=str)))
+               if m not in ("", "none", "nan")]
+    method = " / ".join(CI_METHOD_TEXT.get(m, m) for m in methods) or "bootstrap"
+    clusters = pd.to_numeric(with_ci.get("n_clusters", pd.Series(np.nan, index=with_ci.index)), errors="coerce")
+    sequences = pd.to_numeric(with_ci.get("n_sequences", pd.Series(np.nan, index=with_ci.index)), errors="coerce")
+    if clusters.notna().any() and not clusters.fillna(-1).equals(sequences.fillna(-1)):
+        unit = (f"resampling {_count_range(clusters)} documents per unit (the sequences cut from one document "
+                "together)")
+    elif clusters.notna().any():
+        unit = f"resampling {_count_range(clusters)} sequences per unit"
+    elif unit_hint:
+        unit = unit_hint
+    elif sequences.notna().any():  # a table without n_clusters (an older bundle) resampled sequences
+        unit = f"resampling {_count_range(sequences)} sequences per unit"
+    else:
+        unit = ""
+    return f"{ci_text} {method} intervals" + (f", {unit}" if unit else "")

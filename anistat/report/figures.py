@@ -32,10 +32,12 @@ from ._data import (
     checkpoint_order,
     metric_label,
     natural_key,
+    interval_phrase,
     ordered,
     ordered_by_first,
     phase_last_checkpoints,
 )
+from ._null_check import DEPENDENCE_CAVEAT, VERDICT_TEXT, grid_text
 
 # Okabe & Ito (2008) colour-blind-safe palette.
 OKABE_ITO = {
@@ -226,10 +228,12 @@ def fig_energy_ratio_trajectory(df: pd.DataFrame, ctx: dict[str, Any]) -> Figure
         handles.append(Patch(color=OKABE_ITO["grey"], alpha=0.25, label="early phase"))
     _fig_legend(fig, handles)
     _finish(fig)
+    bands = interval_phrase(data, ctx["ci_text"])
     cap = ("Energy ratio R = E(U) / mean E(Q) of the proxy (" + ctx["proxy"] + ") against each "
-           "control kind, over training steps, per model and layer. Bands: "
-           + ctx["ci_text"] + " confidence intervals (bootstrap over sequences). The dashed line "
-           "marks R = 1 (no enrichment); the shaded region is the early phase.")
+           "control kind, over " + ctx.get("step_word", "training steps") + ", per model and layer. "
+           + (f"Bands: {bands}. " if bands else "No band: these rows carry no interval. ")
+           + "The dashed line marks R = 1 (no enrichment); the shaded region is the early phase ("
+           + ctx.get("phase_rule", "the first checkpoints") + ").")
     return FigureSpec("energy_ratio_trajectory", "Energy ratio over training", cap + note, fig)
 
 
@@ -314,7 +318,7 @@ def fig_null_distribution(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec |
                "is drawn as a normal density with the recorded control mean and SD "
                "(an approximation for display only; p-values use the actual draws).")
     cap = (f"Energy captured by random control subspaces versus the proxy (vertical line) at the "
-           f"last checkpoint of each model ({ckpts}). {how}")
+           f"last {ctx.get('unit_noun', 'checkpoint')} of each model ({ckpts}). {how}")
     return FigureSpec("null_distribution", "Control energies and the proxy", cap + note, fig)
 
 
@@ -372,13 +376,15 @@ def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
     for ph in phases:
         mk, face = PHASE_MARKERS.get(ph, ("D", None))
         handles.append(Line2D([], [], color="0.25", marker=mk, ls="none", ms=5.5,
-                              markerfacecolor=face or "0.25", label=f"{ph or 'all'} (last checkpoint)"))
+                              markerfacecolor=face or "0.25",
+                              label=f"{ph or 'all'} (last {ctx.get('unit_noun', 'checkpoint')})"))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), frameon=False)
     n_leg_rows = math.ceil(len(handles) / 4)
     fig.tight_layout(rect=(0, min(0.4, (0.3 * n_leg_rows + 0.15) / fig.get_figheight()), 1, 1))
     null = "0 (R = 1)" if metric != "energy_ratio" else "1"
-    cap = (f"Forest plot of {metric_label(metric)} with {ctx['ci_text']} confidence intervals "
-           f"per model, layer and rank, at the last checkpoint of each training phase (open "
+    bars = interval_phrase(data, ctx["ci_text"]) or "no interval (these rows carry none)"
+    cap = (f"Forest plot of {metric_label(metric)} with {bars}, "
+           f"per model, layer and rank, at the last {ctx.get('unit_noun', 'checkpoint')} of each training phase (open "
            f"circles: early, filled squares: late), for each control kind. The dashed line marks "
            f"no effect ({null}).")
     return FigureSpec("forest_effects", "Effect sizes across models, layers and ranks",
@@ -450,8 +456,10 @@ def fig_proxy_oracle_controls(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSp
     handles.append(Line2D([], [], color=ISOTROPIC_COLOUR, ls=(0, (2, 1.5)), label="isotropic k/d"))
     _fig_legend(fig, handles)
     _finish(fig)
-    cap = ("Share of true-gradient energy captured at the last checkpoint of each model, per "
-           "rank: the proxy E(U) (with its " + ctx["ci_text"] + " CI), the oracle E*\u2096 (top-k "
+    whiskers = interval_phrase(ef, ctx["ci_text"])
+    cap = (f"Share of true-gradient energy captured at the last {ctx.get('unit_noun', 'checkpoint')} of each model, per "
+           "rank: the proxy E(U) (" + (f"with its {whiskers}" if whiskers else "no interval recorded")
+           + "), the oracle E*\u2096 (top-k "
            "eigenvalues of G\u1d40G over its trace, the ceiling for any rank-k subspace), and the "
            "mean energy of each control kind (\u00b1 1 SD across control draws). The dashed "
            "tick is the isotropic expectation k/d.")
@@ -500,10 +508,12 @@ def fig_delta_isoscore(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | st
                 for c in controls]
     _fig_legend(fig, handles)
     _finish(fig)
+    whiskers = interval_phrase(data, ctx["ci_text"])
     cap = ("\u0394IsoScore*: IsoScore* of the gradients restricted to the complement of a "
-           "subspace minus IsoScore* of all gradients, at the last checkpoint of each model. "
+           f"subspace minus IsoScore* of all gradients, at the last {ctx.get('unit_noun', 'checkpoint')} of each model. "
            "Positive values: removing the subspace makes the gradient cloud more isotropic. "
-           "Proxy with its " + ctx["ci_text"] + " CI; controls as mean \u00b1 1 SD over draws.")
+           + (f"Proxy with its {whiskers}" if whiskers else "Proxy as a point (its rows carry no interval)")
+           + "; controls as mean \u00b1 1 SD over draws.")
     return FigureSpec("delta_isoscore", "\u0394IsoScore*: proxy vs controls", cap + note, fig)
 
 
@@ -549,13 +559,13 @@ def fig_frequency_buckets(df_all: pd.DataFrame, ctx: dict[str, Any]) -> FigureSp
         ax.set_ylabel(metric_label(base))
     handles = [Line2D([], [], color=pcol.get(ph, "0.3"), marker=PHASE_MARKERS.get(ph, ("D",))[0],
                       markerfacecolor=PHASE_MARKERS.get(ph, ("D", None))[1] or pcol.get(ph, "0.3"),
-                      label=f"{ph or 'all'} (last checkpoint)") for ph in phases]
+                      label=f"{ph or 'all'} (last {ctx.get('unit_noun', 'checkpoint')})") for ph in phases]
     _fig_legend(fig, handles)
     _finish(fig)
     label = metric_label(base)
     cap = (f"{label[:1].upper() + label[1:]} (control: {ctrl}) per token-frequency bucket, "
-           f"in the producer's bucket order, at the last checkpoint of each phase; "
-           f"{ctx['ci_text']} CIs.")
+           f"in the producer's bucket order, at the last {ctx.get('unit_noun', 'checkpoint')} of each phase; "
+           + (interval_phrase(data, ctx["ci_text"], ctx.get("unit_hint", "")) or "no intervals recorded") + ".")
     return FigureSpec("frequency_buckets", "Token-frequency buckets", cap + note, fig)
 
 
@@ -650,19 +660,23 @@ def fig_null_check(_df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
         rate.errorbar([i], [check.rejection_rate],
                       yerr=[[check.rejection_rate - check.rate_low], [check.rate_high - check.rejection_rate]],
                       marker="o", capsize=4, color=colours.get(check.test, "0.3"))
+        # a Monte-Carlo p on a coarse grid: a valid test rejects floor(alpha·G)/G, not alpha
+        rate.plot([i - 0.3, i + 0.3], [check.expected_rate] * 2, color="0.1", lw=2)
     rate.axhline(alpha, color="0.35", lw=1, ls=(0, (4, 3)))
     rate.set_xticks(range(len(checks)), [labels.get(c.test, c.test).split(" (")[0] for c in checks], fontsize=7)
     rate.set_xlim(-0.5, len(checks) - 0.5)
-    rate.set_ylabel(f"share of p \u2264 {alpha:g} (95 % exact CI)")
+    rate.set_ylabel(f"share of p \u2264 {alpha:g} (95 % exact CI; bar: a valid test)")
     rate.set_title("Rejections under a true null")
     fig.tight_layout()
     verdicts = "; ".join(
-        f"{labels.get(c.test, c.test)}: {c.rejection_rate:.3f} [{c.rate_low:.3f}, {c.rate_high:.3f}], "
-        f"KS p = {c.ks_p_value:.2g} \u2014 {'calibrated' if c.calibrated else 'NOT calibrated'}" for c in checks)
+        f"{labels.get(c.test, c.test)}: {c.rejection_rate:.3f} [{c.rate_low:.3f}, {c.rate_high:.3f}] against "
+        f"{c.expected_rate:.3f} ({grid_text(c)}), binomial p = {c.binomial_p:.2g}, uniformity p = "
+        f"{c.uniformity_p:.2g} \u2014 {VERDICT_TEXT.get(c.verdict, c.verdict)}" for c in checks)
     cap = ("Null check: every proxy here is a uniformly random subspace, so every null is true and a valid "
-           f"test's p-values are uniform. Share of p \u2264 {alpha:g} with its exact binomial interval and the "
-           f"Kolmogorov\u2013Smirnov p-value: {verdicts}. Tests sharing a proxy or a checkpoint are dependent, so "
-           "the intervals are approximate.")
+           f"test's p-values follow its null law (uniform on the grid of its Monte-Carlo draws). Share of "
+           f"p \u2264 {alpha:g} with its exact binomial interval, the exact binomial test of that share against a "
+           "valid test's share, and the uniformity test on the p-values' own grid (Kolmogorov\u2013Smirnov "
+           f"distance, p by simulation): {verdicts}. {DEPENDENCE_CAVEAT}")
     return FigureSpec("null_check", "Null check: an uninformative proxy", cap, fig)
 
 

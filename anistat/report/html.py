@@ -145,7 +145,7 @@ def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[st
         title=ctx.title, subtitle=DOT.join(sub), nav=nav, warnings=ctx.inputs.warnings,
         question=QUESTION, description=ctx.description, claims=claims,
         claims_passed=sum(c.passed for c in claims), findings=summary_sentences(ctx),
-        headline=headline(ctx), proxy=ctx.proxy, control=ctx.control, ci_text=ctx.ci_text,
+        headline=headline(ctx), proxy=ctx.proxy, control=ctx.control, ci_text=ctx.ci_text, unit_noun=ctx.unit_noun,
         legend=ctx.legend_text(), n_failed_groups=len(fu),
         figures=[_figure(f) for f in figs],
         skipped=[(k.replace("_", " "), v) for k, v in skipped.items()],

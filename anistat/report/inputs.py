@@ -17,13 +17,39 @@ import pandas as pd
 
 
 @dataclass(frozen=True)
+class LoopDescription:
+    """A model measured inside its own training loop (``TrainingMeter`` / ``AnistatCallback``):
+    what the manifest records about the loop, so the report describes the loop's batches and
+    steps, not the protocol's data settings (which were not used).
+
+    ``driver`` names the measuring object (e.g. "AnistatCallback in a transformers Trainer run");
+    ``training`` the training settings it recorded, in words ("" when unknown);
+    ``fit_steps`` the steps whose activations fitted the proxies; ``measured_steps`` the first
+    step of every measured unit (``window`` steps each); ``fit_sequences`` / ``measured_sequences``
+    the sequences seen on them; ``sequence_length`` the longest sequence; ``token_counts`` where
+    the frequency buckets' counts came from."""
+
+    driver: str
+    training: str
+    fit_steps: tuple[int, ...]
+    measured_steps: tuple[int, ...]
+    window: int
+    fit_sequences: int | None
+    measured_sequences: int | None
+    sequence_length: int | None
+    token_counts: str = ""
+
+
+@dataclass(frozen=True)
 class ModelDescription:
     """One model of the run as the protocol declares it.
 
     ``kind`` is a human description of the source (e.g. "built-in GPT-2-style decoder trained in
     the run"); ``checkpoints`` are the labels in training order; ``early_checkpoints`` the ones
-    inside the proxy fit window; ``settings`` the protocol fields that apply to this model's
-    source only (a local model shows no built-in ``hidden_size`` or ``train.steps``).
+    of the early phase (the first ``proxies.fit_window`` share of the checkpoints); ``settings``
+    the protocol fields that apply to this model's source only (a local model shows no built-in
+    ``hidden_size`` or ``train.steps``); ``loop`` what was measured when the model was measured
+    inside its own training loop (None for `anistat run`).
     """
 
     name: str
@@ -33,6 +59,7 @@ class ModelDescription:
     checkpoints: tuple[str, ...]
     early_checkpoints: tuple[str, ...]
     settings: tuple[tuple[str, str], ...]
+    loop: LoopDescription | None = None
 
 
 @dataclass(frozen=True)
@@ -42,7 +69,11 @@ class RunDescription:
     ``n_controls`` is the protocol's number of control draws per kind (``controls.n``, the
     paper's convention); ``n_null_draws`` the Haar draws of the exact test the run used;
     ``isoscore_c0`` and ``isoscore_zeta`` are IsoScore*'s shrinkage target and weight
-    (``stats.isoscore_c0``, ``stats.isoscore_zeta``).
+    (``stats.isoscore_c0``, ``stats.isoscore_zeta``); ``proxy_refit`` is ``proxies.refit``
+    (``frozen``: fitted on the early phase and frozen; ``per_checkpoint``: refitted on every
+    checkpoint, labelled ``METHOD@refit``; ``both``). ``corpus``, ``seq_len`` and the sequence
+    counts describe `anistat run`'s data; a model measured in its own loop carries its own
+    (``ModelDescription.loop``).
     """
 
     name: str
@@ -83,6 +114,12 @@ class RunDescription:
     n_permutations_used: int | None = None
     null_draws_auto: bool = True
     """``stats.n_null_draws: auto`` — the draws were sized so the floor can pass the family."""
+    proxy_refit: str = "frozen"
+
+    @property
+    def measured_in_loop(self) -> bool:
+        """Every model was measured inside its own training loop (TrainingMeter / AnistatCallback)."""
+        return bool(self.models) and all(m.loop is not None for m in self.models)
 
 
 @dataclass(frozen=True)
@@ -102,12 +139,26 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class ClaimOutcome:
-    """One evaluated claim: pass/fail and its evidence as (name, value) pairs or one sentence."""
+    """One evaluated claim, display-ready: pass/fail, what decided it and its evidence.
+
+    ``interval`` is the short interval text shown beside the verdict (e.g. "95 % interval
+    [1.94, 2.34]", or why there is none) and ``interval_of`` what it is an interval of;
+    ``p_value`` the p-value with what it tests; ``rule`` the claim's rule in words;
+    ``decided_by`` ``interval`` / ``test`` / ``point estimate``; ``failed`` the criteria that
+    failed (empty on a pass); ``evidence`` the recorded evidence as (name, value) pairs or one
+    sentence. Built from a claims.json record by :func:`claim_outcome`."""
 
     id: str
     statement: str
     passed: bool
     evidence: tuple[tuple[str, str], ...] | str = ()
+    status: str = ""
+    rule: str = ""
+    decided_by: str = ""
+    interval: str = ""
+    interval_of: str = ""
+    p_value: str = ""
+    failed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,12 +178,17 @@ class ConceptCard:
 
 @dataclass(frozen=True)
 class NullCheckSummary:
-    """A run's own null check: p-values of an uninformative (``random``) proxy against U(0, 1).
+    """A run's own null check: p-values of an uninformative (``random``) proxy, which must follow
+    a valid test's null law (``anistat.stats.p_value_uniformity``).
 
     ``test`` is ``"exact"`` (the primary Haar Monte-Carlo test) or ``"paper"`` (normal controls,
-    the paper's convention); ``p_values`` the distinct tests' p-values; ``rate_low``/``rate_high``
-    the exact binomial 95 % interval of ``rejection_rate`` = share of p ≤ ``alpha``;
-    ``calibrated`` = ``alpha`` lies inside it."""
+    the paper's convention); ``p_values`` the distinct tests' p-values; ``grid`` G when they are
+    multiples of 1/G (None: continuous); ``expected_rate`` P(p ≤ ``alpha``) on that grid;
+    ``rejection_rate`` the share of p ≤ ``alpha`` with its exact 95 % interval
+    ``rate_low``/``rate_high`` and the exact binomial test ``binomial_p`` against
+    ``expected_rate``; ``uniformity_p`` the Monte-Carlo p-value of the KS distance from the
+    uniform law on the grid; ``verdict`` ``calibrated`` / ``anti-conservative`` /
+    ``conservative`` / ``not uniform`` at ``level``."""
 
     test: str
     p_values: tuple[float, ...]
@@ -140,8 +196,16 @@ class NullCheckSummary:
     rejection_rate: float
     rate_low: float
     rate_high: float
-    ks_p_value: float
-    calibrated: bool
+    expected_rate: float
+    grid: int | None
+    binomial_p: float
+    uniformity_p: float
+    level: float
+    verdict: str
+
+    @property
+    def calibrated(self) -> bool:
+        return self.verdict == "calibrated"
 
 
 @dataclass(frozen=True)
@@ -172,6 +236,47 @@ class ReportInputs:
         if not isinstance(self.run, RunDescription):
             raise TypeError(f"run must be a RunDescription, got {type(self.run).__name__}")
         object.__setattr__(self, "warnings", tuple(str(w) for w in self.warnings))
+
+
+NO_INTERVAL = "no interval: the selected rows carry no CI"
+OLD_RECORD = "not recorded (a claims.json from an older anistat; `anistat verify` re-evaluates it)"
+
+
+def claim_outcome(record: Any) -> ClaimOutcome:
+    """A claims.json record (``anistat.claims.evaluate_claim``) as a display-ready outcome.
+
+    Every card gets an interval text: the record's interval, or why there is none (rows without a
+    CI; an older record that did not store one)."""
+    from collections.abc import Mapping
+
+    record = record if isinstance(record, Mapping) else {}
+    interval, interval_of = OLD_RECORD, ""
+    if "interval" in record:
+        found = record.get("interval")
+        interval = NO_INTERVAL
+        if isinstance(found, Mapping) and _is_number(found.get("low")) and _is_number(found.get("high")):
+            level = found.get("level")
+            prefix = f"{float(level) * 100:g} % interval" if _is_number(level) else "interval"
+            interval = f"{prefix} [{float(found['low']):.4g}, {float(found['high']):.4g}]"
+            interval_of = str(found.get("of") or "")
+        elif record.get("status") == "error":
+            interval = "no interval: the claim could not be evaluated"
+    p_text = ""
+    found_p = record.get("p_value")
+    if isinstance(found_p, Mapping) and _is_number(found_p.get("value")):
+        p_text = f"p = {float(found_p['value']):.3g}" + (f" ({found_p['of']})" if found_p.get("of") else "")
+    failed = record.get("failed") if isinstance(record.get("failed"), list) else []
+    return ClaimOutcome(id=str(record.get("id", "")), statement=str(record.get("statement", "")),
+                        passed=bool(record.get("passed")), evidence=evidence_items(record.get("evidence")),
+                        status=str(record.get("status", "")), rule=str(record.get("rule", "")),
+                        decided_by=str(record.get("decided_by", "")), interval=interval, interval_of=interval_of,
+                        p_value=p_text, failed=tuple(str(f) for f in failed))
+
+
+def _is_number(value: Any) -> bool:
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def evidence_items(evidence: Any) -> tuple[tuple[str, str], ...] | str:

@@ -28,6 +28,7 @@ from ._content import (
 from ._data import (
     METRIC_LABELS_TEX,
     checkpoint_order,
+    interval_phrase,
     natural_key,
     ordered_by_first,
     phase_last_checkpoints,
@@ -155,14 +156,14 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
 
     body = _body(ctx, d, group, row_keys, transposed, row_cells)
     what = ("per checkpoint" if ctx.options.table_checkpoints == "all"
-            else "at the last checkpoint of each training phase")
+            else f"at the last {ctx.unit_noun} of each training phase")
     mt = metric_tex(metric)
     cap = [mt[:1].upper() + mt[1:] if mt[:1].isalpha() else mt, f" of the {tex(ctx.proxy)} proxy {what}"]
     if has_control and not transposed:
         cap.append(", against each control kind")
     cap.append(". ")
     if has_ci:
-        cap.append(f"Brackets: {tex(ctx.ci_text)} bootstrap confidence intervals. ")
+        cap.append(f"Brackets: {tex(interval_phrase(d, ctx.ci_text) or ctx.ci_text + ' intervals')}. ")
     if has_mark:
         cap.append(tex(ctx.legend_text()) + ". ")
     cap.append(f"Protocol: {tex(ctx.name)}.")
@@ -276,12 +277,25 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
             if len(s):
                 r = s.iloc[0]
                 means[(ri, ci)] = _Cell(ctx.fmt(r["control_mean"]), mark=ctx.mark(r[ctx.p_col]))
+    # The stars are the proxy's test: where every control kind's row carries the same p-value
+    # (the exact test is shared by the kinds) they follow the estimate, not the control means;
+    # only kind-specific p-values are starred per control column.
+    shared = all(len({means[(ri, ci)].mark for ci in range(len(controls)) if (ri, ci) in means}) <= 1
+                 for ri in value)
+    if shared:
+        for ri, cell in value.items():
+            marks = [means[(ri, ci)].mark for ci in range(len(controls)) if (ri, ci) in means]
+            if marks and not cell.failed:
+                value[ri] = _Cell(cell.est, cell.lo, cell.hi, mark=marks[0])
+        for key, cell in means.items():
+            means[key] = _Cell(cell.est)
     has_ci = any(c.lo or c.hi for c in value.values())
     has_mark = any(c.mark for c in means.values())
+    mark_value = shared and any(c.mark for c in value.values())
     has_means = any(c.est for c in means.values())
     fmt_value = _table_format([c.est for c in value.values()])
     fmt_means = [_table_format([means[k].est for k in means if k[1] == ci]) for ci in range(len(controls))]
-    spec, width = _colspec([fmt_value], False, has_ci, "r")
+    spec, width = _colspec([fmt_value], mark_value, has_ci, "r")
     if has_means:
         for f in fmt_means:
             spec.append(f"S[table-format={f}]" if f else "c")
@@ -295,13 +309,13 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
         top.append(r"\multicolumn{%d}{c}{%s}" % (w, name))
         rules.append(r"\cmidrule(lr){%d-%d}" % (col, col + w - 1))
         col += w
-    sub_heads = _sub_heads(ctx, 1, False, has_ci)
+    sub_heads = _sub_heads(ctx, 1, mark_value, has_ci)
     if has_means:
         sub_heads += _sub_heads(ctx, len(controls), has_mark, False, first="{Mean}")
     head = [head_top + top, "".join(rules), [""] * len(head_top) + sub_heads]
 
     def row_cells(ri: int) -> list[str]:
-        out = _value_cells(value.get(ri), fmt_value, False, has_ci, width)
+        out = _value_cells(value.get(ri), fmt_value, mark_value, has_ci, width)
         if has_means and not (value.get(ri) and value[ri].failed):
             for ci in range(len(controls)):
                 out += _value_cells(means.get((ri, ci)), fmt_means[ci], has_mark, False, 1 + has_mark)
@@ -311,7 +325,7 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
 
     body = _body(ctx, d, group, row_keys, False, row_cells)
     what = ("per checkpoint" if ctx.options.table_checkpoints == "all"
-            else "at the last checkpoint of each training phase")
+            else f"at the last {ctx.unit_noun} of each training phase")
     mt = metric_tex(metric)
     cap = [mt[:1].upper() + mt[1:] if mt[:1].isalpha() else mt,
            f" of the {tex(ctx.proxy)} proxy {what}. It does not depend on the control kind, so it is "
@@ -320,7 +334,9 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
         cap.append("; the next columns give the mean over the draws of each control kind")
     cap.append(". ")
     if has_ci:
-        cap.append(f"Brackets: {tex(ctx.ci_text)} bootstrap confidence intervals. ")
+        cap.append(f"Brackets: {tex(interval_phrase(d, ctx.ci_text) or ctx.ci_text + ' intervals')}. ")
+    if mark_value:
+        cap.append("Marks: the proxy's own test (shared by the control kinds); " + tex(ctx.legend_text()) + ". ")
     if has_mark:
         cap.append("Marks: the proxy against that control kind; " + tex(ctx.legend_text()) + ". ")
     cap.append(f"Protocol: {tex(ctx.name)}.")
@@ -376,7 +392,7 @@ def _headline_tex(ctx: ReportContext) -> str:
                              + (r" {\footnotesize " + _ci_tex(ci) + "}" if ci else ""))
         rows.append(parts)
     caption = (r"Headline energy ratios $R$ of the " + tex(ctx.proxy) + " proxy against "
-               + tex(ctx.control) + " controls at the last checkpoint of each phase, with "
+               + tex(ctx.control) + f" controls at the last {ctx.unit_noun} of each phase, with "
                + tex(ctx.ci_text) + " CIs. " + tex(ctx.legend_text()) + ".")
     return booktabs_table("ll" + "r" * ncols, [head], rows, caption=caption)
 
@@ -463,12 +479,23 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
         L += ["", r"\subsection*{Claims: %d of %d passed}" % (n_pass, len(claims)),
               r"\begin{itemize}"]
         for c in claims:
-            badge = r"\textbf{PASS}" if c.passed else r"\textbf{FAIL}"
+            verdict = "PASS" if c.passed else ("ERROR" if c.status == "error" else "FAIL")
+            # the interval sits beside the verdict, as in the HTML card
+            badge = r"\textbf{" + verdict + "}"
             cid = r" \texttt{" + tex(c.id) + "}" if c.id else ""
             ev_t = (tex(c.evidence) if isinstance(c.evidence, str)
                     else "; ".join(f"{tex(k)}: {tex(v)}" for k, v in c.evidence))
-            L.append(r"\item[" + badge + "]" + cid + " " + tex(c.statement)
-                     + (r" \\ {\small Evidence: " + ev_t + "}" if ev_t else ""))
+            lines = [r"\textbf{" + tex(c.interval) + "}" + cid + " " + tex(c.statement)]
+            if c.failed:
+                lines.append(r"\textbf{Failed:} " + tex("; ".join(c.failed)))
+            detail = [f"Rule: {tex(c.rule)}." if c.rule else "",
+                      f"Interval of: {tex(c.interval_of)}." if c.interval_of else "",
+                      f"p: {tex(c.p_value)}." if c.p_value else "",
+                      f"Evidence: {ev_t}" if ev_t else ""]
+            detail_t = " ".join(d for d in detail if d)
+            if detail_t:
+                lines.append(r"{\small " + detail_t + "}")
+            L.append(r"\item[" + badge + "] " + r" \\ ".join(lines))
         L.append(r"\end{itemize}")
     findings = summary_sentences(ctx)
     if findings:

@@ -11,15 +11,15 @@ Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights 
 * :func:`adjust_pvalues`, :func:`adjust_in_families`, :func:`min_controls_needed`,
   :func:`resolution_warning`.
 * :func:`random_effects_meta`, :func:`trend_test`.
-* :func:`run_calibration`, :func:`write_calibration_report`.
+* :func:`run_calibration`, :func:`write_calibration_report`; :func:`p_value_uniformity` (a run's
+  own null check, on the p-values' own grid).
 """
 
 from ._validation import DegenerateStatisticWarning
 from .bootstrap import (BootstrapResult, bootstrap_weights, ci_from_replicates,
                         iter_bootstrap_weights, jackknife_weights, ratio_se,
                         sequence_bootstrap, sequence_bootstrap_columns)
-from .calibrate import (CalibrationResult, UniformityCheck, p_value_uniformity, run_calibration,
-                        write_calibration_report)
+from .calibrate import CalibrationResult, run_calibration, write_calibration_report
 from .effects import (anisotropy_capture, energy_ratio, hedges_correction, hedges_g_paired,
                       log2_energy_ratio, per_sequence_differences, z_score)
 from .energy import (CLOSED_FORM_KINDS, EXACT_TEST, METRICS, SIGN_FLIP_TEST, ControlComparison,
@@ -32,11 +32,13 @@ from .montecarlo import (SequentialMonteCarlo, min_attainable_pvalue, monte_carl
 from .multiplicity import (adjust_in_families, adjust_pvalues, min_controls_needed,
                            resolution_warning)
 from .permutation import PermutationResult, sign_flip_null, sign_flip_pvalues, sign_flip_test
+from .uniformity import UniformityCheck, p_value_grid, p_value_uniformity
 
 __all__ = [
     "CLOSED_FORM_KINDS", "EXACT_TEST", "SIGN_FLIP_TEST", "cluster_sums", "expected_control_energy",
     "ControlMoments", "ExactTestResult", "control_energy_moments",
-    "BootstrapResult", "CalibrationResult", "UniformityCheck", "p_value_uniformity", "ControlComparison", "DegenerateStatisticWarning",
+    "BootstrapResult", "CalibrationResult", "UniformityCheck", "p_value_grid", "p_value_uniformity", "ControlComparison",
+    "DegenerateStatisticWarning",
     "EnergyAnalysis", "METRICS", "MetaResult", "MetricResult", "PermutationResult",
     "TrendResult", "adjust_in_families", "adjust_pvalues", "analyze_energy",
     "analyze_metric_vs_controls", "anisotropy_capture", "bootstrap_weights",

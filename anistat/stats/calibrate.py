@@ -389,35 +389,3 @@ def write_calibration_report(result: CalibrationResult, out_dir) -> dict:
     with open(paths["html"], "w", encoding="utf-8") as fh:
         fh.write(doc)
     return paths
-
-
-@dataclass(frozen=True)
-class UniformityCheck:
-    """How a set of p-values compares with the uniform law (a null check on real data).
-
-    ``rejection_rate`` = share of p ≤ ``alpha`` with its exact (Clopper–Pearson) interval
-    ``rate_ci``; ``ks_p_value`` = Kolmogorov–Smirnov test against U(0, 1) (scipy); ``calibrated``
-    = ``alpha`` lies inside ``rate_ci``. Both intervals assume independent p-values: tests
-    sharing a proxy or a checkpoint are dependent, so read them as approximate."""
-
-    n: int
-    alpha: float
-    rejection_rate: float
-    rate_ci: tuple
-    ks_p_value: float
-    calibrated: bool
-
-
-def p_value_uniformity(p_values, alpha: float = 0.05) -> UniformityCheck:
-    """Null check of a set of p-values that should be uniform (see :class:`UniformityCheck`)."""
-    from scipy import stats as sps
-
-    p = np.asarray(p_values, dtype=np.float64)
-    p = p[np.isfinite(p)]
-    if p.size == 0:
-        raise ValueError("no finite p-values")
-    hits = int((p <= alpha).sum())
-    interval = sps.binomtest(hits, p.size, alpha).proportion_ci(confidence_level=0.95, method="exact")
-    rate_ci = (float(interval.low), float(interval.high))
-    return UniformityCheck(int(p.size), float(alpha), hits / p.size, rate_ci, float(sps.kstest(p, "uniform").pvalue),
-                           bool(rate_ci[0] <= alpha <= rate_ci[1]))

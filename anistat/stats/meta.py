@@ -14,10 +14,18 @@
 
 Estimate ``mu = Σ w* y / Σ w*`` with ``w* = 1/(v + tau2)``. Intervals: ``"wald"``
 ``mu ± z se``, ``se = 1/√Σw*``, normal p-value; ``"hksj"`` Hartung–Knapp–Sidik–Jonkman
-``mu ± t_{k−1} se_HK``, ``se_HK² = Σ w* (y − mu)² / ((k − 1) Σ w*)`` (untruncated, as in
-statsmodels' "random effect wls"), p-value from ``t_{k−1}``. HKSJ keeps its coverage with few
-rows, where the Wald interval is too narrow. ``Q`` is Cochran's statistic,
-``I2 = max(0, (Q − (k−1)) / Q)``.
+``mu ± t_{k−1} se_HK``, ``se_HK² = s / Σ w*`` with the scale factor
+``s = Σ w* (y − mu)² / (k − 1)``, p-value from ``t_{k−1}``. HKSJ keeps its coverage with few
+rows, where the Wald interval is too narrow — but untruncated (``s < 1``, e.g. ``tau2 = 0`` and
+``Q < k − 1``) it can be far *narrower* than the Wald interval (k = 3: (0.084, 0.133) against
+Wald's (−0.068, 0.285)). By default the usual safeguard applies: the scale factor is
+``max(1, s)`` (Knapp & Hartung 2003's ad hoc correction, metafor's ``test="adhoc"``, Jackson et
+al. 2017), so ``se_HK`` is never below the Wald SE; ``hksj_safeguard=False`` gives the
+untruncated interval (statsmodels' "random effect wls", metafor's ``test="knha"``).
+``MetaResult.hksj_scale`` records ``s`` and ``safeguard_applied`` whether ``max(1, s)`` changed
+it. Checked against metafor's published BCG output (REML, ``test="knha"``: −0.7145, SE 0.1808,
+t −3.9522 on 12 df, 95 % CI (−1.1084, −0.3206); there ``s`` > 1, so both rules agree).
+``Q`` is Cochran's statistic, ``I2 = max(0, (Q − (k−1)) / Q)``.
 
 **Dependent rows.** Rows computed on the same data (e.g. the layers × ranks × checkpoints of one
 model share its test sequences) are not independent studies; pooling them as if they were
@@ -73,6 +81,8 @@ class MetaResult:
     method: str = "dl"
     interval: str = "wald"
     df: float = float("inf")  # degrees of freedom of the interval's t quantile (inf: normal)
+    hksj_scale: float = float("nan")  # HKSJ's scale factor s = Σw*(y − mu)²/(k − 1) (NaN: not HKSJ)
+    safeguard_applied: bool = False  # HKSJ: s < 1 was raised to 1 (the Wald SE, with t_{k−1})
 
 
 @dataclass(frozen=True)
@@ -146,8 +156,11 @@ def reml_tau2(estimates, variances) -> float:
 
 
 def random_effects_meta(estimates, variances, method: str = "dl", ci_level: float = 0.95,
-                        interval: str = "wald") -> MetaResult:
-    """Random-effects pooled estimate (NaN pairs are dropped); see the module docstring."""
+                        interval: str = "wald", hksj_safeguard: bool = True) -> MetaResult:
+    """Random-effects pooled estimate (NaN pairs are dropped); see the module docstring.
+
+    ``hksj_safeguard`` (HKSJ only): scale factor ``max(1, s)``, so the interval is never narrower
+    than the Wald SE with the same ``t_{k−1}`` quantile (default); ``False``: untruncated."""
     from statsmodels.stats.meta_analysis import combine_effects
 
     if method not in META_METHODS:
@@ -174,9 +187,12 @@ def random_effects_meta(estimates, variances, method: str = "dl", ci_level: floa
     w = 1.0 / (v + tau2)
     est = float((w * y).sum() / w.sum())
     i2 = max(0.0, (q - (k - 1)) / q) if q > 0 else 0.0
+    scale, raised = np.nan, False
     if interval == "hksj":
         df = float(k - 1)
-        se = float(np.sqrt((w * (y - est) ** 2).sum() / (df * w.sum())))
+        scale = float((w * (y - est) ** 2).sum() / df)
+        raised = hksj_safeguard and scale < 1.0
+        se = float(np.sqrt(max(scale, 1.0) if hksj_safeguard else scale) / np.sqrt(w.sum()))
         crit = sps.t.ppf(0.5 + ci_level / 2, df)
         p = float(2 * sps.t.sf(abs(est) / se, df)) if se > 0 else (0.0 if est != 0 else 1.0)
     else:
@@ -185,7 +201,7 @@ def random_effects_meta(estimates, variances, method: str = "dl", ci_level: floa
         crit = sps.norm.ppf(0.5 + ci_level / 2)
         p = float(2 * sps.norm.sf(abs(est) / se))
     return MetaResult(est, se, est - crit * se, est + crit * se, tau2, float(i2), q, p, int(k), method, interval,
-                      df)
+                      df, scale, bool(raised))
 
 
 def aggregate_clusters(estimates, variances, clusters, correlation: float = 1.0):

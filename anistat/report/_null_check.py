@@ -1,0 +1,35 @@
+"""The words of a run's own null check (summary sentence and figure caption share them)."""
+
+from __future__ import annotations
+
+from .inputs import NullCheckSummary
+
+NULL_CHECK_LABELS = {"exact": "the exact test (Haar draws)",
+                     "paper": "the paper's convention (normal controls in the proxy's complement, not exact)"}
+#: The verdict in words; only "calibrated" says "consistent" (``anistat.stats.uniformity``).
+VERDICT_TEXT = {
+    "calibrated": "consistent with a calibrated test",
+    "anti-conservative": "NOT calibrated: it rejects more often than a valid test",
+    "conservative": "NOT calibrated: conservative, it rejects less often than expected",
+    "not uniform": "NOT calibrated: its p-values are not uniform",
+}
+DEPENDENCE_CAVEAT = ("Both tests treat the p-values as independent; tests sharing a checkpoint's gradients or the "
+                     "analysis' Haar draws are not, so the verdict is approximate.")
+
+
+def grid_text(check: NullCheckSummary) -> str:
+    if check.grid is None:
+        return "its p-values are treated as continuous"
+    return f"its p-values are multiples of 1/{check.grid}" + (" (nearly continuous)" if check.grid > 1000 else "")
+
+
+def verdict_sentence(check: NullCheckSummary) -> str:
+    """One sentence: the rejection share, what a valid test would give, both tests, the verdict."""
+    label = NULL_CHECK_LABELS.get(check.test, check.test)
+    expected = f"{check.expected_rate:.2%}" if check.grid is not None else f"{check.alpha:.0%}"
+    return (f"Null check (uninformative random proxy, {len(check.p_values)} tests): {label} gives "
+            f"p \u2264 {check.alpha:g} in {check.rejection_rate:.1%} (95 % interval {check.rate_low:.1%}\u2013"
+            f"{check.rate_high:.1%}; a valid test: {expected}, {grid_text(check)}); exact binomial test of that "
+            f"share p = {check.binomial_p:.2g}, uniformity on the p-values' own grid (Kolmogorov\u2013Smirnov "
+            f"distance, p by simulation) p = {check.uniformity_p:.2g}: "
+            f"{VERDICT_TEXT.get(check.verdict, check.verdict)} (level {check.level:g}).")

@@ -1,0 +1,135 @@
+"""Is a set of p-values uniform? The verdict of a run's own null check.
+
+With an uninformative proxy every null hypothesis is true, so a valid test's p-values follow its
+null law. For a Monte-Carlo test with ``n`` draws that law is *discrete*: ``p = (1 + #)/(1 + n)``
+takes only the values ``j/G``, ``G = n + 1`` (the paper's 20 normal controls: multiples of 1/21),
+each with probability ``1/G`` under exchangeability. A Kolmogorov–Smirnov test against the
+continuous U(0, 1) is wrong there (its null distribution assumes a continuous law: on a coarse
+grid it rejects a perfectly calibrated test), and ``P(p ≤ alpha)`` is ``floor(alpha·G)/G``, not
+``alpha`` (1/21 = 0.0476 at alpha = 0.05).
+
+:func:`p_value_uniformity` therefore runs two tests, both on the p-values' own grid (``grid =
+None``: continuous):
+
+* **rejection share** — the number of ``p ≤ alpha`` against Binomial(N, ``expected_rate``) with
+  ``expected_rate = floor(alpha·G)/G`` (``alpha`` when continuous), exact two-sided binomial test
+  (scipy), with its Clopper–Pearson 95 % interval;
+* **uniformity** — the Kolmogorov–Smirnov distance between the p-values' empirical CDF and the
+  CDF of the uniform law *on the grid* (``j/G`` at ``j/G``), ``D = max_i max(i/N − p_(i),
+  p_(i) − 1/G − (i − 1)/N)`` (exact for step CDFs on one grid; ``1/G → 0`` gives the usual KS
+  distance), with a Monte-Carlo p-value ``(1 + #{D* ≥ D})/(1 + B)`` from ``B`` samples of N
+  p-values drawn from that same law (seeded, so the verdict is reproducible).
+
+**Verdict** (at ``level``, default 0.05): ``anti-conservative`` when the rejection share is
+significantly above ``expected_rate``, ``conservative`` when significantly below, else ``not
+uniform`` when the uniformity test rejects, else ``calibrated``. Only ``calibrated`` reads
+"consistent with a calibrated test": a rejected uniformity can never be called consistent.
+Both tests treat the p-values as independent; tests that share a checkpoint's gradients or the
+analysis' Haar draws are not, so the verdict is approximate (the report says so).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+VERDICTS = ("calibrated", "anti-conservative", "conservative", "not uniform")
+
+
+@dataclass(frozen=True)
+class UniformityCheck:
+    """How a set of p-values compares with a valid test's null law (see the module docstring).
+
+    ``grid`` is G when every p-value is a multiple of 1/G (a Monte-Carlo test with G − 1 draws),
+    None when they are treated as continuous; ``expected_rate`` = P(p ≤ ``alpha``) under that
+    law; ``rejection_rate`` = the observed share of p ≤ ``alpha`` and ``rate_ci`` its exact
+    (Clopper–Pearson) 95 % interval; ``binomial_p`` the exact two-sided binomial test of the
+    share against ``expected_rate``; ``uniformity_p`` the Monte-Carlo p-value of the KS distance
+    ``ks_distance`` against the uniform law on the grid (``n_simulations`` draws);
+    ``verdict`` one of :data:`VERDICTS` at ``level``; ``calibrated`` = verdict "calibrated"."""
+
+    n: int
+    alpha: float
+    grid: int | None
+    expected_rate: float
+    rejections: int
+    rejection_rate: float
+    rate_ci: tuple[float, float]
+    binomial_p: float
+    ks_distance: float
+    uniformity_p: float
+    n_simulations: int
+    level: float
+    verdict: str
+
+    @property
+    def calibrated(self) -> bool:
+        return self.verdict == "calibrated"
+
+
+def p_value_grid(p_values, n_draws: int | None) -> int | None:
+    """G = ``n_draws`` + 1 when every p-value is a multiple of 1/G (a Monte-Carlo p-value with
+    ``n_draws`` draws), else None (treated as continuous)."""
+    if n_draws is None or n_draws < 1:
+        return None
+    grid = int(n_draws) + 1
+    scaled = np.asarray(p_values, dtype=np.float64) * grid
+    on_grid = np.all(np.abs(scaled - np.round(scaled)) <= 1e-6 * grid) and np.all(np.round(scaled) >= 1)
+    return grid if bool(on_grid) else None
+
+
+def ks_distance(p_values, grid: int | None) -> np.ndarray:
+    """KS distance of each row of ``p_values`` (…, N) from the uniform law on ``j/G`` (continuous
+    U(0, 1) when ``grid`` is None); see the module docstring."""
+    p = np.sort(np.asarray(p_values, dtype=np.float64), axis=-1)
+    n = p.shape[-1]
+    i = np.arange(1, n + 1, dtype=np.float64)
+    step = 0.0 if grid is None else 1.0 / grid
+    above = np.max(i / n - p, axis=-1)
+    below = np.max(p - step - (i - 1) / n, axis=-1)
+    return np.maximum(above, below)
+
+
+def p_value_uniformity(p_values, alpha: float = 0.05, *, n_draws: int | None = None, level: float = 0.05,
+                       n_simulations: int = 9999, seed: int = 0) -> UniformityCheck:
+    """Null check of p-values that should follow a valid test's null law (module docstring).
+
+    ``n_draws``: the Monte-Carlo draws behind each p-value, when the p-values should lie on the
+    grid ``j/(n_draws + 1)``; p-values found off that grid are treated as continuous."""
+    from scipy import stats as sps
+
+    if not 0 < alpha < 1 or not 0 < level < 1:
+        raise ValueError(f"alpha and level must lie in (0, 1), got {alpha}, {level}")
+    p = np.asarray(p_values, dtype=np.float64).ravel()
+    p = p[np.isfinite(p)]
+    if p.size == 0:
+        raise ValueError("no finite p-values")
+    grid = p_value_grid(p, n_draws)
+    expected = math.floor(alpha * grid + 1e-9) / grid if grid is not None else alpha
+    hits = int((p <= alpha + 1e-12).sum())
+    binomial = sps.binomtest(hits, p.size, expected) if expected > 0 else None
+    interval = sps.binomtest(hits, p.size, 0.5).proportion_ci(confidence_level=0.95, method="exact")
+    binomial_p = float(binomial.pvalue) if binomial is not None else (1.0 if hits == 0 else 0.0)
+    observed = float(ks_distance(p, grid))
+    rng = np.random.default_rng(seed)
+    simulated = np.empty(n_simulations)
+    chunk = max(1, 2_000_000 // p.size)
+    for start in range(0, n_simulations, chunk):
+        size = (min(chunk, n_simulations - start), p.size)
+        draws = (rng.integers(1, grid + 1, size=size) / grid) if grid is not None else rng.uniform(size=size)
+        simulated[start:start + size[0]] = ks_distance(draws, grid)
+    uniformity_p = float((1 + np.count_nonzero(simulated >= observed - 1e-12)) / (1 + n_simulations))
+    rate = hits / p.size
+    if binomial_p < level and rate > expected:
+        verdict = "anti-conservative"
+    elif binomial_p < level:
+        verdict = "conservative"
+    elif uniformity_p < level:
+        verdict = "not uniform"
+    else:
+        verdict = "calibrated"
+    return UniformityCheck(int(p.size), float(alpha), grid, float(expected), hits, float(rate),
+                           (float(interval.low), float(interval.high)), binomial_p, observed, uniformity_p,
+                           int(n_simulations), float(level), verdict)

@@ -1,0 +1,162 @@
+"""A run's own null check (issue #22): the verdict comes from tests that suit the p-values —
+discrete Monte-Carlo p-values included — and can never call a rejected uniformity "consistent
+with a calibrated test"; the report finds the `random@refit` rows of the null-check protocol."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_report_inputs import FAST, plan_results, quickstart_manifest  # noqa: E402
+
+from anistat.bundle import null_check_summaries, report_inputs  # noqa: E402
+from anistat.protocol import load_protocol  # noqa: E402
+from anistat.report._content import ReportContext, null_check_sentences  # noqa: E402
+from anistat.stats import p_value_grid, p_value_uniformity  # noqa: E402
+from anistat.stats.uniformity import ks_distance  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CONSISTENT = "consistent with a calibrated test"
+
+
+def discrete_uniform(n: int, draws: int, seed: int) -> np.ndarray:
+    """p-values of a valid Monte-Carlo test with `draws` controls: uniform on j/(draws + 1)."""
+    return np.random.default_rng(seed).integers(1, draws + 2, size=n) / (draws + 1)
+
+
+def test_valid_discrete_p_values_are_calibrated_where_a_continuous_ks_test_rejects_them():
+    """The paper's 20 controls: p in multiples of 1/21. A KS test against U(0, 1) rejects a valid
+    test's p-values outright; the check on their own grid does not."""
+    p = discrete_uniform(2000, 20, seed=1)
+    assert sps.kstest(p, "uniform").pvalue < 1e-6  # the old verdict's test: wrong for a discrete law
+    check = p_value_uniformity(p, 0.05, n_draws=20)
+    assert check.grid == 21 and check.expected_rate == pytest.approx(1 / 21)
+    assert check.verdict == "calibrated" and check.uniformity_p > 0.05 and check.binomial_p > 0.05
+
+
+def test_the_rejection_share_is_tested_against_the_grids_own_level():
+    """On a 1/21 grid a valid test rejects 1/21 = 4.76 % at alpha 0.05: the binomial test uses
+    that share (scipy's exact binomial test), and its interval is Clopper–Pearson."""
+    p = np.r_[np.full(10, 1 / 21), np.full(190, 11 / 21)]
+    check = p_value_uniformity(p, 0.05, n_draws=20)
+    assert check.rejections == 10 and check.rejection_rate == 0.05
+    assert check.binomial_p == pytest.approx(sps.binomtest(10, 200, 1 / 21).pvalue)
+    reference = sps.binomtest(10, 200).proportion_ci(method="exact")
+    assert check.rate_ci == pytest.approx((reference.low, reference.high))
+    assert check.verdict == "not uniform"  # right share, but every other p sits at 11/21
+
+
+def test_anti_conservative_and_conservative_tests_are_named():
+    rng = np.random.default_rng(2)
+    assert p_value_uniformity(rng.uniform(size=1000) ** 2).verdict == "anti-conservative"
+    assert p_value_uniformity(0.1 + 0.9 * rng.uniform(size=1000)).verdict == "conservative"
+    assert p_value_uniformity(rng.uniform(size=1000)).verdict == "calibrated"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_rejected_uniformity_is_never_called_consistent(seed):
+    """The verdict rule: whatever the p-values, 'consistent with a calibrated test' is said only
+    when neither the binomial test nor the uniformity test rejects."""
+    rng = np.random.default_rng(seed)
+    shape = rng.choice(["power", "mixture", "grid"])
+    n = int(rng.integers(40, 400))
+    if shape == "power":
+        p = rng.uniform(size=n) ** rng.uniform(0.5, 2.0)
+        draws = None
+    elif shape == "mixture":
+        p = np.where(rng.uniform(size=n) < 0.3, rng.uniform(0.4, 0.6, size=n), rng.uniform(size=n))
+        draws = None
+    else:
+        draws = int(rng.integers(5, 40))
+        p = discrete_uniform(n, draws, seed)
+    check = p_value_uniformity(p, 0.05, n_draws=draws, n_simulations=999)
+    rejected = check.uniformity_p < check.level or check.binomial_p < check.level
+    assert check.calibrated == (not rejected)
+    from anistat.report._null_check import verdict_sentence
+    from anistat.report.inputs import NullCheckSummary
+
+    summary = NullCheckSummary("paper", tuple(p), check.alpha, check.rejection_rate, *check.rate_ci,
+                               check.expected_rate, check.grid, check.binomial_p, check.uniformity_p, check.level,
+                               check.verdict)
+    assert (CONSISTENT in verdict_sentence(summary)) == (not rejected)
+
+
+def test_ks_distance_is_the_kolmogorov_smirnov_statistic_of_the_law_on_the_grid():
+    rng = np.random.default_rng(3)
+    continuous = rng.uniform(size=300)
+    assert ks_distance(continuous, None) == pytest.approx(sps.kstest(continuous, "uniform").statistic)
+    # discrete: brute force sup |F_n − F_0| over points just below and at every grid value
+    grid = 21
+    p = discrete_uniform(150, grid - 1, seed=4)
+    xs = np.r_[np.arange(1, grid + 1) / grid, np.arange(1, grid + 1) / grid - 1e-9]
+    empirical = np.array([(p <= x).mean() for x in xs])
+    law = np.floor(xs * grid + 1e-12) / grid
+    assert ks_distance(p, grid) == pytest.approx(np.abs(empirical - law).max())
+
+
+def test_grid_detection():
+    assert p_value_grid(np.array([1, 5, 21]) / 21, 20) == 21
+    assert p_value_grid(np.array([0.013, 0.5]), 20) is None  # off the grid: continuous
+    assert p_value_grid(np.array([0.5]), None) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# the report of the null-check protocol
+# ----------------------------------------------------------------------------------------------
+def null_check_results(seed: int = 0) -> pd.DataFrame:
+    """Rows shaped like protocols/null-check.yaml's results: oracle rows first (their proxy is
+    'oracle'), then every proxy metric of the random proxies refitted per checkpoint
+    ('random@refit'); valid exact p-values on the grid of 11,519 draws, the paper's on 1/21."""
+    protocol = load_protocol(ROOT / "protocols" / "null-check.yaml")
+    rows = plan_results(protocol, proxies=("random@refit",))
+    rng = np.random.default_rng(seed)
+    units = rows.groupby(["model", "checkpoint", "site", "rank"]).ngroup()
+    exact = rng.integers(1, 11521, size=units.max() + 1) / 11520
+    paper = rng.integers(1, 22, size=units.max() + 1) / 21
+    proxy_rows = rows["proxy"] == "random@refit"
+    rows.loc[proxy_rows, "p_value"] = exact[units[proxy_rows]]
+    rows.loc[proxy_rows, "p_value_paper"] = paper[units[proxy_rows]]
+    fractions = rows[proxy_rows & (rows["metric"] == "energy_ratio")].assign(metric="energy_fraction")
+    return pd.concat([rows, fractions], ignore_index=True)
+
+
+def test_null_check_summaries_use_each_tests_own_grid():
+    results = null_check_results()
+    exact, paper = null_check_summaries(results, 0.05, n_paper_controls=20)
+    assert exact.grid == 11520 and paper.grid == 21
+    assert paper.expected_rate == pytest.approx(1 / 21) and exact.expected_rate == pytest.approx(576 / 11520)
+    assert len(exact.p_values) == len(paper.p_values) == 192
+
+
+def test_null_check_report_finds_the_refit_rows_and_states_a_verdict_that_agrees_with_its_tests(tmp_path):
+    from anistat.report.figures import render_figures
+
+    protocol = load_protocol(ROOT / "protocols" / "null-check.yaml")
+    results = null_check_results()
+    inputs = report_inputs(protocol, results, quickstart_manifest(protocol))
+    ctx = ReportContext(inputs=inputs, options=FAST)
+    assert ctx.proxy == "random@refit"  # not 'oracle', the label of the first rows
+    sentences = null_check_sentences(ctx)
+    for check, sentence in zip(inputs.null_checks, sentences):
+        assert (CONSISTENT in sentence) == check.calibrated
+        assert f"p = {check.uniformity_p:.2g}" in sentence and "Kolmogorov" in sentence
+    assert "multiples of 1/21" in sentences[1]
+    fig_ctx = {"proxy": ctx.proxy, "control": ctx.control, "max_panels": 4, "ci_text": ctx.ci_text,
+               "null_checks": inputs.null_checks}
+    figures, skipped = render_figures(ctx.main, ctx.full, fig_ctx, tmp_path, 40)
+    names = {f.name for f in figures}
+    assert {"energy_ratio_trajectory", "forest_effects", "proxy_oracle_controls", "delta_isoscore",
+            "null_check"} <= names, skipped
+    caption = next(f.caption for f in figures if f.name == "null_check")
+    from anistat.report._null_check import VERDICT_TEXT
+
+    for check in inputs.null_checks:
+        assert math.isfinite(check.uniformity_p)
+        assert f"uniformity p = {check.uniformity_p:.2g} \u2014 {VERDICT_TEXT[check.verdict]}" in caption
