@@ -14,10 +14,14 @@ sequences cut from documents, a proxy U.
 Agreement: the energy fraction of the *same* bases evaluated per token and from M agree to
 ~1e-12 (relative); both p-values are exact Monte-Carlo p-values of the same null law.
 
-Part B (scale point, Pythia-160m-like): 12 units (layers, d = 768) x ranks {4, 8, 16, 32} x 3
-proxy methods x 2 control kinds = 288 analyses, each S = 512 sequences in 128 documents,
-B = 2000 bootstrap resamples; per unit 9,999 Haar draws read in two frames (the energy test on
-M, the ΔIsoScore* test on the covariance), shared by every proxy and kind of the unit.
+Part B (scale point): `analyze_units` on synthetic units (4 096 tokens, 128 sequences in 32
+documents, λ_j ∝ 1/j) at d = 768, 1024, 2048, 12 units per width sharing one stream of Haar
+draws, 20 normal controls, default statistics (Holm, 9,999 draws at most); rank 8 alone, rank
+128 alone and ranks 8/32/128; planted proxies (significant: every test uses all draws) and random
+proxies (null: sequential stopping ends them early). Per-unit process CPU time and its ratio to
+rank 8.
+
+    PYTHONPATH=. python benchmarks/bench_stats.py --skip-a --threads 1 --json /tmp/p3.json
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from anistat.geometry import SpectralFrame, random_subspace_traces
+from anistat.geometry import SpectralFrame
 from anistat.stats import analyze_energy, expected_control_energy, monte_carlo_pvalue
 
 
@@ -103,46 +107,94 @@ def part_a(quick: bool) -> dict:
     return out
 
 
-def part_b(quick: bool) -> dict:
-    rng = np.random.default_rng(1)
-    units, d = (2, 256) if quick else (12, 768)
-    ranks = [4, 8, 16, 32]
-    s, n_docs = 512, 128
-    documents = np.repeat(np.arange(n_docs), s // n_docs)
-    draws_seconds = analysis_seconds = 0.0
-    n_analyses = 0
-    for unit in range(units):
-        scale = 1.0 / np.arange(1, d + 1)
-        x = rng.standard_normal((4 * d, d)) * scale
-        second = x.T @ x
-        t0 = time.perf_counter()
-        energy = SpectralFrame(second)
-        covariance = SpectralFrame(np.cov(x.T))
-        energy_traces, _ = random_subspace_traces([energy, covariance], ranks, 9999, unit)
-        null = {k: energy.energy_fractions(t) for k, t in energy_traces.items()}
-        draws_seconds += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for k in ranks:
-            for _proxy in range(3):
-                total = rng.gamma(4, 1, s)
-                p = total * rng.beta(2, 20, s)
-                for kind in ("haar", "normal"):
-                    analyze_energy(p, total, expected_control_energy(kind, p, total, k, d), rank=k, dim=d,
-                                   null_fractions=null[k], group_ids=documents, n_bootstrap=2000,
-                                   n_permutations=9999, seed=n_analyses)
-                    n_analyses += 1
-        analysis_seconds += time.perf_counter() - t0
-    return {"units": units, "d": d, "ranks": ranks, "analyses": n_analyses, "null_draws_seconds": draws_seconds,
-            "analysis_seconds": analysis_seconds, "total_seconds": draws_seconds + analysis_seconds}
+def synthetic_unit(rng, d: int, ranks, *, planted: bool, layer: int, n_sequences: int = 128, tokens: int = 32):
+    """A unit artifact from synthetic anisotropic gradients (λ_j ∝ 1/j, 4 096 tokens in 32
+    documents) and a proxy that is either planted (the top eigenvectors of a noisy copy of the
+    gradient covariance: significant, like a trained model's PCA) or Haar-random (the null)."""
+    from anistat.collect import BasisColumn, UnitArtifact, UnitKey
+
+    scale = 1.0 / np.sqrt(np.arange(1, d + 1))
+    grads = (rng.standard_normal((n_sequences, tokens, d)) * scale) @ _orth(rng, (), d, d).T
+    flat = grads.reshape(-1, d)
+    bases, stack, proxy_bases = [], [], {}
+    for k in ranks:
+        if planted:
+            noisy = flat[: flat.shape[0] // 2]
+            u = np.linalg.eigh(noisy.T @ noisy)[1][:, ::-1][:, :k].copy()
+        else:
+            u = _orth(rng, (), d, k)
+        bases.append(BasisColumn("pca", k, "proxy", -1))
+        stack.append(u)
+        proxy_bases[("pca", k)] = u
+    energy = np.stack([((grads @ b) ** 2).sum(axis=(1, 2)) for b in stack], axis=1)
+    moments = lambda x: {"count": x.shape[0], "sum": x.sum(0), "outer": x.T @ x}  # noqa: E731
+    return UnitArtifact(
+        key=UnitKey("synthetic", "clm", "step0", 0, "early", layer, f"residual.{layer}"), dim=d, bases=bases,
+        n_tokens=np.full(n_sequences, tokens), sequence_documents=np.repeat(np.arange(32), n_sequences // 32),
+        total_energy=(grads**2).sum(axis=(1, 2))[:, None], energy=energy[:, None, :],
+        delta_isoscore_star=np.zeros(len(bases)), gradient_moments=moments(flat), activation_moments=moments(flat),
+        gradient_unit_sum=flat.sum(0), activation_unit_sum=flat.sum(0),
+        type_count=np.zeros(5, dtype=np.int64), type_rms_distance=np.full(5, np.nan), proxy_bases=proxy_bases)
+
+
+def part_b(quick: bool, widths=(768, 1024, 2048), units: int = 12) -> dict:
+    """Per-unit analysis time (`analyze_units`: eigenvalues, shared Haar draws with sequential
+    stopping, normal controls, bootstraps) at rank 8 alone, rank 128 alone and ranks 8/32/128, for
+    planted (significant: every test uses all draws) and random (null: tests stop early) proxies."""
+    import yaml
+
+    from anistat.analyze import analyze_units
+    from anistat.protocol import Protocol
+
+    widths = (256,) if quick else widths
+    units = 3 if quick else units
+    rank_sets = ([8], [64], [8, 32, 64]) if quick else ([8], [128], [8, 32, 128])
+    out = []
+    for d in widths:
+        for planted in (True, False):
+            rng = np.random.default_rng(d + planted)
+            for ranks in rank_sets:
+                artifacts = [synthetic_unit(rng, d, ranks, planted=planted, layer=i) for i in range(units)]
+                protocol = Protocol.model_validate(yaml.safe_load(PROTOCOL) | {
+                    "proxies": {"methods": ["pca"], "ranks": ranks}})
+                started = time.process_time()
+                results = analyze_units(artifacts, protocol)
+                seconds = time.process_time() - started
+                made = results.attrs["null_settings"]["draws_made"]
+                out.append({"d": d, "proxy": "planted" if planted else "random", "ranks": ranks, "units": units,
+                            "seconds": seconds, "per_unit_s": seconds / units, "draws_made": made,
+                            "n_null_draws": results.attrs["null_settings"]["n_null_draws"]})
+                print(json.dumps(out[-1]), flush=True)
+    for row in out:
+        base = next(r for r in out if r["d"] == row["d"] and r["proxy"] == row["proxy"] and r["ranks"] == rank_sets[0])
+        row["per_unit_ratio_to_rank_8"] = row["per_unit_s"] / base["per_unit_s"]
+    return {"rows": out, "threads": torch.get_num_threads(), "clock": "process CPU time"}
+
+
+PROTOCOL = """
+anistat_protocol: 1
+name: p3
+seed: 0
+models: [{name: synthetic, architecture: gpt2, hidden_size: 2048, num_layers: 1, num_heads: 1}]
+controls: {kinds: [normal], n: 20}
+stats: {multiplicity: holm}
+"""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (recorded)")
+    parser.add_argument("--widths", type=int, nargs="+", default=[768, 1024, 2048])
+    parser.add_argument("--units", type=int, default=12, help="units sharing the Haar draws, per width")
+    parser.add_argument("--skip-a", action="store_true")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     result = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "part_a": part_a(args.quick), "part_b": part_b(args.quick)}
+              "threads": args.threads,
+              "part_a": None if args.skip_a else part_a(args.quick),
+              "part_b": part_b(args.quick, tuple(args.widths), args.units)}
     print(json.dumps(result, indent=1, default=float))
     if args.json:
         with open(args.json, "w") as fh:
