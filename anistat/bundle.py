@@ -639,7 +639,7 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
         control_kinds=tuple(protocol.controls.kinds), n_controls=protocol.controls.n,
         pca_span_dim=protocol.controls.pca_span_dim, alpha=protocol.stats.alpha,
         ci_level=protocol.stats.ci_level, ci_method=protocol.stats.ci_method,
-        n_bootstrap=protocol.stats.n_bootstrap, n_permutations=protocol.stats.n_permutations,
+        n_bootstrap=protocol.stats.n_bootstrap, n_test_resamples=protocol.stats.n_test_resamples,
         alternative=protocol.stats.alternative, multiplicity=protocol.stats.multiplicity,
         family=protocol.stats.family, isoscore_c0=protocol.stats.isoscore_c0,
         isoscore_zeta=protocol.stats.isoscore_zeta, report_precision=protocol.report.precision,
@@ -647,7 +647,8 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
         energy_ratio_reference=protocol.stats.energy_ratio_reference,
         resampling_unit=protocol.stats.resampling_unit,
         n_null_draws=_int_or_none(null_settings.get("n_null_draws")),
-        n_permutations_used=_int_or_none(null_settings.get("n_permutations")),
+        n_test_resamples_used=_int_or_none(null_settings.get("n_test_resamples")),
+        null_stop_exceedances=int(null_settings.get("stop_after") or 0),
         null_draws_auto=protocol.stats.n_null_draws == "auto",
         proxy_refit=protocol.proxies.refit,
     )

@@ -109,6 +109,7 @@ RATIO_METRICS = frozenset({"energy_ratio"})
 #: What each value of `p_test` tests (the row's p-value that `alpha` thresholds in all/any claims).
 P_TEST_NULLS = {
     "haar_monte_carlo": "exact Haar Monte-Carlo test of 'the proxy is no better than a uniformly random subspace'",
+    "bootstrap_t": "studentized bootstrap test of 'the proxy's population energy ratio is 1'",
     "sign_flip": "sign-flip test of 'the per-unit contributions are symmetric about 0'",
 }
 

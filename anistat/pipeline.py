@@ -369,7 +369,7 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         nulls = results.attrs.get("null_settings", {})
         made = ", ".join(f"{n} at d = {d}" for d, n in nulls.get("draws_made", {}).items())
         log(f"  analysed: {len(results)} result rows; at most {nulls.get('n_null_draws')} Haar draws per test "
-            f"(drawn: {made or 'none'}) and {nulls.get('n_permutations')} sign vectors, sized for a family of "
+            f"(drawn: {made or 'none'}) and {nulls.get('n_test_resamples')} data-test resamples, sized for a family of "
             f"{nulls.get('n_tests')} ({time.perf_counter() - stage:.1f}s)")
     except OSError as error:
         user_error = _disk_error(error)

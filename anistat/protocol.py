@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
 from .errors import AnistatInputError
 
@@ -381,10 +382,12 @@ class StatsSpec(StrictModel):
         "frequency/centroid-distance correlations use the basic interval unless this is percentile "
         "(benchmarks/README.md: basic covers 0.94 at 100 sequences, percentile 0.97 at 300).",
     )
-    n_permutations: int = Field(
-        2000, ge=10, le=1_000_000,
-        description="Random sign vectors of the sign-flip test (at least enough for its floor to pass the "
-        "corrected family; the number used is recorded per row).",
+    n_test_resamples: int = Field(
+        2000, ge=10, le=1_000_000, validation_alias=AliasChoices("n_test_resamples", "n_permutations"),
+        description="Bootstrap resamples of the data test (the studentized test of a population energy ratio of 1, "
+        "on hedges_g rows): at least this many, and at least enough for its floor to pass the corrected family; "
+        "the intervals use the same resamples, so test and interval agree. The number used is recorded per row. "
+        "(`n_permutations`, the sign-flip test's setting before, is read as this.)",
     )
     n_null_draws: int | Literal["auto"] = Field(
         "auto",

@@ -114,7 +114,7 @@ def test_enough_draws_for_the_family_and_sequence_option():
     # per unit x (proxy, rank): exact energy test, exact ΔIsoScore* test, one sign flip
     assert planned_tests(artifacts, protocol) == 9
     nulls = null_settings(artifacts, protocol)
-    assert nulls.n_null_draws == 9999 and nulls.n_permutations >= 179
+    assert nulls.n_null_draws == 9999 and nulls.n_test_resamples >= 179
     big = _protocol(multiplicity="holm", alpha=0.0001)
     assert null_settings(artifacts, big).n_null_draws == 89999  # 9 / 0.0001 - 1
     rows, _ = unit_rows(artifacts[0], _protocol(n_null_draws=199, resampling_unit="sequence"))

@@ -129,7 +129,7 @@ def test_summary_comes_first_and_sections_exist(hostile):
     # Methods name the control kinds, their count, multiplicity and software versions.
     methods = html[html.index('id="methods"'):html.index('id="results"')]
     for needle in ("normal", "haar", "with n = 20: 1/21", "Holm", "torch 2.13.0",
-                   "2000 bootstrap resamples", "10000 sign vectors", "C0 = scaled_identity", "ζ = 0.5"):
+                   "10000 bootstrap resamples", "10000 resamples, tails expanded", "C0 = scaled_identity", "ζ = 0.5"):
         assert needle in methods, needle
     # Raw draws are absent, so the null figure says it is an approximation.
     assert "normal density with the recorded control mean and SD" in html

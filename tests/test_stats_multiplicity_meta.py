@@ -20,6 +20,13 @@ def test_adjust_pvalues_matches_statsmodels_and_ignores_nan(method):
     assert np.all(np.isnan(adjust_pvalues([np.nan, np.nan])))
 
 
+def test_holm_written_out_equals_statsmodels_on_ties_and_many_tests():
+    rng = np.random.default_rng(0)
+    for m in (1, 2, 7, 500):
+        p = np.round(rng.uniform(0, 0.2, m), 3)  # ties included
+        np.testing.assert_allclose(adjust_pvalues(p, "holm"), multipletests(p, method="holm")[1], rtol=0, atol=1e-15)
+
+
 def test_adjust_in_families():
     df = pd.DataFrame({"model": ["a", "a", "a", "b", "b"],
                        "p_value": [0.01, 0.02, np.nan, 0.03, 0.04]})

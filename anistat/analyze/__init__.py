@@ -67,40 +67,40 @@ class NullSettings:
 
     ``n_null_draws``: the most Haar draws an exact test uses; ``stop_after``: its sequential
     stopping rule (a test stops once this many draws reach its observed value; 0: never);
-    ``n_permutations``: sign vectors of the sign-flip test; ``n_tests``: the largest
+    ``n_test_resamples``: bootstrap resamples of the data test; ``n_tests``: the largest
     multiplicity family they were sized for."""
 
     n_null_draws: int
-    n_permutations: int
+    n_test_resamples: int
     n_tests: int
     stop_after: int = 0
 
 
 def planned_tests(artifacts: list[UnitArtifact], protocol: Protocol) -> int:
     """Size of the largest multiplicity family: per unit and (proxy, rank), the exact energy test
-    and the exact ΔIsoScore* test, plus the sign-flip tests (one for the closed-form kinds
-    together, one per projected kind)."""
+    and the exact ΔIsoScore* test, plus the data tests (one for the closed-form kinds together,
+    one per projected kind)."""
     per_model: dict[str, int] = {}
     for artifact in artifacts:
         groups = set(proxy_groups(artifact))
         kinds = set(protocol.controls.kinds)
         projected = kinds & set(protocol.projected_control_kinds)
-        sign_flips = len(projected) + (1 if kinds - projected else 0)
-        per_model[artifact.key.model] = per_model.get(artifact.key.model, 0) + len(groups) * (2 + sign_flips)
+        data_tests = len(projected) + (1 if kinds - projected else 0)
+        per_model[artifact.key.model] = per_model.get(artifact.key.model, 0) + len(groups) * (2 + data_tests)
     if not per_model:
         return 1
     return max(per_model.values()) if protocol.stats.family == "model" else sum(per_model.values())
 
 
 def null_settings(artifacts: list[UnitArtifact], protocol: Protocol) -> NullSettings:
-    """How many Haar draws and sign vectors: enough that the Monte-Carlo floor 1/(n+1) can pass
+    """How many Haar draws and data-test resamples: enough that the Monte-Carlo floor 1/(n+1) can pass
     the corrected threshold of the largest family (`stats.n_null_draws: auto`), so the floor
     never decides a result; an explicit `n_null_draws` is used as given."""
     stats = protocol.stats
     n_tests = planned_tests(artifacts, protocol)
     needed = min_controls_needed(stats.alpha, n_tests, stats.multiplicity)
     draws = max(9999, needed) if stats.n_null_draws == "auto" else int(stats.n_null_draws)
-    return NullSettings(n_null_draws=draws, n_permutations=max(stats.n_permutations, needed), n_tests=n_tests,
+    return NullSettings(n_null_draws=draws, n_test_resamples=max(stats.n_test_resamples, needed), n_tests=n_tests,
                         stop_after=stats.null_stop_exceedances)
 
 

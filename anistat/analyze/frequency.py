@@ -76,15 +76,15 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
                             null_fractions=np.array([rank / artifact.dim]), group_ids=documents,
                             reference="drawn" if control in projected else "expected", control_kind=control,
                             n_bootstrap=stats.n_bootstrap, ci_level=stats.ci_level, ci_method="percentile",
-                            n_permutations=stats.n_permutations, alternative=stats.alternative,
+                            n_test_resamples=stats.n_test_resamples, alternative=stats.alternative,
                             seed=derive_seed(protocol.seed, artifact.key.id, proxy, rank, control, bucket, "frequency"),
                         )
                     ratio = analysis["energy_ratio"]
                     rows.append({**base, "proxy": proxy, "rank": rank, "control": control, "bucket": str(bucket),
                                  "metric": "energy_ratio", "estimate": ratio.estimate, "ci_low": ratio.ci_low,
                                  "ci_high": ratio.ci_high, "ci_method": ratio.ci_method,
-                                 "p_value": analysis.sign_flip.p_value,
-                                 "note": join_notes(ratio.note, "p: sign-flip test of per-unit contributions")})
+                                 "p_value": analysis.data_test.p_value,
+                                 "note": join_notes(ratio.note, "p: studentized bootstrap test of ratio 1")})
         counts = token_counts.get(artifact.key.model)
         if counts is not None:
             rows.extend({**base, "proxy": "none", "rank": None, "control": "none", "bucket": "all", **row}

@@ -166,7 +166,7 @@ def rows_of_unit(unit: PreparedUnit, nulls: ExactNulls, protocol: Protocol, sett
                                    else (artifact.key.id, proxy, rank, stream, record["p_test"]))
                 if not exact:
                     record["note"] = join_notes(record["note"], floor_note(record["p_value"],
-                                                                          analysis.sign_flip.n_permutations))
+                                                                          analysis.data_test.n_resamples))
                 rows.append({**group, **record})
             rows.append({**group, **delta_row(unit, proxy, rank, control, controls, nulls, stats),
                          "n_sequences": analysis.n_sequences, "n_clusters": analysis.n_clusters})
@@ -235,7 +235,7 @@ def energy_analysis(unit: PreparedUnit, proxy: str, rank: int, kind: str, contro
         observed_fraction=unit.spectrum.energy_observed[(proxy, rank)], n_paper_controls=protocol.controls.n,
         group_ids=documents, oracle_fraction=unit.oracle[rank], reference=reference_kind, control_kind=kind,
         n_bootstrap=stats.n_bootstrap, ci_level=stats.ci_level, ci_method=stats.ci_method,
-        n_permutations=settings.n_permutations, alternative=stats.alternative,
+        n_test_resamples=settings.n_test_resamples, alternative=stats.alternative,
         seed=derive_seed(protocol.seed, artifact.key.id, proxy, rank, stream, "analysis"),
     )
 

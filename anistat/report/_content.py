@@ -582,8 +582,9 @@ def _metrics(ctx: ReportContext) -> Para:
 
 #: What each value of the results' ``p_test`` column means (the test behind ``p_value``).
 P_TEST_TEXT: dict[str, str] = {
-    "haar_monte_carlo": ("an exact Monte-Carlo test against uniformly random (Haar) subspaces drawn from "
-                         "each unit's own gradient moments (energy metrics and \u0394IsoScore*)"),
+    "haar_monte_carlo": ("an exact Monte-Carlo test against uniformly random (Haar) subspaces read off each "
+                         "unit's own gradient moments (energy metrics and \u0394IsoScore*)"),
+    "bootstrap_t": "a studentized bootstrap test that the population energy ratio is 1 (hedges_g)",
     "sign_flip": "a sign-flip permutation test of the per-unit contributions (hedges_g)",
 }
 
@@ -623,12 +624,19 @@ def _statistics(ctx: ReportContext) -> Para:
                     M("<i>p</i> = (1 + #{<i>j</i>: <i>E</i>(<i>Q<sub>j</sub></i>) \u2265 <i>E</i>(<i>U"
                       "</i>)}) / (1 + <i>n</i>)",
                       r"$p = (1 + \#\{j : E(Q_j) \geq E(U)\}) / (1 + n)$"),
-                    f" with n = {n_null} Haar subspaces"
+                    f" with at most n = {n_null} Haar subspaces"
                     + (", enough for its floor to pass the corrected threshold of the whole family"
                        if run.null_draws_auto else " (set by the protocol)")
                     + "; an uninformative (uniformly random) proxy is "
                     "exchangeable with the draws, so under that null P(p \u2264 a) \u2264 a whatever the "
-                    "gradients' anisotropy. "]
+                    "gradients' anisotropy. The draws are made once per hidden width and read in each unit's "
+                    "own eigen-coordinates (a Haar subspace stays Haar under any fixed rotation), so every test "
+                    "is exact on its own while tests of units of one width are dependent. "]
+            if run.null_stop_exceedances:
+                seg.append(f"Draws are counted sequentially (Besag & Clifford 1991): a test stops once "
+                           f"{run.null_stop_exceedances} draws reach its observed value after L draws, with "
+                           f"p = {run.null_stop_exceedances}/L (exact too); tests near or past their threshold "
+                           "use all n. ")
     else:
         seg += ["The control draw is tested with the one-sided Monte-Carlo p-value ",
                 M("<i>p</i> = (1 + #{<i>j</i>: <i>E</i>(<i>Q<sub>j</sub></i>) \u2265 <i>E</i>(<i>U"
@@ -642,11 +650,15 @@ def _statistics(ctx: ReportContext) -> Para:
                    "the proxy's own orthogonal complement) it is not exact, and it rejects an "
                    "uninformative proxy too often under anisotropic gradients (0.078\u20130.089 at \u03b1 = 0.05 in "
                    "anistat's calibration, benchmarks/README.md). ")
-    n_perm = run.n_permutations_used or run.n_permutations
-    seg.append(f"The data are tested by a sign-flip permutation test of the per-unit contributions "
-               f"({n_perm} sign vectors, alternative: {run.alternative}), conditional on the proxy. ")
-    seg.append(f"Confidence intervals ({run.ci_level * 100:g} %, {run.ci_method}, {run.n_bootstrap} "
-               "bootstrap resamples of the resampling units) describe effect sizes over data sampling "
+    n_resamples = max(run.n_test_resamples_used or run.n_test_resamples, run.n_bootstrap)
+    seg.append("The data are tested (hedges_g rows) by a studentized bootstrap test that the proxy's population "
+               "energy ratio is 1, conditional on the proxy: the pivot of the energy ratio's interval "
+               f"(log scale, {n_resamples} resamples, tails expanded for the number of resampling units; "
+               f"alternative: {run.alternative}), so test and interval agree. ")
+    method = ("studentized: bootstrap-t on the log scale with the delta-method SE of a ratio of sums, tails "
+              "expanded for the number of resampling units" if run.ci_method == "studentized" else run.ci_method)
+    seg.append(f"Confidence intervals ({run.ci_level * 100:g} %, {method}; {n_resamples} "
+               "bootstrap resamples of the resampling units, the data test's) describe effect sizes over data sampling "
                "for the fixed proxy: the energy ratio's interval covers the proxy's expected energy over "
                "the expected control energy; it is not a test against random subspaces (a fixed random "
                "subspace has a true ratio different from 1), which is what p_value is for. The note "

@@ -97,7 +97,7 @@ class RunDescription:
     ci_level: float
     ci_method: str
     n_bootstrap: int
-    n_permutations: int
+    n_test_resamples: int
     alternative: str
     multiplicity: str
     family: str
@@ -111,7 +111,9 @@ class RunDescription:
     resampling_unit: str = "document"
     n_null_draws: int | None = None
     """Haar subspaces drawn for the exact test (the manifest's ``null_settings``)."""
-    n_permutations_used: int | None = None
+    n_test_resamples_used: int | None = None
+    null_stop_exceedances: int = 0
+    """Sequential stopping of the exact tests: a test stops once this many draws reach it (0: never)."""
     null_draws_auto: bool = True
     """``stats.n_null_draws: auto`` — the draws were sized so the floor can pass the family."""
     proxy_refit: str = "frozen"

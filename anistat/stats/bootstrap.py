@@ -58,6 +58,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 from scipy.special import ndtr, ndtri
+from scipy.stats import t as student_t
 
 from ._validation import check_ci_level, check_positive_int
 
@@ -208,17 +209,44 @@ def _ratio_se_from_sums(den_sum, delta, ee, ed, dd, n):
         return np.where(n > 1, np.sqrt(rss * n / (n - 1.0)), np.nan) / np.abs(den_sum)
 
 
+def expanded_tail(tail: float, n_units: int) -> float:
+    """The bootstrap tail probability ``a'`` behind a nominal one-sided tail ``a`` with Hesterberg's
+    small-sample expansion (2015, "What teachers should know about the bootstrap", §5.4):
+    ``z_{1−a'} = sqrt(n/(n − 1)) · t_{1−a, n−1}`` — the resampling distribution is narrower than
+    the sampling one by ``sqrt((n − 1)/n)`` and a studentized statistic has ``t_{n−1}`` tails.
+    ``a`` itself when ``n_units`` is None or below 3."""
+    if n_units is None or n_units < 3:
+        return float(tail)
+    n = float(n_units)
+    return float(ndtr(-np.sqrt(n / (n - 1.0)) * student_t.isf(tail, n - 1.0)))
+
+
+def expanded_pvalue(p_raw, n_units: int | None):
+    """The nominal p-value whose expanded tail (:func:`expanded_tail`) is the bootstrap tail
+    probability ``p_raw`` (the inverse map; monotone, and ``≥ p_raw`` for small p)."""
+    p_raw = np.asarray(p_raw, dtype=np.float64)
+    if n_units is None or n_units < 3:
+        return p_raw
+    n = float(n_units)
+    with np.errstate(invalid="ignore"):
+        return student_t.sf(ndtri(1.0 - p_raw) / np.sqrt(n / (n - 1.0)), n - 1.0)
+
+
 def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: float = 0.95,
                        method: str = "bca", *, se=None,
-                       replicate_se=None, bca_fallback: str = "percentile") -> BootstrapResult:
+                       replicate_se=None, bca_fallback: str = "percentile", log_scale: bool = False,
+                       expand_units: int | None = None) -> BootstrapResult:
     """Confidence interval from bootstrap replicates (and jackknife values for BCa).
 
     ``bca_fallback`` (``percentile`` or ``basic``) is the interval BCa falls back to where it
     is undefined.
 
     ``method="studentized"`` needs ``se`` (the estimate's standard error) and
-    ``replicate_se`` (one per replicate, same formula). Non-finite replicates are dropped (and
-    counted in ``note``). See the module docstring for the formulas and the fallback rules.
+    ``replicate_se`` (one per replicate, same formula). With ``log_scale`` the pivot is
+    ``(log θ*_b − log θ) / (se*_b/θ*_b)`` and the interval ``θ·exp(−q·se/θ)`` (for positive
+    statistics such as ratios of positive sums); ``expand_units = n`` applies the small-sample
+    expansion of :func:`expanded_tail` to the tail levels. Non-finite replicates are dropped
+    (and counted in ``note``). See the module docstring for the formulas and the fallback rules.
     """
     ci_level = check_ci_level(ci_level)
     if method not in METHODS:
@@ -228,7 +256,6 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
     theta = float(estimate)
     reps = np.asarray(replicates, dtype=np.float64).ravel()
     n_total = reps.size
-    notes: list[str] = []
     rep_se = None
     if method == "studentized":
         if se is None or replicate_se is None:
@@ -236,81 +263,148 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
         rep_se = np.asarray(replicate_se, dtype=np.float64).ravel()
         if rep_se.shape != reps.shape:
             raise ValueError(f"replicate_se must have shape {reps.shape}, got {rep_se.shape}")
+    notes: list[str] = []
     finite = np.isfinite(reps)
     if not finite.all():
         notes.append(f"{n_total - int(finite.sum())} of {n_total} resamples non-finite, dropped")
         reps = reps[finite]
-        if rep_se is not None:
-            rep_se = rep_se[finite]
+        rep_se = None if rep_se is None else rep_se[finite]
     if reps.size == 0 or not np.isfinite(theta):
         notes.append("estimate or all resamples non-finite; no interval")
-        return BootstrapResult(theta, np.nan, np.nan, "none", "; ".join(notes), np.nan,
-                               n_total, ci_level)
-    alpha = 1.0 - ci_level
-    levels = np.array([alpha / 2, 1 - alpha / 2])
+        return BootstrapResult(theta, np.nan, np.nan, "none", "; ".join(notes), np.nan, n_total, ci_level)
+    tail = expanded_tail((1.0 - ci_level) / 2.0, expand_units)
+    if expand_units is not None and expand_units >= 3:
+        notes.append(f"tails expanded for {expand_units} resampling units (Hesterberg): {tail:.4f} per side")
+    levels = np.array([tail, 1.0 - tail])
     se_reps = float(reps.std(ddof=1)) if reps.size > 1 else np.nan
     bias = float(reps.mean() - theta)
     used = method
     if method == "studentized":
-        se0 = float(se)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tstar = (reps - theta) / rep_se
-        ok = np.isfinite(tstar)
-        reason = None
-        if not (np.isfinite(se0) and se0 > 0):
-            reason = "standard error of the estimate not finite and positive"
-        elif ok.sum() < 2:
-            reason = "fewer than 2 finite studentized resamples"
-        if reason is None:
-            if not ok.all():
-                notes.append(f"{int((~ok).sum())} resamples with zero or non-finite SE left out "
-                             "of the studentized quantiles")
-            q = np.quantile(tstar[ok], levels[::-1])
-            return BootstrapResult(theta, float(theta - q[0] * se0), float(theta - q[1] * se0),
-                                   "studentized", "; ".join(notes), se_reps, n_total,
-                                   ci_level, bias)
+        interval, reason = _studentized(theta, reps, rep_se, float(se), levels, log_scale, notes)
+        if interval is not None:
+            return BootstrapResult(theta, interval[0], interval[1], "studentized", "; ".join(notes), se_reps,
+                                   n_total, ci_level, bias)
         used = "percentile"
         notes.append(f"studentized fell back to percentile: {reason}")
     if method == "bca":
-        reason = None
-        jack = None if jackknife is None else np.asarray(jackknife, dtype=np.float64).ravel()
-        if reps.min() == reps.max():
-            reason = "all bootstrap resamples equal"
-        elif jack is None or jack.size < 3:
-            reason = "too few sequences for the jackknife acceleration"
-        elif not np.all(np.isfinite(jack)):
-            reason = "non-finite jackknife values"
+        adjusted, reason = _bca_levels(theta, reps, jackknife, levels)
         if reason is None:
-            p0 = ((reps < theta).sum() + (reps <= theta).sum()) / (2.0 * reps.size)
-            z0 = ndtri(p0)
-            dev = jack.mean() - jack
-            denom = (dev**2).sum()
-            flat = np.ptp(jack) <= 1e-12 * max(1.0, float(np.abs(jack).max()))
-            a = np.nan if flat or not denom > 0 else (dev**3).sum() / (6.0 * denom**1.5)
-            if not np.isfinite(z0):
-                reason = "bias correction infinite (estimate outside the bootstrap distribution)"
-            elif not np.isfinite(a):
-                reason = "acceleration undefined (jackknife values all equal)"
-            else:
-                zq = ndtri(levels)
-                adj = ndtr(z0 + (z0 + zq) / (1.0 - a * (z0 + zq)))
-                if not np.all(np.isfinite(adj)):
-                    reason = "BCa adjusted levels non-finite"
-                elif min(adj.min(), 1.0 - adj.max()) * reps.size < 1.0:
-                    # the endpoint would be the most extreme replicate (or beyond it): the bias
-                    # correction / acceleration have run out of bootstrap distribution
-                    reason = (f"BCa endpoint beyond the most extreme resample (z0 = {z0:.2f}, "
-                              f"acceleration = {a:.3f})")
-                else:
-                    levels = adj
-        if reason is not None:
+            levels = adjusted
+        else:
             used = bca_fallback
             notes.append(f"BCa fell back to {bca_fallback}: {reason}")
     lo, hi = np.quantile(reps, levels)
     if used == "basic":
         lo, hi = 2.0 * theta - hi, 2.0 * theta - lo
-    return BootstrapResult(theta, float(lo), float(hi), used, "; ".join(notes), se_reps,
-                           n_total, ci_level, bias)
+    return BootstrapResult(theta, float(lo), float(hi), used, "; ".join(notes), se_reps, n_total, ci_level, bias)
+
+
+def _studentized(theta, reps, rep_se, se0, levels, log_scale, notes):
+    """Bootstrap-t endpoints ``((lo, hi), None)``, or ``(None, reason)`` when undefined."""
+    if log_scale:
+        if not theta > 0:
+            return None, "estimate not positive (log scale)"
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tstar = (np.log(reps) - np.log(theta)) / (rep_se / reps)
+        scale = se0 / theta
+    else:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tstar = (reps - theta) / rep_se
+        scale = se0
+    ok = np.isfinite(tstar)
+    if not (np.isfinite(scale) and scale > 0):
+        return None, "standard error of the estimate not finite and positive"
+    if ok.sum() < 2:
+        return None, "fewer than 2 finite studentized resamples"
+    if not ok.all():
+        notes.append(f"{int((~ok).sum())} resamples with zero or non-finite SE left out of the studentized quantiles")
+    q_high, q_low = np.quantile(tstar[ok], levels[::-1])
+    if log_scale:
+        return (float(theta * np.exp(-q_high * scale)), float(theta * np.exp(-q_low * scale))), None
+    return (float(theta - q_high * scale), float(theta - q_low * scale)), None
+
+
+def _bca_levels(theta, reps, jackknife, levels):
+    """BCa-adjusted quantile levels ``(levels, None)``, or ``(None, reason)`` when undefined."""
+    jack = None if jackknife is None else np.asarray(jackknife, dtype=np.float64).ravel()
+    if reps.min() == reps.max():
+        return None, "all bootstrap resamples equal"
+    if jack is None or jack.size < 3:
+        return None, "too few sequences for the jackknife acceleration"
+    if not np.all(np.isfinite(jack)):
+        return None, "non-finite jackknife values"
+    p0 = ((reps < theta).sum() + (reps <= theta).sum()) / (2.0 * reps.size)
+    z0 = ndtri(p0)
+    dev = jack.mean() - jack
+    denom = (dev**2).sum()
+    flat = np.ptp(jack) <= 1e-12 * max(1.0, float(np.abs(jack).max()))
+    a = np.nan if flat or not denom > 0 else (dev**3).sum() / (6.0 * denom**1.5)
+    if not np.isfinite(z0):
+        return None, "bias correction infinite (estimate outside the bootstrap distribution)"
+    if not np.isfinite(a):
+        return None, "acceleration undefined (jackknife values all equal)"
+    zq = ndtri(levels)
+    adj = ndtr(z0 + (z0 + zq) / (1.0 - a * (z0 + zq)))
+    if not np.all(np.isfinite(adj)):
+        return None, "BCa adjusted levels non-finite"
+    if min(adj.min(), 1.0 - adj.max()) * reps.size < 1.0:
+        # the endpoint would be the most extreme replicate (or beyond it): the bias
+        # correction / acceleration have run out of bootstrap distribution
+        return None, f"BCa endpoint beyond the most extreme resample (z0 = {z0:.2f}, acceleration = {a:.3f})"
+    return adj, None
+
+
+@dataclass(frozen=True)
+class StudentizedTest:
+    """A bootstrap-t test of ``H0: θ = θ0`` for a positive ratio ``θ``, the test dual to the
+    studentized log-scale interval: ``statistic`` ``t = (log θ̂ − log θ0)/(se/θ̂)``; ``p_raw`` the
+    bootstrap tail ``(1 + #{t*_b beyond t})/(1 + B)``; ``p_value`` its small-sample expansion
+    (:func:`expanded_pvalue`)."""
+
+    statistic: float
+    p_value: float
+    p_raw: float
+    n_resamples: int
+    alternative: str
+    note: str = ""
+
+
+def studentized_ratio_test(numerator, denominator, weights, *, null_value: float = 1.0,
+                           alternative: str = "greater", expand_units: int | None = None) -> StudentizedTest:
+    """Bootstrap-t test that the population ratio ``E[Σ numerator] / E[Σ denominator]`` equals
+    ``null_value``, on the log scale, with the delta-method SE of a ratio of sums
+    (:func:`ratio_se`) for the estimate and every resample (rows of ``weights``).
+
+    The pivot is the one :func:`ci_from_replicates` inverts for ``method="studentized",
+    log_scale=True`` (same weights, same expansion), so the test rejects at level ``a``
+    one-sided exactly when the one-sided ``1 − a`` bound excludes ``null_value``, up to the
+    ``+1`` in the tail count. Exact for no law; its level is measured in ``anistat calibrate``."""
+    num = np.asarray(numerator, dtype=np.float64).ravel()
+    den = np.asarray(denominator, dtype=np.float64).ravel()
+    w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+    b = w.shape[0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        theta = num.sum() / den.sum()
+        se = float(ratio_se(np.ones((1, num.size)), num, den)[0])
+        reps = (w @ num) / (w @ den)
+        tstar = (np.log(reps) - np.log(theta)) / (ratio_se(w, num, den) / reps)
+        statistic = float((np.log(theta) - np.log(null_value)) / (se / theta))
+    tstar = tstar[np.isfinite(tstar)]
+    if not (np.isfinite(statistic) and tstar.size):
+        return StudentizedTest(statistic, np.nan, np.nan, b, alternative,
+                               "no test: the ratio or its standard error is not finite and positive")
+    upper = (1.0 + np.sum(tstar >= statistic)) / (1.0 + tstar.size)
+    lower = (1.0 + np.sum(tstar <= statistic)) / (1.0 + tstar.size)
+    if alternative == "greater":
+        raw = float(upper)
+        p = float(expanded_pvalue(raw, expand_units))
+    elif alternative == "less":
+        raw = float(lower)
+        p = float(expanded_pvalue(raw, expand_units))
+    else:
+        raw = float(min(1.0, 2.0 * min(upper, lower)))
+        p = float(min(1.0, 2.0 * expanded_pvalue(min(upper, lower), expand_units)))
+    return StudentizedTest(statistic, min(p, 1.0), raw, int(tstar.size), alternative)
 
 
 def _evaluate(statistic: Callable[[np.ndarray], np.ndarray], weights: np.ndarray) -> np.ndarray:

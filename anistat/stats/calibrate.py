@@ -149,7 +149,7 @@ def _simulate_one(rng, scenario, condition, cfg):
     e_pop = float(np.trace(u.T @ sigma @ u) / np.trace(sigma))
     truth = {"fraction": e_pop, "haar": e_pop / (k / d), "normal": e_pop / (k / (d - k) * (1.0 - e_pop))}
     common = dict(rank=k, dim=d, null_fractions=null, observed_fraction=observed, n_bootstrap=cfg["n_bootstrap"],
-                  ci_level=cfg["ci_level"], ci_method=cfg["ci_method"], n_permutations=cfg["n_permutations"],
+                  ci_level=cfg["ci_level"], ci_method=cfg["ci_method"], n_test_resamples=cfg["n_permutations"],
                   # a fresh resampling stream per simulated study (one shared weights matrix would
                   # bias every study's coverage the same way)
                   seed=int(rng.integers(2**62)))
@@ -165,7 +165,7 @@ def _simulate_one(rng, scenario, condition, cfg):
             out[f"cover_ratio_{kind}_{unit}"] = float(ratio.ci_low <= truth[kind] <= ratio.ci_high)
             if kind == "haar":
                 out[f"cover_fraction_{unit}"] = float(fraction.ci_low <= e_pop <= fraction.ci_high)
-                out[f"p_sign_flip_{unit}"] = res.sign_flip.p_value
+                out[f"p_sign_flip_{unit}"] = res.data_test.p_value  # TODO(calibrate): both data tests
             out["p_exact"] = res.p_value
     for unit in ("sequence",):
         if not clustered:  # sequences are the documents: the same analysis

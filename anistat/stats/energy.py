@@ -62,15 +62,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import as_1d_float, check_alternative, check_ci_level, check_positive_int
-from .bootstrap import BootstrapResult, bootstrap_weights, ci_from_replicates, ratio_se
+from .bootstrap import (BootstrapResult, StudentizedTest, bootstrap_weights, ci_from_replicates, ratio_se,
+                        studentized_ratio_test)
 from .effects import anisotropy_capture, hedges_correction
 from .montecarlo import monte_carlo_pvalue
-from .permutation import PermutationResult, sign_flip_test
 
 METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g",
            "anisotropy_capture")
 #: Names of the tests behind ``p_value`` (the ``p_test`` column of the results).
 EXACT_TEST = "haar_monte_carlo"
+#: The data test of "this proxy's population ratio is 1" (hedges_g rows): the studentized
+#: bootstrap test dual to the energy ratio's interval (:func:`anistat.stats.studentized_ratio_test`).
+DATA_TEST = "bootstrap_t"
+#: The earlier data test (sign flips of per-unit contributions), still available in
+#: :mod:`anistat.stats.permutation` and reported beside the data test in `anistat calibrate`.
 SIGN_FLIP_TEST = "sign_flip"
 CLOSED_FORM_KINDS = ("haar", "normal")
 
@@ -108,7 +113,7 @@ class EnergyAnalysis:
     metrics: tuple[MetricResult, ...]
     p_value: float  # exact Haar Monte-Carlo test
     p_value_paper: float
-    sign_flip: PermutationResult
+    data_test: StudentizedTest
     n_null: int
     n_controls: int
     n_sequences: int
@@ -134,7 +139,7 @@ class EnergyAnalysis:
                  "ci_method": m.ci_method, "p_value": m.p_value, "p_test": m.p_test,
                  "p_value_paper": m.p_value_paper, "effect_size": m.effect_size,
                  "effect_size_kind": m.effect_size_kind, "se": m.se,
-                 "n_controls": self.sign_flip.n_permutations if m.p_test == SIGN_FLIP_TEST else self.n_null,
+                 "n_controls": self.data_test.n_resamples if m.p_test == DATA_TEST else self.n_null,
                  "n_sequences": self.n_sequences, "n_clusters": self.n_clusters, "note": m.note}
                 for m in self.metrics]
 
@@ -263,7 +268,7 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
                    n_paper_controls: int | None = None, group_ids=None,
                    oracle_fraction: float | None = None, reference: str = "expected",
                    control_kind: str = "haar", n_bootstrap: int = 2000, ci_level: float = 0.95,
-                   ci_method: str = "studentized", n_permutations: int = 9999,
+                   ci_method: str = "studentized", n_test_resamples: int | None = None,
                    alternative: str = "greater", seed: int = 0) -> EnergyAnalysis:
     """Exact test, CIs and effect sizes of one proxy against one control kind.
 
@@ -288,6 +293,9 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
         ``(S,)`` document ids: the resampling unit is then the document.
     reference, control_kind
         Labels for the notes: ``"expected"`` (closed form) or ``"drawn"``, and the kind.
+    n_test_resamples
+        Resamples for the data test (and, with ``n_bootstrap``, the CIs: both use the same
+        ``max(n_bootstrap, n_test_resamples)`` resamples, so they agree).
 
     See the module docstring for what every interval and test conditions on.
     """
@@ -304,13 +312,16 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
     p_paper = (monte_carlo_pvalue(observed, paper[:n_paper_controls], alternative)
                if n_paper_controls and paper.size else np.nan)
     contribution = units.proxy - units.reference
-    sign_flip = sign_flip_test(contribution, n_permutations, seed, alternative)
-    weights = bootstrap_weights(units.n, n_bootstrap, seed)
+    weights = bootstrap_weights(units.n, max(n_bootstrap, n_test_resamples or 0), seed)
+    # the closed-form kinds share one data test: p = k/d·t (haar ratio 1) ⟺ normal ratio 1
+    null_reference = rank / dim * units.total if reference == "expected" else units.reference
+    data_test = studentized_ratio_test(units.proxy, null_reference, weights, alternative=alternative,
+                                       expand_units=units.n)
     ci_f, ci_r = _ratio_intervals(units, weights, ci_level, ci_method)
-    rows = _metric_rows(units, control, exact, float(p_paper), ci_f, ci_r, weights, contribution, sign_flip,
+    rows = _metric_rows(units, control, exact, float(p_paper), ci_f, ci_r, weights, contribution, data_test,
                         rank, dim, oracle_fraction, reference, control_kind, group_ids is not None, ci_level,
                         draws.size if control.source != "closed form" else 0)
-    return EnergyAnalysis(tuple(rows), float(exact.p_value), float(p_paper), sign_flip, int(exact.n_draws),
+    return EnergyAnalysis(tuple(rows), float(exact.p_value), float(p_paper), data_test, int(exact.n_draws),
                           int(draws.size), int(p.size), units.n, int(rank), int(dim), int(n_bootstrap),
                           float(ci_level), alternative, int(seed), exact.note)
 
@@ -367,15 +378,16 @@ def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[Boots
             replicates = (weights @ numerator) / (weights @ denominator)
             jack = (jackknife @ numerator) / (jackknife @ denominator)
         extra = {}
-        if ci_method == "studentized":
+        if ci_method == "studentized":  # on the log scale, tails expanded for few units
             extra = dict(se=float(ratio_se(ones, numerator, denominator)[0]),
-                         replicate_se=ratio_se(weights, numerator, denominator))
+                         replicate_se=ratio_se(weights, numerator, denominator), log_scale=True,
+                         expand_units=units.n)
         out.append(ci_from_replicates(estimate, replicates, jack, ci_level, ci_method, **extra))
     return out[0], out[1]
 
 
 def _metric_rows(units: _Units, control: ControlMoments, exact: ExactTestResult, p_paper: float,
-                 ci_f: BootstrapResult, ci_r: BootstrapResult, weights, contribution, sign_flip, rank, dim,
+                 ci_f: BootstrapResult, ci_r: BootstrapResult, weights, contribution, data_test, rank, dim,
                  oracle_fraction, reference, control_kind, by_document, ci_level, n_drawn) -> list[MetricResult]:
     """The six metric rows; every ``se`` on its own row's scale (delta method for transforms)."""
     fraction, ratio = ci_f.estimate, ci_r.estimate
@@ -418,14 +430,15 @@ def _metric_rows(units: _Units, control: ControlMoments, exact: ExactTestResult,
             (ci_f.ci_low - mean) * z_scale, (ci_f.ci_high - mean) * z_scale, ci_f,
             f"z against the {control_kind} controls' mean and sd ({control.source}); CI maps the fraction CI with "
             "them held fixed", ci_f.se * z_scale),
-        _hedges_row(units, weights, contribution, sign_flip, ci_level, kind_note, units_note),
+        _hedges_row(units, weights, contribution, data_test, ci_level, kind_note, units_note),
     ]
     rows.append(_capture_row(row, fraction, mean, sd, ci_f, rank, dim, oracle_fraction, exact, p_paper, z))
     return rows
 
 
-def _hedges_row(units: _Units, weights, contribution, sign_flip, ci_level, kind_note, units_note) -> MetricResult:
-    """Hedges' g of the per-unit contributions Σp − Σe, with a BCa CI and the sign-flip test."""
+def _hedges_row(units: _Units, weights, contribution, data_test: StudentizedTest, ci_level, kind_note,
+                units_note) -> MetricResult:
+    """Hedges' g of the per-unit contributions Σp − Σe, with a BCa CI and the data test."""
     ones = np.ones((1, units.n))
     g = float(_hedges_g(ones, contribution)[0]) if units.n > 2 else np.nan
     if units.n > 3:
@@ -435,10 +448,12 @@ def _hedges_row(units: _Units, weights, contribution, sign_flip, ci_level, kind_
     else:
         interval = BootstrapResult(g, np.nan, np.nan, "none", "too few resampling units for a CI of g", np.nan, 0,
                                    ci_level)
+    test_note = ("p: studentized bootstrap test of population ratio 1 (log scale, the energy ratio interval's "
+                 f"pivot, {data_test.n_resamples} resamples, tails expanded for {units.n} units)")
     return MetricResult("hedges_g", g, np.nan, np.nan, interval.ci_low, interval.ci_high, interval.method,
                         _join(f"standardized mean of per-unit contributions Σp − Σe ({kind_note})", units_note,
-                              interval.note),
-                        float(sign_flip.p_value), SIGN_FLIP_TEST, np.nan, g, "hedges_g", interval.se)
+                              interval.note, test_note, data_test.note),
+                        float(data_test.p_value), DATA_TEST, np.nan, g, "hedges_g", interval.se)
 
 
 def _capture_row(row, fraction, mean, sd, ci_f, rank, dim, oracle_fraction, exact, p_paper, z) -> MetricResult:

@@ -43,10 +43,23 @@ def adjust_pvalues(p, method: str = "holm") -> np.ndarray:
     if ((flat[ok] < 0) | (flat[ok] > 1)).any():
         raise ValueError("p-values must lie in [0, 1]")
     if ok.any():
-        adj = multipletests(flat[ok], method=method)[1]
+        adj = _holm(flat[ok]) if method == "holm" else multipletests(flat[ok], method=method)[1]
         res = out.ravel()
         res[ok] = adj
         out = res.reshape(arr.shape)
+    return out
+
+
+def _holm(p: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjustment, ``max_{j ≤ i} min(1, (m − j + 1) p_(j))`` in sorted order —
+    statsmodels' formula (``multipletests(method="holm")``, checked against it in the tests),
+    written out because statsmodels runs ``gc.collect()`` on every Holm call (0.1 s each in a
+    process holding torch, which adds up in simulations and per-claim families)."""
+    order = np.argsort(p, kind="mergesort")
+    m = p.size
+    stepped = np.maximum.accumulate(p[order] * np.arange(m, 0, -1))
+    out = np.empty(m)
+    out[order] = np.minimum(stepped, 1.0)
     return out
 
 
