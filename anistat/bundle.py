@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from .atomic import atomic_write_text
 from .errors import AnistatInputError
+from .runtime import machine_description
 
 if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat validate` stays light
     import pandas as pd
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat val
     from .protocol import Protocol
     from .report import ReportInputs, ReportOptions
     from .report.inputs import NullCheckSummary
+    from .runtime import ThreadChoice
 
 
 
@@ -243,7 +245,9 @@ class RunFacts:
 
     ``units``: one ``{"id", "status", "note", "seconds"}`` record per measured unit (see
     :func:`unit_records`); ``warnings``: the run's warnings (shown first in every report);
-    ``null_settings``: the Monte-Carlo sizes of the analysis (``anistat.analyze.NullSettings``).
+    ``null_settings``: the Monte-Carlo sizes of the analysis (``anistat.analyze.NullSettings``);
+    ``threads``: the run's thread setting (``anistat.runtime.resolve_threads``), recorded in the
+    manifest's ``machine`` field with the CPU and the BLAS / torch build.
     """
 
     device: str
@@ -254,6 +258,7 @@ class RunFacts:
     units: tuple[Mapping[str, Any], ...]
     warnings: tuple[str, ...] = ()
     null_settings: Mapping[str, Any] = field(default_factory=dict)
+    threads: "ThreadChoice | None" = None  # None where anistat did not set the threads (a user's training loop)
 
 
 def unit_records(artifacts: Sequence[Any]) -> tuple[dict[str, Any], ...]:
@@ -306,6 +311,7 @@ def build_manifest(protocol: "Protocol", facts: RunFacts) -> dict[str, Any]:
         "failed_units": failed,
         "warnings": list(facts.warnings),
         "null_settings": dict(facts.null_settings),
+        "machine": machine_description(facts.threads),
     }
 
 

@@ -1,10 +1,11 @@
 """The `anistat` command line (typer).
 
-Exit codes: 0 success; 1 claims failed (`verify`, or `run` with failing claims); 2 invalid input
-or an interrupted run (nothing half-written: no bundle, no staging directory; finished units stay
-in the cache and a rerun resumes); 3 `run` wrote its bundle but some units failed (e.g. NaN/Inf
-gradients; status=failed with the reason in results.csv, the report and the manifest). Errors are
-always exactly one line on stderr, never a traceback.
+Exit codes: 0 success; 1 claims failed (`verify`, or `run` with failing claims) or, for `diff`,
+a rerun that does not reproduce; 2 invalid input or an interrupted run (nothing half-written: no
+bundle, no staging directory; finished units stay in the cache and a rerun resumes); 3 `run`
+wrote its bundle but some units failed (e.g. NaN/Inf gradients; status=failed with the reason in
+results.csv, the report and the manifest). Errors are always exactly one line on stderr, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ app = typer.Typer(
 )
 
 
+#: = anistat.reproduction.DEFAULT_TOLERANCE.relative (a test keeps them equal; the CLI imports pandas lazily)
+DEFAULT_RELATIVE = 0.01
+
+
 def _echo(message: str) -> None:
     typer.echo(message)
 
@@ -42,6 +47,10 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
     keep_cache: bool = typer.Option(False, help="Keep the per-unit cache after success."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing bundle at --out."),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", min=1, max=1024,
+        help="CPU threads for torch and numpy's BLAS (overrides the protocol's threads; default: OMP_NUM_THREADS, "
+        "else the idle usable CPUs). Built-in models always train on one thread."),
 ) -> None:
     """Run a protocol end to end and write its bundle.
 
@@ -53,8 +62,8 @@ def run(
 
     if device is not None and device not in ("auto", "cpu", "cuda", "mps"):
         raise AnistatInputError(f"--device must be auto, cpu, cuda or mps, got '{device}'")
-    result = run_pipeline(protocol, out, device=device, log=None if quiet else _echo, keep_cache=keep_cache,
-                          overwrite=overwrite)
+    result = run_pipeline(protocol, out, device=device, threads=threads, log=None if quiet else _echo,
+                          keep_cache=keep_cache, overwrite=overwrite)
     failed_claims = [c for c in result.claims if not c["passed"]]
     for claim in result.claims:
         _echo(f"claim {claim['id']}: {claim['status'].upper()} — {claim['statement']}")
@@ -218,6 +227,34 @@ def verify(
               f"{str(claim['replication']).upper()} — {'agree' if claim['agree'] else 'DISAGREE'}")
     _echo(f"replication report: {outcome.report_dir / 'comparison.html'}")
     if not outcome.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def diff(
+    original: Path = typer.Argument(..., help="The original bundle (e.g. reports/quickstart)."),
+    rerun: Path = typer.Argument(..., help="A bundle of the same protocol, run again (another machine, thread count)."),
+    relative: float = typer.Option(DEFAULT_RELATIVE, "--relative", min=0.0, max=1.0,
+                                   help="Relative tolerance of continuous numbers, of their metric's scale."),
+    show: int = typer.Option(10, "--show", min=0, max=100_000, help="Differences listed (the count is always given)."),
+) -> None:
+    """Does RERUN reproduce ORIGINAL? Compares results.csv, frequency.csv and the claims' verdicts
+    number by number (never timestamps, paths or rendered files): counts, statuses and verdicts
+    must be equal, continuous numbers within --relative of their scale, Monte-Carlo p-values and
+    control statistics within two of their Monte-Carlo standard errors (see the README, "What
+    reproduces"). Exit 0 reproduced, 1 differences beyond the tolerance, 2 bad input."""
+    from .reproduction import Tolerance, compare_reproduction
+
+    check = compare_reproduction(original, rerun, Tolerance(relative=relative))
+    for note in check.notes:
+        _echo(f"note: {note}")
+    for difference in check.differences[:show]:
+        _echo(f"differs: {difference.describe()}")
+    if len(check.differences) > show:
+        _echo(f"… and {len(check.differences) - show} more")
+    verdict = "reproduces" if check.ok else "does NOT reproduce"
+    _echo(f"{rerun} {verdict} {original}: {check.summary()}")
+    if not check.ok:
         raise typer.Exit(1)
 
 

@@ -151,6 +151,14 @@ class TrainSpec(StrictModel):
         default_factory=lambda: [0, 50, 100, 200],
         description="Steps at which the model is measured (0 = the random initialisation).",
     )
+    precision: Literal["fp64", "fp32"] = Field(
+        "fp64",
+        description="Arithmetic of the training (always on the CPU, on one thread). fp64 (default): rounding "
+        "differences between CPUs (AVX2 vs AVX-512 kernels, another BLAS) start at 1e-16, so another machine "
+        "trains the same model to ~1e-6 of its weights after 400 steps; fp32 is faster but AdamW amplifies its "
+        "1e-7 rounding differences to ~4e-4 of the weights, which moves measured ratios by percents. The "
+        "checkpoints are measured in float32 either way.",
+    )
 
     @model_validator(mode="after")
     def _checkpoints_within_steps(self) -> "TrainSpec":
@@ -507,6 +515,14 @@ class Protocol(StrictModel):
     description: str = Field("", max_length=20_000)
     seed: int = Field(0, ge=0, le=2**32 - 1)
     device: Literal["auto", "cpu", "cuda", "mps"] = "cpu"
+    threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+        "auto",
+        description="CPU threads of torch and of numpy's BLAS for the run (`anistat run --threads` overrides it). "
+        "auto: OMP_NUM_THREADS when set, else the CPUs this process may use (affinity, cgroup quota) minus those "
+        "other processes keep busy (load average), at least 1. Not part of the protocol's hash: it changes how "
+        "fast a run is, not what it measures (built-in models always train on one thread; see the README's "
+        "'What reproduces' for what another thread count may change in the measurement).",
+    )
     data: DataSpec = Field(default_factory=DataSpec)
     models: list[ModelSpec] = Field(min_length=1)
     sites: SiteSpec = Field(default_factory=SiteSpec)
@@ -556,7 +572,8 @@ class Protocol(StrictModel):
         return self.model_dump(mode="json")
 
     def sha256(self) -> str:
-        """sha256 of the canonical JSON of the normalised protocol (sorted keys, no spaces)."""
+        """sha256 of the canonical JSON of the normalised protocol (sorted keys, no spaces), without
+        the execution settings of `EXECUTION_FIELDS` (how a run executes, not what it measures)."""
         return protocol_hash(self.normalised())
 
     @property
@@ -594,8 +611,16 @@ def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], h
     return None
 
 
+#: Top-level protocol fields that say how a run executes, not what it measures: kept in the
+#: normalised protocol (and so in the manifest) but left out of its hash, so a study run with
+#: another thread count keeps its identity (and its resume cache).
+EXECUTION_FIELDS = ("threads",)
+
+
 def protocol_hash(normalised: dict[str, Any]) -> str:
-    canonical = json.dumps(normalised, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    """sha256 of a normalised protocol's canonical JSON, execution settings (`EXECUTION_FIELDS`) left out."""
+    identity = {key: value for key, value in normalised.items() if key not in EXECUTION_FIELDS}
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
@@ -765,6 +790,7 @@ description: >
   matched random subspaces?
 seed: 0                        # same protocol + seed -> same numbers on CPU
 device: cpu                    # auto | cpu | cuda | mps
+threads: auto                  # CPU threads: auto = OMP_NUM_THREADS, else the idle usable CPUs (not in the hash)
 
 data:
   source: builtin              # builtin (Python's docs, no download) | text | jsonl | hf_dataset
