@@ -487,6 +487,15 @@ class ClaimSpec(StrictModel):
     aggregate: Literal["all", "any", "meta"] = "all"
     meta: MetaSpec = Field(default_factory=MetaSpec, description="Pooling settings of aggregate: meta.")
 
+    @field_validator("where")
+    @classmethod
+    def _where_values_select(cls, value: dict) -> dict:
+        for key, wanted in value.items():
+            if isinstance(wanted, list) and not wanted:
+                raise ValueError(f"{key} is an empty list, which selects no row; list at least one value "
+                                 "or leave the key out")
+        return value
+
     @model_validator(mode="after")
     def _threshold_shape(self) -> "ClaimSpec":
         values = self.threshold if isinstance(self.threshold, list) else [self.threshold]
