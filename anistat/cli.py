@@ -2,10 +2,10 @@
 
 Exit codes: 0 success; 1 claims failed (`verify`, or `run` with failing claims) or, for `diff`,
 a rerun that does not reproduce; 2 invalid input or an interrupted run (nothing half-written: no
-bundle, no staging directory; finished units stay in the cache and a rerun resumes); 3 `run`
-wrote its bundle but some units failed (e.g. NaN/Inf gradients; status=failed with the reason in
-results.csv, the report and the manifest). Errors are always exactly one line on stderr, never a
-traceback.
+bundle, no staging directory; finished units stay in the cache, the message says where, and a
+rerun resumes); 3 `run` wrote its bundle but some units failed (e.g. NaN/Inf gradients;
+status=failed with the reason in results.csv, the report and the manifest). Errors are always
+exactly one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Optional
 import click
 import typer
 
-from .errors import AnistatError, AnistatInputError, IncompleteRun
+from .errors import AnistatError, AnistatInputError, IncompleteRun, RunInterrupted
 
 app = typer.Typer(
     name="anistat",
@@ -56,14 +56,17 @@ def run(
 
     Every model and claim is checked first (the same preflight as `anistat validate`), before
     any model is trained or loaded. Exit codes: 0 done; 1 a claim failed; 2 invalid input or
-    interrupted (nothing written; a rerun resumes from the cache); 3 bundle written but some
-    units failed (see results.csv)."""
+    interrupted (nothing written; finished units stay in the cache the message names, and a
+    rerun resumes from them); 3 bundle written but some units failed (see results.csv)."""
     from .pipeline import run as run_pipeline
 
     if device is not None and device not in ("auto", "cpu", "cuda", "mps"):
         raise AnistatInputError(f"--device must be auto, cpu, cuda or mps, got '{device}'")
     result = run_pipeline(protocol, out, device=device, threads=threads, log=None if quiet else _echo,
                           keep_cache=keep_cache, overwrite=overwrite)
+    if quiet:  # the log said so already; a missing file of the bundle is said even with -q
+        for name, reason in result.manifest.get("omitted_files", {}).items():
+            _echo(f"note: {name} was not written: {reason}")
     failed_claims = [c for c in result.claims if not c["passed"]]
     for claim in result.claims:
         _echo(f"claim {claim['id']}: {claim['status'].upper()} — {claim['statement']}")
@@ -157,7 +160,7 @@ def calibrate(
     test and of the paper's normal-control convention, CI coverage, power."""
     from .bundle import staged_bundle, write_json
     from .stats import run_calibration, write_calibration_report
-    from .stats.calibrate import SCENARIOS
+    from .stats.calibrate import SCENARIOS, describe_goal
 
     unknown = [s for s in scenario if s not in SCENARIOS]
     if unknown:
@@ -172,12 +175,13 @@ def calibrate(
                                               "ci_method": ci_method, "settings": result.settings})
     for row in result.conditions:
         if row["condition"] == "random":
+            # ± is the 95 % Monte-Carlo margin of each rate (1.96 binomial standard errors)
             _echo(f"{row['scenario']}, uninformative proxy: P(p <= {result.settings['alpha']:g}) exact test "
-                  f"{row['rejection_exact']:.4f}, paper's normal controls (20) {row['rejection_paper_normal_20']:.4f}"
+                  f"{row['rejection_exact']:.4f} ± {1.96 * row['rejection_exact_se']:.4f}, paper's normal controls "
+                  f"(20) {row['rejection_paper_normal_20']:.4f} ± {1.96 * row['rejection_paper_normal_20_se']:.4f}"
                   " (not exact)")
     for name, check in result.checks.items():
-        _echo(f"goal {name}: {'met' if check['passed'] else 'NOT met'} ({check['value']:.4f} in "
-              f"[{check['low']}, {check['high']}])")
+        _echo(describe_goal(name, check))
     _echo(f"wrote {out}/")
 
 
@@ -368,8 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     except AnistatError as error:
         typer.echo(f"anistat: error: {error}", err=True)
         return error.exit_code
+    except RunInterrupted as interrupt:  # `run` (and `verify --against`'s re-run) say where finished units are
+        typer.echo(f"anistat: error: {interrupt.describe()}", err=True)
+        return 2
     except KeyboardInterrupt:
-        typer.echo("anistat: error: interrupted; finished units are kept in the cache and a rerun resumes", err=True)
+        typer.echo("anistat: error: interrupted; nothing was written", err=True)
         return 2
     except errors["NoArgsIsHelpError"] as error:
         typer.echo(error.ctx.get_help() if getattr(error, "ctx", None) else str(error))

@@ -26,7 +26,7 @@ from .collect import distributed
 from .collect.artifact import ARTIFACT_FORMAT
 from .collect.progress import bar
 from .data import load_corpus
-from .errors import AnistatInputError
+from .errors import AnistatInputError, RunInterrupted
 from .geometry import draw_controls, fit_proxy, frequency_buckets, proxy_variants
 from .models import ModelSeries, resolve_models
 from .seeding import derive_seed
@@ -331,11 +331,16 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or not 1 <= threads <= MAX_THREADS):
         raise AnistatInputError(f"threads must be an integer from 1 to {MAX_THREADS}, got {threads!r}")
-    out = Path(out) if out is not None else default_out(protocol)
-    check_destination(out)
+    if out is None:
+        out = default_out(protocol)
+        where, elsewhere = f"{out} (the default bundle folder of protocol '{protocol.name}')", "folder with --out DIR"
+    else:
+        out = Path(out)
+        where, elsewhere = f"--out {out}", "--out"
+    check_destination(out, where)
     if not overwrite and (out / "manifest.json").is_file():
-        raise AnistatInputError(f"--out {out}: a bundle already exists there; pass --overwrite to replace it, "
-                                "or choose another --out")
+        raise AnistatInputError(f"{where}: a bundle already exists there; pass --overwrite to replace it, "
+                                f"or choose another {elsewhere}")
     preflight(protocol)
     sha = protocol.sha256()
     cache = cache_dir(out, sha)
@@ -345,14 +350,27 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
     log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, "
         f"{thread_choice.describe()}")
     with cpu_threads(thread_choice.threads):
+        return _run(protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache)
+
+
+def _run(protocol: Protocol, out: Path, cache: Path, torch_device: torch.device, thread_choice: ThreadChoice,
+         started_at: str, started: float, log: Log, keep_cache: bool) -> RunResult:
+    """`run` once its inputs are checked and the threads set: collect, analyse, publish. Ctrl-C
+    (or SIGTERM) anywhere in it becomes `RunInterrupted`, which says where the finished units are."""
+    try:
         return _collect_analyse_publish(protocol, out, cache, torch_device, thread_choice, started_at, started,
                                         log, keep_cache)
+    except RunInterrupted:
+        raise
+    except KeyboardInterrupt:
+        units = cache / "units"
+        finished = len(list(units.glob("*.json"))) if units.is_dir() else 0
+        raise RunInterrupted(units, finished) from None
 
 
 def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_device: torch.device,
                              thread_choice: ThreadChoice, started_at: str, started: float, log: Log,
                              keep_cache: bool) -> RunResult:
-    """`run` once its inputs are checked and the threads set: collect, analyse, publish."""
     from .claims import evaluate_claims
 
     torch.manual_seed(protocol.seed)
@@ -397,6 +415,8 @@ def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_d
             raise
         raise user_error from error
     log(f"  rendered ({time.perf_counter() - stage:.1f}s)")
+    for name, reason in outcome.manifest.get("omitted_files", {}).items():
+        log(f"note: {name} was not written: {reason}")
     if not keep_cache:
         shutil.rmtree(cache, ignore_errors=True)
         _remove_if_empty(cache.parent)
