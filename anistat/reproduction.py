@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from .bundle import read_frequency, read_json_file, read_manifest, read_results
 from .errors import AnistatInputError
 
@@ -131,7 +133,8 @@ def _protocol_settings(manifest: dict) -> tuple[int, int]:
 
 
 def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+    """None, NaN or pandas' NA (the integer columns read back as nullable integers)."""
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
 def _number(value: Any) -> float | None:
@@ -198,7 +201,7 @@ def _scales(table, columns) -> dict[tuple[str, str], float]:
     for metric, rows in table.groupby("metric", sort=False):
         for column in columns:
             if column in rows:
-                values = rows[column].astype(float).abs()
+                values = pd.to_numeric(rows[column], errors="coerce").astype(float).abs()  # text -> NaN
                 finite = values[values.apply(math.isfinite)]
                 scales[(str(metric), column)] = float(finite.max()) if len(finite) else 0.0
     return scales
@@ -206,8 +209,6 @@ def _scales(table, columns) -> dict[tuple[str, str], float]:
 
 def _compare_table(comparer: _Comparer, name: str, original, rerun, keys: tuple[str, ...], *,
                    n_paper_controls: int, default_draws: int) -> None:
-    import pandas as pd
-
     keys = tuple(k for k in keys if k in original.columns and k in rerun.columns)
     tolerance = comparer.tolerance
     for label, table in (("original", original), ("rerun", rerun)):

@@ -206,3 +206,18 @@ def test_bad_input_is_one_line(bundles, tmp_path, capsys):
     (broken / "results.csv").write_text("model,metric,estimate\n\"unclosed\n")
     code, _, err = run_cli(capsys, "diff", one, broken)
     assert code == 2 and len(err.splitlines()) == 1, err
+
+
+def test_text_where_a_number_belongs_is_a_difference_not_a_crash(bundles, tmp_path, capsys):
+    one, _ = bundles
+    edited = _copy(one, tmp_path, "edited")
+
+    def edit(table):
+        table["estimate"] = table["estimate"].astype(object)
+        table.loc[_first(table, "energy_ratio"), "estimate"] = "abc"
+
+    _edit_results(edited, edit)
+    code, out, err = run_cli(capsys, "diff", one, edited)
+    assert code == 1 and err == "", err
+    differs = [line for line in out.splitlines() if line.startswith("differs:")]
+    assert len(differs) == 1 and "metric=energy_ratio: estimate" in differs[0] and differs[0].endswith("vs 'abc'")
