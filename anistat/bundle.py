@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from .atomic import atomic_write_text
 from .errors import AnistatInputError
+from .runtime import machine_description
 
 if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat validate` stays light
     import pandas as pd
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat val
     from .protocol import Protocol
     from .report import ReportInputs, ReportOptions
     from .report.inputs import LoopDescription, NullCheckSummary
+    from .runtime import ThreadChoice
 
 
 
@@ -157,14 +159,17 @@ def integrity_problems(bundle: Path, manifest: Mapping[str, Any]) -> list[Integr
     return problems
 
 
-def check_destination(out: Path) -> None:
-    """Refuse to replace a directory that is not an anistat bundle (or to write into a file)."""
+def check_destination(out: Path, where: str | None = None) -> None:
+    """Refuse to replace a directory that is not an anistat bundle (or to write into a file).
+    `where` names the destination in messages (default `--out OUT`; `anistat run` says when the
+    folder is the protocol's default one, which the user never typed)."""
+    where = where or f"--out {out}"
     if out.name in ("", ".", ".."):
-        raise AnistatInputError(f"--out {out}: name the bundle directory itself (e.g. {Path(out, 'bundle')})")
+        raise AnistatInputError(f"{where}: name the bundle directory itself (e.g. {Path(out, 'bundle')})")
     if out.exists() and not out.is_dir():
-        raise AnistatInputError(f"--out {out}: exists and is not a directory")
+        raise AnistatInputError(f"{where}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
-        raise AnistatInputError(f"--out {out}: directory exists, is not empty and is not an anistat bundle; "
+        raise AnistatInputError(f"{where}: directory exists, is not empty and is not an anistat bundle; "
                                 "choose another --out")
     # Nothing is created here (a run that fails later must leave no trace): the nearest existing
     # ancestor must be a writable directory; staged_bundle creates the missing parents.
@@ -172,9 +177,9 @@ def check_destination(out: Path) -> None:
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise AnistatInputError(f"--out {out}: {ancestor} is not a directory")
+        raise AnistatInputError(f"{where}: {ancestor} is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise AnistatInputError(f"--out {out}: directory {ancestor} is not writable")
+        raise AnistatInputError(f"{where}: directory {ancestor} is not writable")
 
 
 @contextlib.contextmanager
@@ -314,7 +319,9 @@ class RunFacts:
 
     ``units``: one ``{"id", "status", "note", "seconds"}`` record per measured unit (see
     :func:`unit_records`); ``warnings``: the run's warnings (shown first in every report);
-    ``null_settings``: the Monte-Carlo sizes of the analysis (``anistat.analyze.NullSettings``).
+    ``null_settings``: the Monte-Carlo sizes of the analysis (``anistat.analyze.NullSettings``);
+    ``threads``: the run's thread setting (``anistat.runtime.resolve_threads``), recorded in the
+    manifest's ``machine`` field with the CPU and the BLAS / torch build.
     """
 
     device: str
@@ -325,6 +332,7 @@ class RunFacts:
     units: tuple[Mapping[str, Any], ...]
     warnings: tuple[str, ...] = ()
     null_settings: Mapping[str, Any] = field(default_factory=dict)
+    threads: "ThreadChoice | None" = None  # None where anistat did not set the threads (a user's training loop)
 
 
 def unit_records(artifacts: Sequence[Any]) -> tuple[dict[str, Any], ...]:
@@ -333,8 +341,15 @@ def unit_records(artifacts: Sequence[Any]) -> tuple[dict[str, Any], ...]:
                  for a in artifacts)
 
 
-def write_results(results: "pd.DataFrame", directory: Path) -> None:
-    """results.csv (always) and results.parquet (when pyarrow is installed).
+#: Why results.parquet is missing from a bundle written without pyarrow (manifest ``omitted_files``).
+PARQUET_NEEDS_PYARROW = "pyarrow is not installed (pip install 'anistat[parquet]')"
+
+
+def write_results(results: "pd.DataFrame", directory: Path) -> dict[str, str]:
+    """results.csv (always) and results.parquet (when pyarrow is installed); returns the files
+    left out and why (``{"results.parquet": PARQUET_NEEDS_PYARROW}`` without pyarrow), which the
+    manifest records as ``omitted_files`` and `anistat run` prints, so a regenerated bundle never
+    loses a file silently.
 
     Count columns (:data:`INTEGER_COLUMNS`) are written as integers (``4``, not ``4.0``; empty
     where missing) whenever every value they hold is a whole number."""
@@ -352,8 +367,9 @@ def write_results(results: "pd.DataFrame", directory: Path) -> None:
     try:
         import pyarrow  # noqa: F401
     except ImportError:
-        return
+        return {"results.parquet": PARQUET_NEEDS_PYARROW}
     results.to_parquet(directory / "results.parquet", index=False)
+    return {}
 
 
 def build_manifest(protocol: "Protocol", facts: RunFacts) -> dict[str, Any]:
@@ -377,6 +393,7 @@ def build_manifest(protocol: "Protocol", facts: RunFacts) -> dict[str, Any]:
         "failed_units": failed,
         "warnings": list(facts.warnings),
         "null_settings": dict(facts.null_settings),
+        "machine": machine_description(facts.threads),
     }
 
 
@@ -389,7 +406,7 @@ def publish_bundle(out: Path, protocol: "Protocol", results: "pd.DataFrame", fre
 
     manifest = build_manifest(protocol, facts)
     with staged_bundle(Path(out)) as staging:
-        write_results(results, staging)
+        manifest["omitted_files"] = write_results(results, staging)
         if not frequency.empty:
             frequency.to_csv(staging / "frequency.csv", index=False, float_format="%.10g", lineterminator="\n")
         write_json(staging / "concept_cards.json", concept_cards)

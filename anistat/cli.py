@@ -1,10 +1,11 @@
 """The `anistat` command line (typer).
 
-Exit codes: 0 success; 1 claims failed (`verify`, or `run` with failing claims); 2 invalid input
-or an interrupted run (nothing half-written: no bundle, no staging directory; finished units stay
-in the cache and a rerun resumes); 3 `run` wrote its bundle but some units failed (e.g. NaN/Inf
-gradients; status=failed with the reason in results.csv, the report and the manifest). Errors are
-always exactly one line on stderr, never a traceback.
+Exit codes: 0 success; 1 claims failed (`verify`, or `run` with failing claims) or, for `diff`,
+a rerun that does not reproduce; 2 invalid input or an interrupted run (nothing half-written: no
+bundle, no staging directory; finished units stay in the cache, the message says where, and a
+rerun resumes); 3 `run` wrote its bundle but some units failed (e.g. NaN/Inf gradients;
+status=failed with the reason in results.csv, the report and the manifest). Errors are always
+exactly one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Optional
 import click
 import typer
 
-from .errors import AnistatError, AnistatInputError, IncompleteRun
+from .errors import AnistatError, AnistatInputError, IncompleteRun, RunInterrupted
 
 app = typer.Typer(
     name="anistat",
@@ -28,6 +29,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+#: = anistat.reproduction.DEFAULT_TOLERANCE.relative (a test keeps them equal; the CLI imports pandas lazily)
+DEFAULT_RELATIVE = 0.01
 
 
 def _echo(message: str) -> None:
@@ -42,19 +47,26 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
     keep_cache: bool = typer.Option(False, help="Keep the per-unit cache after success."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing bundle at --out."),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", min=1, max=1024,
+        help="CPU threads for torch and numpy's BLAS (overrides the protocol's threads; default: OMP_NUM_THREADS, "
+        "else the idle usable CPUs). Built-in models always train on one thread."),
 ) -> None:
     """Run a protocol end to end and write its bundle.
 
     Every model and claim is checked first (the same preflight as `anistat validate`), before
     any model is trained or loaded. Exit codes: 0 done; 1 a claim failed; 2 invalid input or
-    interrupted (nothing written; a rerun resumes from the cache); 3 bundle written but some
-    units failed (see results.csv)."""
+    interrupted (nothing written; finished units stay in the cache the message names, and a
+    rerun resumes from them); 3 bundle written but some units failed (see results.csv)."""
     from .pipeline import run as run_pipeline
 
     if device is not None and device not in ("auto", "cpu", "cuda", "mps"):
         raise AnistatInputError(f"--device must be auto, cpu, cuda or mps, got '{device}'")
-    result = run_pipeline(protocol, out, device=device, log=None if quiet else _echo, keep_cache=keep_cache,
-                          overwrite=overwrite)
+    result = run_pipeline(protocol, out, device=device, threads=threads, log=None if quiet else _echo,
+                          keep_cache=keep_cache, overwrite=overwrite)
+    if quiet:  # the log said so already; a missing file of the bundle is said even with -q
+        for name, reason in result.manifest.get("omitted_files", {}).items():
+            _echo(f"note: {name} was not written: {reason}")
     failed_claims = [c for c in result.claims if not c["passed"]]
     for claim in result.claims:
         _echo_claim(claim)
@@ -169,7 +181,7 @@ def calibrate(
     test and of the paper's normal-control convention, CI coverage, power."""
     from .bundle import staged_bundle, write_json
     from .stats import run_calibration, write_calibration_report
-    from .stats.calibrate import SCENARIOS
+    from .stats.calibrate import SCENARIOS, describe_goal
 
     unknown = [s for s in scenario if s not in SCENARIOS]
     if unknown:
@@ -184,12 +196,13 @@ def calibrate(
                                               "ci_method": ci_method, "settings": result.settings})
     for row in result.conditions:
         if row["condition"] == "random":
+            # ± is the 95 % Monte-Carlo margin of each rate (1.96 binomial standard errors)
             _echo(f"{row['scenario']}, uninformative proxy: P(p <= {result.settings['alpha']:g}) exact test "
-                  f"{row['rejection_exact']:.4f}, paper's normal controls (20) {row['rejection_paper_normal_20']:.4f}"
+                  f"{row['rejection_exact']:.4f} ± {1.96 * row['rejection_exact_se']:.4f}, paper's normal controls "
+                  f"(20) {row['rejection_paper_normal_20']:.4f} ± {1.96 * row['rejection_paper_normal_20_se']:.4f}"
                   " (not exact)")
     for name, check in result.checks.items():
-        _echo(f"goal {name}: {'met' if check['passed'] else 'NOT met'} ({check['value']:.4f} in "
-              f"[{check['low']}, {check['high']}])")
+        _echo(describe_goal(name, check))
     _echo(f"wrote {out}/")
 
 
@@ -252,6 +265,34 @@ def verify(
               f"{str(claim['replication']).upper()} — {'agree' if claim['agree'] else 'DISAGREE'}")
     _echo(f"replication report: {outcome.report_dir / 'comparison.html'}")
     if not outcome.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def diff(
+    original: Path = typer.Argument(..., help="The original bundle (e.g. reports/quickstart)."),
+    rerun: Path = typer.Argument(..., help="A bundle of the same protocol, run again (another machine, thread count)."),
+    relative: float = typer.Option(DEFAULT_RELATIVE, "--relative", min=0.0, max=1.0,
+                                   help="Relative tolerance of continuous numbers, of their metric's scale."),
+    show: int = typer.Option(10, "--show", min=0, max=100_000, help="Differences listed (the count is always given)."),
+) -> None:
+    """Does RERUN reproduce ORIGINAL? Compares results.csv, frequency.csv and the claims' verdicts
+    number by number (never timestamps, paths or rendered files): counts, statuses and verdicts
+    must be equal, continuous numbers within --relative of their scale, Monte-Carlo p-values and
+    control statistics within two of their Monte-Carlo standard errors (see the README, "What
+    reproduces"). Exit 0 reproduced, 1 differences beyond the tolerance, 2 bad input."""
+    from .reproduction import Tolerance, compare_reproduction
+
+    check = compare_reproduction(original, rerun, Tolerance(relative=relative))
+    for note in check.notes:
+        _echo(f"note: {note}")
+    for difference in check.differences[:show]:
+        _echo(f"differs: {difference.describe()}")
+    if len(check.differences) > show:
+        _echo(f"… and {len(check.differences) - show} more")
+    verdict = "reproduces" if check.ok else "does NOT reproduce"
+    _echo(f"{rerun} {verdict} {original}: {check.summary()}")
+    if not check.ok:
         raise typer.Exit(1)
 
 
@@ -365,8 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     except AnistatError as error:
         typer.echo(f"anistat: error: {error}", err=True)
         return error.exit_code
+    except RunInterrupted as interrupt:  # `run` (and `verify --against`'s re-run) say where finished units are
+        typer.echo(f"anistat: error: {interrupt.describe()}", err=True)
+        return 2
     except KeyboardInterrupt:
-        typer.echo("anistat: error: interrupted; finished units are kept in the cache and a rerun resumes", err=True)
+        typer.echo("anistat: error: interrupted; nothing was written", err=True)
         return 2
     except errors["NoArgsIsHelpError"] as error:
         typer.echo(error.ctx.get_help() if getattr(error, "ctx", None) else str(error))

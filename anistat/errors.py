@@ -35,3 +35,21 @@ class IncompleteRun(AnistatError):
 class AnistatWarning(UserWarning):
     """Something the user should know about the result (e.g. too few controls)."""
 
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during `anistat run`, with what a rerun will find: `units_dir`, the
+    folder where finished units are kept, and `n_finished`, how many are there (0: nothing was
+    kept, a rerun starts over). Still a KeyboardInterrupt, so Python callers and notebooks see
+    the usual exception; the CLI turns it into one line that says where the units are."""
+
+    def __init__(self, units_dir, n_finished: int):
+        self.units_dir = units_dir
+        self.n_finished = int(n_finished)
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        if self.n_finished == 0:
+            return "interrupted before any unit was finished; nothing was kept, a rerun starts over"
+        return (f"interrupted; {self.n_finished} finished unit{'s are' if self.n_finished != 1 else ' is'} kept in "
+                f"{self.units_dir}; a rerun resumes from {'them' if self.n_finished != 1 else 'it'}")

@@ -22,6 +22,7 @@ and model code from a checkpoint runs only with `trust_remote_code: true` in the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -34,7 +35,11 @@ from .data import BuiltinTokenizer, Corpus, PretrainedTokenizer, Splits, make_sp
 from .errors import AnistatInputError
 from .objective import count_targets, lm_loss  # noqa: F401  (re-exported: anistat.models.lm_loss)
 from .protocol import DataSpec, ModelSpec
+from .runtime import single_thread
 from .seeding import derive_seed
+
+#: `train.precision` of built-in models → the dtype they are trained in
+TRAINING_DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 
 MLM_MODEL_TYPES = {
     "bert", "roberta", "xlm-roberta", "distilbert", "electra", "modernbert", "camembert",
@@ -66,13 +71,19 @@ class ModelSeries:
 # ----------------------------------------------------------------------------------------------
 # builtin models
 # ----------------------------------------------------------------------------------------------
-def build_builtin_model(spec: ModelSpec, vocab_size: int, seq_len: int, seed: int) -> torch.nn.Module:
-    """A tiny randomly initialised model from a transformers config (sizes from the protocol)."""
+def build_builtin_model(spec: ModelSpec, vocab_size: int, seq_len: int, seed: int,
+                        dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A tiny randomly initialised model from a transformers config (sizes from the protocol).
+
+    The weights are drawn in float64 whatever `dtype` (then cast): torch's float32 normal sampler
+    has an instruction-set-specific (AVX2) path, its float64 one gives the same bits on every
+    x86 CPU (checked under ATEN_CPU_CAPABILITY=default, avx2 and avx512), so the initial model is
+    the same on every machine."""
     from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
     # transformers initialises weights from torch's global generator: seed it inside fork_rng, so
     # the caller's own random state is left as it was (same weights as seeding it directly)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), _default_dtype(torch.float64):
         torch.manual_seed(derive_seed(seed, spec.name, "init"))
         intermediate = spec.intermediate_size or 4 * spec.hidden_size
         if spec.architecture == "gpt2":
@@ -90,53 +101,83 @@ def build_builtin_model(spec: ModelSpec, vocab_size: int, seq_len: int, seed: in
                 pad_token_id=0,
             )
             model = BertForMaskedLM(config)
-    return model
+    return model.to(dtype)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default dtype for the block (transformers creates and initialises parameters in it)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def _train_builtin(
     model: torch.nn.Module, spec: ModelSpec, splits: Splits, data: DataSpec, objective: str, seed: int,
     log: Callable[[str], None],
 ) -> dict[int, dict[str, torch.Tensor]]:
-    """Train with AdamW; return CPU copies of the state at each checkpoint step."""
+    """Train with AdamW; return float32 CPU copies of the state at each checkpoint step.
+
+    Reproducibility (README, "What reproduces"): training runs on one thread whatever the run's
+    thread setting (`runtime.single_thread`), so it is bit-identical across `--threads` on one
+    machine; and in `train.precision` (float64 by default), so that on another CPU — whose
+    kernels round differently (AVX2 vs AVX-512, another BLAS) — the difference starts at 1e-16:
+    AdamW amplifies rounding noise (a gradient that rounds to 0 on one CPU and to 1e-17 on
+    another gets a full-size normalised update). Measured on the quickstart at step 400 between
+    AVX2 and AVX-512 kernels: the decoder's weights moved by 4e-4 of their norm in float32 and by
+    2e-6 in float64; the encoder's energy ratios by 1 % in float32 and 0.1 % in float64. The checkpoints are the float32 roundings of the trained weights: the model is
+    measured in float32 like every other source."""
     train = spec.train
     wanted = set(train.checkpoints)
     states: dict[int, dict[str, torch.Tensor]] = {}
+    model.to(TRAINING_DTYPES[train.precision])
 
     def snapshot(step: int) -> None:
         if step in wanted:
-            states[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            states[step] = {k: v.detach().to(torch.float32 if v.is_floating_point() else v.dtype, copy=True)
+                            for k, v in model.state_dict().items()}
 
     snapshot(0)
     if train.steps == 0:
-        return states
+        return _measured_in_float32(model, states)
     optimiser = torch.optim.AdamW(model.parameters(), lr=train.learning_rate, weight_decay=train.weight_decay)
     warmup = max(1, train.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: min(1.0, (step + 1) / warmup))
     generator = torch.Generator().manual_seed(derive_seed(seed, spec.name, "train"))
     model.train()
     started = time.perf_counter()
-    for step in range(1, train.steps + 1):
-        index = torch.randint(0, splits.train.shape[0], (train.batch_size,), generator=generator)
-        batch = splits.train[index]
-        if objective == "mlm":
-            inputs, labels = mask_for_mlm(batch, splits.mask_token_id, splits.vocab_size, data.mlm_probability, generator,
-                                          splits.maskable)
-        else:
-            inputs, labels = batch, batch
-        # global_mean: the batch mean over all targets (the usual training loss); per_sequence_mean:
-        # the mean of per-sequence means
-        loss = lm_loss(model, inputs, labels, objective, data.loss_reduction) / batch.shape[0]
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimiser.step()
-        scheduler.step()
-        if not torch.isfinite(loss):
-            raise AnistatInputError(f"models.{spec.name}: training diverged at step {step} (loss {loss.item()})")
-        snapshot(step)
-        if step % max(1, train.steps // 4) == 0 or step == train.steps:
-            log(f"  {spec.name}: step {step}/{train.steps} loss {loss.item():.3f} "
-                f"({time.perf_counter() - started:.1f}s)")
+    with single_thread():
+        for step in range(1, train.steps + 1):
+            index = torch.randint(0, splits.train.shape[0], (train.batch_size,), generator=generator)
+            batch = splits.train[index]
+            if objective == "mlm":
+                inputs, labels = mask_for_mlm(batch, splits.mask_token_id, splits.vocab_size, data.mlm_probability,
+                                              generator, splits.maskable)
+            else:
+                inputs, labels = batch, batch
+            # global_mean: the batch mean over all targets (the usual training loss); per_sequence_mean:
+            # the mean of per-sequence means
+            loss = lm_loss(model, inputs, labels, objective, data.loss_reduction) / batch.shape[0]
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimiser.step()
+            scheduler.step()
+            if not torch.isfinite(loss):
+                raise AnistatInputError(f"models.{spec.name}: training diverged at step {step} (loss {loss.item()})")
+            snapshot(step)
+            if step % max(1, train.steps // 4) == 0 or step == train.steps:
+                log(f"  {spec.name}: step {step}/{train.steps} loss {loss.item():.3f} "
+                    f"({time.perf_counter() - started:.1f}s)")
+    return _measured_in_float32(model, states)
+
+
+def _measured_in_float32(model: torch.nn.Module, states: dict[int, dict[str, torch.Tensor]]):
+    """The trained model back in float32 and eval mode: checkpoints load into it for measuring."""
+    model.to(torch.float32)
     model.eval()
     return states
 
@@ -149,7 +190,7 @@ def _builtin_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: int, 
         tokenizer_cache[key] = (tokenizer, make_splits(corpus, tokenizer, data, seed))
     tokenizer, splits = tokenizer_cache[key]
     objective = spec.resolved_objective
-    model = build_builtin_model(spec, splits.vocab_size, data.seq_len, seed)
+    model = build_builtin_model(spec, splits.vocab_size, data.seq_len, seed, dtype=TRAINING_DTYPES[spec.train.precision])
     log(f"training {spec.name} ({spec.architecture}, {objective}, d={spec.hidden_size}, "
         f"{spec.num_layers} layers) for {spec.train.steps} steps")
     states = _train_builtin(model, spec, splits, data, objective, seed, log)

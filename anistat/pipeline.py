@@ -27,12 +27,13 @@ from .collect import distributed
 from .collect.artifact import ARTIFACT_FORMAT
 from .collect.progress import bar
 from .data import load_corpus
-from .errors import AnistatInputError
+from .errors import AnistatInputError, RunInterrupted
 from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_variants
 from .models import ModelSeries, resolve_models
 from .seeding import derive_seed
 from .preflight import localized, preflight
 from .protocol import Protocol, control_problem, fit_window_size, load_protocol
+from .runtime import MAX_THREADS, ThreadChoice, cpu_threads, resolve_threads
 
 Log = Callable[[str], None]
 
@@ -336,27 +337,62 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
 # run
 # ----------------------------------------------------------------------------------------------
 def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, device: str | None = None,
-        log: Log | None = None, keep_cache: bool = False, overwrite: bool = False) -> RunResult:
+        threads: int | None = None, log: Log | None = None, keep_cache: bool = False,
+        overwrite: bool = False) -> RunResult:
     """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`).
 
     Before anything is trained or loaded, `anistat.preflight.preflight` checks every model and
-    claim. An existing bundle at `out` is replaced only with `overwrite=True`."""
-    from .claims import evaluate_claims
-
+    claim. An existing bundle at `out` is replaced only with `overwrite=True`. `threads`
+    overrides the protocol's `threads` (see `anistat.runtime`); torch's and numpy's thread
+    settings are restored when the run ends."""
     log = log or (lambda message: None)
     if not isinstance(protocol, Protocol):
         protocol = load_protocol(protocol)
-    out = Path(out) if out is not None else default_out(protocol)
-    check_destination(out)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= MAX_THREADS):
+        raise AnistatInputError(f"threads must be an integer from 1 to {MAX_THREADS}, got {threads!r}")
+    if out is None:
+        out = default_out(protocol)
+        where, elsewhere = f"{out} (the default bundle folder of protocol '{protocol.name}')", "folder with --out DIR"
+    else:
+        out = Path(out)
+        where, elsewhere = f"--out {out}", "--out"
+    check_destination(out, where)
     if not overwrite and (out / "manifest.json").is_file():
-        raise AnistatInputError(f"--out {out}: a bundle already exists there; pass --overwrite to replace it, "
-                                "or choose another --out")
+        raise AnistatInputError(f"{where}: a bundle already exists there; pass --overwrite to replace it, "
+                                f"or choose another {elsewhere}")
     preflight(protocol)
     sha = protocol.sha256()
     cache = cache_dir(out, sha)
     started_at, started = utc_now(), time.perf_counter()
     torch_device = resolve_device(device or protocol.device)
-    log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}")
+    thread_choice = resolve_threads(threads, protocol.threads)
+    log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, "
+        f"{thread_choice.describe()}")
+    with cpu_threads(thread_choice.threads):
+        return _run(protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache)
+
+
+def _run(protocol: Protocol, out: Path, cache: Path, torch_device: torch.device, thread_choice: ThreadChoice,
+         started_at: str, started: float, log: Log, keep_cache: bool) -> RunResult:
+    """`run` once its inputs are checked and the threads set: collect, analyse, publish. Ctrl-C
+    (or SIGTERM) anywhere in it becomes `RunInterrupted`, which says where the finished units are."""
+    try:
+        return _collect_analyse_publish(protocol, out, cache, torch_device, thread_choice, started_at, started,
+                                        log, keep_cache)
+    except RunInterrupted:
+        raise
+    except KeyboardInterrupt:
+        units = cache / "units"
+        finished = len(list(units.glob("*.json"))) if units.is_dir() else 0
+        raise RunInterrupted(units, finished) from None
+
+
+def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_device: torch.device,
+                             thread_choice: ThreadChoice, started_at: str, started: float, log: Log,
+                             keep_cache: bool) -> RunResult:
+    from .claims import evaluate_claims
+
     torch.manual_seed(protocol.seed)
     try:
         artifacts, info = collect_units(protocol, torch_device, cache, log)
@@ -391,7 +427,7 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
     facts = RunFacts(device=str(torch_device), started_at=started_at, seconds=time.perf_counter() - started,
                      corpus=info["corpus"], models=info["models"], units=unit_records(artifacts),
                      warnings=tuple(results.attrs.get("warnings", [])),
-                     null_settings=dict(results.attrs.get("null_settings", {})))
+                     null_settings=dict(results.attrs.get("null_settings", {})), threads=thread_choice)
     try:
         outcome = publish_bundle(out, protocol, results, frequency, claims, info["concept_cards"], facts)
     except OSError as error:
@@ -400,6 +436,8 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
             raise
         raise user_error from error
     log(f"  rendered ({time.perf_counter() - stage:.1f}s)")
+    for name, reason in outcome.manifest.get("omitted_files", {}).items():
+        log(f"note: {name} was not written: {reason}")
     if not keep_cache:
         shutil.rmtree(cache, ignore_errors=True)
         _remove_if_empty(cache.parent)

@@ -8,12 +8,14 @@ of its canonical JSON) so every result can be traced back to exactly the setting
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
 import re
+import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Iterable, Literal
 
 import yaml
 from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
@@ -151,6 +153,15 @@ class TrainSpec(StrictModel):
     checkpoints: list[Annotated[int, Field(ge=0, le=MAX_COUNT)]] = Field(
         default_factory=lambda: [0, 50, 100, 200],
         description="Steps at which the model is measured (0 = the random initialisation).",
+    )
+    precision: Literal["fp64", "fp32"] = Field(
+        "fp64",
+        description="Arithmetic of the training (always on the CPU, on one thread). fp64 (default): rounding "
+        "differences between CPUs (AVX2 vs AVX-512 kernels, another BLAS) start at 1e-16, so another machine "
+        "trains the quickstart's decoder to ~2e-6 of its weights after 400 steps; fp32 is about 1.4x faster but "
+        "AdamW amplifies its 1e-7 rounding differences to ~4e-4 of the weights, which moved the quickstart "
+        "encoder's energy ratios by up to 1 % and other numbers by up to 12 %. The checkpoints are measured in "
+        "float32 either way.",
     )
 
     @model_validator(mode="after")
@@ -349,7 +360,8 @@ class ProxySpec(StrictModel):
 
         unknown = [m for m in value if m not in PROXY_METHODS]
         if unknown:
-            raise ValueError(f"unknown proxy method(s) {unknown}; available: {sorted(PROXY_METHODS)}")
+            raise ValueError(f"unknown proxy method(s) {unknown}; {suggest(unknown[0], PROXY_METHODS)}"
+                             f"available: {sorted(PROXY_METHODS)}")
         return value
 
 
@@ -489,6 +501,15 @@ class ClaimSpec(StrictModel):
     aggregate: Literal["all", "any", "meta"] = "all"
     meta: MetaSpec = Field(default_factory=MetaSpec, description="Pooling settings of aggregate: meta.")
 
+    @field_validator("where")
+    @classmethod
+    def _where_values_select(cls, value: dict) -> dict:
+        for key, wanted in value.items():
+            if isinstance(wanted, list) and not wanted:
+                raise ValueError(f"{key} is an empty list, which selects no row; list at least one value "
+                                 "or leave the key out")
+        return value
+
     @model_validator(mode="after")
     def _threshold_shape(self) -> "ClaimSpec":
         values = self.threshold if isinstance(self.threshold, list) else [self.threshold]
@@ -517,6 +538,14 @@ class Protocol(StrictModel):
     description: str = Field("", max_length=20_000)
     seed: int = Field(0, ge=0, le=2**32 - 1)
     device: Literal["auto", "cpu", "cuda", "mps"] = "cpu"
+    threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+        "auto",
+        description="CPU threads of torch and of numpy's BLAS for the run (`anistat run --threads` overrides it). "
+        "auto: OMP_NUM_THREADS when set, else the CPUs this process may use (affinity, cgroup quota) minus those "
+        "other processes keep busy (load average), at least 1. Not part of the protocol's hash: it changes how "
+        "fast a run is, not what it measures (built-in models always train on one thread; see the README's "
+        "'What reproduces' for what another thread count may change in the measurement).",
+    )
     data: DataSpec = Field(default_factory=DataSpec)
     models: list[ModelSpec] = Field(min_length=1)
     sites: SiteSpec = Field(default_factory=SiteSpec)
@@ -566,7 +595,8 @@ class Protocol(StrictModel):
         return self.model_dump(mode="json")
 
     def sha256(self) -> str:
-        """sha256 of the canonical JSON of the normalised protocol (sorted keys, no spaces)."""
+        """sha256 of the canonical JSON of the normalised protocol (sorted keys, no spaces), without
+        the execution settings of `EXECUTION_FIELDS` (how a run executes, not what it measures)."""
         return protocol_hash(self.normalised())
 
     @property
@@ -604,8 +634,16 @@ def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], h
     return None
 
 
+#: Top-level protocol fields that say how a run executes, not what it measures: kept in the
+#: normalised protocol (and so in the manifest) but left out of its hash, so a study run with
+#: another thread count keeps its identity (and its resume cache).
+EXECUTION_FIELDS = ("threads",)
+
+
 def protocol_hash(normalised: dict[str, Any]) -> str:
-    canonical = json.dumps(normalised, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    """sha256 of a normalised protocol's canonical JSON, execution settings (`EXECUTION_FIELDS`) left out."""
+    identity = {key: value for key, value in normalised.items() if key not in EXECUTION_FIELDS}
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
@@ -678,15 +716,71 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def suggest(wrong: Any, valid: Iterable[Any]) -> str:
+    """`did you mean 'X'? ` for the valid choice closest to `wrong` ('' when none is close): a
+    choice that differs only in case first (`PCA` → `pca`), else difflib's closest match
+    (`n_bootsrap` → `n_bootstrap`)."""
+    choices = [str(v) for v in valid]
+    text = str(wrong)
+    same_but_case = [c for c in choices if c.lower() == text.lower() and c != text]
+    close = same_but_case or difflib.get_close_matches(text.lower(), [c.lower() for c in choices], n=1, cutoff=0.6)
+    if not close:
+        return ""
+    match = next(c for c in choices if c.lower() == close[0].lower())
+    return f"did you mean '{match}'? "
+
+
+def _model_at(root: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model whose fields live at `loc` below `root` (list indices and dict keys
+    pass through to the item type), None when `loc` leaves the models."""
+    model: type[BaseModel] | None = root
+    pending: Any = None  # an annotation not yet reduced to a model (list[...] / dict[...] / unions)
+    for part in loc:
+        if pending is None:
+            if model is None or not isinstance(part, str) or part not in model.model_fields:
+                return None
+            pending = model.model_fields[part].annotation
+        else:
+            pending = _item_annotation(pending)
+        model = _as_model(pending)
+        if model is not None:
+            pending = None
+    return model if pending is None else None
+
+
+def _as_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _item_annotation(annotation: Any) -> Any:
+    """The item type of list[X] / dict[K, X] (first model-bearing member of a union)."""
+    for arg in typing.get_args(annotation):
+        if typing.get_origin(arg) in (list, dict) or _as_model(arg) is not None:
+            inner = arg if _as_model(arg) is not None else typing.get_args(arg)[-1]
+            return inner
+    args = typing.get_args(annotation)
+    return args[-1] if args else None
+
+
+def _literal_choices(context: dict | None) -> list[str]:
+    """The choices of a pydantic literal_error (`ctx.expected` = "'a', 'b' or 'c'")."""
+    return re.findall(r"'([^']*)'", str((context or {}).get("expected", "")))
+
+
 def format_validation_error(error: ValidationError, source: str) -> str:
-    """One line naming the first offending field path and value (and how many more there are)."""
+    """One line naming the first offending field path and value (and how many more there are),
+    with a "did you mean" for a misspelt key (`stats.n_bootsrap`) or choice (`PCA`, `Normal`)."""
     errors = error.errors(include_url=False)
     first = errors[0]
     loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-after")))
     message = first["msg"].removeprefix("Value error, ")
     where = _format_location(loc)
     if first["type"] == "extra_forbidden":
-        line = f"{source}: unknown key '{where}'"
+        parent = _model_at(_ROOT_MODELS.get(error.title, Protocol), loc[:-1])
+        hint = suggest(loc[-1], parent.model_fields) if parent is not None and loc else ""
+        line = f"{source}: unknown key '{where}'" + (f"; {hint.strip()}" if hint else "")
     elif first["type"] == "missing":
         line = f"{source}: {where}: required field is missing"
     else:
@@ -696,9 +790,16 @@ def format_validation_error(error: ValidationError, source: str) -> str:
             line = f"{source}: {where}: {message}"  # a section's cross-field check: its message says what
         else:
             line = f"{source}: {where}: {message} (got {_short(first.get('input'))})"
+            if first["type"] == "literal_error" and isinstance(first.get("input"), str):
+                hint = suggest(first["input"], _literal_choices(first.get("ctx")))
+                line += f"; {hint.strip()}" if hint else ""
     if len(errors) > 1:
         line += f" [+{len(errors) - 1} more error{'s' if len(errors) > 2 else ''}]"
     return line
+
+
+#: The models a ValidationError can come from, by its title (claims files validate ClaimSpec alone).
+_ROOT_MODELS: dict[str, type[BaseModel]] = {"Protocol": Protocol, "ClaimSpec": ClaimSpec}
 
 
 def parse_protocol(data: Any, source: str = "protocol") -> Protocol:
@@ -714,14 +815,54 @@ def parse_protocol(data: Any, source: str = "protocol") -> Protocol:
         raise AnistatInputError(f"{source}: the protocol is nested too deeply") from None
 
 
+def yaml_error_message(error: yaml.MarkedYAMLError, text: str) -> str:
+    """`YAML error at line L, column C: PROBLEM …` pointing at the line to fix.
+
+    PyYAML marks where it *noticed* a problem. For a token it was still scanning (a key without
+    its ':', an unclosed quote) or a bracket still open, that is a later line — often the next
+    one — while the mistake is where the token or the bracket began (the error's context mark):
+    `seed 0` on line 2 is reported by PyYAML at line 3. Then the context mark is named, with
+    where PyYAML gave up; otherwise the problem mark. The offending line's text is quoted."""
+    context = error.context or ""
+    use_context = error.context_mark is not None and (
+        context.startswith("while scanning") or context.startswith("while parsing a flow"))
+    mark = error.context_mark if use_context else (error.problem_mark or error.context_mark)
+    problem = error.problem or context or "invalid YAML"
+    if mark is None:
+        return f"YAML error: {problem}"
+    lines = text.splitlines()
+    line, column, note = mark.line, mark.column, ""
+    if use_context:
+        note = context
+        if error.problem_mark is not None:
+            note += f"; reached line {error.problem_mark.line + 1}, column {error.problem_mark.column + 1}"
+    elif problem == "mapping values are not allowed here":
+        # `alpha 0.05` then `n_bootstrap: 10` on the next line: YAML reads both lines as one plain
+        # key and stumbles on the second ':'; the line to fix is the one without ':'
+        before = _previous_content_line(lines, line)
+        if before is not None and ":" not in lines[before] and not lines[before].lstrip().startswith(("-", "[", "{")):
+            note = f"line {before + 1} has no ':', so YAML read it and line {line + 1} as one key"
+            line, column = before, len(lines[before]) - len(lines[before].lstrip())
+    message = f"YAML error at line {line + 1}, column {column + 1}: {problem}" + (f" ({note})" if note else "")
+    if 0 <= line < len(lines) and lines[line].strip():
+        shown = lines[line].strip()
+        message += f" near {shown!r}" if len(shown) <= 60 else f" near {shown[:57] + '...'!r}"
+    return message
+
+
+def _previous_content_line(lines: list[str], line: int) -> int | None:
+    """The nearest line above `line` that holds more than blanks or a comment."""
+    for index in range(min(line, len(lines)) - 1, -1, -1):
+        if lines[index].strip() and not lines[index].lstrip().startswith("#"):
+            return index
+    return None
+
+
 def read_yaml(text: str, source: str) -> Any:
     try:
         return yaml.load(text, Loader=_NoAliasSafeLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = error.problem or error.context or "invalid YAML"
-        raise AnistatInputError(f"{source}: YAML error{where}: {problem}") from None
+        raise AnistatInputError(f"{source}: {yaml_error_message(error, text)}") from None
     except yaml.YAMLError as error:
         raise AnistatInputError(f"{source}: YAML error: {error}") from None
     except (ValueError, TypeError, OverflowError, IndexError, KeyError) as error:  # a constructor choking on a value
@@ -775,6 +916,7 @@ description: >
   matched random subspaces?
 seed: 0                        # same protocol + seed -> same numbers on CPU
 device: cpu                    # auto | cpu | cuda | mps
+threads: auto                  # CPU threads: auto = OMP_NUM_THREADS, else the idle usable CPUs (not in the hash)
 
 data:
   source: builtin              # builtin (Python's docs, no download) | text | jsonl | hf_dataset

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "anistat"
 #: Layer of every stage (top-level module or subpackage of anistat); lower layers never import
 #: higher ones. Stages on one layer do not import each other.
 LAYERS: dict[str, int] = {
-    "errors": 0, "atomic": 0, "seeding": 0,
+    "errors": 0, "atomic": 0, "seeding": 0, "runtime": 0,
     "geometry": 1, "stats": 1, "report": 1,           # pure libraries: nothing else from anistat
     "protocol": 2,
     "data": 3, "objective": 3,
@@ -25,7 +25,7 @@ LAYERS: dict[str, int] = {
     "models": 5,
     "analyze": 6, "claims": 6, "preflight": 6, "staleness": 6,  # preflight: configs, sites and planned rows
     "bundle": 7,
-    "finalize": 8, "pipeline": 8, "rerender": 8, "verify": 8,
+    "finalize": 8, "pipeline": 8, "rerender": 8, "verify": 8, "reproduction": 8,
     "replicate": 9, "callbacks": 9,
     "cli": 10,
     "__main__": 11, "anistat": 11,                     # the package facade

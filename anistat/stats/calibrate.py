@@ -60,8 +60,8 @@ class CalibrationResult:
     """Summary of :func:`run_calibration`.
 
     ``conditions``: one dict per (scenario, condition) with rates, binomial standard errors and
-    coverages. ``checks``: goal name -> ``{"value", "low", "high", "passed"}`` for every default
-    method in every scenario.
+    coverages. ``checks``: goal name -> :func:`goal_check`'s dict (value, band, Monte-Carlo margin,
+    verdict met / NOT met / unresolved) for every default method in every scenario.
     """
 
     settings: dict
@@ -199,6 +199,48 @@ def _run_block(args):
     return scenario_index, condition_index, sims, out
 
 
+def goal_check(value: float, band: tuple[float, float], n: int) -> dict:
+    """Whether a simulated rate meets its goal band, judged at the simulation's own precision.
+
+    ``value`` is a rate over ``n`` independent simulated studies (a rejection rate or a
+    coverage). Its Monte-Carlo standard error under the goal is ``se = √(c(1 − c)/n)`` at the
+    band's centre ``c``, and ``margin = 1.96·se``. Verdicts:
+
+    * ``NOT met`` — the value lies outside the band by more than the margin (the simulation
+      excludes the band), or outside it at all when the simulation can resolve the band;
+    * ``unresolved`` — the margin is wider than the band's half-width, so the simulation cannot
+      tell a rate inside the band from one outside it (``needed``: the fewest simulations that
+      can; 20 simulations give ± 0.096 around 0.05, far wider than [0.04, 0.06]);
+    * ``met`` — the value is inside the band and the simulation resolves it.
+
+    Returns ``{"value", "low", "high", "n", "se", "margin", "needed", "verdict", "passed"}``
+    (``passed`` = met)."""
+    low, high = float(band[0]), float(band[1])
+    centre, half = (low + high) / 2, (high - low) / 2
+    se = float(np.sqrt(centre * (1 - centre) / max(int(n), 1)))
+    margin = 1.96 * se
+    needed = int(np.ceil(1.96 ** 2 * centre * (1 - centre) / half ** 2))
+    outside = max(low - value, value - high, 0.0) if np.isfinite(value) else np.inf
+    if outside > margin:
+        verdict = "NOT met"
+    elif margin > half:
+        verdict = "unresolved"
+    else:
+        verdict = "met" if outside == 0 else "NOT met"
+    return {"value": value, "low": low, "high": high, "n": int(n), "se": se, "margin": margin, "needed": needed,
+            "verdict": verdict, "passed": verdict == "met"}
+
+
+def describe_goal(name: str, check: dict) -> str:
+    """One line for a goal check (the `anistat calibrate` output)."""
+    band = f"[{check['low']:g}, {check['high']:g}]"
+    measured = f"{check['value']:.4f} ± {check['margin']:.4f} at {check['n']} simulated studies"
+    if check["verdict"] == "unresolved":
+        return (f"goal {name}: unresolved ({measured}: this Monte-Carlo error cannot resolve {band}; "
+                f"it needs at least {check['needed']})")
+    return f"goal {name}: {check['verdict']} ({measured}, goal {band})"
+
+
 def _rate(x):
     x = np.asarray(x, dtype=float)
     m = float(x.mean())
@@ -253,9 +295,8 @@ def run_calibration(n_simulations: int = 2000, seed: int = 0, *, scenarios=SCENA
 
     rows, checks = [], {}
 
-    def check(name, value, band):
-        checks[name] = {"value": value, "low": band[0], "high": band[1],
-                        "passed": bool(np.isfinite(value) and band[0] <= value <= band[1])}
+    def check(name, value, band, n_studies):
+        checks[name] = goal_check(value, band, n_studies)
 
     for si, scenario in enumerate(scenarios):
         for ci, condition in enumerate(conditions):
@@ -270,16 +311,18 @@ def run_calibration(n_simulations: int = 2000, seed: int = 0, *, scenarios=SCENA
                 row[f"coverage_{name[6:]}"], row[f"coverage_{name[6:]}_se"] = rate, se
             rows.append(row)
             if condition == RANDOM_PROXY:
-                check(f"{scenario}: type-I error of the exact test", row["rejection_exact"], GOALS["type1"])
+                check(f"{scenario}: type-I error of the exact test", row["rejection_exact"], GOALS["type1"],
+                      n_simulations)
             if condition == 1.0:
                 check(f"{scenario}: type-I error of the sign-flip test", row["rejection_sign_flip_document"],
-                      GOALS["type1"])
+                      GOALS["type1"], n_simulations)
         cover = [row for row in rows if row["scenario"] == scenario]
         for name, label in (("coverage_fraction_document", "energy fraction"),
                             ("coverage_ratio_haar_document", "energy ratio (haar)"),
                             ("coverage_ratio_normal_document", "energy ratio (normal)")):
+            # the mean coverage over the scenario's conditions: len(cover) × n_simulations studies
             check(f"{scenario}: {ci_level:.0%} CI coverage, {label}", float(np.mean([c[name] for c in cover])),
-                  GOALS["coverage"])
+                  GOALS["coverage"], len(cover) * n_simulations)
     sims = ({f"{scenario}/{condition}": dict(zip(_COLS, results[si, ci].T))
              for si, scenario in enumerate(scenarios) for ci, condition in enumerate(conditions)}
             if keep_simulations else {})
@@ -369,8 +412,10 @@ def write_calibration_report(result: CalibrationResult, out_dir) -> dict:
         f"<td>{esc(row[c] if isinstance(row[c], str) else format(row[c], '.4g'))}</td>" for c in cols) + "</tr>"
                    for _, row in frame.iterrows())
     checks = "".join(
-        f"<li>{esc(name)}: {esc(format(c['value'], '.4f'))} (goal [{c['low']}, {c['high']}]) — "
-        f"<b>{'pass' if c['passed'] else 'FAIL'}</b></li>" for name, c in result.checks.items())
+        f"<li>{esc(name)}: {esc(format(c['value'], '.4f'))} ± {esc(format(c['margin'], '.4f'))} "
+        f"(goal [{c['low']}, {c['high']}]) — <b>{esc(c['verdict'])}</b>"
+        + (f" (needs ≥ {c['needed']} simulated studies)" if c["verdict"] == "unresolved" else "") + "</li>"
+        for name, c in result.checks.items())
     settings = esc(json.dumps(_jsonable(result.settings)))
     doc = (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
