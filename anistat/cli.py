@@ -173,36 +173,62 @@ def calibrate(
     seed: int = typer.Option(0, min=0, help="Seed of the simulation."),
     scenario: list[str] = typer.Option(["isotropic", "anisotropic", "clustered"], "--scenario",
                                        help="Scenarios (repeatable): isotropic, anisotropic, clustered."),
-    n_documents: int = typer.Option(60, min=3, max=100_000, help="Documents per simulated study."),
+    n_documents: int = typer.Option(60, min=3, max=100_000, help="Documents per simulated study (the goals)."),
+    coverage_documents: list[int] = typer.Option(
+        [30, 200], "--coverage-documents", help="Other study sizes (repeatable) whose coverage is reported."),
+    family_simulations: int = typer.Option(
+        1000, min=0, max=1_000_000, help="Simulated many-unit studies for Holm's FWER and BH's FDR with shared "
+        "draws (0: skip)."),
     ci_method: str = typer.Option("studentized", help="CI method: studentized, bca or percentile."),
     jobs: int = typer.Option(1, min=1, max=256, help="Worker processes (results do not depend on it)."),
 ) -> None:
     """Simulation study of the statistics engine under realistic nulls: type-I error of the exact
-    test and of the paper's normal-control convention, CI coverage, power."""
+    test (all draws and sequential) and of the paper's normal-control convention, the data test,
+    CI coverage at several study sizes, power, and multiplicity with draws shared by many units."""
     from .bundle import staged_bundle, write_json
     from .stats import run_calibration, write_calibration_report
     from .stats.calibrate import SCENARIOS, describe_goal
+    from .stats.family_calibration import run_family_calibration
 
     unknown = [s for s in scenario if s not in SCENARIOS]
     if unknown:
         raise AnistatInputError(f"--scenario must be among {', '.join(SCENARIOS)}, got '{unknown[0]}'")
     if ci_method not in ("studentized", "bca", "percentile"):
         raise AnistatInputError(f"--ci-method must be studentized, bca or percentile, got '{ci_method}'")
+    if any(n < 3 for n in coverage_documents):
+        raise AnistatInputError("--coverage-documents must be at least 3")
     result = run_calibration(n_simulations=n_simulations, seed=seed, scenarios=tuple(scenario),
-                             n_documents=n_documents, n_jobs=jobs, ci_method=ci_method)
+                             n_documents=n_documents, coverage_documents=tuple(coverage_documents), n_jobs=jobs,
+                             ci_method=ci_method)
+    family = run_family_calibration(family_simulations, seed) if family_simulations else None
     with staged_bundle(out) as staging:
-        write_calibration_report(result, staging)
-        write_json(staging / "manifest.json", {"anistat_calibration": 2, "seed": seed, "n_simulations": n_simulations,
-                                              "ci_method": ci_method, "settings": result.settings})
+        write_calibration_report(result, staging, family)
+        write_json(staging / "manifest.json", {"anistat_calibration": 3, "seed": seed, "n_simulations": n_simulations,
+                                              "ci_method": ci_method, "settings": result.settings,
+                                              "family_simulations": family_simulations})
     for row in result.conditions:
-        if row["condition"] == "random":
+        if row["condition"] == "random" and row["documents"] == n_documents:
             # ± is the 95 % Monte-Carlo margin of each rate (1.96 binomial standard errors)
             _echo(f"{row['scenario']}, uninformative proxy: P(p <= {result.settings['alpha']:g}) exact test "
-                  f"{row['rejection_exact']:.4f} ± {1.96 * row['rejection_exact_se']:.4f}, paper's normal controls "
+                  f"{row['rejection_exact']:.4f} ± {1.96 * row['rejection_exact_se']:.4f} (sequential "
+                  f"{row['rejection_exact_sequential']:.4f}), paper's normal controls "
                   f"(20) {row['rejection_paper_normal_20']:.4f} ± {1.96 * row['rejection_paper_normal_20_se']:.4f}"
                   " (not exact)")
+    for size in coverage_documents:
+        rows = [r for r in result.conditions if r["documents"] == size]
+        for name in scenario:
+            mean = float(sum(r["coverage_ratio_normal_document"] for r in rows if r["scenario"] == name)
+                         / max(1, sum(r["scenario"] == name for r in rows)))
+            _echo(f"{name}, {size} documents: mean coverage of the energy ratio (normal) {mean:.4f}")
     for name, check in result.checks.items():
         _echo(describe_goal(name, check))
+    if family is not None:
+        for row in family.rows:
+            if row["condition"].startswith("shared") and row["stop_after"]:
+                fwer = "all null" in row["condition"]
+                value, se = ((row["fwer_holm"], row["fwer_holm_se"]) if fwer else (row["fdr_bh"], row["fdr_bh_se"]))
+                _echo(f"{row['condition']}: {'FWER (Holm)' if fwer else 'FDR (BH)'} {value:.4f} ± {1.96 * se:.4f} "
+                      f"(bound {family.settings['alpha']:g})")
     _echo(f"wrote {out}/")
 
 

@@ -31,6 +31,13 @@ In every condition the CIs target the population quantities for the fixed ``U``:
 E_pop))`` — the estimands :func:`anistat.stats.analyze_energy` names. Each simulated study goes
 through ``analyze_energy`` (the same entry point as real data) with the default resampling
 unit (documents) and, for contrast, with sequences (ignoring the documents).
+
+Tests reported: the exact test with all ``n_null`` draws and with sequential stopping
+(``stop_after``, the default of real runs); the paper's convention; the data test (the
+studentized bootstrap test of ratio 1, :func:`anistat.stats.studentized_ratio_test`) and, beside
+it, the sign-flip test it replaced. Coverage is measured at ``n_documents`` (the goals) and at
+``coverage_documents`` (reported). Holm's family-wise error and BH's false discovery rate with
+draws shared by many units: :mod:`anistat.stats.family_calibration`.
 """
 
 from __future__ import annotations
@@ -46,8 +53,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .energy import analyze_energy, expected_control_energy
-from .montecarlo import monte_carlo_pvalue
+from .energy import analyze_energy, cluster_sums, expected_control_energy
+from .montecarlo import monte_carlo_pvalue, sequential_monte_carlo_pvalue
+from .permutation import sign_flip_test
 
 GOALS = {"type1": (0.04, 0.06), "coverage": (0.94, 0.96)}
 SCENARIOS = ("isotropic", "anisotropic", "clustered")
@@ -149,11 +157,12 @@ def _simulate_one(rng, scenario, condition, cfg):
     e_pop = float(np.trace(u.T @ sigma @ u) / np.trace(sigma))
     truth = {"fraction": e_pop, "haar": e_pop / (k / d), "normal": e_pop / (k / (d - k) * (1.0 - e_pop))}
     common = dict(rank=k, dim=d, null_fractions=null, observed_fraction=observed, n_bootstrap=cfg["n_bootstrap"],
-                  ci_level=cfg["ci_level"], ci_method=cfg["ci_method"], n_test_resamples=cfg["n_permutations"],
+                  ci_level=cfg["ci_level"], ci_method=cfg["ci_method"], n_test_resamples=cfg["n_test_resamples"],
                   # a fresh resampling stream per simulated study (one shared weights matrix would
                   # bias every study's coverage the same way)
                   seed=int(rng.integers(2**62)))
-    out = {"p_exact": 0.0}
+    out = {"p_exact": 0.0,
+           "p_exact_sequential": sequential_monte_carlo_pvalue(observed, null, cfg["stop_after"])[0]}
     for kind in ("haar", "normal"):
         reference = expected_control_energy(kind, p_seq, t_seq, k, d)
         for unit, groups in (("document", doc_of_seq if clustered else None), ("sequence", None)):
@@ -165,7 +174,10 @@ def _simulate_one(rng, scenario, condition, cfg):
             out[f"cover_ratio_{kind}_{unit}"] = float(ratio.ci_low <= truth[kind] <= ratio.ci_high)
             if kind == "haar":
                 out[f"cover_fraction_{unit}"] = float(fraction.ci_low <= e_pop <= fraction.ci_high)
-                out[f"p_sign_flip_{unit}"] = res.data_test.p_value  # TODO(calibrate): both data tests
+                out[f"p_data_{unit}"] = res.data_test.p_value
+                sums, _ = cluster_sums(np.stack([p_seq, reference], axis=1), groups)
+                out[f"p_sign_flip_{unit}"] = sign_flip_test(sums[:, 0] - sums[:, 1], cfg["n_test_resamples"],
+                                                            common["seed"]).p_value
             out["p_exact"] = res.p_value
     for unit in ("sequence",):
         if not clustered:  # sequences are the documents: the same analysis
@@ -173,6 +185,7 @@ def _simulate_one(rng, scenario, condition, cfg):
             out[f"cover_ratio_normal_{unit}"] = out["cover_ratio_normal_document"]
             out[f"cover_fraction_{unit}"] = out["cover_fraction_document"]
             out[f"p_sign_flip_{unit}"] = out["p_sign_flip_document"]
+            out[f"p_data_{unit}"] = out["p_data_document"]
     out["p_paper_normal_20"] = monte_carlo_pvalue(observed, normal[:20])
     out["p_paper_normal_99"] = monte_carlo_pvalue(observed, normal)
     out["p_paper_haar_20"] = monte_carlo_pvalue(observed, null[:20])
@@ -184,8 +197,8 @@ def _haar_from(z):
     return q * np.sign(np.diagonal(r, axis1=-2, axis2=-1))[..., None, :]
 
 
-_COLS = ("p_exact", "p_paper_normal_20", "p_paper_normal_99", "p_paper_haar_20",
-         "p_sign_flip_document", "p_sign_flip_sequence",
+_COLS = ("p_exact", "p_exact_sequential", "p_paper_normal_20", "p_paper_normal_99", "p_paper_haar_20",
+         "p_data_document", "p_data_sequence", "p_sign_flip_document", "p_sign_flip_sequence",
          "cover_fraction_document", "cover_ratio_haar_document", "cover_ratio_normal_document",
          "cover_fraction_sequence", "cover_ratio_haar_sequence", "cover_ratio_normal_sequence")
 
@@ -247,15 +260,23 @@ def _rate(x):
     return m, float(np.sqrt(m * (1 - m) / x.size))
 
 
+_P_COLUMNS = tuple(c for c in _COLS if c.startswith("p_"))
+_COVER_COLUMNS = tuple(c for c in _COLS if c.startswith("cover_"))
+
+
 def run_calibration(n_simulations: int = 2000, seed: int = 0, *, scenarios=SCENARIOS,
-                    planted_ratios=(1.0, 1.5, 2.0), n_documents: int = 60, sequences_per_document: float = 4.0,
-                    dim: int = 24, rank: int = 3, tokens_per_sequence=(4, 16), within_correlation: float = 0.3,
-                    document_correlation: float = 0.3, topic_rank: int = 2, scale_sd: float = 0.25,
-                    n_null: int = 999, n_bootstrap: int = 1000, n_permutations: int = 999, alpha: float = 0.05,
-                    ci_level: float = 0.95, ci_method: str = "studentized", n_jobs: int = 1,
-                    keep_simulations: bool = False) -> CalibrationResult:
+                    planted_ratios=(1.0, 1.5, 2.0), n_documents: int = 60, coverage_documents=(),
+                    sequences_per_document: float = 4.0, dim: int = 24, rank: int = 3, tokens_per_sequence=(4, 16),
+                    within_correlation: float = 0.3, document_correlation: float = 0.3, topic_rank: int = 2,
+                    scale_sd: float = 0.25, n_null: int = 999, stop_after: int = 10, n_bootstrap: int = 1000,
+                    n_test_resamples: int = 999, alpha: float = 0.05, ci_level: float = 0.95,
+                    ci_method: str = "studentized", n_jobs: int = 1, keep_simulations: bool = False,
+                    n_permutations: int | None = None) -> CalibrationResult:
     """Run the calibration study (see the module docstring). Deterministic given ``seed``;
-    ``n_jobs > 1`` spreads simulations over processes with identical results."""
+    ``n_jobs > 1`` spreads simulations over processes with identical results. The goals are
+    judged at ``n_documents``; ``coverage_documents`` (e.g. ``(30, 200)``) adds the same study
+    at other sizes, reported beside them (``n_permutations``: the earlier name of
+    ``n_test_resamples``)."""
     scenarios = tuple(scenarios)
     if not scenarios or any(s not in SCENARIOS for s in scenarios):
         raise ValueError(f"scenarios must be among {SCENARIOS}, got {scenarios}")
@@ -268,17 +289,32 @@ def run_calibration(n_simulations: int = 2000, seed: int = 0, *, scenarios=SCENA
         raise ValueError(f"ci_method must be studentized, bca or percentile, got {ci_method!r}")
     if not 2 * rank <= dim:
         raise ValueError("normal controls need 2 rank <= dim")
+    sizes = [int(n_documents)] + [int(n) for n in coverage_documents if int(n) != int(n_documents)]
     cfg = dict(n_simulations=int(n_simulations), seed=int(seed), scenarios=list(scenarios),
-               planted_ratios=list(planted_ratios), n_documents=int(n_documents),
+               planted_ratios=list(planted_ratios), n_documents=int(n_documents), coverage_documents=sizes[1:],
                sequences_per_document=float(sequences_per_document), dim=int(dim), rank=int(rank),
                tokens_per_sequence=[int(x) for x in tokens_per_sequence],
                within_correlation=float(within_correlation), document_correlation=float(document_correlation),
-               topic_rank=int(topic_rank), scale_sd=float(scale_sd), n_null=int(n_null),
-               n_bootstrap=int(n_bootstrap), n_permutations=int(n_permutations), alpha=float(alpha),
-               ci_level=float(ci_level), ci_method=ci_method)
-    conditions = (RANDOM_PROXY,) + planted_ratios
+               topic_rank=int(topic_rank), scale_sd=float(scale_sd), n_null=int(n_null), stop_after=int(stop_after),
+               n_bootstrap=int(n_bootstrap), n_test_resamples=int(n_permutations or n_test_resamples),
+               alpha=float(alpha), ci_level=float(ci_level), ci_method=ci_method)
     t0 = time.perf_counter()
-    block = 50
+    results = {size: _simulate_all({**cfg, "n_documents": size}, scenarios, n_jobs) for size in sizes}
+    rows, checks = _summarise(results, cfg, scenarios)
+    sims = ({f"{scenario}/{condition}": dict(zip(_COLS, results[sizes[0]][si, ci].T))
+             for si, scenario in enumerate(scenarios) for ci, condition in enumerate(_conditions(cfg))}
+            if keep_simulations else {})
+    return CalibrationResult(settings=cfg, conditions=tuple(rows), checks=checks,
+                             elapsed_s=float(time.perf_counter() - t0), simulations=sims)
+
+
+def _conditions(cfg) -> tuple:
+    return (RANDOM_PROXY,) + tuple(cfg["planted_ratios"])
+
+
+def _simulate_all(cfg, scenarios, n_jobs) -> np.ndarray:
+    """``(scenario, condition, simulation, column)`` results at ``cfg["n_documents"]``."""
+    n_simulations, conditions, block = cfg["n_simulations"], _conditions(cfg), 50
     tasks = [(si, ci, scenario, condition, list(range(a, min(a + block, n_simulations))), cfg)
              for si, scenario in enumerate(scenarios) for ci, condition in enumerate(conditions)
              for a in range(0, n_simulations, block)]
@@ -291,43 +327,44 @@ def run_calibration(n_simulations: int = 2000, seed: int = 0, *, scenarios=SCENA
         for task in tasks:
             si, ci, sims, out = _run_block(task)
             results[si, ci, sims] = out
-    elapsed = time.perf_counter() - t0
+    return results
 
+
+def _summarise(results: dict, cfg, scenarios) -> tuple[list[dict], dict]:
+    """One row per (documents, scenario, condition); the goal checks at the main size."""
     rows, checks = [], {}
-
-    def check(name, value, band, n_studies):
-        checks[name] = goal_check(value, band, n_studies)
-
-    for si, scenario in enumerate(scenarios):
-        for ci, condition in enumerate(conditions):
-            r = dict(zip(_COLS, results[si, ci].T))
-            row = {"scenario": scenario, "condition": str(condition), "n_simulations": int(n_simulations)}
-            for name in ("p_exact", "p_paper_normal_20", "p_paper_normal_99", "p_paper_haar_20",
-                         "p_sign_flip_document", "p_sign_flip_sequence"):
-                rate, se = _rate(r[name] <= alpha)
-                row[f"rejection_{name[2:]}"], row[f"rejection_{name[2:]}_se"] = rate, se
-            for name in _COLS[6:]:
-                rate, se = _rate(r[name])
-                row[f"coverage_{name[6:]}"], row[f"coverage_{name[6:]}_se"] = rate, se
-            rows.append(row)
-            if condition == RANDOM_PROXY:
-                check(f"{scenario}: type-I error of the exact test", row["rejection_exact"], GOALS["type1"],
-                      n_simulations)
-            if condition == 1.0:
-                check(f"{scenario}: type-I error of the sign-flip test", row["rejection_sign_flip_document"],
-                      GOALS["type1"], n_simulations)
-        cover = [row for row in rows if row["scenario"] == scenario]
-        for name, label in (("coverage_fraction_document", "energy fraction"),
-                            ("coverage_ratio_haar_document", "energy ratio (haar)"),
-                            ("coverage_ratio_normal_document", "energy ratio (normal)")):
-            # the mean coverage over the scenario's conditions: len(cover) × n_simulations studies
-            check(f"{scenario}: {ci_level:.0%} CI coverage, {label}", float(np.mean([c[name] for c in cover])),
-                  GOALS["coverage"], len(cover) * n_simulations)
-    sims = ({f"{scenario}/{condition}": dict(zip(_COLS, results[si, ci].T))
-             for si, scenario in enumerate(scenarios) for ci, condition in enumerate(conditions)}
-            if keep_simulations else {})
-    return CalibrationResult(settings=cfg, conditions=tuple(rows), checks=checks, elapsed_s=float(elapsed),
-                             simulations=sims)
+    n_simulations, alpha, main = cfg["n_simulations"], cfg["alpha"], cfg["n_documents"]
+    for size, table in results.items():
+        for si, scenario in enumerate(scenarios):
+            for ci, condition in enumerate(_conditions(cfg)):
+                r = dict(zip(_COLS, table[si, ci].T))
+                row = {"documents": size, "scenario": scenario, "condition": str(condition),
+                       "n_simulations": int(n_simulations)}
+                for name in _P_COLUMNS:
+                    row[f"rejection_{name[2:]}"], row[f"rejection_{name[2:]}_se"] = _rate(r[name] <= alpha)
+                for name in _COVER_COLUMNS:
+                    row[f"coverage_{name[6:]}"], row[f"coverage_{name[6:]}_se"] = _rate(r[name])
+                rows.append(row)
+                if size != main:
+                    continue
+                if condition == RANDOM_PROXY:
+                    for column, label in (("rejection_exact", "the exact test (all draws)"),
+                                          ("rejection_exact_sequential", "the exact test (sequential)")):
+                        checks[f"{scenario}: type-I error of {label}"] = goal_check(row[column], GOALS["type1"],
+                                                                                     n_simulations)
+                if condition == 1.0:
+                    checks[f"{scenario}: type-I error of the data test"] = goal_check(
+                        row["rejection_data_document"], GOALS["type1"], n_simulations)
+            cover = [row for row in rows if row["scenario"] == scenario and row["documents"] == main]
+            for name, label in (("coverage_fraction_document", "energy fraction"),
+                                ("coverage_ratio_haar_document", "energy ratio (haar)"),
+                                ("coverage_ratio_normal_document", "energy ratio (normal)")):
+                if size != main:
+                    continue
+                # the mean coverage over the scenario's conditions: len(cover) × n_simulations studies
+                checks[f"{scenario}: {cfg['ci_level']:.0%} CI coverage, {label}"] = goal_check(
+                    float(np.mean([c[name] for c in cover])), GOALS["coverage"], len(cover) * n_simulations)
+    return rows, checks
 
 
 def _figure(result: CalibrationResult):
@@ -339,11 +376,13 @@ def _figure(result: CalibrationResult):
 
     sns.set_theme(style="whitegrid", context="paper")
     frame = result.to_frame()
+    frame = frame[frame["documents"] == result.settings["n_documents"]]
     alpha = result.settings["alpha"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     null = frame[frame["condition"] == RANDOM_PROXY]
     ax = axes[0]
-    labels = {"rejection_exact": "exact (Haar MC)", "rejection_paper_normal_20": "paper: 20 normal controls",
+    labels = {"rejection_exact": "exact (Haar MC)", "rejection_exact_sequential": "exact, sequential",
+              "rejection_paper_normal_20": "paper: 20 normal controls",
               "rejection_paper_normal_99": "paper: 99 normal controls"}
     width = 0.8 / len(labels)
     x = np.arange(len(null))
@@ -383,16 +422,24 @@ def _jsonable(obj):
     return obj
 
 
-def write_calibration_report(result: CalibrationResult, out_dir) -> dict:
-    """Write ``calibration.csv``, ``.json``, ``.png``, ``.pdf`` and ``.html`` into ``out_dir``.
+def write_calibration_report(result: CalibrationResult, out_dir, family=None) -> dict:
+    """Write ``calibration.csv``, ``.json``, ``.png``, ``.pdf`` and ``.html`` into ``out_dir``
+    (and ``family.csv`` with the many-unit multiplicity study ``family``, a
+    :class:`anistat.stats.family_calibration.FamilyCalibration`, when given).
 
     Returns ``{kind: path}``. The HTML is self-contained (figure as base64 PNG, escaped text).
     """
+    import pandas as pd
+
     os.makedirs(out_dir, exist_ok=True)
     paths = {k: os.path.join(out_dir, f"calibration.{k}") for k in ("csv", "json", "png", "pdf", "html")}
     frame = result.to_frame()
     frame.to_csv(paths["csv"], index=False)
     payload = {k: v for k, v in asdict(result).items() if k != "simulations"}
+    if family is not None:
+        paths["family"] = os.path.join(out_dir, "family.csv")
+        pd.DataFrame(list(family.rows)).to_csv(paths["family"], index=False)
+        payload["family"] = {"settings": family.settings, "rows": list(family.rows), "elapsed_s": family.elapsed_s}
     with open(paths["json"], "w", encoding="utf-8") as fh:
         json.dump(_jsonable(payload), fh, indent=2, allow_nan=False)
     fig, plt = _figure(result)
@@ -403,34 +450,59 @@ def write_calibration_report(result: CalibrationResult, out_dir) -> dict:
     png = buf.getvalue()
     with open(paths["png"], "wb") as fh:
         fh.write(png)
+    with open(paths["html"], "w", encoding="utf-8") as fh:
+        fh.write(_html(result, frame, png, family))
+    return paths
+
+
+def _table(frame, cols) -> str:
     esc = html.escape
-    cols = ["scenario", "condition", "rejection_exact", "rejection_paper_normal_20", "rejection_sign_flip_document",
-            "coverage_fraction_document", "coverage_ratio_haar_document", "coverage_ratio_normal_document",
-            "coverage_ratio_normal_sequence"]
     head = "".join(f"<th>{esc(c)}</th>" for c in cols)
     body = "".join("<tr>" + "".join(
         f"<td>{esc(row[c] if isinstance(row[c], str) else format(row[c], '.4g'))}</td>" for c in cols) + "</tr>"
                    for _, row in frame.iterrows())
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
+    """The self-contained calibration page."""
+    import pandas as pd
+
+    esc = html.escape
+    main = frame[frame["documents"] == result.settings["n_documents"]]
+    cols = ["scenario", "condition", "rejection_exact", "rejection_exact_sequential", "rejection_paper_normal_20",
+            "rejection_data_document", "rejection_sign_flip_document", "coverage_fraction_document",
+            "coverage_ratio_haar_document", "coverage_ratio_normal_document", "coverage_ratio_normal_sequence"]
+    by_size = frame.groupby(["documents", "scenario"], sort=False)[
+        ["coverage_ratio_normal_document", "coverage_ratio_haar_document"]].mean().reset_index()
     checks = "".join(
         f"<li>{esc(name)}: {esc(format(c['value'], '.4f'))} ± {esc(format(c['margin'], '.4f'))} "
         f"(goal [{c['low']}, {c['high']}]) — <b>{esc(c['verdict'])}</b>"
         + (f" (needs ≥ {c['needed']} simulated studies)" if c["verdict"] == "unresolved" else "") + "</li>"
         for name, c in result.checks.items())
+    family_html = ""
+    if family is not None:
+        family_html = ("<h2>Multiplicity with shared draws</h2><p>" + esc(
+            f"{family.settings['n_simulations']} simulated studies of {family.settings['n_units']} units "
+            f"({family.settings['n_effects']} planted in the design with effects), {family.settings['n_null']} "
+            f"Haar draws: Holm's family-wise error and BH's false discovery rate at "
+            f"alpha = {family.settings['alpha']:g}, with the draws shared by a study's units (as anistat runs "
+            "them) and with independent draws per unit.") + "</p>" + _table(pd.DataFrame(list(family.rows)), [
+                "condition", "stop_after", "fwer_holm", "fwer_holm_se", "fdr_bh", "fdr_bh_se",
+                "mean_discoveries_bh"]))
     settings = esc(json.dumps(_jsonable(result.settings)))
-    doc = (
+    return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         "<title>anistat calibration</title><style>body{font-family:sans-serif;max-width:72em;"
         "margin:2em auto}table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ccc;"
         "padding:2px 6px;text-align:right}</style></head><body>"
         "<h1>anistat statistics engine — calibration</h1>"
-        f"<p>{esc(str(result.settings['n_simulations']))} simulated studies per scenario and condition, "
-        f"{esc(f'{result.elapsed_s:.1f}')} s. The primary test is exact under a random proxy; the paper's "
-        "normal-control test is not exact, and its rejection rate is shown beside it.</p><ul>{checks}</ul>".replace(
-            "{checks}", checks)
-        + f"<img alt='type-I error and coverage' src='data:image/png;base64,"
+        f"<p>{esc(str(result.settings['n_simulations']))} simulated studies per scenario and condition "
+        f"({esc(str(result.settings['n_documents']))} documents), {esc(f'{result.elapsed_s:.1f}')} s. The primary "
+        "test is exact under a random proxy; the paper's normal-control test is not exact, and its rejection rate "
+        f"is shown beside it.</p><ul>{checks}</ul>"
+        f"<img alt='type-I error and coverage' src='data:image/png;base64,"
         f"{base64.b64encode(png).decode('ascii')}' style='max-width:100%'>"
-        f"<table><tr>{head}</tr>{body}</table><h2>Settings</h2><pre>{settings}</pre>"
-        "</body></html>")
-    with open(paths["html"], "w", encoding="utf-8") as fh:
-        fh.write(doc)
-    return paths
+        + _table(main, cols)
+        + "<h2>Coverage by number of documents</h2>" + _table(by_size, list(by_size.columns))
+        + family_html + f"<h2>Settings</h2><pre>{settings}</pre></body></html>")
