@@ -707,7 +707,10 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
     return ReportInputs(results=results, run=run, record=record,
                         frequency=frequency if frequency is not None else pd.DataFrame(),
                         warnings=tuple(str(w) for w in warnings), claims=outcomes, concept_cards=cards,
-                        null_checks=null_check_summaries(results, protocol.stats.alpha, protocol.controls.n))
+                        null_checks=null_check_summaries(results, protocol.stats.alpha, protocol.controls.n,
+                                                         stop_after=int(null_settings.get("stop_after") or 0),
+                                                         shared_draws=null_settings.get("null_draws", "shared")
+                                                         == "shared"))
 
 
 def _loop_description(info: Mapping[str, Any], corpus: Mapping[str, Any]) -> "LoopDescription | None":
@@ -739,14 +742,16 @@ def _loop_description(info: Mapping[str, Any], corpus: Mapping[str, Any]) -> "Lo
         sequence_length=count(corpus.get("sequence_length")), token_counts=str(corpus.get("token_counts") or ""))
 
 
-def null_check_summaries(results: "pd.DataFrame", alpha: float,
-                         n_paper_controls: int | None = None) -> tuple["NullCheckSummary", ...]:
+def null_check_summaries(results: "pd.DataFrame", alpha: float, n_paper_controls: int | None = None, *,
+                         stop_after: int = 0, shared_draws: bool = False) -> tuple["NullCheckSummary", ...]:
     """The run's own null check: with an uninformative (``random``) proxy every null is true, so
     the exact test's p-values (one per unit × rank, from the ``energy_fraction`` rows) must
-    follow its null law — uniform on the grid of its ``n_controls`` Haar draws; the paper's
-    normal-control p-values (on the grid of the protocol's ``n_paper_controls`` controls) are
-    checked beside them. Proxies are recognised by label: ``random`` and its variants
-    (``random@refit``)."""
+    follow its null law — uniform on the grid of its Haar draws, or the sequential test's law
+    (``stop_after``, at most the largest ``n_controls``); the paper's normal-control p-values (on
+    the grid of the protocol's ``n_paper_controls`` controls) are checked beside them. Proxies are
+    recognised by label: ``random`` and its variants (``random@refit``). ``shared_draws``: the
+    exact tests read draws shared by the units of a width, so their p-values are dependent and
+    the verdict (which assumes independence) is approximate."""
     from .report.inputs import NullCheckSummary
     from .stats import p_value_uniformity
 
@@ -761,18 +766,22 @@ def null_check_summaries(results: "pd.DataFrame", alpha: float,
         first_kind = exact["control"].iloc[0]
         exact = exact[exact["control"] == first_kind]
         draws = (exact["n_controls"].dropna().astype(int).unique() if "n_controls" in exact else [])
-        checks.append(("exact", exact["p_value"], int(draws[0]) if len(draws) == 1 else None))
+        if stop_after and len(draws):  # sequential: the draws used vary; the law has the largest n
+            checks.append(("exact", exact["p_value"], int(max(draws)), stop_after))
+        else:
+            checks.append(("exact", exact["p_value"], int(draws[0]) if len(draws) == 1 else None, 0))
     if "p_value_paper" in rows.columns:
-        checks.append(("paper", rows.loc[rows["control"] == "normal", "p_value_paper"], n_paper_controls))
+        checks.append(("paper", rows.loc[rows["control"] == "normal", "p_value_paper"], n_paper_controls, 0))
     out = []
-    for test, values, n_draws in checks:
+    for test, values, n_draws, stop in checks:
         values = values.astype(float).dropna()
         if values.empty:
             continue
-        check = p_value_uniformity(values.to_numpy(), alpha, n_draws=n_draws)
+        check = p_value_uniformity(values.to_numpy(), alpha, n_draws=n_draws, stop_after=stop)
         out.append(NullCheckSummary(test, tuple(float(v) for v in values), check.alpha, check.rejection_rate,
                                     check.rate_ci[0], check.rate_ci[1], check.expected_rate, check.grid,
-                                    check.binomial_p, check.uniformity_p, check.level, check.verdict))
+                                    check.binomial_p, check.uniformity_p, check.level, check.verdict,
+                                    sequential=bool(stop), shared_draws=shared_draws and test == "exact"))
     return tuple(out)
 
 

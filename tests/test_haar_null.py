@@ -194,3 +194,16 @@ def test_the_same_pvalues_with_one_or_two_threads():
     finally:
         torch.set_num_threads(threads)
     assert one.energy == two.energy and one.delta == two.delta
+
+
+def test_a_stream_per_unit_when_asked():
+    d, ranks = 40, [3]
+    units = _units(d, ranks, 3, seed=4, shift=[0.0])
+    options = NullOptions(n_max=200, stop_after=0, alternative="greater", c0=C0, zeta=ZETA)
+    per_unit = exact_tests(units, options, None, lambda unit: (unit.unit_id, hash(unit.unit_id) % 1000))
+    assert set(per_unit.draws_made) == {"u0", "u1", "u2"}
+    # each unit's p-value is its own stream's: brute force with that stream's seed
+    for unit in units:
+        e, *_ = _stream_values(unit.energy_eigenvalues, 3, 200, seed=hash(unit.unit_id) % 1000)
+        p, _ = sequential_monte_carlo_pvalue(unit.energy_observed[("pca", 3)], e, 0)
+        assert per_unit.energy[(unit.unit_id, "pca", 3)].p_value == p

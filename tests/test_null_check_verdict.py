@@ -160,3 +160,22 @@ def test_null_check_report_finds_the_refit_rows_and_states_a_verdict_that_agrees
     for check in inputs.null_checks:
         assert math.isfinite(check.uniformity_p)
         assert f"uniformity p = {check.uniformity_p:.2g} \u2014 {VERDICT_TEXT[check.verdict]}" in caption
+
+
+def test_sequential_pvalues_are_judged_against_their_own_law():
+    from anistat.stats import sequential_monte_carlo_pvalue
+    from anistat.stats.uniformity import sample_sequential_pvalues
+
+    rng = np.random.default_rng(5)
+    n, h = 499, 10
+    law = sample_sequential_pvalues(n, h, 100_000, rng)
+    observed, null = rng.random(4000), rng.random((4000, n))
+    real, _ = sequential_monte_carlo_pvalue(observed, null, h)  # a valid sequential test under its null
+    for a in (0.01, 0.05, 0.2, 0.5):
+        assert (law <= a).mean() == pytest.approx((real <= a).mean(), abs=0.012)
+    check = p_value_uniformity(real[:300], 0.05, n_draws=n, stop_after=h)
+    assert check.grid is None and check.expected_rate == pytest.approx(0.05, abs=0.004)
+    assert check.verdict == "calibrated"
+    # the same p-values judged as if they were a fixed-n grid are off the grid: continuous, and an
+    # anti-conservative test (p-values halved) is caught against the sequential law
+    assert p_value_uniformity(real[:300] / 2, 0.05, n_draws=n, stop_after=h).verdict == "anti-conservative"

@@ -74,6 +74,7 @@ class NullSettings:
     n_test_resamples: int
     n_tests: int
     stop_after: int = 0
+    null_draws: str = "shared"
 
 
 def planned_tests(artifacts: list[UnitArtifact], protocol: Protocol) -> int:
@@ -101,20 +102,24 @@ def null_settings(artifacts: list[UnitArtifact], protocol: Protocol) -> NullSett
     needed = min_controls_needed(stats.alpha, n_tests, stats.multiplicity)
     draws = max(9999, needed) if stats.n_null_draws == "auto" else int(stats.n_null_draws)
     return NullSettings(n_null_draws=draws, n_test_resamples=max(stats.n_test_resamples, needed), n_tests=n_tests,
-                        stop_after=stats.null_stop_exceedances)
+                        stop_after=stats.null_stop_exceedances, null_draws=stats.null_draws)
 
 
 def run_exact_tests(prepared: list[PreparedUnit], protocol: Protocol, settings: NullSettings,
                     device: str | torch.device = "cpu") -> ExactNulls:
     """Every prepared unit's exact tests from one stream of Haar draws per width (seeded by the
-    protocol seed and the width, so a unit's null never depends on the other units)."""
+    protocol seed and the width, so a unit's null never depends on the other units), or one
+    stream per unit (`stats.null_draws: per_unit`, seeded by the unit's id)."""
     stats = protocol.stats
     record = protocol.controls.n if "haar" in protocol.controls.kinds else 0
     options = NullOptions(n_max=settings.n_null_draws, stop_after=settings.stop_after,
                           alternative=stats.alternative, c0=stats.isoscore_c0, zeta=stats.isoscore_zeta,
                           n_record=record, device=device)
-    return exact_tests([unit.spectrum for unit in prepared], options,
-                       lambda dim: derive_seed(protocol.seed, "haar-null", dim))
+    spectra = [unit.spectrum for unit in prepared]
+    if settings.null_draws == "per_unit":
+        return exact_tests(spectra, options, None,
+                           lambda unit: (unit.unit_id, derive_seed(protocol.seed, "haar-null", unit.unit_id, unit.dim)))
+    return exact_tests(spectra, options, lambda dim: derive_seed(protocol.seed, "haar-null", dim))
 
 
 def unit_rows(artifact: UnitArtifact, protocol: Protocol, settings: NullSettings | None = None,

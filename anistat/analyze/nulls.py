@@ -102,19 +102,25 @@ class NullOptions:
     device: str | torch.device = "cpu"
 
 
-def exact_tests(units: list[UnitSpectrum], options: NullOptions, seed_for_width) -> ExactNulls:
-    """Run every unit's exact tests; units are grouped by width, one draw stream per width
-    (seeded with ``seed_for_width(d)``)."""
+def exact_tests(units: list[UnitSpectrum], options: NullOptions, seed_for_width,
+                stream_of=None) -> ExactNulls:
+    """Run every unit's exact tests, one draw stream per group of units: by default the units of
+    one width share a stream (seeded with ``seed_for_width(d)``); ``stream_of(unit) -> (key,
+    seed)`` groups them otherwise (e.g. a stream per unit). ``draws_made`` is keyed by group."""
+    stream_of = stream_of or (lambda unit: (unit.dim, seed_for_width(unit.dim)))
+    groups: dict = {}
+    for unit in units:
+        key, seed = stream_of(unit)
+        groups.setdefault(key, (seed, []))[1].append(unit)
     energy, delta, rec_e, rec_d, made = {}, {}, {}, {}, {}
-    for dim in sorted({u.dim for u in units}):
-        group = [u for u in units if u.dim == dim]
-        run = _WidthRun(group, options, seed_for_width(dim))
+    for key, (seed, group) in groups.items():
+        run = _WidthRun(group, options, seed)
         run.run()
         energy.update(run.energy_results())
         delta.update(run.delta_results())
         rec_e.update(run.recorded_energy)
         rec_d.update(run.recorded_delta)
-        made[dim] = run.drawn
+        made[key] = run.drawn
     return ExactNulls(energy, delta, rec_e, rec_d, made)
 
 

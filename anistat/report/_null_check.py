@@ -13,11 +13,16 @@ VERDICT_TEXT = {
     "conservative": "NOT calibrated: conservative, it rejects less often than expected",
     "not uniform": "NOT calibrated: its p-values are not uniform",
 }
-DEPENDENCE_CAVEAT = ("Both tests treat the p-values as independent; tests sharing a checkpoint's gradients or the "
-                     "analysis' Haar draws are not, so the verdict is approximate.")
+DEPENDENCE_CAVEAT = ("Both tests treat the p-values as independent. With an independent stream of Haar draws per "
+                     "unit (stats.null_draws: per_unit) and proxies drawn independently, they are, given the data "
+                     "(each test is exact conditionally on its unit's gradients), up to the nesting of a unit's "
+                     "ranks in one draw; with draws shared by the units of a width they are not, and the verdict "
+                     "is approximate.")
 
 
 def grid_text(check: NullCheckSummary) -> str:
+    if check.sequential:
+        return "its p-values follow the sequential test's law (h/L when it stopped), simulated exactly"
     if check.grid is None:
         return "its p-values are treated as continuous"
     return f"its p-values are multiples of 1/{check.grid}" + (" (nearly continuous)" if check.grid > 1000 else "")
@@ -26,10 +31,13 @@ def grid_text(check: NullCheckSummary) -> str:
 def verdict_sentence(check: NullCheckSummary) -> str:
     """One sentence: the rejection share, what a valid test would give, both tests, the verdict."""
     label = NULL_CHECK_LABELS.get(check.test, check.test)
-    expected = f"{check.expected_rate:.2%}" if check.grid is not None else f"{check.alpha:.0%}"
+    expected = (f"{check.expected_rate:.2%}" if check.grid is not None or check.sequential
+                else f"{check.alpha:.0%}")
     return (f"Null check (uninformative random proxy, {len(check.p_values)} tests): {label} gives "
             f"p \u2264 {check.alpha:g} in {check.rejection_rate:.1%} (95 % interval {check.rate_low:.1%}\u2013"
             f"{check.rate_high:.1%}; a valid test: {expected}, {grid_text(check)}); exact binomial test of that "
-            f"share p = {check.binomial_p:.2g}, uniformity on the p-values' own grid (Kolmogorov\u2013Smirnov "
-            f"distance, p by simulation) p = {check.uniformity_p:.2g}: "
-            f"{VERDICT_TEXT.get(check.verdict, check.verdict)} (level {check.level:g}).")
+            f"share p = {check.binomial_p:.2g}, uniformity against the p-values' own null law (Kolmogorov\u2013"
+            f"Smirnov distance, p by simulation) p = {check.uniformity_p:.2g}: "
+            f"{VERDICT_TEXT.get(check.verdict, check.verdict)} (level {check.level:g})"
+            + ("; these tests share Haar draws, so they are dependent and the verdict is approximate."
+               if check.shared_draws else "."))

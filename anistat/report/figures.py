@@ -675,7 +675,7 @@ def fig_null_check(_df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
     cap = ("Null check: every proxy here is a uniformly random subspace, so every null is true and a valid "
            f"test's p-values follow its null law (uniform on the grid of its Monte-Carlo draws). Share of "
            f"p \u2264 {alpha:g} with its exact binomial interval, the exact binomial test of that share against a "
-           "valid test's share, and the uniformity test on the p-values' own grid (Kolmogorov\u2013Smirnov "
+           "valid test's share, and the uniformity test against the p-values' own null law (Kolmogorov\u2013Smirnov "
            f"distance, p by simulation): {verdicts}. {DEPENDENCE_CAVEAT}")
     return FigureSpec("null_check", "Null check: an uninformative proxy", cap, fig)
 

@@ -204,6 +204,10 @@ class NullCheckSummary:
     uniformity_p: float
     level: float
     verdict: str
+    sequential: bool = False
+    """The p-values come from the sequential exact test (their law is simulated, not a grid)."""
+    shared_draws: bool = False
+    """The tests read Haar draws shared by the units of a width: dependent p-values."""
 
     @property
     def calibrated(self) -> bool:

@@ -20,6 +20,13 @@ None``: continuous):
   distance), with a Monte-Carlo p-value ``(1 + #{D* ≥ D})/(1 + B)`` from ``B`` samples of N
   p-values drawn from that same law (seeded, so the verdict is reproducible).
 
+**Sequential p-values.** With sequential stopping (``stop_after = h``, at most ``n`` draws:
+:class:`anistat.stats.SequentialMonteCarlo`) a p-value is ``h/L`` when the test stopped, else
+``(1 + g)/(1 + n)``: not a grid. Its null law is simulated exactly — the observed value's
+exceedance probability ``u`` is uniform, each draw exceeds it independently with probability
+``u`` (:func:`sample_sequential_pvalues`) — and both tests are run against that law
+(``expected_rate`` = its ``P(p ≤ alpha)``, the KS distance from its CDF).
+
 **Verdict** (at ``level``, default 0.05): ``anti-conservative`` when the rejection share is
 significantly above ``expected_rate``, ``conservative`` when significantly below, else ``not
 uniform`` when the uniformity test rejects, else ``calibrated``. Only ``calibrated`` reads
@@ -69,6 +76,53 @@ class UniformityCheck:
         return self.verdict == "calibrated"
 
 
+def sample_sequential_pvalues(n_draws: int, stop_after: int, size: int, rng) -> np.ndarray:
+    """``size`` p-values drawn from the null law of a Monte-Carlo test with at most ``n_draws``
+    draws that stops after ``stop_after`` exceedances (0: never; see the module docstring)."""
+    u = rng.uniform(size=size)
+    n, h = int(n_draws), int(stop_after)
+    if h <= 0:
+        return (1.0 + rng.binomial(n, u)) / (n + 1.0)
+    stop_at = h + rng.negative_binomial(h, u)  # the draw holding the h-th exceedance
+    out = np.where(stop_at <= n, h / np.minimum(stop_at, np.iinfo(np.int64).max).astype(float), np.nan)
+    pending = np.flatnonzero(np.isnan(out))
+    for _ in range(1000):  # the exceedances among n draws, given fewer than h of them
+        if pending.size == 0:
+            break
+        g = rng.binomial(n, u[pending])
+        ok = g < h
+        out[pending[ok]] = (1.0 + g[ok]) / (n + 1.0)
+        pending = pending[~ok]
+    if pending.size:  # pragma: no cover - needs u with P(G < h) below ~1e-300
+        out[pending] = h / (n + 1.0)
+    return out
+
+
+class _Law:
+    """A discrete null law known by a large sample: ``cdf(x)`` = P(X ≤ x), ``below(x)`` = P(X < x)."""
+
+    def __init__(self, sample: np.ndarray) -> None:
+        self.sorted = np.sort(sample)
+
+    def cdf(self, x):
+        return np.searchsorted(self.sorted, x, side="right") / self.sorted.size
+
+    def below(self, x):
+        return np.searchsorted(self.sorted, x, side="left") / self.sorted.size
+
+
+def law_ks_distance(p_values, law: _Law) -> np.ndarray:
+    """KS distance of each row of ``p_values`` (…, N) from ``law``: on each interval between
+    consecutive sorted values the empirical CDF is constant and the law's CDF monotone, so the
+    supremum is at a value or just below the next one (exact for any law)."""
+    p = np.sort(np.asarray(p_values, dtype=np.float64), axis=-1)
+    n = p.shape[-1]
+    i = np.arange(1, n + 1, dtype=np.float64)
+    at = np.abs(i / n - law.cdf(p))
+    before = np.abs((i - 1) / n - law.below(p))  # just below each value, the ECDF is (i − 1)/N
+    return np.maximum(at.max(axis=-1), before.max(axis=-1))
+
+
 def p_value_grid(p_values, n_draws: int | None) -> int | None:
     """G = ``n_draws`` + 1 when every p-value is a multiple of 1/G (a Monte-Carlo p-value with
     ``n_draws`` draws), else None (treated as continuous)."""
@@ -92,12 +146,13 @@ def ks_distance(p_values, grid: int | None) -> np.ndarray:
     return np.maximum(above, below)
 
 
-def p_value_uniformity(p_values, alpha: float = 0.05, *, n_draws: int | None = None, level: float = 0.05,
-                       n_simulations: int = 9999, seed: int = 0) -> UniformityCheck:
+def p_value_uniformity(p_values, alpha: float = 0.05, *, n_draws: int | None = None, stop_after: int = 0,
+                       level: float = 0.05, n_simulations: int = 9999, seed: int = 0) -> UniformityCheck:
     """Null check of p-values that should follow a valid test's null law (module docstring).
 
     ``n_draws``: the Monte-Carlo draws behind each p-value, when the p-values should lie on the
-    grid ``j/(n_draws + 1)``; p-values found off that grid are treated as continuous."""
+    grid ``j/(n_draws + 1)``; p-values found off that grid are treated as continuous. With
+    ``stop_after > 0`` (and ``n_draws``) the law is that of the sequential test."""
     from scipy import stats as sps
 
     if not 0 < alpha < 1 or not 0 < level < 1:
@@ -106,18 +161,27 @@ def p_value_uniformity(p_values, alpha: float = 0.05, *, n_draws: int | None = N
     p = p[np.isfinite(p)]
     if p.size == 0:
         raise ValueError("no finite p-values")
-    grid = p_value_grid(p, n_draws)
-    expected = math.floor(alpha * grid + 1e-9) / grid if grid is not None else alpha
+    rng = np.random.default_rng(seed)
+    sequential = bool(stop_after) and n_draws is not None and n_draws >= 1
+    grid = None if sequential else p_value_grid(p, n_draws)
+    if sequential:
+        law = _Law(sample_sequential_pvalues(n_draws, stop_after, 400_000, rng))
+        expected = float(law.cdf(alpha + 1e-12))
+    else:
+        expected = math.floor(alpha * grid + 1e-9) / grid if grid is not None else alpha
     hits = int((p <= alpha + 1e-12).sum())
     binomial = sps.binomtest(hits, p.size, expected) if expected > 0 else None
     interval = sps.binomtest(hits, p.size, 0.5).proportion_ci(confidence_level=0.95, method="exact")
     binomial_p = float(binomial.pvalue) if binomial is not None else (1.0 if hits == 0 else 0.0)
-    observed = float(ks_distance(p, grid))
-    rng = np.random.default_rng(seed)
+    observed = float(law_ks_distance(p, law) if sequential else ks_distance(p, grid))
     simulated = np.empty(n_simulations)
     chunk = max(1, 2_000_000 // p.size)
     for start in range(0, n_simulations, chunk):
         size = (min(chunk, n_simulations - start), p.size)
+        if sequential:
+            draws = sample_sequential_pvalues(n_draws, stop_after, size[0] * size[1], rng).reshape(size)
+            simulated[start:start + size[0]] = law_ks_distance(draws, law)
+            continue
         draws = (rng.integers(1, grid + 1, size=size) / grid) if grid is not None else rng.uniform(size=size)
         simulated[start:start + size[0]] = ks_distance(draws, grid)
     uniformity_p = float((1 + np.count_nonzero(simulated >= observed - 1e-12)) / (1 + n_simulations))
