@@ -7,7 +7,11 @@
    weights; only the collection runs on the device.)
 2. P2 at the Pythia-410m shape (GPT-NeoX, d = 1024, 24 blocks, vocabulary 50 304) on the GPU
    in bf16 and in fp32: anistat vs the naive loop vs the floor (`bench_collect.py p2`).
-3. A markdown table on stdout, ready for benchmarks/README.md; everything also as JSON.
+3. The paper-scale analysis (issue #21): `analyze_units` on 12 synthetic units at d = 768, PCA
+   ranks 8/32/128, 20 normal controls, default statistics (9,999 Haar draws at most, shared by
+   the units), planted (significant: every draw used) and random proxies, on the CPU and on the
+   GPU: time of each and the share of p-values that agree exactly.
+4. A markdown table on stdout, ready for benchmarks/README.md; everything also as JSON.
 
 `--dry-run` runs the same steps on the CPU at a tiny shape (a shortened quickstart, d = 64), so
 the script itself is tested without a GPU.
@@ -111,6 +115,38 @@ def bench_p2(dry_run: bool, device: str, precision: str, out: Path) -> dict:
     return json.loads(target.read_text())["P2"]
 
 
+def analysis_check(dry_run: bool, device: str) -> dict:
+    """`analyze_units` at the paper's settings on the CPU and on `device` (see the docstring)."""
+    import torch
+    import yaml as _yaml
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_stats import PROTOCOL, synthetic_unit
+
+    from anistat.analyze import analyze_units
+    from anistat.protocol import Protocol
+
+    d, units, ranks = (64, 3, [4, 16]) if dry_run else (768, 12, [8, 32, 128])
+    protocol = Protocol.model_validate(_yaml.safe_load(PROTOCOL) | {"proxies": {"methods": ["pca"], "ranks": ranks}})
+    out = {}
+    for kind in ("planted", "random"):
+        rng = np.random.default_rng(d + (kind == "planted"))
+        artifacts = [synthetic_unit(rng, d, ranks, planted=kind == "planted", layer=i) for i in range(units)]
+        seconds, tables = {}, {}
+        for dev in ("cpu", device):
+            if dev != "cpu":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            tables[dev] = analyze_units(artifacts, protocol, device=dev)
+            seconds[dev] = time.perf_counter() - started
+        p = [t.loc[t["p_test"] == "haar_monte_carlo", "p_value"].to_numpy(dtype=float) for t in tables.values()]
+        same = int(np.sum(p[0] == p[-1]))
+        out[kind] = {"units": units, "d": d, "ranks": ranks, "seconds": seconds, "p_values": int(p[0].size),
+                     "p_values_identical": same,
+                     "draws_made": tables["cpu"].attrs["null_settings"]["draws_made"]}
+    return out
+
+
 def table(report: dict) -> str:
     device = report["device_name"]
     lines = [f"GPU check ({device}; `bash benchmarks/gpu_check.sh{' --dry-run' if report['dry_run'] else ''}`, "
@@ -139,6 +175,14 @@ def table(report: dict) -> str:
                      f"{'yes' if p2['ratio_to_floor'] <= 1.2 else '**no**'} |")
         lines.append(f"| P2 same, {precision}: tokens/s anistat / naive / floor | {tps['anistat']:,.0f} / "
                      f"{tps['naive']:,.0f} / {tps['floor']:,.0f} | — | — |")
+    for kind, check in report.get("analysis", {}).items():
+        secs = check["seconds"]
+        device_key = [k for k in secs if k != "cpu"]
+        lines.append(f"| analysis at the paper's settings ({check['units']} units, d = {check['d']}, ranks "
+                     f"{'/'.join(map(str, check['ranks']))}, {kind} proxies): seconds cpu / device | "
+                     f"{secs['cpu']:.1f} / {secs[device_key[0]] if device_key else secs['cpu']:.1f} | — | — |")
+        lines.append(f"| same, exact p-values identical on both | {check['p_values_identical']} of "
+                     f"{check['p_values']} | all | {'yes' if check['p_values_identical'] == check['p_values'] else '**no**'} |")
     return "\n".join(lines)
 
 
@@ -169,9 +213,11 @@ def main() -> None:
     for precision in ("bf16", "fp32"):
         p2[precision] = bench_p2(args.dry_run, device, precision, out)
         print(f"P2 {precision}: done", file=sys.stderr, flush=True)
+    analysis = analysis_check(args.dry_run, device)
+    print("analysis: done", file=sys.stderr, flush=True)
     report = {"dry_run": args.dry_run, "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "CPU",
               "torch": torch.__version__, "quickstart": quickstart, "quickstart_seconds": walls, "p2": p2,
-              "seconds": time.perf_counter() - started}
+              "analysis": analysis, "seconds": time.perf_counter() - started}
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     print(table(report))
     print(f"\n(details: {out / 'gpu_check.json'})")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU check (issue #13): quickstart on CUDA vs CPU (fp32 with TF32 off must agree to 1e-4
+# GPU check (issues #13, #21): quickstart on CUDA vs CPU (fp32 with TF32 off must agree to 1e-4
 # relative; bf16 differences reported) and P2 at the Pythia-410m shape in bf16 and fp32 against
-# the naive loop and the floor. One command, <= 8 minutes on one GPU; prints a markdown table
+# the naive loop and the floor, and the paper-scale analysis (12 units, d = 768, ranks 8/32/128)
+# on CPU vs CUDA. One command, <= 8 minutes on one GPU; prints a markdown table
 # for benchmarks/README.md. `--dry-run` runs the same steps on the CPU at a tiny shape.
 #
 #   bash benchmarks/gpu_check.sh            # on a machine with a GPU

@@ -60,3 +60,21 @@ def test_table_is_markdown_with_the_verdicts(gpu_check):
     assert all(line.count("|") == 5 for line in lines)
     assert "| 2.00e-06 | ≤ 0.0001 | yes |" in text
     assert "fp32: anistat ÷ floor (time) | 1.300 | ≤ 1.2 | **no** |" in text
+
+
+def test_analysis_check_runs_the_paper_scale_analysis_on_cpu_in_dry_run(gpu_check):
+    """The analysis step of the GPU check at its dry-run size: both runs on the CPU here, so every
+    exact p-value must agree, and the table shows both."""
+    check = gpu_check.analysis_check(True, "cpu")
+    assert set(check) == {"planted", "random"}
+    for kind, row in check.items():
+        assert row["p_values"] > 0 and row["p_values_identical"] == row["p_values"], kind
+    report = {"device_name": "CPU", "dry_run": True, "seconds": 1.0,
+              "quickstart": {name: {"worst_relative_excluding_p": 0.0, "p_value": {"max_relative": 0.0}}
+                             for name in ("fp32", "bf16")},
+              "quickstart_seconds": {"cpu": 1.0, "fp32": 1.0, "bf16": 1.0},
+              "p2": {name: {"config": {"dim": 64, "layers": 2}, "speedup_vs_naive": 2.0, "ratio_to_floor": 1.0,
+                            "tokens_per_s": {"anistat": 1.0, "naive": 1.0, "floor": 1.0}} for name in ("bf16", "fp32")},
+              "analysis": check}
+    text = gpu_check.table(report)
+    assert "analysis at the paper's settings (3 units, d = 64, ranks 4/16, planted proxies)" in text
