@@ -414,12 +414,12 @@ class StatsSpec(StrictModel):
         "this many Haar draws reach its observed value, with p = h/L after L draws (exact); tests near or past "
         "their threshold still use all n_null_draws. 0: every test uses n_null_draws.",
     )
-    null_draws: Literal["shared", "per_unit"] = Field(
+    null_draws: Literal["shared", "per_test"] = Field(
         "shared",
         description="Haar draws of the exact tests: 'shared' — one stream per hidden width, read in every unit's "
-        "own eigen-coordinates (each test exact; tests of one width dependent through the draws; the fast default) "
-        "— or 'per_unit', an independent stream for every unit (tests of different units then independent given "
-        "the data, as a run's own null check assumes; costs a stream per unit).",
+        "own eigen-coordinates (each test exact; tests dependent through the draws; the fast default) — or "
+        "'per_test', an independent stream for every unit and rank (tests of independent proxies are then "
+        "independent given the data, as a run's own null check assumes; costs a stream per test).",
     )
     energy_ratio_reference: Literal["expected", "drawn"] = Field(
         "expected",

@@ -123,3 +123,23 @@ def test_enough_draws_for_the_family_and_sequence_option():
     assert results.attrs["null_settings"]["n_null_draws"] == 99  # an explicit setting is used as given
     assert any("Haar null draws give a p-value floor" in w for w in results.attrs["warnings"])
     assert str(results["rank"].dtype) == "Int64" and str(results["n_clusters"].dtype) == "Int64"
+
+
+def test_a_stream_per_test_when_asked():
+    """stats.null_draws: per_test — every (unit, rank) its own stream, so tests of independent
+    proxies are independent given the data (what a run's own null check assumes)."""
+    raw = yaml.safe_load(MINI_PROTOCOL)
+    raw["proxies"]["ranks"] = [1, K]
+    raw["stats"].update({"n_bootstrap": 100, "n_null_draws": 199, "null_draws": "per_test"})
+    protocol = Protocol.model_validate(raw)
+    artifact = _artifact()
+    u1 = np.linalg.qr(np.random.default_rng(8).standard_normal((D, 1)))[0]
+    artifact.bases.insert(0, BasisColumn("pca", 1, "proxy", -1))
+    artifact.proxy_bases[("pca", 1)] = u1
+    grads_energy = artifact.energy  # (S, 1, n_bases): add the rank-1 proxy's column in front
+    artifact.energy = np.concatenate([grads_energy[:, :, :1] * 0.3, grads_energy], axis=2)
+    results = analyze_units([artifact], protocol)
+    made = results.attrs["null_settings"]["draws_made"]
+    assert sorted(made) == [f"{artifact.key.id}/k=1", f"{artifact.key.id}/k={K}"]
+    shared = analyze_units([artifact], Protocol.model_validate({**raw, "stats": {**raw["stats"], "null_draws": "shared"}}))
+    assert list(shared.attrs["null_settings"]["draws_made"]) == [str(D)]

@@ -177,13 +177,14 @@ def test_each_figure_file_is_one_draw_and_the_same_bytes_as_with_the_layout_engi
     fast, _ = _render(tmp_path, res, "fast", **kw)
     n_files = len(list((fast / "figures").iterdir()))
     assert n_files >= 8 and draws["n"] == n_files
-    # the previous behaviour: the placeholder engine stays, so every savefig draws twice
+    # the previous behaviour: the placeholder engine stays, so every savefig of a figure laid out by
+    # tight_layout (the single-panel ones; panel grids use fixed spacing) draws twice
     real_set = Figure.set_layout_engine
     monkeypatch.setattr(Figure, "set_layout_engine",
                         lambda self, layout=None, **k: None if layout is None else real_set(self, layout, **k))
     draws["n"] = 0
     slow, _ = _render(tmp_path, res, "slow", **kw)
-    assert draws["n"] == 2 * n_files
+    assert n_files < draws["n"] < 2 * n_files
     for path in sorted((fast / "figures").iterdir()):
         assert path.read_bytes() == (slow / "figures" / path.name).read_bytes(), path.name
     assert (fast / "report.html").read_bytes() == (slow / "report.html").read_bytes()

@@ -31,7 +31,7 @@ with sequential stopping), `units` (one unit's rows), `frequency` (frequency.csv
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -109,16 +109,22 @@ def run_exact_tests(prepared: list[PreparedUnit], protocol: Protocol, settings: 
                     device: str | torch.device = "cpu") -> ExactNulls:
     """Every prepared unit's exact tests from one stream of Haar draws per width (seeded by the
     protocol seed and the width, so a unit's null never depends on the other units), or one
-    stream per unit (`stats.null_draws: per_unit`, seeded by the unit's id)."""
+    stream per test (`stats.null_draws: per_test`: every unit and rank, seeded by the unit's id
+    and the rank)."""
     stats = protocol.stats
     record = protocol.controls.n if "haar" in protocol.controls.kinds else 0
     options = NullOptions(n_max=settings.n_null_draws, stop_after=settings.stop_after,
                           alternative=stats.alternative, c0=stats.isoscore_c0, zeta=stats.isoscore_zeta,
                           n_record=record, device=device)
     spectra = [unit.spectrum for unit in prepared]
-    if settings.null_draws == "per_unit":
-        return exact_tests(spectra, options, None,
-                           lambda unit: (unit.unit_id, derive_seed(protocol.seed, "haar-null", unit.unit_id, unit.dim)))
+    if settings.null_draws == "per_test":
+        # every (unit, rank) its own stream: the unit's spectrum once per rank, with that rank's tests
+        split = [replace(unit, energy_observed={k: v for k, v in unit.energy_observed.items() if k[1] == rank},
+                         delta_observed={k: v for k, v in unit.delta_observed.items() if k[1] == rank})
+                 for unit in spectra for rank in sorted({k[1] for k in unit.energy_observed})]
+        return exact_tests(split, options, None, lambda unit: (
+            f"{unit.unit_id}/k={next(iter(unit.energy_observed))[1]}",
+            derive_seed(protocol.seed, "haar-null", unit.unit_id, next(iter(unit.energy_observed))[1])))
     return exact_tests(spectra, options, lambda dim: derive_seed(protocol.seed, "haar-null", dim))
 
 

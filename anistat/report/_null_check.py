@@ -14,10 +14,9 @@ VERDICT_TEXT = {
     "not uniform": "NOT calibrated: its p-values are not uniform",
 }
 DEPENDENCE_CAVEAT = ("Both tests treat the p-values as independent. With an independent stream of Haar draws per "
-                     "unit (stats.null_draws: per_unit) and proxies drawn independently, they are, given the data "
-                     "(each test is exact conditionally on its unit's gradients), up to the nesting of a unit's "
-                     "ranks in one draw; with draws shared by the units of a width they are not, and the verdict "
-                     "is approximate.")
+                     "test (stats.null_draws: per_test) and proxies drawn independently, they are, given the data "
+                     "(each test is exact conditionally on its unit's gradients); with draws shared by the units "
+                     "of a width (the default) they are not, and the verdict is approximate.")
 
 
 def grid_text(check: NullCheckSummary) -> str:
