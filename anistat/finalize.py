@@ -29,7 +29,7 @@ def finalize_bundle(units: Iterable[UnitArtifact] | str | Path, protocol: Any, o
     """Analyse `units` (artifacts or a directory of them) under `protocol` and write a bundle at
     `out`. `token_counts` (model → corpus token counts) enables the frequency table. Returns
     the `RunResult` (out, results, manifest, claims) that `anistat.run` returns."""
-    from .analyze import analyze_units, frequency_rows
+    from .analyze import analyze_run
     from .bundle import RunFacts, publish_bundle, unit_records, utc_now
     from .claims import evaluate_claims
     from .errors import AnistatInputError
@@ -42,8 +42,7 @@ def finalize_bundle(units: Iterable[UnitArtifact] | str | Path, protocol: Any, o
     artifacts = load_units(units) if isinstance(units, (str, Path)) else list(units)
     if not artifacts:
         raise AnistatInputError("no measured units to write a bundle from")
-    results = analyze_units(artifacts, protocol, device=device)
-    frequency = frequency_rows(artifacts, token_counts or {}, protocol)
+    results, frequency = analyze_run(artifacts, token_counts or {}, protocol, device=device)
     claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
     facts = RunFacts(device=device, started_at=started_at, seconds=time.perf_counter() - started,
                      corpus=corpus or {"name": "external", "sha256": None, "documents": None},

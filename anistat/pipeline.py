@@ -17,7 +17,7 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
-from .analyze import analyze_units, frequency_rows
+from .analyze import analyze_run
 from .bundle import RunFacts, RunResult, check_destination, publish_bundle, unit_records, utc_now
 from .collect import (
     BasisSet, FitSampler, Site, UnitArtifact, UnitKey, autocast, concept_cards, measure_checkpoint, model_inputs,
@@ -400,13 +400,17 @@ def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_d
             return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
         stage = time.perf_counter()
         log(f"analysing {len(artifacts)} unit(s): exact tests against Haar subspaces shared by the units of "
-            f"each width, {protocol.stats.n_bootstrap} bootstrap resamples per interval …")
-        results = analyze_units(artifacts, protocol, device=torch_device)
+            f"each width, {protocol.stats.n_bootstrap} bootstrap resamples per interval, per-bucket energy "
+            "ratios and log-frequency correlations …")
+        results, frequency = analyze_run(artifacts, info.pop("frequency"), protocol, device=torch_device)
         nulls = results.attrs.get("null_settings", {})
-        made = ", ".join(f"{n} at d = {d}" for d, n in nulls.get("draws_made", {}).items())
-        log(f"  analysed: {len(results)} result rows; at most {nulls.get('n_null_draws')} Haar draws per test "
-            f"(drawn: {made or 'none'}) and {nulls.get('n_test_resamples')} data-test resamples, sized for a family of "
-            f"{nulls.get('n_tests')} ({time.perf_counter() - stage:.1f}s)")
+        streams = nulls.get("draws_made", {})
+        made = (f"{sum(streams.values())} in {len(streams)} stream(s), the longest {max(streams.values())}"
+                if streams else "")
+        log(f"  analysed: {len(results)} result rows and {len(frequency)} frequency rows; at most "
+            f"{nulls.get('n_null_draws')} Haar draws per test (drawn: {made or 'none'}) and "
+            f"{nulls.get('n_test_resamples')} data-test resamples, sized for a family of {nulls.get('n_tests')} "
+            f"({time.perf_counter() - stage:.1f}s)")
     except OSError as error:
         user_error = _disk_error(error)
         if user_error is None:
@@ -414,11 +418,6 @@ def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_d
         raise user_error from error
     for warning in results.attrs.get("warnings", []):
         log(f"warning: {warning}")
-    token_counts = info.pop("frequency")
-    stage = time.perf_counter()
-    log("frequency analysis: per-bucket energy ratios and log-frequency correlations …")
-    frequency = frequency_rows(artifacts, token_counts, protocol)
-    log(f"  {len(frequency)} frequency rows ({time.perf_counter() - stage:.1f}s)")
     claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
     stage = time.perf_counter()

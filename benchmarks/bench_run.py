@@ -57,8 +57,10 @@ TIMED = (
     ("anistat.pipeline", "draw_controls"),
     ("anistat.pipeline", "concept_cards"),
     ("anistat.pipeline", "measure_checkpoint"),
-    ("anistat.pipeline", "analyze_units"),
-    ("anistat.pipeline", "frequency_rows"),
+    ("anistat.pipeline", "analyze_run"),
+    ("anistat.analyze", "frequency_rows"),
+    ("anistat.analyze", "run_exact_tests"),
+    ("anistat.analyze", "prepare_unit"),
     ("anistat.claims", "evaluate_claims"),
     ("anistat.pipeline", "publish_bundle"),
     ("anistat.bundle", "write_results"),
@@ -114,7 +116,7 @@ def phase_seconds(total: float, t: dict[str, float]) -> dict[str, float]:
     proxy fits, control draws and concept cards); proxies: PCA fits + control draws; concept
     cards; test_pass: measure_checkpoint (the test split's forward/backward and statistics);
     model_loading: loading the checkpoint, the tokenizer, tokenising the corpus; analysis:
-    analyze_units + frequency rows + claims; report: publish_bundle (tables, figures, HTML, LaTeX,
+    analyze_run (results and frequency tables) + claims; report: publish_bundle (tables, figures, HTML, LaTeX,
     digests); other: the rest (protocol, preflight, corpus, sites, …)."""
     g = lambda name: t.get(name, 0.0)  # noqa: E731
     phases = {
@@ -123,7 +125,7 @@ def phase_seconds(total: float, t: dict[str, float]) -> dict[str, float]:
         "proxies_pca_and_controls": g("fit_proxies") + g("draw_controls"),
         "concept_cards": g("concept_cards"),
         "test_pass": g("measure_checkpoint"),
-        "analysis": g("analyze_units") + g("frequency_rows") + g("evaluate_claims"),
+        "analysis": g("analyze_run") + g("evaluate_claims"),
         "report": g("publish_bundle"),
     }
     phases["other"] = total - sum(phases.values())

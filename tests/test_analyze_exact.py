@@ -143,3 +143,41 @@ def test_a_stream_per_test_when_asked():
     assert sorted(made) == [f"{artifact.key.id}/k=1", f"{artifact.key.id}/k={K}"]
     shared = analyze_units([artifact], Protocol.model_validate({**raw, "stats": {**raw["stats"], "null_draws": "shared"}}))
     assert list(shared.attrs["null_settings"]["draws_made"]) == [str(D)]
+
+
+def test_frequency_buckets_have_their_own_exact_test():
+    """Each frequency bucket's energy_ratio rows carry the exact Haar test of the bucket's energy
+    fraction against its own gradient second moment, read off the run's stream for the width."""
+    from anistat.analyze import analyze_run, frequency_rows
+
+    protocol = _protocol(n_null_draws=299)
+    rng = np.random.default_rng(4)
+    grads = rng.standard_normal((S, T, D)) * (1.0 / np.arange(1, D + 1))
+    bucket_of = rng.integers(0, 2, size=(S, T))
+    u = np.linalg.qr(rng.standard_normal((D, K)))[0]
+    total = np.stack([((grads * (bucket_of == b)[..., None]) ** 2).sum(axis=(1, 2)) for b in range(2)], axis=1)
+    energy = np.stack([(((grads * (bucket_of == b)[..., None]) @ u) ** 2).sum(axis=(1, 2)) for b in range(2)],
+                      axis=1)[:, :, None]
+    flat, flat_b = grads.reshape(-1, D), bucket_of.reshape(-1)
+    outers = np.stack([flat[flat_b == b].T @ flat[flat_b == b] for b in range(2)])
+    moments = {"count": flat.shape[0], "sum": flat.sum(0), "outer": flat.T @ flat, "bucket_outer": outers}
+    artifact = UnitArtifact(
+        key=UnitKey("m", "clm", "step0", 0, "early", 0, "residual.0"), dim=D, bases=[BasisColumn("pca", K, "proxy", -1)],
+        n_tokens=np.full(S, T), sequence_documents=np.arange(S), total_energy=total, energy=energy,
+        delta_isoscore_star=np.zeros(1), gradient_moments=moments,
+        activation_moments={"count": flat.shape[0], "sum": flat.sum(0), "outer": flat.T @ flat},
+        gradient_unit_sum=flat.sum(0), activation_unit_sum=flat.sum(0), type_count=np.zeros(5, dtype=np.int64),
+        type_rms_distance=np.full(5, np.nan), proxy_bases={("pca", K): u})
+    table = frequency_rows([artifact], {}, protocol)
+    _, joint = analyze_run([artifact], {}, protocol)  # the run's way: one pass over the streams
+    stream = HaarDiagonalStream(D, [K], derive_seed(protocol.seed, "haar-null", D), dtype=torch.float64)
+    for b in range(2):
+        m = outers[b].astype(np.float32).astype(np.float64)  # the artifact stores it in float32 on disk
+        observed = np.trace(u.T @ m @ u) / np.trace(m)
+        lam = np.clip(np.linalg.eigvalsh(m), 0, None)
+        null = torch.cat([stream.chunk(i).diagonals[K] @ torch.as_tensor(lam / lam.sum()) for i in range(3)])[:299]
+        p, _ = sequential_monte_carlo_pvalue(observed, null.numpy(), protocol.stats.null_stop_exceedances)
+        rows = table[(table["bucket"] == str(b)) & (table["metric"] == "energy_ratio")]
+        assert len(rows) == 2 and rows["p_value"].tolist() == pytest.approx([p, p], abs=1 / 300), b
+        assert "exact Haar test of the bucket" in rows["note"].iloc[0]
+        assert joint[(joint["bucket"] == str(b))]["p_value"].tolist() == rows["p_value"].tolist()

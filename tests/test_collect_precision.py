@@ -96,6 +96,12 @@ def test_every_statistic_within_1e6_of_float64_reference(dim):
         got_mean = moments["sum"] / moments["count"]
         got_cov = (moments["outer"] - moments["count"] * np.outer(got_mean, got_mean)) / (moments["count"] - 1)
         assert _scaled_max(got_cov, covariance) < RELATIVE
+    # per frequency bucket, the gradients' second moment (the buckets' exact tests read it)
+    buckets_of_rows = bucket_of.reshape(-1)[evaluated]
+    for b in range(n_buckets):
+        rows_b = flat_g[buckets_of_rows == b]
+        got = artifact.gradient_moments["bucket_outer"][b].astype(np.float64)  # float32, as stored
+        assert _scaled_max(got, rows_b.T @ rows_b) < RELATIVE
     unit_g = flat_g / np.linalg.norm(flat_g, axis=1, keepdims=True)
     assert _relative(artifact.gradient_unit_sum, unit_g.sum(0)) < RELATIVE
     assert _relative(artifact.activation_unit_sum, (flat_a / np.linalg.norm(flat_a, axis=1, keepdims=True)).sum(0)) < RELATIVE

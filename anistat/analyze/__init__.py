@@ -41,14 +41,14 @@ from ..collect import UnitArtifact
 from ..protocol import Protocol
 from ..seeding import derive_seed
 from ..stats import EXACT_TEST, adjust_pvalues, min_controls_needed, resolution_warning
-from .frequency import FREQUENCY_COLUMNS, frequency_rows
-from .nulls import ExactNulls, NullOptions, exact_tests
-from .units import (ENERGY_METRICS, PreparedUnit, descriptive_rows, failed_rows, prepare_unit, proxy_groups,
+from .frequency import FREQUENCY_COLUMNS, bucket_spectra, frequency_rows
+from .nulls import ExactNulls, NullOptions, UnitSpectrum, exact_tests
+from .units import (ENERGY_METRICS, descriptive_rows, failed_rows, prepare_unit, proxy_groups,
                     rows_of_unit)
 
 __all__ = [
     "DESCRIPTIVE_METRICS", "ENERGY_METRICS", "FREQUENCY_COLUMNS", "RESULT_COLUMNS", "NullSettings", "adjust",
-    "analyze_units", "descriptive_rows", "frequency_rows", "multiplicity_warning", "null_settings", "planned_tests",
+    "analyze_run", "analyze_units", "descriptive_rows", "frequency_rows", "multiplicity_warning", "null_settings", "planned_tests",
     "run_exact_tests", "test_families", "unit_rows",
 ]
 
@@ -105,7 +105,7 @@ def null_settings(artifacts: list[UnitArtifact], protocol: Protocol) -> NullSett
                         stop_after=stats.null_stop_exceedances, null_draws=stats.null_draws)
 
 
-def run_exact_tests(prepared: list[PreparedUnit], protocol: Protocol, settings: NullSettings,
+def run_exact_tests(spectra: list[UnitSpectrum], protocol: Protocol, settings: NullSettings,
                     device: str | torch.device = "cpu") -> ExactNulls:
     """Every prepared unit's exact tests from one stream of Haar draws per width (seeded by the
     protocol seed and the width, so a unit's null never depends on the other units), or one
@@ -116,7 +116,6 @@ def run_exact_tests(prepared: list[PreparedUnit], protocol: Protocol, settings: 
     options = NullOptions(n_max=settings.n_null_draws, stop_after=settings.stop_after,
                           alternative=stats.alternative, c0=stats.isoscore_c0, zeta=stats.isoscore_zeta,
                           n_record=record, device=device)
-    spectra = [unit.spectrum for unit in prepared]
     if settings.null_draws == "per_test":
         # every (unit, rank) its own stream: the unit's spectrum once per rank, with that rank's tests
         split = [replace(unit, energy_observed={k: v for k, v in unit.energy_observed.items() if k[1] == rank},
@@ -137,7 +136,7 @@ def unit_rows(artifact: UnitArtifact, protocol: Protocol, settings: NullSettings
         return failed_rows(artifact, protocol), []
     settings = settings or null_settings([artifact], protocol)
     prepared = prepare_unit(artifact, protocol)
-    nulls = nulls or run_exact_tests([prepared], protocol, settings)
+    nulls = nulls or run_exact_tests([prepared.spectrum], protocol, settings)
     return rows_of_unit(prepared, nulls, protocol, settings)
 
 
@@ -184,10 +183,22 @@ def analyze_units(artifacts: list[UnitArtifact], protocol: Protocol,
     """The tidy results table (sorted, typed, deterministic) for a list of units.
 
     `results.attrs["warnings"]` lists run warnings; `results.attrs["null_settings"]` the
-    Monte-Carlo sizes used (`NullSettings`) and the draws each width's stream made."""
+    Monte-Carlo sizes used (`NullSettings`) and the draws each stream made."""
+    return analyze_run(artifacts, {}, protocol, device, frequency=False)[0]
+
+
+def analyze_run(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarray], protocol: Protocol,
+                device: str | torch.device = "cpu", *, frequency: bool = True
+                ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """The results table and (``frequency=True``) the frequency table of a run, with every exact
+    test — each unit's, and each frequency bucket's — read off the same Haar streams, so the
+    draws are made once."""
     settings = null_settings(artifacts, protocol)
     prepared = {a.key.id: prepare_unit(a, protocol) for a in artifacts if a.status == "ok"}
-    nulls = run_exact_tests(list(prepared.values()), protocol, settings, device)
+    spectra = [unit.spectrum for unit in prepared.values()]
+    if frequency:
+        spectra += [spectrum for artifact in artifacts for spectrum in bucket_spectra(artifact)]
+    nulls = run_exact_tests(spectra, protocol, settings, device)
     rows: list[dict] = []
     notes: list[str] = []
     for artifact in artifacts:
@@ -204,7 +215,8 @@ def analyze_units(artifacts: list[UnitArtifact], protocol: Protocol,
     # plain data: attrs travel into parquet metadata
     results.attrs["null_settings"] = {**asdict(settings),
                                       "draws_made": {str(d): n for d, n in nulls.draws_made.items()}}
-    return results
+    table = frequency_rows(artifacts, token_counts, protocol, nulls=nulls) if frequency else None
+    return results, table
 
 
 def _typed(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:

@@ -8,13 +8,15 @@ import warnings
 
 import numpy as np
 import pandas as pd
+import torch
 
 from ..collect import UnitArtifact
 from ..geometry import ResampledCentroidDistance, ResampledTypeMeans, log_frequency_correlation, masked_correlations
 from ..protocol import Protocol
 from ..seeding import derive_seed
-from ..stats import analyze_energy, expected_control_energy, sequence_bootstrap_columns
-from .units import join_notes, proxy_groups, unit_columns
+from ..stats import ExactTestResult, analyze_energy, expected_control_energy, sequence_bootstrap_columns
+from .nulls import ExactNulls, UnitSpectrum
+from .units import exact_note, join_notes, proxy_groups, unit_columns
 
 FREQUENCY_COLUMNS = [
     "model", "objective", "checkpoint", "step", "phase", "layer", "site", "dim", "n_sequences", "n_tokens", "proxy",
@@ -22,14 +24,45 @@ FREQUENCY_COLUMNS = [
 ]
 
 
-def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarray], protocol: Protocol) -> pd.DataFrame:
+def bucket_id(unit_id: str, bucket: int) -> str:
+    """The exact-test key of one frequency bucket of a unit."""
+    return f"{unit_id}#bucket{bucket}"
+
+
+def bucket_spectra(artifact: UnitArtifact) -> list[UnitSpectrum]:
+    """One energy-only :class:`UnitSpectrum` per frequency bucket of a unit: the eigenvalues of the
+    bucket's gradient second moment ``M_b`` and each proxy's ``tr(UᵀM_bU)/tr M_b`` from that same
+    (stored) matrix, so the exact test reads its observed value and its null off one matrix.
+    None for units without per-bucket moments (collected by an older anistat)."""
+    outers = artifact.gradient_moments.get("bucket_outer")
+    if artifact.status != "ok" or outers is None:
+        return []
+    spectra = []
+    for bucket, outer in enumerate(np.asarray(outers, dtype=np.float64)):
+        matrix = torch.from_numpy(0.5 * (outer + outer.T))
+        trace = float(torch.trace(matrix))
+        if not trace > 0:
+            continue
+        observed = {}
+        for proxy, rank in proxy_groups(artifact):
+            basis = torch.as_tensor(artifact.proxy_bases[(proxy, rank)], dtype=torch.float64)
+            observed[(proxy, rank)] = float(torch.trace(basis.T @ matrix @ basis)) / trace
+        eigenvalues = torch.linalg.eigvalsh(matrix).clamp_min(0.0).numpy()
+        spectra.append(UnitSpectrum(bucket_id(artifact.key.id, bucket), artifact.dim, eigenvalues, observed))
+    return spectra
+
+
+def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarray], protocol: Protocol,
+                   nulls: ExactNulls | None = None) -> pd.DataFrame:
     """Per-frequency-bucket energy ratios and the log-frequency vs centroid-distance correlation.
 
     Bucket b holds the token types of the b-th quantile of corpus counts (0 = rarest). The
     ratio in a bucket is the proxy's energy over the expected control energy of the tokens in
     that bucket (closed form, or the drawn controls' mean for projected kinds); its CI is the
-    same document / sequence bootstrap as the overall ratio, and its p-value the sign-flip test
-    of per-unit contributions (the exact Haar test would need per-bucket second moments).
+    same document / sequence bootstrap as the overall ratio (the protocol's interval), and its
+    p-value the exact Haar test of the bucket's energy fraction against its own gradient second
+    moment (:func:`bucket_spectra`; from ``nulls`` when the run's analysis computed them with its
+    other exact tests, else computed here from the same streams).
 
     Correlation: over token types seen at least twice in the test split (those with per-type
     statistics: past `data.type_statistics_memory_mb` the collector keeps the most frequent,
@@ -44,47 +77,17 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
     `geometry.type_mean_geometry`. For MLM, positions whose input is [MASK] or a random
     replacement are left out of every type statistic.
     """
-    stats = protocol.stats
+    if nulls is None:
+        from . import null_settings, run_exact_tests  # the package's stream seeding and options
+
+        spectra = [spectrum for artifact in artifacts for spectrum in bucket_spectra(artifact)]
+        nulls = run_exact_tests(spectra, protocol, null_settings(artifacts, protocol))
     rows = []
     for artifact in artifacts:
         if artifact.status != "ok":
             continue
         base = unit_columns(artifact)
-        documents = artifact.sequence_documents if stats.resampling_unit == "document" else None
-        if documents is not None and len(np.unique(documents)) < 2:
-            documents = None
-        projected = set(protocol.projected_control_kinds)
-        # the energy fraction of Haar subspaces is k/d in expectation: a placeholder null (the
-        # per-bucket rows report the ratio's CI and the sign-flip test, not the Haar test,
-        # which needs per-bucket second moments)
-        for bucket in range(artifact.total_energy.shape[1]):
-            total = artifact.total_energy[:, bucket]
-            if not total.sum() > 0:
-                continue
-            energy = artifact.energy[:, bucket]
-            for proxy, rank in proxy_groups(artifact):
-                proxy_energy = energy[:, artifact.columns_for(proxy, rank, "proxy")[0]]
-                for control in protocol.controls.kinds:
-                    if control in projected:
-                        reference = energy[:, artifact.columns_for(proxy, rank, control)].mean(axis=1)
-                    else:
-                        reference = expected_control_energy(control, proxy_energy, total, rank, artifact.dim)
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        analysis = analyze_energy(
-                            proxy_energy, total, reference, rank=rank, dim=artifact.dim,
-                            null_fractions=np.array([rank / artifact.dim]), group_ids=documents,
-                            reference="drawn" if control in projected else "expected", control_kind=control,
-                            n_bootstrap=stats.n_bootstrap, ci_level=stats.ci_level, ci_method="percentile",
-                            n_test_resamples=stats.n_test_resamples, alternative=stats.alternative,
-                            seed=derive_seed(protocol.seed, artifact.key.id, proxy, rank, control, bucket, "frequency"),
-                        )
-                    ratio = analysis["energy_ratio"]
-                    rows.append({**base, "proxy": proxy, "rank": rank, "control": control, "bucket": str(bucket),
-                                 "metric": "energy_ratio", "estimate": ratio.estimate, "ci_low": ratio.ci_low,
-                                 "ci_high": ratio.ci_high, "ci_method": ratio.ci_method,
-                                 "p_value": analysis.data_test.p_value,
-                                 "note": join_notes(ratio.note, "p: studentized bootstrap test of ratio 1")})
+        rows.extend({**base, **row} for row in _bucket_rows(artifact, protocol, nulls))
         counts = token_counts.get(artifact.key.model)
         if counts is not None:
             rows.extend({**base, "proxy": "none", "rank": None, "control": "none", "bucket": "all", **row}
@@ -94,6 +97,47 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
         frame["rank"] = pd.array(frame["rank"], dtype="Int64")
         frame["step"] = pd.array(frame["step"], dtype="Int64")
     return frame
+
+
+def _bucket_rows(artifact: UnitArtifact, protocol: Protocol, nulls: ExactNulls) -> list[dict]:
+    """The energy_ratio rows of every (bucket, proxy, rank, control kind) of one unit."""
+    stats = protocol.stats
+    documents = artifact.sequence_documents if stats.resampling_unit == "document" else None
+    if documents is not None and len(np.unique(documents)) < 2:
+        documents = None
+    projected = set(protocol.projected_control_kinds)
+    rows = []
+    for bucket in range(artifact.total_energy.shape[1]):
+        total = artifact.total_energy[:, bucket]
+        if not total.sum() > 0:
+            continue
+        energy = artifact.energy[:, bucket]
+        for proxy, rank in proxy_groups(artifact):
+            proxy_energy = energy[:, artifact.columns_for(proxy, rank, "proxy")[0]]
+            test = nulls.energy.get((bucket_id(artifact.key.id, bucket), proxy, rank))
+            exact = (ExactTestResult(test.p_value, test.n_draws, exact_note(test, None)) if test is not None
+                     else ExactTestResult(np.nan, 0, "no exact test: the unit has no per-bucket second moments"))
+            for control in protocol.controls.kinds:
+                if control in projected:
+                    reference = energy[:, artifact.columns_for(proxy, rank, control)].mean(axis=1)
+                else:
+                    reference = expected_control_energy(control, proxy_energy, total, rank, artifact.dim)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    analysis = analyze_energy(
+                        proxy_energy, total, reference, rank=rank, dim=artifact.dim, exact=exact,
+                        group_ids=documents, reference="drawn" if control in projected else "expected",
+                        control_kind=control, n_bootstrap=stats.n_bootstrap, ci_level=stats.ci_level,
+                        ci_method=stats.ci_method, alternative=stats.alternative,
+                        seed=derive_seed(protocol.seed, artifact.key.id, proxy, rank, control, bucket, "frequency"),
+                    )
+                ratio = analysis["energy_ratio"]
+                rows.append({"proxy": proxy, "rank": rank, "control": control, "bucket": str(bucket),
+                             "metric": "energy_ratio", "estimate": ratio.estimate, "ci_low": ratio.ci_low,
+                             "ci_high": ratio.ci_high, "ci_method": ratio.ci_method, "p_value": analysis.p_value,
+                             "note": join_notes(ratio.note, "p: exact Haar test of the bucket's energy fraction "
+                                                            "(its own gradient second moment)")})
+    return rows
 
 
 def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protocol: Protocol) -> list[dict]:

@@ -39,9 +39,10 @@ from ..geometry import SequenceTypeSums
 #: definition changes (2: per-(sequence, type) sums; Bessel-corrected type distances; 3: proxy
 #: bases kept, haar/normal controls no longer projected per token; 4: type centroid distance
 #: from the global mean and norm, MLM type statistics without corrupted-input positions; 5: no
-#: oracle fraction — the analysis takes it from the second moment's eigenvalues), so a resume
-#: never mixes units computed under different definitions.
-ARTIFACT_FORMAT = 5
+#: oracle fraction — the analysis takes it from the second moment's eigenvalues; 6: the gradients'
+#: second moment per frequency bucket, for the buckets' exact tests), so a resume never mixes
+#: units computed under different definitions.
+ARTIFACT_FORMAT = 6
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class UnitArtifact:
     total_energy: np.ndarray  # (S, n_buckets)
     energy: np.ndarray  # (S, n_buckets, n_bases)
     delta_isoscore_star: np.ndarray  # (n_bases,)
-    gradient_moments: dict[str, Any]  # count, sum (d,), outer (d,d)
+    gradient_moments: dict[str, Any]  # count, sum (d,), outer (d,d), bucket_outer (B,d,d) per frequency bucket
     activation_moments: dict[str, Any]
     gradient_unit_sum: np.ndarray  # Σ g_i/‖g_i‖ (d,), for the mean cosine
     activation_unit_sum: np.ndarray
@@ -116,6 +117,10 @@ class UnitArtifact:
         for prefix, moments in (("gradient", self.gradient_moments), ("activation", self.activation_moments)):
             arrays[f"{prefix}_sum"] = np.asarray(moments["sum"], dtype=np.float64)
             arrays[f"{prefix}_outer"] = np.asarray(moments["outer"], dtype=np.float64)
+        if self.gradient_moments.get("bucket_outer") is not None:
+            # float32 on disk (B·d² values per unit): a bucket's exact test reads observed value and
+            # null from this same stored matrix, so the rounding never splits them
+            arrays["gradient_bucket_outer"] = np.asarray(self.gradient_moments["bucket_outer"], dtype=np.float32)
         for index, basis in enumerate(self.proxy_bases.values()):
             arrays[f"proxy_basis_{index}"] = np.asarray(basis, dtype=np.float64)
         if self.pair_sums is not None:
@@ -147,6 +152,8 @@ class UnitArtifact:
         for prefix in ("gradient", "activation"):
             moments[prefix] = {"count": meta[f"{prefix}_count"], "sum": arrays.pop(f"{prefix}_sum"),
                                "outer": arrays.pop(f"{prefix}_outer")}
+        if "gradient_bucket_outer" in arrays:
+            moments["gradient"]["bucket_outer"] = arrays.pop("gradient_bucket_outer")
         proxy_bases = {(proxy, int(rank)): arrays.pop(f"proxy_basis_{index}")
                        for index, (proxy, rank) in enumerate(meta.get("proxy_bases", []))}
         pair_arrays = {name: arrays.pop(f"pair_{name}") for name in _PAIR_FIELDS if f"pair_{name}" in arrays}

@@ -240,6 +240,16 @@ def compute_dtype(device: torch.device) -> torch.dtype:
 GRAM_BLOCK = 64
 
 
+def _add_second_moment_(out: torch.Tensor, rows: torch.Tensor, row_sum: torch.Tensor, *, upper_only: bool) -> None:
+    """``out[0] += Σ x xᵀ`` over ``rows`` (N, d) with ``row_sum`` = Σx (float64): the product about
+    the rows' own mean ``s`` in the rows' dtype, ``Σ(x − s)(x − s)ᵀ``, plus ``s(Σx − Ns)ᵀ + (Σx)sᵀ``
+    in float64 (one rank-2 update), so a large mean never costs float32 digits."""
+    shift = (row_sum / rows.shape[0]).to(rows.dtype)
+    add_gram_(out, (rows - shift).unsqueeze(0), upper_only=upper_only)
+    shift = shift.double()
+    out[0].addmm_(torch.stack([shift, row_sum], dim=1), torch.stack([row_sum - rows.shape[0] * shift, shift]))
+
+
 def add_gram_(out: torch.Tensor, rows: torch.Tensor, *, upper_only: bool) -> None:
     """``out += rowsᵀ rows`` for stacked clouds: ``out`` (c, d, d) float64, ``rows`` (c, N, d).
 
@@ -472,6 +482,9 @@ class SiteAccumulator:
         # one batched operation each; `grad` and `act` are views into it
         self._sums = torch.zeros(2, dim, **f64)
         self._outers = torch.zeros(2, dim, dim, **f64)
+        # the gradients' second moment per frequency bucket, Σ_{i∈b} g gᵀ (a bucket's exact test
+        # reads its spectrum); the whole split's is their sum, so this costs no extra product
+        self._bucket_outers = torch.zeros(n_buckets, dim, dim, **f64)
         # on CPU only the upper triangle is accumulated (`add_gram_`); `_complete_outers` mirrors
         # it before anything reads the moments (`grad` / `act` do it on access)
         self._upper_only = device.type == "cpu"
@@ -532,21 +545,18 @@ class SiteAccumulator:
             self.energy[start:stop] += energy
             self.total[start:stop] += total
             self.n_tokens[start:stop] += count
-        # moments: Σx and the shift s (this batch's mean) in float64; Σ(x − s)(x − s)ᵀ of both
-        # clouds in one batched float32 product; zero (unevaluated) gradient rows are masked
+        # moments: Σx in float64; Σxxᵀ of the activations and, per frequency bucket, of the
+        # evaluated gradient rows, each about its own batch mean (`_add_second_moment_`)
         sums = torch.stack([flat_grad.sum(0, dtype=torch.float64), act64.sum(0)])  # (2, d) Σg, Σa
-        counts = torch.tensor([[max(n_eval, 1)], [n_rows]], dtype=torch.float64, device=self.device)
-        shifts = (sums / counts).to(self.dtype)  # each cloud's batch mean, as used below
-        centred = torch.empty(2, n_rows, dim, dtype=self.dtype, device=self.device)
-        torch.sub(flat_grad, shifts[0], out=centred[0])
-        if n_eval < n_rows:
-            centred[0].mul_(evaluated.unsqueeze(1))
-        torch.sub(flat_act, shifts[1], out=centred[1])
-        add_gram_(self._outers, centred, upper_only=self._upper_only)  # Σ(x − s)(x − s)ᵀ, (2, d, d)
-        # + s(Σx − Ns)ᵀ + (Σx)sᵀ as one rank-2 update per cloud: [s, Σx] @ [Σx − Ns, s]ᵀ
-        shifts = shifts.double()
-        counts = torch.tensor([[n_eval], [n_rows]], dtype=torch.float64, device=self.device)
-        self._outers.baddbmm_(torch.stack([shifts, sums], dim=2), torch.stack([sums - counts * shifts, shifts], dim=1))
+        _add_second_moment_(self._outers[1:], flat_act, sums[1], upper_only=self._upper_only)
+        bucket = onehot.argmax(dim=1)
+        for b in range(self.n_buckets):
+            rows_b = ((bucket == b) & evaluated).nonzero().squeeze(1) if self.n_buckets > 1 else \
+                evaluated.nonzero().squeeze(1)
+            if rows_b.numel():
+                grads_b = flat_grad if rows_b.numel() == n_rows else flat_grad.index_select(0, rows_b)
+                _add_second_moment_(self._bucket_outers[b:b + 1], grads_b, grads_b.sum(0, dtype=torch.float64),
+                                    upper_only=self._upper_only)
         self._sums += sums
         self._grad.count += n_eval
         self._act.count += n_rows
@@ -641,8 +651,8 @@ class SiteAccumulator:
         distributed.all_reduce_max_(failed)
         if failed.item() and not self.failure:
             self.failure = "non-finite gradients or activations on another rank"
-        for tensor in (self.total, self.energy, self.n_tokens, self._sums, self._outers, self.grad_unit,
-                       self.act_unit):
+        for tensor in (self.total, self.energy, self.n_tokens, self._sums, self._outers, self._bucket_outers,
+                       self.grad_unit, self.act_unit):
             distributed.all_reduce_sum_(tensor)
         self.types.all_reduce()
         counts = torch.tensor([self._grad.count, self._act.count], dtype=torch.int64, device=self.device)
@@ -673,10 +683,19 @@ class SiteAccumulator:
         return self._act
 
     def _complete_outers(self) -> None:
-        """Mirror the accumulated upper triangle of both Σxxᵀ into the lower one (idempotent)."""
+        """Mirror the accumulated upper triangles of every Σxxᵀ into the lower ones, and set the
+        gradients' Σggᵀ to the sum of the buckets' (idempotent)."""
         if self._upper_only:
-            upper = torch.triu(self._outers)
-            self._outers.copy_(upper + torch.triu(upper, diagonal=1).transpose(1, 2))
+            for stack in (self._outers, self._bucket_outers):
+                upper = torch.triu(stack)
+                stack.copy_(upper + torch.triu(upper, diagonal=1).transpose(1, 2))
+        torch.sum(self._bucket_outers, dim=0, out=self._outers[0])
+
+    @property
+    def bucket_outers(self) -> torch.Tensor:
+        """``(n_buckets, d, d)``: the gradients' second moment per frequency bucket."""
+        self._complete_outers()
+        return self._bucket_outers
 
     def _empty_pairs(self) -> list[torch.Tensor]:
         return [torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
@@ -721,7 +740,10 @@ class SiteAccumulator:
             **kwargs,
             total_energy=_to_numpy(self.total), energy=_to_numpy(self.energy),
             delta_isoscore_star=delta,
-            gradient_moments=_moments_dict(moments), activation_moments=_moments_dict(self._act),
+            # per-bucket moments in float32, as stored: a fresh run and a resumed one read the same matrix
+            gradient_moments={**_moments_dict(moments),
+                              "bucket_outer": _to_numpy(self._bucket_outers).astype(np.float32)},
+            activation_moments=_moments_dict(self._act),
             gradient_unit_sum=_to_numpy(self.grad_unit), activation_unit_sum=_to_numpy(self.act_unit),
             type_count=_to_numpy(count).astype(np.int64), type_rms_distance=types.rms_spread,
             type_mean_distance=types.mean_distance, type_mean_norm=types.mean_norm,
