@@ -404,9 +404,8 @@ def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_d
             "ratios and log-frequency correlations …")
         results, frequency = analyze_run(artifacts, info.pop("frequency"), protocol, device=torch_device)
         nulls = results.attrs.get("null_settings", {})
-        streams = nulls.get("draws_made", {})
-        made = (f"{sum(streams.values())} in {len(streams)} stream(s), the longest {max(streams.values())}"
-                if streams else "")
+        made = (f"{nulls.get('draws')} in {nulls.get('streams')} stream(s), the longest {nulls.get('longest_stream')}"
+                if nulls.get("streams") else "")
         log(f"  analysed: {len(results)} result rows and {len(frequency)} frequency rows; at most "
             f"{nulls.get('n_null_draws')} Haar draws per test (drawn: {made or 'none'}) and "
             f"{nulls.get('n_test_resamples')} data-test resamples, sized for a family of {nulls.get('n_tests')} "

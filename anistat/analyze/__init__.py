@@ -213,8 +213,12 @@ def analyze_run(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarra
     results = results[RESULT_COLUMNS].copy().reset_index(drop=True)
     results.attrs["warnings"] = ([guard] if guard else []) + notes
     # plain data: attrs travel into parquet metadata
-    results.attrs["null_settings"] = {**asdict(settings),
-                                      "draws_made": {str(d): n for d, n in nulls.draws_made.items()}}
+    made = nulls.draws_made
+    results.attrs["null_settings"] = {
+        **asdict(settings), "streams": len(made), "draws": int(sum(made.values())),
+        "longest_stream": int(max(made.values(), default=0)),
+        # per width when the units of a width share a stream (one per test would bloat the manifest)
+        **({"draws_made": {str(d): n for d, n in made.items()}} if settings.null_draws == "shared" else {})}
     table = frequency_rows(artifacts, token_counts, protocol, nulls=nulls) if frequency else None
     return results, table
 
