@@ -115,6 +115,15 @@ def test_masked_correlations_match_scipy_per_row():
     assert np.isnan(spearman[2]) and np.isnan(pearson[2])
     constant = masked_correlations(x, np.full((1, 30), 2.0))
     assert np.isnan(constant[0][0]) and np.isnan(constant[1][0])
+    # many rows, random subsets, ties on both sides: row by row what scipy gives
+    x = np.round(rng.normal(size=40), 0)
+    y = np.round(rng.normal(size=(200, 40)) + x, 1)
+    y[rng.random(y.shape) < 0.3] = np.nan
+    spearman, pearson = masked_correlations(x, y)
+    for row in range(200):
+        keep = np.isfinite(y[row])
+        assert spearman[row] == pytest.approx(stats.spearmanr(x[keep], y[row, keep]).statistic, abs=1e-12)
+        assert pearson[row] == pytest.approx(stats.pearsonr(x[keep], y[row, keep]).statistic, abs=1e-12)
 
 
 @pytest.mark.parametrize("method", ["percentile", "bca", "basic"])

@@ -453,34 +453,67 @@ def masked_correlations(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
     """Spearman ρ and Pearson r of ``x`` (``(T,)``) with every row of ``y`` (``(b, T)``), each
     row over the entries where both are finite (ranks are taken within that subset, ties get
     average ranks — what ``scipy.stats.spearmanr`` does on the subset). Rows with fewer than
-    3 pairs or a constant side give NaN."""
+    3 pairs or a constant side give NaN.
+
+    Vectorised over rows (the bootstrap calls it on thousands): ``x`` is sorted once and ranked
+    within each row's subset by running counts over its tie groups; each row of ``y`` is sorted
+    and its ties found by comparing neighbours."""
     xs = np.asarray(x, dtype=np.float64).ravel()
     ys = np.atleast_2d(np.asarray(y, dtype=np.float64))
     if ys.shape[1] != xs.size:
         raise ValueError(f"y must have {xs.size} columns, got {ys.shape[1]}")
     mask = np.isfinite(ys) & np.isfinite(xs)[None, :]
-    xm = np.where(mask, xs[None, :], np.nan)
-    ym = np.where(mask, ys, np.nan)
     ok = mask.sum(axis=1) >= 3
-    pearson = _row_pearson(xm, ym)
-    if mask.any():
-        spearman = _row_pearson(stats.rankdata(xm, axis=1, nan_policy="omit"),
-                                stats.rankdata(ym, axis=1, nan_policy="omit"))
-    else:
-        spearman = np.full(ys.shape[0], np.nan)
+    pearson = _row_pearson(xs, ys, mask)
+    spearman = _row_pearson(_ranks_of_fixed(xs, mask), _ranks_of_rows(ys, mask), mask)
     return np.where(ok, spearman, np.nan), np.where(ok, pearson, np.nan)
 
 
-def _row_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Row-wise Pearson correlation ignoring NaN entries (which must coincide in x and y)."""
+def _ranks_of_fixed(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Average ranks of ``x`` within each row's ``mask`` (``(b, T)``; unmasked entries: 0)."""
+    finite = np.where(np.isfinite(x), x, np.inf)
+    order = np.argsort(finite, kind="stable")
+    sorted_x = finite[order]
+    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])  # tie groups of sorted x
+    group = np.cumsum(np.r_[True, sorted_x[1:] != sorted_x[:-1]]) - 1
+    counts = np.add.reduceat(mask[:, order].astype(np.float64), starts, axis=1)  # (b, G) kept per group
+    before = np.cumsum(counts, axis=1) - counts
+    average = before + (counts + 1.0) / 2.0
+    ranks = np.empty(mask.shape)
+    ranks[:, order] = average[:, group]
+    return np.where(mask, ranks, 0.0)
+
+
+def _ranks_of_rows(y: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Average ranks of each row of ``y`` within its ``mask`` (``(b, T)``; unmasked entries: 0)."""
+    filled = np.where(mask, y, np.inf)  # unmasked last, never inside a tie of kept values
+    order = np.argsort(filled, axis=1, kind="stable")
+    values = np.take_along_axis(filled, order, axis=1)
+    positions = np.broadcast_to(np.arange(1, y.shape[1] + 1, dtype=np.float64), y.shape)
+    new_group = np.ones(y.shape, dtype=bool)
+    new_group[:, 1:] = values[:, 1:] != values[:, :-1]
+    first = np.maximum.accumulate(np.where(new_group, positions, 0.0), axis=1)
+    ends_group = np.ones(y.shape, dtype=bool)
+    ends_group[:, :-1] = new_group[:, 1:]
+    last = np.minimum.accumulate(np.where(ends_group, positions, np.inf)[:, ::-1], axis=1)[:, ::-1]
+    ranks = np.empty(y.shape)
+    np.put_along_axis(ranks, order, (first + last) / 2.0, axis=1)
+    return np.where(mask, ranks, 0.0)
+
+
+def _row_pearson(x: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Row-wise Pearson correlation of ``x`` (``(T,)`` or ``(b, T)``) and ``y`` (``(b, T)``)
+    over each row's ``mask``."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        xc = x - np.nanmean(x, axis=1, keepdims=True)
-        yc = y - np.nanmean(y, axis=1, keepdims=True)
-        sxy = np.nansum(xc * yc, axis=1)
-        sxx = np.nansum(xc * xc, axis=1)
-        syy = np.nansum(yc * yc, axis=1)
+        weight = mask.astype(np.float64)
+        n = weight.sum(axis=1, keepdims=True)
+        xb = np.where(mask, np.broadcast_to(x, mask.shape), 0.0)
+        yb = np.where(mask, y, 0.0)
+        xc = np.where(mask, xb - xb.sum(axis=1, keepdims=True) / n, 0.0)
+        yc = np.where(mask, yb - yb.sum(axis=1, keepdims=True) / n, 0.0)
+        sxy, sxx, syy = (xc * yc).sum(axis=1), (xc * xc).sum(axis=1), (yc * yc).sum(axis=1)
         r = sxy / np.sqrt(sxx * syy)
         # a constant side: scipy returns NaN too (its variance is zero up to rounding)
-        degenerate = (sxx <= 1e-24 * np.nanmax(np.abs(x), axis=1, initial=0.0) ** 2) | \
-                     (syy <= 1e-24 * np.nanmax(np.abs(y), axis=1, initial=0.0) ** 2)
+        degenerate = (sxx <= 1e-24 * np.abs(xb).max(axis=1, initial=0.0) ** 2) | \
+                     (syy <= 1e-24 * np.abs(yb).max(axis=1, initial=0.0) ** 2)
     return np.where(degenerate, np.nan, np.clip(r, -1.0, 1.0))
