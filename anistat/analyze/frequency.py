@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from ..collect import UnitArtifact
-from ..geometry import ResampledCentroidDistance, ResampledTypeMeans, log_frequency_correlation, masked_correlations
+from ..geometry import ResampledTypeMeans, log_frequency_correlation, masked_correlations
 from ..protocol import Protocol
 from ..seeding import derive_seed
 from ..stats import ExactTestResult, analyze_energy, expected_control_energy, sequence_bootstrap_columns
@@ -140,15 +140,26 @@ def _bucket_rows(artifact: UnitArtifact, protocol: Protocol, nulls: ExactNulls) 
     return rows
 
 
+#: The frequency/distance definitions: (metric suffix, artifact attribute, what "distance" means).
+DEFINITIONS = (
+    ("distance", "type_rms_distance", "distance = RMS spread of the type's activations around its own centroid"),
+    ("mean_distance", "type_mean_distance", "distance of the type's mean activation from the global mean (debiased)"),
+    ("mean_norm", "type_mean_norm", "norm of the type's mean activation (debiased)"),
+)
+
+
 def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protocol: Protocol) -> list[dict]:
-    """`spearman_logfreq_distance` and `pearson_logfreq_distance` of one unit, with CIs.
+    """Spearman and Pearson correlations of log corpus count with each type "distance" of
+    :data:`DEFINITIONS` (`*_logfreq_distance`, `*_logfreq_mean_distance`, `*_logfreq_mean_norm`),
+    with CIs from one sequence bootstrap.
 
     Types: seen at least twice in the test split (and kept by the collector's type budget, most
-    frequent first) and at least once in the corpus. The CI
-    resamples test sequences (the sampling unit): every resample recomputes each type's
-    centroid and RMS distance from the per-(sequence, type) sums (`ResampledCentroidDistance`),
-    drops types that cannot pair (see `ResampledCentroidDistance`), and recomputes both
-    correlations; log corpus counts are fixed.
+    frequent first) and at least once in the corpus. The CI resamples test sequences (the sampling
+    unit): every resample recomputes each type's centroid, RMS spread, mean distance and mean
+    norm from the per-(sequence, type) sums (`ResampledTypeMeans`, whose spread is
+    `ResampledCentroidDistance`: computed once per resample for all three), drops types that
+    cannot pair, and recomputes all six correlations; log corpus counts are fixed. The p-value is
+    scipy's, over types.
 
     Interval: the *basic* bootstrap interval (the percentile interval reflected about the
     estimate), or percentile when the protocol asks for percentile. Why not BCa or studentized:
@@ -173,77 +184,43 @@ def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protoco
                          f"{kept_note}"}
                 for metric in ("spearman_logfreq_distance", "pearson_logfreq_distance")]
     types = np.flatnonzero(present)
-    correlation = log_frequency_correlation(counts[types], artifact.type_rms_distance[types])
-    estimates = (("spearman_logfreq_distance", correlation.spearman_rho, correlation.spearman_p),
-                 ("pearson_logfreq_distance", correlation.pearson_r, correlation.pearson_p))
-    stats = protocol.stats
-    intervals = [None, None]
-    note = artifact.pair_note
-    if artifact.pair_sums is not None:
-        distance = ResampledCentroidDistance(artifact.pair_sums, types)
-        log_count = np.log(counts[types])
-        method = "percentile" if stats.ci_method == "percentile" else "basic"
-        intervals = sequence_bootstrap_columns(
-            lambda weights: np.column_stack(masked_correlations(log_count, distance(weights))),
-            artifact.pair_sums.n_sequences, n_resamples=stats.n_bootstrap, ci_level=stats.ci_level, method=method,
-            seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_distance"),
-        )
+    # units from an anistat without the mean geometry have the RMS spread only
+    definitions = [d for d in DEFINITIONS if getattr(artifact, d[1]) is not None]
+    intervals = _correlation_intervals(artifact, np.log(counts[types]), types, len(definitions), protocol)
     rows = []
-    spread = "distance = RMS spread of the type's activations around its own centroid"
-    for (metric, value, p_value), interval in zip(estimates, intervals):
-        parts = [f"{correlation.n_types} token types", spread, note if interval is None else interval.note, kept_note]
-        if interval is not None and interval.bias_in_se is not None and abs(interval.bias_in_se) > 1:
-            # a rank correlation over types, each estimated from few sequences, is not a smooth
-            # function of the sequences: say so when its resamples are visibly off-centre
-            parts.append(f"bootstrap mean {interval.bias_in_se:+.1f} SE from the estimate")
-        rows.append({"metric": metric, "estimate": float(value), "p_value": float(p_value),
-                     "ci_low": math.nan if interval is None else max(-1.0, interval.ci_low),
-                     "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),
-                     "ci_method": "none" if interval is None else interval.method,
-                     "note": "; ".join(part for part in parts if part)})
-    rows.extend(_mean_geometry_rows(artifact, counts, types, protocol))
-    return rows
-
-
-def _mean_geometry_rows(artifact: UnitArtifact, counts: np.ndarray, types: np.ndarray,
-                        protocol: Protocol) -> list[dict]:
-    """The other two frequency definitions (geometry.type_mean_geometry) over the same types:
-    `*_logfreq_mean_distance` (distance of the type's centroid from the global mean) and
-    `*_logfreq_mean_norm` (norm of the type's centroid), both debiased for the centroid's
-    sampling noise; scipy's p-value over types, and the same sequence bootstrap and interval
-    as `_correlation_rows` (every resample recomputes centroids and global mean,
-    `ResampledTypeMeans`)."""
-    if artifact.type_mean_distance is None or artifact.type_mean_norm is None:
-        return []  # a unit from an anistat without these statistics
-    definitions = (("mean_distance", artifact.type_mean_distance, "distance of the type's mean activation from the "
-                    "global mean (debiased)"),
-                   ("mean_norm", artifact.type_mean_norm, "norm of the type's mean activation (debiased)"))
-    stats = protocol.stats
-    intervals: list = [None] * 4
-    if artifact.pair_sums is not None:
-        means = ResampledTypeMeans(artifact.pair_sums, types)
-        log_count = np.log(counts[types])
-
-        def statistic(weights):
-            distance, norm = means(weights)
-            return np.column_stack(masked_correlations(log_count, distance) + masked_correlations(log_count, norm))
-
-        intervals = sequence_bootstrap_columns(
-            statistic, artifact.pair_sums.n_sequences, n_resamples=stats.n_bootstrap, ci_level=stats.ci_level,
-            method="percentile" if stats.ci_method == "percentile" else "basic",
-            seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_mean_geometry"))
-    rows = []
-    for index, (name, values, meaning) in enumerate(definitions):
-        correlation = log_frequency_correlation(counts[types], values[types])
+    for index, (name, attribute, meaning) in enumerate(definitions):
+        correlation = log_frequency_correlation(counts[types], getattr(artifact, attribute)[types])
         for offset, (kind, value, p_value) in enumerate((("spearman", correlation.spearman_rho, correlation.spearman_p),
                                                         ("pearson", correlation.pearson_r, correlation.pearson_p))):
             interval = intervals[2 * index + offset]
             parts = [f"{correlation.n_types} token types", meaning,
-                     artifact.pair_note if interval is None else interval.note,
-                     artifact.extra.get("type_statistics_note", "")]
+                     artifact.pair_note if interval is None else interval.note, kept_note]
+            if interval is not None and interval.bias_in_se is not None and abs(interval.bias_in_se) > 1:
+                # a rank correlation over types, each estimated from few sequences, is not a smooth
+                # function of the sequences: say so when its resamples are visibly off-centre
+                parts.append(f"bootstrap mean {interval.bias_in_se:+.1f} SE from the estimate")
             rows.append({"metric": f"{kind}_logfreq_{name}", "estimate": float(value), "p_value": float(p_value),
                          "ci_low": math.nan if interval is None else max(-1.0, interval.ci_low),
                          "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),
                          "ci_method": "none" if interval is None else interval.method,
                          "note": "; ".join(part for part in parts if part)})
     return rows
+
+
+def _correlation_intervals(artifact: UnitArtifact, log_count: np.ndarray, types: np.ndarray, n_definitions: int,
+                           protocol: Protocol) -> list:
+    """One sequence bootstrap of the ``2 × n_definitions`` correlations (None each without pair sums)."""
+    if artifact.pair_sums is None:
+        return [None] * (2 * n_definitions)
+    stats = protocol.stats
+    means = ResampledTypeMeans(artifact.pair_sums, types)
+
+    def statistic(weights):
+        spread, distance, norm = means.all_three(weights)
+        columns = [spread, distance, norm][:n_definitions]
+        return np.column_stack([c for values in columns for c in masked_correlations(log_count, values)])
+
+    return sequence_bootstrap_columns(
+        statistic, artifact.pair_sums.n_sequences, n_resamples=stats.n_bootstrap, ci_level=stats.ci_level,
+        method="percentile" if stats.ci_method == "percentile" else "basic",
+        seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_correlations"))

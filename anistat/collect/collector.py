@@ -485,6 +485,7 @@ class SiteAccumulator:
         # the gradients' second moment per frequency bucket, Σ_{i∈b} g gᵀ (a bucket's exact test
         # reads its spectrum); the whole split's is their sum, so this costs no extra product
         self._bucket_outers = torch.zeros(n_buckets, dim, dim, **f64)
+        self._outers_complete = True  # no triangle added since the last mirroring
         # on CPU only the upper triangle is accumulated (`add_gram_`); `_complete_outers` mirrors
         # it before anything reads the moments (`grad` / `act` do it on access)
         self._upper_only = device.type == "cpu"
@@ -548,6 +549,7 @@ class SiteAccumulator:
         # moments: Σx in float64; Σxxᵀ of the activations and, per frequency bucket, of the
         # evaluated gradient rows, each about its own batch mean (`_add_second_moment_`)
         sums = torch.stack([flat_grad.sum(0, dtype=torch.float64), act64.sum(0)])  # (2, d) Σg, Σa
+        self._outers_complete = False
         _add_second_moment_(self._outers[1:], flat_act, sums[1], upper_only=self._upper_only)
         bucket = onehot.argmax(dim=1)
         for b in range(self.n_buckets):
@@ -684,7 +686,10 @@ class SiteAccumulator:
 
     def _complete_outers(self) -> None:
         """Mirror the accumulated upper triangles of every Σxxᵀ into the lower ones, and set the
-        gradients' Σggᵀ to the sum of the buckets' (idempotent)."""
+        gradients' Σggᵀ to the sum of the buckets' (idempotent; nothing to do until more is added)."""
+        if self._outers_complete:
+            return
+        self._outers_complete = True
         if self._upper_only:
             for stack in (self._outers, self._bucket_outers):
                 upper = torch.triu(stack)

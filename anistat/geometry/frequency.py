@@ -429,6 +429,11 @@ class ResampledTypeMeans:
 
     def __call__(self, weights: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(mean_distance, mean_norm)``, each ``(b, n_types)``, for weights ``(b, n_sequences)``."""
+        return self.all_three(weights)[1:]
+
+    def all_three(self, weights: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(rms_spread, mean_distance, mean_norm)`` for weights ``(b, n_sequences)``: the spread
+        (:class:`ResampledCentroidDistance`) is computed once and serves the debiasing too."""
         w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
         if w.shape[1] != self.n_sequences:
             raise ValueError(f"weights must have {self.n_sequences} columns, got {w.shape[1]}")
@@ -446,7 +451,7 @@ class ResampledTypeMeans:
             usable = (n > 0) & np.isfinite(spread)
             distance = np.where(usable, np.sqrt(np.maximum(distance_squared - noise, 0.0)), np.nan)
             norm = np.where(usable, np.sqrt(np.maximum(norm_squared - noise, 0.0)), np.nan)
-        return distance, norm
+        return spread, distance, norm
 
 
 def masked_correlations(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
