@@ -137,7 +137,7 @@ def synthetic_unit(rng, d: int, ranks, *, planted: bool, layer: int, n_sequences
         type_count=np.zeros(5, dtype=np.int64), type_rms_distance=np.full(5, np.nan), proxy_bases=proxy_bases)
 
 
-def part_b(quick: bool, widths=(768, 1024, 2048), units: int = 12) -> dict:
+def part_b(quick: bool, widths=(768, 1024, 2048), units: int = 12, rank_sets=None) -> dict:
     """Per-unit analysis time (`analyze_units`: eigenvalues, shared Haar draws with sequential
     stopping, normal controls, bootstraps) at rank 8 alone, rank 128 alone and ranks 8/32/128, for
     planted (significant: every test uses all draws) and random (null: tests stop early) proxies."""
@@ -148,7 +148,7 @@ def part_b(quick: bool, widths=(768, 1024, 2048), units: int = 12) -> dict:
 
     widths = (256,) if quick else widths
     units = 3 if quick else units
-    rank_sets = ([8], [64], [8, 32, 64]) if quick else ([8], [128], [8, 32, 128])
+    rank_sets = ([8], [64], [8, 32, 64]) if quick else (rank_sets or ([8], [128], [8, 32, 128]))
     out = []
     for d in widths:
         for planted in (True, False):
@@ -177,7 +177,7 @@ name: p3
 seed: 0
 models: [{name: synthetic, architecture: gpt2, hidden_size: 2048, num_layers: 1, num_heads: 1}]
 controls: {kinds: [normal], n: 20}
-stats: {multiplicity: holm}
+stats: {multiplicity: holm, family: model, n_bootstrap: 2000}   # paper-replication's statistics
 """
 
 
@@ -188,13 +188,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (recorded)")
     parser.add_argument("--widths", type=int, nargs="+", default=[768, 1024, 2048])
     parser.add_argument("--units", type=int, default=12, help="units sharing the Haar draws, per width")
+    parser.add_argument("--rank-sets", nargs="+", default=None, metavar="R[,R...]",
+                        help="rank sets to time (default 8 128 8,32,128; the first is the baseline of the ratios)")
     parser.add_argument("--skip-a", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "threads": args.threads,
               "part_a": None if args.skip_a else part_a(args.quick),
-              "part_b": part_b(args.quick, tuple(args.widths), args.units)}
+              "part_b": part_b(args.quick, tuple(args.widths), args.units,
+                               [[int(r) for r in group.split(",")] for group in args.rank_sets] if args.rank_sets else None)}
     print(json.dumps(result, indent=1, default=float))
     if args.json:
         with open(args.json, "w") as fh:

@@ -210,4 +210,4 @@ def test_a_real_refit_run_of_random_proxies_reports_what_it_did(tmp_path, capsys
     for skipped in ("no energy_ratio rows", "no log2_energy_ratio", "no energy_fraction rows",
                     "no delta_isoscore_star rows"):
         assert skipped not in html, skipped
-    assert "Null check (uninformative random proxy" in html and "uniformity on the p-values" in html
+    assert "Null check (uninformative random proxy" in html and "uniformity against the p-values&#39; own null law" in html

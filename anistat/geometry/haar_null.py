@@ -89,7 +89,7 @@ class HaarDiagonalStream:
         generator = torch.Generator().manual_seed(_chunk_seed(self.seed, int(index)))
         out = torch.empty(self.top, size, self.dim)
         for column in range(self.top):  # column by column: rank k's draws ignore K
-            out[column] = torch.randn(size, self.dim, generator=generator)
+            torch.randn(size, self.dim, generator=generator, out=out[column])  # in place: no copy
         return out.transpose(0, 1)
 
     def chunk(self, index: int, size: int = CHUNK) -> HaarChunk:
