@@ -492,7 +492,9 @@ def _ranks_of_fixed(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def _ranks_of_rows(y: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Average ranks of each row of ``y`` within its ``mask`` (``(b, T)``; unmasked entries: 0)."""
     filled = np.where(mask, y, np.inf)  # unmasked last, never inside a tie of kept values
-    order = np.argsort(filled, axis=1, kind="stable")
+    # the default (vectorised quicksort) kind: 4-5x faster than a stable sort here, and a tie's
+    # members all get the group's average rank below, so their order within the tie is immaterial
+    order = np.argsort(filled, axis=1)
     values = np.take_along_axis(filled, order, axis=1)
     positions = np.broadcast_to(np.arange(1, y.shape[1] + 1, dtype=np.float64), y.shape)
     new_group = np.ones(y.shape, dtype=bool)
@@ -510,13 +512,16 @@ def _row_pearson(x: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Row-wise Pearson correlation of ``x`` (``(T,)`` or ``(b, T)``) and ``y`` (``(b, T)``)
     over each row's ``mask``."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        weight = mask.astype(np.float64)
-        n = weight.sum(axis=1, keepdims=True)
-        xb = np.where(mask, np.broadcast_to(x, mask.shape), 0.0)
+        n = np.count_nonzero(mask, axis=1)[:, None]
+        xb = np.where(mask, x, 0.0)
         yb = np.where(mask, y, 0.0)
-        xc = np.where(mask, xb - xb.sum(axis=1, keepdims=True) / n, 0.0)
-        yc = np.where(mask, yb - yb.sum(axis=1, keepdims=True) / n, 0.0)
-        sxy, sxx, syy = (xc * yc).sum(axis=1), (xc * xc).sum(axis=1), (yc * yc).sum(axis=1)
+        # centred within the mask (two passes, for accuracy), in place: these arrays are (b, T)
+        xc = xb - xb.sum(axis=1, keepdims=True) / n
+        xc *= mask
+        yc = yb - yb.sum(axis=1, keepdims=True) / n
+        yc *= mask
+        sxy, sxx, syy = (np.einsum("ij,ij->i", xc, yc), np.einsum("ij,ij->i", xc, xc),
+                         np.einsum("ij,ij->i", yc, yc))
         r = sxy / np.sqrt(sxx * syy)
         # a constant side: scipy returns NaN too (its variance is zero up to rounding)
         degenerate = (sxx <= 1e-24 * np.abs(xb).max(axis=1, initial=0.0) ** 2) | \
