@@ -14,7 +14,8 @@ from scipy import stats
 
 from anistat.analyze import frequency_rows
 from anistat.collect import BasisSet, SiteAccumulator, UnitKey
-from anistat.geometry import ResampledCentroidDistance, masked_correlations, sequence_type_sums
+from anistat.geometry import (ResampledCentroidDistance, masked_correlations, masked_correlations_many,
+                              sequence_type_sums)
 from anistat.protocol import Protocol
 from anistat.stats import sequence_bootstrap, sequence_bootstrap_columns
 
@@ -124,6 +125,28 @@ def test_masked_correlations_match_scipy_per_row():
         keep = np.isfinite(y[row])
         assert spearman[row] == pytest.approx(stats.spearmanr(x[keep], y[row, keep]).statistic, abs=1e-12)
         assert pearson[row] == pytest.approx(stats.pearsonr(x[keep], y[row, keep]).statistic, abs=1e-12)
+
+
+def test_masked_correlations_many_share_the_ranking_and_agree_with_scipy():
+    """One ranking of x serves arrays with the same mask; another mask gets its own (and a
+    constant x within a row's subset is NaN, as scipy says)."""
+    rng = np.random.default_rng(5)
+    x = np.round(rng.normal(size=50), 0)
+    first = np.round(rng.normal(size=(60, 50)) + x, 1)
+    first[rng.random(first.shape) < 0.25] = np.nan
+    same_mask = np.where(np.isfinite(first), rng.normal(size=first.shape) - x, np.nan)
+    other_mask = rng.normal(size=(60, 50))
+    other_mask[rng.random(other_mask.shape) < 0.5] = np.nan
+    results = masked_correlations_many(x, [first, same_mask, other_mask])
+    for y, (spearman, pearson) in zip((first, same_mask, other_mask), results):
+        alone = masked_correlations(x, y)
+        assert np.array_equal(spearman, alone[0], equal_nan=True) and np.array_equal(pearson, alone[1], equal_nan=True)
+        for row in range(y.shape[0]):
+            keep = np.isfinite(y[row])
+            assert spearman[row] == pytest.approx(stats.spearmanr(x[keep], y[row, keep]).statistic, abs=1e-12)
+            assert pearson[row] == pytest.approx(stats.pearsonr(x[keep], y[row, keep]).statistic, abs=1e-12)
+    flat_x = masked_correlations_many(np.ones(10), [rng.normal(size=(2, 10))])[0]
+    assert np.isnan(flat_x[0]).all() and np.isnan(flat_x[1]).all()
 
 
 @pytest.mark.parametrize("method", ["percentile", "bca", "basic"])

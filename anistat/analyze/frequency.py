@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from ..collect import UnitArtifact
-from ..geometry import ResampledTypeMeans, log_frequency_correlation, masked_correlations
+from ..geometry import ResampledTypeMeans, log_frequency_correlation, masked_correlations_many
 from ..protocol import Protocol
 from ..seeding import derive_seed
 from ..stats import ExactTestResult, analyze_energy, expected_control_energy, sequence_bootstrap_columns
@@ -218,7 +218,7 @@ def _correlation_intervals(artifact: UnitArtifact, log_count: np.ndarray, types:
     def statistic(weights):
         spread, distance, norm = means.all_three(weights)
         columns = [spread, distance, norm][:n_definitions]
-        return np.column_stack([c for values in columns for c in masked_correlations(log_count, values)])
+        return np.column_stack([c for pair in masked_correlations_many(log_count, columns) for c in pair])
 
     return sequence_bootstrap_columns(
         statistic, artifact.pair_sums.n_sequences, n_resamples=stats.n_bootstrap, ci_level=stats.ci_level,

@@ -19,6 +19,7 @@ from .frequency import (
     frequency_buckets,
     log_frequency_correlation,
     masked_correlations,
+    masked_correlations_many,
     sequence_type_sums,
     type_mean_geometry,
 )
@@ -108,6 +109,7 @@ __all__ = [
     "isoscore_star_from_cov",
     "log_frequency_correlation",
     "masked_correlations",
+    "masked_correlations_many",
     "mean_cosine",
     "oracle_fraction",
     "oracle_fractions",

@@ -39,6 +39,7 @@ __all__ = [
     "frequency_buckets",
     "log_frequency_correlation",
     "masked_correlations",
+    "masked_correlations_many",
     "sequence_type_sums",
     "type_mean_geometry",
 ]
@@ -343,13 +344,19 @@ class ResampledCentroidDistance:
         self._single_sequence = seq[starts[single]]
         self._single_norm = np.einsum("pd,pd->p", centred_vector[starts[single]], centred_vector[starts[single]])
         self._factors: list[tuple[int, np.ndarray, np.ndarray]] = []
-        for start, stop in zip(starts[~single], stops[~single]):
-            block = centred_vector[start:stop]
-            if block.shape[0] <= block.shape[1]:
-                eigenvalues, eigenvectors = np.linalg.eigh(block @ block.T)
-                keep_values = eigenvalues > eigenvalues.max(initial=0.0) * 1e-13
-                block = eigenvectors[:, keep_values] * np.sqrt(eigenvalues[keep_values])
-            self._factors.append((int(col[start]), seq[start:stop], block))
+        lengths = stops - starts
+        dim = centred_vector.shape[1]
+        for length in np.unique(lengths[~single]):
+            first = starts[lengths == length]
+            blocks = centred_vector[first[:, None] + np.arange(length)[None, :]]  # (types, length, d)
+            if length <= dim:  # a factor of the length × length Gram, one batched eigh per length
+                eigenvalues, eigenvectors = np.linalg.eigh(np.matmul(blocks, blocks.transpose(0, 2, 1)))
+            for i, start in enumerate(first):
+                block = blocks[i]
+                if length <= dim:
+                    keep_values = eigenvalues[i] > eigenvalues[i].max(initial=0.0) * 1e-13
+                    block = eigenvectors[i][:, keep_values] * np.sqrt(eigenvalues[i][keep_values])
+                self._factors.append((int(col[start]), seq[start:start + length], block))
 
     def __call__(self, weights: Any) -> np.ndarray:
         """``(b, n_types)`` RMS distances for weights ``(b, n_sequences)`` (NaN where undefined)."""
@@ -393,9 +400,10 @@ class ResampledTypeMeans:
         types = np.asarray(token_types, dtype=np.int64).ravel()
         self.n_sequences, self.n_types = int(sums.n_sequences), int(types.size)
         self._spread = ResampledCentroidDistance(sums, types)
-        shape = (self.n_sequences, sums.vector_sum.shape[1])
-        totals = np.zeros(shape)
-        np.add.at(totals, sums.sequence, sums.vector_sum)
+        n_all = sums.sequence.size
+        to_sequence = sparse.csr_matrix((np.ones(n_all), (sums.sequence, np.arange(n_all))),
+                                        shape=(self.n_sequences, n_all))
+        totals = np.asarray(to_sequence @ sums.vector_sum)  # (S, d): V_s = Σ_t v_st
         self._sequence_count = np.bincount(sums.sequence, weights=sums.count, minlength=self.n_sequences)
         self._sequence_gram = totals @ totals.T  # (S, S)
         column = np.full(int(max(types.max(initial=-1), sums.token_type.max(initial=-1))) + 1, -1, dtype=np.int64)
@@ -412,19 +420,17 @@ class ResampledTypeMeans:
         self._counts = sparse.csr_matrix((sums.count[keep][order], (self._col, self._seq)),
                                          shape=(self.n_types, self.n_sequences))
         self._cross = vector @ totals.T  # (P, S): v_st · V_s'
-        # block-diagonal Gram of the pairs of each type
+        # block-diagonal Gram of the pairs of each type, one batched product per block length
         starts = np.flatnonzero(np.r_[True, self._col[1:] != self._col[:-1]]) if n_pairs else np.zeros(0, np.int64)
-        stops = np.r_[starts[1:], n_pairs].astype(np.int64)
-        rows, cols, values = [], [], []
-        for start, stop in zip(starts, stops):
-            block = vector[start:stop]
-            index = np.arange(start, stop)
-            rows.append(np.repeat(index, stop - start))
-            cols.append(np.tile(index, stop - start))
-            values.append((block @ block.T).ravel())
-        self._gram = sparse.csr_matrix((np.concatenate(values) if values else np.zeros(0),
-                                        (np.concatenate(rows) if rows else np.zeros(0, np.int64),
-                                         np.concatenate(cols) if cols else np.zeros(0, np.int64))),
+        lengths = np.r_[starts[1:], n_pairs].astype(np.int64) - starts
+        rows, cols, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
+        for length in np.unique(lengths):
+            index = starts[lengths == length][:, None] + np.arange(length)[None, :]  # (types, length)
+            blocks = vector[index]
+            rows.append(np.repeat(index, length, axis=1).ravel())
+            cols.append(np.tile(index, (1, length)).ravel())
+            values.append(np.matmul(blocks, blocks.transpose(0, 2, 1)).ravel())
+        self._gram = sparse.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))),
                                        shape=(n_pairs, n_pairs))
 
     def __call__(self, weights: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -463,15 +469,43 @@ def masked_correlations(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
     Vectorised over rows (the bootstrap calls it on thousands): ``x`` is sorted once and ranked
     within each row's subset by running counts over its tie groups; each row of ``y`` is sorted
     and its ties found by comparing neighbours."""
+    return masked_correlations_many(x, [y])[0]
+
+
+def masked_correlations_many(x: Any, ys: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`masked_correlations` of ``x`` with each array of ``ys``. The ranks of ``x`` within
+    each row's subset are computed once per distinct mask: the frequency analysis' definitions of
+    a type's distance are defined on the same (type, resample) entries, so one ranking serves all."""
     xs = np.asarray(x, dtype=np.float64).ravel()
-    ys = np.atleast_2d(np.asarray(y, dtype=np.float64))
-    if ys.shape[1] != xs.size:
-        raise ValueError(f"y must have {xs.size} columns, got {ys.shape[1]}")
-    mask = np.isfinite(ys) & np.isfinite(xs)[None, :]
-    ok = mask.sum(axis=1) >= 3
-    pearson = _row_pearson(xs, ys, mask)
-    spearman = _row_pearson(_ranks_of_fixed(xs, mask), _ranks_of_rows(ys, mask), mask)
-    return np.where(ok, spearman, np.nan), np.where(ok, pearson, np.nan)
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    last_mask, x_ranks = None, None
+    for y in ys:
+        values = np.atleast_2d(np.asarray(y, dtype=np.float64))
+        if values.shape[1] != xs.size:
+            raise ValueError(f"y must have {xs.size} columns, got {values.shape[1]}")
+        mask = np.isfinite(values) & np.isfinite(xs)[None, :]
+        if last_mask is None or last_mask.shape != mask.shape or not np.array_equal(last_mask, mask):
+            last_mask, x_ranks = mask, _ranks_of_fixed(xs, mask)
+        ok = mask.sum(axis=1) >= 3
+        pearson = _row_pearson(xs, values, mask)
+        spearman = _rank_pearson(x_ranks, _ranks_of_rows(values, mask), mask)
+        out.append((np.where(ok, spearman, np.nan), np.where(ok, pearson, np.nan)))
+    return out
+
+
+def _rank_pearson(x_ranks: np.ndarray, y_ranks: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Row-wise Pearson correlation of average ranks (``(b, T)``, 0 outside ``mask``): ranks
+    1..n_b (ties averaged) always sum to n(n + 1)/2, so their mean is (n + 1)/2 exactly and the
+    centred sums follow from raw ones; ranks are multiples of ½, so those sums are exact in
+    float64 (no cancellation), and a constant side has exactly zero spread."""
+    n = np.count_nonzero(mask, axis=1).astype(np.float64)
+    centre = n * ((n + 1.0) / 2.0) ** 2
+    sxy = np.einsum("ij,ij->i", x_ranks, y_ranks) - centre
+    sxx = np.einsum("ij,ij->i", x_ranks, x_ranks) - centre
+    syy = np.einsum("ij,ij->i", y_ranks, y_ranks) - centre
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = sxy / np.sqrt(sxx * syy)
+    return np.where((sxx <= 0) | (syy <= 0), np.nan, np.clip(r, -1.0, 1.0))
 
 
 def _ranks_of_fixed(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
