@@ -5,6 +5,7 @@ on it (bit for bit)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -80,10 +81,22 @@ def test_cgroup_quotas_are_read(tmp_path):
     assert runtime._cgroup_v1_quota(tmp_path / "v1") is None
 
 
-def test_this_machines_budget_is_sane():
+def test_the_budget_is_the_affinity_mask_capped_by_the_cgroup_quota(monkeypatch):
+    """cpu_budget on this machine: the affinity mask as the OS reports it, rounded-up quotas cap
+    it, and no quota leaves it alone (each checked against a value computed here)."""
+    affinity = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(runtime, "_cgroup_v2_quota", lambda *a: None)
+    monkeypatch.setattr(runtime, "_cgroup_v1_quota", lambda *a: None)
     budget = runtime.cpu_budget()
-    assert 1 <= budget.usable <= budget.affinity
-    assert 1 <= resolve_threads(None, "auto").threads <= budget.usable
+    assert (budget.affinity, budget.quota, budget.usable) == (affinity, None, affinity)
+    monkeypatch.setattr(runtime, "_cgroup_v2_quota", lambda *a: 0.5)
+    assert runtime.cpu_budget().usable == 1  # half a CPU still runs one thread
+    monkeypatch.setattr(runtime, "_cgroup_v2_quota", lambda *a: None)
+    monkeypatch.setattr(runtime, "_cgroup_v1_quota", lambda *a: affinity + 7.0)
+    assert runtime.cpu_budget().usable == affinity  # a quota above the mask does not add CPUs
+    if affinity >= 2:
+        monkeypatch.setattr(runtime, "_cgroup_v1_quota", lambda *a: 1.2)
+        assert runtime.cpu_budget().usable == 2  # 1.2 CPUs of time: two threads can use it
 
 
 def test_cpu_threads_sets_and_restores_torch_and_blas():
