@@ -253,6 +253,22 @@ def test_publish_then_read_back_then_rerender_and_verify(tmp_path):
 # ------------------------------------------------------------------ layout in a real browser
 
 CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else shutil.which("chromium")
+
+
+def probed_root(bundle: Path, probe: str, width: int) -> str:
+    """The `<html>` tag of the bundle's report.html after headless Chromium ran `probe` (a
+    script that writes its findings into data- attributes) at a window `width` px wide."""
+    page = bundle / "probe.html"
+    page.write_text((bundle / "report.html").read_text(encoding="utf-8").replace("</body>", probe + "</body>"),
+                    encoding="utf-8")
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+         f"--user-data-dir={bundle / 'profile'}", f"--window-size={width},900", "--hide-scrollbars",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return re.search(r"<html\b[^>]*>", proc.stdout).group(0)
 VIEWPORT_PROBE = """<script>
 window.addEventListener("load", function () {
   var root = document.documentElement, vw = root.clientWidth, wide = [];
@@ -280,17 +296,7 @@ def test_no_element_is_wider_than_the_viewport(tmp_path, width):
                                "selected_units": "tiny-decoder/step0/residual.0_" * 6}}
     inputs = make_inputs(make_results(), claims=make_claims() + [meta_claim])
     render_bundle(inputs, tmp_path, options=FAST)
-    page = tmp_path / "probe.html"
-    page.write_text((tmp_path / "report.html").read_text(encoding="utf-8")
-                    .replace("</body>", VIEWPORT_PROBE + "</body>"), encoding="utf-8")
-    proc = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},900", "--hide-scrollbars",
-         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    root = re.search(r"<html\b[^>]*>", proc.stdout).group(0)
+    root = probed_root(tmp_path, VIEWPORT_PROBE, width)
     viewport = int(re.search(r'data-viewport="(\d+)"', root).group(1))
     scroll_width = int(re.search(r'data-scroll-width="(\d+)"', root).group(1))
     assert viewport > 0.9 * width - 40, root

@@ -4,15 +4,13 @@ stars follow the proxy's estimate (its test), not the control means; an evidence
 
 from __future__ import annotations
 
-import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_report_inputs import CHROMIUM, FAST, plan_results, quickstart_manifest  # noqa: E402
+from test_report_inputs import CHROMIUM, FAST, plan_results, probed_root, quickstart_manifest  # noqa: E402
 
 from anistat.bundle import report_inputs  # noqa: E402
 from anistat.protocol import load_protocol  # noqa: E402
@@ -63,16 +61,6 @@ def test_evidence_names_never_wrap_inside_a_word(tmp_path, width):
                           "interval": "wald (a single unit: its own interval)", "k": 1}}
     inputs = report_inputs(protocol, plan_results(protocol), quickstart_manifest(protocol), claims=[claim])
     render_bundle(inputs, tmp_path, options=FAST)
-    page = tmp_path / "probe.html"
-    page.write_text((tmp_path / "report.html").read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"),
-                    encoding="utf-8")
-    proc = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},900", "--hide-scrollbars",
-         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    root = re.search(r"<html\b[^>]*>", proc.stdout).group(0)
+    root = probed_root(tmp_path, PROBE, width)
     assert 'data-count="3"' in root, root
     assert 'data-broken=""' in root, root
