@@ -271,6 +271,15 @@ def sequence_type_sums(activations: Any, token_ids: Any, sequence_ids: Any, n_se
                             vector_sum=vector.cpu().numpy(), n_sequences=n_seq)
 
 
+def _blocks_by_length(starts: np.ndarray, lengths: np.ndarray):
+    """For each distinct length of the contiguous blocks ``[start, start + length)``: the length,
+    the starts of the blocks that long, and their row indices ``(blocks, length)`` — so per-block
+    work becomes one batched operation per length."""
+    for length in np.unique(lengths):
+        first = starts[lengths == length]
+        yield int(length), first, first[:, None] + np.arange(length)[None, :]
+
+
 class ResampledCentroidDistance:
     """Bessel-corrected RMS distance to the type centroid of each of ``token_types``, under
     sequence weights.
@@ -344,19 +353,15 @@ class ResampledCentroidDistance:
         self._single_sequence = seq[starts[single]]
         self._single_norm = np.einsum("pd,pd->p", centred_vector[starts[single]], centred_vector[starts[single]])
         self._factors: list[tuple[int, np.ndarray, np.ndarray]] = []
-        lengths = stops - starts
-        dim = centred_vector.shape[1]
-        for length in np.unique(lengths[~single]):
-            first = starts[lengths == length]
-            blocks = centred_vector[first[:, None] + np.arange(length)[None, :]]  # (types, length, d)
-            if length <= dim:  # a factor of the length × length Gram, one batched eigh per length
+        for length, first, index in _blocks_by_length(starts[~single], (stops - starts)[~single]):
+            blocks = centred_vector[index]  # (types, length, d)
+            if length <= blocks.shape[2]:  # a factor of the length × length Gram: one batched eigh
                 eigenvalues, eigenvectors = np.linalg.eigh(np.matmul(blocks, blocks.transpose(0, 2, 1)))
-            for i, start in enumerate(first):
-                block = blocks[i]
-                if length <= dim:
-                    keep_values = eigenvalues[i] > eigenvalues[i].max(initial=0.0) * 1e-13
-                    block = eigenvectors[i][:, keep_values] * np.sqrt(eigenvalues[i][keep_values])
-                self._factors.append((int(col[start]), seq[start:start + length], block))
+                keep = eigenvalues > eigenvalues.max(axis=1, keepdims=True, initial=0.0) * 1e-13
+                blocks = [vectors[:, kept] * np.sqrt(values[kept])
+                          for values, vectors, kept in zip(eigenvalues, eigenvectors, keep)]
+            self._factors.extend((int(col[start]), seq[start:start + length], factor)
+                                 for start, factor in zip(first, blocks))
 
     def __call__(self, weights: Any) -> np.ndarray:
         """``(b, n_types)`` RMS distances for weights ``(b, n_sequences)`` (NaN where undefined)."""
@@ -424,8 +429,7 @@ class ResampledTypeMeans:
         starts = np.flatnonzero(np.r_[True, self._col[1:] != self._col[:-1]]) if n_pairs else np.zeros(0, np.int64)
         lengths = np.r_[starts[1:], n_pairs].astype(np.int64) - starts
         rows, cols, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
-        for length in np.unique(lengths):
-            index = starts[lengths == length][:, None] + np.arange(length)[None, :]  # (types, length)
+        for length, _, index in _blocks_by_length(starts, lengths):
             blocks = vector[index]
             rows.append(np.repeat(index, length, axis=1).ravel())
             cols.append(np.tile(index, (1, length)).ravel())
