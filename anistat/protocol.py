@@ -391,8 +391,8 @@ class StatsSpec(StrictModel):
         description="Bootstrap CI over the resampling units (documents, else sequences): studentized (bootstrap-t; "
         "0.937-0.940 at 60 documents in `anistat calibrate`, 0.945 at 100 sequences), bca (0.93 at 100 sequences, "
         "0.94 at 400), or percentile. The "
-        "frequency/centroid-distance correlations use the basic interval unless this is percentile "
-        "(benchmarks/README.md: basic covers 0.94 at 100 sequences, percentile 0.97 at 300).",
+        "frequency/centroid-distance correlations use the normal interval (estimate +- z bootstrap SEs) unless "
+        "this is percentile (benchmarks/README.md: normal covers 0.94 at 100 sequences and 0.95 at 300).",
     )
     n_test_resamples: int = Field(
         2000, ge=10, le=1_000_000, validation_alias=AliasChoices("n_test_resamples", "n_permutations"),

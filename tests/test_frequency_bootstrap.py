@@ -17,7 +17,7 @@ from anistat.collect import BasisSet, SiteAccumulator, UnitKey
 from anistat.geometry import (ResampledCentroidDistance, masked_correlations, masked_correlations_many,
                               sequence_type_sums)
 from anistat.protocol import Protocol
-from anistat.stats import sequence_bootstrap, sequence_bootstrap_columns
+from anistat.stats import iter_bootstrap_weights, sequence_bootstrap, sequence_bootstrap_columns
 
 
 def _corpus(rng, n_sequences, length, vocab, dim, sequence_effect=0.5):
@@ -149,7 +149,7 @@ def test_masked_correlations_many_share_the_ranking_and_agree_with_scipy():
     assert np.isnan(flat_x[0]).all() and np.isnan(flat_x[1]).all()
 
 
-@pytest.mark.parametrize("method", ["percentile", "bca", "basic"])
+@pytest.mark.parametrize("method", ["percentile", "bca", "basic", "normal"])
 def test_bootstrap_columns_equal_one_statistic_at_a_time(method):
     rng = np.random.default_rng(3)
     numerator, denominator = rng.gamma(2.0, size=40), rng.gamma(3.0, size=40)
@@ -175,6 +175,14 @@ def test_bootstrap_columns_equal_one_statistic_at_a_time(method):
                                                     seed=5, method=m)[0] for m in ("percentile", "basic"))
     assert basic.ci_low == pytest.approx(2 * basic.estimate - percentile.ci_high)
     assert basic.ci_high == pytest.approx(2 * basic.estimate - percentile.ci_low)
+    # normal = the estimate ± z_{0.975} × the standard deviation of the same resamples
+    normal = sequence_bootstrap_columns(lambda w: np.column_stack([ratio(w)]), 40, n_resamples=300, seed=5,
+                                        method="normal")[0]
+    replicates = np.concatenate([ratio(w) for w in iter_bootstrap_weights(40, 300, 5)])
+    half = stats.norm.ppf(0.975) * replicates.std(ddof=1)
+    assert (normal.ci_low, normal.ci_high) == pytest.approx((normal.estimate - half, normal.estimate + half),
+                                                            rel=1e-12)
+    assert normal.method == "normal" and normal.se == pytest.approx(replicates.std(ddof=1), rel=1e-12)
 
 
 def _accumulator(dim, n_seq, vocab, budget, growing=False):
@@ -238,7 +246,7 @@ def test_interval_covers_the_population_correlation():
     variance is d·(scale_t² + shift²): own noise plus a per-sequence shift shared by the tokens
     of a sequence) and a corpus probability p_t; the estimand is Spearman's ρ between log p_t
     and that spread over the vocabulary. Over independent corpora of 100 sequences the
-    bootstrap SE matches the SD of the estimates, and the basic interval (what the analysis
+    bootstrap SE matches the SD of the estimates, and the normal interval (what the analysis
     uses) covers the population ρ (`benchmarks/bench_frequency.py` runs the long version and
     the alternatives: a bootstrap that lets copies of one sequence pair with each other covers
     far less)."""
@@ -261,7 +269,7 @@ def test_interval_covers_the_population_correlation():
         distance = ResampledCentroidDistance(sums, types)
         result = sequence_bootstrap_columns(
             lambda w: np.column_stack(masked_correlations(np.log(probability[types]), distance(w))[:1]), n_seq,
-            n_resamples=300, seed=int(rng.integers(1 << 31)), method="basic")[0]
+            n_resamples=300, seed=int(rng.integers(1 << 31)), method="normal")[0]
         estimates.append(result.estimate)
         standard_errors.append(result.se)
         covered += result.ci_low <= population <= result.ci_high

@@ -173,7 +173,7 @@ def test_frequency_rows_name_every_definition_with_a_ci():
     for name in ("distance", "mean_distance", "mean_norm"):
         for kind in ("spearman", "pearson"):
             row = correlations.loc[f"{kind}_logfreq_{name}"]
-            assert row.ci_method == "basic" and row.ci_low <= row.estimate <= row.ci_high, (kind, name)
+            assert row.ci_method == "normal" and row.ci_low <= row.estimate <= row.ci_high, (kind, name)
     assert "global mean" in correlations.loc["spearman_logfreq_mean_distance", "note"]
     assert "own centroid" in correlations.loc["spearman_logfreq_distance", "note"]
     types = np.flatnonzero(artifact.type_count >= 2)

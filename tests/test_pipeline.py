@@ -58,7 +58,7 @@ def test_frequency_correlations_carry_sequence_bootstrap_cis(mini_bundle):
     frequency = pd.read_csv(mini_bundle / "frequency.csv")
     correlations = frequency[frequency.metric.isin(["spearman_logfreq_distance", "pearson_logfreq_distance"])]
     assert len(correlations) == 2 * (3 * 2 + 2 * 1)  # two metrics per unit
-    assert (correlations.ci_method == "basic").all() and correlations.ci_low.notna().all()
+    assert (correlations.ci_method == "normal").all() and correlations.ci_low.notna().all()
     assert ((-1 <= correlations.ci_low) & (correlations.ci_low < correlations.ci_high)
             & (correlations.ci_high <= 1)).all()
     assert correlations.note.str.contains("token types").all()

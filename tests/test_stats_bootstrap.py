@@ -96,7 +96,7 @@ def test_statistic_shape_is_checked():
     with pytest.raises(ValueError):
         sequence_bootstrap(lambda w: w, 10, 100)
     with pytest.raises(ValueError):
-        sequence_bootstrap(lambda w: w.sum(axis=1), 10, 100, method="normal")
+        sequence_bootstrap(lambda w: w.sum(axis=1), 10, 100, method="bogus")
 
 
 def test_bca_falls_back_when_an_endpoint_would_be_the_extreme_resample():

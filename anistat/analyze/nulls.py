@@ -133,6 +133,8 @@ class _WidthRun:
         self.energy_tests = [(i, key) for i, u in enumerate(units) for key in u.energy_observed]
         self.delta_tests = [(i, key) for i, u in enumerate(units) if u.covariance_eigenvalues is not None
                             for key in u.delta_observed]
+        self.delta_unit = np.array([i for i, _ in self.delta_tests], dtype=int)
+        self.delta_rank = np.array([key[1] for _, key in self.delta_tests], dtype=int)
         ranks = sorted({key[1] for _, key in self.energy_tests + self.delta_tests})
         self.ranks = ranks
         self.stream = HaarDiagonalStream(self.dim, ranks, seed, device=options.device)
@@ -201,11 +203,16 @@ class _WidthRun:
         return (diagonal @ self.energy_weights[:, unit]).cpu().numpy()
 
     # -- ΔIsoScore* ----------------------------------------------------------------------------
-    def _delta_of(self, unit: int, rank: int, t1, t2, t3) -> np.ndarray:
-        """ΔIsoScore* of draws with traces ``t1, t2, t3`` (arrays) in unit ``unit``'s covariance."""
+    def _delta_of(self, unit, rank: int, t1, t2, t3) -> np.ndarray:
+        """ΔIsoScore* of draws with traces ``t1, t2, t3`` in unit ``unit``'s covariance (``unit``
+        an index, with ``t*`` arrays of draws; or an index array of units, with ``t*`` of shape
+        ``(units, draws)``)."""
         c0, zeta = self.options.c0, self.options.zeta
+        unit = np.asarray(unit)
         trace, frob = self.cov_trace[unit], self.cov_frobenius[unit]
         full = isoscore_star_from_traces(trace, frob, self.dim, c0, zeta)
+        if unit.ndim:  # one row per unit
+            trace, frob, full = trace[:, None], frob[:, None], full[:, None]
         removed = isoscore_star_from_traces(trace - t1, frob - 2.0 * t2 + t3, self.dim - rank, c0, zeta)
         return removed - full
 
@@ -229,18 +236,21 @@ class _WidthRun:
         values = np.full((len(self.delta_tests), draws.size), np.nan)
         pending: list[tuple[int, int, int, np.ndarray]] = []
         union: dict[tuple[int, int], np.ndarray] = {}
-        for t in np.flatnonzero(self.delta_mc.active):
-            i, (_, rank) = self.delta_tests[t]
-            t1, t2 = moments[rank][0][draws, i], moments[rank][1][draws, i]
-            upper = self._delta_of(i, rank, t1, t2, t1 * t1 / rank)  # smallest t3: largest Δ
-            lower = self._delta_of(i, rank, t1, t2, np.minimum(t2, t1 * t1))
-            observed, slack = self.delta_mc.observed[t], self.delta_band[t]
+        active = np.flatnonzero(self.delta_mc.active)
+        for rank in np.unique(self.delta_rank[active]):
+            tests = active[self.delta_rank[active] == rank]  # all active tests of this rank at once
+            units = self.delta_unit[tests]
+            t1, t2 = moments[rank][0][draws][:, units].T, moments[rank][1][draws][:, units].T  # (tests, draws)
+            upper = self._delta_of(units, rank, t1, t2, t1 * t1 / rank)  # smallest t3: largest Δ
+            lower = self._delta_of(units, rank, t1, t2, np.minimum(t2, t1 * t1))
+            observed, slack = self.delta_mc.observed[tests, None], self.delta_band[tests, None]
             below, above = upper < observed - slack, lower > observed + slack
-            values[t] = np.where(below, upper, lower)  # a value on the side the bounds prove
+            values[tests] = np.where(below, upper, lower)  # a value on the side the bounds prove
             undecided = ~(below | above)
-            if undecided.any():
-                pending.append((t, i, rank, undecided))
-                union[(i, rank)] = union.get((i, rank), np.zeros(draws.size, bool)) | undecided
+            for row in np.flatnonzero(undecided.any(axis=1)):
+                t, i = int(tests[row]), int(units[row])
+                pending.append((t, i, int(rank), undecided[row]))
+                union[(i, int(rank))] = union.get((i, int(rank)), np.zeros(draws.size, bool)) | undecided[row]
         exact = {key: self._exact_delta(chunk, *key, draws[mask], moments) for key, mask in union.items()}
         for t, i, rank, undecided in pending:
             mask = union[(i, rank)]

@@ -96,40 +96,49 @@ class HaarDiagonalStream:
         """Orthonormal rows and projection diagonals of chunk ``index`` (``size`` ≤ CHUNK draws,
         the first ``size`` of the full chunk)."""
         gaussians = self.gaussians(index)[:size]
-        rows = _orthonormal_rows(gaussians.to(device=self.device, dtype=self.dtype))
-        return HaarChunk(int(index), rows, _nested_diagonals(rows, self.ranks), gaussians)
+        rows, diagonals = _orthonormal_rows(gaussians.to(device=self.device, dtype=self.dtype), self.ranks)
+        return HaarChunk(int(index), rows, diagonals, gaussians)
 
     def rows(self, chunk: HaarChunk | int, draws) -> torch.Tensor:
         """Float64 orthonormal rows ``(len(draws), K, d)`` of the given draws of a chunk (or of
         chunk number ``chunk``): the same Gaussians as :meth:`chunk`, orthonormalised in float64."""
         picked = torch.as_tensor(np.asarray(draws), dtype=torch.long)
         gaussians = chunk.gaussians if isinstance(chunk, HaarChunk) else self.gaussians(chunk)
-        return _orthonormal_rows(gaussians[picked].to(device=self.device, dtype=torch.float64))
+        return _orthonormal_rows(gaussians[picked].to(device=self.device, dtype=torch.float64), self.ranks)[0]
 
 
-def _orthonormal_rows(z: torch.Tensor) -> torch.Tensor:
-    """``L⁻¹ Zᵀ`` for ``Zᵀ`` given as ``(c, K, d)``, with ``Zᵀ Z = L Lᵀ`` (Cholesky–QR)."""
-    gram = z @ z.transpose(1, 2)
-    chol, info = torch.linalg.cholesky_ex(gram)
-    if bool((info != 0).any()):  # probability 0 for Gaussian blocks with K ≤ d/2
-        raise FloatingPointError("a Haar draw's Gram matrix is not positive definite")
-    # the inverse of the small K × K factor, then one batched product (faster than a batched
-    # triangular solve against the long d side)
-    eye = torch.eye(z.shape[1], dtype=z.dtype, device=z.device).expand_as(gram)
-    inverse = torch.linalg.solve_triangular(chol, eye, upper=False)
-    return inverse @ z
+#: Draws orthonormalised together. A chunk's ``Zᵀ`` and rows are ``CHUNK × K × d`` (50 MB each
+#: at d = 768, K = 128 in float32); taking the draws a few at a time keeps each one's Gram,
+#: product and squares in cache (≈ 10 % faster per draw on CPU) and gives bit-identical results.
+#: On a GPU the whole chunk goes at once.
+CPU_BATCH = 16
 
 
-def _nested_diagonals(rows: torch.Tensor, ranks: list[int]) -> dict[int, torch.Tensor]:
-    """``diag(P_k) = Σ_{i<k} W_i²`` for every rank, as running sums over blocks of rows."""
-    out: dict[int, torch.Tensor] = {}
-    running, previous = None, 0
-    for rank in ranks:
-        block = rows[:, previous:rank].square().sum(dim=1)
-        running = block if running is None else running + block
-        out[rank] = running
-        previous = rank
-    return out
+def _orthonormal_rows(z: torch.Tensor, ranks: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """``W = L⁻¹ Zᵀ`` for ``Zᵀ`` given as ``(c, K, d)``, with ``Zᵀ Z = L Lᵀ`` (Cholesky–QR), and
+    ``diag(P_k) = Σ_{i<k} W_i²`` ``(c, d)`` for every rank (running sums over blocks of rows)."""
+    count, top, _ = z.shape
+    rows = torch.empty(z.shape, dtype=z.dtype, device=z.device)
+    diagonals = {rank: z.new_empty(count, z.shape[2]) for rank in ranks}
+    eye = torch.eye(top, dtype=z.dtype, device=z.device)
+    step = count if z.device.type != "cpu" else CPU_BATCH
+    for start in range(0, count, step):
+        part = z[start:start + step].contiguous()
+        gram = part @ part.transpose(1, 2)
+        chol, info = torch.linalg.cholesky_ex(gram)
+        if bool((info != 0).any()):  # probability 0 for Gaussian blocks with K ≤ d/2
+            raise FloatingPointError("a Haar draw's Gram matrix is not positive definite")
+        # the inverse of the small K × K factor, then one batched product (faster than a batched
+        # triangular solve against the long d side)
+        inverse = torch.linalg.solve_triangular(chol, eye.expand_as(gram), upper=False)
+        block_rows = torch.matmul(inverse, part, out=rows[start:start + step])
+        running, previous = None, 0
+        for rank in ranks:
+            block = block_rows[:, previous:rank].square().sum(dim=1)
+            running = block if running is None else running + block
+            diagonals[rank][start:start + step] = running
+            previous = rank
+    return rows, diagonals
 
 
 def _chunk_seed(seed: int, index: int) -> int:

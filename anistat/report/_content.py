@@ -281,10 +281,24 @@ FREQUENCY_CAPTION = (
     "activations to the type's centroid (Bessel-corrected: \u221a(\u03a3\u2016a\u2212c\u2016\u00b2/(n\u22121))), over the "
     "types seen at least twice in the test split. Negative: frequent tokens sit closer to their "
     "centroid. Intervals resample test sequences; every resample recomputes each type's centroid. "
-    "A basic interval is the percentile interval reflected about the estimate, which removes the "
-    "bootstrap's bias; where that bias is large the interval can exclude the estimate (the note "
-    "column of frequency.csv says so). Pearson r of the same pairs is in frequency.csv."
+    "Pearson r of the same pairs is in frequency.csv."
 )
+
+#: What each interval of the frequency correlations is, for the captions (only the methods used).
+FREQUENCY_INTERVAL_TEXT: dict[str, str] = {
+    "normal": ("A normal interval is the estimate \u00b1 z \u00d7 the resamples' standard deviation: it "
+               "takes the bootstrap's spread but not its bias, which for a correlation over types whose "
+               "spreads come from few sequences tracks the sample's error more than the estimator's."),
+    "percentile": "A percentile interval is the resamples' own quantiles.",
+    "basic": ("A basic interval is the percentile interval reflected about the estimate, which removes the "
+              "bootstrap's bias; where that bias is large the interval can exclude the estimate (the note "
+              "column of frequency.csv says so)."),
+}
+
+
+def frequency_interval_sentences(methods) -> str:
+    """The sentences that say what the frequency table's intervals are, for the methods used."""
+    return " ".join(FREQUENCY_INTERVAL_TEXT[m] for m in methods if m in FREQUENCY_INTERVAL_TEXT)
 
 
 def null_check_sentences(ctx: ReportContext) -> list[str]:

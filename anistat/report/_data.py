@@ -270,6 +270,7 @@ CI_METHOD_TEXT: dict[str, str] = {
     "bca": "BCa bootstrap",
     "percentile": "percentile bootstrap",
     "basic": "basic bootstrap",
+    "normal": "normal bootstrap (estimate \u00b1 z \u00d7 bootstrap SE)",
 }
 
 

@@ -26,6 +26,7 @@ from ._content import (
     ReportContext,
     failed_units,
     frequency_correlations,
+    frequency_interval_sentences,
     headline,
     methods,
     settings_rows,
@@ -150,7 +151,9 @@ def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[st
         figures=[_figure(f) for f in figs],
         skipped=[(k.replace("_", " "), v) for k, v in skipped.items()],
         frequency=None if frequency is None else {
-            "caption": FREQUENCY_CAPTION, "ci_methods": frequency.ci_methods, "notes": frequency.notes,
+            "caption": " ".join(filter(None, [FREQUENCY_CAPTION,
+                                              frequency_interval_sentences(frequency.ci_methods)])),
+            "ci_methods": frequency.ci_methods, "notes": frequency.notes,
             "sites": frequency.sites, "rows": frequency.rows},
         cards=cards, methods=methods(ctx), settings=settings_rows(ctx),
         table=table, filters=table["filters"], precision=ctx.options.precision, failed_units=fu,

@@ -20,6 +20,7 @@ from ._content import (
     ReportContext,
     failed_units,
     frequency_correlations,
+    frequency_interval_sentences,
     headline,
     methods,
     settings_rows,
@@ -414,9 +415,8 @@ def _frequency_tex(ctx: ReportContext) -> str:
                r"seen at least twice in the test split (negative: frequent tokens sit closer to their centroid). "
                r"Intervals resample test sequences, recomputing every centroid"
                + (" (" + tex(", ".join(table.ci_methods)) + ")" if table.ci_methods else "")
-               + r"; a basic interval reflects the percentile interval about the estimate, removing the "
-               r"bootstrap's bias, and can exclude the estimate where that bias is large. Pearson $r$ is in "
-               r"\texttt{frequency.csv}."
+               + r". Pearson $r$ is in \texttt{frequency.csv}."
+               + (" " + tex(frequency_interval_sentences(table.ci_methods)) if table.ci_methods else "")
                + "".join(" " + tex(note) + "." for note in table.notes))
     return booktabs_table("ll" + "r" * len(table.sites), [head], rows, caption=caption,
                           label="tab:frequency-distance")
