@@ -49,6 +49,16 @@ def corpus(rng, probability, means, scale, n_seq, length, shift):
     return ids, activations
 
 
+def corpus_sums(rng, probability, means, scale, n_seq, length, shift):
+    """A simulated corpus as per-(sequence, type) sums, the types seen twice, their log p_t."""
+    ids, activations = corpus(rng, probability, means, scale, n_seq, length, shift)
+    sums = sequence_type_sums(activations.reshape(-1, means.shape[1]), ids.ravel(),
+                              np.repeat(np.arange(n_seq), length))
+    types, counts = np.unique(ids, return_counts=True)
+    types = types[counts >= 2]
+    return sums, types, np.log(probability[types])
+
+
 def naive_distance(sums, types):
     """Bessel-corrected RMS distance where every pair of drawn tokens counts, copies included."""
     rows = [np.flatnonzero(sums.token_type == t) for t in types]
@@ -80,11 +90,7 @@ def coverage(n_corpora: int, n_seq: int, length: int = 25, dim: int = 6, vocab: 
                 ("anistat", "bca>percentile"): [], ("anistat", "percentile"): [], ("copies pair", "normal"): []}
     estimates, biases = [], []
     for _ in range(n_corpora):
-        ids, activations = corpus(rng, probability, means, scale, n_seq, length, shift)
-        sums = sequence_type_sums(activations.reshape(-1, dim), ids.ravel(), np.repeat(np.arange(n_seq), length))
-        types, counts = np.unique(ids, return_counts=True)
-        types = types[counts >= 2]
-        log_count = np.log(probability[types])
+        sums, types, log_count = corpus_sums(rng, probability, means, scale, n_seq, length, shift)
         functions = {"anistat": ResampledCentroidDistance(sums, types), "copies pair": naive_distance(sums, types)}
         draw = int(rng.integers(1 << 31))
         for name, distance in functions.items():
@@ -132,11 +138,7 @@ def definitions_coverage(n_corpora: int, n_seq: int, length: int = 25, dim: int 
     covered = {(k, m): [] for k in population for m in methods}
     estimates = {k: [] for k in population}
     for _ in range(n_corpora):
-        ids, activations = corpus(rng, probability, means, scale, n_seq, length, shift)
-        sums = sequence_type_sums(activations.reshape(-1, dim), ids.ravel(), np.repeat(np.arange(n_seq), length))
-        types, counts = np.unique(ids, return_counts=True)
-        types = types[counts >= 2]
-        log_count = np.log(probability[types])
+        sums, types, log_count = corpus_sums(rng, probability, means, scale, n_seq, length, shift)
         geometry = ResampledTypeMeans(sums, types)
         draw = int(rng.integers(1 << 31))
         full = geometry.all_three(np.ones((1, n_seq)))
