@@ -488,7 +488,7 @@ def masked_correlations_many(x: Any, ys: Any) -> list[tuple[np.ndarray, np.ndarr
         if values.shape[1] != xs.size:
             raise ValueError(f"y must have {xs.size} columns, got {values.shape[1]}")
         mask = np.isfinite(values) & np.isfinite(xs)[None, :]
-        if last_mask is None or last_mask.shape != mask.shape or not np.array_equal(last_mask, mask):
+        if last_mask is None or not np.array_equal(last_mask, mask):  # False for other shapes too
             last_mask, x_ranks = mask, _ranks_of_fixed(xs, mask)
         ok = mask.sum(axis=1) >= 3
         pearson = _row_pearson(xs, values, mask)

@@ -104,7 +104,8 @@ class HaarDiagonalStream:
         chunk number ``chunk``): the same Gaussians as :meth:`chunk`, orthonormalised in float64."""
         picked = torch.as_tensor(np.asarray(draws), dtype=torch.long)
         gaussians = chunk.gaussians if isinstance(chunk, HaarChunk) else self.gaussians(chunk)
-        return _orthonormal_rows(gaussians[picked].to(device=self.device, dtype=torch.float64), self.ranks)[0]
+        # rows only: no rank's diagonals are wanted here
+        return _orthonormal_rows(gaussians[picked].to(device=self.device, dtype=torch.float64), ())[0]
 
 
 #: Draws orthonormalised together. A chunk's ``Zᵀ`` and rows are ``CHUNK × K × d`` (50 MB each
@@ -114,9 +115,10 @@ class HaarDiagonalStream:
 CPU_BATCH = 16
 
 
-def _orthonormal_rows(z: torch.Tensor, ranks: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+def _orthonormal_rows(z: torch.Tensor, ranks) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """``W = L⁻¹ Zᵀ`` for ``Zᵀ`` given as ``(c, K, d)``, with ``Zᵀ Z = L Lᵀ`` (Cholesky–QR), and
-    ``diag(P_k) = Σ_{i<k} W_i²`` ``(c, d)`` for every rank (running sums over blocks of rows)."""
+    ``diag(P_k) = Σ_{i<k} W_i²`` ``(c, d)`` for every rank in ``ranks`` (ascending; running sums over
+    blocks of rows; none for an empty ``ranks``)."""
     count, top, _ = z.shape
     rows = torch.empty(z.shape, dtype=z.dtype, device=z.device)
     diagonals = {rank: z.new_empty(count, z.shape[2]) for rank in ranks}
