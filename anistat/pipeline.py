@@ -93,8 +93,9 @@ class _FitForwardCut:
     blocks, the final norm and the LM head, whose vocabulary-sized logits cost about a third of
     a Pythia-sized forward) is never read. The probe keeps a module's *last* output of a forward
     and a module shared across depth fires more than once, so the number of calls per site is
-    learnt from the first (full) forward, and later forwards stop right after every site has
-    fired that many times: the recorded activations are the same tensors, bit for bit. A
+    learnt first (`learn`: one full forward of a few tokens of one sequence, so no fit batch
+    pays for the LM head), and the fit forwards stop right after every site has fired that many
+    times: the recorded activations are the same tensors, bit for bit. A
     forward that ends without the stop (fewer calls than learnt) simply runs to the end. This
     assumes a site fires equally often in every forward (true of the transformer blocks and
     their submodules; a module site whose call count depended on the data, e.g. a routed expert,
@@ -134,6 +135,15 @@ class _FitForwardCut:
         if self.expected is None:
             self.expected = dict(calls)
 
+    #: tokens of the first fit sequence run through the model to learn the call counts: the calls
+    #: per forward do not depend on the length, and a short forward's LM head costs nothing
+    LEARN_TOKENS = 8
+
+    def learn(self, model: torch.nn.Module, inputs: torch.Tensor) -> None:
+        """Learn each site's calls per forward from one full forward of ``inputs`` (B, T)."""
+        with torch.no_grad(), self.armed(model):
+            model(input_ids=inputs[:1, : self.LEARN_TOKENS])
+
 
 def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device: torch.device,
               log: Log, refit_at: int | None = None) -> tuple[dict[str, list[BasisSet]], dict[str, Any]]:
@@ -169,6 +179,8 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
         model = checkpoint.load()
         model.to(device)
         model.eval()
+        if cut.expected is None:
+            cut.learn(model, fit_inputs.to(device))
         for b, start in enumerate(starts):
             if not distributed.owns(b):
                 continue

@@ -193,6 +193,16 @@ def test_fit_forward_cut_keeps_a_shared_modules_last_output_and_skips_the_rest()
                 last = model.shared(hidden)  # the site: the shared layer's output, before tanh
                 hidden = torch.tanh(last)
             assert torch.equal(activations, last)
+    # learnt up front from a few tokens of one sequence (what fit_bases does), every batch is cut
+    model.head_calls = 0
+    learnt = pipeline._FitForwardCut(sites)
+    learnt.learn(model, batches[0])
+    assert learnt.expected == {"shared": 3} and model.head_calls == 1
+    for batch, activations in zip(batches, recorded):
+        with torch.no_grad(), probe(model, sites, gradients=False) as record, learnt.armed(model):
+            model(input_ids=batch)
+        assert torch.equal(record.activations["shared"], activations)
+    assert learnt.n_cut == 3 and model.head_calls == 1
 
 
 def test_fit_forward_cut_changes_no_number(tmp_path: Path, monkeypatch):

@@ -110,3 +110,32 @@ def test_bad_inputs():
         draw_controls("haar", np.eye(4)[:, :1], 0, seed=0)
     with pytest.raises(ValueError):
         draw_controls("haar", np.eye(4), 2, seed=0)  # k = d
+
+
+def test_complement_subspaces_and_their_traces_match_a_direct_float64_computation():
+    """The analysis' `normal` controls: orthonormal draws in the proxy's complement, their three
+    traces in a matrix, and the second moment's trace from the covariance's plus ‖Qᵀs‖²/N (the
+    rank-one identity `control_draws` uses instead of a second d × d product)."""
+    from anistat.geometry import complement_subspaces, subspace_traces
+
+    rng = np.random.default_rng(3)
+    d, k, n, tokens = 40, 4, 12, 300
+    grads = rng.standard_normal((tokens, d)) * np.geomspace(3, 0.2, d) + 0.7
+    u = fit_proxy(grads, "pca", k).basis
+    q = complement_subspaces(u, n, seed=9)
+    assert q.shape == (n, d, k) and q.dtype == torch.float32
+    torch.testing.assert_close(q.transpose(1, 2) @ q, torch.eye(k).expand(n, k, k), rtol=0, atol=1e-5)
+    assert float((torch.as_tensor(u, dtype=torch.float32).T @ q).abs().max()) < 1e-5
+    assert torch.equal(q, complement_subspaces(u, n, seed=9))
+    outer = grads.T @ grads
+    total = grads.sum(0)
+    cov = (outer - np.outer(total, total) / tokens) / (tokens - 1)
+    q64 = q.double().numpy()
+    traces = subspace_traces(torch.as_tensor(cov), q)
+    qcq = np.einsum("ndk,de,nel->nkl", q64, cov, q64)
+    np.testing.assert_allclose(traces.trace, np.einsum("nkk->n", qcq), rtol=1e-5)
+    np.testing.assert_allclose(traces.trace_squared, (np.einsum("de,nek->ndk", cov, q64) ** 2).sum((1, 2)), rtol=1e-5)
+    np.testing.assert_allclose(traces.frobenius, (qcq**2).sum((1, 2)), rtol=1e-5)
+    along_sum = (np.einsum("ndk,d->nk", q64, total) ** 2).sum(1)
+    np.testing.assert_allclose((tokens - 1) * traces.trace + along_sum / tokens,
+                               np.einsum("ndk,de,nek->n", q64, outer, q64), rtol=1e-5)

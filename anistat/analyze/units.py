@@ -24,9 +24,9 @@ import torch
 
 from ..collect import UnitArtifact
 from ..geometry import (
-    complement_subspace_traces, effective_rank_from_cov, effective_rank_from_eigenvalues, haar_null_check,
+    complement_subspaces, effective_rank_from_cov, effective_rank_from_eigenvalues, haar_null_check,
     isoscore_from_cov, isoscore_star_from_cov, isoscore_star_from_traces, oracle_fractions_of_spectrum,
-    participation_ratio_from_cov, removal_traces,
+    participation_ratio_from_cov, removal_traces, subspace_traces,
 )
 from ..protocol import Protocol
 from ..seeding import derive_seed
@@ -200,10 +200,14 @@ def control_draws(unit: PreparedUnit, proxy: str, rank: int, kind: str, nulls: E
         return ControlDraws(nulls.recorded_energy.get(key, np.empty(0)),
                             nulls.recorded_delta.get(key, np.full(1, np.nan)))
     # normal: uniform in the proxy's complement, drawn explicitly (controls.n of them)
-    in_m, in_c = complement_subspace_traces(
-        [unit.second_moment.matrix, unit.covariance.matrix], artifact.proxy_bases[(proxy, rank)],
-        protocol.controls.n, derive_seed(protocol.seed, artifact.key.id, proxy, rank, "normal-draws"))
-    energy = in_m.trace / unit.second_moment.trace
+    q = complement_subspaces(artifact.proxy_bases[(proxy, rank)], protocol.controls.n,
+                             derive_seed(protocol.seed, artifact.key.id, proxy, rank, "normal-draws"))
+    in_c = subspace_traces(unit.covariance.matrix, q)
+    # M = (N − 1)·C + s sᵀ/N (s = Σg): a draw's trace in M follows from its trace in C and ‖Qᵀs‖²,
+    # without a second d × d product (every term is non-negative: no digits cancel)
+    count = float(artifact.gradient_moments["count"])
+    along_sum = (q.transpose(1, 2) @ torch.as_tensor(artifact.gradient_moments["sum"]).to(q.dtype)).square().sum(-1)
+    energy = ((count - 1.0) * in_c.trace + along_sum.double().numpy() / count) / unit.second_moment.trace
     delta = (delta_from_traces(unit.covariance, rank, in_c.trace, in_c.trace_squared, in_c.frobenius,
                                stats.isoscore_c0, stats.isoscore_zeta) if unit.delta_ok else np.full(1, np.nan))
     return ControlDraws(energy, delta)

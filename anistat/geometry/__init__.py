@@ -52,7 +52,8 @@ from .metrics import (
 from .haar_null import CHUNK, HaarChunk, HaarDiagonalStream
 from .moments import GradientMoments
 from .random_subspaces import (
-    SpectralFrame, SubspaceTraces, complement_subspace_traces, isoscore_star_from_traces, random_subspace_traces,
+    SpectralFrame, SubspaceTraces, complement_subspace_traces, complement_subspaces, isoscore_star_from_traces,
+    random_subspace_traces, subspace_traces,
 )
 from .null_check import NullCheck, haar_energy_moments, haar_null_check, haar_token_fraction_law
 from .proxies import (
@@ -83,6 +84,7 @@ __all__ = [
     "centroid_distances",
     "complement_basis",
     "complement_subspace_traces",
+    "complement_subspaces",
     "delta_isoscore_star",
     "delta_isoscore_star_from_traces",
     "draw_controls",
@@ -124,6 +126,7 @@ __all__ = [
     "removal_traces_in_eigenbasis",
     "sequence_type_sums",
     "shrunk_trace_frobenius",
+    "subspace_traces",
     "top_activating",
     "type_mean_geometry",
 ]

@@ -312,8 +312,9 @@ class ResampledCentroidDistance:
 
     ``‖m‖²`` is the only term that is not linear in ``w``: per type, the centred sums ``M_t``
     (``S_t × d`` over the ``S_t`` sequences holding the type) are replaced by a factor ``C_t``
-    with ``C_t C_tᵀ = M_t M_tᵀ`` and ``min(S_t, d)`` columns, so a call costs
-    ``O(b Σ_t S_t min(S_t, d))``."""
+    with ``C_t C_tᵀ = M_t M_tᵀ`` and ``min(S_t, d)`` columns (zero columns where the Gram's rank
+    is lower), stacked per length ``S_t`` so that the types of one length are one batched
+    product; a call costs ``O(b Σ_t S_t min(S_t, d))``."""
 
     def __init__(self, sums: SequenceTypeSums, token_types: Any):
         types = np.asarray(token_types, dtype=np.int64).ravel()
@@ -343,45 +344,53 @@ class ResampledCentroidDistance:
         def table(values):
             return sparse.csr_matrix((values, (seq, col)), shape=shape)
 
-        self._linear = sparse.hstack([table(count), table(centred_square)]).T.tocsr()
+        # the third linear table, ⟨m_st, c_t⟩, serves ResampledTypeMeans' ‖Σ_s w_s v_st‖²
+        self._linear = sparse.hstack([table(count), table(centred_square),
+                                      table(np.einsum("pd,pd->p", centred_vector, c))]).T.tocsr()
         self._repeated = sparse.hstack([table(within), table(count * count)]).T.tocsr()
-        # factors: types seen in one sequence are one vectorised product; the rest one each
+        self.centroid_norm = np.einsum("td,td->t", centroid, centroid)  # ‖c_t‖²
+        # factors: types seen in one sequence are one vectorised product; the rest one batched
+        # product per length
         starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]]) if col.size else np.zeros(0, dtype=np.int64)
         stops = np.r_[starts[1:], col.size].astype(np.int64)
         single = stops - starts == 1
         self._single_column = col[starts[single]]
         self._single_sequence = seq[starts[single]]
         self._single_norm = np.einsum("pd,pd->p", centred_vector[starts[single]], centred_vector[starts[single]])
-        self._factors: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._factors: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (columns, sequences, factors)
         for length, first, index in _blocks_by_length(starts[~single], (stops - starts)[~single]):
-            blocks = centred_vector[index]  # (types, length, d)
-            if length <= blocks.shape[2]:  # a factor of the length × length Gram: one batched eigh
-                eigenvalues, eigenvectors = np.linalg.eigh(np.matmul(blocks, blocks.transpose(0, 2, 1)))
+            factors = centred_vector[index]  # (types, length, d)
+            if length <= factors.shape[2]:  # a factor of the length × length Gram: one batched eigh
+                eigenvalues, eigenvectors = np.linalg.eigh(np.matmul(factors, factors.transpose(0, 2, 1)))
                 keep = eigenvalues > eigenvalues.max(axis=1, keepdims=True, initial=0.0) * 1e-13
-                blocks = [vectors[:, kept] * np.sqrt(values[kept])
-                          for values, vectors, kept in zip(eigenvalues, eigenvectors, keep)]
-            self._factors.extend((int(col[start]), seq[start:start + length], factor)
-                                 for start, factor in zip(first, blocks))
+                factors = eigenvectors * np.sqrt(np.where(keep, eigenvalues, 0.0))[:, None, :]
+            self._factors.append((col[first], seq[index], factors))
 
     def __call__(self, weights: Any) -> np.ndarray:
         """``(b, n_types)`` RMS distances for weights ``(b, n_sequences)`` (NaN where undefined)."""
+        return self.with_sums(weights)[0]
+
+    def with_sums(self, weights: Any) -> tuple[np.ndarray, ...]:
+        """``(rms_t(w), n_t(w), ‖m_t(w)‖², Σ_s w_s ⟨m_st, c_t⟩)``, each ``(b, n_types)``."""
         w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
         if w.shape[1] != self.n_sequences:
             raise ValueError(f"weights must have {self.n_sequences} columns, got {w.shape[1]}")
 
-        n, q = np.split(np.asarray(self._linear @ w.T).T, 2, axis=1)
+        n, q, centroid_dot = np.split(np.asarray(self._linear @ w.T).T, 3, axis=1)
         repeats = w * w - w  # ordered pairs of distinct copies of each sequence
         within, count_squared = np.split(np.asarray(self._repeated @ repeats.T).T, 2, axis=1)
         centred_norm = np.zeros_like(n)
         centred_norm[:, self._single_column] = w[:, self._single_sequence] ** 2 * self._single_norm
-        for column, sequences, factor in self._factors:
-            projected = w[:, sequences] @ factor
-            centred_norm[:, column] = np.einsum("br,br->b", projected, projected)
+        for columns, sequences, factors in self._factors:
+            # (types, b, length) @ (types, length, r): every type of this length at once
+            projected = np.matmul(w[:, sequences].transpose(1, 0, 2), factors)
+            centred_norm[:, columns] = np.einsum("tbr,tbr->bt", projected, projected)
         numerator = n * q - centred_norm - within
         denominator = n * n - n - count_squared
         ok = denominator > 0.5  # an integer count of pairs; 0 when no two tokens can pair
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(ok, np.sqrt(np.maximum(numerator, 0.0) / np.where(ok, denominator, 1.0)), np.nan)
+            spread = np.where(ok, np.sqrt(np.maximum(numerator, 0.0) / np.where(ok, denominator, 1.0)), np.nan)
+        return spread, n, centred_norm, centroid_dot
 
 
 class ResampledTypeMeans:
@@ -396,9 +405,11 @@ class ResampledTypeMeans:
 
     minus the noise term ``rms_t(w)²/n_t`` with ``rms_t(w)`` from
     :class:`ResampledCentroidDistance` (which leaves out pairs between copies of a sequence),
-    then ``sqrt(max(0, ·))``. Quadratic terms use the Gram matrices of the pair sums: per type
-    ``v_st·v_s't`` (a block-diagonal sparse matrix, Σ_t S_t² entries), pair-by-sequence
-    ``v_st·V_s'`` (P × S) and ``V_s·V_s'`` (S × S), so a call costs ``O(b (Σ_t S_t² + P S))``.
+    then ``sqrt(max(0, ·))``. The quadratic terms reuse that class's sums about the full-sample
+    centroid ``c_t``: with ``m_t(w) = A_t − n_t c_t``,
+    ``‖A_t‖² = ‖m_t(w)‖² + 2 n_t Σ_s w_s ⟨m_st, c_t⟩ + n_t² ‖c_t‖²``; ``⟨A_t, B⟩`` sums
+    ``w_s w_s' v_st·V_s'`` from the pair-by-sequence table (P × S) over each type's pairs, and
+    ``‖B‖²`` uses ``V_s·V_s'`` (S × S). A call costs ``O(b (Σ_t S_t min(S_t, d) + P S))``.
     At ``w = 1`` the values are :func:`type_mean_geometry`'s."""
 
     def __init__(self, sums: SequenceTypeSums, token_types: Any):
@@ -416,26 +427,12 @@ class ResampledTypeMeans:
         pair_column = column[sums.token_type]
         keep = pair_column >= 0
         order = np.lexsort((sums.sequence[keep], pair_column[keep]))
-        self._col = pair_column[keep][order]
+        col = pair_column[keep][order]
         self._seq = sums.sequence[keep][order]
-        vector = sums.vector_sum[keep][order]
-        n_pairs = self._col.size
-        self._membership = sparse.csr_matrix((np.ones(n_pairs), (self._col, np.arange(n_pairs))),
-                                             shape=(self.n_types, n_pairs))
-        self._counts = sparse.csr_matrix((sums.count[keep][order], (self._col, self._seq)),
-                                         shape=(self.n_types, self.n_sequences))
-        self._cross = vector @ totals.T  # (P, S): v_st · V_s'
-        # block-diagonal Gram of the pairs of each type, one batched product per block length
-        starts = np.flatnonzero(np.r_[True, self._col[1:] != self._col[:-1]]) if n_pairs else np.zeros(0, np.int64)
-        lengths = np.r_[starts[1:], n_pairs].astype(np.int64) - starts
-        rows, cols, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
-        for length, _, index in _blocks_by_length(starts, lengths):
-            blocks = vector[index]
-            rows.append(np.repeat(index, length, axis=1).ravel())
-            cols.append(np.tile(index, (1, length)).ravel())
-            values.append(np.matmul(blocks, blocks.transpose(0, 2, 1)).ravel())
-        self._gram = sparse.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))),
-                                       shape=(n_pairs, n_pairs))
+        # the pairs of a type are contiguous: per-type sums are one reduceat over these starts
+        self._starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]]) if col.size else np.zeros(0, np.int64)
+        self._start_column = col[self._starts]
+        self._cross = sums.vector_sum[keep][order] @ totals.T  # (P, S): v_st · V_s'
 
     def __call__(self, weights: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(mean_distance, mean_norm)``, each ``(b, n_types)``, for weights ``(b, n_sequences)``."""
@@ -447,12 +444,15 @@ class ResampledTypeMeans:
         w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
         if w.shape[1] != self.n_sequences:
             raise ValueError(f"weights must have {self.n_sequences} columns, got {w.shape[1]}")
-        spread = self._spread(w)
-        pair_weight = w[:, self._seq]  # (b, P)
-        n = np.asarray(self._counts @ w.T).T  # (b, T)
-        a_squared = np.asarray(self._membership @ (pair_weight * np.asarray(self._gram @ pair_weight.T).T).T).T
-        a_dot_b = np.asarray(self._membership @ (pair_weight * (w @ self._cross.T)).T).T
-        b_squared = np.einsum("bs,st,bt->b", w, self._sequence_gram, w)[:, None]
+        spread, n, centred_norm, centroid_dot = self._spread.with_sums(w)
+        a_squared = centred_norm + 2.0 * n * centroid_dot + n * n * self._spread.centroid_norm
+        a_dot_b = np.zeros_like(n)
+        if self._starts.size:
+            # in place and C-ordered (np.take, not w[:, seq]): these (b, P) arrays are the call's largest
+            terms = w @ self._cross.T
+            terms *= np.take(w, self._seq, axis=1)
+            a_dot_b[:, self._start_column] = np.add.reduceat(terms, self._starts, axis=1)
+        b_squared = ((w @ self._sequence_gram) * w).sum(axis=1, keepdims=True)
         total = (w @ self._sequence_count)[:, None]
         with np.errstate(invalid="ignore", divide="ignore"):
             noise = spread**2 / n
@@ -492,8 +492,34 @@ def masked_correlations_many(x: Any, ys: Any) -> list[tuple[np.ndarray, np.ndarr
             last_mask, x_ranks = mask, _ranks_of_fixed(xs, mask)
         ok = mask.sum(axis=1) >= 3
         pearson = _row_pearson(xs, values, mask)
-        spearman = _rank_pearson(x_ranks, _ranks_of_rows(values, mask), mask)
+        spearman = _spearman_rows(x_ranks, values, mask)
         out.append((np.where(ok, spearman, np.nan), np.where(ok, pearson, np.nan)))
+    return out
+
+
+def _spearman_rows(x_ranks: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Row-wise Spearman ρ of ``y`` (``(b, T)``) with a side whose average ranks within each
+    row's ``mask`` are ``x_ranks`` (0 outside it): :func:`_rank_pearson` of the two rank arrays.
+
+    A row of ``y`` without ties among its kept values (the rule for continuous statistics) is
+    never ranked: with its sorting permutation π (unmasked entries last), ``Σ_i rx_i ry_i =
+    Σ_j rx_{π_j}·j`` and ``Σ ry² = n(n + 1)(2n + 1)/6``, all sums of multiples of ½ and so exact —
+    the same numbers as ranking, without scattering ranks back. Rows with ties are ranked in full
+    (:func:`_ranks_of_rows`)."""
+    filled = np.where(mask, y, np.inf)  # unmasked last, never inside a tie of kept values
+    order = np.argsort(filled, axis=1)
+    sorted_y = np.take_along_axis(filled, order, axis=1)
+    tied = ((sorted_y[:, 1:] == sorted_y[:, :-1]) & np.isfinite(sorted_y[:, 1:])).any(axis=1)
+    n = np.count_nonzero(mask, axis=1).astype(np.float64)
+    centre = n * ((n + 1.0) / 2.0) ** 2
+    sxy = np.take_along_axis(x_ranks, order, axis=1) @ np.arange(1.0, y.shape[1] + 1.0) - centre
+    sxx = np.einsum("ij,ij->i", x_ranks, x_ranks) - centre
+    syy = n * (n + 1.0) * (2.0 * n + 1.0) / 6.0 - centre
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = sxy / np.sqrt(sxx * syy)
+    out = np.where((sxx <= 0) | (syy <= 0), np.nan, np.clip(r, -1.0, 1.0))
+    if tied.any():
+        out[tied] = _rank_pearson(x_ranks[tied], _ranks_of_rows(y[tied], mask[tied]), mask[tied])
     return out
 
 

@@ -40,8 +40,8 @@ import torch
 
 from ._util import as_float64
 
-__all__ = ["SubspaceTraces", "SpectralFrame", "complement_subspace_traces", "isoscore_star_from_traces",
-           "random_subspace_traces"]
+__all__ = ["SubspaceTraces", "SpectralFrame", "complement_subspace_traces", "complement_subspaces",
+           "isoscore_star_from_traces", "random_subspace_traces", "subspace_traces"]
 
 #: Draws per chunk: fixed, so a seed gives the same draws whatever the memory available.
 _CHUNK = 512
@@ -168,17 +168,14 @@ def random_subspace_traces(frames, ranks, n: int, seed: int, *, exclude=None) ->
              for k, chunks in frame_parts.items()} for frame_parts in parts]
 
 
-def complement_subspace_traces(matrices, basis, n: int, seed: int, *,
-                               dtype: torch.dtype = torch.float32) -> list[SubspaceTraces]:
-    """The three traces in each of ``matrices`` (symmetric ``d × d``) of ``n`` subspaces drawn
-    uniformly in the orthogonal complement of ``basis`` ``U`` (``d × k``, orthonormal), of rank
-    ``k`` — the paper's ``normal`` control, evaluated without projecting a token.
+def complement_subspaces(basis, n: int, seed: int, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``n`` orthonormal bases ``(n, d, k)`` of subspaces drawn uniformly in the orthogonal
+    complement of ``basis`` ``U`` (``d × k``, orthonormal), of rank ``k`` — the paper's
+    ``normal`` control.
 
     A draw is the span of ``(I − UUᵀ) Z`` for a Gaussian ``Z`` (``d × k``, from a CPU
     ``torch.Generator`` seeded with ``seed``; uniform in the complement because the projected
-    Gaussian is), orthonormalised by Cholesky–QR; each matrix multiplies all draws in one
-    ``d × d · d × nk`` product. Everything in ``dtype`` (float32 by default: these draws serve the
-    paper's convention and descriptive control statistics, not the exact test)."""
+    Gaussian is), orthonormalised by Cholesky–QR, in ``dtype``."""
     u = torch.as_tensor(np.asarray(basis)).to(dtype)
     d, k = u.shape
     if 2 * k > d:
@@ -190,16 +187,30 @@ def complement_subspace_traces(matrices, basis, n: int, seed: int, *,
     blocks = z.reshape(d, n, k).permute(1, 0, 2)  # (n, d, k)
     chol = torch.linalg.cholesky(blocks.transpose(1, 2) @ blocks)
     eye = torch.eye(k, dtype=dtype).expand(n, k, k)
-    q = blocks @ torch.linalg.solve_triangular(chol, eye, upper=False).transpose(1, 2)  # Z L⁻ᵀ, orthonormal
+    return blocks @ torch.linalg.solve_triangular(chol, eye, upper=False).transpose(1, 2)  # Z L⁻ᵀ, orthonormal
+
+
+def subspace_traces(matrix, q: torch.Tensor) -> SubspaceTraces:
+    """``tr(QᵀSQ)``, ``‖SQ‖_F²`` and ``‖QᵀSQ‖_F²`` of every basis of the stack ``q`` (``(n, d, k)``)
+    in the symmetric ``d × d`` ``matrix`` S, in ``q``'s dtype: S multiplies all bases in one
+    ``d × d · d × nk`` product."""
+    n, d, k = q.shape
     flat = q.permute(1, 0, 2).reshape(d, n * k)
-    out = []
-    for matrix in matrices:
-        sq = (torch.as_tensor(matrix).to(dtype) @ flat).reshape(d, n, k).permute(1, 0, 2)  # S Q per draw
-        qsq = q.transpose(1, 2) @ sq
-        out.append(SubspaceTraces(torch.diagonal(qsq, dim1=1, dim2=2).sum(-1).double().numpy(),
-                                  sq.square().sum(dim=(1, 2)).double().numpy(),
-                                  qsq.square().sum(dim=(1, 2)).double().numpy()))
-    return out
+    sq = (torch.as_tensor(matrix).to(q.dtype) @ flat).reshape(d, n, k).permute(1, 0, 2)  # S Q per draw
+    qsq = q.transpose(1, 2) @ sq
+    return SubspaceTraces(torch.diagonal(qsq, dim1=1, dim2=2).sum(-1).double().numpy(),
+                          sq.square().sum(dim=(1, 2)).double().numpy(),
+                          qsq.square().sum(dim=(1, 2)).double().numpy())
+
+
+def complement_subspace_traces(matrices, basis, n: int, seed: int, *,
+                               dtype: torch.dtype = torch.float32) -> list[SubspaceTraces]:
+    """:func:`subspace_traces` in each of ``matrices`` of the ``n`` :func:`complement_subspaces`
+    of ``basis`` — the ``normal`` control evaluated without projecting a token. Everything in
+    ``dtype`` (float32 by default: these draws serve the paper's convention and descriptive
+    control statistics, not the exact test)."""
+    q = complement_subspaces(basis, n, seed, dtype=dtype)
+    return [subspace_traces(matrix, q) for matrix in matrices]
 
 
 def isoscore_star_from_traces(trace, frobenius, dim: int, c0: str, zeta: float):
