@@ -324,8 +324,10 @@ class ResampledCentroidDistance:
         pair_column = column[sums.token_type]
         keep = pair_column >= 0
         order = np.lexsort((sums.sequence[keep], pair_column[keep]))
+        #: rows of ``sums`` holding the kept pairs, ordered by (type column, sequence)
+        self.pair_index = np.flatnonzero(keep)[order]
         col = pair_column[keep][order]
-        seq = sums.sequence[keep][order]
+        seq = self.pair_sequence = sums.sequence[keep][order]
         count = sums.count[keep][order]
         vector = sums.vector_sum[keep][order]
         square = sums.square_sum[keep][order]
@@ -352,6 +354,8 @@ class ResampledCentroidDistance:
         # factors: types seen in one sequence are one vectorised product; the rest one batched
         # product per length
         starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]]) if col.size else np.zeros(0, dtype=np.int64)
+        # a type's pairs are contiguous: per-type sums over them are one reduceat over these starts
+        self.pair_starts, self.start_column = starts, col[starts]
         stops = np.r_[starts[1:], col.size].astype(np.int64)
         single = stops - starts == 1
         self._single_column = col[starts[single]]
@@ -422,17 +426,8 @@ class ResampledTypeMeans:
         totals = np.asarray(to_sequence @ sums.vector_sum)  # (S, d): V_s = Σ_t v_st
         self._sequence_count = np.bincount(sums.sequence, weights=sums.count, minlength=self.n_sequences)
         self._sequence_gram = totals @ totals.T  # (S, S)
-        column = np.full(int(max(types.max(initial=-1), sums.token_type.max(initial=-1))) + 1, -1, dtype=np.int64)
-        column[types] = np.arange(types.size)
-        pair_column = column[sums.token_type]
-        keep = pair_column >= 0
-        order = np.lexsort((sums.sequence[keep], pair_column[keep]))
-        col = pair_column[keep][order]
-        self._seq = sums.sequence[keep][order]
-        # the pairs of a type are contiguous: per-type sums are one reduceat over these starts
-        self._starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]]) if col.size else np.zeros(0, np.int64)
-        self._start_column = col[self._starts]
-        self._cross = sums.vector_sum[keep][order] @ totals.T  # (P, S): v_st · V_s'
+        # the pairs in the spread's order (by type, then sequence)
+        self._cross = sums.vector_sum[self._spread.pair_index] @ totals.T  # (P, S): v_st · V_s'
 
     def __call__(self, weights: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(mean_distance, mean_norm)``, each ``(b, n_types)``, for weights ``(b, n_sequences)``."""
@@ -447,11 +442,12 @@ class ResampledTypeMeans:
         spread, n, centred_norm, centroid_dot = self._spread.with_sums(w)
         a_squared = centred_norm + 2.0 * n * centroid_dot + n * n * self._spread.centroid_norm
         a_dot_b = np.zeros_like(n)
-        if self._starts.size:
+        pairs = self._spread
+        if pairs.pair_starts.size:
             # in place and C-ordered (np.take, not w[:, seq]): these (b, P) arrays are the call's largest
             terms = w @ self._cross.T
-            terms *= np.take(w, self._seq, axis=1)
-            a_dot_b[:, self._start_column] = np.add.reduceat(terms, self._starts, axis=1)
+            terms *= np.take(w, pairs.pair_sequence, axis=1)
+            a_dot_b[:, pairs.start_column] = np.add.reduceat(terms, pairs.pair_starts, axis=1)
         b_squared = ((w @ self._sequence_gram) * w).sum(axis=1, keepdims=True)
         total = (w @ self._sequence_count)[:, None]
         with np.errstate(invalid="ignore", divide="ignore"):

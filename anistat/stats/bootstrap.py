@@ -482,7 +482,7 @@ def sequence_bootstrap_columns(statistic: Callable[[np.ndarray], np.ndarray], n_
     (a studentized interval needs a standard error per statistic)."""
     s = check_positive_int(n_sequences, "n_sequences")
     check_ci_level(ci_level)
-    if method not in ("bca", "percentile", "basic", "normal"):
+    if method not in METHODS or method == "studentized":
         raise ValueError(f"method must be 'bca', 'percentile', 'basic' or 'normal', got {method!r}")
 
     def evaluate(weights: np.ndarray) -> np.ndarray:
