@@ -29,7 +29,7 @@ import numpy as np
 from scipy import stats
 
 from anistat.geometry import ResampledCentroidDistance, ResampledTypeMeans, masked_correlations, sequence_type_sums
-from anistat.stats import ci_from_replicates, iter_bootstrap_weights
+from anistat.stats import ci_from_replicates, iter_bootstrap_weights, jackknife_weights
 
 
 def law(vocab: int, dim: int, seed: int = 123):
@@ -98,7 +98,7 @@ def coverage(n_corpora: int, n_seq: int, length: int = 25, dim: int = 6, vocab: 
                 return masked_correlations(log_count, distance(w))[0]
             estimate = statistic(np.ones((1, n_seq)))[0]
             replicates = np.concatenate([statistic(w) for w in iter_bootstrap_weights(n_seq, n_resamples, draw)])
-            jackknife = statistic(np.ones((n_seq, n_seq)) - np.eye(n_seq))
+            jackknife = statistic(jackknife_weights(n_seq))
             for (variant, method), results in variants.items():
                 if variant != name:
                     continue
