@@ -121,7 +121,7 @@ def _train_builtin(
 ) -> dict[int, dict[str, torch.Tensor]]:
     """Train with AdamW; return float32 CPU copies of the state at each checkpoint step.
 
-    Reproducibility (README, "What reproduces"): training runs on one thread whatever the run's
+    Reproducibility (docs/reproducibility.md): training runs on one thread whatever the run's
     thread setting (`runtime.single_thread`), so it is bit-identical across `--threads` on one
     machine; and in `train.precision` (float64 by default), so that on another CPU — whose
     kernels round differently (AVX2 vs AVX-512, another BLAS) — the difference starts at 1e-16:

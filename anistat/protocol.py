@@ -550,8 +550,8 @@ class Protocol(StrictModel):
         description="CPU threads of torch and of numpy's BLAS for the run (`anistat run --threads` overrides it). "
         "auto: OMP_NUM_THREADS when set, else the CPUs this process may use (affinity, cgroup quota) minus those "
         "other processes keep busy (load average), at least 1. Not part of the protocol's hash: it changes how "
-        "fast a run is, not what it measures (built-in models always train on one thread; see the README's "
-        "'What reproduces' for what another thread count may change in the measurement).",
+        "fast a run is, not what it measures (built-in models always train on one thread; see "
+        "docs/reproducibility.md for what another thread count may change in the measurement).",
     )
     data: DataSpec = Field(default_factory=DataSpec)
     models: list[ModelSpec] = Field(min_length=1)

@@ -9,7 +9,7 @@ claim by claim, with a loose relative tolerance) does not.
 What must be identical: the protocol (its sha256), the set of rows, every count (`dim`,
 `n_controls`, `n_sequences`, `n_clusters`, `n_tokens`), every text column (`status`,
 `ci_method`, `p_test`, `effect_size_kind`) and every claim's verdict. What may differ, and by how
-much (:class:`Tolerance`; the README's "What reproduces" gives the measurements behind it):
+much (:class:`Tolerance`; docs/reproducibility.md gives the measurements behind it):
 
 * continuous numbers (`estimate`, `ci_low`, `ci_high`, `se`, `effect_size`) by `relative` (1 %)
   of their scale: ``|a − b| ≤ relative · max(|a|, |b|, S)``, where ``S`` is the largest ``|x|``

@@ -19,7 +19,7 @@ against 30 ms with 1, and the quickstart 16 min against 2.5 min (issue #22).
 
 The thread count never changes what a run means, so it is *not* part of the protocol's hash; it
 is recorded in the manifest (`machine.threads`) with where it came from. What it may change, and
-by how much, is stated in the README ("What reproduces"): built-in models always train on one
+by how much, is stated in docs/reproducibility.md: built-in models always train on one
 thread (`single_thread`), so training is identical whatever the setting; the measurement's float32
 GEMMs and reductions may round differently with another thread count.
 
