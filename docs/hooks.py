@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import html
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -122,23 +123,34 @@ def _cell(text: str) -> str:
 
 
 def protocol_reference_markdown() -> str:
+    """One section per pydantic model of the protocol, headed by the YAML path where it sits
+    (`models[].train`) with the model's name as the anchor (`#trainspec`)."""
     from anistat.protocol import protocol_schema
 
     schema = protocol_schema()
     defs = schema.get("$defs", {})
     sections: dict[str, list[tuple[str, dict, bool]]] = {}
+    where: dict[str, str] = {"Protocol": "Top level"}
     for path, section, node, required in schema_fields(schema):
         sections.setdefault(section, []).append((path, node, required))
+        for name, sep in _child_defs(node):
+            where.setdefault(name, path + sep.rstrip("."))
     lines = []
     for section, rows in sections.items():
         doc = schema.get("description", "") if section == "Protocol" else defs[section].get("description", "")
-        lines += [f"### {section}", "", _cell(doc), "",
-                  "| key | type | default | constraints | meaning |", "|---|---|---|---|---|"]
+        heading = where[section] if section == "Protocol" else f"`{where[section]}`"
+        lines += [f"### {heading} {{#{section.lower()}}}", "", f"*{section}.* {_cell(doc)}", "",
+                  "| key | type | default | meaning |", "|---|---|---|---|"]
         for path, node, required in rows:
             default = "required" if required else (
                 f"`{json.dumps(node['default'])}`" if "default" in node else "—")
-            lines.append(f"| `{path}` | {_cell(_type_text(node))} | {_cell(default)} | "
-                         f"{_cell(_constraints(node))} | {_cell(node.get('description', ''))} |")
+            kind = _type_text(node)
+            if defs:
+                kind = re.sub(r"\b(" + "|".join(map(re.escape, defs)) + r")\b",
+                              lambda m: f"[{m[1]}](#{m[1].lower()})", kind)
+            constraints = _constraints(node)
+            kind = f"{kind}; {constraints}" if constraints else kind
+            lines.append(f"| `{path}` | {_cell(kind)} | {_cell(default)} | {_cell(node.get('description', ''))} |")
         lines.append("")
     return "\n".join(lines)
 
