@@ -249,9 +249,13 @@ def test_the_readme_quickstart_writes_outside_the_tracked_tree():
     if shutil.which("git") is None or subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT,
                                                       capture_output=True).returncode != 0:
         pytest.skip("not a git checkout")
-    for name in ("report.html", "results.csv", "figures/energy_ratio_trajectory.png", "manifest.json"):
-        proc = subprocess.run(["git", "check-ignore", "-q", "--no-index", f"{out}/{name}"], cwd=ROOT)
-        assert proc.returncode == 0, f"{out}/{name} is not ignored by git: a newcomer's quickstart would dirty the clone"
+    # the bundle, and the unit cache `anistat run` keeps beside it (pipeline: OUT/../.anistat-cache/)
+    written = [f"{out}/{name}" for name in ("report.html", "results.csv", "figures/energy_ratio_trajectory.png",
+                                            "manifest.json")]
+    written.append(f"{Path(out).parent.as_posix()}/.anistat-cache/{Path(out).name}-0123456789abcdef-a5/unit.pt")
+    for path in written:
+        proc = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT)
+        assert proc.returncode == 0, f"{path} is not ignored by git: a newcomer's quickstart would dirty the clone"
     tracked = subprocess.run(["git", "ls-files", out], cwd=ROOT, capture_output=True, text=True).stdout
     assert not tracked.strip()
 
