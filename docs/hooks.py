@@ -19,8 +19,9 @@ import html
 import json
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -33,6 +34,7 @@ ERROR_CLASSES = frozenset({"AnistatInputError", "AnistatError", "IncompleteRun"}
 # ---------------------------------------------------------------------------------------------
 # Protocol reference
 # ---------------------------------------------------------------------------------------------
+
 
 def _ref_name(ref: str) -> str:
     return ref.rsplit("/", 1)[-1]
@@ -102,9 +104,17 @@ def _type_text(node: dict) -> str:
 
 
 def _constraints(node: dict) -> str:
-    names = {"minimum": "≥ {}", "maximum": "≤ {}", "exclusiveMinimum": "> {}", "exclusiveMaximum": "< {}",
-             "minLength": "length ≥ {}", "maxLength": "length ≤ {}", "minItems": "≥ {} items",
-             "maxItems": "≤ {} items", "pattern": "matches `{}`"}
+    names = {
+        "minimum": "≥ {}",
+        "maximum": "≤ {}",
+        "exclusiveMinimum": "> {}",
+        "exclusiveMaximum": "< {}",
+        "minLength": "length ≥ {}",
+        "maxLength": "length ≤ {}",
+        "minItems": "≥ {} items",
+        "maxItems": "≤ {} items",
+        "pattern": "matches `{}`",
+    }
     parts = [fmt.format(node[key]) for key, fmt in names.items() if key in node]
     for key in ("anyOf", "oneOf"):
         for member in node.get(key, []):
@@ -139,15 +149,21 @@ def protocol_reference_markdown() -> str:
     for section, rows in sections.items():
         doc = schema.get("description", "") if section == "Protocol" else defs[section].get("description", "")
         heading = where[section] if section == "Protocol" else f"`{where[section]}`"
-        lines += [f"### {heading} {{#{section.lower()}}}", "", f"*{section}.* {_cell(doc)}", "",
-                  "| key | type | default | meaning |", "|---|---|---|---|"]
+        lines += [
+            f"### {heading} {{#{section.lower()}}}",
+            "",
+            f"*{section}.* {_cell(doc)}",
+            "",
+            "| key | type | default | meaning |",
+            "|---|---|---|---|",
+        ]
         for path, node, required in rows:
-            default = "required" if required else (
-                f"`{json.dumps(node['default'])}`" if "default" in node else "—")
+            default = "required" if required else (f"`{json.dumps(node['default'])}`" if "default" in node else "—")
             kind = _type_text(node)
             if defs:
-                kind = re.sub(r"\b(" + "|".join(map(re.escape, defs)) + r")\b",
-                              lambda m: f"[{m[1]}](#{m[1].lower()})", kind)
+                kind = re.sub(
+                    r"\b(" + "|".join(map(re.escape, defs)) + r")\b", lambda m: f"[{m[1]}](#{m[1].lower()})", kind
+                )
             constraints = _constraints(node)
             kind = f"{kind}; {constraints}" if constraints else kind
             lines.append(f"| `{path}` | {_cell(kind)} | {_cell(default)} | {_cell(node.get('description', ''))} |")
@@ -158,6 +174,7 @@ def protocol_reference_markdown() -> str:
 # ---------------------------------------------------------------------------------------------
 # Command line reference
 # ---------------------------------------------------------------------------------------------
+
 
 def cli_reference_markdown() -> str:
     import click
@@ -195,6 +212,7 @@ def cli_reference_markdown() -> str:
 # Error index
 # ---------------------------------------------------------------------------------------------
 
+
 def _message_text(node: ast.AST) -> str | None:
     """The literal text of an error message, with each interpolated value shown as ``{…}``."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -204,7 +222,7 @@ def _message_text(node: ast.AST) -> str | None:
         for value in node.values:
             if isinstance(value, ast.Constant):
                 parts.append(str(value.value))
-            else:
+            elif isinstance(value, ast.FormattedValue):
                 parts.append("{" + ast.unparse(value.value) + "}")
         return "".join(parts)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
@@ -240,8 +258,11 @@ def error_messages(package: Path | None = None) -> list[tuple[str, int, str, str
 
 def error_index_markdown() -> str:
     messages = error_messages()
-    lines = [f"{len(messages)} messages in {len({m[0] for m in messages})} modules. `{{…}}` stands for a value "
-             "filled in at run time (a path, a field, a number).", ""]
+    summary = (
+        f"{len(messages)} messages in {len({m[0] for m in messages})} modules. `{{…}}` stands for a value "
+        "filled in at run time (a path, a field, a number)."
+    )
+    lines = [summary, ""]
     current = None
     for module, line, name, text in messages:
         if module != current:

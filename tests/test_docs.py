@@ -30,7 +30,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
-RUNNABLE = re.compile(r"<!-- runnable -->[ \t]*\n```(?:bash|sh|console)?[ \t]*\n(.*?)```", re.S)
+RUNNABLE = re.compile(r"<!-- runnable -->[ \t]*\n```(?:bash|sh|console)?[ \t]*\n(.*?)```", re.DOTALL)
 README_MAX_LINES = 150
 
 
@@ -54,10 +54,14 @@ def _env() -> dict[str, str]:
 # The strict build
 # ---------------------------------------------------------------------------------------------
 
+
 def _missing_docs_tools() -> list[str]:
-    return [name for name in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python")
-            if importlib.util.find_spec(name.split(".")[0]) is None
-            or (name == "mkdocstrings_handlers.python" and importlib.util.find_spec(name) is None)]
+    return [
+        name
+        for name in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python")
+        if importlib.util.find_spec(name.split(".")[0]) is None
+        or (name == "mkdocstrings_handlers.python" and importlib.util.find_spec(name) is None)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +70,25 @@ def site(tmp_path_factory) -> Path:
     if missing:
         pytest.skip(f"the docs tools are not installed ({', '.join(missing)}): pip install -e '.[docs]'")
     out = tmp_path_factory.mktemp("site")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
-                           str(ROOT / "mkdocs.yml"), "--site-dir", str(out)],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(out),
+        ],
+        check=False,
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     return out
 
@@ -111,6 +131,7 @@ def test_the_api_reference_renders_docstrings(site):
 # The generated references
 # ---------------------------------------------------------------------------------------------
 
+
 def _schema_objects(schema: dict) -> dict[str, dict]:
     """Every object definition in the schema with properties: the root as `Protocol`, then `$defs`."""
     objects = {"Protocol": schema}
@@ -122,7 +143,7 @@ def _schema_objects(schema: dict) -> dict[str, dict]:
 
 def _sections(markdown: str) -> dict[str, str]:
     """The reference's sections by the schema model they document (the heading's anchor)."""
-    parts = re.split(r"^### .*\{#(\w+)\}\s*$", markdown, flags=re.M)
+    parts = re.split(r"^### .*\{#(\w+)\}\s*$", markdown, flags=re.MULTILINE)
     return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
 
 
@@ -136,11 +157,12 @@ def test_the_protocol_reference_names_every_field_of_the_schema():
     count = 0
     for name, node in objects.items():
         section = sections[name.lower()]
-        keys = re.findall(r"^\| `([^`]+)` \|", section, flags=re.M)
+        keys = re.findall(r"^\| `([^`]+)` \|", section, flags=re.MULTILINE)
         for field, spec in node["properties"].items():
             count += 1
-            assert any(key == field or key.endswith(("." + field, "]." + field)) for key in keys), \
+            assert any(key == field or key.endswith(("." + field, "]." + field)) for key in keys), (
                 f"{name}.{field} is missing from the protocol reference"
+            )
             described = spec.get("description")
             if described:
                 assert " ".join(described.split())[:40].replace("|", "\\|") in section
@@ -191,6 +213,7 @@ def test_the_error_index_lists_the_messages_raised_in_the_source():
 # Runnable blocks
 # ---------------------------------------------------------------------------------------------
 
+
 def _runnable_blocks() -> list[tuple[str, int, str]]:
     found = []
     for path in [README, *sorted(DOCS.glob("*.md"))]:
@@ -203,8 +226,7 @@ def test_there_are_runnable_blocks():
     assert len(_runnable_blocks()) >= 4
 
 
-@pytest.mark.parametrize("source,index,code", _runnable_blocks(),
-                         ids=[f"{p}#{i}" for p, i, _ in _runnable_blocks()])
+@pytest.mark.parametrize("source,index,code", _runnable_blocks(), ids=[f"{p}#{i}" for p, i, _ in _runnable_blocks()])
 def test_a_runnable_block_runs(source, index, code, tmp_path):
     work = tmp_path / "repo"
     shutil.copytree(ROOT / "protocols", work / "protocols")
@@ -215,14 +237,22 @@ def test_a_runnable_block_runs(source, index, code, tmp_path):
     launcher.chmod(launcher.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     env = _env()
     env["PATH"] = f"{shim}{os.pathsep}{env.get('PATH', '')}"
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", code],
+        check=False,
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"{source} block {index} failed:\n{code}\n{proc.stdout}\n{proc.stderr}"
 
 
 # ---------------------------------------------------------------------------------------------
 # The README
 # ---------------------------------------------------------------------------------------------
+
 
 def test_the_readme_is_a_landing_page():
     lines = README.read_text(encoding="utf-8").splitlines()
@@ -246,23 +276,29 @@ def _quickstart_out() -> str:
 def test_the_readme_quickstart_writes_outside_the_tracked_tree():
     out = _quickstart_out()
     assert not out.startswith("reports/"), "the quickstart must not write over the shipped bundle"
-    if shutil.which("git") is None or subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT,
-                                                      capture_output=True).returncode != 0:
+    if (
+        shutil.which("git") is None
+        or subprocess.run(["git", "rev-parse", "--git-dir"], check=False, cwd=ROOT, capture_output=True).returncode != 0
+    ):
         pytest.skip("not a git checkout")
     # the bundle, and the unit cache `anistat run` keeps beside it (pipeline: OUT/../.anistat-cache/)
-    written = [f"{out}/{name}" for name in ("report.html", "results.csv", "figures/energy_ratio_trajectory.png",
-                                            "manifest.json")]
+    written = [
+        f"{out}/{name}"
+        for name in ("report.html", "results.csv", "figures/energy_ratio_trajectory.png", "manifest.json")
+    ]
     written.append(f"{Path(out).parent.as_posix()}/.anistat-cache/{Path(out).name}-0123456789abcdef-a5/unit.pt")
     for path in written:
-        proc = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT)
+        proc = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], check=False, cwd=ROOT)
         assert proc.returncode == 0, f"{path} is not ignored by git: a newcomer's quickstart would dirty the clone"
-    tracked = subprocess.run(["git", "ls-files", out], cwd=ROOT, capture_output=True, text=True).stdout
+    tracked = subprocess.run(["git", "ls-files", out], check=False, cwd=ROOT, capture_output=True, text=True).stdout
     assert not tracked.strip()
 
 
 def test_the_readme_test_command_is_the_one_ci_runs():
     readme = README.read_text(encoding="utf-8")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    commands = re.findall(r"^python -m pip install torch==\S+ -e \"[^\"]+\" && python -m pytest.*$", readme, re.M)
+    commands = re.findall(
+        r"^python -m pip install torch==\S+ -e \"[^\"]+\" && python -m pytest.*$", readme, re.MULTILINE
+    )
     assert len(commands) == 1, "the README has one test command"
     assert commands[0] in ci.splitlines(), f"{commands[0]!r} is not what .ci/run runs"

@@ -16,17 +16,29 @@ TEXT_SUFFIXES = (".md", ".py", ".yaml", ".yml", ".toml", ".txt", ".j2", ".cfg", 
 #: Phrases of a lab diary. Each is matched case-insensitively on word boundaries; the list names
 #: the ways a work log refers to itself, not ordinary words ("a test stops after 10 draws").
 DIARY_PHRASES = (
-    "this stop", "the previous stop", "previous stop", "last stop", "next stop", "the stop before",
-    "the stop after", "stop's code", "earlier stop", "this session", "last session", "previous session",
-    "earlier session", "next session", "this sitting",
+    "this stop",
+    "the previous stop",
+    "previous stop",
+    "last stop",
+    "next stop",
+    "the stop before",
+    "the stop after",
+    "stop's code",
+    "earlier stop",
+    "this session",
+    "last session",
+    "previous session",
+    "earlier session",
+    "next session",
+    "this sitting",
 )
-PATTERN = re.compile(r"\b(" + "|".join(re.escape(p) for p in DIARY_PHRASES) + r")\b", re.I)
+PATTERN = re.compile(r"\b(" + "|".join(re.escape(p) for p in DIARY_PHRASES) + r")\b", re.IGNORECASE)
 THIS_FILE = Path(__file__).resolve()
 
 
 def tracked_text_files(root: Path = ROOT) -> list[Path]:
     """Tracked files with a text suffix (every such file under `root` outside a git checkout)."""
-    proc = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True)
+    proc = subprocess.run(["git", "ls-files", "-z"], check=False, cwd=root, capture_output=True)
     if proc.returncode == 0:
         names = [n for n in proc.stdout.decode("utf-8").split("\0") if n]
         return [root / n for n in names if n.endswith(TEXT_SUFFIXES) and (root / n).is_file()]
@@ -49,8 +61,10 @@ def diary_lines(paths: list[Path]) -> list[str]:
         for number, line in enumerate(text.splitlines(), 1):
             match = PATTERN.search(line)
             if match:
-                hits.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{number}: "
-                            f"'{match.group(0)}' in: {line.strip()[:120]}")
+                hits.append(
+                    f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{number}: "
+                    f"'{match.group(0)}' in: {line.strip()[:120]}"
+                )
     return hits
 
 
@@ -58,17 +72,19 @@ def test_no_tracked_text_narrates_its_development():
     files = tracked_text_files()
     assert len(files) > 50
     hits = diary_lines(files)
-    assert not hits, "diary phrases (describe the product as it is; history goes to CHANGELOG.md):\n" + \
-        "\n".join(hits)
+    assert not hits, "diary phrases (describe the product as it is; history goes to CHANGELOG.md):\n" + "\n".join(hits)
 
 
-@pytest.mark.parametrize("line,found", [
-    ("the ratio rose to 2.47 this stop", True),
-    ("The previous stop's code measured 2.32", True),
-    ("measured in the last session", True),
-    ("a test stops after 10 draws have reached its value", False),
-    ("sequential stopping ends most tests early", False),
-])
+@pytest.mark.parametrize(
+    "line,found",
+    [
+        ("the ratio rose to 2.47 this stop", True),
+        ("The previous stop's code measured 2.32", True),
+        ("measured in the last session", True),
+        ("a test stops after 10 draws have reached its value", False),
+        ("sequential stopping ends most tests early", False),
+    ],
+)
 def test_the_check_finds_diary_phrases_and_spares_ordinary_words(tmp_path, line, found):
     path = tmp_path / "note.md"
     path.write_text(f"# note\n\n{line}\n", encoding="utf-8")
