@@ -202,7 +202,11 @@ def cli_reference_markdown() -> str:
                 else:
                     names = (param.name or "").upper()
                 default = param.default
-                shown = "required" if param.required else ("—" if default in (None, False, ()) else f"`{default}`")
+                shown = (
+                    "required"
+                    if param.required
+                    else ("—" if default is None or default is False or default == () else f"`{default}`")
+                )
                 lines.append(f"| `{_cell(names)}` | {_cell(shown)} | {_cell(getattr(param, 'help', '') or '')} |")
             lines.append("")
     return "\n".join(lines)
