@@ -250,6 +250,8 @@ def check_destination(out: Path, where: str | None = None) -> None:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise AnistatInputError(f"{where}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise AnistatInputError(f"{where}: directory {ancestor} is not writable; {write_hint('permission denied')}")
     for folder in (ancestor, out) if out.is_dir() else (ancestor,):  # an old bundle is emptied when replaced
         problem = write_probe_problem(folder)
         if problem:
