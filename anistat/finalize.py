@@ -30,11 +30,14 @@ def finalize_bundle(units: Iterable[UnitArtifact] | str | Path, protocol: Any, o
     `out`. `token_counts` (model → corpus token counts) enables the frequency table. Returns
     the `RunResult` (out, results, manifest, claims) that `anistat.run` returns."""
     from .analyze import analyze_run
-    from .bundle import RunFacts, few_resampling_units_warnings, publish_bundle, unit_records, utc_now
+    from .bundle import (
+        RunFacts, check_destination, few_resampling_units_warnings, publish_bundle, unit_records, utc_now,
+    )
     from .claims import evaluate_claims
     from .errors import AnistatInputError
     from .protocol import Protocol, load_protocol
 
+    check_destination(Path(out))  # before the analysis: a folder that cannot be replaced is said at once
     started = time.perf_counter()
     started_at = started_at or utc_now()
     if not isinstance(protocol, Protocol):

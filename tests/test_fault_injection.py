@@ -541,3 +541,30 @@ def test_a_real_checkpoint_passes_and_each_cut_fails(study):
     for cut in (0, 7, 8, 100, size // 2, size - 1):
         os.truncate(weights, cut)
         assert safetensors_problem(weights) is not None and not library_accepts(weights), cut
+
+
+def test_a_truncated_pytorch_bin_is_named_by_validate(study, capfd):
+    """A checkpoint saved as pytorch_model.bin (a zip): healthy, it passes; cut short, its zip
+    directory is gone and validate names the file."""
+    import torch
+
+    folder = study / "ckpt" / "step20"
+    from safetensors.torch import load_file
+
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    code, _, err = cli(capfd, "validate", study / "study.yaml")
+    assert code == 0, err
+    truncate(folder / "pytorch_model.bin")
+    code, _, err = cli(capfd, "validate", study / "study.yaml")
+    assert_one_line(code, err, allowed=(2,))
+    assert "step20" in err and "pytorch_model.bin" in err and "zip directory" in err
+
+
+def test_a_sharded_checkpoint_missing_a_shard_is_named_by_validate(study, capfd):
+    folder = study / "ckpt" / "step20"
+    index = {"metadata": {}, "weight_map": {"transformer.wte.weight": "model-00001-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    code, _, err = cli(capfd, "validate", study / "study.yaml")
+    assert_one_line(code, err, allowed=(2,))
+    assert "model-00001-of-00002.safetensors" in err and "step20" in err
