@@ -12,9 +12,11 @@
 
 A bundle is written into a hidden temporary directory beside its destination and moved into
 place with one rename, so a crash never leaves a half bundle. An existing destination is
-replaced only if it is itself an anistat bundle (has `manifest.json`) or empty — anything else
-is the user's and is never touched. Every file name is fixed by anistat, so nothing can be
-written outside the chosen directory.
+replaced only if it is empty or an anistat bundle (has `manifest.json`) that holds nothing but
+what anistat wrote (:func:`foreign_files`: the files its manifest lists and the fixed names of
+its kind) — a file the user added (notes, an edited copy) makes every command that would
+replace the folder refuse before any work starts. Every file name is fixed by anistat, so
+nothing can be written outside the chosen directory.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import sys
@@ -159,10 +162,73 @@ def integrity_problems(bundle: Path, manifest: Mapping[str, Any]) -> list[Integr
     return problems
 
 
+#: The file names each kind of bundle writes (beside those its manifest's ``files`` lists), by
+#: the key that marks its manifest. = ``anistat.report.figures.FIGURES`` (a test keeps them equal;
+#: the report module imports matplotlib).
+FIGURE_NAMES = ("energy_ratio_trajectory", "null_distribution", "forest_effects", "proxy_oracle_controls",
+                "delta_isoscore", "frequency_buckets", "calibration", "null_check")
+BUNDLE_KINDS: dict[str, tuple[str, ...]] = {
+    "anistat_bundle": ("manifest.json", *DATA_FILES, *RENDERED_FILES,
+                       *(f"figures/{name}.{ext}" for name in FIGURE_NAMES for ext in ("png", "pdf"))),
+    "anistat_comparison": ("manifest.json", "comparison.csv", "comparison.json", "comparison.html",
+                           "comparison.tex"),
+    "anistat_calibration": ("manifest.json", "family.csv",
+                            *(f"calibration.{ext}" for ext in ("csv", "json", "png", "pdf", "html"))),
+}
+#: Directories anistat creates inside a bundle (and removes with it).
+BUNDLE_DIRS = ("figures",)
+#: Leftovers of an anistat write killed half-way: an atomic write's `.NAME.XXXX.tmp` and
+#: `anistat report`'s `.rerender.XXXX/` staging folder.
+_ANISTAT_LEFTOVER = re.compile(r"(.*/)?\.[^/]+\.[^/.]+\.tmp|\.rerender\.[^/]+(/.*)?")
+#: Unknown files named in the refusal (the count covers them all).
+FOREIGN_SHOWN = 3
+
+
+def foreign_files(out: Path) -> list[str]:
+    """The files (and empty folders, as ``name/``) in the bundle folder ``out`` that anistat did
+    not write, as sorted relative POSIX paths: everything except the names the old manifest's
+    ``files`` lists, the fixed names of its bundle kind (:data:`BUNDLE_KINDS`, all kinds when the
+    manifest cannot be read) and anistat's own leftovers of an interrupted write. Replacing or
+    deleting ``out`` would lose exactly these, so :func:`check_destination` refuses them."""
+    try:
+        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        manifest = None
+    known: set[str] = set()
+    kinds = [k for k in BUNDLE_KINDS if isinstance(manifest, dict) and k in manifest] or list(BUNDLE_KINDS)
+    for kind in kinds:
+        known.update(BUNDLE_KINDS[kind])
+    recorded = manifest.get("files") if isinstance(manifest, dict) else None
+    if isinstance(recorded, Mapping):
+        known.update(str(name) for name in recorded)
+    foreign = []
+    for folder, directories, files in os.walk(out):
+        relative = Path(folder).relative_to(out).as_posix()
+        prefix = "" if relative == "." else relative + "/"
+        # a link is replaced, never followed: one named like anistat's own folder is anistat's
+        links = [d for d in directories if os.path.islink(os.path.join(folder, d)) and prefix + d not in BUNDLE_DIRS]
+        for name in files + links:
+            path = prefix + name
+            if path not in known and not _ANISTAT_LEFTOVER.fullmatch(path):
+                foreign.append(path)
+        if prefix and not files and not directories and prefix.rstrip("/") not in BUNDLE_DIRS \
+                and not _ANISTAT_LEFTOVER.fullmatch(prefix.rstrip("/")):
+            foreign.append(prefix)
+    return sorted(foreign)
+
+
+def foreign_files_message(where: str, foreign: Sequence[str], replaced: str = "replace the folder") -> str:
+    """The one-line refusal: the first few unknown files, their count, and the fix."""
+    shown = ", ".join(foreign[:FOREIGN_SHOWN]) + (", …" if len(foreign) > FOREIGN_SHOWN else "")
+    return (f"{where}: holds {len(foreign)} file(s) anistat did not write ({shown}); anistat never deletes "
+            f"them, so it will not {replaced}: move them out of the folder or choose another --out")
+
+
 def check_destination(out: Path, where: str | None = None) -> None:
-    """Refuse to replace a directory that is not an anistat bundle (or to write into a file).
-    `where` names the destination in messages (default `--out OUT`; `anistat run` says when the
-    folder is the protocol's default one, which the user never typed)."""
+    """Refuse to replace a directory that is not an anistat bundle, or a bundle holding files
+    anistat did not write (:func:`foreign_files`), or to write into a file. `where` names the
+    destination in messages (default `--out OUT`; `anistat run` says when the folder is the
+    protocol's default one, which the user never typed)."""
     where = where or f"--out {out}"
     if out.name in ("", ".", ".."):
         raise AnistatInputError(f"{where}: name the bundle directory itself (e.g. {Path(out, 'bundle')})")
@@ -171,15 +237,53 @@ def check_destination(out: Path, where: str | None = None) -> None:
     if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
         raise AnistatInputError(f"{where}: directory exists, is not empty and is not an anistat bundle; "
                                 "choose another --out")
-    # Nothing is created here (a run that fails later must leave no trace): the nearest existing
-    # ancestor must be a writable directory; staged_bundle creates the missing parents.
+    if out.is_dir():
+        foreign = foreign_files(out)
+        if foreign:
+            raise AnistatInputError(foreign_files_message(where, foreign))
+    # Nothing is left here (a run that fails later must leave no trace): the nearest existing
+    # ancestor, where the bundle is staged and the cache kept, must be a directory that really
+    # takes a file (a probe is created and removed: permissions, a read-only file system, a full
+    # quota are all found now, not after the run); staged_bundle creates the missing parents.
     ancestor = out.parent if str(out.parent) else Path(".")
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise AnistatInputError(f"{where}: {ancestor} is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise AnistatInputError(f"{where}: directory {ancestor} is not writable")
+        raise AnistatInputError(f"{where}: directory {ancestor} is not writable; {write_hint('permission denied')}")
+    for folder in (ancestor, out) if out.is_dir() else (ancestor,):  # an old bundle is emptied when replaced
+        problem = write_probe_problem(folder)
+        if problem:
+            raise AnistatInputError(f"{where}: cannot write in {folder} ({problem}); {write_hint(problem)}")
+
+
+def write_probe_problem(folder: Path) -> str | None:
+    """Why no file can be written in `folder` (None when one can): a hidden probe file is
+    created and removed at once."""
+    try:
+        handle, name = tempfile.mkstemp(prefix=".anistat-write-probe.", dir=folder)
+    except OSError as error:
+        return error.strerror or str(error)
+    os.close(handle)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+    return None
+
+
+def write_hint(reason: str, errno_name: str = "") -> str:
+    """The fix for a failed write, from its cause (`reason`: the OS's text; `errno_name`:
+    e.g. ``ENOSPC``)."""
+    text = reason.lower()
+    if errno_name in ("ENOSPC", "EDQUOT", "EFBIG") or "space" in text or "quota" in text or "too large" in text:
+        return "the disk is full: free space there or choose another --out"
+    if errno_name == "EROFS" or "read-only" in text:
+        return "the file system is read-only: choose another --out"
+    if errno_name in ("EACCES", "EPERM") or "permission" in text or "not permitted" in text:
+        return "permission denied: make the folder writable (chmod u+w) or choose another --out"
+    if errno_name in ("EMFILE", "ENFILE") or "open files" in text:
+        return "too many open files: raise the limit (ulimit -n) or close other programs"
+    return "choose another --out"
 
 
 @contextlib.contextmanager
@@ -333,6 +437,38 @@ class RunFacts:
     warnings: tuple[str, ...] = ()
     null_settings: Mapping[str, Any] = field(default_factory=dict)
     threads: "ThreadChoice | None" = None  # None where anistat did not set the threads (a user's training loop)
+
+
+#: The fewest resampling units (documents, or sequences) a unit's intervals need; a unit with
+#: fewer is named in the run's warnings. The same name and value as the analysis' threshold for
+#: withholding an interval: below 10 a bootstrap of so few units has few distinct resamples and
+#: its interval is not to be trusted.
+MIN_RESAMPLING_UNITS = 10
+
+
+def few_resampling_units_warnings(results: "pd.DataFrame") -> list[str]:
+    """One run-level warning naming the units whose intervals rest on fewer than
+    :data:`MIN_RESAMPLING_UNITS` resampling units (``n_clusters`` of their energy rows: documents
+    or sequences, whichever `stats.resampling_unit` resampled); [] when there is none."""
+    import pandas as pd
+
+    needed = {"model", "checkpoint", "site", "metric", "n_clusters"}
+    if results.empty or not needed <= set(results.columns):
+        return []
+    rows = results[results["metric"] == "energy_ratio"]
+    counts = pd.to_numeric(rows["n_clusters"], errors="coerce")
+    few = rows[counts < MIN_RESAMPLING_UNITS].assign(n=counts[counts < MIN_RESAMPLING_UNITS])
+    if few.empty:
+        return []
+    units = few.groupby(["model", "checkpoint", "site"], sort=False, dropna=False)["n"].min()
+    shown = ", ".join(f"{m} {c} {s} ({int(n)})" for (m, c, s), n in list(units.items())[:3])
+    more = f", … ({len(units)} units)" if len(units) > 3 else ""
+    named = few["note"].astype(str).str.extract(r"\d+ (documents|sequences) resampled")[0].dropna().unique() \
+        if "note" in few else []
+    what = named[0] if len(named) == 1 else "documents or sequences"
+    return [f"{len(units)} unit(s) have fewer than {MIN_RESAMPLING_UNITS} resampling units ({what}) for their "
+            f"intervals: {shown}{more}; their intervals and data tests rest on too few {what} — measure more "
+            "(more documents, data.n_test_sequences)"]
 
 
 def unit_records(artifacts: Sequence[Any]) -> tuple[dict[str, Any], ...]:

@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import shutil
 import sys
 import time
 import warnings
@@ -503,8 +502,22 @@ class TrainingMeter:
         result = finalize_bundle(self.artifacts, self.protocol, self.out, token_counts=counts, models=models,
                                  device=str(self.device), started_at=self._started_at, corpus=corpus)
         if not self.keep_units:
-            shutil.rmtree(self.units_dir, ignore_errors=True)
+            self._remove_saved_units()
         return result
+
+    def _remove_saved_units(self) -> None:
+        """Delete the unit files this meter saved (`<id>.json` + its arrays) and then the folder
+        if it is empty: never a file it did not write (the folder's name is chosen from `out`, and
+        a user's folder of that name keeps its own files)."""
+        from .collect.artifact import _arrays_path
+
+        for artifact in self.artifacts:
+            meta = self.units_dir / f"{artifact.key.id}.json"
+            for path in (meta, _arrays_path(meta)):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        with contextlib.suppress(OSError):
+            self.units_dir.rmdir()
 
 
 def _trainer_callback_base():

@@ -1,5 +1,9 @@
 """The `anistat` command line (typer).
 
+Nothing of the user's is ever deleted: a command that replaces a folder (`run --overwrite`,
+`verify --against`, `compare`, `calibrate`, `report`'s re-rendered outputs) first checks that it
+holds only what anistat wrote, and otherwise refuses in one line naming the unknown files.
+
 Exit codes: 0 success; 1 claims failed (`verify`, or `run` with failing claims) or, for `diff`,
 a rerun that does not reproduce; 2 invalid input or an interrupted run (nothing half-written: no
 bundle, no staging directory; finished units stay in the cache, the message says where, and a
@@ -46,7 +50,10 @@ def run(
     device: Optional[str] = typer.Option(None, help="auto | cpu | cuda | mps (overrides the protocol)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
     keep_cache: bool = typer.Option(False, help="Keep the per-unit cache after success."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing bundle at --out."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace an existing bundle at --out. Only a folder holding nothing but what "
+        "anistat wrote is replaced (the files its manifest lists and the fixed names of a bundle); any other file "
+        "there (e.g. your notes) makes the run refuse before it starts: move it out or choose another --out."),
     threads: Optional[int] = typer.Option(
         None, "--threads", min=1, max=1024,
         help="CPU threads for torch and numpy's BLAS (overrides the protocol's threads; default: OMP_NUM_THREADS, "
@@ -185,7 +192,7 @@ def calibrate(
     """Simulation study of the statistics engine under realistic nulls: type-I error of the exact
     test (all draws and sequential) and of the paper's normal-control convention, the data test,
     CI coverage at several study sizes, power, and multiplicity with draws shared by many units."""
-    from .bundle import staged_bundle, write_json
+    from .bundle import check_destination, staged_bundle, write_json
     from .stats import run_calibration, write_calibration_report
     from .stats.calibrate import SCENARIOS, describe_goal
     from .stats.family_calibration import run_family_calibration
@@ -197,6 +204,7 @@ def calibrate(
         raise AnistatInputError(f"--ci-method must be studentized, bca or percentile, got '{ci_method}'")
     if any(n < 3 for n in coverage_documents):
         raise AnistatInputError("--coverage-documents must be at least 3")
+    check_destination(out)  # before the simulation: a folder that cannot be replaced is said at once
     result = run_calibration(n_simulations=n_simulations, seed=seed, scenarios=tuple(scenario),
                              n_documents=n_documents, coverage_documents=tuple(coverage_documents), n_jobs=jobs,
                              ci_method=ci_method)
@@ -240,7 +248,9 @@ def verify(
     claims: Optional[Path] = typer.Option(
         None, "--claims", help="Evaluate the claims in this YAML file (a list, or a protocol's 'claims:') against "
         "the bundle instead of its protocol's; nothing is re-run."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="With --against: replace an existing re-run bundle."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="With --against: replace an existing re-run bundle (only if it holds nothing but "
+        "what anistat wrote; a file you added there makes the command refuse before the re-run)."),
     as_json: bool = typer.Option(False, "--json", help="Print the integrity check and every claim record (the "
                                  "same records as claims.json) as one JSON document on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q"),

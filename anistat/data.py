@@ -42,6 +42,8 @@ class Corpus:
     name: str
     documents: tuple[str, ...]
     sha256: str
+    #: what was skipped while reading (empty files, blank records): run-level warnings
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,10 @@ def _read_text(path: Path) -> str:
 
 
 def load_corpus(spec: DataSpec) -> Corpus:
-    """Load the documents named by the protocol's data section."""
+    """Load the documents named by the protocol's data section. An empty file among
+    `data.paths`, blank JSONL lines and records with empty text are skipped and said in the
+    corpus' `warnings` (the run's warnings: terminal, manifest, report)."""
+    skipped: list[str] = []
     if spec.source == "builtin":
         documents = builtin_corpus()
         name = "builtin:pydoc_data.topics"
@@ -134,11 +139,16 @@ def load_corpus(spec: DataSpec) -> Corpus:
         documents = []
         for path in _expand_paths(spec.paths):
             text = _read_text(path)
+            if not text.strip():
+                skipped.append(f"data.paths: {path} is empty and was skipped")
+                continue
             if spec.source == "text":
                 documents.append(text)
                 continue
+            blank_lines, blank_texts = 0, 0
             for number, line in enumerate(text.splitlines(), start=1):
                 if not line.strip():
+                    blank_lines += 1
                     continue
                 try:
                     record = json.loads(line)
@@ -148,7 +158,14 @@ def load_corpus(spec: DataSpec) -> Corpus:
                     raise AnistatInputError(
                         f"{path}:{number}: record has no string field '{spec.text_field}'"
                     )
+                if not record[spec.text_field].strip():
+                    blank_texts += 1
                 documents.append(record[spec.text_field])
+            if blank_lines or blank_texts:
+                parts = [f"{n} {what}" for n, what in ((blank_lines, "blank line(s)"),
+                                                       (blank_texts, f"record(s) with an empty '{spec.text_field}'"))
+                         if n]
+                skipped.append(f"data.paths: {' and '.join(parts)} in {path} were skipped")
         name = f"{spec.source}:" + ",".join(spec.paths)
     documents = [doc for doc in documents if doc.strip()]
     if spec.max_documents is not None:
@@ -156,7 +173,7 @@ def load_corpus(spec: DataSpec) -> Corpus:
     if not documents:
         raise AnistatInputError(f"data: the corpus ({name}) is empty")
     digest = _sha256_documents(documents)
-    return Corpus(name=name, documents=tuple(documents), sha256=digest)
+    return Corpus(name=name, documents=tuple(documents), sha256=digest, warnings=tuple(skipped))
 
 
 def hf_dataset_documents(spec: DataSpec) -> list[str]:

@@ -24,6 +24,11 @@ class AnistatInputError(AnistatError):
     exit_code = 2
 
 
+class CheckpointLoadError(AnistatInputError):
+    """A checkpoint's weights fail to load during `anistat run` although its files passed the
+    preflight's checks; the run adds where its finished units are kept."""
+
+
 class IncompleteRun(AnistatError):
     """The run finished and its bundle was written, but some units failed (e.g. NaN/Inf
     gradients): exit code 3, so scripts can tell it from 2 (nothing written). The failed units

@@ -30,11 +30,14 @@ def finalize_bundle(units: Iterable[UnitArtifact] | str | Path, protocol: Any, o
     `out`. `token_counts` (model → corpus token counts) enables the frequency table. Returns
     the `RunResult` (out, results, manifest, claims) that `anistat.run` returns."""
     from .analyze import analyze_run
-    from .bundle import RunFacts, publish_bundle, unit_records, utc_now
+    from .bundle import (
+        RunFacts, check_destination, few_resampling_units_warnings, publish_bundle, unit_records, utc_now,
+    )
     from .claims import evaluate_claims
     from .errors import AnistatInputError
     from .protocol import Protocol, load_protocol
 
+    check_destination(Path(out))  # before the analysis: a folder that cannot be replaced is said at once
     started = time.perf_counter()
     started_at = started_at or utc_now()
     if not isinstance(protocol, Protocol):
@@ -47,6 +50,6 @@ def finalize_bundle(units: Iterable[UnitArtifact] | str | Path, protocol: Any, o
     facts = RunFacts(device=device, started_at=started_at, seconds=time.perf_counter() - started,
                      corpus=corpus or {"name": "external", "sha256": None, "documents": None},
                      models=models or {}, units=unit_records(artifacts),
-                     warnings=tuple(results.attrs.get("warnings", [])),
+                     warnings=(*results.attrs.get("warnings", []), *few_resampling_units_warnings(results)),
                      null_settings=dict(results.attrs.get("null_settings", {})))
     return publish_bundle(Path(out), protocol, results, frequency, claims, list(concept_cards or []), facts)

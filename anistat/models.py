@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .data import BuiltinTokenizer, Corpus, PretrainedTokenizer, Splits, make_splits, mask_for_mlm
-from .errors import AnistatInputError
+from .errors import AnistatInputError, CheckpointLoadError
 from .objective import count_targets, lm_loss  # noqa: F401  (re-exported: anistat.models.lm_loss)
 from .protocol import DataSpec, ModelSpec
 from .runtime import single_thread
@@ -258,8 +258,20 @@ def _load_pretrained(source: str, objective: str | None, revision: str | None, s
         model = auto.from_pretrained(source, config=config, dtype=torch.float32, **model_kwargs, **kwargs)
     except (OSError, ValueError, KeyError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise AnistatInputError(f"{where} has no loadable {objective} weights: {first_line}") from None
+        raise CheckpointLoadError(f"{where} has no loadable {objective} weights: {first_line}") from None
+    except Exception as error:  # noqa: BLE001 - e.g. SafetensorError, a shape mismatch: the file's, named
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        files = ", ".join(p.name for p in _weight_files(Path(source))) or "its weight files"
+        raise CheckpointLoadError(f"{where}: {files} cannot be loaded ({type(error).__name__}: {first_line}); "
+                                  "save the checkpoint again (model.save_pretrained)") from None
     return model.eval(), objective
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    """The weight files transformers reads from a `save_pretrained` folder (safetensors first)."""
+    if not directory.is_dir():
+        return []
+    return sorted(directory.glob("*.safetensors")) or sorted(directory.glob("*.bin"))
 
 
 def _pretrained_tokenizer(source: str, revision: str | None, spec: ModelSpec, local_only: bool) -> PretrainedTokenizer:

@@ -18,7 +18,10 @@ import pandas as pd
 import torch
 
 from .analyze import analyze_run
-from .bundle import RunFacts, RunResult, check_destination, publish_bundle, unit_records, utc_now
+from .bundle import (
+    RunFacts, RunResult, check_destination, few_resampling_units_warnings, publish_bundle, unit_records, utc_now,
+    write_hint,
+)
 from .collect import (
     BasisSet, FitSampler, Site, UnitArtifact, UnitKey, autocast, concept_cards, measure_checkpoint, model_inputs,
     probe, resolve_precision, sites_from_spec,
@@ -27,7 +30,7 @@ from .collect import distributed
 from .collect.artifact import ARTIFACT_FORMAT
 from .collect.progress import bar
 from .data import load_corpus
-from .errors import AnistatInputError, RunInterrupted
+from .errors import AnistatInputError, CheckpointLoadError, RunInterrupted
 from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_variants
 from .models import ModelSeries, resolve_models
 from .seeding import derive_seed
@@ -272,10 +275,12 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
     corpus = load_corpus(data)
     log(f"corpus {corpus.name}: {len(corpus.documents)} documents"
         + (f"; {distributed.world_size()} processes" if distributed.active() else ""))
+    for warning in corpus.warnings:
+        log(f"warning: {warning}")
     artifacts: list[UnitArtifact] = []
     info: dict[str, Any] = {"corpus": {"name": corpus.name, "sha256": corpus.sha256,
                                        "documents": len(corpus.documents)},
-                            "models": {}, "concept_cards": [], "frequency": {}}
+                            "models": {}, "concept_cards": [], "frequency": {}, "warnings": list(corpus.warnings)}
     units_dir = cache / "units"
     for series in resolve_models(models, corpus, data, protocol.seed, log):
         spec = series.spec
@@ -395,9 +400,23 @@ def _run(protocol: Protocol, out: Path, cache: Path, torch_device: torch.device,
     except RunInterrupted:
         raise
     except KeyboardInterrupt:
-        units = cache / "units"
-        finished = len(list(units.glob("*.json"))) if units.is_dir() else 0
-        raise RunInterrupted(units, finished) from None
+        raise RunInterrupted(cache / "units", _finished_units(cache)) from None
+    except CheckpointLoadError as error:  # weights that passed the preflight's header check
+        raise AnistatInputError(f"{error}; {_kept(cache)}") from None
+
+
+def _finished_units(cache: Path) -> int:
+    units = cache / "units"
+    return len(list(units.glob("*.json"))) if units.is_dir() else 0
+
+
+def _kept(cache: Path) -> str:
+    """Where the finished units of a failed run are, as the end of its one-line message."""
+    finished = _finished_units(cache)
+    if finished == 0:
+        return "no unit was finished, so nothing was kept"
+    return (f"{finished} finished unit{'s are' if finished != 1 else ' is'} kept in {cache / 'units'}; "
+            "a rerun resumes")
 
 
 def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_device: torch.device,
@@ -423,11 +442,12 @@ def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_d
             f"{nulls.get('n_test_resamples')} data-test resamples, sized for a family of {nulls.get('n_tests')} "
             f"({time.perf_counter() - stage:.1f}s)")
     except OSError as error:
-        user_error = _disk_error(error)
+        user_error = _disk_error(error, cache)
         if user_error is None:
             raise
         raise user_error from error
-    for warning in results.attrs.get("warnings", []):
+    few_units = few_resampling_units_warnings(results)
+    for warning in [*results.attrs.get("warnings", []), *few_units]:
         log(f"warning: {warning}")
     claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
@@ -436,12 +456,12 @@ def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_d
         + (", report.pdf" if protocol.report.compile_pdf else "") + " …")
     facts = RunFacts(device=str(torch_device), started_at=started_at, seconds=time.perf_counter() - started,
                      corpus=info["corpus"], models=info["models"], units=unit_records(artifacts),
-                     warnings=tuple(results.attrs.get("warnings", [])),
+                     warnings=(*info.pop("warnings"), *results.attrs.get("warnings", []), *few_units),
                      null_settings=dict(results.attrs.get("null_settings", {})), threads=thread_choice)
     try:
         outcome = publish_bundle(out, protocol, results, frequency, claims, info["concept_cards"], facts)
     except OSError as error:
-        user_error = _disk_error(error)
+        user_error = _disk_error(error, cache)
         if user_error is None:
             raise
         raise user_error from error
@@ -458,8 +478,9 @@ def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_d
 _DISK_ERRNOS = {"ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS", "EFBIG", "EMFILE", "ENFILE"}
 
 
-def _disk_error(error: OSError) -> AnistatInputError | None:
+def _disk_error(error: OSError, cache: Path) -> AnistatInputError | None:
     """A full / read-only / forbidden disk while writing the cache or the bundle, as one line
+    with the fix for its cause (`anistat.bundle.write_hint`) and where the finished units are
     (None for any other OSError: a bug keeps its traceback)."""
     import errno as errno_names
 
@@ -467,8 +488,8 @@ def _disk_error(error: OSError) -> AnistatInputError | None:
     if name not in _DISK_ERRNOS:
         return None
     target = error.filename or "the cache"
-    return AnistatInputError(f"cannot write {target} ({error.strerror or name}); free space or choose "
-                             "another --out; finished units are kept and a rerun resumes")
+    reason = error.strerror or name
+    return AnistatInputError(f"cannot write {target} ({reason}); {write_hint(reason, name)}; {_kept(cache)}")
 
 
 def _remove_if_empty(directory: Path) -> None:

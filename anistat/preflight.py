@@ -14,7 +14,13 @@ What is checked, per model (no weights are read):
   the model's maximum positions;
 * the sites: layers and site names exist (`residual.7` on a 3-block model is an error); module
   sites are resolved on a weightless (meta-device) model built from the config;
-* data files (`data.paths`) exist.
+* data files (`data.paths`) exist;
+* local checkpoint files open as `run` will open them, read cheaply (:func:`checkpoint_file_problem`):
+  every safetensors file's header (its length, its JSON, each tensor's dtype × shape against
+  its byte span, and 8 + header + data = the file's size: a truncated or extended file is
+  named), a sharded checkpoint's index against its shards, a `.bin` file's zip directory
+  (where no safetensors file is there to be preferred), and the first folder's tokenizer,
+  loaded offline (`run` tokenises the corpus with it).
 
 Then the protocol's claims are checked against the rows the plan will produce (`RowPlan`): the
 metric must be one the run writes, every `where` key a column of `results.csv` /
@@ -400,6 +406,8 @@ def plan_pretrained(spec: ModelSpec, protocol: Protocol, base: Path | None) -> P
                 message = f"{str(config).split(': ', 1)[1]} (HF_HUB_OFFLINE is set: only the local cache is read)"
             raise AnistatInputError(f"{where}: {message}") if message else config
         configs.append(config)
+    if spec.source == "local":
+        _check_checkpoint_files(where, [Path(source) for source, _, _ in sources], spec.trust_remote_code)
     sizes = [config_sizes(c) for c in configs]
     hidden_size, num_layers, max_positions = sizes[0]
     if any(s[:2] != sizes[0][:2] for s in sizes):
@@ -421,6 +429,157 @@ def plan_pretrained(spec: ModelSpec, protocol: Protocol, base: Path | None) -> P
     steps = list(spec.steps) if spec.steps else [None] * len(sources)
     checkpoints = tuple((label, step) for (_, _, label), step in zip(sources, steps))
     return PlannedModel(spec.name, spec.source, objective, hidden_size, num_layers, checkpoints, tuple(sites))
+
+
+#: Bits per element of each safetensors dtype (the format's own table).
+SAFETENSORS_DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16, "F16": 16,
+    "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64, "F4": 4, "F6_E2M3": 6,
+    "F6_E3M2": 6, "C64": 64,
+}
+#: The largest header the safetensors library accepts (its `MAX_HEADER_SIZE`).
+SAFETENSORS_MAX_HEADER = 100_000_000
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why the safetensors file at `path` cannot be loaded, read from its header alone (None
+    when it can): the file is 8 bytes of little-endian header length n, n bytes of JSON
+    ``{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}`` and the data;
+    every tensor's span must hold exactly dtype bits × prod(shape) / 8 bytes, the spans must
+    tile the data without gap or overlap, and 8 + n + data must be the file's size (so a
+    truncated and an extended file are both caught). Only the header is read."""
+    import json
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as stream:
+            prefix = stream.read(8)
+            if len(prefix) < 8:
+                return f"{size} bytes: shorter than the 8-byte header length (truncated)"
+            length = int.from_bytes(prefix, "little")
+            if length > size - 8:
+                return f"its header claims {length} bytes but the file has {size - 8} after the length (truncated)"
+            if length > SAFETENSORS_MAX_HEADER:
+                return f"its header claims {length} bytes, more than a safetensors header may have"
+            raw = stream.read(length)
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error})"
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return "its header is not valid JSON (corrupt)"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object (corrupt)"
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list) \
+                or not isinstance(entry.get("data_offsets"), list) or len(entry["data_offsets"]) != 2:
+            return f"tensor '{name}' has no valid dtype, shape and data_offsets (corrupt header)"
+        shape, (begin, end) = entry["shape"], entry["data_offsets"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (*shape, begin, end)) \
+                or end < begin:
+            return f"tensor '{name}' has invalid shape or data_offsets (corrupt header)"
+        bits = SAFETENSORS_DTYPE_BITS.get(entry.get("dtype"))  # type: ignore[arg-type]
+        if bits is None:
+            return f"tensor '{name}' has an unknown dtype {entry.get('dtype')!r} (corrupt header)"
+        elements = 1
+        for v in shape:
+            elements *= v
+        if elements * bits % 8 or end - begin != elements * bits // 8:
+            return (f"tensor '{name}' ({entry['dtype']} {shape}) needs {elements * bits / 8:g} bytes but spans "
+                    f"{end - begin} (corrupt header)")
+        spans.append((begin, end, name))
+    spans.sort()
+    position = 0
+    for begin, end, name in spans:
+        if begin != position:
+            return f"tensor '{name}' starts at byte {begin} of the data, not {position} (corrupt header)"
+        position = end
+    data = size - 8 - length
+    if position != data:
+        state = "truncated" if position > data else "extended"
+        return f"its tensors need {position} bytes of data but the file holds {data} ({state})"
+    return None
+
+
+def zip_problem(path: Path) -> str | None:
+    """Why a PyTorch `.bin` checkpoint cannot be opened (None when it can): its zip directory
+    (the end of the file) is read; a legacy pre-zip pickle is accepted as it is."""
+    import zipfile
+
+    try:
+        with open(path, "rb") as stream:
+            if stream.read(1) == b"\x80":  # torch < 1.6's pickle format: no directory to check
+                return None
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error})"
+    except (zipfile.BadZipFile, ValueError, EOFError) as error:
+        return f"its zip directory cannot be read ({error}; truncated or corrupt)"
+    return None
+
+
+def checkpoint_file_problem(directory: Path) -> tuple[str, str] | None:
+    """(file name, why) of the first weight file in a `save_pretrained` folder that cannot be
+    loaded, checked cheaply as `run` will open it (see the module docstring); None when all can.
+    Safetensors files are what transformers loads when present, so `.bin` files are checked
+    only where there is none."""
+    import json
+
+    safetensors = sorted(directory.glob("*.safetensors"))
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return index.name, "is not a readable safetensors index (no weight_map)"
+        missing = sorted(str(name) for name in shards if not (directory / str(name)).is_file())
+        if missing:
+            return index.name, f"names shard {missing[0]}, which is not in the folder"
+    for path in safetensors:
+        problem = safetensors_problem(path)
+        if problem:
+            return path.name, problem
+    if not safetensors:
+        for path in sorted(directory.glob("*.bin")):
+            if path.name.startswith(("pytorch_model", "model")):
+                problem = zip_problem(path)
+                if problem:
+                    return path.name, problem
+    return None
+
+
+def tokenizer_problem(directory: Path, trust_remote_code: bool) -> str | None:
+    """Why the tokenizer in `directory` does not load offline (None when it does): what
+    `anistat run` tokenises the corpus with. A folder without tokenizer files can load as an
+    empty tokenizer (a vocabulary of its special tokens alone), which is refused too."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code,
+                                                  local_files_only=True)
+    except Exception as error:  # noqa: BLE001 - any failure to load is the folder's (one line, named)
+        return _first_line(error)
+    if len(tokenizer) <= len(getattr(tokenizer, "all_special_tokens", ())) + 1:
+        return f"it loads with a vocabulary of {len(tokenizer)} token(s): the tokenizer files are missing"
+    return None
+
+
+def _check_checkpoint_files(where: str, directories: list[Path], trust_remote_code: bool) -> None:
+    """One line, naming the folder and the file, for the first checkpoint `run` could not open."""
+    for directory in directories:
+        found = checkpoint_file_problem(directory)
+        if found:
+            name, why = found
+            raise AnistatInputError(f"{where}: {directory / name}: {why}; save the checkpoint again "
+                                    "(model.save_pretrained) or remove it from the protocol")
+    problem = tokenizer_problem(directories[0], trust_remote_code)
+    if problem:
+        raise AnistatInputError(f"{where}: '{directories[0]}' has no usable tokenizer ({problem}); save it there "
+                                "with tokenizer.save_pretrained(folder)")
 
 
 def _check_data_paths(protocol: Protocol, base: Path | None) -> None:

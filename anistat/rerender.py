@@ -13,7 +13,9 @@ rendered output) is refused — one line, exit 2 — unless the caller passes
 ``edited_data`` (file, recorded and current sha256, when), keeps the *recorded* digest of the
 edited files, so `anistat verify` keeps reporting them as modified, and every report says the
 data were edited after the run. Edits already recorded there do not need the flag again.
-Rendered outputs that differ (an edited report.html, a missing figure) are simply re-rendered.
+Rendered outputs that differ (an edited report.html, a missing figure) are simply re-rendered;
+a file anistat did not write among them (e.g. the user's own picture in figures/) is refused,
+since replacing the folder would delete it.
 
 A report.pdf that is not recompiled (`--no-pdf`, or no pdflatex) is kept as it was; the
 manifest's ``rerenders`` entry says which files were re-rendered and which were kept from an
@@ -30,6 +32,8 @@ from pathlib import Path
 from .bundle import (
     IntegrityProblem,
     file_digests,
+    foreign_files,
+    foreign_files_message,
     integrity_problems,
     is_rendered,
     read_bundle,
@@ -69,6 +73,12 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
     started = time.perf_counter()
     bundle = Path(bundle)
     manifest = read_manifest(bundle)
+    # the rendered outputs are replaced whole (figures/ as a folder): a file the user put among
+    # them would be lost, so it is refused like `--overwrite` refuses one (anistat.bundle)
+    replaced = [name for name in foreign_files(bundle) if name.split("/", 1)[0] in RENDERED]
+    if replaced:
+        raise AnistatInputError(foreign_files_message(str(bundle), replaced, "re-render the report over them")
+                                .replace("choose another --out", "re-render a copy of the bundle"))
     problems = integrity_problems(bundle, manifest)
     edits = [p for p in problems if not p.rendered and not p.accepted_at]
     if edits and not allow_edited_data:

@@ -9,8 +9,13 @@ default) resolves, in this order, to
 1. `OMP_NUM_THREADS` when it is set to a positive integer (the usual way to pin a job's threads);
 2. else the CPUs this process may use — the affinity mask (`os.sched_getaffinity`), capped by a
    cgroup CPU quota (`cpu.max` of cgroup v2, `cpu.cfs_quota_us / cpu.cfs_period_us` of v1: a
-   container's "2 CPUs" on a 64-core host) — minus the cores other processes keep busy (the
-   1-minute load average), at least 1.
+   container's "2 CPUs" on a 64-core host) — minus the cores other processes keep busy *now*,
+   at least 1. "Now" is a short sample (:func:`busy_cpus_now`): two reads of `/proc/stat`
+   :data:`CPU_SAMPLE_SECONDS` apart give each usable CPU's busy share, and this process's own
+   CPU time in between is subtracted. Where there is no `/proc/stat` (macOS, Windows) the
+   1-minute load average stands in. The load average reads the past: right after a job has
+   finished it still counts that job's cores, and a run started then would take half the
+   threads of an idle machine (the issue's 2-core case: 1 thread and 107 s where 2 took 75 s).
 
 Why the last step: torch's default is one thread per core, and on a machine whose cores are
 already busy its OpenMP threads wait for each other at every operation. Measured on a 2-core VM
@@ -54,16 +59,77 @@ NUMERIC_ENVIRONMENT = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIO
 ThreadSetting = int | Literal["auto"]
 
 
+#: How long the CPUs are watched to see how many are busy now (seconds).
+CPU_SAMPLE_SECONDS = 0.25
+
+
 @dataclass(frozen=True)
 class CpuBudget:
     """The CPUs this process may use: `affinity` (its affinity mask), `quota` (a cgroup CPU quota
     in CPUs, None when unlimited), `usable` = min of the two (rounded up), `load` the 1-minute
-    load average (None where the platform has none)."""
+    load average (None where the platform has none), `busy` the CPUs other processes keep busy
+    now (:func:`busy_cpus_now`; None when not sampled or not measurable)."""
 
     affinity: int
     quota: float | None
     usable: int
     load: float | None
+    busy: float | None = None
+
+
+def _cpu_jiffies(stat: str, cpus: set[int] | None) -> tuple[int, int]:
+    """(busy, total) clock ticks summed over the per-CPU lines of a `/proc/stat` text, for the
+    CPUs in `cpus` (all when None): idle and iowait are idle; guest time is already counted in
+    user time, so it is left out of the total."""
+    busy = total = 0
+    for line in stat.splitlines():
+        name, _, rest = line.partition(" ")
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        if cpus is not None and int(name[3:]) not in cpus:
+            continue
+        fields = [int(v) for v in rest.split()[:8]]
+        fields += [0] * (8 - len(fields))
+        idle = fields[3] + fields[4]
+        busy += sum(fields) - idle
+        total += sum(fields)
+    return busy, total
+
+
+def busy_from_samples(before: str, after: str, cpus: set[int] | None, own_seconds: float,
+                      wall_seconds: float) -> float | None:
+    """The CPUs kept busy by *other* processes between two `/proc/stat` texts: the busy share of
+    the sampled CPUs' ticks × their number, minus this process's own CPU time over the wall time
+    between the reads (``own_seconds / wall_seconds`` CPUs); at least 0; None when no tick passed."""
+    busy_0, total_0 = _cpu_jiffies(before, cpus)
+    busy_1, total_1 = _cpu_jiffies(after, cpus)
+    n_cpus = sum(1 for line in after.splitlines() if line.startswith("cpu") and line[3:4].isdigit()
+                 and (cpus is None or int(line.split()[0][3:]) in cpus))
+    if total_1 <= total_0 or n_cpus == 0:
+        return None
+    share = (busy_1 - busy_0) / (total_1 - total_0)
+    own = own_seconds / wall_seconds if wall_seconds > 0 else 0.0
+    return max(0.0, share * n_cpus - own)
+
+
+def busy_cpus_now(seconds: float = CPU_SAMPLE_SECONDS) -> float | None:
+    """How many of this process's usable CPUs other processes keep busy now: two reads of
+    `/proc/stat` `seconds` apart (:func:`busy_from_samples`); None where `/proc/stat` cannot be
+    read (not Linux)."""
+    import time
+
+    stat = Path("/proc/stat")
+    try:
+        cpus: set[int] | None = set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = None
+    try:
+        before, own_0, wall_0 = stat.read_text(), time.process_time(), time.perf_counter()
+        time.sleep(seconds)
+        after, own_1, wall_1 = stat.read_text(), time.process_time(), time.perf_counter()
+    except OSError:
+        return None
+    return busy_from_samples(before, after, cpus, own_1 - own_0, wall_1 - wall_0)
 
 
 @dataclass(frozen=True)
@@ -118,8 +184,9 @@ def _cgroup_v1_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     return None
 
 
-def cpu_budget() -> CpuBudget:
-    """How many CPUs this process may use (affinity ∩ cgroup quota) and how busy the machine is."""
+def cpu_budget(sample: bool = False) -> CpuBudget:
+    """How many CPUs this process may use (affinity ∩ cgroup quota) and how busy the machine is
+    (`sample`: also how many CPUs are busy now, which takes :data:`CPU_SAMPLE_SECONDS`)."""
     try:
         affinity = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # macOS, Windows
@@ -132,7 +199,8 @@ def cpu_budget() -> CpuBudget:
         load: float | None = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
-    return CpuBudget(affinity=affinity, quota=quota, usable=usable, load=load)
+    return CpuBudget(affinity=affinity, quota=quota, usable=usable, load=load,
+                     busy=busy_cpus_now() if sample else None)
 
 
 def omp_num_threads() -> int | None:
@@ -153,11 +221,13 @@ def resolve_threads(cli: int | None, protocol: ThreadSetting = "auto") -> Thread
     pinned = omp_num_threads()
     if pinned is not None:
         return ThreadChoice(min(pinned, MAX_THREADS), "OMP_NUM_THREADS")
-    budget = cpu_budget()
-    idle = budget.usable if budget.load is None else math.floor(budget.usable - budget.load + 0.5)
+    budget = cpu_budget(sample=True)
+    busy = budget.busy if budget.busy is not None else budget.load  # now, else the last minute
+    idle = budget.usable if busy is None else math.floor(budget.usable - busy + 0.5)
     threads = max(1, min(budget.usable, idle))
     detail = f"{budget.usable} usable CPU{'s' if budget.usable != 1 else ''} (affinity {budget.affinity}" + \
         (f", cgroup quota {budget.quota:g}" if budget.quota is not None else "") + ")" + \
+        (f", {budget.busy:.2f} busy now ({CPU_SAMPLE_SECONDS:g} s sample)" if budget.busy is not None else "") + \
         (f", load average {budget.load:.2f}" if budget.load is not None else "")
     return ThreadChoice(threads, "auto", detail)
 

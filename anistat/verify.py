@@ -1,7 +1,9 @@
 """Verification and replication: is a bundle intact, do its claims hold, does a re-run agree?
 
 * `verify_bundle(bundle)` — every file's sha256 against the manifest (a tampered `results.csv`
-  is detected), then the protocol's claims re-evaluated from `results.csv`;
+  is detected), every copy of the results against the others (results.parquet against
+  results.csv, claims.json against the claims re-evaluated from results.csv: an edit made
+  together with its digest is caught too), then the protocol's claims re-evaluated;
   `verify_bundle(bundle, claims=load_claims(path))` evaluates *new* claims (a claims file) against
   the bundle instead — no re-run; the outcome says where the claims came from.
 * `compare_results(original, replication)` — a replication table: for every result row present
@@ -72,6 +74,70 @@ def check_integrity(bundle: Path, manifest: dict[str, Any]) -> list[str]:
     return [str(problem) for problem in integrity_problems(bundle, manifest)]
 
 
+#: Numbers of results.parquet and results.csv agree to this relative tolerance (the CSV holds
+#: ten significant digits: ``float_format="%.10g"``).
+COPY_RELATIVE_TOLERANCE = 1e-8
+
+
+def results_copy_problems(bundle: Path, csv: pd.DataFrame) -> list[str]:
+    """results.parquet against results.csv (``csv`` as :func:`anistat.bundle.read_results` read
+    it): the same columns in the same order, the same rows, numbers equal to
+    :data:`COPY_RELATIVE_TOLERANCE` (NaN matching NaN), text exactly. One line naming the first
+    difference (column, row and both values); [] when they agree or there is no parquet copy.
+
+    The sha256 digests catch an edited file; this catches a file edited *with* its digest, so a
+    careless edit of one copy of the results cannot pass `anistat verify` while the other copy
+    still holds the run's numbers."""
+    path = bundle / "results.parquet"
+    if not path.is_file():
+        return []
+    try:
+        parquet = pd.read_parquet(path)
+    except ImportError:  # no pyarrow here: the copy cannot be read, only its digest checked
+        return []
+    except Exception as error:  # noqa: BLE001 - a damaged file: named, one line
+        return [f"results.parquet: cannot be read ({' '.join(str(error).split())[:200]})"]
+    where = "results.parquet differs from results.csv"
+    if list(parquet.columns) != list(csv.columns):
+        extra = [c for c in parquet.columns if c not in csv.columns]
+        missing = [c for c in csv.columns if c not in parquet.columns]
+        detail = (f"column(s) only in the parquet: {extra}" if extra else
+                  f"column(s) only in the csv: {missing}" if missing else "the columns are in another order")
+        return [f"{where}: {detail}"]
+    if len(parquet) != len(csv):
+        return [f"{where}: {len(parquet)} rows in the parquet, {len(csv)} in the csv"]
+    for column in csv.columns:
+        a, b = csv[column].reset_index(drop=True), parquet[column].reset_index(drop=True)
+        numeric = pd.api.types.is_numeric_dtype(a) and pd.api.types.is_numeric_dtype(b) \
+            and not pd.api.types.is_bool_dtype(a)
+        if numeric:
+            x = a.astype("float64").to_numpy(na_value=np.nan)
+            y = b.astype("float64").to_numpy(na_value=np.nan)
+            with np.errstate(invalid="ignore"):
+                same = (np.isnan(x) & np.isnan(y)) | (x == y) | (np.abs(x - y) <= COPY_RELATIVE_TOLERANCE * np.abs(y))
+        else:
+            text_a = a.astype(object).where(a.notna(), "").astype(str)
+            text_b = b.astype(object).where(b.notna(), "").astype(str)
+            same = (text_a == text_b).to_numpy()
+        if not same.all():
+            row = int(np.flatnonzero(~same)[0])
+            label = ", ".join(f"{k} {csv.at[row, k]}" for k in ("model", "checkpoint", "site", "rank", "proxy",
+                                                                     "control", "metric")
+                              if k in csv.columns and not pd.isna(csv.at[row, k]))
+            return [f"{where}: column {column}, row {row + 1} ({label}): {_cell(a.iloc[row])} in the csv, "
+                    f"{_cell(b.iloc[row])} in the parquet ({int((~same).sum())} value(s) differ)"]
+    return []
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return "(empty)"
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):.10g}"
+    text = str(value)
+    return repr(text if len(text) <= 40 else text[:40] + "…")
+
+
 def load_claims(path: Path) -> tuple[ClaimSpec, ...]:
     """Claims from a YAML file: a list of claims, or a mapping with a `claims:` list (so a whole
     protocol file works too). Each claim is validated like a protocol's; errors are one line."""
@@ -134,7 +200,7 @@ def verify_bundle(bundle: Path, claims: tuple[ClaimSpec, ...] | None = None, cla
     from .claims import claim_table
 
     contents = read_bundle(bundle)
-    problems = check_integrity(bundle, contents.manifest)
+    problems = check_integrity(bundle, contents.manifest) + results_copy_problems(bundle, contents.results)
     recorded_files = contents.manifest.get("files")
     files_checked = len(recorded_files) if isinstance(recorded_files, dict) else 0
     if claims is not None:
@@ -146,11 +212,14 @@ def verify_bundle(bundle: Path, claims: tuple[ClaimSpec, ...] | None = None, cla
     claims = evaluate_claims(contents.results, contents.protocol.claims, contents.frequency,
                              stats=contents.protocol.stats)
     recorded = contents.claims
-    if recorded:
+    if recorded or (bundle / "claims.json").is_file():
+        if [c.get("id") for c in recorded] != [c["id"] for c in claims]:
+            problems.append(f"claims.json: records claims {[c.get('id') for c in recorded]} but the protocol's are "
+                            f"{[c['id'] for c in claims]}")
         for old, new in zip(recorded, claims):
-            if old.get("passed") != new["passed"]:
+            if old.get("passed") != new["passed"] or old.get("status") != new["status"]:
                 problems.append(f"claims.json: claim '{new['id']}' recorded as {old.get('status')} "
-                                f"but re-evaluates as {new['status']}")
+                                f"but re-evaluates from results.csv as {new['status']}")
     return BundleCheck(bundle, not problems, problems, claims, recorded, files_checked=files_checked)
 
 
@@ -176,6 +245,8 @@ def compare_results(original: pd.DataFrame, replication: pd.DataFrame, *, tolera
             frame[column] = frame[column].astype(str)
     merged = a.merge(b, on=KEY_COLUMNS, suffixes=("_original", "_replication"), how="inner")
     merged = merged[merged["estimate_original"].notna() & merged["estimate_replication"].notna()]
+    if merged.empty:  # no row in common: nothing to compare (the caller says so in one line)
+        return merged.reset_index(drop=True)
     z = sps.norm.ppf(0.5 + ci_level / 2)
     se_a = (merged["ci_high_original"] - merged["ci_low_original"]) / (2 * z)
     se_b = (merged["ci_high_replication"] - merged["ci_low_replication"]) / (2 * z)

@@ -53,7 +53,7 @@ def test_an_unusable_omp_num_threads_falls_back_to_auto(monkeypatch, value):
 ])
 def test_auto_uses_the_idle_usable_cpus(monkeypatch, budget, expected):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(runtime, "cpu_budget", lambda: budget)
+    monkeypatch.setattr(runtime, "cpu_budget", lambda sample=False: budget)
     choice = resolve_threads(None, "auto")
     assert choice.threads == expected and choice.source == "auto"
     assert f"affinity {budget.affinity}" in choice.detail
@@ -214,3 +214,70 @@ def test_builtin_init_is_drawn_in_float64():
     assert wide.transformer.wte.weight.dtype == torch.float64 and narrow.transformer.wte.weight.dtype == torch.float32
     assert torch.equal(wide.transformer.wte.weight.float(), narrow.transformer.wte.weight)
     assert torch.get_default_dtype() == torch.float32  # the builder restores the default dtype
+
+
+# ----------------------------------------------------------------------------------------------
+# the CPUs busy now, not over the last minute (issue #28)
+# ----------------------------------------------------------------------------------------------
+def proc_stat(ticks: dict[int, tuple[int, int]]) -> str:
+    """A /proc/stat text whose cpuN lines hold (busy user ticks, idle ticks)."""
+    lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+    lines += [f"cpu{n} {busy} 0 0 {idle} 0 0 0 0 0 0" for n, (busy, idle) in sorted(ticks.items())]
+    return "\n".join(lines + ["intr 0", "ctxt 0"]) + "\n"
+
+
+@pytest.mark.parametrize("after, own_seconds, busy_now", [
+    ({0: (25, 0), 1: (0, 25)}, 0.0, 1.0),     # one core busy all the sample
+    ({0: (0, 25), 1: (0, 25)}, 0.0, 0.0),     # idle
+    ({0: (25, 0), 1: (25, 0)}, 0.25, 1.0),    # both busy, one of them with this process itself
+    ({0: (12, 13), 1: (13, 12)}, 0.0, 1.0),   # half of each
+])
+def test_busy_cpus_from_two_proc_stat_samples(after, own_seconds, busy_now):
+    before = proc_stat({0: (0, 0), 1: (0, 0)})
+    busy = runtime.busy_from_samples(before, proc_stat(after), {0, 1}, own_seconds, 0.25)
+    assert busy == pytest.approx(busy_now)
+    # only the CPUs of the affinity mask count
+    assert runtime.busy_from_samples(before, proc_stat(after), {1}, 0.0, 0.25) == pytest.approx(after[1][0] / 25)
+
+
+def mocked_sample(monkeypatch, after: dict[int, tuple[int, int]], load: float) -> None:
+    """/proc/stat read twice (idle → `after`), sched_getaffinity = 2 CPUs, load average `load`."""
+    texts = iter([proc_stat({0: (0, 0), 1: (0, 0)}), proc_stat(after)])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(runtime.Path, "read_text",
+                        lambda self, *a, **k: next(texts) if str(self) == "/proc/stat" else original(self, *a, **k))
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (load, load, load), raising=False)
+    monkeypatch.setattr(runtime, "_cgroup_v2_quota", lambda *a: None)
+    monkeypatch.setattr(runtime, "_cgroup_v1_quota", lambda *a: None)
+    monkeypatch.setattr("time.sleep", lambda seconds: None)
+    monkeypatch.setattr("time.process_time", lambda: 0.0)
+
+
+original = Path.read_text
+
+
+def test_idle_now_after_a_busy_minute_uses_both_cores(monkeypatch):
+    """The issue's case: a CPU-bound job has just finished (1-minute load average 1.6) on an idle
+    2-core machine. The old rule (2 − 1.6 rounds to 0 → 1 thread) read the past; now: 2."""
+    mocked_sample(monkeypatch, {0: (0, 25), 1: (0, 25)}, load=1.6)
+    choice = resolve_threads(None, "auto")
+    assert choice.threads == 2, choice
+    assert "0.00 busy now" in choice.detail and "load average 1.60" in choice.detail
+
+
+def test_one_core_busy_now_leaves_one_thread(monkeypatch):
+    mocked_sample(monkeypatch, {0: (25, 0), 1: (0, 25)}, load=0.1)
+    choice = resolve_threads(None, "auto")
+    assert choice.threads == 1, choice
+    assert "1.00 busy now" in choice.detail
+
+
+def test_without_proc_stat_the_load_average_stands_in(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(runtime, "busy_cpus_now", lambda seconds=0.25: None)
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (1.6, 1.6, 1.6), raising=False)
+    monkeypatch.setattr(runtime, "_cgroup_v2_quota", lambda *a: None)
+    monkeypatch.setattr(runtime, "_cgroup_v1_quota", lambda *a: None)
+    assert resolve_threads(None, "auto").threads == 1
