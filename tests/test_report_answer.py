@@ -27,7 +27,7 @@ from anistat.bundle import null_check_summaries, read_bundle  # noqa: E402
 from anistat.claims import evaluate_claim, evaluate_claims  # noqa: E402
 from anistat.protocol import ClaimSpec, load_protocol  # noqa: E402
 from anistat.report import claim_outcome, render_bundle  # noqa: E402
-from anistat.report._content import ReportContext, answer, headline, summary_sentences  # noqa: E402
+from anistat.report._content import ReportContext, headline, summary_sentences  # noqa: E402
 from anistat.report._data import fmt_p, normalise_results  # noqa: E402
 from anistat.report.answer import enrichment_answer, null_check_answer  # noqa: E402
 from anistat.report.claim_text import QUESTIONS, claim_reading, p_phrase  # noqa: E402
