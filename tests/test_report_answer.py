@@ -98,6 +98,17 @@ def test_a_model_below_everywhere_is_a_no_and_failed_models_are_named():
     assert answer_of(failed) == "No answer for enc: every one of its comparisons failed."
 
 
+def test_a_run_without_energy_ratios_says_it_has_no_answer():
+    from anistat.report.answer import answer_sentence
+
+    rows = normalise_results(pd.DataFrame(DECODER).assign(metric="energy_fraction"))
+    kw = dict(proxy="pca", control="normal", alpha=0.05, p_col="p_adjusted", multiplicity="fdr_bh", ci_text="95 %",
+              unit_noun="checkpoint")
+    assert answer_sentence(rows, **kw).startswith("No answer from this run: it has no energy ratio of the pca proxy "
+                                                  "against normal controls")
+    assert answer_sentence(rows.iloc[0:0], **kw) == "No answer: the results table has no rows."
+
+
 def test_other_ranks_are_counted_in_both_directions():
     rank8 = ratios("dec", {"step0": [(0.9, 0.8, 0.95, 1.0), (1.4, 1.2, 1.6, 0.01)]}, rank=8)
     text = answer_of(DECODER + rank8)

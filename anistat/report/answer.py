@@ -195,5 +195,11 @@ def answer_sentence(results: pd.DataFrame, *, proxy: str, control: str, alpha: f
     uninformative ``random`` one and the run carries its null check, else about enrichment."""
     if null_checks and proxy.split("@")[0] == "random":
         return null_check_answer(null_checks)
-    return enrichment_answer(results, proxy=proxy, control=control, alpha=alpha, p_col=p_col,
+    text = enrichment_answer(results, proxy=proxy, control=control, alpha=alpha, p_col=p_col,
                              multiplicity=multiplicity, ci_text=ci_text, unit_noun=unit_noun)
+    if text:
+        return text
+    if results.empty:
+        return "No answer: the results table has no rows."
+    return (f"No answer from this run: it has no energy ratio of the {proxy or 'primary'} proxy against "
+            f"{control or 'a'} control{'s' if control else ''}; see the results table for what it measured.")

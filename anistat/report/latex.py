@@ -584,15 +584,12 @@ def _claims_tex(ctx: ReportContext) -> list[str]:
             lines.append(tex(c.caveat))
         if c.failed:
             lines.append(r"\textbf{Failed:} " + tex("; ".join(c.failed)))
-        detail = []
         if c.rule:
-            detail.append(f"Rule: {tex(c.rule)}.")
+            lines.append(r"{\small Rule: " + tex(c.rule) + ".}")
         if c.interval_role == "context" and c.context:
-            detail.append(tex(c.context))
+            lines.append(r"{\small " + tex(c.context) + "}")
         elif c.interval_role == "decided" and c.interval_of:
-            detail.append(f"Decisive interval: {tex(c.interval)} of {tex(c.interval_of)}.")
-        if detail:
-            lines.append(r"{\small " + " ".join(detail) + "}")
+            lines.append(r"{\small Decisive interval: " + tex(c.interval) + " of " + tex(c.interval_of) + ".}")
         L.append(r"\item[\textbf{" + verdict + "}] " + r" \\ ".join(lines))
     L.append(r"\end{itemize}")
     return L
