@@ -142,6 +142,9 @@ def test_p_values_below_the_floor_print_as_a_bound_everywhere():
               "p_value": {"value": 4.03e-152, "of": "H0"}, "evidence": {"p_vs_threshold": 4.03e-152, "tau2": 0}}
     card = claim_outcome(record)
     assert card.p_value == "p < 1e-16 (H0)" and ("p_vs_threshold", "< 1e-16") in card.evidence
+    # a hand-made record that does not say what decided it claims no question and no decision
+    bare = claim_outcome({"id": "y", "passed": True, "evidence": {"units": 16}})
+    assert (bare.question, bare.decision, bare.interval_role, bare.caveat) == ("", "", "none", "")
 
 
 # ------------------------------------------------------------------ claim cards

@@ -157,7 +157,8 @@ def claim_reading(record: Mapping[str, Any], terms: Mapping[str, Any] | None = N
         elif not data_only:
             answers.insert(0, SUBSPACES)
     question = " and ".join(f"“{QUESTIONS[a]}” ({QUESTION_METHODS[a]})" for a in answers) or (
-        "neither question: no test or interval decides, so the claim describes these data only")
+        "neither question: no test or interval decides, so the claim describes these data only"
+        if decided_by == "point estimate" else "")
 
     if "interval" in decided_by:
         role = "decided" if has_interval else "none"
@@ -242,7 +243,7 @@ def _decision(record: Mapping[str, Any], status: str, passed: bool, decided_by: 
         parts.append(f"point estimates alone{spread}; no test or interval decides, so the claim describes these "
                      "data only")
     if not parts:
-        parts.append("the recorded verdict (the record does not say what decided it)")
+        return ""  # a record that does not say what decided it: the card shows its verdict only
     text = "; ".join(parts)
     if failed and not passed:
         text += " — failed: " + "; ".join(failed)
