@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 SUBSPACES = "subspaces"
 DOCUMENTS = "documents"
@@ -55,7 +55,8 @@ def p_phrase(p: Any, name: str = "p") -> str:
     return f"{name} < 1e-16" if value < P_FLOOR else f"{name} = {value:.2g}"
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
+    """A finite real number (a JSON number: not a bool, not NaN or infinite)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -136,10 +137,11 @@ def claim_reading(record: Mapping[str, Any], terms: Mapping[str, Any] | None = N
     passed = bool(record.get("passed"))
     raw_rows = record.get("selected_rows")
     rows: list[Mapping[str, Any]] = [r for r in raw_rows if isinstance(r, Mapping)] if isinstance(raw_rows, list) else []
-    evidence = record.get("evidence") if isinstance(record.get("evidence"), Mapping) else {}
-    interval = record.get("interval") if isinstance(record.get("interval"), Mapping) else None
-    has_interval = bool(interval) and _finite(interval.get("low")) and _finite(interval.get("high"))
-    level = interval.get("level") if interval else None
+    found_evidence, found_interval = record.get("evidence"), record.get("interval")
+    evidence: Mapping[str, Any] = found_evidence if isinstance(found_evidence, Mapping) else {}
+    interval: Mapping[str, Any] = found_interval if isinstance(found_interval, Mapping) else {}
+    has_interval = _finite(interval.get("low")) and _finite(interval.get("high"))
+    level = interval.get("level")
     level_text = f"{float(level) * 100:g} %" if _finite(level) else "the"
     metric = str(terms.get("metric", ""))
     compare, threshold = terms.get("compare"), terms.get("threshold")
@@ -192,7 +194,7 @@ def claim_reading(record: Mapping[str, Any], terms: Mapping[str, Any] | None = N
 
 
 def _decision(record: Mapping[str, Any], status: str, passed: bool, decided_by: str, evidence: Mapping[str, Any],
-              interval: Mapping[str, Any] | None, has_interval: bool, level_text: str, side: str, test_name: str,
+              interval: Mapping[str, Any], has_interval: bool, level_text: str, side: str, test_name: str,
               terms: Mapping[str, Any]) -> str:
     """The evidence that decided the claim, one sentence."""
     failed = [str(f) for f in record.get("failed") or []] if isinstance(record.get("failed"), list) else []
@@ -202,9 +204,8 @@ def _decision(record: Mapping[str, Any], status: str, passed: bool, decided_by: 
     aggregate = str(terms.get("aggregate", "all"))
     p_value = record.get("p_value") if isinstance(record.get("p_value"), Mapping) else {}
     p = p_value.get("value") if p_value else None
-    bounds = (f"[{_num(float(interval['low']))}, {_num(float(interval['high']))}]" if has_interval and interval
-              else "")
-    if aggregate == "meta" or "pooled" in str(interval.get("of", "") if interval else ""):
+    bounds = f"[{_num(float(interval['low']))}, {_num(float(interval['high']))}]" if has_interval else ""
+    if aggregate == "meta" or "pooled" in str(interval.get("of", "")):
         if "interval" not in decided_by:
             estimate = evidence.get("meta_estimate")
             shown = f" {_num(float(estimate))}" if _finite(estimate) else ""
