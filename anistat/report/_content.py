@@ -28,6 +28,7 @@ from ._data import (
     sig_thresholds,
 )
 from .answer import answer_sentence
+from .claim_text import DOCUMENTS, QUESTIONS, SUBSPACES
 from ._null_check import DEPENDENCE_CAVEAT, verdict_sentence
 from ._text import M, P, Para, Segment
 from .escape import esc
@@ -718,6 +719,11 @@ def _statistics(ctx: ReportContext) -> Para:
         seg.append("; interval methods in the results: " + ", ".join(
             f"{m} ({n} rows)" for m, n in sorted(used.items(), key=lambda kv: (-kv[1], kv[0]))))
     seg.append(". ")
+    if "haar_monte_carlo" in tests:
+        seg.append(f"p_value and the intervals answer two questions: the exact test \u201c{QUESTIONS[SUBSPACES]}\u201d "
+                   f"(conditional on the measured gradients; the stars), the intervals and the data test "
+                   f"\u201c{QUESTIONS[DOCUMENTS]}\u201d (over resampled documents); each claim says which it "
+                   "answers. ")
     if run.multiplicity == "none":
         seg.append("p-values are not adjusted for multiplicity. ")
     else:
