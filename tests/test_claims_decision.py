@@ -116,7 +116,9 @@ def test_a_fail_says_which_criterion_failed_and_every_card_shows_an_interval():
     assert claim_outcome(evaluate_claim(no_ci, spec)).interval == "no interval: the selected rows carry no CI"
 
 
-def test_html_and_latex_cards_put_the_interval_beside_the_verdict(tmp_path):
+def test_html_and_latex_cards_put_the_decisive_interval_beside_the_verdict(tmp_path):
+    """An interval-decided claim shows its decisive interval beside the verdict; a claim decided
+    by the exact test shows no interval there, only a labelled context line."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -127,14 +129,20 @@ def test_html_and_latex_cards_put_the_interval_beside_the_verdict(tmp_path):
     data = rows([0.85, 1.2, 1.0, 1.0], 0.1, metric="energy_ratio", ratio=True)
     record = evaluate_claim(data, meta(1.0, metric="energy_ratio"))
     record["statement"] = "the <proxy> & more"
-    inputs = make_inputs(make_results(), claims=[record])
+    by_test = evaluate_claim(rows([2.0, 2.5], 0.1, metric="energy_ratio"),
+                             ClaimSpec(id="by-test", metric="energy_ratio", threshold=1.0, alpha=0.05))
+    inputs = make_inputs(make_results(), claims=[record, by_test])
     render_bundle(inputs, tmp_path, options=ReportOptions(compile_pdf=False, figures=False))
     html = (tmp_path / "report.html").read_text(encoding="utf-8")
     card = html[html.index('<ul class="claims">'):html.index("</ul>", html.index('<ul class="claims">'))]
-    assert '<span class="badge fail">FAIL</span><span class="verdict-interval">95 % interval [' in card
+    assert '<span class="badge fail">FAIL</span><span class="verdict-interval interval-decided">95 % interval [' in card
     assert "Failed:</b> the pooled 95 % interval" in card and "the &lt;proxy&gt; &amp; more" in card
+    test_card = card[card.index('data-decided-by="test"'):]
+    assert '<span class="badge pass">PASS</span> <span class="id">by-test</span>' in test_card
+    assert '<p class="context interval-context">Context — effect size' in test_card
     tex = (tmp_path / "report.tex").read_text(encoding="utf-8")
     assert r"\item[\textbf{FAIL}] \textbf{95 \% interval [" in tex and r"\textbf{Failed:}" in tex
+    assert r"\item[\textbf{PASS}] \texttt{by-test}" in tex and "Context --- effect size" in tex
 
 
 SHIPPED = sorted((ROOT / "protocols").glob("*.yaml"))

@@ -41,6 +41,21 @@ def matches_golden(name: str, text: str) -> None:
     assert text == path.read_text(encoding="utf-8"), f"{name} differs (ANISTAT_UPDATE_GOLDEN=1 regenerates it)"
 
 
+def assert_answer_is_true(ctx: ReportContext, model: str, phase_words: str) -> None:
+    """The answer of a loop-measured run speaks of measured steps, and its verdict word is the
+    one its own rank's rows give (every comparison significantly above 1: "Yes"; none: "No")."""
+    from anistat.report._content import answer
+
+    text = answer(ctx)
+    rows = ctx.main[(ctx.main["metric"] == "energy_ratio") & (ctx.main["proxy"] == ctx.proxy)
+                    & (ctx.main["control"] == ctx.control) & ctx.main["_ok"]]
+    rows = rows[rows["rank"] == rows["rank"].min()]
+    more = (rows[ctx.p_col] < ctx.alpha) & (rows["estimate"] > 1)
+    verdict = "Yes" if more.all() else "No" if not more.any() else "In part"
+    assert text.startswith(f"{verdict} for {model}: its rank-{int(rows['rank'].min())} {ctx.proxy} proxy captures "), text
+    assert phase_words in text and "checkpoint" not in text, text
+
+
 def kind_specific_text(inputs) -> str:
     """Design, Proxies and gradients, and the Statistics paragraph's first sentence."""
     paragraphs = methods(ReportContext(inputs=inputs, options=FAST))
@@ -120,6 +135,7 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
     assert "the first 30 % of the measured steps; the proxies were fitted on training steps 0, 1" in trajectory
     assert "resampling 8 sequences per unit" in trajectory
     assert "at the last measured step of each training phase" in captions["forest_effects"].caption
+    assert_answer_is_true(ctx, "plain", "early in the measured training (step1)")
 
 
 def test_trainer_callback_methods_text_describes_the_trainer_run(tmp_path):
@@ -143,6 +159,8 @@ def test_trainer_callback_methods_text_describes_the_trainer_run(tmp_path):
     assert "Training step 0 was both fitted and measured" in text
     assert "built-in corpus" not in text and "earliest 30 % of the checkpoints" not in text
     matches_golden("callback_methods.txt", text)
+    assert_answer_is_true(ReportContext(inputs=read_bundle(tmp_path / "bundle").report_inputs(), options=FAST),
+                          "trained", "early in the measured training (step0)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,3 +229,7 @@ def test_a_real_refit_run_of_random_proxies_reports_what_it_did(tmp_path, capsys
                     "no delta_isoscore_star rows"):
         assert skipped not in html, skipped
     assert "Null check (uninformative random proxy" in html and "uniformity against the p-values&#39; own null law" in html
+    answer = html[html.index('<p class="answer" id="answer">'):]
+    assert answer.startswith('<p class="answer" id="answer"><b>Answer.</b> ') and (
+        "this run asks whether the tests reject an uninformative (uniformly random) proxy at their nominal rate, not "
+        "whether a proxy captures more; the exact test (Haar draws) rejects it in") in answer[:600]

@@ -39,6 +39,8 @@ def test_stars_of_a_control_independent_metric_follow_the_estimate(tmp_path):
 PROBE = """<script>
 window.addEventListener("load", function () {
   var broken = [];
+  // the evidence sits in the card's collapsed "Recorded fields" block: open it to lay it out
+  document.querySelectorAll("details.raw").forEach(function (d) { d.open = true; });
   document.querySelectorAll(".evidence dt").forEach(function (dt) {
     var range = document.createRange();  // the text's own line boxes (the dt may be stretched)
     range.selectNodeContents(dt);

@@ -27,6 +27,8 @@ from ._data import (
     sig_mark,
     sig_thresholds,
 )
+from .answer import answer_sentence
+from .claim_text import DOCUMENTS, QUESTIONS, SUBSPACES
 from ._null_check import DEPENDENCE_CAVEAT, verdict_sentence
 from ._text import M, P, Para, Segment
 from .escape import esc
@@ -192,13 +194,28 @@ def frequency_bucket_rows(frequency: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------- summary
 
 
+#: Marks of an interval wholly above / below 1 (the headline table's direction column).
+UP, DOWN = "\u2191", "\u2193"
+
+
 @dataclass
 class Headline:
-    """Energy ratios of the primary proxy vs the primary control at phase-last checkpoints."""
+    """Energy ratios of the primary proxy vs the primary control at phase-last checkpoints.
 
-    columns: list[tuple[str, str, float]]  # (phase, checkpoint label per model varies, rank)
-    rows: list[tuple[str, str, list[tuple[str, str, str, str] | None]]]
-    # (model, loc, cells: (estimate, ci text, p text, mark) or None)
+    ``columns`` are (phase, the checkpoint(s) the column shows, rank): the table names its
+    checkpoints, since a phase spans several while a column shows its last one. A cell is
+    (estimate, CI text, p text, significance mark, direction): ``UP`` when the CI lies wholly
+    above 1, ``DOWN`` wholly below, "" otherwise."""
+
+    columns: list[tuple[str, str, float]]
+    rows: list[tuple[str, str, list[tuple[str, str, str, str, str] | None]]]
+    # (model, loc, cells) — a failed cell is ("failed", "", "", "", "")
+
+
+def direction(ci_low: Any, ci_high: Any) -> str:
+    """``UP`` when the interval lies wholly above 1, ``DOWN`` wholly below, else ""."""
+    low, high = float(ci_low), float(ci_high)
+    return UP if low > 1 else DOWN if high < 1 else ""
 
 
 def headline(ctx: ReportContext) -> Headline | None:
@@ -211,12 +228,13 @@ def headline(ctx: ReportContext) -> Headline | None:
     phases = ordered_by_first(d["phase"])
     phases = sorted(phases, key=lambda p: {"early": 0, "late": 1}.get(p, 2))
     ranks = sorted(d["rank"].dropna().unique())
-    cols = [(ph, "", r) for ph in phases for r in ranks]
+    shown = {ph: "/".join(ordered_by_first(d.loc[d["phase"] == ph, "checkpoint"])) for ph in phases}
+    cols = [(ph, shown[ph], r) for ph in phases for r in ranks]
     rows = []
     for model in ordered_by_first(d["model"]):
         dm = d[d["model"] == model]
         for loc in sorted(dm["_loc"].unique(), key=natural_key):
-            cells: list[tuple[str, str, str, str] | None] = []
+            cells: list[tuple[str, str, str, str, str] | None] = []
             for ph, _c, r in cols:
                 s = dm[(dm["_loc"] == loc) & (dm["phase"] == ph) & (dm["rank"] == r)]
                 if s.empty:
@@ -224,14 +242,22 @@ def headline(ctx: ReportContext) -> Headline | None:
                     continue
                 row = s.iloc[0]
                 if row["status"] != "ok" or pd.isna(row["estimate"]):
-                    cells.append(("failed", "", "", ""))
+                    cells.append(("failed", "", "", "", ""))
                     continue
                 ci = (f"[{ctx.fmt(row['ci_low'])}, {ctx.fmt(row['ci_high'])}]"
                       if pd.notna(row["ci_low"]) else "")
                 cells.append((ctx.fmt(row["estimate"]), ci, fmt_p(row[ctx.p_col]),
-                              ctx.mark(row[ctx.p_col])))
+                              ctx.mark(row[ctx.p_col]), direction(row["ci_low"], row["ci_high"])))
             rows.append((model, loc, cells))
     return Headline(cols, rows)
+
+
+def headline_legend(ctx: ReportContext) -> str:
+    """What the headline table's marks mean: the two questions, named."""
+    return (f"Stars answer \u201cis this proxy special among random subspaces on these data?\u201d (the exact "
+            f"test; {ctx.legend_text()}). {UP} / {DOWN} (shaded) answer \u201cwould its ratio stay above the "
+            f"threshold over new documents?\u201d for the threshold 1: the {ctx.ci_text} CI lies wholly above / "
+            "below 1.")
 
 
 @dataclass
@@ -301,6 +327,13 @@ def frequency_interval_sentences(methods) -> str:
     return " ".join(FREQUENCY_INTERVAL_TEXT[m] for m in methods if m in FREQUENCY_INTERVAL_TEXT)
 
 
+def answer(ctx: ReportContext) -> str:
+    """The one-sentence answer under the Question (:mod:`anistat.report.answer`)."""
+    return answer_sentence(ctx.main, proxy=ctx.proxy, control=ctx.control, alpha=ctx.alpha, p_col=ctx.p_col,
+                           multiplicity=ctx.run.multiplicity, ci_text=ctx.ci_text, unit_noun=ctx.unit_noun,
+                           null_checks=ctx.inputs.null_checks)
+
+
 def null_check_sentences(ctx: ReportContext) -> list[str]:
     """What the run's own null check (an uninformative proxy) says about the tests."""
     sentences = [verdict_sentence(check) for check in ctx.inputs.null_checks]
@@ -317,9 +350,13 @@ def summary_sentences(ctx: ReportContext) -> list[str]:
         sig = int(((p < ctx.alpha) & (er["estimate"] > 1)).sum())
         tested = int(p.notna().sum())
         pword = "adjusted " if ctx.p_col == "p_adjusted" else ""
+        above = int((er["ci_low"] > 1).sum())
+        below = int((er["ci_high"] < 1).sum())
         txt = (f"Against {ctx.control} controls, the {ctx.proxy} proxy's energy ratio exceeds 1 "
                f"in {int((er['estimate'] > 1).sum())} of {len(er)} comparisons "
                f"(model \u00d7 checkpoint \u00d7 layer \u00d7 rank)")
+        if er["ci_low"].notna().any():
+            txt += f"; its {ctx.ci_text} CI lies above 1 in {above} and below 1 in {below} of {len(er)}"
         if tested:
             exact = "p_test" in er.columns and (er["p_test"] == "haar_monte_carlo").all()
             test = (f"the proxy captures more than uniformly random subspaces (exact test, {pword}p < "
@@ -682,6 +719,11 @@ def _statistics(ctx: ReportContext) -> Para:
         seg.append("; interval methods in the results: " + ", ".join(
             f"{m} ({n} rows)" for m, n in sorted(used.items(), key=lambda kv: (-kv[1], kv[0]))))
     seg.append(". ")
+    if "haar_monte_carlo" in tests:
+        seg.append(f"p_value and the intervals answer two questions: the exact test \u201c{QUESTIONS[SUBSPACES]}\u201d "
+                   f"(conditional on the measured gradients; the stars), the intervals and the data test "
+                   f"\u201c{QUESTIONS[DOCUMENTS]}\u201d (over resampled documents); each claim says which it "
+                   "answers. ")
     if run.multiplicity == "none":
         seg.append("p-values are not adjusted for multiplicity. ")
     else:

@@ -210,6 +210,8 @@ def fmt_p(p: Any) -> str:
         return ""
     if math.isnan(v):
         return ""
+    if v < 1e-16:  # below double precision's resolution near 1: not a number to quote
+        return "< 1e-16"
     if v < 1e-4:
         return f"{v:.1e}"
     return fmt_num(v, 3) if v < 0.1 else f"{v:.3f}".rstrip("0").rstrip(".") if v < 1 else "1"

@@ -344,6 +344,20 @@ def fig_null_distribution(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec |
     return FigureSpec("null_distribution", "Control energies and the proxy", cap + note, fig)
 
 
+def phase_last_text(data: pd.DataFrame) -> str:
+    """The checkpoints a phase-last figure shows, by phase: "early step25, late step400" (the
+    headline table names the same ones), with the models where they differ."""
+    by_phase = []
+    for phase in sorted(ordered_by_first(data["phase"]), key=lambda p: {"early": 0, "late": 1}.get(p, 2)):
+        rows = data[data["phase"] == phase]
+        labels = {model: "/".join(ordered_by_first(rows.loc[rows["model"] == model, "checkpoint"]))
+                  for model in ordered_by_first(rows["model"])}
+        shown = (next(iter(labels.values())) if len(set(labels.values())) == 1
+                 else ", ".join(f"{label} ({model})" for model, label in labels.items()))
+        by_phase.append(f"{phase or 'all'} {shown}")
+    return ", ".join(by_phase)
+
+
 def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
     metric = next((m for m in ("log2_energy_ratio", "energy_ratio")
                    if (df["_ok"] & (df["metric"] == m)).any()), None)
@@ -406,8 +420,8 @@ def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
     null = "0 (R = 1)" if metric != "energy_ratio" else "1"
     bars = interval_phrase(data, ctx["ci_text"]) or "no interval (these rows carry none)"
     cap = (f"Forest plot of {metric_label(metric)} with {bars}, "
-           f"per model, layer and rank, at the last {ctx.get('unit_noun', 'checkpoint')} of each training phase (open "
-           f"circles: early, filled squares: late), for each control kind. The dashed line marks "
+           f"per model, layer and rank, at the last {ctx.get('unit_noun', 'checkpoint')} of each training phase "
+           f"({phase_last_text(data)}; open circles: early, filled squares: late), for each control kind. The dashed line marks "
            f"no effect ({null}).")
     return FigureSpec("forest_effects", "Effect sizes across models, layers and ranks",
                       cap + note, fig)
@@ -586,7 +600,8 @@ def fig_frequency_buckets(df_all: pd.DataFrame, ctx: dict[str, Any]) -> FigureSp
     _finish(fig)
     label = metric_label(base)
     cap = (f"{label[:1].upper() + label[1:]} (control: {ctrl}) per token-frequency bucket, "
-           f"in the producer's bucket order, at the last {ctx.get('unit_noun', 'checkpoint')} of each phase; "
+           f"in the producer's bucket order, at the last {ctx.get('unit_noun', 'checkpoint')} of each phase "
+           f"({phase_last_text(data)}); "
            + (interval_phrase(data, ctx["ci_text"], ctx.get("unit_hint", "")) or "no intervals recorded") + ".")
     return FigureSpec("frequency_buckets", "Token-frequency buckets", cap + note, fig)
 

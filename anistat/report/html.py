@@ -21,18 +21,23 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 from markupsafe import Markup
 
 from ._content import (
+    DOWN,
     FREQUENCY_CAPTION,
     QUESTION,
+    UP,
     ReportContext,
+    answer,
     failed_units,
     frequency_correlations,
     frequency_interval_sentences,
     headline,
+    headline_legend,
     methods,
     settings_rows,
     summary_sentences,
 )
 from ._data import BUCKET_COLUMNS, fmt_p, ordered_by_first
+from .claim_text import QUESTIONS
 from .figures import SavedFigure
 
 #: The package's template folder (declared as package data in pyproject.toml).
@@ -142,12 +147,20 @@ def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[st
         nav.append(("failed", "Failed units"))
     table = _results_table(ctx)
     claims = ctx.inputs.claims
+    top = headline(ctx)
+    # the headline's phase header: one cell per phase naming the checkpoint its columns show
+    phases: list[tuple[str, str, int]] = []
+    for ph, ck, _rank in (top.columns if top else []):
+        if phases and phases[-1][:2] == (ph, ck):
+            phases[-1] = (ph, ck, phases[-1][2] + 1)
+        else:
+            phases.append((ph, ck, 1))
     return environment().get_template("report.html.j2").render(
         title=ctx.title, subtitle=DOT.join(sub), nav=nav, warnings=ctx.inputs.warnings,
-        question=QUESTION, description=ctx.description, claims=claims,
+        question=QUESTION, answer=answer(ctx), description=ctx.description, claims=claims, questions=QUESTIONS,
         claims_passed=sum(c.passed for c in claims), findings=summary_sentences(ctx),
-        headline=headline(ctx), proxy=ctx.proxy, control=ctx.control, ci_text=ctx.ci_text, unit_noun=ctx.unit_noun,
-        legend=ctx.legend_text(), n_failed_groups=len(fu),
+        headline=top, headline_phases=phases, proxy=ctx.proxy, control=ctx.control, ci_text=ctx.ci_text, unit_noun=ctx.unit_noun,
+        legend=ctx.legend_text(), headline_legend=headline_legend(ctx), up=UP, down=DOWN, n_failed_groups=len(fu),
         figures=[_figure(f) for f in figs],
         skipped=[(k.replace("_", " "), v) for k, v in skipped.items()],
         frequency=None if frequency is None else {

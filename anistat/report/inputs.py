@@ -15,6 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from .claim_text import P_FLOOR, claim_reading, p_phrase
+
 
 @dataclass(frozen=True)
 class LoopDescription:
@@ -148,7 +150,14 @@ class ClaimOutcome:
     ``p_value`` the p-value with what it tests; ``rule`` the claim's rule in words;
     ``decided_by`` ``interval`` / ``test`` / ``point estimate``; ``failed`` the criteria that
     failed (empty on a pass); ``evidence`` the recorded evidence as (name, value) pairs or one
-    sentence. Built from a claims.json record by :func:`claim_outcome`."""
+    sentence. Built from a claims.json record by :func:`claim_outcome`.
+
+    The card's words (:func:`anistat.report.claim_text.claim_reading`): ``answers`` the keys of
+    the question(s) the verdict answers and ``question`` them in words; ``decision`` the evidence
+    that decided it; ``interval_role`` ``decided`` (``interval`` is the decisive interval),
+    ``context`` (an interval of another estimand, shown only as ``context``) or ``none``;
+    ``caveat`` what the verdict does not say (a PASS by the exact test whose rows' intervals
+    include the threshold)."""
 
     id: str
     statement: str
@@ -161,6 +170,12 @@ class ClaimOutcome:
     interval_of: str = ""
     p_value: str = ""
     failed: tuple[str, ...] = ()
+    answers: tuple[str, ...] = ()
+    question: str = ""
+    decision: str = ""
+    interval_role: str = "none"
+    context: str = ""
+    caveat: str = ""
 
 
 @dataclass(frozen=True)
@@ -244,6 +259,8 @@ class ReportInputs:
         object.__setattr__(self, "warnings", tuple(str(w) for w in self.warnings))
 
 
+#: The fields `claim_reading` adds to a claims.json record.
+READING_FIELDS = ("answers", "question", "decision", "interval_role", "context", "caveat")
 NO_INTERVAL = "no interval: the selected rows carry no CI"
 OLD_RECORD = "not recorded (a claims.json from an older anistat; `anistat verify` re-evaluates it)"
 
@@ -270,13 +287,21 @@ def claim_outcome(record: Any) -> ClaimOutcome:
     p_text = ""
     found_p = record.get("p_value")
     if isinstance(found_p, Mapping) and _is_number(found_p.get("value")):
-        p_text = f"p = {float(found_p['value']):.3g}" + (f" ({found_p['of']})" if found_p.get("of") else "")
+        p_text = p_phrase(found_p["value"]) + (f" ({found_p['of']})" if found_p.get("of") else "")
     failed = record.get("failed") if isinstance(record.get("failed"), list) else []
+    # the words as recorded; a record written without them (an older claims.json, a hand-made
+    # record) is read the same way here
+    words = {**claim_reading(record), **{k: record[k] for k in READING_FIELDS if k in record}}
+    if words["interval_role"] == "context" and interval_of:
+        interval_of = f"context, not what decided this claim: {interval_of}"
     return ClaimOutcome(id=str(record.get("id", "")), statement=str(record.get("statement", "")),
                         passed=bool(record.get("passed")), evidence=evidence_items(record.get("evidence")),
                         status=str(record.get("status", "")), rule=str(record.get("rule", "")),
                         decided_by=str(record.get("decided_by", "")), interval=interval, interval_of=interval_of,
-                        p_value=p_text, failed=tuple(str(f) for f in failed))
+                        p_value=p_text, failed=tuple(str(f) for f in failed),
+                        answers=tuple(str(a) for a in words["answers"] or ()), question=str(words["question"]),
+                        decision=str(words["decision"]), interval_role=str(words["interval_role"]),
+                        context=str(words["context"] or ""), caveat=str(words["caveat"] or ""))
 
 
 def _is_number(value: Any) -> bool:
@@ -292,8 +317,20 @@ def evidence_items(evidence: Any) -> tuple[tuple[str, str], ...] | str:
     if evidence is None:
         return ()
     if isinstance(evidence, Mapping):
-        return tuple((str(k), _short(v)) for k, v in evidence.items())
+        return tuple((str(k), _p_short(v) if _is_p_name(str(k)) else _short(v)) for k, v in evidence.items())
     return str(evidence)
+
+
+def _is_p_name(name: str) -> bool:
+    """An evidence field that holds a p-value (p_adjusted_max, p_vs_threshold, p_value …)."""
+    return name.startswith("p_") or name.endswith("_p") or name == "p"
+
+
+def _p_short(value: Any) -> str:
+    """A p-value as evidence: "< 1e-16" below the floor, else like any number."""
+    if _is_number(value) and float(value) < P_FLOOR:
+        return "< 1e-16"
+    return _short(value)
 
 
 def _short(value: Any) -> str:

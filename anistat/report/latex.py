@@ -16,12 +16,16 @@ import pandas as pd
 
 from ._content import (
     CONTROL_INDEPENDENT_METRICS,
+    DOWN,
     QUESTION,
+    UP,
     ReportContext,
+    answer,
     failed_units,
     frequency_correlations,
     frequency_interval_sentences,
     headline,
+    headline_legend,
     methods,
     settings_rows,
     summary_sentences,
@@ -34,6 +38,7 @@ from ._data import (
     ordered_by_first,
     phase_last_checkpoints,
 )
+from .claim_text import DOCUMENTS, QUESTIONS, SUBSPACES
 from .escape import tex, tex_num
 from .figures import SavedFigure
 from .latex_table import ADDSPACE, MIDRULE, booktabs_table
@@ -373,12 +378,18 @@ def _comment(s: str) -> str:
     return " ".join(str(s).split())
 
 
+#: The headline cells' direction marks and shading in LaTeX (xcolor's ``table`` option).
+DIRECTION_TEX = {UP: (r"$\uparrow$", r"\cellcolor{ciabove}"), DOWN: (r"$\downarrow$", r"\cellcolor{cibelow}")}
+
+
 def _headline_tex(ctx: ReportContext) -> str:
+    """The headline table, placed where it is written (``[!h]``): on page 1 under the answer."""
     h = headline(ctx)
     if h is None:
         return ""
     ncols = len(h.columns)
-    head = [r"Model", "Layer"] + [f"{tex(ph or 'all')}, $k={int(r)}$" for ph, _c, r in h.columns]
+    head = [r"Model", "Layer"] + [f"{tex(ph or 'all')}" + (f" ({tex(ck)})" if ck else "") + f", $k={int(r)}$"
+                                  for ph, ck, r in h.columns]
     rows = []
     for model, loc, cells in h.rows:
         parts = [tex(model), tex(loc)]
@@ -388,14 +399,16 @@ def _headline_tex(ctx: ReportContext) -> str:
             elif c[0] == "failed":
                 parts.append(r"\textit{failed}")
             else:
-                est, ci, _p, mark = c
-                parts.append(tex_num(est) + (r"\textsuperscript{%s}" % mark if mark else "")
+                est, ci, _p, mark, way = c
+                arrow, shade = DIRECTION_TEX.get(way, ("", ""))
+                parts.append(shade + tex_num(est) + (r"\textsuperscript{%s}" % mark if mark else "") + arrow
                              + (r" {\footnotesize " + _ci_tex(ci) + "}" if ci else ""))
         rows.append(parts)
     caption = (r"Headline energy ratios $R$ of the " + tex(ctx.proxy) + " proxy against "
-               + tex(ctx.control) + f" controls at the last {ctx.unit_noun} of each phase, with "
-               + tex(ctx.ci_text) + " CIs. " + tex(ctx.legend_text()) + ".")
-    return booktabs_table("ll" + "r" * ncols, [head], rows, caption=caption)
+               + tex(ctx.control) + f" controls at the last {ctx.unit_noun} of each phase (named in each column), "
+               + "with " + tex(ctx.ci_text) + " CIs. " + tex(headline_legend(ctx)))
+    table = booktabs_table("ll" + "r" * ncols, [head], rows, caption=caption)
+    return table.replace(r"\begin{table}[htbp]", r"\begin{table}[!h]", 1)
 
 
 def _frequency_tex(ctx: ReportContext) -> str:
@@ -450,6 +463,9 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
         r"\captionsetup{font=small,labelfont=bf,skip=6pt}",
         r"\captionsetup[table]{position=top}",
         r"\usepackage{array}",
+        r"\usepackage[table]{xcolor}",
+        r"\definecolor{ciabove}{HTML}{E8F1FA}",
+        r"\definecolor{cibelow}{HTML}{FBEEE4}",
         r"\usepackage[hidelinks]{hyperref}",
         r"\sisetup{group-digits=integer, group-minimum-digits=5}",
         r"\pdfinfoomitdate=1",
@@ -470,41 +486,22 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
               r"\textbf{Run warnings (%d).}" % len(ctx.inputs.warnings), r"\begin{itemize}"]
         L += [r"\item " + tex(w) for w in ctx.inputs.warnings]
         L += [r"\end{itemize}", r"\end{minipage}}\end{center}"]
+    # page 1: the question, its answer, the headline table and the findings; the claim cards after
     L += ["", r"\textbf{Question.} " + tex(QUESTION)]
+    answer_text = answer(ctx)
+    if answer_text:
+        L += ["", r"\textbf{Answer.} " + tex(answer_text)]
     if ctx.description:
         L += ["", tex(ctx.description)]
-    claims = ctx.inputs.claims
-    if claims:
-        n_pass = sum(c.passed for c in claims)
-        L += ["", r"\subsection*{Claims: %d of %d passed}" % (n_pass, len(claims)),
-              r"\begin{itemize}"]
-        for c in claims:
-            verdict = "PASS" if c.passed else ("ERROR" if c.status == "error" else "FAIL")
-            # the interval sits beside the verdict, as in the HTML card
-            badge = r"\textbf{" + verdict + "}"
-            cid = r" \texttt{" + tex(c.id) + "}" if c.id else ""
-            ev_t = (tex(c.evidence) if isinstance(c.evidence, str)
-                    else "; ".join(f"{tex(k)}: {tex(v)}" for k, v in c.evidence))
-            lines = [r"\textbf{" + tex(c.interval) + "}" + cid + " " + tex(c.statement)]
-            if c.failed:
-                lines.append(r"\textbf{Failed:} " + tex("; ".join(c.failed)))
-            detail = [f"Rule: {tex(c.rule)}." if c.rule else "",
-                      f"Interval of: {tex(c.interval_of)}." if c.interval_of else "",
-                      f"p: {tex(c.p_value)}." if c.p_value else "",
-                      f"Evidence: {ev_t}" if ev_t else ""]
-            detail_t = " ".join(d for d in detail if d)
-            if detail_t:
-                lines.append(r"{\small " + detail_t + "}")
-            L.append(r"\item[" + badge + "] " + r" \\ ".join(lines))
-        L.append(r"\end{itemize}")
+    hl = _headline_tex(ctx)
+    if hl:
+        L += ["", hl]
     findings = summary_sentences(ctx)
     if findings:
         L += [r"\subsection*{Findings}", r"\begin{itemize}"]
         L += [r"\item " + tex(s) for s in findings]
         L.append(r"\end{itemize}")
-    hl = _headline_tex(ctx)
-    if hl:
-        L += ["", hl]
+    L += _claims_tex(ctx)
 
     L += ["", r"\section{Methods}"]
     L += [p.to_latex() + "\n" for p in methods(ctx)]
@@ -559,6 +556,43 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
             long=True) + "}"]
     L.append(r"\end{document}")
     return "\n".join(L) + "\n"
+
+
+def _claims_tex(ctx: ReportContext) -> list[str]:
+    """The claim cards: verdict, the evidence that decided it, the question it answers, the rule
+    and an interval of another estimand only as labelled context. The raw recorded fields
+    (evidence, failing rows) stay in claims.json and the HTML's collapsed block."""
+    claims = ctx.inputs.claims
+    if not claims:
+        return []
+    n_pass = sum(c.passed for c in claims)
+    L = ["", r"\subsection*{Claims: %d of %d passed}" % (n_pass, len(claims)),
+         r"{\small Each claim answers one of two questions: ``" + tex(QUESTIONS[SUBSPACES]) + "'' (the exact test, "
+         "conditional on the measured gradients) or ``" + tex(QUESTIONS[DOCUMENTS]) + "'' (the interval over "
+         "resampled documents).}", r"\begin{itemize}"]
+    for c in claims:
+        verdict = "PASS" if c.passed else ("ERROR" if c.status == "error" else "FAIL")
+        cid = r"\texttt{" + tex(c.id) + "} " if c.id else ""
+        head = (r"\textbf{" + tex(c.interval) + "} " if c.interval_role == "decided" else "") + cid + tex(c.statement)
+        lines = [head]
+        if c.decision:
+            lines.append(r"\textit{Decided by the " + tex(c.decided_by or "recorded verdict") + ":} "
+                         + tex(c.decision) + ".")
+        if c.question:
+            lines.append(r"\textit{Answers:} " + tex(c.question) + ".")
+        if c.caveat:
+            lines.append(tex(c.caveat))
+        if c.failed:
+            lines.append(r"\textbf{Failed:} " + tex("; ".join(c.failed)))
+        if c.rule:
+            lines.append(r"{\small Rule: " + tex(c.rule) + ".}")
+        if c.interval_role == "context" and c.context:
+            lines.append(r"{\small " + tex(c.context) + "}")
+        elif c.interval_role == "decided" and c.interval_of:
+            lines.append(r"{\small Decisive interval: " + tex(c.interval) + " of " + tex(c.interval_of) + ".}")
+        L.append(r"\item[\textbf{" + verdict + "}] " + r" \\ ".join(lines))
+    L.append(r"\end{itemize}")
+    return L
 
 
 def _breakable(s: str) -> str:

@@ -1,0 +1,251 @@
+"""A claim in words: which of the two questions it answers, the evidence that decided it, and any
+interval of another estimand labelled as context.
+
+The two questions (named the same in the report, claims.json and the docs):
+
+* :data:`SUBSPACES` — "is this proxy special among random subspaces on these data?", answered by
+  the exact test against uniformly random (Haar) subspaces, conditional on the measured gradients;
+* :data:`DOCUMENTS` — "would its ratio stay above the threshold over new documents?", answered by
+  the bootstrap interval (or the data test) that resamples the documents.
+
+:func:`claim_reading` derives the words from a claims.json record (``anistat.claims.evaluate_claim``
+adds them to every record it writes; the report derives them the same way for a record written
+without them). This module is pure: it reads the record and nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeGuard
+
+SUBSPACES = "subspaces"
+DOCUMENTS = "documents"
+#: The two questions a claim can answer, in the words the report and claims.json use.
+QUESTIONS: dict[str, str] = {
+    SUBSPACES: "is this proxy special among random subspaces on these data?",
+    DOCUMENTS: "would its ratio stay above the threshold over new documents?",
+}
+#: How each question is answered.
+QUESTION_METHODS: dict[str, str] = {
+    SUBSPACES: "the exact test against random subspaces, conditional on the measured gradients",
+    DOCUMENTS: "the bootstrap interval or data test over resampled documents",
+}
+#: Row tests (the results' ``p_test``) that resample the data: they answer :data:`DOCUMENTS`.
+DATA_TESTS = frozenset({"bootstrap_t", "sign_flip"})
+TEST_NAMES: dict[str, str] = {
+    "haar_monte_carlo": "the exact test against random subspaces",
+    "bootstrap_t": "the studentized bootstrap data test",
+    "sign_flip": "the sign-flip data test",
+}
+#: The smallest p-value printed as a number; below it the report prints "p < 1e-16".
+P_FLOOR = 1e-16
+
+_RULE = re.compile(r"(?:has|pooled) (?P<metric>[A-Za-z0-9_]+?)(?:\.(?P<column>ci_low|ci_high))?(?: \([^)]*\))? "
+                   r"(?P<compare>>=|<=|>|<|between) (?P<threshold>\[[^\]]+\]|-?[0-9.]+(?:e-?\d+)?)")
+_SIDES = {">": "above", ">=": "at or above", "<": "below", "<=": "at or below", "between": "inside"}
+
+
+def p_phrase(p: Any, name: str = "p") -> str:
+    """"p = 0.00027", "p < 1e-16" (below :data:`P_FLOOR`), "" when not a number."""
+    if not _finite(p):
+        return ""
+    value = float(p)
+    return f"{name} < 1e-16" if value < P_FLOOR else f"{name} = {value:.2g}"
+
+
+def _finite(value: object) -> TypeGuard[float]:
+    """A finite real number (a JSON number: not a bool, not NaN or infinite)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _num(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _threshold_text(threshold: Any) -> str:
+    if isinstance(threshold, (list, tuple)):
+        return f"[{threshold[0]:g}, {threshold[1]:g}]"
+    return f"{threshold:g}"
+
+
+def rule_terms(rule: str) -> dict[str, Any]:
+    """metric, column, compare and threshold read back from a record's rule text (a record written
+    without them); {} when the rule does not say."""
+    match = _RULE.search(rule or "")
+    if not match:
+        return {}
+    raw = match.group("threshold")
+    try:
+        threshold: Any = ([float(v) for v in raw.strip("[]").split(",")] if raw.startswith("[") else float(raw))
+    except ValueError:
+        return {}
+    return {"metric": match.group("metric"), "column": match.group("column") or "estimate",
+            "compare": match.group("compare"), "threshold": threshold,
+            "aggregate": (rule.split(":", 1)[0].strip() if ":" in rule else "all")}
+
+
+def _on_side(low: float, high: float, compare: str, threshold: Any) -> bool:
+    """The whole interval [low, high] lies on the claimed side of the threshold."""
+    if compare in (">", ">="):
+        return low > threshold if compare == ">" else low >= threshold
+    if compare in ("<", "<="):
+        return high < threshold if compare == "<" else high <= threshold
+    return threshold[0] <= low and high <= threshold[1]
+
+
+def _controls(rows: Sequence[Mapping[str, Any]]) -> str:
+    kinds = sorted({str(r.get("control")) for r in rows if r.get("control") not in (None, "", "none")})
+    return " and ".join(kinds)
+
+
+def _tests(record: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The row tests behind the record's p-values: the rows' ``p_test``, else read from the
+    p-value's description."""
+    tests = sorted({str(r["p_test"]) for r in rows if r.get("p_test") not in (None, "", "nan")})
+    if tests:
+        return tests
+    p_value = record.get("p_value")
+    described = str(p_value.get("of", "")) if isinstance(p_value, Mapping) else ""
+    found = [key for key, word in (("haar_monte_carlo", "exact Haar"), ("bootstrap_t", "studentized bootstrap"),
+                                   ("sign_flip", "sign-flip")) if word in described]
+    return found
+
+
+def _estimand(metric: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    controls = _controls(rows)
+    against = f" against {controls} controls" if controls else ""
+    if metric in ("energy_ratio", "log2_energy_ratio", "hedges_g", "z", ""):
+        return f"effect size{against}"
+    return f"{metric.replace('_', ' ')}{against}"
+
+
+def claim_reading(record: Mapping[str, Any], terms: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The words of one claim record: ``answers`` (question keys, :data:`QUESTIONS`), ``question``
+    (the question(s) in words), ``decision`` (the evidence that decided it, one sentence),
+    ``interval_role`` (``decided``: the interval shown is the one that decided; ``context``: it is
+    an interval of the effect size over documents, which did not decide; ``none``), ``context``
+    (the labelled context sentence, or "") and ``caveat`` (a PASS decided by the exact test whose
+    rows' intervals include the threshold, in words; or "").
+
+    ``terms`` (metric, column, compare, threshold, aggregate) come from the claim itself when the
+    caller has it (``anistat.claims``); else they are read back from the record's rule."""
+    terms = dict(terms) if terms else rule_terms(str(record.get("rule", "")))
+    decided_by = str(record.get("decided_by", ""))
+    status = str(record.get("status", "pass" if record.get("passed") else "fail"))
+    passed = bool(record.get("passed"))
+    raw_rows = record.get("selected_rows")
+    rows: list[Mapping[str, Any]] = [r for r in raw_rows if isinstance(r, Mapping)] if isinstance(raw_rows, list) else []
+    found_evidence, found_interval = record.get("evidence"), record.get("interval")
+    evidence: Mapping[str, Any] = found_evidence if isinstance(found_evidence, Mapping) else {}
+    interval: Mapping[str, Any] = found_interval if isinstance(found_interval, Mapping) else {}
+    has_interval = _finite(interval.get("low")) and _finite(interval.get("high"))
+    level = interval.get("level")
+    level_text = f"{float(level) * 100:g} %" if _finite(level) else "the"
+    metric = str(terms.get("metric", ""))
+    compare, threshold = terms.get("compare"), terms.get("threshold")
+    side = (f"{_SIDES[compare]} {_threshold_text(threshold)}" if compare in _SIDES and threshold is not None else "")
+    tests = _tests(record, rows)
+    test_name = " and ".join(TEST_NAMES.get(t, t) for t in tests) or "the rows' own test"
+
+    answers: list[str] = []
+    if "interval" in decided_by:
+        answers.append(DOCUMENTS)
+    if "test" in decided_by:
+        data_only = bool(tests) and all(t in DATA_TESTS for t in tests)
+        if data_only and DOCUMENTS not in answers:
+            answers.append(DOCUMENTS)
+        elif not data_only:
+            answers.insert(0, SUBSPACES)
+    question = " and ".join(f"“{QUESTIONS[a]}” ({QUESTION_METHODS[a]})" for a in answers) or (
+        "neither question: no test or interval decides, so the claim describes these data only"
+        if decided_by == "point estimate" else "")
+
+    if "interval" in decided_by:
+        role = "decided" if has_interval else "none"
+    else:
+        role = "context" if has_interval else "none"
+
+    decision = _decision(record, status, passed, decided_by, evidence, interval, has_interval, level_text, side,
+                         test_name, terms)
+    with_ci = [r for r in rows if _finite(r.get("ci_low")) and _finite(r.get("ci_high"))]
+    crossing = ([r for r in with_ci if not _on_side(float(r["ci_low"]), float(r["ci_high"]), str(compare), threshold)]
+                if side else [])
+    context = ""
+    if role == "context":
+        of = str(interval.get("of") or "")
+        agreement = ""
+        if side and with_ci and not crossing:
+            agreement = (f"; every selected row's {level_text} interval lies {side} ({len(with_ci)} of "
+                         f"{len(with_ci)}), so the answer over new documents agrees")
+        context = (f"Context — {_estimand(metric, rows)}: {level_text} interval "
+                   f"[{_num(float(interval['low']))}, {_num(float(interval['high']))}]"
+                   + (f" ({of})" if of else "") + agreement
+                   + f"; it bears on “{QUESTIONS[DOCUMENTS]}”, not what decided this claim.")
+    caveat = ""
+    if passed and "test" in decided_by and "interval" not in decided_by and crossing:
+        caveat = (f"Two answers, not one: {test_name} says the proxy is special among random subspaces on these "
+                  f"data; whether its ratio would stay {side} over new documents is not settled — the "
+                  f"{level_text} intervals of {len(crossing)} of {len(with_ci)} rows include "
+                  f"{_threshold_text(threshold)} (context below).")
+    return {"answers": answers, "question": question, "decision": decision, "interval_role": role,
+            "context": context, "caveat": caveat}
+
+
+def _decision(record: Mapping[str, Any], status: str, passed: bool, decided_by: str, evidence: Mapping[str, Any],
+              interval: Mapping[str, Any], has_interval: bool, level_text: str, side: str, test_name: str,
+              terms: Mapping[str, Any]) -> str:
+    """The evidence that decided the claim, one sentence."""
+    failed = [str(f) for f in record.get("failed") or []] if isinstance(record.get("failed"), list) else []
+    if status == "error":
+        return "not evaluated: " + ("; ".join(failed) or "the claim could not be evaluated")
+    n_rows, n_pass = evidence.get("n_rows"), evidence.get("n_pass")
+    aggregate = str(terms.get("aggregate", "all"))
+    p_value = record.get("p_value") if isinstance(record.get("p_value"), Mapping) else {}
+    p = p_value.get("value") if p_value else None
+    bounds = f"[{_num(float(interval['low']))}, {_num(float(interval['high']))}]" if has_interval else ""
+    if aggregate == "meta" or "pooled" in str(interval.get("of", "")):
+        if "interval" not in decided_by:
+            estimate = evidence.get("meta_estimate")
+            shown = f" {_num(float(estimate))}" if _finite(estimate) else ""
+            return (f"the pooled point estimate{shown} alone ({'on' if passed else 'not on'} the claimed side"
+                    f"{' ' + side if side else ''}); no interval decides, so the claim describes these data only")
+        where = "lies" if passed else "does not lie"
+        p_text = p_phrase(p, "p against the threshold")
+        return (f"the pooled {level_text} interval {bounds} {where} entirely {side or 'on the claimed side'}"
+                + (f" ({p_text})" if p_text else ""))
+    counted = f"{n_pass} of {n_rows} rows" if _finite(n_pass) and _finite(n_rows) else "the selected rows"
+    parts: list[str] = []
+    if "test" in decided_by:
+        which = "largest" if aggregate == "all" else "smallest"
+        p_text = p_phrase(p, f"{which} adjusted p")
+        if passed and aggregate == "all":
+            parts.append(f"all {n_rows if _finite(n_rows) else ''} rows significant by {test_name}".replace("  ", " ")
+                         + (f", {p_text}" if p_text else "") + (f"; every estimate {side}" if side else ""))
+        elif passed:
+            parts.append(f"{counted} significant by {test_name} with the estimate {side or 'on the claimed side'}"
+                         + (f", {p_text}" if p_text else ""))
+        else:
+            parts.append(f"{counted} pass by {test_name}" + (f" ({p_text})" if p_text else ""))
+    if "interval" in decided_by:
+        whose = "the weakest row's" if aggregate == "all" else "the strongest row's"
+        if passed:
+            parts.append(f"{'every' if aggregate == 'all' else 'at least one'} selected row's {level_text} interval "
+                         f"lies {side or 'on the claimed side'} (decisive: {whose} {bounds})" if bounds else
+                         f"every selected row's interval lies {side or 'on the claimed side'}")
+        else:
+            parts.append(f"{counted} have a {level_text} interval {side or 'on the claimed side'}"
+                         + (f" (decisive: {whose} {bounds})" if bounds else ""))
+    if decided_by == "point estimate":
+        low = next((v for k, v in evidence.items() if k.endswith("_min")), None)
+        high = next((v for k, v in evidence.items() if k.endswith("_max") and k != "p_adjusted_max"), None)
+        spread = f" ({_num(float(low))}–{_num(float(high))})" if _finite(low) and _finite(high) else ""
+        parts.append(f"point estimates alone{spread}; no test or interval decides, so the claim describes these "
+                     "data only")
+    if not parts:
+        return ""  # a record that does not say what decided it: the card shows its verdict only
+    text = "; ".join(parts)
+    if failed and not passed:
+        text += " — failed: " + "; ".join(failed)
+    return text
