@@ -29,8 +29,13 @@ import time
 
 import numpy as np
 
-from anistat.stats.resampling_risk import (NOT_REJECTED, REJECTED, UNDECIDED, RiskBoundedMonteCarlo,
-                                           family_rejections)
+from anistat.stats.resampling_risk import (
+    NOT_REJECTED,
+    REJECTED,
+    UNDECIDED,
+    RiskBoundedMonteCarlo,
+    family_rejections,
+)
 
 ALPHA = 0.05
 N_NULL = 40

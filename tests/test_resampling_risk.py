@@ -9,9 +9,16 @@ import pytest
 from scipy import stats as sps
 from statsmodels.stats.proportion import proportion_confint
 
-from anistat.stats.resampling_risk import (NOT_REJECTED, REJECTED, UNDECIDED, RiskBoundedMonteCarlo,
-                                           clopper_pearson, family_rejections, look_schedule,
-                                           risk_bounded_decisions)
+from anistat.stats.resampling_risk import (
+    NOT_REJECTED,
+    REJECTED,
+    UNDECIDED,
+    RiskBoundedMonteCarlo,
+    clopper_pearson,
+    family_rejections,
+    look_schedule,
+    risk_bounded_decisions,
+)
 
 
 @pytest.mark.parametrize("x,n,error", [(0, 16, 0.01), (3, 16, 0.001), (16, 16, 0.05), (250, 4096, 1e-5)])
@@ -108,3 +115,77 @@ def test_bad_settings_are_refused():
         RiskBoundedMonteCarlo([1.0], 0.05, 0.01, 100, method="hommel")
     nan = RiskBoundedMonteCarlo([np.nan, 0.0], 0.05, 0.01, 100)
     assert nan.remaining == 100 and not nan.active[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# in a run: `stats.resampling_risk`
+# ----------------------------------------------------------------------------------------------
+def run_mini(tmp_path, extra_stats: str):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import MINI_PROTOCOL
+
+    import anistat
+    import anistat.report.render
+
+    protocol = tmp_path / f"mini{len(extra_stats)}.yaml"
+    protocol.write_text(MINI_PROTOCOL.replace("multiplicity: fdr_bh}", f"multiplicity: fdr_bh{extra_stats}}}"))
+    with pytest.MonkeyPatch.context() as patch:  # figures are not what this is about
+        patch.setattr(anistat.report.render, "render_figures", lambda *args, **kwargs: ([], {}))
+        out = tmp_path / f"bundle{len(extra_stats)}"
+        return anistat.run(protocol, out).results, out
+
+
+def test_a_run_with_resampling_risk_reports_decisions_and_keeps_its_p_values(tmp_path):
+    """The same protocol with and without `resampling_risk`: identical p-values (the decisions
+    read the same stream further), and with it every exact energy test carries a decision that is
+    BH's decision at both ends of its interval where it is decided; ε is in the manifest."""
+    import json
+
+    plain, _ = run_mini(tmp_path, "")
+    risky, bundle = run_mini(tmp_path, ", resampling_risk: 0.001")
+    assert "mc_decision" not in plain.columns
+    key = ["model", "checkpoint", "site", "rank", "proxy", "control", "metric"]
+    merged = plain.merge(risky, on=key, suffixes=("", "_risk"))
+    assert len(merged) == len(plain)
+    np.testing.assert_array_equal(merged["p_value"].to_numpy(float), merged["p_value_risk"].to_numpy(float))
+    energy = risky[(risky["p_test"] == "haar_monte_carlo") & (risky["metric"] != "delta_isoscore_star")]
+    assert set(energy["mc_decision"]) <= {REJECTED, NOT_REJECTED, UNDECIDED} and len(energy) > 0
+    assert (energy["mc_p_low"] <= energy["mc_p_high"]).all()
+    others = risky[~risky.index.isin(energy.index)]
+    assert (others["mc_decision"].fillna("") == "").all()
+    # each decision, checked with statsmodels' BH over the run's distinct tests (family: run): the
+    # test's interval end put in, the other tests at their interval's other end or reported p
+    from statsmodels.stats.multitest import multipletests
+
+    distinct = risky.dropna(subset=["p_value"])
+    kind = np.where(distinct["metric"] == "delta_isoscore_star", "delta", distinct["p_test"])
+    tests = distinct.assign(kind=kind).drop_duplicates(["model", "checkpoint", "site", "rank", "proxy", "kind"])
+    low = tests["mc_p_low"].fillna(tests["p_value"]).to_numpy(float)
+    high = tests["mc_p_high"].fillna(tests["p_value"]).to_numpy(float)
+    sure = multipletests(high, 0.05, "fdr_bh")[1] < 0.05
+    possible = multipletests(low, 0.05, "fdr_bh")[1] < 0.05
+    status = tests["mc_decision"].fillna("").to_numpy()
+    assert len(tests) == 48  # 16 (unit, proxy, rank) × (energy, ΔIsoScore*, data test): the planned family
+    assert ((status == REJECTED) == (sure & (status != ""))).all()
+    assert ((status == NOT_REJECTED) == (~possible & ~sure & (status != ""))).all()
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["null_settings"]["resampling_risk"] == 0.001
+
+
+def test_resampling_risk_with_a_two_sided_alternative_is_refused(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import MINI_PROTOCOL
+
+    protocol = tmp_path / "two.yaml"
+    protocol.write_text(MINI_PROTOCOL.replace("multiplicity: fdr_bh}",
+                                              "multiplicity: fdr_bh, resampling_risk: 0.001, alternative: two-sided}"))
+    done = subprocess.run([sys.executable, "-m", "anistat", "validate", str(protocol)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "resampling_risk" in done.stderr and "Traceback" not in done.stderr

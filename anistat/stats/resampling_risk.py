@@ -89,9 +89,30 @@ def family_rejections(p, alpha: float, method: str) -> np.ndarray:
     return adjust_pvalues(np.clip(p, 0.0, 1.0), method) < alpha
 
 
+def family_decisions(p_low, p_high, alpha: float, method: str) -> np.ndarray:
+    """Decisions of a family whose ideal p-values lie in ``[p_low, p_high]`` (equal ends for a
+    p-value known exactly): ``rejected`` where ``method`` rejects even the upper ends,
+    ``not rejected`` where it rejects not even the lower ends, else ``undecided`` — right
+    whenever every interval covers its ideal p-value (the procedures are monotone)."""
+    low, high = np.asarray(p_low, dtype=np.float64), np.asarray(p_high, dtype=np.float64)
+    sure = family_rejections(high, alpha, method)
+    possible = family_rejections(low, alpha, method)
+    out = np.full(low.shape, UNDECIDED, dtype=object)
+    out[sure] = REJECTED
+    out[~possible & ~sure & np.isfinite(low)] = NOT_REJECTED
+    return out
+
+
 class RiskBoundedMonteCarlo:
     """Decisions of ``m`` Monte-Carlo tests read off one stream of null draws, each stopping when
     its decision (or its family's, under ``method``) is settled; see the module docstring.
+
+    ``n_split`` and ``stop_below`` serve decisions made later over a family that this engine does
+    not see whole (tests on several streams): every test gets ``epsilon / n_split`` (``n_split`` at
+    least the family's size, so all intervals of the family cover at once with probability
+    ``≥ 1 − ε``), and under ``none`` a test stops as rejected only below ``stop_below`` (e.g.
+    ``alpha / m``, below which Holm, BH and Bonferroni all reject); the family's decision is then
+    :func:`family_decisions` of the intervals.
 
     Same feeding protocol as :class:`.montecarlo.SequentialMonteCarlo`: pass the next null
     values with :meth:`update` (``(m, c)``, draw order along axis 1) while :attr:`remaining` > 0.
@@ -103,7 +124,8 @@ class RiskBoundedMonteCarlo:
     """
 
     def __init__(self, observed, alpha: float, epsilon: float, n_max: int, method: str = "none",
-                 alternative: str = "greater", first_look: int = 16) -> None:
+                 alternative: str = "greater", first_look: int = 16, *, n_split: int | None = None,
+                 stop_below: float | None = None) -> None:
         check_alternative(alternative)
         if alternative == "two-sided":
             raise ValueError("risk-bounded decisions need a one-sided alternative ('greater' or 'less')")
@@ -120,8 +142,14 @@ class RiskBoundedMonteCarlo:
         m = self.observed.size
         tested = np.isfinite(self.observed)
         n_tests = max(int(tested.sum()), 1)
-        #: each test's share of the risk, and its error per look
-        self.epsilon_test = self.epsilon / n_tests if method != "none" else self.epsilon
+        #: each test's share of the risk (``n_split`` tests share ``epsilon``; default: the family's
+        #: tests under a multiplicity method, the test alone under ``none``), and its error per look
+        split = n_split if n_split is not None else (n_tests if method != "none" else 1)
+        if split < 1:
+            raise ValueError(f"n_split must be >= 1, got {n_split}")
+        self.epsilon_test = self.epsilon / split
+        #: ``none``: a test is rejected (and stops) once its interval lies below this
+        self.stop_below = self.alpha if stop_below is None else float(stop_below)
         self.error_per_look = self.epsilon_test / self.looks.size
         self.exceed = np.zeros(m, dtype=np.int64)
         self.draws_used = np.zeros(m, dtype=np.int64)
@@ -178,7 +206,10 @@ class RiskBoundedMonteCarlo:
         self.p_low[tests] = np.maximum(self.p_low[tests], low)
         self.p_high[tests] = np.minimum(self.p_high[tests], high)
         tested = np.isfinite(self.observed)
-        sure = family_rejections(np.where(tested, self.p_high, np.nan), self.alpha, self.method)
+        if self.method == "none":
+            sure = self.p_high < self.stop_below
+        else:
+            sure = family_rejections(np.where(tested, self.p_high, np.nan), self.alpha, self.method)
         possible = family_rejections(np.where(tested, self.p_low, np.nan), self.alpha, self.method)
         undecided = self.status == UNDECIDED  # a decision, once made, stands
         self.status[undecided & tested & sure] = REJECTED
