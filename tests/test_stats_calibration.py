@@ -86,3 +86,17 @@ def test_family_calibration_with_shared_draws():
     assert rows[("shared draws, with effects", 10)]["mean_discoveries_bh"] >= 2
     assert run_family_calibration(5, seed=1, n_units=12, n_null=399).rows == \
         run_family_calibration(5, seed=1, n_units=12, n_null=399).rows  # deterministic
+
+
+def test_skewed_scenario_is_clustered_with_heavy_document_scales():
+    """`skewed` is `clustered` with lognormal document scales of log-SD `skewed_document_sd`: at 0
+    (and `scale_sd` 0) the two scenarios simulate the same studies; at 1.5 they differ."""
+    kwargs = dict(n_simulations=4, seed=5, planted_ratios=(1.0,), n_documents=12, n_bootstrap=60,
+                  n_test_resamples=59, n_null=59, scale_sd=0.0)
+    clustered = run_calibration(scenarios=("clustered",), **kwargs).conditions
+    flat = run_calibration(scenarios=("skewed",), skewed_document_sd=0.0, **kwargs).conditions
+    heavy = run_calibration(scenarios=("skewed",), **kwargs).conditions
+    strip = lambda rows: [{k: v for k, v in row.items() if k != "scenario"} for row in rows]  # noqa: E731
+    assert strip(flat) == strip(clustered)
+    assert strip(heavy) != strip(clustered)
+    assert {row["scenario"] for row in heavy} == {"skewed"}
