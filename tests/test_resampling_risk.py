@@ -173,6 +173,7 @@ def test_a_run_with_resampling_risk_reports_decisions_and_keeps_its_p_values(tmp
     assert ((status == NOT_REJECTED) == (~possible & ~sure & (status != ""))).all()
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["null_settings"]["resampling_risk"] == 0.001
+    assert "resampling risk of at most ε = 0.001" in (bundle / "report.html").read_text(encoding="utf-8")
 
 
 def test_resampling_risk_with_a_two_sided_alternative_is_refused(tmp_path):
