@@ -100,3 +100,25 @@ def test_skewed_scenario_is_clustered_with_heavy_document_scales():
     assert strip(flat) == strip(clustered)
     assert strip(heavy) != strip(clustered)
     assert {row["scenario"] for row in heavy} == {"skewed"}
+
+
+def test_hot_documents_mixture_keeps_the_population_ratio_at_one():
+    """`hot`: hot documents put 0.30 of their energy in the proxy's span, the others 0.028, and
+    with 10 % hot documents of 5× energy the mixture's share is exactly k/d (ratio 1)."""
+    from anistat.stats import calibrate
+
+    rng = np.random.default_rng(0)
+    d, k = 24, 3
+    sigma, u = calibrate._population(rng, "clustered", "1.0", d, k)
+    share = {}
+    for name, factor in (("hot", calibrate.HOT_TILT), ("cold", calibrate.COLD_TILT)):
+        root, matrix = calibrate._tilted(sigma, u, factor)
+        np.testing.assert_allclose(root @ root, matrix, atol=1e-10)
+        share[name] = np.trace(u.T @ matrix @ u) / np.trace(matrix)
+    assert share["hot"] == pytest.approx(0.30) and share["cold"] == pytest.approx(0.0278, abs=1e-4)
+    w_hot = calibrate.HOT_SHARE * calibrate.HOT_ENERGY
+    mixture = (w_hot * share["hot"] + (1 - calibrate.HOT_SHARE) * share["cold"]) / (w_hot + 1 - calibrate.HOT_SHARE)
+    assert mixture == pytest.approx(k / d, rel=1e-12)
+    rows = run_calibration(n_simulations=3, seed=1, scenarios=("hot",), planted_ratios=(1.0,), n_documents=20,
+                           n_bootstrap=60, n_test_resamples=59, n_null=59).conditions
+    assert [row["condition"] for row in rows] == ["random", "1.0"]

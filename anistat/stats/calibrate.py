@@ -9,6 +9,11 @@ Synthetic per-token gradients (numpy), in three scenarios:
 * ``clustered``   — the anisotropic spectrum, and sequences cut from shared documents: a
   document draws 1 + Poisson(3) sequences that share its scale and a random rank-2 "topic"
   subspace (so its sequences are dependent), on top of each sequence's own topic;
+* ``hot``         — ``clustered`` with 10 % "hot" documents of 5× energy that put 3× the energy
+  share in the proxy's span (planted conditions; in a random subspace independent of the proxy
+  for the random-proxy condition, so the exact test's null holds), the others 0.2×: at a planted
+  ratio of 1 the shares are 0.30 and 0.028 and the population ratio stays exactly 1; the targets
+  are the mixture's population quantities.
 * ``skewed``      — ``clustered`` with heavy-tailed document scales: each document's gradient
   scale ``c_doc`` is lognormal with log-SD ``skewed_document_sd`` (default
   :data:`SKEWED_DOCUMENT_SD` = 0.75, so its energy ``c_doc²`` is lognormal with σ = 1.5) instead
@@ -66,9 +71,13 @@ from .montecarlo import monte_carlo_pvalue, sequential_monte_carlo_pvalue
 from .permutation import sign_flip_test
 
 GOALS = {"type1": (0.04, 0.06), "coverage": (0.94, 0.96)}
-SCENARIOS = ("isotropic", "anisotropic", "clustered", "skewed")
+SCENARIOS = ("isotropic", "anisotropic", "clustered", "skewed", "hot")
 #: Scenarios whose sequences are cut from shared documents.
-DOCUMENT_SCENARIOS = ("clustered", "skewed")
+DOCUMENT_SCENARIOS = ("clustered", "skewed", "hot")
+#: ``hot``: the share of hot documents, their energy multiple, and the factors by which hot and
+#: other documents scale the energy in the tilted subspace (at a planted ratio of 1 and k/d = 1/8:
+#: shares 0.30 and 0.028, energy-weighted mixture exactly k/d).
+HOT_SHARE, HOT_ENERGY, HOT_TILT, COLD_TILT = 0.1, 5.0, 3.0, 0.2
 #: Log-scale SD of the per-document gradient scale in the ``skewed`` scenario (energy: twice this).
 SKEWED_DOCUMENT_SD = 0.75
 #: Scenario-independent condition names besides planted ratios.
@@ -153,7 +162,18 @@ def _simulate_one(rng, scenario, condition, cfg):
     if clustered:
         document_sd = cfg.get("skewed_document_sd", SKEWED_DOCUMENT_SD) if scenario == "skewed" else cfg["scale_sd"]
         scale *= np.exp(document_sd * rng.standard_normal(n_docs))[doc_of_seq]
-    g = (z * scale[:, None, None]).reshape(-1, d) @ root  # root symmetric
+    if scenario == "hot":
+        tilted = _haar(rng, (), d, k) if condition == RANDOM_PROXY else u
+        hot_docs = np.arange(n_docs) < max(1, round(HOT_SHARE * n_docs))
+        (root_hot, sigma_hot), (root_cold, sigma_cold) = (_tilted(sigma, tilted, t) for t in (HOT_TILT, COLD_TILT))
+        hot = hot_docs[doc_of_seq]
+        scale = scale * np.where(hot, np.sqrt(HOT_ENERGY), 1.0)
+        zs = z * scale[:, None, None]
+        g = np.where(hot[:, None, None], zs @ root_hot, zs @ root_cold).reshape(-1, d)
+        w_hot = HOT_ENERGY * hot_docs.mean()
+        sigma = w_hot * sigma_hot + (1.0 - hot_docs.mean()) * sigma_cold  # the mixture's second moment
+    else:
+        g = (z * scale[:, None, None]).reshape(-1, d) @ root  # root symmetric
     p_seq = ((g @ u) ** 2).sum(axis=1).reshape(s, tmax).sum(axis=1)
     t_seq = (g * g).sum(axis=1).reshape(s, tmax).sum(axis=1)
     second = g.T @ g
@@ -203,6 +223,18 @@ def _simulate_one(rng, scenario, condition, cfg):
     out["p_paper_normal_99"] = monte_carlo_pvalue(observed, normal)
     out["p_paper_haar_20"] = monte_carlo_pvalue(observed, null[:20])
     return [out[c] for c in _COLS]
+
+
+def _tilted(sigma, subspace, factor):
+    """(symmetric root, matrix) of ``D Σ D`` with ``D = √factor P + (I − P)`` (``P`` the projection
+    on ``subspace``), rescaled to the trace of ``Σ``."""
+    d = sigma.shape[0]
+    projection = subspace @ subspace.T
+    tilt = np.sqrt(factor) * projection + (np.eye(d) - projection)
+    matrix = tilt @ sigma @ tilt
+    matrix *= np.trace(sigma) / np.trace(matrix)
+    ev, vec = np.linalg.eigh(matrix)
+    return (vec * np.sqrt(np.clip(ev, 0, None))) @ vec.T, matrix
 
 
 def _haar_from(z):
