@@ -803,6 +803,7 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
         n_test_resamples_used=_int_or_none(null_settings.get("n_test_resamples")),
         null_stop_exceedances=int(null_settings.get("stop_after") or 0),
         null_draws_auto=protocol.stats.n_null_draws == "auto",
+        resampling_risk=null_settings.get("resampling_risk"),
         proxy_refit=protocol.proxies.refit,
     )
     versions = manifest.get("versions") if isinstance(manifest.get("versions"), Mapping) else {}

@@ -10,7 +10,8 @@ requires the adjusted p-value to be below `alpha` (adjusted over the run or mode
 * `meta` — a random-effects meta-analysis of the selected estimates (`anistat.stats.meta`;
   settings in the claim's `meta`): REML between-unit variance and the Hartung–Knapp–Sidik–
   Jonkman interval with the Knapp–Hartung safeguard (scale factor max(1, s)) by default. Each
-  row's SE is its `se` column where the results carry one, else recovered from its CI at the
+  row's SE is its `se` column where the results carry one (the interval-implied SE,
+  `anistat.stats.interval_se`, so the same weights either way), else recovered from its CI at the
   run's own `stats.ci_level` (se = (ci_high − ci_low) / (2 z_{(1+level)/2})). Ratio metrics
   (`energy_ratio`) are pooled on the log scale (ln R; the threshold becomes ln threshold) and
   reported back as ratios. Rows that share data are not independent studies: by default one

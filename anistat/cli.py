@@ -178,8 +178,10 @@ def calibrate(
     out: Path = typer.Option(Path("reports/calibration"), "--out", "-o", help="Output directory."),
     n_simulations: int = typer.Option(2000, min=10, max=1_000_000, help="Simulated studies per scenario and condition."),
     seed: int = typer.Option(0, min=0, help="Seed of the simulation."),
-    scenario: list[str] = typer.Option(["isotropic", "anisotropic", "clustered"], "--scenario",
-                                       help="Scenarios (repeatable): isotropic, anisotropic, clustered."),
+    scenario: list[str] = typer.Option(["isotropic", "anisotropic", "clustered", "skewed", "hot"], "--scenario",
+                                       help="Scenarios (repeatable): isotropic, anisotropic, clustered, skewed "
+                                       "(document energies lognormal, σ = 1.5), hot (10 % documents with 5× "
+                                       "energy, concentrated in the proxy's span)."),
     n_documents: int = typer.Option(60, min=3, max=100_000, help="Documents per simulated study (the goals)."),
     coverage_documents: list[int] = typer.Option(
         [30, 200], "--coverage-documents", help="Other study sizes (repeatable) whose coverage is reported."),

@@ -442,6 +442,22 @@ class StatsSpec(StrictModel):
     )
     isoscore_zeta: float = Field(0.1, ge=0.0, le=1.0, description="IsoScore* shrinkage weight.")
     isoscore_c0: Literal["scaled_identity", "identity"] = "scaled_identity"
+    resampling_risk: float | None = Field(
+        None, gt=0.0, le=0.1,
+        description="Decide the exact energy tests with a bounded resampling risk (anistat.stats.resampling_risk): "
+        "each test also draws until a Clopper-Pearson confidence sequence of its ideal p-value settles its "
+        "decision at alpha under stats.multiplicity (at most n_null_draws), and results gain mc_decision "
+        "(rejected / not rejected / undecided), mc_p_low and mc_p_high; the probability that any decision of a "
+        "family differs from the ideal (infinite-draw) p-values' decision is at most this (1e-3 is the usual "
+        "choice, simctest's default). p_value is unchanged. Off (null) by default; needs a one-sided alternative.",
+    )
+
+    @model_validator(mode="after")
+    def _risk_needs_one_side(self) -> "StatsSpec":
+        if self.resampling_risk is not None and self.alternative == "two-sided":
+            raise ValueError("stats.resampling_risk needs a one-sided alternative ('greater' or 'less'); "
+                             "remove resampling_risk or set alternative")
+        return self
 
     @field_validator("n_null_draws")
     @classmethod

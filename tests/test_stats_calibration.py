@@ -86,3 +86,39 @@ def test_family_calibration_with_shared_draws():
     assert rows[("shared draws, with effects", 10)]["mean_discoveries_bh"] >= 2
     assert run_family_calibration(5, seed=1, n_units=12, n_null=399).rows == \
         run_family_calibration(5, seed=1, n_units=12, n_null=399).rows  # deterministic
+
+
+def test_skewed_scenario_is_clustered_with_heavy_document_scales():
+    """`skewed` is `clustered` with lognormal document scales of log-SD `skewed_document_sd`: at 0
+    (and `scale_sd` 0) the two scenarios simulate the same studies; at 1.5 they differ."""
+    kwargs = dict(n_simulations=4, seed=5, planted_ratios=(1.0,), n_documents=12, n_bootstrap=60,
+                  n_test_resamples=59, n_null=59, scale_sd=0.0)
+    clustered = run_calibration(scenarios=("clustered",), **kwargs).conditions
+    flat = run_calibration(scenarios=("skewed",), skewed_document_sd=0.0, **kwargs).conditions
+    heavy = run_calibration(scenarios=("skewed",), **kwargs).conditions
+    strip = lambda rows: [{k: v for k, v in row.items() if k != "scenario"} for row in rows]  # noqa: E731
+    assert strip(flat) == strip(clustered)
+    assert strip(heavy) != strip(clustered)
+    assert {row["scenario"] for row in heavy} == {"skewed"}
+
+
+def test_hot_documents_mixture_keeps_the_population_ratio_at_one():
+    """`hot`: hot documents put 0.30 of their energy in the proxy's span, the others 0.028, and
+    with 10 % hot documents of 5× energy the mixture's share is exactly k/d (ratio 1)."""
+    from anistat.stats import calibrate
+
+    rng = np.random.default_rng(0)
+    d, k = 24, 3
+    sigma, u = calibrate._population(rng, "clustered", "1.0", d, k)
+    share = {}
+    for name, factor in (("hot", calibrate.HOT_TILT), ("cold", calibrate.COLD_TILT)):
+        root, matrix = calibrate._tilted(sigma, u, factor)
+        np.testing.assert_allclose(root @ root, matrix, atol=1e-10)
+        share[name] = np.trace(u.T @ matrix @ u) / np.trace(matrix)
+    assert share["hot"] == pytest.approx(0.30) and share["cold"] == pytest.approx(0.0278, abs=1e-4)
+    w_hot = calibrate.HOT_SHARE * calibrate.HOT_ENERGY
+    mixture = (w_hot * share["hot"] + (1 - calibrate.HOT_SHARE) * share["cold"]) / (w_hot + 1 - calibrate.HOT_SHARE)
+    assert mixture == pytest.approx(k / d, rel=1e-12)
+    rows = run_calibration(n_simulations=3, seed=1, scenarios=("hot",), planted_ratios=(1.0,), n_documents=20,
+                           n_bootstrap=60, n_test_resamples=59, n_null=59).conditions
+    assert [row["condition"] for row in rows] == ["random", "1.0"]

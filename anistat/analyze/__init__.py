@@ -41,6 +41,7 @@ from ..collect import UnitArtifact
 from ..protocol import Protocol
 from ..seeding import derive_seed
 from ..stats import EXACT_TEST, adjust_pvalues, min_controls_needed, resolution_warning
+from ..stats.resampling_risk import family_decisions
 from .frequency import FREQUENCY_COLUMNS, bucket_spectra, frequency_rows
 from .nulls import ExactNulls, NullOptions, UnitSpectrum, exact_tests
 from .units import (ENERGY_METRICS, descriptive_rows, failed_rows, prepare_unit, proxy_groups,
@@ -58,6 +59,9 @@ RESULT_COLUMNS = [
     "p_adjusted", "p_test", "p_value_paper", "effect_size", "effect_size_kind", "se", "n_controls",
     "n_sequences", "n_clusters", "n_tokens", "status", "note",
 ]
+#: Columns added when `stats.resampling_risk` is set: the risk-bounded decision of the exact energy
+#: test in its family and the confidence-sequence interval of its ideal p-value.
+DECISION_COLUMNS = ["mc_decision", "mc_p_low", "mc_p_high"]
 DESCRIPTIVE_METRICS = ("isoscore", "isoscore_star", "participation_ratio", "effective_rank", "mean_cosine")
 
 
@@ -68,13 +72,15 @@ class NullSettings:
     ``n_null_draws``: the most Haar draws an exact test uses; ``stop_after``: its sequential
     stopping rule (a test stops once this many draws reach its observed value; 0: never);
     ``n_test_resamples``: bootstrap resamples of the data test; ``n_tests``: the largest
-    multiplicity family they were sized for."""
+    multiplicity family they were sized for; ``resampling_risk``: the bound ε on the probability
+    that a family's risk-bounded decisions (``mc_decision``) differ from the ideal ones (None: off)."""
 
     n_null_draws: int
     n_test_resamples: int
     n_tests: int
     stop_after: int = 0
     null_draws: str = "shared"
+    resampling_risk: float | None = None
 
 
 def planned_tests(artifacts: list[UnitArtifact], protocol: Protocol) -> int:
@@ -102,7 +108,8 @@ def null_settings(artifacts: list[UnitArtifact], protocol: Protocol) -> NullSett
     needed = min_controls_needed(stats.alpha, n_tests, stats.multiplicity)
     draws = max(9999, needed) if stats.n_null_draws == "auto" else int(stats.n_null_draws)
     return NullSettings(n_null_draws=draws, n_test_resamples=max(stats.n_test_resamples, needed), n_tests=n_tests,
-                        stop_after=stats.null_stop_exceedances, null_draws=stats.null_draws)
+                        stop_after=stats.null_stop_exceedances, null_draws=stats.null_draws,
+                        resampling_risk=stats.resampling_risk)
 
 
 def run_exact_tests(spectra: list[UnitSpectrum], protocol: Protocol, settings: NullSettings,
@@ -115,7 +122,8 @@ def run_exact_tests(spectra: list[UnitSpectrum], protocol: Protocol, settings: N
     record = protocol.controls.n if "haar" in protocol.controls.kinds else 0
     options = NullOptions(n_max=settings.n_null_draws, stop_after=settings.stop_after,
                           alternative=stats.alternative, c0=stats.isoscore_c0, zeta=stats.isoscore_zeta,
-                          n_record=record, device=device)
+                          n_record=record, device=device, resampling_risk=settings.resampling_risk,
+                          alpha=stats.alpha, risk_tests=max(settings.n_tests, 1))
     if settings.null_draws == "per_test":
         # every (unit, rank) its own stream: the unit's spectrum once per rank, with that rank's tests
         split = [replace(unit, energy_observed={k: v for k, v in unit.energy_observed.items() if k[1] == rank},
@@ -166,6 +174,30 @@ def adjust(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
     return results
 
 
+def decide_with_bounded_risk(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
+    """`mc_decision` of every exact energy test (`stats.resampling_risk`): per family, the
+    protocol's correction applied to the ideal p-values' intervals `[mc_p_low, mc_p_high]` (the
+    family's other tests at their reported p-values) — `rejected` where even the upper ends are
+    rejected, `not rejected` where not even the lower ends are, else `undecided`
+    (:func:`anistat.stats.resampling_risk.family_decisions`). Every test's interval has risk
+    ε / n_tests with n_tests at least the family's size, so a family's decisions all agree with its
+    ideal decisions with probability at least 1 − ε."""
+    stats = protocol.stats
+    method = "none" if stats.multiplicity == "none" else stats.multiplicity
+    decided: dict[tuple, str] = {}
+    families = ([results.dropna(subset=["p_value"]).drop_duplicates("_test")] if method == "none"
+                else test_families(results, protocol))
+    for family in families:
+        p = family["p_value"].to_numpy(dtype=float)
+        low = np.where(family["mc_p_low"].notna(), family["mc_p_low"].astype(float), p)
+        high = np.where(family["mc_p_high"].notna(), family["mc_p_high"].astype(float), p)
+        status = family_decisions(low, high, stats.alpha, method)
+        decided.update((test, str(s)) for test, s, has in zip(family["_test"], status, family["mc_p_low"].notna())
+                       if has)
+    results["mc_decision"] = [decided.get(test, "") if isinstance(test, tuple) else "" for test in results["_test"]]
+    return results
+
+
 def multiplicity_warning(results: pd.DataFrame, protocol: Protocol, nulls: NullSettings) -> str | None:
     """The resolution guard: can the exact Monte-Carlo tests reach the corrected threshold of the
     largest family (wording right for each correction, see `anistat.stats.resolution_warning`)?"""
@@ -210,7 +242,8 @@ def analyze_run(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarra
         notes.extend(unit_notes)
     results = _typed(pd.DataFrame(rows), protocol)
     guard = multiplicity_warning(results, protocol, settings)
-    results = results[RESULT_COLUMNS].copy().reset_index(drop=True)
+    columns = RESULT_COLUMNS + (DECISION_COLUMNS if settings.resampling_risk is not None else [])
+    results = results[columns].copy().reset_index(drop=True)
     results.attrs["warnings"] = ([guard] if guard else []) + notes
     # plain data: attrs travel into parquet metadata
     made = nulls.draws_made
@@ -224,10 +257,12 @@ def analyze_run(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarra
 
 
 def _typed(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
-    for column in RESULT_COLUMNS + ["_test"]:
+    for column in RESULT_COLUMNS + DECISION_COLUMNS + ["_test"]:
         if column not in results:
             results[column] = np.nan
     results = adjust(results, protocol)
+    if protocol.stats.resampling_risk is not None:
+        results = decide_with_bounded_risk(results, protocol)
     for column in ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_clusters", "n_tokens"):
         results[column] = pd.array(results[column], dtype="Int64")
     for column in ("ci_method", "note", "status", "p_test", "effect_size_kind"):

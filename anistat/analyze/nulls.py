@@ -34,13 +34,14 @@ error and BH's false discovery rate with shared draws.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from ..geometry import CHUNK, HaarDiagonalStream, isoscore_star_from_traces
 from ..stats import SequentialMonteCarlo
+from ..stats.resampling_risk import RiskBoundedMonteCarlo
 
 #: Float32 draws within this relative distance of a test's observed value are recomputed in float64.
 RELATIVE_BAND = 1e-4
@@ -66,11 +67,16 @@ class UnitSpectrum:
 
 @dataclass(frozen=True)
 class ExactTest:
-    """One test's p-value, the draws it used, and whether it stopped early (sequentially)."""
+    """One test's p-value, the draws it used, and whether it stopped early (sequentially); with a
+    resampling risk (energy tests only), the confidence-sequence interval of its ideal p-value
+    and the draws that interval used."""
 
     p_value: float
     n_draws: int
     stopped: bool
+    p_low: float = float("nan")
+    p_high: float = float("nan")
+    risk_draws: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,10 @@ class NullOptions:
     """How the exact tests run: at most ``n_max`` draws, stopping after ``stop_after`` exceedances
     (0: never), the alternative, IsoScore*'s ``c0``/``zeta``, draws recorded for the paper's
     convention, the stream's seed (per width: ``derive_seed`` of it and the width is the
-    caller's job, see :func:`exact_tests`) and device."""
+    caller's job, see :func:`exact_tests`) and device. ``resampling_risk`` (None: off): the energy
+    tests also run :class:`anistat.stats.resampling_risk.RiskBoundedMonteCarlo` on the same draws,
+    each with risk ``resampling_risk / risk_tests`` (``risk_tests`` at least the largest family),
+    stopping once its interval lies at or above ``alpha`` or below ``alpha / risk_tests``."""
 
     n_max: int
     stop_after: int
@@ -100,6 +109,9 @@ class NullOptions:
     zeta: float
     n_record: int = 0
     device: str | torch.device = "cpu"
+    resampling_risk: float | None = None
+    alpha: float = 0.05
+    risk_tests: int = 1
 
 
 def exact_tests(units: list[UnitSpectrum], options: NullOptions, seed_for_width,
@@ -149,6 +161,11 @@ class _WidthRun:
         observed_d = [units[i].delta_observed[key] for i, key in self.delta_tests]
         self.energy_mc = SequentialMonteCarlo(observed_e, options.n_max, options.stop_after, options.alternative)
         self.delta_mc = SequentialMonteCarlo(observed_d, options.n_max, options.stop_after, options.alternative)
+        self.energy_risk = None
+        if options.resampling_risk is not None and observed_e:
+            self.energy_risk = RiskBoundedMonteCarlo(observed_e, options.alpha, options.resampling_risk, options.n_max,
+                                                     "none", options.alternative, n_split=options.risk_tests,
+                                                     stop_below=options.alpha / options.risk_tests)
         # float64 recomputation bands: the float32 error of a value is ~1e-6 of its magnitude, and
         # ΔIsoScore* is a difference of two IsoScores* (each in [0, 1]) whose errors add up
         self.energy_band = RELATIVE_BAND * np.abs(np.asarray(observed_e, dtype=float))
@@ -163,22 +180,35 @@ class _WidthRun:
     def run(self) -> None:
         index = 0
         while True:
-            size = min(CHUNK, max(self.energy_mc.remaining, self.delta_mc.remaining,
+            size = min(CHUNK, max(self.energy_mc.remaining, self.delta_mc.remaining, self._risk_remaining(),
                                   self.options.n_record - self.drawn))
             if size <= 0:
                 break
             chunk = self.stream.chunk(index, size)
             if self.drawn < self.options.n_record:
                 self._record(chunk, min(size, self.options.n_record - self.drawn))
-            if self.energy_mc.remaining:
-                self.energy_mc.update(self._energy_values(chunk))
+            if self.energy_mc.remaining or self._risk_remaining():
+                values = self._energy_values(chunk)
+                if self.energy_mc.remaining:
+                    self.energy_mc.update(values)
+                if self._risk_remaining():
+                    self.energy_risk.update(values)
             if self.delta_mc.remaining:
                 self._count_delta(chunk)
             self.drawn += size
             index += 1
 
+    def _risk_remaining(self) -> int:
+        return self.energy_risk.remaining if self.energy_risk is not None else 0
+
     def energy_results(self) -> dict:
-        return self._results(self.energy_mc, self.energy_tests)
+        results = self._results(self.energy_mc, self.energy_tests)
+        if self.energy_risk is None:
+            return results
+        risk = self.energy_risk
+        return {key: replace(test, p_low=float(risk.p_low[t]), p_high=float(risk.p_high[t]),
+                             risk_draws=int(risk.draws_used[t]))
+                for t, (key, test) in enumerate(results.items())}
 
     def delta_results(self) -> dict:
         return self._results(self.delta_mc, self.delta_tests)
@@ -196,6 +226,9 @@ class _WidthRun:
         values = np.stack([by_rank[key[1]][:, i] for i, key in self.energy_tests])
         self._refine(values, self.energy_mc, self.energy_tests, self.energy_band, chunk,
                      np.arange(chunk.size), self._energy_float64)
+        if self.energy_risk is not None:  # the tests the risk-bounded decisions still draw for
+            self._refine(values, self.energy_risk, self.energy_tests, self.energy_band, chunk,
+                         np.arange(chunk.size), self._energy_float64)
         return values
 
     def _energy_float64(self, rows: torch.Tensor, unit: int, rank: int) -> np.ndarray:

@@ -167,6 +167,11 @@ def rows_of_unit(unit: PreparedUnit, nulls: ExactNulls, protocol: Protocol, sett
                 if not exact:
                     record["note"] = join_notes(record["note"], floor_note(record["p_value"],
                                                                           analysis.data_test.n_resamples))
+                elif getattr(settings, "resampling_risk", None) is not None:  # the decision's interval
+                    test = nulls.energy[(artifact.key.id, proxy, rank)]
+                    record.update(mc_p_low=test.p_low, mc_p_high=test.p_high)
+                    record["note"] = join_notes(record["note"], f"risk-bounded decision: {test.risk_draws} Haar "
+                                                f"draws, ideal p in [{test.p_low:.4g}, {test.p_high:.4g}]")
                 rows.append({**group, **record})
             rows.append({**group, **delta_row(unit, proxy, rank, control, controls, nulls, stats),
                          "n_sequences": analysis.n_sequences, "n_clusters": analysis.n_clusters})

@@ -688,6 +688,14 @@ def _statistics(ctx: ReportContext) -> Para:
                            f"{run.null_stop_exceedances} draws reach its observed value after L draws, with "
                            f"p = {run.null_stop_exceedances}/L (exact too); tests near or past their threshold "
                            "use all n. ")
+            if run.resampling_risk is not None:
+                seg.append(f"Each energy test is also decided with a resampling risk of at most "
+                           f"ε = {run.resampling_risk:g} (mc_decision; Gandy 2009): its draws are read until a "
+                           "Clopper–Pearson confidence sequence of its ideal (infinite-draw) p-value, at "
+                           "doubling looks, settles the decision of its family under the correction, or until n "
+                           "draws (then 'undecided'); every family's decisions agree with those of the ideal "
+                           "p-values with probability at least 1 − ε (mc_p_low, mc_p_high give the "
+                           "interval). ")
     else:
         seg += ["The control draw is tested with the one-sided Monte-Carlo p-value ",
                 M("<i>p</i> = (1 + #{<i>j</i>: <i>E</i>(<i>Q<sub>j</sub></i>) \u2265 <i>E</i>(<i>U"

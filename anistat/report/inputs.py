@@ -118,6 +118,8 @@ class RunDescription:
     """Sequential stopping of the exact tests: a test stops once this many draws reach it (0: never)."""
     null_draws_auto: bool = True
     """``stats.n_null_draws: auto`` — the draws were sized so the floor can pass the family."""
+    resampling_risk: float | None = None
+    """``stats.resampling_risk``: the bound ε of the risk-bounded decisions (``mc_decision``; None: off)."""
     proxy_refit: str = "frozen"
 
     @property

@@ -52,7 +52,9 @@ CI methods: ``studentized`` (bootstrap-t with the delta-method SE of a ratio of 
 ``log2_energy_ratio`` is the log2 of the ratio interval; ``z`` and ``anisotropy_capture``
 are monotone maps of the fraction interval with the control distribution / oracle held
 fixed, and the capture interval is clipped to the metric's range ``[−(k/d)/(E*−k/d), 1]``
-(``E(U) ≤ E*_k`` on any data).
+(``E(U) ≤ E*_k`` on any data). Every row's ``se`` is its interval's implied SE on the row's
+scale (:mod:`.interval_se`), not the spread of the replicates, so pooled analyses weight a row as
+its interval does.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from ._validation import as_1d_float, check_alternative, check_ci_level, check_p
 from .bootstrap import (BootstrapResult, StudentizedTest, bootstrap_weights, ci_from_replicates, ratio_se,
                         studentized_ratio_test)
 from .effects import anisotropy_capture, hedges_correction
+from .interval_se import interval_implied_se, interval_log_scale
 from .montecarlo import monte_carlo_pvalue
 
 METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g",
@@ -389,8 +392,11 @@ def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[Boots
 def _metric_rows(units: _Units, control: ControlMoments, exact: ExactTestResult, p_paper: float,
                  ci_f: BootstrapResult, ci_r: BootstrapResult, weights, contribution, data_test, rank, dim,
                  oracle_fraction, reference, control_kind, by_document, ci_level, n_drawn) -> list[MetricResult]:
-    """The six metric rows; every ``se`` on its own row's scale (delta method for transforms)."""
+    """The six metric rows; every ``se`` is its interval's implied SE on its own row's scale
+    (:mod:`.interval_se`; delta method for the transforms)."""
     fraction, ratio = ci_f.estimate, ci_r.estimate
+    se_f, se_r = (interval_implied_se(ci.estimate, ci.ci_low, ci.ci_high, ci_level,
+                                      log_scale=interval_log_scale(ci.method), fallback=ci.se) for ci in (ci_f, ci_r))
     mean, sd = control.mean, control.sd
     reference_fraction = units.reference.sum() / units.total.sum()
     units_note = f"{units.n} {units.name} resampled"
@@ -419,20 +425,20 @@ def _metric_rows(units: _Units, control: ControlMoments, exact: ExactTestResult,
         z_scale = 1.0 / sd if sd > 0 else np.nan
     rows = [
         row("energy_fraction", fraction, mean, sd, ci_f.ci_low, ci_f.ci_high, ci_f,
-            f"CI of E[Σ‖Uᵀg‖²]/E[Σ‖g‖²] for this proxy; {moments_note}", ci_f.se),
+            f"CI of E[Σ‖Uᵀg‖²]/E[Σ‖g‖²] for this proxy; {moments_note}", se_f),
         row("energy_ratio", ratio, ratio_mean, ratio_sd, ci_r.ci_low, ci_r.ci_high, ci_r,
             f"ratio to the {kind_note}; its CI is over data for this proxy, not a test against "
-            f"random subspaces (that is p_value); {moments_note}", ci_r.se),
+            f"random subspaces (that is p_value); {moments_note}", se_r),
         row("log2_energy_ratio", log2, log2_mean, log2_sd, log2_lo, log2_hi, ci_r,
             "CI = log2 of the ratio CI; se by the delta method; control mean and sd by the delta method",
-            ci_r.se / (ratio * np.log(2.0)) if ratio > 0 else np.nan),
+            se_r / (ratio * np.log(2.0)) if ratio > 0 else np.nan),
         row("z", (fraction - mean) * z_scale, 0.0 if sd > 0 else np.nan, 1.0 if sd > 0 else np.nan,
             (ci_f.ci_low - mean) * z_scale, (ci_f.ci_high - mean) * z_scale, ci_f,
             f"z against the {control_kind} controls' mean and sd ({control.source}); CI maps the fraction CI with "
-            "them held fixed", ci_f.se * z_scale),
+            "them held fixed", se_f * z_scale),
         _hedges_row(units, weights, contribution, data_test, ci_level, kind_note, units_note),
     ]
-    rows.append(_capture_row(row, fraction, mean, sd, ci_f, rank, dim, oracle_fraction, exact, p_paper, z))
+    rows.append(_capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction, exact, p_paper, z))
     return rows
 
 
@@ -453,10 +459,12 @@ def _hedges_row(units: _Units, weights, contribution, data_test: StudentizedTest
     return MetricResult("hedges_g", g, np.nan, np.nan, interval.ci_low, interval.ci_high, interval.method,
                         _join(f"standardized mean of per-unit contributions Σp − Σe ({kind_note})", units_note,
                               interval.note, test_note, data_test.note),
-                        float(data_test.p_value), DATA_TEST, np.nan, g, "hedges_g", interval.se)
+                        float(data_test.p_value), DATA_TEST, np.nan, g, "hedges_g",
+                        interval_implied_se(g, interval.ci_low, interval.ci_high, ci_level, log_scale=False,
+                                            fallback=interval.se))
 
 
-def _capture_row(row, fraction, mean, sd, ci_f, rank, dim, oracle_fraction, exact, p_paper, z) -> MetricResult:
+def _capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction, exact, p_paper, z) -> MetricResult:
     """Anisotropy capture ``(E − k/d)/(E*_k − k/d)``: an affine map of the fraction (and its CI,
     clipped to the metric's range ``[capture(0), 1]``), the oracle held fixed."""
     base = rank / dim
@@ -475,7 +483,7 @@ def _capture_row(row, fraction, mean, sd, ci_f, rank, dim, oracle_fraction, exac
     hi = float(np.clip(capture(ci_f.ci_high), low_bound, 1.0))
     return row("anisotropy_capture", capture(fraction), capture(mean), sd / span, lo, hi, ci_f,
                "CI = affine map of the fraction CI with the oracle held fixed, clipped to [capture(0), 1]",
-               ci_f.se / span)
+               se_f / span)
 
 
 @dataclass(frozen=True)
