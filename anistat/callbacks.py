@@ -145,6 +145,8 @@ class TrainingMeter:
         estimates of the energy fractions, against k/d and the oracle): a TensorBoard
         `SummaryWriter` or any callable ``(name, value, step)``; None publishes nothing. The
         bundle does not depend on it.
+    live_oracle_every : compute the live oracle fraction on every n-th measured step only (it
+        costs one d × d eigen-decomposition per site; see `anistat.live`).
     """
 
     def __init__(self, model: torch.nn.Module, protocol: Protocol | str | Path | dict | None = None, *,
@@ -152,11 +154,15 @@ class TrainingMeter:
                  window: int = 1, name: str = "training", objective: str | None = None,
                  token_counts: np.ndarray | None = None, exact: bool = False, max_steps: int | None = None,
                  first_step: int = 0, overwrite: bool = False, keep_units: bool = False, verbose: bool = True,
-                 training: dict[str, Any] | None = None, logger: Any = None, **overrides: Any):
+                 training: dict[str, Any] | None = None, logger: Any = None, live_oracle_every: int = 1,
+                 **overrides: Any):
         self.model = model
         # live metrics: `publish_live(scalars, step)` (AnistatCallback points it at Trainer.log)
         self.publish_live: Publish | None = logger_publisher(logger) if logger is not None else None
         self._live: LiveMetrics | None = None
+        if live_oracle_every < 1:
+            raise AnistatInputError(f"TrainingMeter: live_oracle_every must be at least 1, got {live_oracle_every}")
+        self.live_oracle_every = int(live_oracle_every)
         hidden_size, num_layers = model_sizes(model)
         self.measure_steps = sorted(set(int(s) for s in measure_steps))
         if not self.measure_steps:
@@ -475,7 +481,7 @@ class TrainingMeter:
         if self.publish_live is None or self._open is None or self.bases is None:
             return
         if self._live is None:
-            self._live = LiveMetrics(self.bases, self.publish_live)
+            self._live = LiveMetrics(self.bases, self.publish_live, oracle_every=self.live_oracle_every)
         self._live.publish = self.publish_live
         moments = {name: accumulator.grad.outer for name, accumulator in self._open.items()
                    if accumulator.grad.count > 0 and accumulator.grad.outer is not None and not accumulator.failure}

@@ -20,17 +20,18 @@ They show how the measurement moves while the model trains; the bundle written a
 (`results.csv`, the report) is the analysis. Publishing them reads the accumulators and changes
 nothing the bundle is built from.
 
-**The oracle's eigenvalues.** Only the top ``K`` = max rank eigenvalues of the d × d matrix M are
-needed, so instead of a full eigen-decomposition per step (O(d³)) `TopEigenvalues` runs block
-subspace iteration on a (K + 8)-column block, warm-started from the previous step's block,
-until the Ritz sum of the top K changes by less than ``1e-8`` relative (O(d²·(K + 8)) per
-iteration; a few iterations once training is under way). Small problems (d ≤ 4·(K + 8)) and
-blocks that do not settle within 60 iterations fall back to the full float64 ``eigvalsh``.
+**The oracle's eigenvalues.** ``E*_k`` needs the top k eigenvalues of the d × d matrix M: one
+float32 ``eigvalsh`` per site (`top_eigenvalues`), the one O(d³) part of the live metrics. At
+d = 768 it is ~0.1 s on one CPU thread (see benchmarks/README.md, "Live metrics"); where that is
+too much for a short step, ``live_oracle_every=n`` (`TrainingMeter`, `AnistatCallback`) computes the oracle on every n-th measured step
+only (the first included) — on the others ``oracle_fraction`` and ``energy_over_oracle`` are not
+published, never carried over from an earlier step.
 
 Where they go: under the Trainer, through ``Trainer.log`` (every ``report_to`` integration —
-TensorBoard, W&B, MLflow, … — shows them, and ``trainer.state.log_history`` keeps them); in a
-plain loop, to ``TrainingMeter(logger=...)``: a TensorBoard ``SummaryWriter`` (anything with
-``add_scalar(name, value, step)``) or any callable ``(name, value, step)``.
+TensorBoard, W&B, MLflow, … — shows them, under its ``train/`` prefix, and
+``trainer.state.log_history`` keeps them); in a plain loop, to ``TrainingMeter(logger=...)``: a
+TensorBoard ``SummaryWriter`` (anything with ``add_scalar(name, value, step)``) or any callable
+``(name, value, step)``.
 """
 
 from __future__ import annotations
@@ -48,47 +49,11 @@ PREFIX = "anistat"
 Publish = Callable[[dict[str, float], int], None]
 
 
-class TopEigenvalues:
-    """The ``k`` largest eigenvalues (descending, float64) of a sequence of symmetric positive
-    semi-definite d × d matrices, by block subspace iteration warm-started from the previous call.
-
-    Each iteration: ``Z = M Q``, Ritz values = eigenvalues of ``QᵀZ``, ``Q = qr(Z)``; stop when
-    the sum of the top k Ritz values changes by at most ``rtol`` relative. Ritz values are lower
-    bounds of the true eigenvalues (Cauchy interlacing), so an early stop can only understate
-    the oracle. Falls back to a full ``eigvalsh`` when the block is not small against d, or when
-    `max_iter` iterations do not settle (``self.full_solves`` counts those)."""
-
-    def __init__(self, k: int, *, oversample: int = 8, rtol: float = 1e-8, max_iter: int = 60, seed: int = 0):
-        self.k, self.width, self.rtol, self.max_iter, self.seed = int(k), int(k) + oversample, rtol, max_iter, seed
-        self._block: torch.Tensor | None = None
-        self.iterations = 0
-        self.full_solves = 0
-
-    def __call__(self, matrix: torch.Tensor) -> torch.Tensor:
-        m = matrix.to(torch.float64)
-        d = m.shape[0]
-        if d <= 4 * self.width:
-            self.full_solves += 1
-            return torch.linalg.eigvalsh(m).flip(0)[: self.k]
-        block = self._block
-        if block is None or block.shape[0] != d or block.device != m.device:
-            generator = torch.Generator().manual_seed(self.seed)
-            block = torch.linalg.qr(torch.randn(d, self.width, generator=generator, dtype=torch.float64)
-                                    .to(m.device))[0]
-        previous = None
-        for _ in range(self.max_iter):
-            self.iterations += 1
-            product = m @ block
-            ritz = torch.linalg.eigvalsh(block.T @ product).flip(0)[: self.k]
-            block = torch.linalg.qr(product)[0]
-            total = float(ritz.sum())
-            if previous is not None and abs(total - previous) <= self.rtol * max(abs(total), 1e-300):
-                self._block = block
-                return ritz
-            previous = total
-        self._block = None
-        self.full_solves += 1
-        return torch.linalg.eigvalsh(m).flip(0)[: self.k]
+def top_eigenvalues(matrix: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` largest eigenvalues of a symmetric positive semi-definite matrix, descending, as
+    float64, from one float32 ``eigvalsh`` on the matrix's device (each eigenvalue to within
+    ~1e-7·λ_max, so the oracle fraction to ~1e-6 relative; float32 costs about 0.6× float64)."""
+    return torch.linalg.eigvalsh(matrix.to(torch.float32)).flip(0)[:k].to(torch.float64)
 
 
 def scalar_name(site: str, proxy: str, rank: int, metric: str) -> str:
@@ -98,15 +63,19 @@ def scalar_name(site: str, proxy: str, rank: int, metric: str) -> str:
 
 class LiveMetrics:
     """Computes the live point estimates (module docstring) from each site's second moment and
-    hands them to `publish(scalars, step)`; one `TopEigenvalues` per site keeps the warm start."""
+    hands them to `publish(scalars, step)`; the oracle on every `oracle_every`-th call."""
 
-    def __init__(self, bases: Mapping[str, list[BasisSet]], publish: Publish):
+    def __init__(self, bases: Mapping[str, list[BasisSet]], publish: Publish, *, oracle_every: int = 1):
+        if oracle_every < 1:
+            raise ValueError(f"oracle_every must be at least 1, got {oracle_every}")
         self.bases = bases
         self.publish = publish
-        self._top = {site: TopEigenvalues(max(s.rank for s in sets)) for site, sets in bases.items()}
+        self.oracle_every = int(oracle_every)
+        self.calls = 0
 
-    def point_estimates(self, second_moments: Mapping[str, torch.Tensor]) -> dict[str, float]:
-        """``{scalar name: value}`` from ``{site: M}`` (sites whose M has zero trace are left out)."""
+    def point_estimates(self, second_moments: Mapping[str, torch.Tensor], *, oracle: bool = True) -> dict[str, float]:
+        """``{scalar name: value}`` from ``{site: M}`` (sites whose M has zero trace are left out;
+        ``oracle=False`` leaves out the oracle and the energy against it)."""
         scalars: dict[str, float] = {}
         for site, m in second_moments.items():
             m = m.to(torch.float64)
@@ -114,20 +83,23 @@ class LiveMetrics:
             if not trace > 0:
                 continue
             d = m.shape[0]
-            top = self._top[site](m)
+            top = top_eigenvalues(m, max(s.rank for s in self.bases[site])) if oracle else None
             for basis_set in self.bases[site]:
                 k = basis_set.rank
                 u = basis_set.basis.to(device=m.device, dtype=torch.float64)
                 fraction = float(((m @ u) * u).sum()) / trace  # tr(UᵀMU) / tr(M)
-                oracle = float(top[:k].sum()) / trace
-                values = {"energy_fraction": fraction, "energy_over_k_d": fraction / (k / d), "oracle_fraction": oracle,
-                          "energy_over_oracle": fraction / oracle if oracle > 0 else float("nan")}
+                values = {"energy_fraction": fraction, "energy_over_k_d": fraction / (k / d)}
+                if top is not None:
+                    best = float(top[:k].sum()) / trace
+                    values["oracle_fraction"] = best
+                    values["energy_over_oracle"] = fraction / best if best > 0 else float("nan")
                 scalars.update({scalar_name(site, basis_set.proxy, k, metric): value
                                 for metric, value in values.items()})
         return scalars
 
     def __call__(self, second_moments: Mapping[str, torch.Tensor], step: int) -> dict[str, float]:
-        scalars = self.point_estimates(second_moments)
+        scalars = self.point_estimates(second_moments, oracle=self.calls % self.oracle_every == 0)
+        self.calls += 1
         if scalars:
             self.publish(scalars, step)
         return scalars
