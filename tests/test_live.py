@@ -122,38 +122,39 @@ def test_live_metrics_leave_the_bundle_byte_identical(tmp_path: Path):
     assert (tmp_path / "with" / "results.csv").read_bytes() == (tmp_path / "without" / "results.csv").read_bytes()
 
 
-def test_trainer_report_to_tensorboard_shows_the_live_metrics(tmp_path: Path):
+def _train(folder: Path, *, live: bool = True, report_to: tuple[str, ...] = ()):
     pytest.importorskip("accelerate")  # transformers' Trainer needs it
     from transformers import Trainer, TrainingArguments
 
-    callback = AnistatCallback(out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained",
-                               verbose=False, **SETTINGS)
-    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=4, max_steps=5,
-                             learning_rate=1e-2, report_to=["tensorboard"], save_strategy="no",
+    callback = AnistatCallback(out=folder / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained",
+                               live=live, verbose=False, **SETTINGS)
+    args = TrainingArguments(output_dir=str(folder / "trainer"), per_device_train_batch_size=4, max_steps=5,
+                             learning_rate=1e-2, report_to=list(report_to), save_strategy="no",
                              logging_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
     trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(), callbacks=[callback])
     trainer.train()
     assert callback.error is None
+    return trainer
+
+
+def _live_entries(trainer) -> list[dict]:
+    return [entry for entry in trainer.state.log_history if any(key.startswith("anistat/") for key in entry)]
+
+
+def test_trainer_report_to_tensorboard_shows_the_live_metrics(tmp_path: Path):
+    trainer = _train(tmp_path, report_to=("tensorboard",))
     scalars = _event_scalars(tmp_path / "trainer")
     # the Trainer's integrations file training logs under `train/` (transformers' rewrite_logs)
     _check_against_bundle(scalars, tmp_path / "bundle", [0, 2, 4], prefix="train/")
-    live_logs = [entry for entry in trainer.state.log_history if any(k.startswith("anistat/") for k in entry)]
-    assert [entry["step"] for entry in live_logs] == [0, 2, 4]
+    assert [entry["step"] for entry in _live_entries(trainer)] == [0, 2, 4]
 
 
-def test_trainer_live_false_publishes_nothing(tmp_path: Path):
-    pytest.importorskip("accelerate")
-    from transformers import Trainer, TrainingArguments
-
-    callback = AnistatCallback(out=tmp_path / "bundle", fit_steps=[0], measure_steps=[1], name="quiet", live=False,
-                               verbose=False, **SETTINGS)
-    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=4, max_steps=2,
-                             learning_rate=1e-2, report_to=[], save_strategy="no", logging_strategy="no",
-                             use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
-    trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(), callbacks=[callback])
-    trainer.train()
-    assert (tmp_path / "bundle" / "results.csv").is_file()
-    assert not any(k.startswith("anistat/") for entry in trainer.state.log_history for k in entry)
+def test_trainer_live_false_publishes_nothing_and_writes_the_same_bundle(tmp_path: Path):
+    quiet = _train(tmp_path / "quiet", live=False)
+    loud = _train(tmp_path / "loud")
+    assert not _live_entries(quiet) and len(_live_entries(loud)) == 3
+    assert ((tmp_path / "quiet" / "bundle" / "results.csv").read_bytes()
+            == (tmp_path / "loud" / "bundle" / "results.csv").read_bytes())
 
 
 def _spiked_moment(d: int, seed: int) -> torch.Tensor:
