@@ -60,11 +60,11 @@ def _event_scalars(folder: Path) -> dict[str, dict[int, float]]:
     return scalars
 
 
-def _plain_loop(out: Path, logger=None, steps: int = 5):
+def _plain_loop(out: Path, logger=None, steps: int = 5, window: int = 1):
     model = _tiny_gpt2()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
     meter = TrainingMeter(model, out=out, fit_steps=[0, 1], measure_steps=[1, 3], name="plain", verbose=False,
-                          logger=logger, **SETTINGS)
+                          window=window, logger=logger, **SETTINGS)
     for step, batch in enumerate(_batches(steps)):
         with meter.step(step):
             model(input_ids=batch, labels=batch).loss.backward()
@@ -114,11 +114,13 @@ def test_plain_loop_summary_writer_gets_the_bundles_point_estimates(tmp_path: Pa
     _check_against_bundle(scalars, tmp_path / "bundle", [1, 3])
 
 
-def test_live_metrics_leave_the_bundle_byte_identical(tmp_path: Path):
+@pytest.mark.parametrize("window", [1, 2])
+def test_live_metrics_leave_the_bundle_byte_identical(tmp_path: Path, window: int):
+    """With a window of 2 the live numbers are read mid-unit too (steps 1 and 2 of unit step1)."""
     seen: list[tuple[str, float, int]] = []
-    _plain_loop(tmp_path / "with", logger=lambda name, value, step: seen.append((name, value, step)))
-    _plain_loop(tmp_path / "without")
-    assert {step for _, _, step in seen} == {1, 3}
+    _plain_loop(tmp_path / "with", logger=lambda name, value, step: seen.append((name, value, step)), window=window)
+    _plain_loop(tmp_path / "without", window=window)
+    assert {step for _, _, step in seen} == ({1, 3} if window == 1 else {1, 2, 3, 4})
     assert (tmp_path / "with" / "results.csv").read_bytes() == (tmp_path / "without" / "results.csv").read_bytes()
 
 
