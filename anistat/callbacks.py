@@ -78,6 +78,7 @@ from .collect import BasisSet, SiteAccumulator, UnitKey, probe, sites_from_spec
 from .errors import AnistatInputError, AnistatWarning
 from .finalize import finalize_bundle
 from .geometry import draw_controls, fit_proxy, frequency_buckets
+from .live import LiveMetrics, Publish, find_trainer, logger_publisher
 from .models import infer_objective
 from .protocol import Protocol, control_problem, fit_window_size, load_protocol, parse_protocol
 from .seeding import derive_seed
@@ -139,6 +140,12 @@ class TrainingMeter:
     verbose : print one line on stderr saying what will be measured.
     training : the run's real training settings (`steps`, `batch_size`, `learning_rate`,
         `weight_decay`, `warmup_steps`) recorded as the external model's `train` section.
+    logger : where each measured step's live metrics go (`anistat.live`: uncorrected point
+        estimates of the energy fractions, against k/d and the oracle): a TensorBoard
+        `SummaryWriter` or any callable ``(name, value, step)``; None publishes nothing. The
+        bundle does not depend on it.
+    live_oracle_every : compute the live oracle fraction on every n-th measured step only (it
+        costs one d × d eigen-decomposition per site; see `anistat.live`).
     """
 
     def __init__(self, model: torch.nn.Module, protocol: Protocol | str | Path | dict | None = None, *,
@@ -146,8 +153,15 @@ class TrainingMeter:
                  window: int = 1, name: str = "training", objective: str | None = None,
                  token_counts: np.ndarray | None = None, exact: bool = False, max_steps: int | None = None,
                  first_step: int = 0, overwrite: bool = False, keep_units: bool = False, verbose: bool = True,
-                 training: dict[str, Any] | None = None, **overrides: Any):
+                 training: dict[str, Any] | None = None, logger: Any = None, live_oracle_every: int = 1,
+                 **overrides: Any):
         self.model = model
+        # live metrics: `publish_live(scalars, step)` (AnistatCallback points it at Trainer.log)
+        self.publish_live: Publish | None = logger_publisher(logger) if logger is not None else None
+        self._live: LiveMetrics | None = None
+        if live_oracle_every < 1:
+            raise AnistatInputError(f"TrainingMeter: live_oracle_every must be at least 1, got {live_oracle_every}")
+        self.live_oracle_every = int(live_oracle_every)
         hidden_size, num_layers = model_sizes(model)
         self.measure_steps = sorted(set(int(s) for s in measure_steps))
         if not self.measure_steps:
@@ -457,8 +471,20 @@ class TrainingMeter:
             self._sequence_counter += batch
             for site in self.sites:
                 record.all_deltas[site.name][f].grad = None
+        self._publish_live(step)
         if step == start + self.window - 1:
             self._close_unit()
+
+    def _publish_live(self, step: int) -> None:
+        """The open unit's live point estimates (`anistat.live`), when a publisher is set."""
+        if self.publish_live is None or self._open is None or self.bases is None:
+            return
+        if self._live is None:
+            self._live = LiveMetrics(self.bases, self.publish_live, oracle_every=self.live_oracle_every)
+        self._live.publish = self.publish_live
+        moments = {name: accumulator.grad.outer for name, accumulator in self._open.items()
+                   if accumulator.grad.count > 0 and accumulator.grad.outer is not None and not accumulator.failure}
+        self._live(moments, step)
 
     def _close_unit(self) -> None:
         start = self._open_step
@@ -541,11 +567,18 @@ class AnistatCallback(_trainer_callback_base()):
     the measured units kept in `<out>.units/`) instead of raising, so the rest of the user's
     script — saving the model — still runs. Only the main process measures under multi-process
     training.
+
+    Live metrics: with ``live=True`` (the default) each measured step's uncorrected point
+    estimates (`anistat.live`: energy fractions, against k/d and the oracle, scalars named
+    ``anistat/<site>/<proxy>_k<k>/<metric>``) go through ``Trainer.log``, so every ``report_to``
+    integration shows them at the measured steps and ``trainer.state.log_history`` keeps them.
+    ``live=False`` publishes nothing; the bundle is the same either way.
     """
 
     def __init__(self, protocol: Protocol | str | Path | dict | None = None, *, out: str | Path,
                  measure_steps: Iterable[int], fit_steps: Iterable[int] | None = None, window: int = 1,
-                 **kwargs: Any):
+                 live: bool = True, **kwargs: Any):
+        self.live = live
         self._args = dict(protocol=protocol, out=out, measure_steps=list(measure_steps),
                           fit_steps=None if fit_steps is None else list(fit_steps), window=window, **kwargs)
         self.meter: TrainingMeter | None = None
@@ -571,6 +604,19 @@ class AnistatCallback(_trainer_callback_base()):
         self.meter = TrainingMeter(model, max_steps=max_steps, first_step=int(state.global_step or 0),
                                    training=training, **self._args)
         self.meter.driver = "AnistatCallback"
+        if self.live:
+            trainer = find_trainer(self)
+            if trainer is None:
+                warnings.warn(AnistatWarning("AnistatCallback: the Trainer calling this callback was not found; live "
+                                             "metrics are not published (the bundle is unaffected)"), stacklevel=2)
+            else:
+                own = self.meter.publish_live  # a `logger=` passed through, if any, also gets them
+
+                def publish(scalars: dict[str, float], step: int) -> None:
+                    trainer.log(dict(scalars))
+                    if own is not None:
+                        own(scalars, step)
+                self.meter.publish_live = publish
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.meter is not None:

@@ -22,7 +22,7 @@ LAYERS: dict[str, int] = {
     "protocol": 2,
     "data": 3, "objective": 3,
     "collect": 4,
-    "models": 5,
+    "models": 5, "live": 5,
     "analyze": 6, "claims": 6, "preflight": 6, "staleness": 6,  # preflight: configs, sites and planned rows
     "bundle": 7,
     "finalize": 8, "pipeline": 8, "rerender": 8, "verify": 8, "reproduction": 8,
