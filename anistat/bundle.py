@@ -439,18 +439,15 @@ class RunFacts:
     threads: "ThreadChoice | None" = None  # None where anistat did not set the threads (a user's training loop)
 
 
-#: The fewest resampling units (documents, or sequences) a unit's intervals need; a unit with
-#: fewer is named in the run's warnings. The same name and value as the analysis' threshold for
-#: withholding an interval: below 10 a bootstrap of so few units has few distinct resamples and
-#: its interval is not to be trusted.
-MIN_RESAMPLING_UNITS = 10
-
-
 def few_resampling_units_warnings(results: "pd.DataFrame") -> list[str]:
     """One run-level warning naming the units whose intervals rest on fewer than
     :data:`MIN_RESAMPLING_UNITS` resampling units (``n_clusters`` of their energy rows: documents
-    or sequences, whichever `stats.resampling_unit` resampled); [] when there is none."""
+    or sequences, whichever `stats.resampling_unit` resampled); [] when there is none. The
+    threshold is the analysis' own (:data:`anistat.stats.MIN_RESAMPLING_UNITS`), below which a
+    unit's intervals and data test are withheld."""
     import pandas as pd
+
+    from .stats.energy import MIN_RESAMPLING_UNITS
 
     needed = {"model", "checkpoint", "site", "metric", "n_clusters"}
     if results.empty or not needed <= set(results.columns):
@@ -467,8 +464,8 @@ def few_resampling_units_warnings(results: "pd.DataFrame") -> list[str]:
         if "note" in few else []
     what = named[0] if len(named) == 1 else "documents or sequences"
     return [f"{len(units)} unit(s) have fewer than {MIN_RESAMPLING_UNITS} resampling units ({what}) for their "
-            f"intervals: {shown}{more}; their intervals and data tests rest on too few {what} — measure more "
-            "(more documents, data.n_test_sequences)"]
+            f"intervals: {shown}{more}; their intervals and data tests are withheld (the exact test is kept) — "
+            "measure more (more documents, data.n_test_sequences)"]
 
 
 def unit_records(artifacts: Sequence[Any]) -> tuple[dict[str, Any], ...]:
@@ -726,7 +723,7 @@ def _settings_rows(protocol: "Protocol", manifest: Mapping[str, Any]) -> tuple[t
             rows.extend(("protocol", k, v) for k, v in flatten(dumped["data"][key], f"data.{key}"))
     for model, spec in zip(dumped["models"], protocol.models):
         for key in MODEL_FIELDS[spec.source]:
-            if model[key] not in (None, [], {}):
+            if model.get(key) not in (None, [], {}):
                 rows.extend(("protocol", k, v) for k, v in flatten(model[key], f"models.{spec.name}.{key}"))
     controls = {k: v for k, v in dumped["controls"].items() if k != "pca_span_dim" or "pca_span" in protocol.controls.kinds}
     for section, values in (("sites", dumped["sites"]), ("proxies", dumped["proxies"]), ("controls", controls),
@@ -858,11 +855,16 @@ def _loop_description(info: Mapping[str, Any], corpus: Mapping[str, Any]) -> "Lo
 
     if not isinstance(info.get("measured_steps"), list):
         return None
-    train = info.get("training") if isinstance(info.get("training"), Mapping) else {}
-    described = {"steps": "{} optimiser steps", "batch_size": "effective batch {}", "learning_rate": "learning rate {}",
-                 "weight_decay": "weight decay {}", "warmup_steps": "{} warm-up steps"}
-    training = ", ".join(text.format(f"{train[key]:g}" if isinstance(train[key], float) else train[key])
-                         for key, text in described.items() if key in train)
+    schedule = info.get("schedule") if isinstance(info.get("schedule"), Mapping) else None
+    if schedule is not None:
+        training = _schedule_text(schedule, info.get("configuration"))
+    else:  # a bundle without the loop's schedule record: the training settings it recorded
+        train = info.get("training") if isinstance(info.get("training"), Mapping) else {}
+        described = {"steps": "{} optimiser steps", "batch_size": "effective batch {}",
+                     "learning_rate": "learning rate {}", "weight_decay": "weight decay {}",
+                     "warmup_steps": "{} warm-up steps"}
+        training = ", ".join(text.format(f"{train[key]:g}" if isinstance(train[key], float) else train[key])
+                             for key, text in described.items() if key in train)
     driver = {"AnistatCallback": "AnistatCallback in a transformers Trainer run",
               "TrainingMeter": "TrainingMeter in the user's own PyTorch loop"}.get(
         str(info.get("driver")), "the user's own training loop")
@@ -877,6 +879,55 @@ def _loop_description(info: Mapping[str, Any], corpus: Mapping[str, Any]) -> "Lo
         window=count(info.get("window")) or 1,
         fit_sequences=count(corpus.get("fit_sequences")), measured_sequences=count(corpus.get("measured_sequences")),
         sequence_length=count(corpus.get("sequence_length")), token_counts=str(corpus.get("token_counts") or ""))
+
+
+def _schedule_text(schedule: Mapping[str, Any], configuration: Any) -> str:
+    """The schedule that ran and the model's configuration, in words, from the meter's record
+    (`TrainingMeter.schedule`, `callbacks.model_configuration`): "5 optimiser steps (max_steps 5),
+    effective batch 8, learning rate 0.01 → 0.002 (linear), …; model: …"."""
+    def known(key: str) -> Any:
+        value = schedule.get(key)
+        return None if value in (None, "not known") else value
+
+    parts = []
+    steps, first, last = known("steps_seen"), known("first_step"), known("last_step")
+    if steps is not None:
+        # the span only where "N steps" alone would not say it (not steps 0 … N − 1)
+        span = (f", steps {first}–{last}" if first is not None and last is not None
+                and (first != 0 or last != steps - 1) else "")
+        maximum = known("max_steps")
+        # under the Trainer (max_steps known) a step is an optimiser step; a plain loop's steps are
+        # the `meter.step(i)` calls
+        noun = "optimiser step" if "max_steps" in schedule else "training step"
+        parts.append(f"{steps} {noun}{'s' if steps != 1 else ''}"
+                     + (f" of max_steps {maximum}" if maximum is not None and maximum != steps else "") + span)
+    if known("effective_batch") is not None:
+        parts.append(f"effective batch {schedule['effective_batch']}")
+    rate, scheduler = schedule.get("learning_rate"), known("scheduler")
+    if isinstance(rate, Mapping) and {"first", "last", "min", "max"} <= set(rate):
+        if rate["min"] == rate["max"]:
+            parts.append(f"learning rate {rate['first']:g} (constant)")
+        else:
+            parts.append(f"learning rate {rate['first']:g} → {rate['last']:g}"
+                         + (f" ({scheduler})" if scheduler else ""))
+    else:
+        parts.append("learning rate not known")
+    if known("weight_decay") is not None:
+        parts.append(f"weight decay {schedule['weight_decay']:g}")
+    if known("warmup_steps") is not None:
+        parts.append(f"{schedule['warmup_steps']} warm-up steps")
+    text = ", ".join(parts)
+    if isinstance(configuration, Mapping):
+        described = {"num_layers": "{} blocks", "num_heads": "{} attention heads", "hidden_size": "hidden size {}",
+                     "intermediate_size": "MLP width {}", "vocab_size": "vocabulary {}",
+                     "parameter_dtype": "{} parameters"}
+        model = ", ".join(template.format(configuration[key]) for key, template in described.items()
+                          if configuration.get(key) not in (None, "not known"))
+        unknown = [key.replace("_", " ") for key in described if configuration.get(key) in (None, "not known")]
+        if unknown:
+            model = ", ".join(filter(None, [model, f"{', '.join(unknown)} not known"]))
+        text += f"; model {configuration.get('model_class', '')}: {model}".replace(" :", ":")
+    return text
 
 
 def null_check_summaries(results: "pd.DataFrame", alpha: float, n_paper_controls: int | None = None, *,

@@ -94,11 +94,42 @@ def model_sizes(model: torch.nn.Module) -> tuple[int | None, int | None]:
     return (int(hidden) if hidden else None), (int(layers) if layers else None)
 
 
+#: What the record says where the model or the loop does not tell.
+NOT_KNOWN = "not known"
+
+
+def model_configuration(model: torch.nn.Module) -> dict[str, Any]:
+    """The model's real configuration, read from its transformers-style ``config`` and its
+    parameters (``"not known"`` where they do not say): class, hidden size, blocks, attention
+    heads, MLP width (GPT-2's ``n_inner=None`` is its rule ``4 × n_embd``), vocabulary and the
+    parameters' dtype(s)."""
+    config = getattr(model, "config", None)
+
+    def first(*names: str) -> int | None:
+        for name in names:
+            value = getattr(config, name, None) if config is not None else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return int(value)
+        return None
+
+    hidden = first("hidden_size", "n_embd", "d_model")
+    mlp = first("intermediate_size", "n_inner", "ffn_dim", "d_ff")
+    if mlp is None and hidden and getattr(config, "model_type", None) == "gpt2":
+        mlp = 4 * hidden
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    values = {"model_class": type(model).__name__, "hidden_size": hidden,
+              "num_layers": first("num_hidden_layers", "n_layer", "num_layers"),
+              "num_heads": first("num_attention_heads", "n_head", "num_heads"), "intermediate_size": mlp,
+              "vocab_size": first("vocab_size"), "parameter_dtype": "/".join(dtypes) or None}
+    return {key: NOT_KNOWN if value is None else value for key, value in values.items()}
+
+
 def _external_protocol(protocol: Protocol | str | Path | dict | None, name: str, objective: str | None,
                        overrides: dict[str, Any], model_facts: dict[str, Any] | None = None) -> Protocol:
     """The protocol of a measured training run. Built from a dict / None, its one `external`
     model carries the model's real sizes and (under the Trainer) training settings
-    (`model_facts`), so the bundle does not record built-in defaults that never applied."""
+    (`model_facts`), so the bundle does not record built-in defaults that never applied (the
+    protocol records only the fields set for an external model, `Protocol.normalised`)."""
     if isinstance(protocol, Protocol):
         if overrides:
             raise TypeError("pass either a Protocol or keyword overrides, not both")
@@ -146,6 +177,15 @@ class TrainingMeter:
         bundle does not depend on it.
     live_oracle_every : compute the live oracle fraction on every n-th measured step only (it
         costs one d × d eigen-decomposition per site; see `anistat.live`).
+    optimizer : the loop's optimiser: the learning rate is read from its first parameter group at
+        every step (`meter.step(i)` / `begin(i)`) and the schedule that ran is recorded in the
+        manifest (first → last rate); without it the rate is recorded as "not known".
+
+    The manifest's model entry records the model's real configuration (`configuration`:
+    :func:`model_configuration`) and the schedule that actually ran (`schedule`: steps seen,
+    first and last step, the learning rate read from the optimiser and, under the Trainer,
+    `max_steps`, effective batch, scheduler, weight decay and warm-up); the report's methods text
+    is built from them.
     """
 
     def __init__(self, model: torch.nn.Module, protocol: Protocol | str | Path | dict | None = None, *,
@@ -154,7 +194,7 @@ class TrainingMeter:
                  token_counts: np.ndarray | None = None, exact: bool = False, max_steps: int | None = None,
                  first_step: int = 0, overwrite: bool = False, keep_units: bool = False, verbose: bool = True,
                  training: dict[str, Any] | None = None, logger: Any = None, live_oracle_every: int = 1,
-                 **overrides: Any):
+                 optimizer: torch.optim.Optimizer | None = None, **overrides: Any):
         self.model = model
         # live metrics: `publish_live(scalars, step)` (AnistatCallback points it at Trainer.log)
         self.publish_live: Publish | None = logger_publisher(logger) if logger is not None else None
@@ -162,6 +202,15 @@ class TrainingMeter:
         if live_oracle_every < 1:
             raise AnistatInputError(f"TrainingMeter: live_oracle_every must be at least 1, got {live_oracle_every}")
         self.live_oracle_every = int(live_oracle_every)
+        self.optimizer = optimizer
+        self.configuration = model_configuration(model)
+        #: the schedule settings a driver knows beyond the steps and rates measured here (the
+        #: Trainer's max_steps, effective batch, scheduler, weight decay, warm-up)
+        self.schedule_settings: dict[str, Any] = {}
+        self._steps_seen = 0
+        self._first_seen: int | None = None
+        self._last_seen: int | None = None
+        self._rates: list[float] = []  # the optimiser's learning rate at each step seen
         hidden_size, num_layers = model_sizes(model)
         self.measure_steps = sorted(set(int(s) for s in measure_steps))
         if not self.measure_steps:
@@ -173,6 +222,9 @@ class TrainingMeter:
             facts["hidden_size"] = hidden_size
         if num_layers:
             facts["num_layers"] = num_layers
+        for key in ("num_heads", "intermediate_size"):
+            if self.configuration[key] != NOT_KNOWN:
+                facts[key] = self.configuration[key]
         if training:
             facts["train"] = {**training, "checkpoints": self.measure_steps}
         self.training = dict(training or {})
@@ -297,10 +349,26 @@ class TrainingMeter:
         sites = ", ".join(s.name for s in self.sites)
         steps = ", ".join(map(str, self.measure_steps[:8])) + (", …" if len(self.measure_steps) > 8 else "")
         window = f" (windows of {self.window} steps)" if self.window > 1 else ""
+        fits = ", ".join(map(str, self.fit_steps))
         return (f"anistat: measuring '{self.name}' (d={self.hidden_size or '?'}) at {sites}; proxies "
-                f"{'/'.join(p.proxies.methods)} rank {'/'.join(map(str, p.proxies.ranks))} fitted on step(s) "
-                f"{', '.join(map(str, self.fit_steps))}, {p.controls.n} {'/'.join(p.controls.kinds)} controls; "
-                f"measured steps {steps}{window} → {self.out}")
+                f"{'/'.join(p.proxies.methods)} rank {'/'.join(map(str, p.proxies.ranks))} fitted on training "
+                f"step{'s' if len(self.fit_steps) > 1 else ''} {fits}; controls: {', '.join(p.controls.kinds)} "
+                f"({p.controls.n} per kind); measured steps {steps}{window} → {self.out}")
+
+    def schedule(self) -> dict[str, Any]:
+        """The schedule that actually ran, as far as the meter saw it: the training steps it was
+        called on, the learning rate read from the optimiser at each ("not known" without
+        `optimizer=`), and the driver's settings (`schedule_settings`)."""
+        rates = self._rates
+        if rates:
+            rate: Any = {"first": rates[0], "last": rates[-1], "min": min(rates), "max": max(rates)}
+        else:
+            rate = NOT_KNOWN
+        return {"steps_seen": self._steps_seen, "first_step": self._first_seen, "last_step": self._last_seen,
+                "learning_rate": rate,
+                "learning_rate_source": ("read from the optimiser at every step seen" if rates
+                                         else "no optimiser given (TrainingMeter(optimizer=...))"),
+                "scheduler": NOT_KNOWN, **self.schedule_settings}
 
     # -- which steps ----------------------------------------------------------------------------
     def _unit_start(self, step: int) -> int | None:
@@ -312,9 +380,16 @@ class TrainingMeter:
 
     # -- per step -------------------------------------------------------------------------------
     def begin(self, step: int) -> None:
-        """Install the probes for training step `step` (no-op on steps that are not measured)."""
+        """Install the probes for training step `step` (no-op on steps that are not measured); the
+        step and the optimiser's learning rate are recorded for the schedule."""
         if self._stack is not None:
             self.end()
+        if step != self._last_seen:
+            self._steps_seen += 1
+            self._first_seen = step if self._first_seen is None else self._first_seen
+            self._last_seen = step
+            if self.optimizer is not None and self.optimizer.param_groups:
+                self._rates.append(float(self.optimizer.param_groups[0]["lr"]))
         fit = step in self.fit_steps and self.bases is None
         measure = self._unit_start(step) is not None
         if not (fit or measure):
@@ -519,7 +594,8 @@ class TrainingMeter:
                               "measure_steps": self.measure_steps, "measured_steps": measured,
                               "unreached_steps": sorted(set(self.measure_steps) - set(measured)),
                               "dropped_steps": self.dropped_steps, "window": self.window,
-                              "driver": self.driver, "training": self.training, "data": data_note}}
+                              "driver": self.driver, "training": self.training, "configuration": self.configuration,
+                              "schedule": self.schedule(), "data": data_note}}
         counts = {self.name: self.token_counts} if self.token_counts is not None else None
         corpus = {"name": "training batches", "sha256": None, "documents": None, "note": data_note,
                   "sequence_length": self._seen_length, "fit_sequences": self._fit_sequences,
@@ -602,8 +678,16 @@ class AnistatCallback(_trainer_callback_base()):
                         "learning_rate": float(args.learning_rate), "weight_decay": float(args.weight_decay),
                         "warmup_steps": int(args.get_warmup_steps(max_steps))}
         self.meter = TrainingMeter(model, max_steps=max_steps, first_step=int(state.global_step or 0),
-                                   training=training, **self._args)
+                                   training=training, optimizer=kwargs.get("optimizer"), **self._args)
         self.meter.driver = "AnistatCallback"
+        scheduler = getattr(args, "lr_scheduler_type", None)
+        world = int(getattr(args, "world_size", 1) or 1)
+        self.meter.schedule_settings = {
+            "max_steps": max_steps or NOT_KNOWN,
+            "effective_batch": args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
+            "scheduler": str(getattr(scheduler, "value", scheduler) or NOT_KNOWN),
+            "weight_decay": float(args.weight_decay),
+            "warmup_steps": int(args.get_warmup_steps(max_steps)) if max_steps else NOT_KNOWN}
         if self.live:
             trainer = find_trainer(self)
             if trainer is None:
@@ -620,6 +704,8 @@ class AnistatCallback(_trainer_callback_base()):
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.meter is not None:
+            if self.meter.optimizer is None and kwargs.get("optimizer") is not None:
+                self.meter.optimizer = kwargs["optimizer"]
             self.meter.begin(state.global_step)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):

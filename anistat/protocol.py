@@ -614,8 +614,14 @@ class Protocol(StrictModel):
 
     # -- identity -------------------------------------------------------------------------------
     def normalised(self) -> dict[str, Any]:
-        """The protocol with every default filled in, as plain JSON-able data."""
-        return self.model_dump(mode="json")
+        """The protocol with every default filled in, as plain JSON-able data — except an
+        `external` model (measured in the user's own loop), which lists only the fields that were
+        set: a default such as `num_heads: 2` or `train.precision: fp64` never applied to it."""
+        dumped = self.model_dump(mode="json")
+        for index, model in enumerate(self.models):
+            if model.source == "external":
+                dumped["models"][index] = model.model_dump(mode="json", exclude_unset=True)
+        return dumped
 
     def sha256(self) -> str:
         """sha256 of the canonical JSON of the normalised protocol (sorted keys, no spaces), without

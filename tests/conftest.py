@@ -11,12 +11,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# 16 test sequences span 11 documents: enough resampling units for intervals
+# (anistat.stats.MIN_RESAMPLING_UNITS)
 MINI_PROTOCOL = """\
 anistat_protocol: 1
 name: mini
 description: miniature end-to-end protocol for the tests
 seed: 7
-data: {seq_len: 24, n_fit_sequences: 12, n_test_sequences: 12, vocab_size: 300, batch_size: 5}
+data: {seq_len: 24, n_fit_sequences: 12, n_test_sequences: 16, vocab_size: 300, batch_size: 5}
 models:
   - name: dec
     architecture: gpt2

@@ -230,3 +230,115 @@ def test_callback_never_raises_at_train_end(tmp_path: Path):
     assert isinstance(callback.error, AnistatInputError)
     trainer.save_model(str(tmp_path / "saved"))  # the user's saving still happens
     assert (tmp_path / "saved" / "config.json").is_file()
+
+
+# ----------------------------------------------------------------------------------------------
+# the record: the model's real configuration and the schedule that actually ran
+# ----------------------------------------------------------------------------------------------
+def _four_head_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=48, n_positions=16, n_embd=16, n_layer=3, n_head=4, n_inner=24,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+    return GPT2LMHeadModel(config).float()
+
+
+REAL_CONFIGURATION = {"model_class": "GPT2LMHeadModel", "hidden_size": 16, "num_layers": 3, "num_heads": 4,
+                      "intermediate_size": 24, "vocab_size": 48, "parameter_dtype": "float32"}
+
+
+def _methods(bundle: Path) -> str:
+    """The methods text of a bundle's report, as plain text."""
+    from anistat.bundle import read_bundle
+    from anistat.report import ReportOptions
+    from anistat.report._content import ReportContext, methods
+
+    options = ReportOptions(compile_pdf=False, figures=False)
+    paragraphs = methods(ReportContext(inputs=read_bundle(bundle).report_inputs(), options=options))
+    return "\n".join(p.plain() for p in paragraphs)
+
+
+def test_meter_records_the_real_model_and_the_schedule_that_ran(tmp_path: Path, capsys):
+    model = _four_head_gpt2()
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
+    decay = torch.optim.lr_scheduler.LinearLR(optimiser, start_factor=1.0, end_factor=0.2, total_iters=5)
+    meter = TrainingMeter(model, out=tmp_path / "bundle", fit_steps=[0, 1], measure_steps=[1, 3], window=2,
+                          name="plain", optimizer=optimiser, **SETTINGS)
+    start = capsys.readouterr().err
+    assert "fitted on training steps 0, 1; controls: normal (4 per kind); measured steps 1, 3" in start
+    rates = []
+    for step, batch in enumerate(_batches(6)):
+        rates.append(optimiser.param_groups[0]["lr"])
+        with meter.step(step):
+            model(input_ids=batch, labels=batch).loss.backward()
+        optimiser.step()
+        optimiser.zero_grad()
+        decay.step()
+    meter.close()
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    recorded = manifest["models"]["plain"]
+    assert recorded["configuration"] == REAL_CONFIGURATION
+    schedule = recorded["schedule"]
+    assert (schedule["steps_seen"], schedule["first_step"], schedule["last_step"]) == (6, 0, 5)
+    assert schedule["learning_rate"] == {"first": rates[0], "last": rates[-1], "min": min(rates), "max": max(rates)}
+    assert rates[0] == 0.01 and rates[-1] == pytest.approx(0.002)
+    # the protocol lists what was set: the real sizes, no built-in training defaults
+    spec = manifest["protocol"]["models"][0]
+    assert (spec["hidden_size"], spec["num_layers"], spec["num_heads"], spec["intermediate_size"]) == (16, 3, 4, 24)
+    assert "train" not in spec and "precision" not in spec
+    text = _methods(tmp_path / "bundle")
+    assert "6 training steps, learning rate 0.01 → 0.002" in text
+    assert ("model GPT2LMHeadModel: 3 blocks, 4 attention heads, hidden size 16, MLP width 24, vocabulary 48, "
+            "float32 parameters") in text
+
+
+def test_meter_without_an_optimiser_says_the_rate_is_not_known(tmp_path: Path):
+    model = _four_head_gpt2()
+    meter = TrainingMeter(model, out=tmp_path / "bundle", fit_steps=[0], measure_steps=[1], name="plain",
+                          verbose=False, **SETTINGS)
+    for step, batch in enumerate(_batches(2)):
+        with meter.step(step):
+            model(input_ids=batch, labels=batch).loss.backward()
+        model.zero_grad()
+    meter.close()
+    schedule = json.loads((tmp_path / "bundle" / "manifest.json").read_text())["models"]["plain"]["schedule"]
+    assert schedule["learning_rate"] == "not known" and schedule["scheduler"] == "not known"
+    assert "learning rate not known" in _methods(tmp_path / "bundle")
+
+
+def test_trainer_run_records_the_real_model_and_its_schedule(tmp_path: Path):
+    pytest.importorskip("accelerate")  # transformers' Trainer needs it
+    from transformers import Trainer, TrainingArguments
+
+    callback = AnistatCallback(out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained",
+                               verbose=False, **SETTINGS)
+    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=4, max_steps=5,
+                             gradient_accumulation_steps=2, learning_rate=1e-2, weight_decay=0.05,
+                             lr_scheduler_type="linear", report_to=[], save_strategy="no", logging_strategy="no",
+                             use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
+    model = _four_head_gpt2()
+    rates = []
+
+    class Rates(__import__("transformers").TrainerCallback):
+        def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+            rates.append(optimizer.param_groups[0]["lr"])
+
+    trainer = Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[callback, Rates()])
+    trainer.train()
+    assert callback.error is None, callback.error
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    recorded = manifest["models"]["trained"]
+    assert recorded["configuration"] == REAL_CONFIGURATION
+    schedule = recorded["schedule"]
+    assert schedule["steps_seen"] == trainer.state.global_step == 5 and schedule["max_steps"] == 5
+    assert schedule["effective_batch"] == 8 and schedule["scheduler"] == "linear"
+    assert schedule["weight_decay"] == 0.05 and schedule["warmup_steps"] == 0
+    assert [schedule["learning_rate"][k] for k in ("first", "last")] == [rates[0], rates[-1]]
+    assert rates[0] == 0.01 and rates[-1] == pytest.approx(0.002)
+    spec = manifest["protocol"]["models"][0]
+    assert spec["num_heads"] == 4 and "precision" not in spec["train"]
+    text = _methods(tmp_path / "bundle")
+    assert ("AnistatCallback in a transformers Trainer run (5 optimiser steps, effective batch 8, "
+            "learning rate 0.01 → 0.002 (linear), weight decay 0.05, 0 warm-up steps; model GPT2LMHeadModel: "
+            "3 blocks, 4 attention heads") in text

@@ -178,7 +178,7 @@ def real_results(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("pooling")
     protocol = root / "mini.yaml"
-    protocol.write_text(MINI_PROTOCOL.replace("n_test_sequences: 12", "n_test_sequences: 40")
+    protocol.write_text(MINI_PROTOCOL.replace("n_test_sequences: 16", "n_test_sequences: 40")
                         .replace("n_bootstrap: 100", "n_bootstrap: 400"))
     with pytest.MonkeyPatch.context() as patch:  # figures are not what this is about
         patch.setattr(anistat.report.render, "render_figures", lambda *args, **kwargs: ([], {}))

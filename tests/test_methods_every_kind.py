@@ -98,7 +98,7 @@ def test_refit_methods_text_matches_the_golden_file():
 # ----------------------------------------------------------------------------------------------
 def test_training_meter_methods_text_describes_the_loop(tmp_path):
     """The issue's case: the text described the built-in corpus and '64 sequences … the earliest
-    30 % of the checkpoints' while the loop's own batches (here 8 fit sequences of steps 0–1)
+    30 % of the checkpoints' while the loop's own batches (here 12 fit sequences of steps 0–1)
     were used; 'early' is the first 30 % of the measured steps."""
     from anistat.callbacks import TrainingMeter
 
@@ -106,7 +106,8 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
     meter = TrainingMeter(model, out=tmp_path / "bundle", fit_steps=[0, 1], measure_steps=[1, 3], window=2,
                           name="plain", verbose=False, **SETTINGS)
-    for step, batch in enumerate(_batches(5)):
+    # 6 sequences a step: 12 per unit of 2 steps, enough resampling units for intervals
+    for step, batch in enumerate(_batches(5, batch=6)):
         with meter.step(step):
             model(input_ids=batch, labels=batch).loss.backward()
         optimiser.step()
@@ -133,7 +134,7 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
     trajectory = captions["energy_ratio_trajectory"].caption
     assert "over measured training steps" in trajectory
     assert "the first 30 % of the measured steps; the proxies were fitted on training steps 0, 1" in trajectory
-    assert "resampling 8 sequences per unit" in trajectory
+    assert "resampling 12 sequences per unit" in trajectory
     assert "at the last measured step of each training phase" in captions["forest_effects"].caption
     assert_answer_is_true(ctx, "plain", "early in the measured training (step1)")
 

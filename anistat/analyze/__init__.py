@@ -45,7 +45,7 @@ from ..stats.resampling_risk import family_decisions
 from .frequency import FREQUENCY_COLUMNS, bucket_spectra, frequency_rows
 from .nulls import ExactNulls, NullOptions, UnitSpectrum, exact_tests
 from .units import (ENERGY_METRICS, descriptive_rows, failed_rows, prepare_unit, proxy_groups,
-                    rows_of_unit)
+                    rows_of_unit, screen_units)
 
 __all__ = [
     "DESCRIPTIVE_METRICS", "ENERGY_METRICS", "FREQUENCY_COLUMNS", "RESULT_COLUMNS", "NullSettings", "adjust",
@@ -140,6 +140,7 @@ def unit_rows(artifact: UnitArtifact, protocol: Protocol, settings: NullSettings
     """All rows of one unit, plus its warnings (before multiplicity adjustment). Without `nulls`
     the unit's exact tests run on their own (the same draws as in a run: the stream depends on the
     protocol seed and the width only)."""
+    screen_units([artifact])
     if artifact.status != "ok":
         return failed_rows(artifact, protocol), []
     settings = settings or null_settings([artifact], protocol)
@@ -224,7 +225,10 @@ def analyze_run(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarra
                 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The results table and (``frequency=True``) the frequency table of a run, with every exact
     test — each unit's, and each frequency bucket's — read off the same Haar streams, so the
-    draws are made once."""
+    draws are made once. A unit that cannot be analysed (`units.unanalysable_reason`: zero
+    gradient energy, a proxy that is not orthonormal, too little data) is marked failed with its
+    reason, and the others proceed."""
+    screen_units(artifacts)
     settings = null_settings(artifacts, protocol)
     prepared = {a.key.id: prepare_unit(a, protocol) for a in artifacts if a.status == "ok"}
     spectra = [unit.spectrum for unit in prepared.values()]

@@ -63,6 +63,47 @@ def proxy_groups(artifact: UnitArtifact) -> list[tuple[str, int]]:
     return seen
 
 
+#: Largest entry of ``|UᵀU − I|`` a proxy basis may have: the energies were measured with its
+#: columns, so a basis that is not orthonormal (float32 round-off is ~1e-7) measured something else.
+ORTHONORMALITY_TOLERANCE = 1e-4
+
+
+def unanalysable_reason(artifact: UnitArtifact) -> str:
+    """Why a collected unit cannot be analysed ('' when it can): fewer than 2 test tokens or
+    sequences, zero gradient energy (no energy fraction is defined), or a proxy basis that is not
+    orthonormal — with its numerical rank when its columns are dependent (``[u1, u1]``: rank 1
+    of 2). Such a proxy is refused, not reduced: its per-sequence energies were measured with the
+    given columns (a duplicated column counted twice) and cannot be re-projected."""
+    n_sequences, n_tokens = int(artifact.n_tokens.shape[0]), int(np.sum(artifact.n_tokens))
+    if n_tokens < 2 or n_sequences < 2:
+        return (f"too little test data to analyse: {n_tokens} token(s) in {n_sequences} sequence(s) "
+                "(at least 2 of each are needed); use more test data")
+    total = float(np.sum(artifact.total_energy))
+    if not total > 0:
+        return ("zero gradient energy: every test gradient at this site is 0, so no energy fraction is "
+                "defined (a site the loss does not reach, or frozen parameters)")
+    for (proxy, rank), basis in artifact.proxy_bases.items():
+        u = np.asarray(basis, dtype=np.float64)
+        error = float(np.abs(u.T @ u - np.eye(u.shape[1])).max()) if u.size else 0.0
+        if not error <= ORTHONORMALITY_TOLERANCE:
+            numerical_rank = int(np.linalg.matrix_rank(u)) if np.isfinite(u).all() else 0
+            return (f"proxy {proxy} rank {rank} is not an orthonormal basis (numerical rank {numerical_rank} of "
+                    f"{u.shape[1]}, max |UᵀU − I| = {error:.3g}); its energies were measured with these columns "
+                    "and cannot be re-projected: give orthonormal, linearly independent columns")
+    return ""
+
+
+def screen_units(artifacts: list[UnitArtifact]) -> None:
+    """Mark every collected unit that cannot be analysed as ``failed`` with its reason (on the
+    artifact itself, so the run's unit records, manifest and exit code see it); the other units
+    are analysed as usual."""
+    for artifact in artifacts:
+        if artifact.status == "ok":
+            reason = unanalysable_reason(artifact)
+            if reason:
+                artifact.status, artifact.note = "failed", reason
+
+
 def resampling_documents(artifact: UnitArtifact, protocol: Protocol) -> tuple[np.ndarray | None, str]:
     """The document ids to resample by (None: sequences), and a warning when documents cannot be used."""
     if protocol.stats.resampling_unit != "document":
@@ -254,17 +295,30 @@ def delta_row(unit: PreparedUnit, proxy: str, rank: int, kind: str, controls: Co
     """The ΔIsoScore* row: the exact test from the shared draws, the paper's convention and z
     against the row's drawn controls."""
     key = (unit.artifact.key.id, proxy, rank)
+    dim = unit.artifact.dim
     observed = unit.spectrum.delta_observed.get((proxy, rank), np.nan)
     test = nulls.delta.get(key, ExactTest(np.nan, 0, False))
     values = controls.delta[np.isfinite(controls.delta)]
     mean = float(values.mean()) if values.size else np.nan
     sd = float(values.std(ddof=1)) if values.size > 1 else np.nan
+    whole_complement = kind == "normal" and 2 * rank == dim and values.size > 0
+    if whole_complement:  # every draw spans the same subspace: equal up to round-off
+        sd = 0.0
     with np.errstate(invalid="ignore", divide="ignore"):
         z = (observed - mean) / sd if sd > 0 else np.nan
     paper = monte_carlo_pvalue(observed, values, stats.alternative) if values.size else np.nan
+    untested = ""
+    if not np.isfinite(test.p_value):
+        largest = max(r for _, r in proxy_groups(unit.artifact))
+        untested = (f"no p-value: ΔIsoScore* needs at least 2 dimensions left after removing the subspace, and "
+                    f"d − k = {dim - largest} for the unit's largest rank {largest}" if not unit.delta_ok
+                    else "no p-value: no exact ΔIsoScore* test was run")
     note = join_notes(f"IsoScore* C0={stats.isoscore_c0}, zeta={stats.isoscore_zeta}",
-                      f"control mean, sd and z: {values.size} drawn {kind} controls",
-                      exact_note(test, None) if np.isfinite(test.p_value) else "")
+                      f"control mean, sd and z: {values.size} drawn {kind} controls" if values.size
+                      else "no control values",
+                      "the normal control is the proxy's whole complement (k = d/2): sd exactly 0, z undefined"
+                      if whole_complement else "",
+                      exact_note(test, None) if np.isfinite(test.p_value) else untested)
     return {"metric": "delta_isoscore_star", "estimate": observed, "control_mean": mean, "control_sd": sd,
             "ci_method": "none", "p_value": test.p_value, "p_test": EXACT_TEST, "p_value_paper": paper,
             "effect_size": z, "effect_size_kind": "z", "n_controls": test.n_draws, "note": note,

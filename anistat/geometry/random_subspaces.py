@@ -175,7 +175,9 @@ def complement_subspaces(basis, n: int, seed: int, *, dtype: torch.dtype = torch
 
     A draw is the span of ``(I − UUᵀ) Z`` for a Gaussian ``Z`` (``d × k``, from a CPU
     ``torch.Generator`` seeded with ``seed``; uniform in the complement because the projected
-    Gaussian is), orthonormalised by Cholesky–QR, in ``dtype``."""
+    Gaussian is), orthonormalised by Cholesky–QR, in ``dtype``; a draw whose Gram matrix is too
+    ill-conditioned for Cholesky (likeliest at ``k = d/2``, where the complement has only ``k``
+    dimensions) is orthonormalised by Householder QR of the same columns (the same span)."""
     u = torch.as_tensor(np.asarray(basis)).to(dtype)
     d, k = u.shape
     if 2 * k > d:
@@ -185,9 +187,13 @@ def complement_subspaces(basis, n: int, seed: int, *, dtype: torch.dtype = torch
     z = torch.randn(d, n * k, generator=generator).to(dtype)  # draw j: columns j·k … j·k + k − 1
     z = z - u @ (u.T @ z)
     blocks = z.reshape(d, n, k).permute(1, 0, 2)  # (n, d, k)
-    chol = torch.linalg.cholesky(blocks.transpose(1, 2) @ blocks)
+    chol, info = torch.linalg.cholesky_ex(blocks.transpose(1, 2) @ blocks)
     eye = torch.eye(k, dtype=dtype).expand(n, k, k)
-    return blocks @ torch.linalg.solve_triangular(chol, eye, upper=False).transpose(1, 2)  # Z L⁻ᵀ, orthonormal
+    q = blocks @ torch.linalg.solve_triangular(chol, eye, upper=False).transpose(1, 2)  # Z L⁻ᵀ, orthonormal
+    failed = info != 0
+    if failed.any():
+        q[failed] = torch.linalg.qr(blocks[failed].double())[0].to(dtype)
+    return q
 
 
 def subspace_traces(matrix, q: torch.Tensor) -> SubspaceTraces:

@@ -23,7 +23,8 @@ from .bootstrap import (BootstrapResult, StudentizedTest, bootstrap_weights, ci_
 from .calibrate import CalibrationResult, run_calibration, write_calibration_report
 from .effects import (anisotropy_capture, energy_ratio, hedges_correction, hedges_g_paired,
                       log2_energy_ratio, per_sequence_differences, z_score)
-from .energy import (CLOSED_FORM_KINDS, DATA_TEST, EXACT_TEST, METRICS, SIGN_FLIP_TEST, ControlComparison,
+from .energy import (CLOSED_FORM_KINDS, DATA_TEST, EXACT_TEST, METRICS, MIN_RESAMPLING_UNITS, SIGN_FLIP_TEST,
+                     ControlComparison,
                      ControlMoments, EnergyAnalysis, ExactTestResult, MetricResult, analyze_energy,
                      analyze_metric_vs_controls, cluster_sums, control_energy_moments,
                      expected_control_energy)
@@ -36,7 +37,7 @@ from .permutation import PermutationResult, sign_flip_null, sign_flip_pvalues, s
 from .uniformity import UniformityCheck, p_value_grid, p_value_uniformity
 
 __all__ = [
-    "CLOSED_FORM_KINDS", "DATA_TEST", "EXACT_TEST", "SIGN_FLIP_TEST", "cluster_sums", "expected_control_energy",
+    "CLOSED_FORM_KINDS", "DATA_TEST", "EXACT_TEST", "MIN_RESAMPLING_UNITS", "SIGN_FLIP_TEST", "cluster_sums", "expected_control_energy",
     "StudentizedTest", "expanded_pvalue", "expanded_tail", "studentized_ratio_test",
     "ControlMoments", "ExactTestResult", "control_energy_moments",
     "BootstrapResult", "CalibrationResult", "UniformityCheck", "p_value_grid", "p_value_uniformity", "ControlComparison",

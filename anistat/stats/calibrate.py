@@ -195,7 +195,10 @@ def _simulate_one(rng, scenario, condition, cfg):
                   ci_level=cfg["ci_level"], ci_method=cfg["ci_method"], n_test_resamples=cfg["n_test_resamples"],
                   # a fresh resampling stream per simulated study (one shared weights matrix would
                   # bias every study's coverage the same way)
-                  seed=int(rng.integers(2**62)))
+                  seed=int(rng.integers(2**62)),
+                  # the intervals themselves at every study size, including those below the
+                  # analysis's MIN_RESAMPLING_UNITS (where a run withholds them)
+                  min_resampling_units=2)
     out = {"p_exact": 0.0,
            "p_exact_sequential": sequential_monte_carlo_pvalue(observed, null, cfg["stop_after"])[0]}
     for kind in ("haar", "normal"):

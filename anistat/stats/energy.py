@@ -52,14 +52,29 @@ CI methods: ``studentized`` (bootstrap-t with the delta-method SE of a ratio of 
 ``log2_energy_ratio`` is the log2 of the ratio interval; ``z`` and ``anisotropy_capture``
 are monotone maps of the fraction interval with the control distribution / oracle held
 fixed, and the capture interval is clipped to the metric's range ``[−(k/d)/(E*−k/d), 1]``
-(``E(U) ≤ E*_k`` on any data). Every row's ``se`` is its interval's implied SE on the row's
-scale (:mod:`.interval_se`), not the spread of the replicates, so pooled analyses weight a row as
-its interval does.
+(``E(U) ≤ E*_k`` on any data).
+
+Ranges and degenerate data. Every interval lies in its parameter's range: the fraction in
+``[0, 1]``, the ratio to the expected Haar-control energy in ``[0, d/k]`` (``E ≤ 1``), the
+ratio to the expected ``normal``-control energy in ``[0, ∞)``; an interval that passes a bound
+is clipped there, with a note (clipping at a true bound never lowers coverage). The sample
+oracle ``E*_k`` only estimates the population ceiling, so the fraction is never clipped there;
+an upper bound above it is said in the note. With fewer than :data:`MIN_RESAMPLING_UNITS`
+resampling units the intervals, their SEs and the data test are withheld (NaN, the reason in
+the note): at 5 documents the interval over-covers and the data test has a third of its power at
+10, and at 2 the interval covers a third of the time (``benchmarks/README.md``, "The fewest
+resampling units for an interval"). When the
+control is deterministic (``normal`` at ``k = d/2``: the whole complement) its moments are
+exact (mean ``1 − E(U)``, sd 0) and ``z`` is undefined, with the reason.
+
+Every row's ``se`` is its reported (range-clipped) interval's implied SE on the row's scale
+(:mod:`.interval_se`), not the spread of the replicates, so pooled analyses weight a row as its
+interval does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -81,6 +96,14 @@ DATA_TEST = "bootstrap_t"
 #: :mod:`anistat.stats.permutation` and reported beside the data test in `anistat calibrate`.
 SIGN_FLIP_TEST = "sign_flip"
 CLOSED_FORM_KINDS = ("haar", "normal")
+#: The fewest resampling units (documents, else sequences) for which intervals and the data test
+#: are computed; below it they are NaN with the reason in the note. Calibrated with
+#: :func:`anistat.stats.run_calibration` (clustered and anisotropic nulls, 200 studies per cell):
+#: at 10 documents coverage is 0.945–0.985 and the data test's level 0.03–0.045 with power
+#: 0.905–0.94 at ratio 2; at 5 coverage is 0.985–1.00 with power 0.325–0.35, and at 2 the interval
+#: covers 0.275–0.355 of the time (``benchmarks/README.md``, "The fewest resampling units for an
+#: interval").
+MIN_RESAMPLING_UNITS = 10
 
 
 @dataclass(frozen=True)
@@ -223,6 +246,8 @@ def control_energy_moments(kind: str, rank: int, dim: int, trace: float, frobeni
     tr(UᵀMU)`` and ``tr A² = ‖M‖_F² − 2‖MU‖_F² + ‖UᵀMU‖_F²`` — the proxy's three traces
     (``proxy_trace``, ``proxy_cross_sq``, ``proxy_block_sq``,
     :func:`anistat.geometry.removal_traces`). ``trace`` = ``tr M``, ``frobenius_sq`` = ``‖M‖_F²``.
+    At ``m = k`` (``normal`` with ``k = d/2``) the control is the whole complement: mean
+    ``tr A / tr M = 1 − E(U)`` and sd exactly 0.
     """
     if kind == "haar":
         m, a_trace, a_frob = dim, trace, frobenius_sq
@@ -232,8 +257,11 @@ def control_energy_moments(kind: str, rank: int, dim: int, trace: float, frobeni
         a_frob = frobenius_sq - 2.0 * proxy_cross_sq + proxy_block_sq
     else:
         raise ValueError(f"no closed-form moments for control kind {kind!r}")
-    if not (trace > 0 and m > rank):
+    if not (trace > 0 and m >= rank):
         return ControlMoments(np.nan, np.nan, "closed form")
+    if m == rank:  # the control is the whole space it is drawn in: one subspace, no spread
+        whole = "the proxy's whole complement (k = d/2)" if kind == "normal" else "the whole space (k = d)"
+        return ControlMoments(float(a_trace / trace), 0.0, f"closed form; the control is {whole}, sd exactly 0")
     mean = rank / m * a_trace / trace
     variance = (2.0 * rank * (m - rank) / ((m - 1.0) * m * (m + 2.0))
                 * max(a_frob - a_trace * a_trace / m, 0.0) / (trace * trace))
@@ -272,7 +300,8 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
                    oracle_fraction: float | None = None, reference: str = "expected",
                    control_kind: str = "haar", n_bootstrap: int = 2000, ci_level: float = 0.95,
                    ci_method: str = "studentized", n_test_resamples: int | None = None,
-                   alternative: str = "greater", seed: int = 0) -> EnergyAnalysis:
+                   alternative: str = "greater", seed: int = 0,
+                   min_resampling_units: int = MIN_RESAMPLING_UNITS) -> EnergyAnalysis:
     """Exact test, CIs and effect sizes of one proxy against one control kind.
 
     Parameters
@@ -299,11 +328,15 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
     n_test_resamples
         Resamples for the data test (and, with ``n_bootstrap``, the CIs: both use the same
         ``max(n_bootstrap, n_test_resamples)`` resamples, so they agree).
+    min_resampling_units
+        Below this many resampling units the intervals, their SEs and the data test are NaN with
+        the reason in the note (default :data:`MIN_RESAMPLING_UNITS`; the calibration study
+        passes 2 to measure the intervals themselves at every study size).
 
     See the module docstring for what every interval and test conditions on.
     """
     p, t, e, null = _checked_inputs(proxy_energy, total_energy, reference_energy, null_fractions, exact, rank, dim,
-                                    alternative, ci_level, n_bootstrap, ci_method, reference)
+                                    alternative, ci_level, n_bootstrap, ci_method, reference, min_resampling_units)
     units = _resampling_units(p, t, e, group_ids)
     draws = null if control_fractions is None else np.asarray(control_fractions, dtype=np.float64).ravel()
     control = control_moments if control_moments is not None else ControlMoments.of_draws(draws)
@@ -315,12 +348,25 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
     p_paper = (monte_carlo_pvalue(observed, paper[:n_paper_controls], alternative)
                if n_paper_controls and paper.size else np.nan)
     contribution = units.proxy - units.reference
-    weights = bootstrap_weights(units.n, max(n_bootstrap, n_test_resamples or 0), seed)
-    # the closed-form kinds share one data test: p = k/d·t (haar ratio 1) ⟺ normal ratio 1
-    null_reference = rank / dim * units.total if reference == "expected" else units.reference
-    data_test = studentized_ratio_test(units.proxy, null_reference, weights, alternative=alternative,
-                                       expand_units=units.n)
-    ci_f, ci_r = _ratio_intervals(units, weights, ci_level, ci_method)
+    if units.n >= min_resampling_units:
+        weights = bootstrap_weights(units.n, max(n_bootstrap, n_test_resamples or 0), seed)
+        # the closed-form kinds share one data test: p = k/d·t (haar ratio 1) ⟺ normal ratio 1
+        null_reference = rank / dim * units.total if reference == "expected" else units.reference
+        data_test = studentized_ratio_test(units.proxy, null_reference, weights, alternative=alternative,
+                                           expand_units=units.n)
+        ci_f, ci_r = _ratio_intervals(units, weights, ci_level, ci_method)
+        ci_f = _clipped(ci_f, 0.0, 1.0, "energy fraction")
+        haar_bound = reference == "expected" and control_kind == "haar"
+        ci_r = _clipped(ci_r, 0.0, dim / rank if haar_bound else np.inf, "energy ratio")
+    else:
+        weights = None
+        why = (f"intervals, their SEs and the data test withheld: {units.n} {units.name}, fewer than the "
+               f"{min_resampling_units} resampling units they need")
+        data_test = StudentizedTest(np.nan, np.nan, np.nan, 0, alternative, why)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = units.proxy.sum() / units.reference.sum()
+        ci_f, ci_r = (BootstrapResult(float(estimate), np.nan, np.nan, "none", why, np.nan, 0, ci_level)
+                      for estimate in (fraction, ratio))
     rows = _metric_rows(units, control, exact, float(p_paper), ci_f, ci_r, weights, contribution, data_test,
                         rank, dim, oracle_fraction, reference, control_kind, group_ids is not None, ci_level,
                         draws.size if control.source != "closed form" else 0)
@@ -330,7 +376,7 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
 
 
 def _checked_inputs(proxy_energy, total_energy, reference_energy, null_fractions, exact, rank, dim, alternative,
-                    ci_level, n_bootstrap, ci_method, reference):
+                    ci_level, n_bootstrap, ci_method, reference, min_resampling_units):
     """Validate :func:`analyze_energy`'s inputs once (the core never re-checks them)."""
     p = as_1d_float(proxy_energy, "proxy_energy")
     t = as_1d_float(total_energy, "total_energy")
@@ -353,6 +399,7 @@ def _checked_inputs(proxy_energy, total_energy, reference_energy, null_fractions
     check_alternative(alternative)
     check_ci_level(ci_level)
     check_positive_int(n_bootstrap, "n_bootstrap", 2)
+    check_positive_int(min_resampling_units, "min_resampling_units", 2)
     if ci_method not in ("bca", "percentile", "studentized"):
         raise ValueError(f"ci_method must be 'bca', 'percentile' or 'studentized', got {ci_method!r}")
     if reference not in ("expected", "drawn"):
@@ -368,6 +415,16 @@ def _resampling_units(p, t, e, group_ids) -> _Units:
     if n_units < 2:
         raise ValueError(f"need at least 2 resampling units, got {n_units} {name}")
     return _Units(*sums.T, name)
+
+
+def _clipped(interval: BootstrapResult, low: float, high: float, what: str) -> BootstrapResult:
+    """The interval clipped to its parameter's range ``[low, high]``, with a note when it moved
+    (the true value lies in the range, so clipping never lowers coverage)."""
+    lo, hi = (float(np.clip(x, low, high)) for x in (interval.ci_low, interval.ci_high))
+    if (lo == interval.ci_low or np.isnan(lo)) and (hi == interval.ci_high or np.isnan(hi)):
+        return interval
+    return replace(interval, ci_low=lo, ci_high=hi,
+                   note=_join(interval.note, f"CI clipped to the {what}'s range [{low:g}, {high:g}]"))
 
 
 def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[BootstrapResult, BootstrapResult]:
@@ -407,11 +464,17 @@ def _metric_rows(units: _Units, control: ControlMoments, exact: ExactTestResult,
     moments_note = f"control mean and sd: {control.source}"
     with np.errstate(invalid="ignore", divide="ignore"):
         z = (fraction - mean) / sd if sd > 0 else np.nan
+    z_note = f"z undefined: the {control_kind} control's sd is 0 (one possible control)" if sd == 0 else ""
+    fraction_note = f"CI of E[Σ‖Uᵀg‖²]/E[Σ‖g‖²] for this proxy; {moments_note}"
+    if oracle_fraction is not None and np.isfinite(oracle_fraction) and ci_f.ci_high > oracle_fraction:
+        fraction_note = _join(fraction_note, f"upper bound {ci_f.ci_high:.4g} passes the sample oracle fraction "
+                                             f"E*_k = {oracle_fraction:.4g}, which only estimates the population "
+                                             "ceiling (not clipped there)")
 
     def row(metric, estimate, control_mean, control_sd, lo, hi, ci, note, se):
         # every energy row shares the exact test and carries z as its effect size
         return MetricResult(metric, float(estimate), float(control_mean), float(control_sd), float(lo), float(hi),
-                            ci.method, _join(note, units_note, ci.note, exact.note), float(exact.p_value),
+                            ci.method, _join(note, units_note, ci.note, exact.note, z_note), float(exact.p_value),
                             EXACT_TEST, float(p_paper), float(z), "z", float(se))
 
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -424,8 +487,7 @@ def _metric_rows(units: _Units, control: ControlMoments, exact: ExactTestResult,
         log2_sd = ratio_sd / (ratio_mean * np.log(2.0))
         z_scale = 1.0 / sd if sd > 0 else np.nan
     rows = [
-        row("energy_fraction", fraction, mean, sd, ci_f.ci_low, ci_f.ci_high, ci_f,
-            f"CI of E[Σ‖Uᵀg‖²]/E[Σ‖g‖²] for this proxy; {moments_note}", se_f),
+        row("energy_fraction", fraction, mean, sd, ci_f.ci_low, ci_f.ci_high, ci_f, fraction_note, se_f),
         row("energy_ratio", ratio, ratio_mean, ratio_sd, ci_r.ci_low, ci_r.ci_high, ci_r,
             f"ratio to the {kind_note}; its CI is over data for this proxy, not a test against "
             f"random subspaces (that is p_value); {moments_note}", se_r),
@@ -447,6 +509,11 @@ def _hedges_row(units: _Units, weights, contribution, data_test: StudentizedTest
     """Hedges' g of the per-unit contributions Σp − Σe, with a BCa CI and the data test."""
     ones = np.ones((1, units.n))
     g = float(_hedges_g(ones, contribution)[0]) if units.n > 2 else np.nan
+    if weights is None:  # too few units: withheld (the reason is the data test's note)
+        return MetricResult("hedges_g", g, np.nan, np.nan, np.nan, np.nan, "none",
+                            _join(f"standardized mean of per-unit contributions Σp − Σe ({kind_note})", units_note,
+                                  data_test.note),
+                            np.nan, DATA_TEST, np.nan, g, "hedges_g", np.nan)
     if units.n > 3:
         jackknife = 1.0 - np.eye(units.n)
         interval = ci_from_replicates(g, _hedges_g(weights, contribution), _hedges_g(jackknife, contribution),
