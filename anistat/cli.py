@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import click
 import typer
@@ -42,12 +41,12 @@ def _echo(message: str) -> None:
 @app.command()
 def run(
     protocol: Path = typer.Argument(..., help="Protocol YAML file."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Bundle directory (default: reports/<name>/)."),
-    device: Optional[str] = typer.Option(None, help="auto | cpu | cuda | mps (overrides the protocol)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Bundle directory (default: reports/<name>/)."),
+    device: str | None = typer.Option(None, help="auto | cpu | cuda | mps (overrides the protocol)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
     keep_cache: bool = typer.Option(False, help="Keep the per-unit cache after success."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing bundle at --out."),
-    threads: Optional[int] = typer.Option(
+    threads: int | None = typer.Option(
         None, "--threads", min=1, max=1024,
         help="CPU threads for torch and numpy's BLAS (overrides the protocol's threads; default: OMP_NUM_THREADS, "
         "else the idle usable CPUs). Built-in models always train on one thread."),
@@ -119,7 +118,7 @@ def validate(protocol: Path = typer.Argument(..., help="Protocol YAML file.")) -
 
 
 @app.command()
-def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file instead of stdout.")) -> None:
+def schema(out: Path | None = typer.Option(None, "--out", "-o", help="Write to a file instead of stdout.")) -> None:
     """Print the protocol's JSON Schema (for editor autocompletion)."""
     from .protocol import protocol_schema
 
@@ -145,8 +144,8 @@ def init(
 @app.command()
 def report(
     bundle: Path = typer.Argument(..., help="A bundle directory written by `anistat run`."),
-    precision: Optional[int] = typer.Option(None, min=1, max=8, help="Significant digits in tables."),
-    metrics: Optional[str] = typer.Option(None, help="Comma-separated metrics for the tables."),
+    precision: int | None = typer.Option(None, min=1, max=8, help="Significant digits in tables."),
+    metrics: str | None = typer.Option(None, help="Comma-separated metrics for the tables."),
     transpose: bool = typer.Option(False, help="Transposed table layout."),
     pdf: bool = typer.Option(True, help="Compile report.pdf when pdflatex is installed (--no-pdf keeps an existing "
                              "report.pdf as it is)."),
@@ -235,9 +234,9 @@ def calibrate(
 @app.command()
 def verify(
     target: Path = typer.Argument(..., help="A bundle, or a protocol to re-run (with --against)."),
-    against: Optional[Path] = typer.Option(None, "--against", help="Original bundle to compare a re-run with."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where the re-run's bundle goes."),
-    claims: Optional[Path] = typer.Option(
+    against: Path | None = typer.Option(None, "--against", help="Original bundle to compare a re-run with."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Where the re-run's bundle goes."),
+    claims: Path | None = typer.Option(
         None, "--claims", help="Evaluate the claims in this YAML file (a list, or a protocol's 'claims:') against "
         "the bundle instead of its protocol's; nothing is re-run."),
     overwrite: bool = typer.Option(False, "--overwrite", help="With --against: replace an existing re-run bundle."),
@@ -326,7 +325,7 @@ def diff(
 def compare(
     original: Path = typer.Argument(..., help="Original bundle."),
     replication: Path = typer.Argument(..., help="Replication bundle."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: reports/compare-A-vs-B)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Output directory (default: reports/compare-A-vs-B)."),
     tolerance: float = typer.Option(0.25, min=0.0, help="Relative tolerance for agreement."),
 ) -> None:
     """Write a replication report (HTML + LaTeX + CSV) comparing two bundles."""
@@ -340,8 +339,8 @@ def compare(
 @app.command()
 def sites(
     model: str = typer.Argument(..., help="builtin:gpt2 | builtin:bert | minilm | a local model directory | a hub id."),
-    revision: Optional[str] = typer.Option(None, help="Hub revision (e.g. step1000)."),
-    objective: Optional[str] = typer.Option(None, help="clm | mlm (default: inferred from the architecture)."),
+    revision: str | None = typer.Option(None, help="Hub revision (e.g. step1000)."),
+    objective: str | None = typer.Option(None, help="clm | mlm (default: inferred from the architecture)."),
     modules: bool = typer.Option(False, "--modules", help="Also list every module usable as module:NAME."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Run model code from the checkpoint."),
 ) -> None:

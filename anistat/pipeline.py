@@ -11,8 +11,9 @@ import contextlib
 import functools
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 import torch
@@ -20,20 +21,30 @@ import torch
 from .analyze import analyze_run
 from .bundle import RunFacts, RunResult, check_destination, publish_bundle, unit_records, utc_now
 from .collect import (
-    BasisSet, FitSampler, Site, UnitArtifact, UnitKey, autocast, concept_cards, measure_checkpoint, model_inputs,
-    probe, resolve_precision, sites_from_spec,
+    BasisSet,
+    FitSampler,
+    Site,
+    UnitArtifact,
+    UnitKey,
+    autocast,
+    concept_cards,
+    distributed,
+    measure_checkpoint,
+    model_inputs,
+    probe,
+    resolve_precision,
+    sites_from_spec,
 )
-from .collect import distributed
 from .collect.artifact import ARTIFACT_FORMAT
 from .collect.progress import bar
 from .data import load_corpus
 from .errors import AnistatInputError, RunInterrupted
 from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_variants
 from .models import ModelSeries, resolve_models
-from .seeding import derive_seed
 from .preflight import localized, preflight
 from .protocol import Protocol, control_problem, fit_window_size, load_protocol
 from .runtime import MAX_THREADS, ThreadChoice, cpu_threads, resolve_threads
+from .seeding import derive_seed
 
 Log = Callable[[str], None]
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .bundle import staged_bundle
 from .verify import (
-    compare_claims, compare_results, ensure_bundle, environment_differences, load_bundle_results, summarise,
-    verify_bundle, write_comparison,
+    compare_claims,
+    compare_results,
+    ensure_bundle,
+    environment_differences,
+    load_bundle_results,
+    summarise,
+    verify_bundle,
+    write_comparison,
 )
 
 

@@ -226,7 +226,7 @@ def _compare_table(comparer: _Comparer, name: str, original, rerun, keys: tuple[
                                                    "" if where == "rerun" else "missing"))
             continue
 
-        def pair(column: str):
+        def pair(column: str, record=record):
             return record.get(f"{column}\x00a"), record.get(f"{column}\x00b")
 
         columns = [c for c in original.columns if c in rerun.columns and c not in keys]

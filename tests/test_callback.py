@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from anistat.callbacks import AnistatCallback, TrainingMeter
-from anistat.finalize import finalize_bundle, load_units
 from anistat.errors import AnistatInputError
+from anistat.finalize import finalize_bundle, load_units
 
 SETTINGS = dict(sites={"kind": ["residual", "mlp"], "layers": [0]}, proxies={"ranks": [2], "max_fit_tokens": 80},
                 controls={"kinds": ["normal"], "n": 4}, stats={"n_bootstrap": 20, "n_permutations": 20})
@@ -58,7 +58,7 @@ def test_plain_meter_piggybacks_on_the_training_backward(tmp_path: Path):
         if step in (1, 2):  # reference ∂L/∂h for the first unit, taken independently
             reference = model.transformer.h[0]
             captured = {}
-            handle = reference.register_forward_hook(lambda m, i, o: captured.__setitem__("h", o))
+            handle = reference.register_forward_hook(lambda m, i, o, captured=captured: captured.__setitem__("h", o))
             loss = model(input_ids=batch, labels=batch).loss
             expected[step] = torch.autograd.grad(loss, captured["h"])[0].double()[:, :-1]
             handle.remove()

@@ -68,8 +68,8 @@ def test_no_suggestion_when_nothing_is_close(capsys, tmp_path):
 
 def test_did_you_mean_in_a_claims_file(capsys, tmp_path):
     """`verify --claims` validates claims alone: the suggestion comes from the claim's fields."""
-    from anistat.verify import load_claims
     from anistat.errors import AnistatInputError
+    from anistat.verify import load_claims
 
     path = tmp_path / "claims.yaml"
     path.write_text("- {id: a, metric: energy_ratio, wher: {rank: 2}}\n")

@@ -200,7 +200,8 @@ def test_the_plan_is_exactly_the_rows_a_run_writes(tmp_path, monkeypatch):
 def test_the_column_lists_are_analyzes():
     """preflight keeps its own copy of the column names (importing analyze would import torch
     into `anistat validate`); they must be analyze's."""
-    from anistat import analyze, preflight as module
+    from anistat import analyze
+    from anistat import preflight as module
 
     assert list(module.RESULT_COLUMNS) == list(analyze.RESULT_COLUMNS)
     assert set(analyze.FREQUENCY_COLUMNS) <= set(module.RESULT_COLUMNS) | set(module.FREQUENCY_ONLY_COLUMNS)

@@ -164,8 +164,8 @@ def test_a_monte_carlo_p_value_may_move_by_its_own_error(bundles, tmp_path):
                         (0.5, 0.02, False), (1 / (draws + 1), 2 / (draws + 1), True),
                         (1 / (draws + 1), 8 / (draws + 1), False)):
         original, edited = _copy(one, tmp_path, f"o{p}{move}"), _copy(one, tmp_path, f"e{p}{move}")
-        _edit_results(original, lambda t: t.__setitem__("p_value", t["p_value"].where(t.index != index, p)))
-        _edit_results(edited, lambda t: t.__setitem__("p_value", t["p_value"].where(t.index != index, p + move)))
+        _edit_results(original, lambda t, p=p: t.__setitem__("p_value", t["p_value"].where(t.index != index, p)))
+        _edit_results(edited, lambda t, p=p, move=move: t.__setitem__("p_value", t["p_value"].where(t.index != index, p + move)))
         assert compare_reproduction(original, edited).ok is ok, (p, move)
 
 

@@ -4,10 +4,24 @@ and analyze_metric_vs_controls."""
 import numpy as np
 import pytest
 
-from anistat.stats import (DATA_TEST, EXACT_TEST, METRICS, ControlMoments, ExactTestResult, analyze_energy,
-                           analyze_metric_vs_controls, bootstrap_weights, ci_from_replicates, cluster_sums,
-                           control_energy_moments, expected_control_energy, hedges_correction, monte_carlo_pvalue,
-                           ratio_se, studentized_ratio_test)
+from anistat.stats import (
+    DATA_TEST,
+    EXACT_TEST,
+    METRICS,
+    ControlMoments,
+    ExactTestResult,
+    analyze_energy,
+    analyze_metric_vs_controls,
+    bootstrap_weights,
+    ci_from_replicates,
+    cluster_sums,
+    control_energy_moments,
+    expected_control_energy,
+    hedges_correction,
+    monte_carlo_pvalue,
+    ratio_se,
+    studentized_ratio_test,
+)
 
 
 def _data(seed=0, s=80, boost=1.3, k=4, d=64):

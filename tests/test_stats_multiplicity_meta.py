@@ -6,8 +6,14 @@ import pytest
 import statsmodels.api as sm
 from statsmodels.stats.multitest import multipletests
 
-from anistat.stats import (adjust_in_families, adjust_pvalues, min_controls_needed,
-                           random_effects_meta, resolution_warning, trend_test)
+from anistat.stats import (
+    adjust_in_families,
+    adjust_pvalues,
+    min_controls_needed,
+    random_effects_meta,
+    resolution_warning,
+    trend_test,
+)
 
 
 @pytest.mark.parametrize("method", ["holm", "fdr_bh", "bonferroni"])

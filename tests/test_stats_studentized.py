@@ -6,8 +6,7 @@ import pytest
 from scipy import stats
 
 import anistat.stats.calibrate as calibrate
-from anistat.stats import (bootstrap_weights, ci_from_replicates, ratio_se,
-                           run_calibration, sequence_bootstrap)
+from anistat.stats import bootstrap_weights, ci_from_replicates, ratio_se, run_calibration, sequence_bootstrap
 
 
 def _heavy_ratio_data(rng, s):

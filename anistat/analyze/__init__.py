@@ -43,8 +43,7 @@ from ..seeding import derive_seed
 from ..stats import EXACT_TEST, adjust_pvalues, min_controls_needed, resolution_warning
 from .frequency import FREQUENCY_COLUMNS, bucket_spectra, frequency_rows
 from .nulls import ExactNulls, NullOptions, UnitSpectrum, exact_tests
-from .units import (ENERGY_METRICS, descriptive_rows, failed_rows, prepare_unit, proxy_groups,
-                    rows_of_unit)
+from .units import ENERGY_METRICS, descriptive_rows, failed_rows, prepare_unit, proxy_groups, rows_of_unit
 
 __all__ = [
     "DESCRIPTIVE_METRICS", "ENERGY_METRICS", "FREQUENCY_COLUMNS", "RESULT_COLUMNS", "NullSettings", "adjust",

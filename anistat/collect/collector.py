@@ -22,8 +22,8 @@ from ..data import Splits, mask_for_mlm
 from ..geometry import GradientMoments, SequenceTypeSums, TypeMeanGeometry, delta_isoscore_star, type_mean_geometry
 from ..objective import count_targets, lm_loss
 from ..seeding import derive_seed
-from .artifact import BasisColumn, UnitArtifact, UnitKey
 from . import distributed
+from .artifact import BasisColumn, UnitArtifact, UnitKey
 from .progress import bar
 from .sites import as_sites, probe
 
@@ -290,7 +290,7 @@ class TypePlan:
 
     @classmethod
     def from_tokens(cls, token_ids: torch.Tensor, mask: torch.Tensor | None, vocab_size: int, dim: int,
-                    budget_bytes: float) -> "TypePlan":
+                    budget_bytes: float) -> TypePlan:
         ids = token_ids.reshape(-1) if mask is None else token_ids.reshape(-1)[mask.reshape(-1)]
         occurrences = torch.bincount(ids.long().cpu(), minlength=vocab_size)[:vocab_size]
         eligible = torch.nonzero(occurrences >= 2).flatten()
@@ -418,7 +418,7 @@ class _TypeTable:
         self.count[:], self.sq[:], self.sum[:] = count[seen], sq[seen], total[seen]
         self.n_rows = int(seen.shape[0])
 
-    def geometry(self) -> tuple[torch.Tensor, "TypeMeanGeometry"]:
+    def geometry(self) -> tuple[torch.Tensor, TypeMeanGeometry]:
         """Per vocabulary id: occurrences, and `geometry.type_mean_geometry` of the types with
         rows — planned, or seen in training — (RMS spread, centroid distance from the global
         mean, centroid norm; NaN elsewhere)."""

@@ -14,7 +14,7 @@ and Frobenius norms too (O(d²k) per removed basis, O(dk²) in the covariance's 
 from __future__ import annotations
 
 import math
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,7 +55,7 @@ __all__ = [
 #: governed by ζ).  It is a protocol setting: record it with every result.
 DEFAULT_ZETA: float = 0.1
 
-C0Spec = Union[str, torch.Tensor, np.ndarray]
+C0Spec = str | torch.Tensor | np.ndarray
 
 
 # ============================================================================ energy

@@ -51,7 +51,7 @@ class GradientMoments:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def zeros(cls, dim: int, device: torch.device | str | None = None) -> "GradientMoments":
+    def zeros(cls, dim: int, device: torch.device | str | None = None) -> GradientMoments:
         """Empty statistics for dimension ``dim``."""
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}")
@@ -62,7 +62,7 @@ class GradientMoments:
         )
 
     @classmethod
-    def from_points(cls, points: Any) -> "GradientMoments":
+    def from_points(cls, points: Any) -> GradientMoments:
         """Statistics of a whole (N, d) array at once."""
         g = as_float64(points, name="points", ndim=2)
         return cls.zeros(g.shape[1], device=g.device).update(g)
@@ -72,7 +72,7 @@ class GradientMoments:
     def dim(self) -> int | None:
         return None if self.sum is None else int(self.sum.shape[0])
 
-    def update(self, points: Any) -> "GradientMoments":
+    def update(self, points: Any) -> GradientMoments:
         """Add a chunk of points (N, d) (or one point (d,)); returns ``self``."""
         g = as_float64(points, name="points", ndim=(1, 2))
         if g.ndim == 1:
@@ -88,7 +88,7 @@ class GradientMoments:
         self.outer += g.T @ g
         return self
 
-    def merge(self, other: "GradientMoments") -> "GradientMoments":
+    def merge(self, other: GradientMoments) -> GradientMoments:
         """Add another set of statistics into this one (in place); returns ``self``."""
         if other.sum is None:
             return self
@@ -104,17 +104,17 @@ class GradientMoments:
         self.outer += other.outer.to(self.outer.device, torch.float64)
         return self
 
-    def __add__(self, other: "GradientMoments") -> "GradientMoments":
+    def __add__(self, other: GradientMoments) -> GradientMoments:
         return self.copy().merge(other)
 
-    def copy(self) -> "GradientMoments":
+    def copy(self) -> GradientMoments:
         return GradientMoments(
             count=self.count,
             sum=None if self.sum is None else self.sum.clone(),
             outer=None if self.outer is None else self.outer.clone(),
         )
 
-    def to(self, device: torch.device | str) -> "GradientMoments":
+    def to(self, device: torch.device | str) -> GradientMoments:
         """A copy on ``device``."""
         return GradientMoments(
             count=self.count,
@@ -165,7 +165,7 @@ class GradientMoments:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], device: torch.device | str | None = None) -> "GradientMoments":
+    def from_dict(cls, data: dict[str, Any], device: torch.device | str | None = None) -> GradientMoments:
         """Inverse of :meth:`to_dict`."""
         if data.get("sum") is None:
             return cls()

@@ -37,10 +37,10 @@ The returned basis has the input's dtype promoted to at least float32.
 from __future__ import annotations
 
 import abc
-
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -463,7 +463,7 @@ class SemiNMFProxy(ProxyMethod):
         trace = [objective(xf, f, g)]
         converged = False
         it = 0
-        for it in range(1, self.max_iter + 1):
+        for it in range(1, self.max_iter + 1):  # noqa: B007 -- `it` is read after the loop (n_iter)
             ftf = f.T @ f
             num = _pos(xf) + g @ _neg(ftf)
             den = _neg(xf) + g @ _pos(ftf)
@@ -525,7 +525,7 @@ class NMFProxy(ProxyMethod):
         trace = [objective(w, h)]
         converged = False
         it = 0
-        for it in range(1, self.max_iter + 1):
+        for it in range(1, self.max_iter + 1):  # noqa: B007 -- `it` is read after the loop (n_iter)
             h = h * (w.T @ xp) / (w.T @ w @ h).clamp_min(eps)
             w = w * (xp @ h.T) / (w @ (h @ h.T)).clamp_min(eps)
             trace.append(objective(w, h))
@@ -578,7 +578,7 @@ class ICAProxy(ProxyMethod):
         w = self._sym_decorrelate(torch.randn(r, r, generator=gen, dtype=torch.float64).to(x.device))
         converged = False
         it = 0
-        for it in range(1, self.max_iter + 1):
+        for it in range(1, self.max_iter + 1):  # noqa: B007 -- `it` is read after the loop (n_iter)
             y = z @ w.T  # (N, r)
             gy = torch.tanh(y)
             gpy = 1.0 - gy * gy

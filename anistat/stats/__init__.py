@@ -16,22 +16,50 @@ Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights 
 """
 
 from ._validation import DegenerateStatisticWarning
-from .bootstrap import (BootstrapResult, StudentizedTest, bootstrap_weights, ci_from_replicates, expanded_pvalue,
-                        expanded_tail, studentized_ratio_test,
-                        iter_bootstrap_weights, jackknife_weights, ratio_se,
-                        sequence_bootstrap, sequence_bootstrap_columns)
+from .bootstrap import (
+                        BootstrapResult,
+                        StudentizedTest,
+                        bootstrap_weights,
+                        ci_from_replicates,
+                        expanded_pvalue,
+                        expanded_tail,
+                        iter_bootstrap_weights,
+                        jackknife_weights,
+                        ratio_se,
+                        sequence_bootstrap,
+                        sequence_bootstrap_columns,
+                        studentized_ratio_test,
+)
 from .calibrate import CalibrationResult, run_calibration, write_calibration_report
-from .effects import (anisotropy_capture, energy_ratio, hedges_correction, hedges_g_paired,
-                      log2_energy_ratio, per_sequence_differences, z_score)
-from .energy import (CLOSED_FORM_KINDS, DATA_TEST, EXACT_TEST, METRICS, SIGN_FLIP_TEST, ControlComparison,
-                     ControlMoments, EnergyAnalysis, ExactTestResult, MetricResult, analyze_energy,
-                     analyze_metric_vs_controls, cluster_sums, control_energy_moments,
-                     expected_control_energy)
+from .effects import (
+                        anisotropy_capture,
+                        energy_ratio,
+                        hedges_correction,
+                        hedges_g_paired,
+                        log2_energy_ratio,
+                        per_sequence_differences,
+                        z_score,
+)
+from .energy import (
+                        CLOSED_FORM_KINDS,
+                        DATA_TEST,
+                        EXACT_TEST,
+                        METRICS,
+                        SIGN_FLIP_TEST,
+                        ControlComparison,
+                        ControlMoments,
+                        EnergyAnalysis,
+                        ExactTestResult,
+                        MetricResult,
+                        analyze_energy,
+                        analyze_metric_vs_controls,
+                        cluster_sums,
+                        control_energy_moments,
+                        expected_control_energy,
+)
 from .meta import MetaResult, TrendResult, random_effects_meta, trend_test
-from .montecarlo import (SequentialMonteCarlo, min_attainable_pvalue, monte_carlo_pvalue,
-                         sequential_monte_carlo_pvalue)
-from .multiplicity import (adjust_in_families, adjust_pvalues, min_controls_needed,
-                           resolution_warning)
+from .montecarlo import SequentialMonteCarlo, min_attainable_pvalue, monte_carlo_pvalue, sequential_monte_carlo_pvalue
+from .multiplicity import adjust_in_families, adjust_pvalues, min_controls_needed, resolution_warning
 from .permutation import PermutationResult, sign_flip_null, sign_flip_pvalues, sign_flip_test
 from .uniformity import UniformityCheck, p_value_grid, p_value_uniformity
 

@@ -58,9 +58,9 @@ used to stream them (memory is ``O(chunk * S)``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterator
 
 import numpy as np
 from scipy.special import ndtr, ndtri

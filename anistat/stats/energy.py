@@ -62,8 +62,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import as_1d_float, check_alternative, check_ci_level, check_positive_int
-from .bootstrap import (BootstrapResult, StudentizedTest, bootstrap_weights, ci_from_replicates, ratio_se,
-                        studentized_ratio_test)
+from .bootstrap import (
+    BootstrapResult,
+    StudentizedTest,
+    bootstrap_weights,
+    ci_from_replicates,
+    ratio_se,
+    studentized_ratio_test,
+)
 from .effects import anisotropy_capture, hedges_correction
 from .montecarlo import monte_carlo_pvalue
 
@@ -203,7 +209,7 @@ class ControlMoments:
     source: str
 
     @classmethod
-    def of_draws(cls, fractions) -> "ControlMoments":
+    def of_draws(cls, fractions) -> ControlMoments:
         mean, sd = _mean_sd(np.asarray(fractions, dtype=np.float64).ravel())
         return cls(mean, sd, f"{np.isfinite(np.asarray(fractions, dtype=float)).sum()} draws")
 
