@@ -65,7 +65,7 @@ def environment() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[package] = "not installed"
     if versions["anistat"] == "not installed":  # running from a source tree without pip install
-        from . import __version__
+        from ._version import __version__
 
         versions["anistat"] = f"{__version__} (source tree)"
     return versions
