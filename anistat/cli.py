@@ -438,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo("anistat: error: interrupted; nothing was written", err=True)
         return 2
     except errors["NoArgsIsHelpError"] as error:
-        typer.echo(error.ctx.get_help() if getattr(error, "ctx", None) else str(error))
+        help_context = getattr(error, "ctx", None)  # click sets it; the class tuple is typed as BaseException
+        typer.echo(help_context.get_help() if help_context is not None else str(error))
         return 0
     except errors["Exit"] as error:
         return int(getattr(error, "exit_code", 0) or 0)
@@ -446,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo("anistat: error: aborted", err=True)
         return 2
     except errors["ClickException"] as error:  # usage errors included
-        typer.echo(f"anistat: error: {' '.join(error.format_message().split())}", err=True)
+        format_message = getattr(error, "format_message", None)
+        message = format_message() if callable(format_message) else str(error)
+        typer.echo(f"anistat: error: {' '.join(message.split())}", err=True)
         return 2
     except OSError as error:
         import errno as errno_names

@@ -671,7 +671,7 @@ class _NoAliasSafeLoader(yaml.SafeLoader):
     and a protocol never needs them. Floats follow YAML 1.2, so `1e-3` is a number (PyYAML's
     YAML 1.1 rules read it as the string '1e-3')."""
 
-    def compose_node(self, parent, index):  # type: ignore[override]
+    def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise yaml.constructor.ConstructorError(
@@ -679,7 +679,7 @@ class _NoAliasSafeLoader(yaml.SafeLoader):
             )
         return super().compose_node(parent, index)
 
-    def construct_object(self, node, deep=False):  # type: ignore[override]
+    def construct_object(self, node, deep=False):
         # e.g. `2020-13-45` (a timestamp that is no date), `!!int abc`, `!!map [1]`: the safe
         # constructors raise plain ValueError/TypeError; report them with their position.
         try:
@@ -691,7 +691,7 @@ class _NoAliasSafeLoader(yaml.SafeLoader):
                 None, None, f"cannot read this {node.tag.rsplit(':', 1)[-1]} value ({error})", node.start_mark
             ) from None
 
-    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+    def construct_mapping(self, node, deep=False):
         # A repeated key would silently keep the last value: as dangerous as a typo.
         if not isinstance(node, yaml.MappingNode):
             raise yaml.constructor.ConstructorError(

@@ -14,6 +14,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -349,7 +350,7 @@ class _TypeTable:
         return self.all_sum / max(float(self.all_count), 1.0)
 
     def _allocate(self, capacity: int) -> None:
-        f64 = dict(dtype=torch.float64, device=self.device)
+        f64: dict[str, Any] = dict(dtype=torch.float64, device=self.device)
         self.type_id = torch.zeros(capacity, dtype=torch.int64, device=self.device)
         self.count, self.sq = torch.zeros(capacity, **f64), torch.zeros(capacity, **f64)
         self.sum = torch.zeros(capacity, self.dim, **f64)
@@ -390,7 +391,7 @@ class _TypeTable:
 
     def dense(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(count, Σa, Σ‖a‖²) as vocabulary-sized tables."""
-        f64 = dict(dtype=torch.float64, device=self.device)
+        f64: dict[str, Any] = dict(dtype=torch.float64, device=self.device)
         ids = self.type_id[: self.n_rows]
         count = torch.zeros(self.vocab_size, **f64).index_copy_(0, ids, self.count[: self.n_rows])
         sq = torch.zeros(self.vocab_size, **f64).index_copy_(0, ids, self.sq[: self.n_rows])
@@ -473,7 +474,7 @@ class SiteAccumulator:
         n_bases = len(self.descriptors)
         self.growing = n_seq is None
         rows = 0 if n_seq is None else n_seq
-        f64 = dict(dtype=torch.float64, device=device)
+        f64: dict[str, Any] = dict(dtype=torch.float64, device=device)
         self.total = torch.zeros(rows, n_buckets, **f64)
         self.energy = torch.zeros(rows, n_buckets, n_bases, **f64)
         self.n_tokens = torch.zeros(rows, dtype=torch.int64, device=device)
@@ -591,7 +592,7 @@ class SiteAccumulator:
             self._pairs, self._pairs_dropped = [], True
         if self._pairs_dropped:
             return
-        f64 = dict(dtype=torch.float64, device=self.device)
+        f64: dict[str, Any] = dict(dtype=torch.float64, device=self.device)
         self._pairs.append(tuple(part.cpu() for part in (
             pairs % (first_row + batch), pairs // (first_row + batch),
             torch.zeros(n_pairs, **f64).index_put_((inverse,), torch.ones_like(act_sq, dtype=torch.float64),

@@ -420,7 +420,7 @@ def delta_isoscore_star_from_traces(trace: Any, frobenius_sq: Any, removed_trace
     of S's Frobenius mass — :func:`delta_isoscore_star` recomputes such bases directly)."""
     tr = torch.as_tensor(trace, dtype=torch.float64)
     fro2 = torch.as_tensor(frobenius_sq, dtype=torch.float64, device=tr.device)
-    f64 = dict(dtype=torch.float64, device=tr.device)
+    f64: dict[str, Any] = dict(dtype=torch.float64, device=tr.device)
     tr_p = tr - torch.as_tensor(removed_trace, **f64)
     fro2_p = fro2 - 2.0 * torch.as_tensor(removed_cross_sq, **f64) + torch.as_tensor(removed_block_sq, **f64)
     return _delta_from_parts(tr, fro2, tr_p, fro2_p.clamp_min(0.0), dim, rank, C0, zeta)

@@ -58,6 +58,7 @@ fixed, and the capture interval is clipped to the metric's range ``[−(k/d)/(E*
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -370,7 +371,7 @@ def _resampling_units(p, t, e, group_ids) -> _Units:
     name = "documents" if group_ids is not None else "sequences"
     if n_units < 2:
         raise ValueError(f"need at least 2 resampling units, got {n_units} {name}")
-    return _Units(*sums.T, name)
+    return _Units(sums[:, 0], sums[:, 1], sums[:, 2], name)
 
 
 def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[BootstrapResult, BootstrapResult]:
@@ -383,7 +384,7 @@ def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[Boots
             estimate = numerator.sum() / denominator.sum()
             replicates = (weights @ numerator) / (weights @ denominator)
             jack = (jackknife @ numerator) / (jackknife @ denominator)
-        extra = {}
+        extra: dict[str, Any] = {}
         if ci_method == "studentized":  # on the log scale, tails expanded for few units
             extra = dict(se=float(ratio_se(ones, numerator, denominator)[0]),
                          replicate_se=ratio_se(weights, numerator, denominator), log_scale=True,
