@@ -37,7 +37,7 @@ def test_closed_form_expected_control_energy():
     t = np.array([10.0, 8.0, 4.0])
     assert expected_control_energy("haar", p, t, 4, 64) == pytest.approx(4 / 64 * t)
     assert expected_control_energy("normal", p, t, 4, 64) == pytest.approx(4 / 60 * (t - p))
-    with pytest.raises(ValueError, match="closed-form"):
+    with pytest.raises(ValueError, match="kind must be one of .haar., .normal."):
         expected_control_energy("pca_span", p, t, 4, 64)
 
 

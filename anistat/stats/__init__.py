@@ -4,8 +4,8 @@ Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights 
 ``W (B, S)`` of unit multiplicities (documents, else sequences, are the sampling unit). Entry points:
 
 * :func:`analyze_energy` — everything for one proxy vs one control kind (exact Haar
-  Monte-Carlo p-value, the paper's control p-value, document sign-flip test, bootstrap CIs of
-  named estimands, effect sizes); :func:`analyze_metric_vs_controls` for one-value metrics.
+  Monte-Carlo p-value, the paper's control p-value, the studentized bootstrap data test,
+  bootstrap CIs of named estimands, effect sizes); :func:`analyze_metric_vs_controls` for one-value metrics.
 * :func:`monte_carlo_pvalue`, :func:`sign_flip_test`, :func:`sequence_bootstrap`
   (:func:`sequence_bootstrap_columns` for several statistics from one resample).
 * :func:`adjust_pvalues`, :func:`adjust_in_families`, :func:`min_controls_needed`,

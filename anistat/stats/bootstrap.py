@@ -58,6 +58,7 @@ used to stream them (memory is ``O(chunk * S)``).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -66,19 +67,26 @@ import numpy as np
 from scipy.special import ndtr, ndtri
 from scipy.stats import t as student_t
 
-from ._validation import check_ci_level, check_positive_int
+from ._validation import DegenerateStatisticWarning, check_alternative, check_choice, check_ci_level, check_positive_int
 
 _BLOCK = 256
+#: The confidence-interval methods of :func:`ci_from_replicates` (module docstring).
 METHODS = ("bca", "percentile", "studentized", "basic", "normal")
+#: The methods of :func:`sequence_bootstrap_columns`: all but ``studentized``, which needs a
+#: standard error per statistic.
+COLUMN_METHODS = tuple(method for method in METHODS if method != "studentized")
+#: The intervals BCa may fall back to where it is undefined.
+BCA_FALLBACKS = ("percentile", "basic")
 
 
 @dataclass(frozen=True)
 class BootstrapResult:
     """A bootstrap confidence interval.
 
-    ``se`` is the standard deviation of the replicates; ``method`` the method actually used
-    (``"bca"``, ``"percentile"`` or ``"studentized"``); ``note`` is empty or says why BCa was not used / what
-    was dropped; ``bias`` is the bootstrap bias estimate ``mean(replicates) - estimate``.
+    ``se`` is the standard deviation of the replicates; ``method`` the method actually used: one
+    of :data:`METHODS` (``"bca"``, ``"percentile"``, ``"studentized"``, ``"basic"``, ``"normal"``),
+    the fallback where the requested one was undefined, or ``"none"`` when no interval exists;
+    ``note`` is empty or says why the requested method was not used / what was dropped; ``bias`` is the bootstrap bias estimate ``mean(replicates) - estimate``.
     """
 
     estimate: float
@@ -255,10 +263,8 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
     (and counted in ``note``). See the module docstring for the formulas and the fallback rules.
     """
     ci_level = check_ci_level(ci_level)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if bca_fallback not in ("percentile", "basic"):
-        raise ValueError(f"bca_fallback must be 'percentile' or 'basic', got {bca_fallback!r}")
+    check_choice("method", method, METHODS)
+    check_choice("bca_fallback", bca_fallback, BCA_FALLBACKS)
     theta = float(estimate)
     reps = np.asarray(replicates, dtype=np.float64).ravel()
     n_total = reps.size
@@ -292,6 +298,7 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
                                    n_total, ci_level, bias)
         used = "percentile"
         notes.append(f"studentized fell back to percentile: {reason}")
+        warnings.warn(notes[-1], DegenerateStatisticWarning, stacklevel=2)
     if method == "bca":
         adjusted, reason = _bca_levels(theta, reps, jackknife, levels)
         if reason is None:
@@ -299,6 +306,7 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
         else:
             used = bca_fallback
             notes.append(f"BCa fell back to {bca_fallback}: {reason}")
+            warnings.warn(notes[-1], DegenerateStatisticWarning, stacklevel=2)
     if used == "normal":
         if not (np.isfinite(se_reps) and se_reps > 0):
             notes.append("normal interval undefined (replicates without spread); no interval")
@@ -392,6 +400,7 @@ def studentized_ratio_test(numerator, denominator, weights, *, null_value: float
     log_scale=True`` (same weights, same expansion), so the test rejects at level ``a``
     one-sided exactly when the one-sided ``1 − a`` bound excludes ``null_value``, up to the
     ``+1`` in the tail count. Exact for no law; its level is measured in ``anistat calibrate``."""
+    check_alternative(alternative)
     num = np.asarray(numerator, dtype=np.float64).ravel()
     den = np.asarray(denominator, dtype=np.float64).ravel()
     w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
@@ -445,8 +454,7 @@ def sequence_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], n_sequence
     """
     s = check_positive_int(n_sequences, "n_sequences")
     check_ci_level(ci_level)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_choice("method", method, METHODS)
     if method == "studentized" and standard_error is None:
         raise ValueError("method='studentized' needs a standard_error function")
     ones = np.ones((1, s))
@@ -482,8 +490,8 @@ def sequence_bootstrap_columns(statistic: Callable[[np.ndarray], np.ndarray], n_
     (a studentized interval needs a standard error per statistic)."""
     s = check_positive_int(n_sequences, "n_sequences")
     check_ci_level(ci_level)
-    if method not in METHODS or method == "studentized":
-        raise ValueError(f"method must be 'bca', 'percentile', 'basic' or 'normal', got {method!r}")
+    check_choice("method", method, COLUMN_METHODS)
+    check_choice("bca_fallback", bca_fallback, BCA_FALLBACKS)
 
     def evaluate(weights: np.ndarray) -> np.ndarray:
         out = np.asarray(statistic(weights), dtype=np.float64)

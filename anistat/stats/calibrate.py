@@ -53,7 +53,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .energy import analyze_energy, cluster_sums, expected_control_energy
+from ._validation import check_choice
+from .energy import CI_METHODS, analyze_energy, cluster_sums, expected_control_energy
 from .montecarlo import monte_carlo_pvalue, sequential_monte_carlo_pvalue
 from .permutation import sign_flip_test
 
@@ -285,8 +286,7 @@ def run_calibration(n_simulations: int = 2000, seed: int = 0, *, scenarios=SCENA
         raise ValueError(f"planted ratios must be in (0, dim/rank) = (0, {dim / rank:g})")
     if int(n_simulations) < 1:
         raise ValueError("n_simulations must be >= 1")
-    if ci_method not in ("studentized", "bca", "percentile"):
-        raise ValueError(f"ci_method must be studentized, bca or percentile, got {ci_method!r}")
+    check_choice("ci_method", ci_method, CI_METHODS)
     if not 2 * rank <= dim:
         raise ValueError("normal controls need 2 rank <= dim")
     sizes = [int(n_documents)] + [int(n) for n in coverage_documents if int(n) != int(n_documents)]

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from ._validation import as_1d_float, check_alternative, check_ci_level, check_positive_int
+from ._validation import as_1d_float, check_alternative, check_choice, check_ci_level, check_positive_int
 from .bootstrap import (
     BootstrapResult,
     StudentizedTest,
@@ -81,10 +81,15 @@ EXACT_TEST = "haar_monte_carlo"
 #: The data test of "this proxy's population ratio is 1" (hedges_g rows): the studentized
 #: bootstrap test dual to the energy ratio's interval (:func:`anistat.stats.studentized_ratio_test`).
 DATA_TEST = "bootstrap_t"
-#: The earlier data test (sign flips of per-unit contributions), still available in
-#: :mod:`anistat.stats.permutation` and reported beside the data test in `anistat calibrate`.
+#: The sign-flip test of per-unit contributions (:mod:`anistat.stats.permutation`), reported
+#: beside the data test in `anistat calibrate`.
 SIGN_FLIP_TEST = "sign_flip"
 CLOSED_FORM_KINDS = ("haar", "normal")
+#: The interval methods `analyze_energy` offers for its ratio estimands (a subset of
+#: ``bootstrap.METHODS``: the ones measured for these ratios in ``anistat calibrate``).
+CI_METHODS = ("bca", "percentile", "studentized")
+#: What the energy ratio divides by: the controls' closed-form expected energy, or the drawn controls'.
+REFERENCES = ("expected", "drawn")
 
 
 @dataclass(frozen=True)
@@ -158,13 +163,12 @@ def expected_control_energy(kind: str, proxy_energy, total_energy, rank: int, di
     uniform in the complement of U, ``E[QQᵀ] = k/(d − k) · (I − UUᵀ)``, so
     ``E Σ‖Qᵀg‖² = k/(d − k) · (Σ‖g‖² − Σ‖Uᵀg‖²)``.
     """
+    check_choice("kind", kind, CLOSED_FORM_KINDS)  # other kinds: use the drawn controls' mean
     p = np.asarray(proxy_energy, dtype=np.float64)
     t = np.asarray(total_energy, dtype=np.float64)
     if kind == "haar":
         return rank / dim * t
-    if kind == "normal":
-        return rank / (dim - rank) * np.maximum(t - p, 0.0)
-    raise ValueError(f"no closed-form expectation for control kind {kind!r}; use the drawn controls' mean")
+    return rank / (dim - rank) * np.maximum(t - p, 0.0)
 
 
 def _join(*parts: str) -> str:
@@ -228,14 +232,13 @@ def control_energy_moments(kind: str, rank: int, dim: int, trace: float, frobeni
     (``proxy_trace``, ``proxy_cross_sq``, ``proxy_block_sq``,
     :func:`anistat.geometry.removal_traces`). ``trace`` = ``tr M``, ``frobenius_sq`` = ``‖M‖_F²``.
     """
+    check_choice("kind", kind, CLOSED_FORM_KINDS)  # no closed-form moments for the other kinds
     if kind == "haar":
         m, a_trace, a_frob = dim, trace, frobenius_sq
-    elif kind == "normal":
+    else:  # normal
         m = dim - rank
         a_trace = trace - proxy_trace
         a_frob = frobenius_sq - 2.0 * proxy_cross_sq + proxy_block_sq
-    else:
-        raise ValueError(f"no closed-form moments for control kind {kind!r}")
     if not (trace > 0 and m > rank):
         return ControlMoments(np.nan, np.nan, "closed form")
     mean = rank / m * a_trace / trace
@@ -357,10 +360,8 @@ def _checked_inputs(proxy_energy, total_energy, reference_energy, null_fractions
     check_alternative(alternative)
     check_ci_level(ci_level)
     check_positive_int(n_bootstrap, "n_bootstrap", 2)
-    if ci_method not in ("bca", "percentile", "studentized"):
-        raise ValueError(f"ci_method must be 'bca', 'percentile' or 'studentized', got {ci_method!r}")
-    if reference not in ("expected", "drawn"):
-        raise ValueError(f"reference must be 'expected' or 'drawn', got {reference!r}")
+    check_choice("ci_method", ci_method, CI_METHODS)
+    check_choice("reference", reference, REFERENCES)
     return p, t, e, null
 
 

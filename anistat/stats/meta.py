@@ -63,8 +63,12 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as sps
 
+from ._validation import check_choice
+
 META_METHODS = ("dl", "pm", "reml")
 META_INTERVALS = ("wald", "hksj")
+#: Small-sample corrections of the robust (sandwich) variance: Bell–McCaffrey CR2, or none (CR0).
+SMALL_SAMPLE_CORRECTIONS = ("CR2", "CR0")
 
 
 @dataclass(frozen=True)
@@ -163,10 +167,8 @@ def random_effects_meta(estimates, variances, method: str = "dl", ci_level: floa
     than the Wald SE with the same ``t_{k−1}`` quantile (default); ``False``: untruncated."""
     from statsmodels.stats.meta_analysis import combine_effects
 
-    if method not in META_METHODS:
-        raise ValueError(f"method must be one of {META_METHODS}, got {method!r}")
-    if interval not in META_INTERVALS:
-        raise ValueError(f"interval must be one of {META_INTERVALS}, got {interval!r}")
+    check_choice("method", method, META_METHODS)
+    check_choice("interval", interval, META_INTERVALS)
     _, y, v = _clean(estimates, variances)
     k = y.size
     if k == 0:
@@ -234,8 +236,7 @@ def robust_meta(estimates, variances, clusters, ci_level: float = 0.95, small_sa
     ``tau2``: between-cluster variance of the working weights; default the REML estimate of the
     cluster summaries of ``aggregate_clusters`` (rho = 1). The weights only affect efficiency:
     the sandwich variance is valid for any weights."""
-    if small_sample not in ("CR2", "CR0"):
-        raise ValueError(f"small_sample must be CR2 or CR0, got {small_sample!r}")
+    check_choice("small_sample", small_sample, SMALL_SAMPLE_CORRECTIONS)
     labels = np.asarray(clusters, dtype=object).ravel()
     ok, y, v = _clean(estimates, variances, labels)
     labels = labels[ok]

@@ -27,6 +27,8 @@ import math
 import numpy as np
 from statsmodels.stats.multitest import multipletests
 
+from ._validation import check_choice
+
 METHODS = ("holm", "fdr_bh", "bonferroni")
 _NAMES = {"holm": "Holm", "fdr_bh": "Benjamini-Hochberg", "bonferroni": "Bonferroni",
           "none": "uncorrected"}
@@ -34,8 +36,7 @@ _NAMES = {"holm": "Holm", "fdr_bh": "Benjamini-Hochberg", "bonferroni": "Bonferr
 
 def adjust_pvalues(p, method: str = "holm") -> np.ndarray:
     """Adjusted p-values (same shape as ``p``); NaNs stay NaN and are not counted in ``m``."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_choice("method", method, METHODS)
     arr = np.asarray(p, dtype=np.float64)
     out = np.full(arr.shape, np.nan)
     flat = arr.ravel()
@@ -71,6 +72,7 @@ def adjust_in_families(df, family_columns, method: str = "holm", p_column: str =
     empty list / ``None`` / ``"run"`` for one family made of all rows with a p-value. Rows with
     NaN p-values (or a NaN family key) get NaN.
     """
+    check_choice("method", method, METHODS)
     out = df.copy()
     if family_columns in (None, "run") or len(family_columns) == 0:
         out[out_column] = adjust_pvalues(out[p_column].to_numpy(dtype=float), method)
@@ -92,8 +94,7 @@ def _threshold(alpha: float, n_tests: int, method: str) -> float:
         raise ValueError(f"n_tests must be >= 1, got {n_tests}")
     if method == "none":
         return alpha
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS + ('none',)}, got {method!r}")
+    check_choice("method", method, (*METHODS, "none"))
     return alpha / int(n_tests)
 
 
