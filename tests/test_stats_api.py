@@ -4,6 +4,7 @@ raised where its fallback happens."""
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import warnings
@@ -113,3 +114,14 @@ def test_the_warning_is_silent_by_default():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.stdout.split() == ["percentile", "0"] and done.stderr == ""
+
+
+def _documented(name: str) -> bool:
+    value = getattr(stats, name)
+    return inspect.isfunction(value) or inspect.isclass(value)
+
+
+@pytest.mark.parametrize("name", [name for name in stats.__all__ if _documented(name)])
+def test_every_public_statistic_has_an_examples_section(name):
+    doc = inspect.getdoc(getattr(stats, name)) or ""
+    assert "\nExamples\n--------\n" in doc and ">>> " in doc, f"anistat.stats.{name} has no Examples section"

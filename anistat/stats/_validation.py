@@ -17,7 +17,20 @@ class DegenerateStatisticWarning(RuntimeWarning):
 
     Silent by default, because a run meets many such units and records each fallback in its
     results table; turn it on with ``warnings.simplefilter("always", DegenerateStatisticWarning)``
-    (or into an error with ``"error"``) to see each one where it happens."""
+    (or into an error with ``"error"``) to see each one where it happens.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter('always', stats.DegenerateStatisticWarning)
+    ...     r = stats.ci_from_replicates(0.5, np.r_[np.zeros(49), 1.0], jackknife=np.array([0.4, 0.6]))
+    ...
+    >>> r.method, caught[0].category.__name__
+    ('percentile', 'DegenerateStatisticWarning')
+    """
 
 
 warnings.filterwarnings("ignore", category=DegenerateStatisticWarning)

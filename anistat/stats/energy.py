@@ -100,6 +100,17 @@ class MetricResult:
     control kind (mean, sd with ddof=1; NaN for ``hedges_g``). ``p_value`` comes from the test
     named by ``p_test``; ``p_value_paper`` is the paper's convention (see the module
     docstring). ``effect_size`` is of kind ``effect_size_kind`` (``z`` or ``hedges_g``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> p, t = rng.uniform(1, 2, 16), rng.uniform(4, 6, 16)
+    >>> a = stats.analyze_energy(p, t, t * 2 / 16, rank=2, dim=16, null_fractions=rng.uniform(0.05, 0.2, 99), n_bootstrap=200)
+    >>> fraction = a.metrics[0]
+    >>> fraction.metric, fraction.ci_low < fraction.estimate < fraction.ci_high
+    ('energy_fraction', True)
     """
 
     metric: str
@@ -120,7 +131,18 @@ class MetricResult:
 
 @dataclass(frozen=True)
 class EnergyAnalysis:
-    """Result of :func:`analyze_energy`. ``analysis["energy_ratio"]`` gives a metric."""
+    """Result of :func:`analyze_energy`. ``analysis["energy_ratio"]`` gives a metric.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> p, t = rng.uniform(1, 2, 16), rng.uniform(4, 6, 16)
+    >>> a = stats.analyze_energy(p, t, t * 2 / 16, rank=2, dim=16, null_fractions=rng.uniform(0.05, 0.2, 99), n_bootstrap=200)
+    >>> type(a).__name__, a.n_sequences, [m.metric for m in a.metrics][:2]
+    ('EnergyAnalysis', 16, ['energy_fraction', 'energy_ratio'])
+    """
 
     metrics: tuple[MetricResult, ...]
     p_value: float  # exact Haar Monte-Carlo test
@@ -162,6 +184,15 @@ def expected_control_energy(kind: str, proxy_energy, total_energy, rank: int, di
     ``E[QQᵀ] = k/d · I`` for Haar Q, so ``E Σ‖Qᵀg‖² = k/d · Σ‖g‖²``; a ``normal`` control is
     uniform in the complement of U, ``E[QQᵀ] = k/(d − k) · (I − UUᵀ)``, so
     ``E Σ‖Qᵀg‖² = k/(d − k) · (Σ‖g‖² − Σ‖Uᵀg‖²)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> stats.expected_control_energy('haar', [1.0, 2.0], [4.0, 8.0], rank=2, dim=8).tolist()
+    [1.0, 2.0]
+    >>> stats.expected_control_energy('normal', [1.0, 2.0], [4.0, 8.0], rank=2, dim=8).tolist()
+    [1.0, 2.0]
     """
     check_choice("kind", kind, CLOSED_FORM_KINDS)  # other kinds: use the drawn controls' mean
     p = np.asarray(proxy_energy, dtype=np.float64)
@@ -184,7 +215,16 @@ def _mean_sd(x: np.ndarray) -> tuple[float, float]:
 
 def cluster_sums(columns: np.ndarray, group_ids) -> tuple[np.ndarray, int]:
     """Sum the rows of ``columns`` (S, m) per group (documents) → ((G, m), G); rows as they
-    are when ``group_ids`` is None."""
+    are when ``group_ids`` is None.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> sums, n_units = stats.cluster_sums(np.ones((4, 2)), [0, 0, 1, 1])
+    >>> sums.tolist(), n_units
+    ([[2.0, 2.0], [2.0, 2.0]], 2)
+    """
     if group_ids is None:
         return columns, columns.shape[0]
     codes = np.unique(np.asarray(group_ids), return_inverse=True)[1].ravel()
@@ -207,7 +247,16 @@ def _hedges_g(weights: np.ndarray, d: np.ndarray) -> np.ndarray:
 class ControlMoments:
     """Mean and sd of a control kind's energy fraction ``E(Q)`` over its draw, and their source
     (``"closed form"`` or ``"N draws"``): the ``control_mean`` / ``control_sd`` of the energy
-    rows and the scale of ``z``."""
+    rows and the scale of ``z``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> moments = stats.control_energy_moments('haar', rank=2, dim=8, trace=8.0, frobenius_sq=8.0)
+    >>> moments.mean, moments.sd, moments.source
+    (0.25, 0.0, 'closed form')
+    """
 
     mean: float
     sd: float
@@ -231,6 +280,14 @@ def control_energy_moments(kind: str, rank: int, dim: int, trace: float, frobeni
     tr(UᵀMU)`` and ``tr A² = ‖M‖_F² − 2‖MU‖_F² + ‖UᵀMU‖_F²`` — the proxy's three traces
     (``proxy_trace``, ``proxy_cross_sq``, ``proxy_block_sq``,
     :func:`anistat.geometry.removal_traces`). ``trace`` = ``tr M``, ``frobenius_sq`` = ``‖M‖_F²``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> m = stats.control_energy_moments('haar', rank=2, dim=8, trace=10.0, frobenius_sq=30.0)
+    >>> round(m.mean, 4), round(m.sd, 4)
+    (0.25, 0.0866)
     """
     check_choice("kind", kind, CLOSED_FORM_KINDS)  # no closed-form moments for the other kinds
     if kind == "haar":
@@ -250,7 +307,16 @@ def control_energy_moments(kind: str, rank: int, dim: int, trace: float, frobeni
 @dataclass(frozen=True)
 class ExactTestResult:
     """The exact test of the energy fraction, computed elsewhere (e.g. from draws shared by many
-    units, :mod:`anistat.analyze.nulls`): its p-value, the draws it used and a note."""
+    units, :mod:`anistat.analyze.nulls`): its p-value, the draws it used and a note.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> result = stats.ExactTestResult(p_value=0.01, n_draws=99)
+    >>> result.p_value, result.n_draws, result.note
+    (0.01, 99, '')
+    """
 
     p_value: float
     n_draws: int
@@ -308,6 +374,19 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
         ``max(n_bootstrap, n_test_resamples)`` resamples, so they agree).
 
     See the module docstring for what every interval and test conditions on.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> p, t = rng.uniform(1, 2, 16), rng.uniform(4, 6, 16)
+    >>> a = stats.analyze_energy(p, t, t * 2 / 16, rank=2, dim=16, null_fractions=rng.uniform(0.05, 0.2, 99), n_bootstrap=200)
+    >>> a.p_value, a.n_null
+    (0.01, 99)
+    >>> ratio = [m for m in a.metrics if m.metric == 'energy_ratio'][0]
+    >>> ratio.estimate > 1
+    True
     """
     p, t, e, null = _checked_inputs(proxy_energy, total_energy, reference_energy, null_fractions, exact, rank, dim,
                                     alternative, ci_level, n_bootstrap, ci_method, reference)
@@ -488,7 +567,16 @@ def _capture_row(row, fraction, mean, sd, ci_f, rank, dim, oracle_fraction, exac
 
 @dataclass(frozen=True)
 class ControlComparison:
-    """Result of :func:`analyze_metric_vs_controls`."""
+    """Result of :func:`analyze_metric_vs_controls`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> c = stats.analyze_metric_vs_controls(0.9, [0.5, 0.6, 0.55, 0.58])
+    >>> type(c).__name__, round(c.z, 3), c.n_controls
+    ('ControlComparison', 7.875, 4)
+    """
 
     observed: float
     control_mean: float
@@ -508,6 +596,14 @@ def analyze_metric_vs_controls(observed: float, control_values, alternative: str
     proxy), or against ``control_values`` when no null is given. ``p_value_paper``: against the
     first ``n_paper_controls`` control values. Control mean, sd (ddof=1, NaN dropped) and
     ``z = (observed − mean) / sd`` describe ``control_values``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> c = stats.analyze_metric_vs_controls(0.9, [0.5, 0.6, 0.55, 0.58], alternative='greater')
+    >>> round(c.z, 3), c.p_value
+    (7.875, 0.2)
     """
     check_alternative(alternative)
     cv = np.asarray(control_values, dtype=np.float64).ravel()
