@@ -45,6 +45,7 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.rows[index], "labels": self.rows[index]}
 
 
+@pytest.mark.slow
 def test_plain_meter_piggybacks_on_the_training_backward(tmp_path: Path):
     model = _tiny_gpt2()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -92,6 +93,7 @@ def test_meter_refuses_measuring_before_fitting(tmp_path: Path):
         TrainingMeter(_tiny_gpt2(), out=tmp_path / "x", fit_steps=[5], measure_steps=[2], **SETTINGS)
 
 
+@pytest.mark.slow
 def test_trainer_callback_writes_a_bundle_that_report_accepts(tmp_path: Path):
     pytest.importorskip("accelerate")  # transformers' Trainer needs it
     from transformers import Trainer, TrainingArguments

@@ -151,6 +151,7 @@ def study(tmp_path_factory) -> dict:
     return protocol
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_mutated_protocols_never_crash_validate_or_run(study, tmp_path_factory, data):
@@ -224,6 +225,7 @@ def test_mutated_claims_files_never_crash_verify(bundle, tmp_path_factory, data)
         assert err == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["validate", "run"])
 def test_an_empty_where_list_is_one_line_in_a_real_process(tmp_path, command):
     """The issue's own example, through a real `anistat` process (nothing captured in-process:

@@ -74,6 +74,7 @@ def test_rows_are_orthonormal_and_nested_and_rank_k_ignores_the_largest_rank():
     assert HaarDiagonalStream(10, [7], seed=1).chunk(0).rows.dtype == torch.float64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("d,k", [(64, 4), (200, 32), (256, 128)])
 def test_the_energy_null_has_the_old_samplers_law_and_the_closed_form_moments(d, k):
     eigenvalues = _spectrum(d, seed=d)

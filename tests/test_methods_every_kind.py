@@ -81,6 +81,7 @@ def test_refit_methods_text_matches_the_golden_file():
 # ----------------------------------------------------------------------------------------------
 # measured inside a training loop: real runs
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_training_meter_methods_text_describes_the_loop(tmp_path):
     """The issue's case: the text described the built-in corpus and '64 sequences … the earliest
     30 % of the checkpoints' while the loop's own batches (here 8 fit sequences of steps 0–1)
@@ -122,6 +123,7 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
     assert "at the last measured step of each training phase" in captions["forest_effects"].caption
 
 
+@pytest.mark.slow
 def test_trainer_callback_methods_text_describes_the_trainer_run(tmp_path):
     pytest.importorskip("accelerate")  # transformers' Trainer needs it
     from transformers import Trainer, TrainingArguments
@@ -167,6 +169,7 @@ def caption_results(protocol) -> tuple[pd.DataFrame, pd.DataFrame]:
                                "estimate", "ci_low", "ci_high", "ci_method", "p_value", "note"]]
 
 
+@pytest.mark.slow
 def test_quickstart_figure_captions_match_the_golden_file():
     """Captions say what the run did: the resampling unit and its count, the interval method,
     what 'early' is — not a fixed 'bootstrap over sequences' (issue #20: 30 documents were
@@ -190,6 +193,7 @@ def test_quickstart_figure_captions_match_the_golden_file():
     matches_golden("quickstart_captions.txt", text)
 
 
+@pytest.mark.slow
 def test_a_real_refit_run_of_random_proxies_reports_what_it_did(tmp_path, capsys):
     """A real `anistat run` of the null-check design in miniature (random proxies drawn anew per
     checkpoint): the methods never say "fitted … then frozen", the figures find the

@@ -164,6 +164,7 @@ def test_claims_that_match_are_accepted(study, tmp_path):
     assert [label for label, _ in checked.models[1].checkpoints] == ["a", "b"]
 
 
+@pytest.mark.slow
 def test_the_plan_is_exactly_the_rows_a_run_writes(tmp_path, monkeypatch):
     """The planned rows (keys of results.csv and frequency.csv) cover every row of a real run, so
     the claim checks never reject a claim that would have selected something."""

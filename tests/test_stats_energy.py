@@ -41,6 +41,7 @@ def test_closed_form_expected_control_energy():
         expected_control_energy("pca_span", p, t, 4, 64)
 
 
+@pytest.mark.slow
 def test_expected_control_energy_matches_the_average_of_drawn_controls():
     # the closed forms are the mean over the control law: check against many real draws
     from anistat.geometry import draw_controls

@@ -60,6 +60,7 @@ def test_studentized_ci_matches_a_direct_bootstrap_t():
         ci_from_replicates(th, reps, method="studentized")
 
 
+@pytest.mark.slow
 def test_studentized_covers_where_bca_undercovers():
     # heavy-tailed heterogeneous sequences: the estimate and its SE are strongly correlated, so
     # BCa -- the engine's and scipy's alike -- undercovers at small S (a property of the
