@@ -19,16 +19,7 @@ def anistat(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           cwd=cwd, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def mini_bundle(tmp_path_factory) -> Path:
-    from conftest import MINI_PROTOCOL
-
-    root = tmp_path_factory.mktemp("e2e")
-    protocol = root / "mini.yaml"
-    protocol.write_text(MINI_PROTOCOL)
-    result = anistat("run", protocol, "--out", root / "bundle")
-    assert result.returncode == 0, result.stderr
-    return root / "bundle"
+# `mini_bundle`: the session's one MINI_PROTOCOL bundle (conftest.py), written by `python -m anistat run`.
 
 
 @pytest.mark.slow
