@@ -25,9 +25,8 @@ ALLOWED: dict[str, str] = {
     "anistat/report/figures.py::fig_null_distribution": "seam: panel layout vs one panel's drawing",
     "anistat/report/latex.py::_once_table": "seam: header construction vs body rows",
     "anistat/report/latex.py::render_report_tex": "seams: the report's sections, one function each",
-    # Fitting and collection planning: seams named, split next.
+    # Collection planning: seam named, split next.
     "anistat/pipeline.py::collect_units": "seam: planning the units vs measuring them",
-    "anistat/pipeline.py::fit_bases": "seam: the proxies' fit vs the controls' draws",
 }
 
 
