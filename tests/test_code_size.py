@@ -25,6 +25,7 @@ ALLOWED: dict[str, str] = {
     "anistat/report/figures.py::fig_null_distribution": "seam: panel layout vs one panel's drawing",
     "anistat/report/latex.py::_once_table": "seam: header construction vs body rows",
     "anistat/report/latex.py::render_report_tex": "seams: the report's sections, one function each",
+    "anistat/stats/bootstrap.py::ci_from_replicates": "two over; seam: the fallback chain vs each interval's formula",
     # Collection planning: seam named, split next.
     "anistat/pipeline.py::collect_units": "seam: planning the units vs measuring them",
 }
