@@ -125,3 +125,17 @@ def _documented(name: str) -> bool:
 def test_every_public_statistic_has_an_examples_section(name):
     doc = inspect.getdoc(getattr(stats, name)) or ""
     assert "\nExamples\n--------\n" in doc and ">>> " in doc, f"anistat.stats.{name} has no Examples section"
+
+
+def _geometry_functions() -> list[str]:
+    import anistat.geometry as geometry
+
+    return [name for name in geometry.__all__ if inspect.isfunction(getattr(geometry, name))]
+
+
+@pytest.mark.parametrize("name", _geometry_functions())
+def test_every_public_geometry_function_has_an_examples_section(name):
+    import anistat.geometry as geometry
+
+    doc = inspect.getdoc(getattr(geometry, name)) or ""
+    assert "\nExamples\n--------\n" in doc and ">>> " in doc, f"anistat.geometry.{name} has no Examples section"
