@@ -139,3 +139,23 @@ def test_every_public_geometry_function_has_an_examples_section(name):
 
     doc = inspect.getdoc(getattr(geometry, name)) or ""
     assert "\nExamples\n--------\n" in doc and ">>> " in doc, f"anistat.geometry.{name} has no Examples section"
+
+
+def _modules_with_examples() -> list[str]:
+    import pkgutil
+
+    import anistat.geometry
+    import anistat.stats
+
+    return [info.name for package in (anistat.stats, anistat.geometry)
+            for info in pkgutil.iter_modules(package.__path__, package.__name__ + ".")]
+
+
+@pytest.mark.parametrize("module_name", _modules_with_examples())
+def test_the_examples_run_as_written(module_name):
+    """What `pytest --doctest-modules anistat/stats anistat/geometry` runs, inside the suite."""
+    import doctest
+    import importlib
+
+    outcome = doctest.testmod(importlib.import_module(module_name), optionflags=doctest.ELLIPSIS, verbose=False)
+    assert outcome.failed == 0, f"{outcome.failed} of {outcome.attempted} examples in {module_name} fail"
