@@ -6,6 +6,7 @@ import warnings
 from collections.abc import Collection
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 #: The alternatives every test of :mod:`anistat.stats` accepts.
 ALTERNATIVES = ("greater", "less", "two-sided")
@@ -71,7 +72,7 @@ def check_positive_int(value: int, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
-def as_1d_float(x, name: str, *, finite: bool = True) -> np.ndarray:
+def as_1d_float(x: ArrayLike, name: str, *, finite: bool = True) -> np.ndarray:
     arr = np.asarray(x, dtype=np.float64)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")

@@ -22,10 +22,11 @@ Notation: ``E(U)`` the proxy's energy fraction, ``E(Q_j)`` the controls' (``j = 
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import gammaln
 
 
-def hedges_correction(df) -> np.ndarray | float:
+def hedges_correction(df: ArrayLike) -> np.ndarray | float:
     """Exact small-sample correction ``J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2))``.
 
     Examples
@@ -42,7 +43,7 @@ def hedges_correction(df) -> np.ndarray | float:
     return float(j) if j.ndim == 0 else j
 
 
-def energy_ratio(proxy_fraction, control_fractions) -> float:
+def energy_ratio(proxy_fraction: float, control_fractions: ArrayLike) -> float:
     """``E(U) / mean_j E(Q_j)``.
 
     Examples
@@ -57,7 +58,7 @@ def energy_ratio(proxy_fraction, control_fractions) -> float:
         return float(np.float64(proxy_fraction) / c.mean())
 
 
-def log2_energy_ratio(proxy_fraction, control_fractions) -> float:
+def log2_energy_ratio(proxy_fraction: float, control_fractions: ArrayLike) -> float:
     """``log2(E(U) / mean_j E(Q_j))`` (NaN for a non-positive ratio).
 
     Examples
@@ -71,7 +72,7 @@ def log2_energy_ratio(proxy_fraction, control_fractions) -> float:
     return float(np.log2(r)) if r > 0 else np.nan
 
 
-def z_score(observed, control_values) -> float:
+def z_score(observed: float, control_values: ArrayLike) -> float:
     """``(observed - mean(controls)) / sd(controls)`` with ``ddof=1`` (NaN if sd is 0).
 
     Examples
@@ -91,7 +92,7 @@ def z_score(observed, control_values) -> float:
     return float((float(observed) - c.mean()) / sd)
 
 
-def hedges_g_paired(differences) -> float:
+def hedges_g_paired(differences: ArrayLike) -> float:
     """Hedges' ``g_z`` of paired differences: ``J(S-1) mean(d) / sd(d)`` (see module doc).
 
     Examples
@@ -111,7 +112,7 @@ def hedges_g_paired(differences) -> float:
     return float(hedges_correction(d.size - 1) * d.mean() / sd)
 
 
-def anisotropy_capture(fraction, rank: int, dim: int, oracle_fraction):
+def anisotropy_capture(fraction: ArrayLike, rank: int, dim: int, oracle_fraction: float) -> np.ndarray | float:
     """``(E - k/d) / (E*_k - k/d)``; vectorised over ``fraction``; NaN if ``E*_k <= k/d``.
 
     Examples
@@ -128,7 +129,8 @@ def anisotropy_capture(fraction, rank: int, dim: int, oracle_fraction):
     return float(out) if out.ndim == 0 else out
 
 
-def per_sequence_differences(proxy_energy, control_energy, total_energy):
+def per_sequence_differences(proxy_energy: ArrayLike, control_energy: ArrayLike,
+                             total_energy: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Per-sequence ``d_s = (proxy_s - mean_j control_sj) / total_s`` and the validity mask.
 
     Sequences with ``total_s <= 0`` (no gradient energy) are invalid (NaN).

@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike
 from statsmodels.stats.multitest import multipletests
 
 from ._validation import check_choice
@@ -34,7 +36,7 @@ _NAMES = {"holm": "Holm", "fdr_bh": "Benjamini-Hochberg", "bonferroni": "Bonferr
           "none": "uncorrected"}
 
 
-def adjust_pvalues(p, method: str = "holm") -> np.ndarray:
+def adjust_pvalues(p: ArrayLike, method: str = "holm") -> np.ndarray:
     """Adjusted p-values (same shape as ``p``); NaNs stay NaN and are not counted in ``m``.
 
     Examples
@@ -74,8 +76,8 @@ def _holm(p: np.ndarray) -> np.ndarray:
     return out
 
 
-def adjust_in_families(df, family_columns, method: str = "holm", p_column: str = "p_value",
-                       out_column: str = "p_adjusted"):
+def adjust_in_families(df: pd.DataFrame, family_columns: str | list[str] | None, method: str = "holm",
+                       p_column: str = "p_value", out_column: str = "p_adjusted") -> pd.DataFrame:
     """Return a copy of ``df`` with ``out_column`` = p-values adjusted within each family.
 
     ``family_columns``: list of column names defining a family (e.g. ``["model"]``), or an
