@@ -97,9 +97,10 @@ class SequentialMonteCarlo:
     --------
     >>> import numpy as np
     >>> from anistat import stats
-    >>> mc = stats.SequentialMonteCarlo(0.9, n_max=99, stop_after=5)
-    >>> type(mc).__name__
-    'SequentialMonteCarlo'
+    >>> mc = stats.SequentialMonteCarlo(np.array([0.9, 0.2]), n_max=99, stop_after=5)
+    >>> mc.update(np.random.default_rng(0).uniform(size=(2, 99)))
+    >>> mc.p_values().round(4).tolist(), mc.draws_used.tolist()
+    ([0.1282, 1.0], [39, 5])
     """
 
     def __init__(self, observed, n_max: int, stop_after: int = 0, alternative: str = "greater") -> None:
