@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 # public name -> (module, attribute)
 _LAZY = {
@@ -40,10 +40,10 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from .bundle import RunResult, load_bundle
     from .callbacks import AnistatCallback, TrainingMeter
     from .errors import AnistatInputError, AnistatWarning
     from .geometry import draw_controls, energy_fraction, fit_proxy, isoscore, isoscore_star
-    from .bundle import RunResult, load_bundle
     from .protocol import Protocol, load_protocol
 
 

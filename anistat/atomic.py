@@ -8,8 +8,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def atomic_write_bytes(path: Path, write: Callable[[Any], Any]) -> None:

@@ -32,11 +32,11 @@ import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .atomic import atomic_write_text
 from .errors import AnistatInputError
@@ -68,7 +68,7 @@ def environment() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[package] = "not installed"
     if versions["anistat"] == "not installed":  # running from a source tree without pip install
-        from . import __version__
+        from ._version import __version__
 
         versions["anistat"] = f"{__version__} (source tree)"
     return versions
@@ -408,7 +408,7 @@ class RunResult:
     """What `anistat.run`, `finalize_bundle` and `load_bundle` return."""
 
     out: Path
-    results: "pd.DataFrame"
+    results: pd.DataFrame
     manifest: dict[str, Any]
     claims: list[dict] = field(default_factory=list)
 
@@ -436,7 +436,7 @@ class RunFacts:
     units: tuple[Mapping[str, Any], ...]
     warnings: tuple[str, ...] = ()
     null_settings: Mapping[str, Any] = field(default_factory=dict)
-    threads: "ThreadChoice | None" = None  # None where anistat did not set the threads (a user's training loop)
+    threads: ThreadChoice | None = None  # None where anistat did not set the threads (a user's training loop)
 
 
 def few_resampling_units_warnings(results: "pd.DataFrame") -> list[str]:
@@ -478,7 +478,7 @@ def unit_records(artifacts: Sequence[Any]) -> tuple[dict[str, Any], ...]:
 PARQUET_NEEDS_PYARROW = "pyarrow is not installed (pip install 'anistat[parquet]')"
 
 
-def write_results(results: "pd.DataFrame", directory: Path) -> dict[str, str]:
+def write_results(results: pd.DataFrame, directory: Path) -> dict[str, str]:
     """results.csv (always) and results.parquet (when pyarrow is installed); returns the files
     left out and why (``{"results.parquet": PARQUET_NEEDS_PYARROW}`` without pyarrow), which the
     manifest records as ``omitted_files`` and `anistat run` prints, so a regenerated bundle never
@@ -505,7 +505,7 @@ def write_results(results: "pd.DataFrame", directory: Path) -> dict[str, str]:
     return {}
 
 
-def build_manifest(protocol: "Protocol", facts: RunFacts) -> dict[str, Any]:
+def build_manifest(protocol: Protocol, facts: RunFacts) -> dict[str, Any]:
     """manifest.json's fields (without the file digests, added once every file is written)."""
     failed = sum(1 for u in facts.units if u.get("status") != "ok")
     return {
@@ -530,9 +530,9 @@ def build_manifest(protocol: "Protocol", facts: RunFacts) -> dict[str, Any]:
     }
 
 
-def publish_bundle(out: Path, protocol: "Protocol", results: "pd.DataFrame", frequency: "pd.DataFrame",
+def publish_bundle(out: Path, protocol: Protocol, results: pd.DataFrame, frequency: pd.DataFrame,
                    claims: list[dict], concept_cards: list[dict], facts: RunFacts,
-                   options: "ReportOptions | None" = None) -> RunResult:
+                   options: ReportOptions | None = None) -> RunResult:
     """Write a run's bundle at ``out`` atomically: the tables, concept cards, claims, report files
     and finally ``manifest.json`` with the sha256 of every file. The one publish path."""
     from .report import render_bundle
@@ -553,7 +553,7 @@ def publish_bundle(out: Path, protocol: "Protocol", results: "pd.DataFrame", fre
     return RunResult(out=Path(out), results=results, manifest=manifest, claims=claims)
 
 
-def report_options(protocol: "Protocol", **overrides: Any) -> "ReportOptions":
+def report_options(protocol: Protocol, **overrides: Any) -> ReportOptions:
     """ReportOptions from the protocol's `report` section (title, precision, PDF), then overrides."""
     from .report import ReportOptions
 
@@ -569,7 +569,7 @@ def report_options(protocol: "Protocol", **overrides: Any) -> "ReportOptions":
 INTEGER_COLUMNS = ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_tokens", "n_clusters")
 
 
-def read_results(bundle: Path) -> "pd.DataFrame":
+def read_results(bundle: Path) -> pd.DataFrame:
     """results.csv with integer columns as nullable integers and empty text as ''."""
     import pandas as pd
 
@@ -595,7 +595,7 @@ def read_results(bundle: Path) -> "pd.DataFrame":
     return results
 
 
-def read_frequency(bundle: Path) -> "pd.DataFrame":
+def read_frequency(bundle: Path) -> pd.DataFrame:
     """The bundle's frequency.csv (an empty table when absent); a damaged file is a user error."""
     import pandas as pd
 
@@ -628,13 +628,13 @@ class BundleContents:
 
     path: Path
     manifest: dict[str, Any]
-    protocol: "Protocol"
-    results: "pd.DataFrame"
-    frequency: "pd.DataFrame"
+    protocol: Protocol
+    results: pd.DataFrame
+    frequency: pd.DataFrame
     claims: list[dict]
     concept_cards: list[dict]
 
-    def report_inputs(self) -> "ReportInputs":
+    def report_inputs(self) -> ReportInputs:
         return report_inputs(self.protocol, self.results, self.manifest, frequency=self.frequency,
                              claims=self.claims, concept_cards=self.concept_cards)
 
@@ -704,7 +704,7 @@ def _checkpoints(model: Any) -> tuple[str, ...]:
     return ()
 
 
-def _settings_rows(protocol: "Protocol", manifest: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+def _settings_rows(protocol: Protocol, manifest: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
     """The settings table: protocol settings that apply to this run's data and model sources,
     then the manifest's other fields (file digests and per-unit records summarised)."""
     data = protocol.data
@@ -744,9 +744,9 @@ def _settings_rows(protocol: "Protocol", manifest: Mapping[str, Any]) -> tuple[t
     return tuple(rows)
 
 
-def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mapping[str, Any], *,
-                  frequency: "pd.DataFrame | None" = None, claims: Sequence[Mapping[str, Any]] = (),
-                  concept_cards: Sequence[Mapping[str, Any]] = ()) -> "ReportInputs":
+def report_inputs(protocol: Protocol, results: pd.DataFrame, manifest: Mapping[str, Any], *,
+                  frequency: pd.DataFrame | None = None, claims: Sequence[Mapping[str, Any]] = (),
+                  concept_cards: Sequence[Mapping[str, Any]] = ()) -> ReportInputs:
     """The report's typed inputs from the typed protocol, the written tables and the manifest.
 
     Run warnings come from the manifest's ``warnings`` (written by :func:`publish_bundle`)."""
@@ -847,7 +847,7 @@ def report_inputs(protocol: "Protocol", results: "pd.DataFrame", manifest: Mappi
                                                          == "shared"))
 
 
-def _loop_description(info: Mapping[str, Any], corpus: Mapping[str, Any]) -> "LoopDescription | None":
+def _loop_description(info: Mapping[str, Any], corpus: Mapping[str, Any]) -> LoopDescription | None:
     """What the manifest records about a model measured in its own training loop (written by
     `anistat.callbacks.TrainingMeter.close`); None when the manifest does not say (a bundle
     whose manifest lacks the loop's record is described from its protocol)."""
@@ -930,8 +930,8 @@ def _schedule_text(schedule: Mapping[str, Any], configuration: Any) -> str:
     return text
 
 
-def null_check_summaries(results: "pd.DataFrame", alpha: float, n_paper_controls: int | None = None, *,
-                         stop_after: int = 0, shared_draws: bool = False) -> tuple["NullCheckSummary", ...]:
+def null_check_summaries(results: pd.DataFrame, alpha: float, n_paper_controls: int | None = None, *,
+                         stop_after: int = 0, shared_draws: bool = False) -> tuple[NullCheckSummary, ...]:
     """The run's own null check: with an uninformative (``random``) proxy every null is true, so
     the exact test's p-values (one per unit × rank, from the ``energy_fraction`` rows) must
     follow its null law — uniform on the grid of its Haar draws, or the sequential test's law

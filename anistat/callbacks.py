@@ -68,8 +68,9 @@ import math
 import sys
 import time
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import torch

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import click
 import typer
@@ -46,15 +45,15 @@ def _echo(message: str) -> None:
 @app.command()
 def run(
     protocol: Path = typer.Argument(..., help="Protocol YAML file."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Bundle directory (default: reports/<name>/)."),
-    device: Optional[str] = typer.Option(None, help="auto | cpu | cuda | mps (overrides the protocol)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Bundle directory (default: reports/<name>/)."),
+    device: str | None = typer.Option(None, help="auto | cpu | cuda | mps (overrides the protocol)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
     keep_cache: bool = typer.Option(False, help="Keep the per-unit cache after success."),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an existing bundle at --out. Only a folder holding nothing but what "
         "anistat wrote is replaced (the files its manifest lists and the fixed names of a bundle); any other file "
         "there (e.g. your notes) makes the run refuse before it starts: move it out or choose another --out."),
-    threads: Optional[int] = typer.Option(
+    threads: int | None = typer.Option(
         None, "--threads", min=1, max=1024,
         help="CPU threads for torch and numpy's BLAS (overrides the protocol's threads; default: OMP_NUM_THREADS, "
         "else the idle usable CPUs). Built-in models always train on one thread."),
@@ -126,7 +125,7 @@ def validate(protocol: Path = typer.Argument(..., help="Protocol YAML file.")) -
 
 
 @app.command()
-def schema(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file instead of stdout.")) -> None:
+def schema(out: Path | None = typer.Option(None, "--out", "-o", help="Write to a file instead of stdout.")) -> None:
     """Print the protocol's JSON Schema (for editor autocompletion)."""
     from .protocol import protocol_schema
 
@@ -152,8 +151,8 @@ def init(
 @app.command()
 def report(
     bundle: Path = typer.Argument(..., help="A bundle directory written by `anistat run`."),
-    precision: Optional[int] = typer.Option(None, min=1, max=8, help="Significant digits in tables."),
-    metrics: Optional[str] = typer.Option(None, help="Comma-separated metrics for the tables."),
+    precision: int | None = typer.Option(None, min=1, max=8, help="Significant digits in tables."),
+    metrics: str | None = typer.Option(None, help="Comma-separated metrics for the tables."),
     transpose: bool = typer.Option(False, help="Transposed table layout."),
     pdf: bool = typer.Option(True, help="Compile report.pdf when pdflatex is installed (--no-pdf keeps an existing "
                              "report.pdf as it is)."),
@@ -245,9 +244,9 @@ def calibrate(
 @app.command()
 def verify(
     target: Path = typer.Argument(..., help="A bundle, or a protocol to re-run (with --against)."),
-    against: Optional[Path] = typer.Option(None, "--against", help="Original bundle to compare a re-run with."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where the re-run's bundle goes."),
-    claims: Optional[Path] = typer.Option(
+    against: Path | None = typer.Option(None, "--against", help="Original bundle to compare a re-run with."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Where the re-run's bundle goes."),
+    claims: Path | None = typer.Option(
         None, "--claims", help="Evaluate the claims in this YAML file (a list, or a protocol's 'claims:') against "
         "the bundle instead of its protocol's; nothing is re-run."),
     overwrite: bool = typer.Option(
@@ -338,7 +337,7 @@ def diff(
 def compare(
     original: Path = typer.Argument(..., help="Original bundle."),
     replication: Path = typer.Argument(..., help="Replication bundle."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: reports/compare-A-vs-B)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Output directory (default: reports/compare-A-vs-B)."),
     tolerance: float = typer.Option(0.25, min=0.0, help="Relative tolerance for agreement."),
 ) -> None:
     """Write a replication report (HTML + LaTeX + CSV) comparing two bundles."""
@@ -352,8 +351,8 @@ def compare(
 @app.command()
 def sites(
     model: str = typer.Argument(..., help="builtin:gpt2 | builtin:bert | minilm | a local model directory | a hub id."),
-    revision: Optional[str] = typer.Option(None, help="Hub revision (e.g. step1000)."),
-    objective: Optional[str] = typer.Option(None, help="clm | mlm (default: inferred from the architecture)."),
+    revision: str | None = typer.Option(None, help="Hub revision (e.g. step1000)."),
+    objective: str | None = typer.Option(None, help="clm | mlm (default: inferred from the architecture)."),
     modules: bool = typer.Option(False, "--modules", help="Also list every module usable as module:NAME."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Run model code from the checkpoint."),
 ) -> None:
@@ -451,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo("anistat: error: interrupted; nothing was written", err=True)
         return 2
     except errors["NoArgsIsHelpError"] as error:
-        typer.echo(error.ctx.get_help() if getattr(error, "ctx", None) else str(error))
+        help_context = getattr(error, "ctx", None)  # click sets it; the class tuple is typed as BaseException
+        typer.echo(help_context.get_help() if help_context is not None else str(error))
         return 0
     except errors["Exit"] as error:
         return int(getattr(error, "exit_code", 0) or 0)
@@ -459,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo("anistat: error: aborted", err=True)
         return 2
     except errors["ClickException"] as error:  # usage errors included
-        typer.echo(f"anistat: error: {' '.join(error.format_message().split())}", err=True)
+        format_message = getattr(error, "format_message", None)
+        message = format_message() if callable(format_message) else str(error)
+        typer.echo(f"anistat: error: {' '.join(message.split())}", err=True)
         return 2
     except OSError as error:
         import errno as errno_names

@@ -9,8 +9,9 @@ publishes), so the collection stage imports nothing from the stages after it.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 

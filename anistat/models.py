@@ -25,9 +25,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -306,8 +307,8 @@ def _pretrained_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: in
         raise AnistatInputError(f"models.{spec.name}: an mlm objective needs a tokenizer with a mask token")
     splits = make_splits(corpus, tokenizer, data, seed)
     config = model.config
-    hidden_size = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0) or getattr(config, "d_model"))
-    num_layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer"))
+    hidden_size = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0) or config.d_model)
+    num_layers = int(getattr(config, "num_hidden_layers", 0) or config.n_layer)
     max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if max_positions and data.seq_len > max_positions:
         raise AnistatInputError(

@@ -11,8 +11,9 @@ import contextlib
 import functools
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 import torch
@@ -23,20 +24,31 @@ from .bundle import (
     write_hint,
 )
 from .collect import (
-    BasisSet, FitSampler, Site, UnitArtifact, UnitKey, autocast, concept_cards, measure_checkpoint, model_inputs,
-    probe, resolve_precision, sites_from_spec,
+    BasisSet,
+    FitSample,
+    FitSampler,
+    Site,
+    UnitArtifact,
+    UnitKey,
+    autocast,
+    concept_cards,
+    distributed,
+    measure_checkpoint,
+    model_inputs,
+    probe,
+    resolve_precision,
+    sites_from_spec,
 )
-from .collect import distributed
 from .collect.artifact import ARTIFACT_FORMAT
 from .collect.progress import bar
 from .data import load_corpus
 from .errors import AnistatInputError, CheckpointLoadError, RunInterrupted
 from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_variants
 from .models import ModelSeries, resolve_models
-from .seeding import derive_seed
 from .preflight import localized, preflight
 from .protocol import Protocol, control_problem, fit_window_size, load_protocol
 from .runtime import MAX_THREADS, ThreadChoice, cpu_threads, resolve_threads
+from .seeding import derive_seed
 
 Log = Callable[[str], None]
 
@@ -211,45 +223,54 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
             raise AnistatInputError(
                 f"models.{spec.name}: the model produces non-finite (NaN/Inf) activations at site {name} on the "
                 "fit split, so no proxy can be fitted; check the checkpoint's weights")
-        key = _seed_key(site)
-        sets = []
-        variants = [(method, label, options) for method in protocol.proxies.methods
-                    for label, options in proxy_variants(method, protocol.proxies.center.get(method))]
-        for method, label, options in variants:
-            ranks = protocol.proxies.ranks
-            proxies = fit_proxies(sample.activations.to(device), method, ranks,
-                                  {rank: derive_seed(seed, spec.name, key, label, rank, "proxy", *refit_tag)
-                                   for rank in ranks}, **options)
-            largest = proxies[max(ranks)].basis
-            widest_cards = None  # the largest rank's cards serve every rank whose basis is its prefix
-            for rank in ranks:
-                proxy = proxies[rank]
-                controls = {
-                    kind: draw_controls(kind, proxy.basis, protocol.controls.n,
-                                        seed=derive_seed(seed, spec.name, key, label, rank, kind, *refit_tag),
-                                        activations=sample.activations.to(device),
-                                        pca_span_dim=protocol.controls.pca_span_dim)
-                    for kind in protocol.projected_control_kinds
-                }
-                basis = distributed.broadcast_(proxy.basis.contiguous())
-                controls = {kind: distributed.broadcast_(stack.contiguous()) for kind, stack in controls.items()}
-                if refit_at is not None:
-                    cards = []
-                elif torch.equal(proxy.basis, largest[:, :rank]):  # nested (pca): the same directions
-                    if widest_cards is None:
-                        widest_cards = concept_cards(sample, largest, fit_inputs, decode,
-                                                     protocol.proxies.concept_card_tokens)
-                    cards = widest_cards[:rank]
-                else:
-                    cards = concept_cards(sample, basis, fit_inputs, decode, protocol.proxies.concept_card_tokens)
-                proxy_name = label if refit_at is None else f"{label}@refit"
-                sets.append(BasisSet(proxy_name, rank, basis, controls, proxy.reconstruction_error, cards))
-        bases[name] = sets
+        bases[name] = _site_bases(sample, site, series, protocol, device, fit_inputs, decode, refit_at, refit_tag)
     if refit_at is not None:
         return bases, {}
     log(f"  {spec.name}: proxies fitted on {n_early} early checkpoint(s) "
         f"({', '.join(c.label for c in window)}), {n_tokens} tokens per site")
     return bases, {"fit_checkpoints": [c.label for c in window], "fit_tokens_per_site": n_tokens}
+
+
+def _site_bases(sample: FitSample, site: Site, series: ModelSeries, protocol: Protocol, device: torch.device,
+                fit_inputs: torch.Tensor, decode: Callable[[list[int]], str], refit_at: int | None,
+                refit_tag: tuple[str, ...]) -> list[BasisSet]:
+    """One site's proxies (every method, centring variant and rank, fitted on its activation
+    sample) with their drawn controls and concept cards (none for refitted proxies)."""
+    spec, seed = series.spec, protocol.seed
+    key = _seed_key(site)
+    sets = []
+    variants = [(method, label, options) for method in protocol.proxies.methods
+                for label, options in proxy_variants(method, protocol.proxies.center.get(method))]
+    for method, label, options in variants:
+        ranks = protocol.proxies.ranks
+        proxies = fit_proxies(sample.activations.to(device), method, ranks,
+                              {rank: derive_seed(seed, spec.name, key, label, rank, "proxy", *refit_tag)
+                               for rank in ranks}, **options)
+        largest = proxies[max(ranks)].basis
+        widest_cards = None  # the largest rank's cards serve every rank whose basis is its prefix
+        for rank in ranks:
+            proxy = proxies[rank]
+            controls = {
+                kind: draw_controls(kind, proxy.basis, protocol.controls.n,
+                                    seed=derive_seed(seed, spec.name, key, label, rank, kind, *refit_tag),
+                                    activations=sample.activations.to(device),
+                                    pca_span_dim=protocol.controls.pca_span_dim)
+                for kind in protocol.projected_control_kinds
+            }
+            basis = distributed.broadcast_(proxy.basis.contiguous())
+            controls = {kind: distributed.broadcast_(stack.contiguous()) for kind, stack in controls.items()}
+            if refit_at is not None:
+                cards = []
+            elif torch.equal(proxy.basis, largest[:, :rank]):  # nested (pca): the same directions
+                if widest_cards is None:
+                    widest_cards = concept_cards(sample, largest, fit_inputs, decode,
+                                                 protocol.proxies.concept_card_tokens)
+                cards = widest_cards[:rank]
+            else:
+                cards = concept_cards(sample, basis, fit_inputs, decode, protocol.proxies.concept_card_tokens)
+            proxy_name = label if refit_at is None else f"{label}@refit"
+            sets.append(BasisSet(proxy_name, rank, basis, controls, proxy.reconstruction_error, cards))
+    return sets
 
 
 def _memoized_decode(decode: Callable[[list[int]], str]) -> Callable[[list[int]], str]:

@@ -38,9 +38,10 @@ import difflib
 import glob
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import AnistatInputError
 from .protocol import ClaimSpec, ModelSpec, Protocol, control_problem, fit_window_size
@@ -268,8 +269,8 @@ def read_config(source: str, *, revision: str | None, trust_remote_code: bool, l
 
 def config_sizes(config: Any) -> tuple[int, int, int | None]:
     """(hidden size d, number of blocks, maximum positions) of a transformers config."""
-    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or getattr(config, "d_model")
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer")
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or config.d_model
+    layers = getattr(config, "num_hidden_layers", None) or config.n_layer
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     return int(hidden), int(layers), (int(positions) if positions else None)
 
@@ -303,8 +304,8 @@ def _builtin_sites(spec: ModelSpec, protocol: Protocol) -> list[PlannedSite] | N
         kinds = sites_spec.kind if isinstance(sites_spec.kind, list) else [sites_spec.kind]
         if "module" in kinds:
             return None
-        layers = list(range(n)) if sites_spec.layers == "all" else sorted({l + n if l < 0 else l
-                                                                          for l in sites_spec.layers})
+        layers = list(range(n)) if sites_spec.layers == "all" else sorted({layer + n if layer < 0 else layer
+                                                                          for layer in sites_spec.layers})
         for kind in kinds:
             if kind == "embed":
                 out.append(PlannedSite("embed", -1, d))
@@ -346,7 +347,7 @@ def _check_sizes(protocol: Protocol, spec: ModelSpec, hidden_size: int, max_posi
 
 def _check_layers(protocol: Protocol, spec: ModelSpec, num_layers: int) -> None:
     if isinstance(protocol.sites.layers, list) and not protocol.sites.names:
-        bad = [l for l in protocol.sites.layers if not -num_layers <= l < num_layers]
+        bad = [layer for layer in protocol.sites.layers if not -num_layers <= layer < num_layers]
         if bad:
             raise AnistatInputError(f"sites.layers: layer {bad[0]} does not exist in models.{spec.name} "
                                     f"({num_layers} layers)")

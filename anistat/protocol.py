@@ -14,12 +14,21 @@ import json
 import math
 import re
 import typing
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import AnistatInputError
 
@@ -127,7 +136,7 @@ class DataSpec(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _paths_match_source(self) -> "DataSpec":
+    def _paths_match_source(self) -> DataSpec:
         if self.source in ("builtin", "hf_dataset") and self.paths:
             raise ValueError("paths are only used with source 'text' or 'jsonl'")
         if self.source in ("text", "jsonl") and not self.paths:
@@ -165,7 +174,7 @@ class TrainSpec(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _checkpoints_within_steps(self) -> "TrainSpec":
+    def _checkpoints_within_steps(self) -> TrainSpec:
         if not self.checkpoints:
             raise ValueError("checkpoints must list at least one step")
         if sorted(set(self.checkpoints)) != list(self.checkpoints):
@@ -223,7 +232,7 @@ class ModelSpec(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _source_fields(self) -> "ModelSpec":
+    def _source_fields(self) -> ModelSpec:
         if self.source == "builtin":
             if self.architecture is None:
                 raise ValueError("builtin models need architecture: gpt2 or bert")
@@ -293,7 +302,7 @@ class SiteSpec(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _modules_need_kind(self) -> "SiteSpec":
+    def _modules_need_kind(self) -> SiteSpec:
         kinds = self.kind if isinstance(self.kind, list) else [self.kind]
         if not kinds:
             raise ValueError("kind must name at least one site kind")
@@ -331,7 +340,7 @@ class ProxySpec(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _center_methods(self) -> "ProxySpec":
+    def _center_methods(self) -> ProxySpec:
         if not self.center:
             return self  # nothing to check: keeps `anistat validate` free of torch
         from .geometry import center_default  # lazy: geometry imports torch
@@ -534,7 +543,7 @@ class ClaimSpec(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _threshold_shape(self) -> "ClaimSpec":
+    def _threshold_shape(self) -> ClaimSpec:
         values = self.threshold if isinstance(self.threshold, list) else [self.threshold]
         if not all(math.isfinite(v) for v in values):
             raise ValueError(f"threshold must be finite, got {self.threshold}")
@@ -584,7 +593,7 @@ class Protocol(StrictModel):
     _source_dir: Path | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Protocol":
+    def _cross_checks(self) -> Protocol:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
@@ -601,7 +610,7 @@ class Protocol(StrictModel):
                     f"{model.hidden_size}"
                 )
             if isinstance(self.sites.layers, list):
-                bad = [l for l in self.sites.layers if not -model.num_layers <= l < model.num_layers]
+                bad = [layer for layer in self.sites.layers if not -model.num_layers <= layer < model.num_layers]
                 if bad:
                     raise ValueError(
                         f"sites.layers {bad} out of range for models[{index}] with "
@@ -684,7 +693,7 @@ class _NoAliasSafeLoader(yaml.SafeLoader):
     and a protocol never needs them. Floats follow YAML 1.2, so `1e-3` is a number (PyYAML's
     YAML 1.1 rules read it as the string '1e-3')."""
 
-    def compose_node(self, parent, index):  # type: ignore[override]
+    def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise yaml.constructor.ConstructorError(
@@ -692,7 +701,7 @@ class _NoAliasSafeLoader(yaml.SafeLoader):
             )
         return super().compose_node(parent, index)
 
-    def construct_object(self, node, deep=False):  # type: ignore[override]
+    def construct_object(self, node, deep=False):
         # e.g. `2020-13-45` (a timestamp that is no date), `!!int abc`, `!!map [1]`: the safe
         # constructors raise plain ValueError/TypeError; report them with their position.
         try:
@@ -704,7 +713,7 @@ class _NoAliasSafeLoader(yaml.SafeLoader):
                 None, None, f"cannot read this {node.tag.rsplit(':', 1)[-1]} value ({error})", node.start_mark
             ) from None
 
-    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+    def construct_mapping(self, node, deep=False):
         # A repeated key would silently keep the last value: as dangerous as a typo.
         if not isinstance(node, yaml.MappingNode):
             raise yaml.constructor.ConstructorError(

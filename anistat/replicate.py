@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .bundle import check_destination, staged_bundle
 from .errors import AnistatInputError
 from .verify import (
-    compare_claims, compare_results, ensure_bundle, environment_differences, load_bundle_results, summarise,
-    verify_bundle, write_comparison,
+    compare_claims,
+    compare_results,
+    ensure_bundle,
+    environment_differences,
+    load_bundle_results,
+    summarise,
+    verify_bundle,
+    write_comparison,
 )
 
 

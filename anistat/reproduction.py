@@ -121,9 +121,12 @@ class ReproductionCheck:
 def _protocol_settings(manifest: dict) -> tuple[int, int]:
     """(controls.n, stats.n_permutations) of a manifest's protocol (the Monte-Carlo sizes the
     results table does not carry per row)."""
-    protocol = manifest.get("protocol") if isinstance(manifest.get("protocol"), dict) else {}
-    controls = protocol.get("controls") if isinstance(protocol.get("controls"), dict) else {}
-    stats = protocol.get("stats") if isinstance(protocol.get("stats"), dict) else {}
+    def section(parent: dict, key: str) -> dict:  # a missing or malformed section reads as empty
+        value = parent.get(key)
+        return value if isinstance(value, dict) else {}
+
+    protocol = section(manifest, "protocol")
+    controls, stats = section(protocol, "controls"), section(protocol, "stats")
     n_controls, n_permutations = controls.get("n", 20), stats.get("n_permutations", 2000)
     valid = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (n_controls, n_permutations))
     if not valid:
@@ -226,7 +229,7 @@ def _compare_table(comparer: _Comparer, name: str, original, rerun, keys: tuple[
                                                    "" if where == "rerun" else "missing"))
             continue
 
-        def pair(column: str):
+        def pair(column: str, record=record):
             return record.get(f"{column}\x00a"), record.get(f"{column}\x00b")
 
         columns = [c for c in original.columns if c in rerun.columns and c not in keys]

@@ -45,9 +45,10 @@ import math
 import os
 import platform
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 #: Upper bound of an explicit thread count (a typo like 10000 must not spawn 10000 threads).
 MAX_THREADS = 1024

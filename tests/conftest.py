@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,20 @@ controls: {kinds: [normal, haar], n: 9}
 stats: {n_bootstrap: 100, n_permutations: 100, multiplicity: fdr_bh}
 report: {compile_pdf: false}
 """
+
+
+@pytest.fixture(scope="session")
+def mini_bundle(tmp_path_factory) -> Path:
+    """One bundle of MINI_PROTOCOL for the whole session, written by the real command line
+    (`python -m anistat run`, figures included). Read it, never write into it: a test that
+    changes a bundle copies it first."""
+    root = tmp_path_factory.mktemp("mini-session")
+    protocol = root / "mini.yaml"
+    protocol.write_text(MINI_PROTOCOL)
+    done = subprocess.run([sys.executable, "-m", "anistat", "run", str(protocol), "--out", str(root / "bundle")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return root / "bundle"
 
 
 @pytest.fixture

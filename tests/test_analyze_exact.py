@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import MINI_PROTOCOL
 
 from anistat.analyze import analyze_units, null_settings, planned_tests, unit_rows
 from anistat.collect import BasisColumn, UnitArtifact, UnitKey
@@ -14,7 +15,6 @@ from anistat.geometry import HaarDiagonalStream, SpectralFrame, draw_controls
 from anistat.protocol import Protocol
 from anistat.seeding import derive_seed
 from anistat.stats import monte_carlo_pvalue, sequential_monte_carlo_pvalue
-from conftest import MINI_PROTOCOL
 
 D, K, S, T = 12, 2, 30, 8
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from anistat.callbacks import AnistatCallback, TrainingMeter
-from anistat.finalize import finalize_bundle, load_units
 from anistat.errors import AnistatInputError
+from anistat.finalize import finalize_bundle, load_units
 
 SETTINGS = dict(sites={"kind": ["residual", "mlp"], "layers": [0]}, proxies={"ranks": [2], "max_fit_tokens": 80},
                 controls={"kinds": ["normal"], "n": 4}, stats={"n_bootstrap": 20, "n_permutations": 20})
@@ -45,6 +45,7 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.rows[index], "labels": self.rows[index]}
 
 
+@pytest.mark.slow
 def test_plain_meter_piggybacks_on_the_training_backward(tmp_path: Path):
     model = _tiny_gpt2()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -58,7 +59,7 @@ def test_plain_meter_piggybacks_on_the_training_backward(tmp_path: Path):
         if step in (1, 2):  # reference ∂L/∂h for the first unit, taken independently
             reference = model.transformer.h[0]
             captured = {}
-            handle = reference.register_forward_hook(lambda m, i, o: captured.__setitem__("h", o))
+            handle = reference.register_forward_hook(lambda m, i, o, captured=captured: captured.__setitem__("h", o))
             loss = model(input_ids=batch, labels=batch).loss
             expected[step] = torch.autograd.grad(loss, captured["h"])[0].double()[:, :-1]
             handle.remove()
@@ -92,6 +93,7 @@ def test_meter_refuses_measuring_before_fitting(tmp_path: Path):
         TrainingMeter(_tiny_gpt2(), out=tmp_path / "x", fit_steps=[5], measure_steps=[2], **SETTINGS)
 
 
+@pytest.mark.slow
 def test_trainer_callback_writes_a_bundle_that_report_accepts(tmp_path: Path):
     pytest.importorskip("accelerate")  # transformers' Trainer needs it
     from transformers import Trainer, TrainingArguments

@@ -7,10 +7,10 @@ from __future__ import annotations
 import gc
 import weakref
 
+from test_bad_input_helpers import build_tiny_gpt2, corpus_text, no_figures
+
 import anistat.models
 from anistat.pipeline import run
-
-from test_bad_input_helpers import build_tiny_gpt2, corpus_text, no_figures
 
 
 def test_a_local_series_loads_each_checkpoint_after_the_previous_is_released(tmp_path, monkeypatch):

@@ -138,6 +138,7 @@ def claimed_bundle(tmp_path_factory):
     return protocol, root / "bundle"
 
 
+@pytest.mark.slow
 def test_claims_json_and_verify(claimed_bundle):
     _, bundle = claimed_bundle
     claims = json.loads((bundle / "claims.json").read_text())
@@ -147,6 +148,7 @@ def test_claims_json_and_verify(claimed_bundle):
     assert "integrity: all" in result.stdout and "claim impossible: FAIL" in result.stdout
 
 
+@pytest.mark.slow
 def test_tampered_results_are_detected(claimed_bundle, tmp_path):
     import shutil
 
@@ -160,6 +162,7 @@ def test_tampered_results_are_detected(claimed_bundle, tmp_path):
     assert "results.csv: modified" in result.stdout
 
 
+@pytest.mark.slow
 def test_verify_against_reruns_and_agrees(claimed_bundle, tmp_path):
     protocol, bundle = claimed_bundle
     result = anistat("verify", protocol, "--against", bundle, "--out", tmp_path / "rerun", "--quiet")

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from anistat.collect import BasisSet, UnitKey, measure_checkpoint, residual_probe
+from anistat.collect.collector import model_inputs
 from anistat.data import BuiltinTokenizer, load_corpus, make_splits
 from anistat.geometry import draw_controls, fit_proxy
 from anistat.models import build_builtin_model, lm_loss
-from anistat.collect.collector import model_inputs
 from anistat.protocol import DataSpec, ModelSpec
 
 
@@ -41,10 +41,10 @@ def test_hooked_gradient_equals_autograd(architecture, splits):
     loss = (token_loss.sum(1) / (shifted[1] != -100).sum(1)).sum()
     # GPT-2's last hidden state has ln_f applied, so compare the blocks whose output is returned as is
     layers = [0, 1] if objective == "clm" else [0, 1, 2]
-    reference = torch.autograd.grad(loss, [outputs.hidden_states[l + 1] for l in layers])
+    reference = torch.autograd.grad(loss, [outputs.hidden_states[layer + 1] for layer in layers])
     with residual_probe(model, layers, gradients=True) as record:
         hooked_loss = lm_loss(model, inputs, labels, objective, "per_sequence_mean")
-        hooked = torch.autograd.grad(hooked_loss, [record.deltas[l] for l in layers])
+        hooked = torch.autograd.grad(hooked_loss, [record.deltas[layer] for layer in layers])
     assert torch.allclose(hooked_loss, loss, atol=1e-5)
     for ref, got in zip(reference, hooked):
         assert got.abs().max() > 0
@@ -110,9 +110,9 @@ def test_nan_gradients_fail_the_unit_not_the_run(splits):
     with torch.no_grad():
         model.transformer.h[1].mlp.c_fc.weight.fill_(float("nan"))
     proxy = fit_proxy(torch.randn(100, 16, generator=torch.Generator().manual_seed(0)), "pca", 2, seed=0)
-    bases = {l: [BasisSet("pca", 2, proxy.basis, {"haar": draw_controls("haar", proxy.basis, 3, seed=1)})]
-             for l in (0, 1)}
-    keys = {l: UnitKey("m", objective, "c", 0, "early", l, f"residual.{l}") for l in (0, 1)}
+    bases = {layer: [BasisSet("pca", 2, proxy.basis, {"haar": draw_controls("haar", proxy.basis, 3, seed=1)})]
+             for layer in (0, 1)}
+    keys = {layer: UnitKey("m", objective, "c", 0, "early", layer, f"residual.{layer}") for layer in (0, 1)}
     artifacts = measure_checkpoint(model, keys=keys, bases=bases, splits=splits, objective=objective,
                                    token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1,
                                    mlm_probability=0.15, seed=0, batch_size=4, device=torch.device("cpu"),

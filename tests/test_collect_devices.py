@@ -7,8 +7,7 @@ import contextlib
 import pytest
 import torch
 
-from anistat.collect import autocast, resolve_precision
-from anistat.collect import progress
+from anistat.collect import autocast, progress, resolve_precision
 from anistat.errors import AnistatInputError
 from anistat.pipeline import resolve_device
 

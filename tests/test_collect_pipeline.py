@@ -38,6 +38,7 @@ report: {compile_pdf: false}
 """
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_with_identical_numbers(tmp_path: Path, monkeypatch):
     import yaml
 
@@ -205,6 +206,7 @@ def test_fit_forward_cut_keeps_a_shared_modules_last_output_and_skips_the_rest()
     assert learnt.n_cut == 3 and model.head_calls == 1
 
 
+@pytest.mark.slow
 def test_fit_forward_cut_changes_no_number(tmp_path: Path, monkeypatch):
     import contextlib
 

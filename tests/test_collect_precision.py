@@ -162,8 +162,9 @@ def _small_run():
     model = build_builtin_model(ModelSpec(name="t", architecture="gpt2", hidden_size=32, num_layers=2, num_heads=2),
                                 splits.vocab_size, 16, seed=0).eval()
     proxy = fit_proxy(torch.randn(200, 32, generator=torch.Generator().manual_seed(0)), "pca", 3, seed=0).basis
-    bases = {l: [BasisSet("pca", 3, proxy, {"haar": draw_controls("haar", proxy, 4, seed=l)})] for l in (0, 1)}
-    keys = {l: UnitKey("m", "clm", "c", 0, "early", l, f"residual.{l}") for l in (0, 1)}
+    bases = {layer: [BasisSet("pca", 3, proxy, {"haar": draw_controls("haar", proxy, 4, seed=layer)})]
+             for layer in (0, 1)}
+    keys = {layer: UnitKey("m", "clm", "c", 0, "early", layer, f"residual.{layer}") for layer in (0, 1)}
     return model, splits, bases, keys
 
 
@@ -176,7 +177,7 @@ def test_reruns_are_byte_identical_on_cpu(tmp_path):
                                        mlm_probability=0.15, seed=0, batch_size=4, device=torch.device("cpu"),
                                        isoscore_c0="scaled_identity", isoscore_zeta=0.1, pair_budget_bytes=2**20)
         files = []
-        for layer, artifact in artifacts.items():
+        for artifact in artifacts.values():
             meta = dataclasses.replace(artifact, seconds=0.0).save(tmp_path / f"run{run}")
             files.append((meta.read_bytes(), meta.with_name(meta.name[:-5] + ".npz").read_bytes()))
         saved.append(files)

@@ -34,6 +34,7 @@ report: {compile_pdf: false}
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("torchrun") is None and not os.path.exists(
     os.path.join(os.path.dirname(sys.executable), "torchrun")), reason="torchrun not installed")
 def test_torchrun_two_cpu_processes_match_single_process(tmp_path: Path):

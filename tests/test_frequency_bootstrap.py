@@ -14,8 +14,12 @@ from scipy import stats
 
 from anistat.analyze import frequency_rows
 from anistat.collect import BasisSet, SiteAccumulator, UnitKey
-from anistat.geometry import (ResampledCentroidDistance, masked_correlations, masked_correlations_many,
-                              sequence_type_sums)
+from anistat.geometry import (
+    ResampledCentroidDistance,
+    masked_correlations,
+    masked_correlations_many,
+    sequence_type_sums,
+)
 from anistat.protocol import Protocol
 from anistat.stats import iter_bootstrap_weights, sequence_bootstrap, sequence_bootstrap_columns
 
@@ -268,7 +272,7 @@ def test_interval_covers_the_population_correlation():
         types = types[counts >= 2]
         distance = ResampledCentroidDistance(sums, types)
         result = sequence_bootstrap_columns(
-            lambda w: np.column_stack(masked_correlations(np.log(probability[types]), distance(w))[:1]), n_seq,
+            lambda w, types=types, distance=distance: np.column_stack(masked_correlations(np.log(probability[types]), distance(w))[:1]), n_seq,
             n_resamples=300, seed=int(rng.integers(1 << 31)), method="normal")[0]
         estimates.append(result.estimate)
         standard_errors.append(result.se)

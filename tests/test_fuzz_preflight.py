@@ -30,7 +30,7 @@ import yaml
 from conftest import MINI_PROTOCOL
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_bad_input_helpers import build_tiny_gpt2, no_figures
+from test_bad_input_helpers import build_tiny_gpt2
 
 from anistat.cli import main
 
@@ -151,6 +151,7 @@ def study(tmp_path_factory) -> dict:
     return protocol
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_mutated_protocols_never_crash_validate_or_run(study, tmp_path_factory, data):
@@ -190,17 +191,10 @@ def test_mutated_claims_never_crash_validate(study, tmp_path_factory, data):
         assert_clean_rejection(code, err, file)
 
 
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    """A real (figure-less) bundle of MINI_PROTOCOL for `verify --claims`."""
-    root = tmp_path_factory.mktemp("fuzz-bundle")
-    protocol = root / "mini.yaml"
-    protocol.write_text(MINI_PROTOCOL)
-    with pytest.MonkeyPatch.context() as patch:
-        no_figures(patch)
-        code, _, err = call("run", protocol, "--out", root / "bundle", "--quiet")
-    assert code == 0, err
-    return root / "bundle"
+@pytest.fixture
+def bundle(mini_bundle) -> Path:
+    """A real bundle of MINI_PROTOCOL for `verify --claims` (the session's, read only)."""
+    return mini_bundle
 
 
 @settings(max_examples=40, deadline=None, database=None, derandomize=True,
@@ -224,6 +218,7 @@ def test_mutated_claims_files_never_crash_verify(bundle, tmp_path_factory, data)
         assert err == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["validate", "run"])
 def test_an_empty_where_list_is_one_line_in_a_real_process(tmp_path, command):
     """The issue's own example, through a real `anistat` process (nothing captured in-process:

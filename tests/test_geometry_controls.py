@@ -9,8 +9,6 @@ import torch
 from anistat.geometry import CONTROL_KINDS, complement_basis, draw_controls, fit_proxy, principal_subspace
 
 
-
-
 def _setup(d=24, k=3, n_act=200, seed=0):
     rng = np.random.default_rng(seed)
     acts = rng.standard_normal((n_act, d)) * np.geomspace(10, 0.1, d) + 1.0

@@ -31,9 +31,6 @@ from anistat.geometry import (
     participation_ratio_from_cov,
 )
 
-
-
-
 iso_pkg = pytest.importorskip("IsoScore.IsoScore")
 
 

@@ -16,8 +16,6 @@ from anistat.geometry import (
 )
 
 
-
-
 def test_streaming_equals_batch_and_torch_cov():
     rng = np.random.default_rng(0)
     g = rng.standard_normal((257, 9)) * np.linspace(1, 4, 9) + 2.0

@@ -22,8 +22,6 @@ from anistat.geometry import (
 )
 
 
-
-
 def _aniso_second_moment(d, seed=0, n=400):
     rng = np.random.default_rng(seed)
     g = rng.standard_normal((n, d)) * np.geomspace(5, 0.2, d)

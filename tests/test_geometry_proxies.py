@@ -17,8 +17,6 @@ from anistat.geometry import (
 )
 
 
-
-
 def _planted(n=400, d=40, k=3, noise=0.05, seed=0):
     rng = np.random.default_rng(seed)
     b, _ = np.linalg.qr(rng.standard_normal((d, k)))

@@ -10,7 +10,7 @@ import torch
 from scipy import stats as scipy_stats
 
 from anistat.analyze.nulls import NullOptions, UnitSpectrum, exact_tests
-from anistat.geometry import HaarDiagonalStream, SpectralFrame, isoscore_star_from_traces, random_subspace_traces
+from anistat.geometry import HaarDiagonalStream, SpectralFrame, isoscore_star_from_traces
 from anistat.stats import control_energy_moments, monte_carlo_pvalue, sequential_monte_carlo_pvalue
 
 C0, ZETA = "scaled_identity", 0.1
@@ -74,6 +74,7 @@ def test_rows_are_orthonormal_and_nested_and_rank_k_ignores_the_largest_rank():
     assert HaarDiagonalStream(10, [7], seed=1).chunk(0).rows.dtype == torch.float64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("d,k", [(64, 4), (200, 32), (256, 128)])
 def test_the_energy_null_has_the_old_samplers_law_and_the_closed_form_moments(d, k):
     eigenvalues = _spectrum(d, seed=d)
@@ -153,7 +154,7 @@ def test_the_engine_counts_exactly_what_brute_force_counts(stop, alternative):
 
 
 def test_significant_units_are_decided_by_bounds_and_stop_is_cheap_for_large_p():
-    d, ranks = 64, [4]
+    d = 64
     m, c = _spectrum(d, 1, power=2.0), _spectrum(d, 2, power=2.0)
     top = {("pca", 4): float(m[:4].sum() / m.sum())}  # the oracle: beyond every draw
     delta_top = {("pca", 4): float(_delta(c, 4, c[:4].sum(), (c[:4] ** 2).sum(), (c[:4] ** 2).sum()))}

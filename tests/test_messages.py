@@ -68,8 +68,8 @@ def test_no_suggestion_when_nothing_is_close(capsys, tmp_path):
 
 def test_did_you_mean_in_a_claims_file(capsys, tmp_path):
     """`verify --claims` validates claims alone: the suggestion comes from the claim's fields."""
-    from anistat.verify import load_claims
     from anistat.errors import AnistatInputError
+    from anistat.verify import load_claims
 
     path = tmp_path / "claims.yaml"
     path.write_text("- {id: a, metric: energy_ratio, wher: {rank: 2}}\n")
@@ -174,6 +174,7 @@ def test_interrupted_while_training_says_nothing_was_kept(capsys, tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]
 
 
+@pytest.mark.slow
 def test_interrupted_after_units_finished_says_where_they_are(capsys, tmp_path, monkeypatch, _sigint_delivered):
     from anistat.collect import artifact
 
@@ -226,6 +227,7 @@ with pytest.MonkeyPatch.context() as patch:
 """
 
 
+@pytest.mark.slow
 def test_without_pyarrow_the_missing_parquet_is_said_and_recorded(tmp_path):
     """In a process where pyarrow cannot be imported (pandas then keeps its own string types): the
     run says, even with -q, that results.parquet was not written and why, and the manifest
@@ -246,6 +248,7 @@ def test_without_pyarrow_the_missing_parquet_is_said_and_recorded(tmp_path):
     assert not (tmp_path / "b" / "results.parquet").exists() and "results.parquet" not in manifest["files"]
 
 
+@pytest.mark.slow
 def test_with_pyarrow_nothing_is_omitted(capsys, tmp_path, monkeypatch):
     pytest.importorskip("pyarrow")
     no_figures(monkeypatch)
@@ -285,8 +288,11 @@ def test_goal_lines():
 
 
 def test_calibrate_at_20_simulations_calls_nothing_met(capsys, tmp_path):
+    # small everywhere (one scenario, 12-document studies, no 200-document coverage studies, 20
+    # family studies): what is checked is the wording at too few simulations, not the rates
     code, out, err = run_cli(capsys, "calibrate", "--out", tmp_path / "c", "--n-simulations", "20",
-                             "--scenario", "isotropic", "--n-documents", "12")
+                             "--scenario", "isotropic", "--n-documents", "12", "--coverage-documents", "12",
+                             "--family-simulations", "20")
     assert code == 0, err
     goals = [line for line in out.splitlines() if line.startswith("goal ")]
     assert goals and not [line for line in goals if ": met (" in line], goals

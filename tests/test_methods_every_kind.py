@@ -96,6 +96,7 @@ def test_refit_methods_text_matches_the_golden_file():
 # ----------------------------------------------------------------------------------------------
 # measured inside a training loop: real runs
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_training_meter_methods_text_describes_the_loop(tmp_path):
     """The issue's case: the text described the built-in corpus and '64 sequences … the earliest
     30 % of the checkpoints' while the loop's own batches (here 12 fit sequences of steps 0–1)
@@ -139,6 +140,7 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
     assert_answer_is_true(ctx, "plain", "early in the measured training (step1)")
 
 
+@pytest.mark.slow
 def test_trainer_callback_methods_text_describes_the_trainer_run(tmp_path):
     pytest.importorskip("accelerate")  # transformers' Trainer needs it
     from transformers import Trainer, TrainingArguments
@@ -186,6 +188,7 @@ def caption_results(protocol) -> tuple[pd.DataFrame, pd.DataFrame]:
                                "estimate", "ci_low", "ci_high", "ci_method", "p_value", "note"]]
 
 
+@pytest.mark.slow
 def test_quickstart_figure_captions_match_the_golden_file():
     """Captions say what the run did: the resampling unit and its count, the interval method,
     what 'early' is — not a fixed 'bootstrap over sequences' (issue #20: 30 documents were
@@ -209,6 +212,7 @@ def test_quickstart_figure_captions_match_the_golden_file():
     matches_golden("quickstart_captions.txt", text)
 
 
+@pytest.mark.slow
 def test_a_real_refit_run_of_random_proxies_reports_what_it_did(tmp_path, capsys):
     """A real `anistat run` of the null-check design in miniature (random proxies drawn anew per
     checkpoint): the methods never say "fitted … then frozen", the figures find the

@@ -53,6 +53,7 @@ def test_the_rejection_share_is_tested_against_the_grids_own_level():
     assert check.verdict == "not uniform"  # right share, but every other p sits at 11/21
 
 
+@pytest.mark.slow
 def test_anti_conservative_and_conservative_tests_are_named():
     rng = np.random.default_rng(2)
     assert p_value_uniformity(rng.uniform(size=1000) ** 2).verdict == "anti-conservative"
@@ -135,6 +136,7 @@ def test_null_check_summaries_use_each_tests_own_grid():
     assert len(exact.p_values) == len(paper.p_values) == 192
 
 
+@pytest.mark.slow
 def test_null_check_report_finds_the_refit_rows_and_states_a_verdict_that_agrees_with_its_tests(tmp_path):
     from anistat.report.figures import render_figures
 
@@ -162,6 +164,7 @@ def test_null_check_report_finds_the_refit_rows_and_states_a_verdict_that_agrees
         assert f"uniformity p = {check.uniformity_p:.2g} \u2014 {VERDICT_TEXT[check.verdict]}" in caption
 
 
+@pytest.mark.slow
 def test_sequential_pvalues_are_judged_against_their_own_law():
     from anistat.stats import sequential_monte_carlo_pvalue
     from anistat.stats.uniformity import sample_sequential_pvalues

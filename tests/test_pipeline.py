@@ -19,18 +19,10 @@ def anistat(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           cwd=cwd, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def mini_bundle(tmp_path_factory) -> Path:
-    from conftest import MINI_PROTOCOL
-
-    root = tmp_path_factory.mktemp("e2e")
-    protocol = root / "mini.yaml"
-    protocol.write_text(MINI_PROTOCOL)
-    result = anistat("run", protocol, "--out", root / "bundle")
-    assert result.returncode == 0, result.stderr
-    return root / "bundle"
+# `mini_bundle`: the session's one MINI_PROTOCOL bundle (conftest.py), written by `python -m anistat run`.
 
 
+@pytest.mark.slow
 def test_bundle_contract(mini_bundle):
     for name in ("manifest.json", "results.csv", "report.html", "tables.tex", "concept_cards.json"):
         assert (mini_bundle / name).is_file(), name
@@ -54,6 +46,7 @@ def test_bundle_contract(mini_bundle):
     assert set(manifest["files"]) >= {"results.csv", "report.html", "tables.tex"}
 
 
+@pytest.mark.slow
 def test_frequency_correlations_carry_sequence_bootstrap_cis(mini_bundle):
     frequency = pd.read_csv(mini_bundle / "frequency.csv")
     correlations = frequency[frequency.metric.isin(["spearman_logfreq_distance", "pearson_logfreq_distance"])]
@@ -65,6 +58,7 @@ def test_frequency_correlations_carry_sequence_bootstrap_cis(mini_bundle):
     assert 'id="frequency"' in (mini_bundle / "report.html").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_haar_controls_capture_k_over_d(mini_bundle):
     """Closed form: a Haar k-subspace captures k/d of any gradient cloud's energy on average."""
     results = pd.read_csv(mini_bundle / "results.csv")
@@ -78,6 +72,7 @@ def test_haar_controls_capture_k_over_d(mini_bundle):
     assert abs((haar.control_mean / expected).mean() - 1) < 0.05
 
 
+@pytest.mark.slow
 def test_same_protocol_same_bytes(mini_bundle, tmp_path):
     from conftest import MINI_PROTOCOL
 
@@ -98,6 +93,7 @@ def test_validate_malformed_protocol_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_run_with_invalid_input_leaves_nothing(tmp_path):
     path = tmp_path / "missing-data.yaml"
     path.write_text(

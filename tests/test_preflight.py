@@ -164,6 +164,7 @@ def test_claims_that_match_are_accepted(study, tmp_path):
     assert [label for label, _ in checked.models[1].checkpoints] == ["a", "b"]
 
 
+@pytest.mark.slow
 def test_the_plan_is_exactly_the_rows_a_run_writes(tmp_path, monkeypatch):
     """The planned rows (keys of results.csv and frequency.csv) cover every row of a real run, so
     the claim checks never reject a claim that would have selected something."""
@@ -200,7 +201,8 @@ def test_the_plan_is_exactly_the_rows_a_run_writes(tmp_path, monkeypatch):
 def test_the_column_lists_are_analyzes():
     """preflight keeps its own copy of the column names (importing analyze would import torch
     into `anistat validate`); they must be analyze's."""
-    from anistat import analyze, preflight as module
+    from anistat import analyze
+    from anistat import preflight as module
 
     assert list(module.RESULT_COLUMNS) == list(analyze.RESULT_COLUMNS)
     assert set(analyze.FREQUENCY_COLUMNS) <= set(module.RESULT_COLUMNS) | set(module.FREQUENCY_ONLY_COLUMNS)

@@ -6,11 +6,10 @@ import json
 
 import pytest
 import yaml
+from conftest import MINI_PROTOCOL
 
 from anistat.errors import AnistatInputError
 from anistat.protocol import STARTER_PROTOCOL, load_protocol, parse_protocol, protocol_schema
-
-from conftest import MINI_PROTOCOL
 
 
 def _data(**changes):

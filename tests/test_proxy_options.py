@@ -114,6 +114,7 @@ report: {compile_pdf: false}
 """
 
 
+@pytest.mark.slow
 def test_refit_rows_sit_beside_frozen_ones(tmp_path):
     """At the one checkpoint of the fit window the refitted proxy is fitted on exactly the same
     sample as the frozen one, so their energies coincide; later they differ."""

@@ -69,6 +69,7 @@ def hostile(tmp_path_factory):
     return tmp, out, paths, (out / "report.html").read_text(encoding="utf-8"), res, seconds
 
 
+@pytest.mark.slow
 def test_writes_bundle_files_only_inside_out_dir(hostile):
     tmp, out, paths = hostile[:3]
     assert [p.name for p in tmp.iterdir()] == ["bundle"]
@@ -83,6 +84,7 @@ def test_writes_bundle_files_only_inside_out_dir(hostile):
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_user_strings_are_html_escaped(hostile):
     html = hostile[3]
     assert XSS not in html
@@ -96,6 +98,7 @@ def test_user_strings_are_html_escaped(hostile):
     assert len(re.findall(r"<script\b", html, re.I)) == 2
 
 
+@pytest.mark.slow
 def test_html_is_self_contained(hostile):
     html = hostile[3]
     low = html.lower()
@@ -104,6 +107,7 @@ def test_html_is_self_contained(hostile):
         assert bad not in low, bad
 
 
+@pytest.mark.slow
 def test_every_img_is_a_png_data_uri(hostile):
     out, html = hostile[1], hostile[3]
     imgs = IMG_RE.findall(html)
@@ -119,6 +123,7 @@ def test_every_img_is_a_png_data_uri(hostile):
         assert w > 100 and h > 100
 
 
+@pytest.mark.slow
 def test_summary_comes_first_and_sections_exist(hostile):
     html = hostile[3]
     order = [html.index(f'id="{s}"') for s in ("summary", "figures", "concepts", "methods",
@@ -135,6 +140,7 @@ def test_summary_comes_first_and_sections_exist(hostile):
     assert "normal density with the recorded control mean and SD" in html
 
 
+@pytest.mark.slow
 def test_failed_units_shown_with_reason(hostile):
     html = hostile[3]
     failed = html[html.index('<section id="failed"'):]
@@ -143,6 +149,7 @@ def test_failed_units_shown_with_reason(hostile):
     assert 'class="failed"' in html
 
 
+@pytest.mark.slow
 def test_csv_round_trip_renders_identically(tmp_path):
     # One model keeps this quick; every figure kind is still drawn (PNG bytes are in the HTML).
     res = make_results(models=(("tiny-bert", "mlm"),), with_buckets=True)
@@ -159,6 +166,7 @@ def test_csv_round_trip_renders_identically(tmp_path):
     assert b"CreationDate" not in (out1 / "figures" / "forest_effects.pdf").read_bytes()
 
 
+@pytest.mark.slow
 def test_each_figure_file_is_one_draw_and_the_same_bytes_as_with_the_layout_engine(tmp_path, monkeypatch):
     """save_figure drops the placeholder engine tight_layout leaves behind, so savefig skips its
     extra layout draw: one draw per PDF and per PNG, and byte for byte what the extra draw gave."""
@@ -190,6 +198,7 @@ def test_each_figure_file_is_one_draw_and_the_same_bytes_as_with_the_layout_engi
     assert (fast / "report.html").read_bytes() == (slow / "report.html").read_bytes()
 
 
+@pytest.mark.slow
 def test_missing_metrics_and_figures_are_skipped(tmp_path):
     res = make_results()
     res = res[res["metric"].isin(["energy_fraction", "oracle_fraction"])]
@@ -255,6 +264,7 @@ def test_options_change_tables_and_title(tmp_path):
         ReportOptions(table_metrics="energy_ratio")
 
 
+@pytest.mark.slow
 def test_latex_tables_escape_and_structure(tmp_path):
     res = make_results()
     res.loc[res["model"] == "tiny-gpt2", "model"] = "gpt_2 & co % $x$ #1"
@@ -307,6 +317,7 @@ def test_pdflatex_failure_raises_with_log_tail(tmp_path, monkeypatch):
     assert not [p for p in out.iterdir() if p.name.startswith(".latex")]
 
 
+@pytest.mark.slow
 def test_rerender_is_fast(hostile):
     """A quickstart-sized bundle (~380 rows + bucket rows, 7 figures) renders; its timing is a
     benchmark (benchmarks/README.md), not a test assertion on a shared machine."""
@@ -329,6 +340,7 @@ def _chromium(profile: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not on PATH")
 def test_headless_chromium_runs_script_and_loads_images(hostile, tmp_path):
     out = hostile[1]
@@ -356,6 +368,7 @@ def test_headless_chromium_runs_script_and_loads_images(hostile, tmp_path):
     assert shot.exists() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex not on PATH")
 def test_report_tex_compiles_with_pdflatex(hostile):
     from anistat.report.latex import compile_pdf
@@ -386,6 +399,7 @@ def test_pdf_compiles_from_a_relative_output_directory(tmp_path, monkeypatch):
     assert (tmp_path / "rel" / "report.pdf").is_file() and pdf.name == "report.pdf"
 
 
+@pytest.mark.slow
 def test_frequency_correlation_table_in_html_and_latex(hostile):
     """The log-frequency vs centroid-distance correlations (frequency.csv) get their own table:
     Spearman ρ with its CI per model × checkpoint × site, in both documents."""

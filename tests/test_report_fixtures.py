@@ -193,8 +193,8 @@ def make_manifest() -> dict[str, Any]:
         "dtype": "float32",
         "started_at": "2026-05-01T10:00:00Z",
         "finished_at": "2026-05-01T10:03:12Z",
-        "units": [{"id": f"{m}/step{s}/layers.{l}", "status": "ok", "note": "", "seconds": 1.5 + l}
-                  for m in ("tiny-gpt2", "tiny-bert") for s in STEPS for l in (0, 1)],
+        "units": [{"id": f"{m}/step{s}/layers.{layer}", "status": "ok", "note": "", "seconds": 1.5 + layer}
+                  for m in ("tiny-gpt2", "tiny-bert") for s in STEPS for layer in (0, 1)],
         "warnings": ["Only 20 controls: the smallest attainable Monte-Carlo p is 1/21 = 0.048."],
     }
 
@@ -243,7 +243,7 @@ def make_claims() -> list[dict[str, Any]]:
 
 def make_extras() -> dict[str, Any]:
     calib = []
-    for test, kind in (("monte_carlo_p", "rejection"), ("sign_flip", "rejection")):
+    for test, _kind in (("monte_carlo_p", "rejection"), ("sign_flip", "rejection")):
         for a in (0.01, 0.05, 0.1, 0.2):
             calib.append({"test": test, "nominal": a, "observed": a * (1.0 + (0.05 if test == "sign_flip" else -0.04) * (a > 0.02)),
                           "mcse": math.sqrt(a * (1 - a) / 2000), "n_sim": 2000})

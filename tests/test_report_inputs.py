@@ -148,6 +148,7 @@ def test_statistics_paragraph_reads_new_result_columns_when_present():
 # ------------------------------------------------------------------ warnings, counts, settings
 
 
+@pytest.mark.slow
 def test_run_warnings_are_prominent_in_html_and_latex(tmp_path):
     protocol = load_protocol(ROOT / "protocols" / "quickstart.yaml")
     results = plan_results(protocol)
@@ -191,6 +192,7 @@ def test_settings_table_shows_only_the_settings_of_each_source(tmp_path):
     assert "data.paths" not in keys and "data.dataset_split" not in keys
 
 
+@pytest.mark.slow
 def test_control_independent_metrics_are_shown_once_in_tables_tex(tmp_path):
     protocol = load_protocol(ROOT / "protocols" / "quickstart.yaml")
     results = plan_results(protocol)
@@ -218,6 +220,7 @@ def test_control_independent_metrics_are_shown_once_in_tables_tex(tmp_path):
 # ------------------------------------------------------------------ one publish path
 
 
+@pytest.mark.slow
 def test_publish_then_read_back_then_rerender_and_verify(tmp_path):
     from anistat.rerender import rerender
     from anistat.verify import verify_bundle
@@ -284,6 +287,7 @@ window.addEventListener("load", function () {
 </script>"""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (/usr/bin/chromium)")
 @pytest.mark.parametrize("width", [1400, 600])
 def test_no_element_is_wider_than_the_viewport(tmp_path, width):

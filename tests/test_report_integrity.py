@@ -64,6 +64,7 @@ def edit_a_number(bundle: Path) -> None:
     (bundle / "results.csv").write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.slow
 def test_verify_prints_the_evidence_and_json_for_scripts(bundle, capsys):
     code, out, err = cli(capsys, "verify", bundle)
     assert code == 0 and err == ""
@@ -79,6 +80,7 @@ def test_verify_prints_the_evidence_and_json_for_scripts(bundle, capsys):
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--json" in err
 
 
+@pytest.mark.slow
 def test_report_refuses_edited_data_and_changes_nothing(bundle, capsys):
     assert cli(capsys, "verify", bundle)[0] == 0
     edit_a_number(bundle)
@@ -93,6 +95,7 @@ def test_report_refuses_edited_data_and_changes_nothing(bundle, capsys):
     assert code == 1 and "integrity: results.csv: modified" in out and "files match" not in out
 
 
+@pytest.mark.slow
 def test_allowed_edit_is_recorded_and_verify_keeps_reporting_it(bundle, capsys):
     recorded = json.loads((bundle / "manifest.json").read_text())["files"]["results.csv"]
     edit_a_number(bundle)
@@ -118,6 +121,7 @@ def test_allowed_edit_is_recorded_and_verify_keeps_reporting_it(bundle, capsys):
     assert cli(capsys, "report", bundle, "--no-pdf", "-q")[0] == 2
 
 
+@pytest.mark.slow
 def test_edited_rendered_outputs_are_simply_re_rendered(bundle, capsys):
     (bundle / "report.html").write_text("<p>defaced</p>")
     (bundle / "tables.tex").unlink()
@@ -127,6 +131,7 @@ def test_edited_rendered_outputs_are_simply_re_rendered(bundle, capsys):
     assert code == 0 and "integrity: all" in out and "defaced" not in (bundle / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_a_data_file_added_after_the_run_is_an_edit(bundle, capsys):
     results = (bundle / "results.csv").read_text().splitlines()
     (bundle / "frequency.csv").unlink(missing_ok=True)
@@ -139,6 +144,7 @@ def test_a_data_file_added_after_the_run_is_an_edit(bundle, capsys):
     assert code == 2 and "frequency.csv: not in the manifest (added after the run)" in err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
 def test_no_pdf_keeps_an_existing_report_pdf(bundle, capsys):
     pdf = (bundle / "report.pdf").read_bytes()  # compiled by the run
@@ -153,6 +159,7 @@ def test_no_pdf_keeps_an_existing_report_pdf(bundle, capsys):
     assert code == 0 and "integrity: all" in out
 
 
+@pytest.mark.slow
 def test_a_bundle_without_digests_is_refused_and_stays_unverified(bundle, capsys):
     manifest = json.loads((bundle / "manifest.json").read_text())
     del manifest["files"]

@@ -19,6 +19,7 @@ from anistat.report import ReportOptions, render_bundle  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_stars_of_a_control_independent_metric_follow_the_estimate(tmp_path):
     protocol = load_protocol(ROOT / "protocols" / "quickstart.yaml")
     render_bundle(report_inputs(protocol, plan_results(protocol), quickstart_manifest(protocol)), tmp_path,
@@ -52,6 +53,7 @@ window.addEventListener("load", function () {
 </script>"""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (/usr/bin/chromium)")
 @pytest.mark.parametrize("width", [1400, 600])
 def test_evidence_names_never_wrap_inside_a_word(tmp_path, width):

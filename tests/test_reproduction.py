@@ -63,6 +63,7 @@ def bundles(tmp_path_factory) -> tuple[Path, Path]:
     return root / "t1", root / "t2"
 
 
+@pytest.mark.slow
 def test_a_local_checkpoint_measured_with_1_and_2_threads_reproduces(bundles, capsys):
     one, two = bundles
     assert json.loads((one / "manifest.json").read_text())["machine"]["threads"]["setting"] == 1
@@ -79,6 +80,7 @@ def test_a_local_checkpoint_measured_with_1_and_2_threads_reproduces(bundles, ca
     assert abs(energy[0] - energy[1]).max() <= 1e-4 * DEFAULT_TOLERANCE.relative * abs(energy[0]).max()
 
 
+@pytest.mark.slow
 def test_the_cli_default_is_the_modules(bundles):
     assert DEFAULT_RELATIVE == DEFAULT_TOLERANCE.relative
 
@@ -104,6 +106,7 @@ def _first(table: pd.DataFrame, metric: str, **where) -> int:
     return rows.index[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factor, reproduces", [(1.02, False), (1.004, True)])
 def test_an_estimate_moved_beyond_the_tolerance_is_named(bundles, tmp_path, capsys, factor, reproduces):
     one, _ = bundles
@@ -119,6 +122,7 @@ def test_an_estimate_moved_beyond_the_tolerance_is_named(bundles, tmp_path, caps
         assert "metric=energy_ratio" in line and "estimate" in line and "allowed" in line
 
 
+@pytest.mark.slow
 def test_a_number_near_zero_is_read_at_its_metrics_scale(bundles, tmp_path):
     """A ΔIsoScore* of 1e-6 moving to 2e-6 is a rounding-level move when its metric's other
     values are ~0.1 (100 % of itself, 1e-5 of the scale)."""
@@ -135,6 +139,7 @@ def test_a_number_near_zero_is_read_at_its_metrics_scale(bundles, tmp_path):
     assert not compare_reproduction(one, edited, Tolerance(relative=1e-5)).ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("column, change", [
     ("n_tokens", lambda v: v + 1), ("status", lambda v: "failed"), ("n_clusters", lambda v: v - 1),
     ("ci_low", lambda v: float("nan")), ("p_value", lambda v: min(1.0, v + 0.2)),
@@ -153,6 +158,7 @@ def test_counts_statuses_missing_values_and_p_values_are_checked(bundles, tmp_pa
     assert [d.column for d in check.differences] == [column], check.differences
 
 
+@pytest.mark.slow
 def test_a_monte_carlo_p_value_may_move_by_its_own_error(bundles, tmp_path):
     """Two Monte-Carlo standard errors (+ 2 draws): a p of 0.5 from 9,999 draws may move by 0.01,
     one of 0.0001 (the floor) only by about 4 draws."""
@@ -164,11 +170,12 @@ def test_a_monte_carlo_p_value_may_move_by_its_own_error(bundles, tmp_path):
                         (0.5, 0.02, False), (1 / (draws + 1), 2 / (draws + 1), True),
                         (1 / (draws + 1), 8 / (draws + 1), False)):
         original, edited = _copy(one, tmp_path, f"o{p}{move}"), _copy(one, tmp_path, f"e{p}{move}")
-        _edit_results(original, lambda t: t.__setitem__("p_value", t["p_value"].where(t.index != index, p)))
-        _edit_results(edited, lambda t: t.__setitem__("p_value", t["p_value"].where(t.index != index, p + move)))
+        _edit_results(original, lambda t, p=p: t.__setitem__("p_value", t["p_value"].where(t.index != index, p)))
+        _edit_results(edited, lambda t, p=p, move=move: t.__setitem__("p_value", t["p_value"].where(t.index != index, p + move)))
         assert compare_reproduction(original, edited).ok is ok, (p, move)
 
 
+@pytest.mark.slow
 def test_rows_claims_and_the_protocol_must_match(bundles, tmp_path):
     one, _ = bundles
     dropped = _copy(one, tmp_path, "dropped")
@@ -186,6 +193,7 @@ def test_rows_claims_and_the_protocol_must_match(bundles, tmp_path):
     assert [d.column for d in compare_reproduction(one, other).differences] == ["protocol_sha256"]
 
 
+@pytest.mark.slow
 def test_files_with_times_and_paths_are_not_compared(bundles, tmp_path):
     """Timestamps, the command line, report.html: a rerun differs there by design."""
     one, _ = bundles
@@ -198,6 +206,7 @@ def test_files_with_times_and_paths_are_not_compared(bundles, tmp_path):
     assert check.ok and check.identical == check.compared
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line(bundles, tmp_path, capsys):
     one, _ = bundles
     code, _, err = run_cli(capsys, "diff", one, tmp_path / "missing")
@@ -208,6 +217,7 @@ def test_bad_input_is_one_line(bundles, tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.slow
 def test_text_where_a_number_belongs_is_a_difference_not_a_crash(bundles, tmp_path, capsys):
     one, _ = bundles
     edited = _copy(one, tmp_path, "edited")

@@ -74,6 +74,7 @@ def reference(tmp_path_factory) -> Path:
     return root / "out"
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_is_byte_identical(reference, tmp_path, capsys, monkeypatch):
     protocol = write_protocol(tmp_path)
     # Same arithmetic as this process (conftest pins torch to one thread): float32 reductions may
@@ -112,6 +113,7 @@ def test_sigkill_then_rerun_is_byte_identical(reference, tmp_path, capsys, monke
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")], "no staging directory left"
 
 
+@pytest.mark.slow
 def test_a_finished_bundle_is_replaced_only_whole(reference, tmp_path, capsys, monkeypatch):
     """A rerun into an existing bundle that is interrupted while writing keeps the old bundle
     intact (the new one is staged beside it and swapped in with one rename)."""

@@ -128,6 +128,7 @@ def test_checkpoint_with_custom_code_is_refused_without_the_flag(tiny_model, tmp
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_user_strings_are_escaped_and_outputs_confined(tiny_model, tmp_path, capsys):
     """`<script>` and friends through the title, description, claim texts, a checkpoint label
     (a directory name) and the corpus itself (concept cards): all escaped in report.html, no

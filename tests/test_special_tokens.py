@@ -40,6 +40,7 @@ def _tokenizer(template: str | None):
 SPEC = dict(seq_len=16, n_fit_sequences=6, n_test_sequences=6, max_documents=200)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("template, prefix, suffix", [("bert", ["[CLS]"], ["[SEP]"]), ("bos", ["<s>"], []),
                                                       (None, [], [])])
 def test_blocks_carry_the_tokenizers_template(template, prefix, suffix):

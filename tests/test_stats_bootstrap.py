@@ -4,8 +4,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from anistat.stats import (bootstrap_weights, ci_from_replicates, iter_bootstrap_weights,
-                           jackknife_weights, sequence_bootstrap)
+from anistat.stats import (
+    bootstrap_weights,
+    ci_from_replicates,
+    iter_bootstrap_weights,
+    jackknife_weights,
+    sequence_bootstrap,
+)
 
 
 def test_weights_are_multinomial_counts_and_deterministic():

@@ -15,6 +15,7 @@ def quick():
                            n_documents=40, n_bootstrap=300, n_test_resamples=299, n_null=299)
 
 
+@pytest.mark.slow
 def test_quick_calibration_under_clustered_anisotropic_null(quick):
     # loose bands (150 studies): a broken engine (token- or sequence-level resampling of
     # clustered data, p without +1, a reversed alternative, a biased CI) lands outside them
@@ -40,6 +41,7 @@ def test_calibration_is_deterministic():
     assert run_calibration(**kwargs).conditions == run_calibration(**kwargs).conditions
 
 
+@pytest.mark.slow
 def test_calibration_report(quick, tmp_path):
     paths = write_calibration_report(quick, tmp_path)
     for kind in ("csv", "json", "png", "pdf", "html"):
@@ -72,6 +74,7 @@ def test_coverage_is_reported_at_other_study_sizes():
     assert len(result.checks) == 3 + 3  # exact (2 ways) + data test; 3 coverages
 
 
+@pytest.mark.slow
 def test_family_calibration_with_shared_draws():
     from anistat.stats.family_calibration import run_family_calibration
 

@@ -6,8 +6,14 @@ import pytest
 import statsmodels.api as sm
 from statsmodels.stats.multitest import multipletests
 
-from anistat.stats import (adjust_in_families, adjust_pvalues, min_controls_needed,
-                           random_effects_meta, resolution_warning, trend_test)
+from anistat.stats import (
+    adjust_in_families,
+    adjust_pvalues,
+    min_controls_needed,
+    random_effects_meta,
+    resolution_warning,
+    trend_test,
+)
 
 
 @pytest.mark.parametrize("method", ["holm", "fdr_bh", "bonferroni"])
@@ -20,6 +26,7 @@ def test_adjust_pvalues_matches_statsmodels_and_ignores_nan(method):
     assert np.all(np.isnan(adjust_pvalues([np.nan, np.nan])))
 
 
+@pytest.mark.slow
 def test_holm_written_out_equals_statsmodels_on_ties_and_many_tests():
     rng = np.random.default_rng(0)
     for m in (1, 2, 7, 500):

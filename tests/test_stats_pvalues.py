@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from anistat.stats import (monte_carlo_pvalue, sign_flip_pvalues, sign_flip_test,
-                           min_attainable_pvalue)
+from anistat.stats import min_attainable_pvalue, monte_carlo_pvalue, sign_flip_pvalues, sign_flip_test
 
 
 def test_mc_pvalue_closed_cases():

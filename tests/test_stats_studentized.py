@@ -6,8 +6,7 @@ import pytest
 from scipy import stats
 
 import anistat.stats.calibrate as calibrate
-from anistat.stats import (bootstrap_weights, ci_from_replicates, ratio_se,
-                           run_calibration, sequence_bootstrap)
+from anistat.stats import bootstrap_weights, ci_from_replicates, ratio_se, run_calibration, sequence_bootstrap
 
 
 def _heavy_ratio_data(rng, s):
@@ -61,6 +60,7 @@ def test_studentized_ci_matches_a_direct_bootstrap_t():
         ci_from_replicates(th, reps, method="studentized")
 
 
+@pytest.mark.slow
 def test_studentized_covers_where_bca_undercovers():
     # heavy-tailed heterogeneous sequences: the estimate and its SE are strongly correlated, so
     # BCa -- the engine's and scipy's alike -- undercovers at small S (a property of the

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -142,6 +141,7 @@ def test_a_bad_threads_option_is_one_line(capsys, mini_protocol_path, tmp_path, 
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_the_manifest_records_threads_and_machine(capsys, tmp_path, monkeypatch):
     """A real run with --threads 2: the log says it, the manifest's `machine` records the setting,
     its source, the CPU, the instruction set torch dispatches to, the BLAS of torch and numpy and
@@ -189,6 +189,7 @@ def _trained_states(threads: int) -> dict[int, dict[str, torch.Tensor]]:
         return _train_builtin(model, spec, splits, data, "clm", 0, lambda message: None)
 
 
+@pytest.mark.slow
 def test_builtin_training_is_bit_identical_across_thread_settings():
     """Built-in models train on one thread whatever the run's setting: with 2 threads set (which
     changes how torch splits a float64 GEMM or reduction, and so its rounding) the trained

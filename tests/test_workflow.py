@@ -44,6 +44,7 @@ def digests(directory: Path) -> dict[str, str]:
     return json.loads((directory / "manifest.json").read_text())["files"]
 
 
+@pytest.mark.slow
 def test_load_bundle_returns_what_run_returned(bundle):
     _, path, _, result = bundle
     loaded = anistat.load_bundle(path)
@@ -59,6 +60,7 @@ def test_load_bundle_of_a_non_bundle_is_one_clear_error(tmp_path):
         anistat.load_bundle(tmp_path)
 
 
+@pytest.mark.slow
 def test_run_progress_between_analysing_and_wrote(bundle):
     _, _, lines, _ = bundle
     stages = ["analysing", "analysed:", "writing the bundle", "rendered", "wrote"]
@@ -69,6 +71,7 @@ def test_run_progress_between_analysing_and_wrote(bundle):
     assert "result rows" in analysed and "frequency rows" in analysed, analysed
 
 
+@pytest.mark.slow
 def test_run_refuses_to_overwrite_a_bundle(bundle, capsys, monkeypatch):
     protocol, path, _, _ = bundle
     before = digests(path)
@@ -85,6 +88,7 @@ def test_run_refuses_to_overwrite_a_bundle(bundle, capsys, monkeypatch):
     assert json.loads((path / "manifest.json").read_text())["started_at"]
 
 
+@pytest.mark.slow
 def test_verify_new_claims_against_an_existing_bundle(bundle, capsys, tmp_path):
     _, path, _, _ = bundle
     before = digests(path)
@@ -103,6 +107,7 @@ def test_verify_new_claims_against_an_existing_bundle(bundle, capsys, tmp_path):
     assert digests(path) == before  # the bundle is read, never changed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text, needles", [
     ("- {id: t, metric: energy_ration}\n", ["claims[0] 't'", "metric 'energy_ration' is not in this bundle",
                                             "energy_ratio"]),
@@ -122,6 +127,7 @@ def test_verify_claims_file_mistakes(bundle, capsys, tmp_path, text, needles):
         assert needle in lines[0], (needle, lines[0])
 
 
+@pytest.mark.slow
 def test_report_rejects_unknown_metrics(bundle, capsys):
     _, path, _, _ = bundle
     before = digests(path)
@@ -133,6 +139,7 @@ def test_report_rejects_unknown_metrics(bundle, capsys):
     assert digests(path) == before
 
 
+@pytest.mark.slow
 def test_report_progress_and_quiet(bundle, capsys, monkeypatch):
     import anistat.report.render
 

@@ -32,6 +32,7 @@ with sequential stopping), `units` (one unit's rows), `frequency` (frequency.csv
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -44,8 +45,15 @@ from ..stats import EXACT_TEST, adjust_pvalues, min_controls_needed, resolution_
 from ..stats.resampling_risk import family_decisions
 from .frequency import FREQUENCY_COLUMNS, bucket_spectra, frequency_rows
 from .nulls import ExactNulls, NullOptions, UnitSpectrum, exact_tests
-from .units import (ENERGY_METRICS, descriptive_rows, failed_rows, prepare_unit, proxy_groups,
-                    rows_of_unit, screen_units)
+from .units import (
+    ENERGY_METRICS,
+    descriptive_rows,
+    failed_rows,
+    prepare_unit,
+    proxy_groups,
+    rows_of_unit,
+    screen_units,
+)
 
 __all__ = [
     "DESCRIPTIVE_METRICS", "ENERGY_METRICS", "FREQUENCY_COLUMNS", "RESULT_COLUMNS", "NullSettings", "adjust",
@@ -136,7 +144,7 @@ def run_exact_tests(spectra: list[UnitSpectrum], protocol: Protocol, settings: N
 
 
 def unit_rows(artifact: UnitArtifact, protocol: Protocol, settings: NullSettings | None = None,
-              nulls: ExactNulls | None = None) -> tuple[list[dict], list[str]]:
+              nulls: ExactNulls | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """All rows of one unit, plus its warnings (before multiplicity adjustment). Without `nulls`
     the unit's exact tests run on their own (the same draws as in a run: the stream depends on the
     protocol seed and the width only)."""
@@ -166,7 +174,7 @@ def adjust(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
     if stats.multiplicity == "none":
         results["p_adjusted"] = results["p_value"]
         return results
-    adjusted: dict[tuple, float] = {}
+    adjusted: dict[tuple[Any, ...], float] = {}
     for family in test_families(results, protocol):
         values = adjust_pvalues(family["p_value"].to_numpy(dtype=float), stats.multiplicity)
         adjusted.update(zip(family["_test"], values))
@@ -235,7 +243,7 @@ def analyze_run(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarra
     if frequency:
         spectra += [spectrum for artifact in artifacts for spectrum in bucket_spectra(artifact)]
     nulls = run_exact_tests(spectra, protocol, settings, device)
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     notes: list[str] = []
     for artifact in artifacts:
         if artifact.status != "ok":

@@ -24,14 +24,27 @@ import torch
 
 from ..collect import UnitArtifact
 from ..geometry import (
-    complement_subspaces, effective_rank_from_cov, effective_rank_from_eigenvalues, haar_null_check,
-    isoscore_from_cov, isoscore_star_from_cov, isoscore_star_from_traces, oracle_fractions_of_spectrum,
-    participation_ratio_from_cov, removal_traces, subspace_traces,
+    complement_subspaces,
+    effective_rank_from_cov,
+    effective_rank_from_eigenvalues,
+    haar_null_check,
+    isoscore_from_cov,
+    isoscore_star_from_cov,
+    isoscore_star_from_traces,
+    oracle_fractions_of_spectrum,
+    participation_ratio_from_cov,
+    removal_traces,
+    subspace_traces,
 )
 from ..protocol import Protocol
 from ..seeding import derive_seed
 from ..stats import (
-    EXACT_TEST, ControlMoments, ExactTestResult, analyze_energy, control_energy_moments, expected_control_energy,
+    EXACT_TEST,
+    ControlMoments,
+    ExactTestResult,
+    analyze_energy,
+    control_energy_moments,
+    expected_control_energy,
     monte_carlo_pvalue,
 )
 from .nulls import ExactNulls, ExactTest, UnitSpectrum
@@ -124,7 +137,7 @@ class Frame:
     frobenius: float
 
     @classmethod
-    def of(cls, matrix) -> "Frame":
+    def of(cls, matrix) -> Frame:
         s = torch.as_tensor(matrix, dtype=torch.float64)
         s = 0.5 * (s + s.T)
         eigenvalues = torch.linalg.eigvalsh(s).clamp_min(0.0).numpy()

@@ -34,7 +34,6 @@ import numpy as np
 from ..atomic import atomic_write_bytes
 from ..geometry import SequenceTypeSums
 
-
 #: Version of what a unit artifact holds and means. Bump it when a statistic is added or its
 #: definition changes (2: per-(sequence, type) sums; Bessel-corrected type distances; 3: proxy
 #: bases kept, haar/normal controls no longer projected per token; 4: type centroid distance
@@ -144,7 +143,7 @@ class UnitArtifact:
         return meta_path
 
     @classmethod
-    def load(cls, meta_path: Path) -> "UnitArtifact":
+    def load(cls, meta_path: Path) -> UnitArtifact:
         meta = json.loads(meta_path.read_text())
         with np.load(_arrays_path(meta_path), allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}

@@ -14,6 +14,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,8 +23,8 @@ from ..data import Splits, mask_for_mlm
 from ..geometry import GradientMoments, SequenceTypeSums, TypeMeanGeometry, delta_isoscore_star, type_mean_geometry
 from ..objective import count_targets, lm_loss
 from ..seeding import derive_seed
-from .artifact import BasisColumn, UnitArtifact, UnitKey
 from . import distributed
+from .artifact import BasisColumn, UnitArtifact, UnitKey
 from .progress import bar
 from .sites import as_sites, probe
 
@@ -290,7 +291,7 @@ class TypePlan:
 
     @classmethod
     def from_tokens(cls, token_ids: torch.Tensor, mask: torch.Tensor | None, vocab_size: int, dim: int,
-                    budget_bytes: float) -> "TypePlan":
+                    budget_bytes: float) -> TypePlan:
         ids = token_ids.reshape(-1) if mask is None else token_ids.reshape(-1)[mask.reshape(-1)]
         occurrences = torch.bincount(ids.long().cpu(), minlength=vocab_size)[:vocab_size]
         eligible = torch.nonzero(occurrences >= 2).flatten()
@@ -349,7 +350,7 @@ class _TypeTable:
         return self.all_sum / max(float(self.all_count), 1.0)
 
     def _allocate(self, capacity: int) -> None:
-        f64 = dict(dtype=torch.float64, device=self.device)
+        f64: dict[str, Any] = dict(dtype=torch.float64, device=self.device)
         self.type_id = torch.zeros(capacity, dtype=torch.int64, device=self.device)
         self.count, self.sq = torch.zeros(capacity, **f64), torch.zeros(capacity, **f64)
         self.sum = torch.zeros(capacity, self.dim, **f64)
@@ -390,7 +391,7 @@ class _TypeTable:
 
     def dense(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(count, Σa, Σ‖a‖²) as vocabulary-sized tables."""
-        f64 = dict(dtype=torch.float64, device=self.device)
+        f64: dict[str, Any] = dict(dtype=torch.float64, device=self.device)
         ids = self.type_id[: self.n_rows]
         count = torch.zeros(self.vocab_size, **f64).index_copy_(0, ids, self.count[: self.n_rows])
         sq = torch.zeros(self.vocab_size, **f64).index_copy_(0, ids, self.sq[: self.n_rows])
@@ -418,7 +419,7 @@ class _TypeTable:
         self.count[:], self.sq[:], self.sum[:] = count[seen], sq[seen], total[seen]
         self.n_rows = int(seen.shape[0])
 
-    def geometry(self) -> tuple[torch.Tensor, "TypeMeanGeometry"]:
+    def geometry(self) -> tuple[torch.Tensor, TypeMeanGeometry]:
         """Per vocabulary id: occurrences, and `geometry.type_mean_geometry` of the types with
         rows — planned, or seen in training — (RMS spread, centroid distance from the global
         mean, centroid norm; NaN elsewhere)."""
@@ -436,6 +437,98 @@ class _TypeTable:
             count = torch.zeros(self.vocab_size, dtype=torch.float64, device=self.device).index_copy_(
                 0, self.type_id[: self.n_rows], self.count[: self.n_rows])
         return count, TypeMeanGeometry(**dense, global_mean=seen.global_mean)
+
+
+def _add_bucket_moments_(out: torch.Tensor, grads: torch.Tensor, bucket: torch.Tensor, evaluated: torch.Tensor, *,
+                         upper_only: bool) -> None:
+    """Add each frequency bucket's Σ g gᵀ over its evaluated rows into ``out[b]`` (``out``:
+    (n_buckets, d, d)), about the rows' own mean (`_add_second_moment_`)."""
+    n_buckets, n_rows = out.shape[0], grads.shape[0]
+    for b in range(n_buckets):
+        rows_b = ((bucket == b) & evaluated).nonzero().squeeze(1) if n_buckets > 1 else evaluated.nonzero().squeeze(1)
+        if rows_b.numel():
+            grads_b = grads if rows_b.numel() == n_rows else grads.index_select(0, rows_b)
+            _add_second_moment_(out[b:b + 1], grads_b, grads_b.sum(0, dtype=torch.float64), upper_only=upper_only)
+
+
+class _PairTable:
+    """Activation sums per (sequence, token type) pair — count, Σ‖a‖², Σa (`geometry.SequenceTypeSums`)
+    — within a memory budget of `budget_bytes`: (d + 4)·8 bytes per pair, at most one pair per
+    token; past the budget they are dropped and `note` says why. A budget of 0 keeps none."""
+
+    def __init__(self, dim: int, device: torch.device, budget_bytes: int):
+        self.dim, self.device, self.budget_bytes = dim, device, int(budget_bytes)
+        self._chunks: list[tuple[torch.Tensor, ...]] = []
+        self._bytes = 0  # what the pairs take (counted on past the budget, for the note)
+        self._dropped = False
+
+    def add(self, first_row: int, flat_ids: torch.Tensor, flat_act: torch.Tensor, act_sq: torch.Tensor,
+            batch: int, rows: torch.Tensor) -> None:
+        """Sums per (sequence, token type) pair of this batch (`rows`: each token's sequence row).
+        A batch holds whole sequences, so its pairs never meet another batch's: they are kept as
+        they come, in host memory (they are only read by the analysis, and on an accelerator
+        they would take the memory the model needs)."""
+        if self.budget_bytes <= 0:
+            return
+        pairs, inverse = torch.unique(flat_ids.long() * (first_row + batch) + rows, return_inverse=True)
+        n_pairs = int(pairs.shape[0])
+        self._bytes += n_pairs * (self.dim + 4) * 8
+        if self._bytes > self.budget_bytes:
+            self._chunks, self._dropped = [], True
+        if self._dropped:
+            return
+        f64: dict[str, Any] = dict(dtype=torch.float64, device=self.device)
+        self._chunks.append(tuple(part.cpu() for part in (
+            pairs % (first_row + batch), pairs // (first_row + batch),
+            torch.zeros(n_pairs, **f64).index_put_((inverse,), torch.ones_like(act_sq, dtype=torch.float64),
+                                                   accumulate=True),  # = index_add_, much faster on CPU
+            torch.zeros(n_pairs, **f64).index_put_((inverse,), act_sq.double(), accumulate=True),
+            torch.zeros(n_pairs, self.dim, **f64).index_put_((inverse,), flat_act.double(), accumulate=True),
+        )))
+
+    @property
+    def note(self) -> str:
+        """Why no per-(sequence, type) sums are kept ('' when they are)."""
+        if self.budget_bytes <= 0:
+            return "per-(sequence, type) sums not kept (data.frequency_ci_memory_mb is 0)"
+        if self._dropped:
+            return (f"no bootstrap CI: the per-(sequence, type) activation sums of this site need "
+                    f"{self._bytes / 2**20:.4g} MiB, over its {self.budget_bytes / 2**20:.4g} MiB share of "
+                    "data.frequency_ci_memory_mb")
+        return ""
+
+    def take(self, n_sequences: int) -> SequenceTypeSums:
+        """The kept sums, sorted by (type, sequence) so the artifact does not depend on batch or
+        rank order. Hands the table over: it lets go of its chunks as each column is joined."""
+        chunks: list[list[Any]] = [list(chunk) for chunk in self._chunks] or [self._empty()]
+        self._chunks = []
+        columns = []
+        for k in range(len(chunks[0])):
+            columns.append(torch.cat([chunk[k] for chunk in chunks]))
+            for chunk in chunks:
+                chunk[k] = None
+        order = torch.from_numpy(np.lexsort((columns[0].numpy(), columns[1].numpy())))
+        sequence, token_type, count, square, vector = (column.index_select(0, order).numpy() for column in columns)
+        return SequenceTypeSums(sequence=sequence, token_type=token_type, count=count, square_sum=square,
+                                vector_sum=vector, n_sequences=n_sequences)
+
+    def all_reduce(self) -> None:
+        """Ranks hold disjoint sequences: the budget applies to their pairs together, and the kept
+        pairs are concatenated (then sorted by `take`, so rank order does not matter)."""
+        if self.budget_bytes <= 0:
+            return
+        pair_bytes = torch.tensor([self._bytes], dtype=torch.int64)
+        distributed.all_reduce_sum_(pair_bytes)
+        self._bytes = int(pair_bytes.item())
+        if self._bytes > self.budget_bytes:
+            self._chunks, self._dropped = [], True
+        else:
+            parts = [torch.cat(columns) for columns in zip(*self._chunks)] if self._chunks else self._empty()
+            self._chunks = [tuple(distributed.all_gather_rows(part) for part in parts)]
+
+    def _empty(self) -> list[torch.Tensor]:
+        return [torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
+                torch.zeros(0, dtype=torch.float64), torch.zeros(0, self.dim, dtype=torch.float64)]
 
 
 class SiteAccumulator:
@@ -457,11 +550,9 @@ class SiteAccumulator:
     within a memory budget, decided from the test split before the pass), so memory does not
     grow with the number of tokens; in training (`type_plan=None`), every type seen.
 
-    `pair_budget_bytes` > 0 also keeps activation sums per (sequence, token type) pair (count,
-    Σ‖a‖², Σa — see `geometry.SequenceTypeSums`), which the analysis needs to bootstrap the
-    log-frequency vs centroid-distance correlation over sequences. They cost (d + 4)·8 bytes per
-    pair, at most one pair per token; past the budget they are dropped and `pair_note` says why
-    (the correlation is then reported without a CI). 0 keeps none."""
+    `pair_budget_bytes` > 0 also keeps activation sums per (sequence, token type) pair
+    (`_PairTable`), which the analysis needs to bootstrap the log-frequency vs centroid-distance
+    correlation over sequences; without them the correlation is reported without a CI."""
 
     def __init__(self, bases: list[BasisSet], *, dim: int, n_seq: int | None, n_buckets: int, vocab_size: int,
                  device: torch.device, dtype: torch.dtype | None = None, pair_budget_bytes: int = 0,
@@ -473,7 +564,7 @@ class SiteAccumulator:
         n_bases = len(self.descriptors)
         self.growing = n_seq is None
         rows = 0 if n_seq is None else n_seq
-        f64 = dict(dtype=torch.float64, device=device)
+        f64: dict[str, Any] = dict(dtype=torch.float64, device=device)
         self.total = torch.zeros(rows, n_buckets, **f64)
         self.energy = torch.zeros(rows, n_buckets, n_bases, **f64)
         self.n_tokens = torch.zeros(rows, dtype=torch.int64, device=device)
@@ -494,10 +585,7 @@ class SiteAccumulator:
         self.grad_unit = torch.zeros(dim, **f64)
         self.act_unit = torch.zeros(dim, **f64)
         self.types = _TypeTable(vocab_size, dim, device, type_plan)
-        self.pair_budget_bytes = int(pair_budget_bytes)
-        self._pairs: list[tuple[torch.Tensor, ...]] = []
-        self._pair_bytes = 0  # what the pairs take (counted on past the budget, for the note)
-        self._pairs_dropped = False
+        self.pairs = _PairTable(dim, device, pair_budget_bytes)
         self.failure = ""
 
     def add(self, grad: torch.Tensor, act: torch.Tensor, token_ids: torch.Tensor, bucket_onehot: torch.Tensor,
@@ -551,14 +639,8 @@ class SiteAccumulator:
         sums = torch.stack([flat_grad.sum(0, dtype=torch.float64), act64.sum(0)])  # (2, d) Σg, Σa
         self._outers_complete = False
         _add_second_moment_(self._outers[1:], flat_act, sums[1], upper_only=self._upper_only)
-        bucket = onehot.argmax(dim=1)
-        for b in range(self.n_buckets):
-            rows_b = ((bucket == b) & evaluated).nonzero().squeeze(1) if self.n_buckets > 1 else \
-                evaluated.nonzero().squeeze(1)
-            if rows_b.numel():
-                grads_b = flat_grad if rows_b.numel() == n_rows else flat_grad.index_select(0, rows_b)
-                _add_second_moment_(self._bucket_outers[b:b + 1], grads_b, grads_b.sum(0, dtype=torch.float64),
-                                    upper_only=self._upper_only)
+        _add_bucket_moments_(self._bucket_outers, flat_grad, onehot.argmax(dim=1), evaluated,
+                             upper_only=self._upper_only)
         self._sums += sums
         self._grad.count += n_eval
         self._act.count += n_rows
@@ -575,62 +657,19 @@ class SiteAccumulator:
             flat_ids, type_act, type_sq, rows = flat_ids[typed], act64[typed], act_sq[typed], rows[typed]
             type_sum = None
         self.types.add(flat_ids, type_act, type_sq, type_sum)
-        if self.pair_budget_bytes > 0:
-            self._add_pairs(first_row, flat_ids, type_act, type_sq, batch, rows)
-
-    def _add_pairs(self, first_row: int, flat_ids: torch.Tensor, flat_act: torch.Tensor, act_sq: torch.Tensor,
-                   batch: int, rows: torch.Tensor) -> None:
-        """Sums per (sequence, token type) pair of this batch (`rows`: each token's sequence row).
-        A batch holds whole sequences, so its pairs never meet another batch's: they are kept as
-        they come, in host memory (they are only read by the analysis, and on an accelerator
-        they would take the memory the model needs)."""
-        pairs, inverse = torch.unique(flat_ids.long() * (first_row + batch) + rows, return_inverse=True)
-        n_pairs = int(pairs.shape[0])
-        self._pair_bytes += n_pairs * (self.dim + 4) * 8
-        if self._pair_bytes > self.pair_budget_bytes:
-            self._pairs, self._pairs_dropped = [], True
-        if self._pairs_dropped:
-            return
-        f64 = dict(dtype=torch.float64, device=self.device)
-        self._pairs.append(tuple(part.cpu() for part in (
-            pairs % (first_row + batch), pairs // (first_row + batch),
-            torch.zeros(n_pairs, **f64).index_put_((inverse,), torch.ones_like(act_sq, dtype=torch.float64),
-                                                   accumulate=True),  # = index_add_, much faster on CPU
-            torch.zeros(n_pairs, **f64).index_put_((inverse,), act_sq.double(), accumulate=True),
-            torch.zeros(n_pairs, self.dim, **f64).index_put_((inverse,), flat_act.double(), accumulate=True),
-        )))
+        self.pairs.add(first_row, flat_ids, type_act, type_sq, batch, rows)
 
     @property
     def pair_note(self) -> str:
         """Why no per-(sequence, type) sums are kept ('' when they are)."""
-        if self.pair_budget_bytes <= 0:
-            return "per-(sequence, type) sums not kept (data.frequency_ci_memory_mb is 0)"
-        if self._pairs_dropped:
-            return (f"no bootstrap CI: the per-(sequence, type) activation sums of this site need "
-                    f"{self._pair_bytes / 2**20:.4g} MiB, over its {self.pair_budget_bytes / 2**20:.4g} MiB share of "
-                    "data.frequency_ci_memory_mb")
-        return ""
+        return self.pairs.note
 
     def pair_sums(self) -> SequenceTypeSums | None:
-        """The kept per-(sequence, type) sums, sorted by (type, sequence) so the artifact does not
-        depend on batch or rank order; None when not kept. Hands the table over: the
-        accumulator lets go of its chunks as each column is joined."""
-        if self.pair_note:
+        """The kept per-(sequence, type) sums (`_PairTable.take`); None when not kept."""
+        if self.pairs.note:
             return None
         self._settle()
-        chunks = [list(chunk) for chunk in self._pairs] or [self._empty_pairs()]
-        self._pairs = []
-        columns = []
-        for k in range(len(chunks[0])):
-            columns.append(torch.cat([chunk[k] for chunk in chunks]))
-            for chunk in chunks:
-                chunk[k] = None
-        order = torch.from_numpy(np.lexsort((columns[0].numpy(), columns[1].numpy())))
-        for k, column in enumerate(columns):
-            columns[k] = column.index_select(0, order).numpy()
-        sequence, token_type, count, square, vector = columns
-        return SequenceTypeSums(sequence=sequence, token_type=token_type, count=count, square_sum=square,
-                                vector_sum=vector, n_sequences=int(self.total.shape[0]))
+        return self.pairs.take(int(self.total.shape[0]))
 
     @property
     def n_sequences(self) -> int:
@@ -660,17 +699,7 @@ class SiteAccumulator:
         counts = torch.tensor([self._grad.count, self._act.count], dtype=torch.int64, device=self.device)
         distributed.all_reduce_sum_(counts)
         self._grad.count, self._act.count = int(counts[0]), int(counts[1])
-        if self.pair_budget_bytes > 0:
-            # ranks hold disjoint sequences: the budget applies to their pairs together, and
-            # the kept pairs are concatenated (then sorted, so rank order does not matter)
-            pair_bytes = torch.tensor([self._pair_bytes], dtype=torch.int64)
-            distributed.all_reduce_sum_(pair_bytes)
-            self._pair_bytes = int(pair_bytes.item())
-            if self._pair_bytes > self.pair_budget_bytes:
-                self._pairs, self._pairs_dropped = [], True
-            else:
-                parts = [torch.cat(columns) for columns in zip(*self._pairs)] if self._pairs else self._empty_pairs()
-                self._pairs = [tuple(distributed.all_gather_rows(part) for part in parts)]
+        self.pairs.all_reduce()
 
     @property
     def grad(self) -> GradientMoments:
@@ -701,10 +730,6 @@ class SiteAccumulator:
         """``(n_buckets, d, d)``: the gradients' second moment per frequency bucket."""
         self._complete_outers()
         return self._bucket_outers
-
-    def _empty_pairs(self) -> list[torch.Tensor]:
-        return [torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
-                torch.zeros(0, dtype=torch.float64), torch.zeros(0, self.dim, dtype=torch.float64)]
 
     def finish(self, key: UnitKey, *, sequence_documents: np.ndarray, seconds: float, isoscore_c0: str,
                isoscore_zeta: float, extra: dict | None = None) -> UnitArtifact:
@@ -791,10 +816,7 @@ def measure_checkpoint(
     sites = as_sites(model, {k: keys[k].site for k in order})
     compute = compute_dtype(device)
     precision = resolve_precision(device, precision)
-    model.to(device)
-    model.eval()
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)  # post hoc: ∂L/∂h needs no parameter gradients
+    _frozen_on(model, device)
     inputs, labels = model_inputs(splits.test, splits, objective, mlm_probability, seed, "test")
     n_seq, seq_len = inputs.shape
     targets_per_sequence = float(count_targets(labels, objective).sum()) / n_seq
@@ -838,13 +860,24 @@ def measure_checkpoint(
         progress.update(1)
         progress.set_postfix_str(f"{tokens_done / max(time.perf_counter() - clock, 1e-9):,.0f} tok/s", refresh=False)
     progress.close()
-    artifacts = {}
-    for k in order:
-        acc[k].all_reduce()
-        artifacts[k] = acc[k].finish(keys[k], sequence_documents=splits.test_documents,
-                                     seconds=time.perf_counter() - started, isoscore_c0=isoscore_c0,
-                                     isoscore_zeta=isoscore_zeta)
-    return artifacts
+    return {k: _finish_site(acc[k], keys[k], splits, started, isoscore_c0, isoscore_zeta) for k in order}
+
+
+def _frozen_on(model: torch.nn.Module, device: torch.device) -> None:
+    """Move ``model`` to ``device`` in eval mode with its parameters frozen: post hoc, ∂L/∂h
+    needs no parameter gradients."""
+    model.to(device)
+    model.eval()
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+
+
+def _finish_site(acc: SiteAccumulator, key: UnitKey, splits: Splits, started: float, isoscore_c0: str,
+                 isoscore_zeta: float) -> UnitArtifact:
+    """All-reduce one site's statistics over ranks and turn them into its artifact."""
+    acc.all_reduce()
+    return acc.finish(key, sequence_documents=splits.test_documents, seconds=time.perf_counter() - started,
+                      isoscore_c0=isoscore_c0, isoscore_zeta=isoscore_zeta)
 
 
 def _failed_artifact(note: str, n_seq: int, n_buckets: int, n_bases: int, vocab: int, **kwargs) -> UnitArtifact:

@@ -35,8 +35,9 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 

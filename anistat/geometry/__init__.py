@@ -23,6 +23,7 @@ from .frequency import (
     sequence_type_sums,
     type_mean_geometry,
 )
+from .haar_null import CHUNK, HaarChunk, HaarDiagonalStream
 from .metrics import (
     DEFAULT_ZETA,
     anisotropy_capture,
@@ -49,16 +50,28 @@ from .metrics import (
     removal_traces_in_eigenbasis,
     shrunk_trace_frobenius,
 )
-from .haar_null import CHUNK, HaarChunk, HaarDiagonalStream
 from .moments import GradientMoments
-from .random_subspaces import (
-    SpectralFrame, SubspaceTraces, complement_subspace_traces, complement_subspaces, isoscore_star_from_traces,
-    random_subspace_traces, subspace_traces,
-)
 from .null_check import NullCheck, haar_energy_moments, haar_null_check, haar_token_fraction_law
 from .proxies import (
-    PROXY_METHODS, Proxy, ProxyMethod, center_default, fit_proxies, fit_proxy, project, proxy_variants, register_proxy,
+    PROXY_METHODS,
+    Proxy,
+    ProxyMethod,
+    center_default,
+    fit_proxies,
+    fit_proxy,
+    project,
+    proxy_variants,
+    register_proxy,
     top_activating,
+)
+from .random_subspaces import (
+    SpectralFrame,
+    SubspaceTraces,
+    complement_subspace_traces,
+    complement_subspaces,
+    isoscore_star_from_traces,
+    random_subspace_traces,
+    subspace_traces,
 )
 
 __all__ = [

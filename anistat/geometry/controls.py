@@ -41,7 +41,17 @@ CONTROL_KINDS: tuple[str, ...] = ("normal", "haar", "pca_span", "cov_matched")
 
 def principal_subspace(activations: Any, m: int) -> torch.Tensor:
     """Top-m principal directions (d, m) of the centred activations (float64, right singular
-    vectors by decreasing singular value)."""
+    vectors by decreasing singular value).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> g = torch.randn(200, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> u = geometry.principal_subspace(g, 3)
+    >>> tuple(u.shape)
+    (8, 3)
+    """
     a = as_tensor(activations, name="activations").to(torch.float64)
     if a.ndim != 2:
         raise ValueError(f"activations must be (N, d), got {tuple(a.shape)}")
@@ -62,7 +72,17 @@ def principal_subspace(activations: Any, m: int) -> torch.Tensor:
 
 
 def complement_basis(basis: Any) -> torch.Tensor:
-    """An orthonormal basis (d, d − k) of the orthogonal complement of span(basis) (float64)."""
+    """An orthonormal basis (d, d − k) of the orthogonal complement of span(basis) (float64).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> basis = torch.eye(8, dtype=torch.float64)[:, :2]
+    >>> c = geometry.complement_basis(basis)
+    >>> tuple(c.shape), float((basis.T @ c).abs().max())
+    ((8, 6), 0.0)
+    """
     b = as_tensor(basis, name="basis").to(torch.float64)
     q, _ = torch.linalg.qr(b, mode="complete")
     return q[:, b.shape[1] :]
@@ -81,6 +101,17 @@ def draw_controls(
 
     ``proxy_basis`` (d, k) fixes d, k, device and dtype (and the excluded span for ``normal``).
     ``activations`` (N, d) are required for ``pca_span`` and ``cov_matched``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> basis = torch.eye(8, dtype=torch.float64)[:, :2]
+    >>> controls = geometry.draw_controls('haar', basis, n=4, seed=0)
+    >>> tuple(controls.shape)
+    (4, 8, 2)
+    >>> bool(torch.allclose(controls[0].T @ controls[0], torch.eye(2, dtype=controls.dtype), atol=1e-5))
+    True
     """
     if kind not in CONTROL_KINDS:
         raise ValueError(f"unknown control kind {kind!r}; expected one of {CONTROL_KINDS}")

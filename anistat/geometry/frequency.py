@@ -60,6 +60,14 @@ def frequency_buckets(counts: Any, n_buckets: int, *, by: Literal["types", "toke
 
     Ties: all types with the same count always land in the same bucket, so with heavy ties
     some buckets can be empty or larger than their quantile share.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> import numpy as np
+    >>> geometry.frequency_buckets(np.array([100, 50, 10, 1]), 2).tolist()
+    [1, 1, 0, 0]
     """
     c = np.asarray(counts.detach().cpu().numpy() if isinstance(counts, torch.Tensor) else counts, dtype=np.float64).ravel()
     if n_buckets < 1:
@@ -107,6 +115,15 @@ def centroid_distances(activations: Any, token_ids: Any, *, min_occurrences: int
     space, not squared).  Types with fewer than ``min_occurrences`` occurrences are left out
     of the per-type arrays (a singleton's distance is 0 by construction).  O(N d) with
     scatter-adds, on the activations' device; results as numpy.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> acts = torch.tensor([[0.0, 0.0], [2.0, 0.0], [0.0, 1.0], [0.0, 3.0]])
+    >>> cd = geometry.centroid_distances(acts, torch.tensor([5, 5, 7, 7]))
+    >>> cd.token_types.tolist(), cd.n_occurrences.tolist()
+    ([5, 7], [2, 2])
     """
     a = as_tensor(activations, name="activations").to(torch.float64)
     ids = as_tensor(token_ids, name="token_ids").to(a.device).long().ravel()
@@ -162,7 +179,17 @@ def type_mean_geometry(count: Any, vector_sum: Any, square_sum: Any, global_mean
 
     ``global_mean``: μ when the rows given are not all the occurrences it pools (a collector
     that keeps sums only for some types passes the mean of every occurrence); by default μ is
-    pooled over the rows given."""
+    pooled over the rows given.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> import numpy as np
+    >>> geo = geometry.type_mean_geometry(np.array([2, 2]), np.array([[2.0, 0.0], [0.0, 2.0]]), np.array([2.0, 2.0]))
+    >>> np.round(geo.mean_norm, 4).tolist()
+    [1.0, 1.0]
+    """
     n = np.asarray(count, dtype=np.float64).ravel()
     total = np.asarray(vector_sum, dtype=np.float64)
     square = np.asarray(square_sum, dtype=np.float64).ravel()
@@ -202,7 +229,17 @@ def log_frequency_correlation(counts: Any, distances: Any) -> FrequencyCorrelati
     """Spearman ρ and Pearson r (``scipy.stats``, two-sided p) between ``log(counts)`` and
     ``distances`` (aligned per type, e.g. corpus counts of ``CentroidDistances.token_types``
     against ``mean_distance``).  Pairs with count ≤ 0 or a non-finite value are dropped;
-    fewer than 3 pairs (or a constant input) gives nan."""
+    fewer than 3 pairs (or a constant input) gives nan.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> import numpy as np
+    >>> r = geometry.log_frequency_correlation(np.array([1, 10, 100, 1000]), np.array([4.0, 3.0, 2.0, 1.0]))
+    >>> r.spearman_rho, r.n_types
+    (-1.0, 4)
+    """
     c = np.asarray(counts, dtype=np.float64).ravel()
     x = np.asarray(distances, dtype=np.float64).ravel()
     if c.shape != x.shape:
@@ -248,7 +285,17 @@ def sequence_type_sums(activations: Any, token_ids: Any, sequence_ids: Any, n_se
                        ) -> SequenceTypeSums:
     """:class:`SequenceTypeSums` of plain rows: activations ``(N, d)``, token ids ``(N,)`` and
     the sequence of every row ``(N,)`` (``n_sequences`` defaults to ``max + 1``). Pairs come out
-    sorted by (token type, sequence)."""
+    sorted by (token type, sequence).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> import numpy as np
+    >>> sums = geometry.sequence_type_sums(np.ones((4, 2)), np.array([5, 5, 7, 5]), np.array([0, 0, 0, 1]))
+    >>> sums.token_type.tolist(), sums.sequence.tolist(), sums.count.tolist()
+    ([5, 5, 7], [0, 1, 0], [2.0, 1.0, 1.0])
+    """
     a = as_tensor(activations, name="activations").to(torch.float64)
     ids = as_tensor(token_ids, name="token_ids").to(a.device).long().ravel()
     seq = as_tensor(sequence_ids, name="sequence_ids").to(a.device).long().ravel()
@@ -468,14 +515,34 @@ def masked_correlations(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
 
     Vectorised over rows (the bootstrap calls it on thousands): ``x`` is sorted once and ranked
     within each row's subset by running counts over its tie groups; each row of ``y`` is sorted
-    and its ties found by comparing neighbours."""
+    and its ties found by comparing neighbours.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> import numpy as np
+    >>> rho, r = geometry.masked_correlations(np.array([1.0, 2.0, 3.0, 4.0]), np.array([[2.0, 4.0, 6.0, 8.0]]))
+    >>> np.round(rho, 4).tolist(), np.round(r, 4).tolist()
+    ([1.0], [1.0])
+    """
     return masked_correlations_many(x, [y])[0]
 
 
 def masked_correlations_many(x: Any, ys: Any) -> list[tuple[np.ndarray, np.ndarray]]:
     """:func:`masked_correlations` of ``x`` with each array of ``ys``. The ranks of ``x`` within
     each row's subset are computed once per distinct mask: the frequency analysis' definitions of
-    a type's distance are defined on the same (type, resample) entries, so one ranking serves all."""
+    a type's distance are defined on the same (type, resample) entries, so one ranking serves all.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> import numpy as np
+    >>> out = geometry.masked_correlations_many(np.array([1.0, 2.0, 3.0]), [np.array([[3.0, 2.0, 1.0]])])
+    >>> [np.round(rho, 4).tolist() for rho, _ in out]
+    [[-1.0]]
+    """
     xs = np.asarray(x, dtype=np.float64).ravel()
     out: list[tuple[np.ndarray, np.ndarray]] = []
     last_mask, x_ranks = None, None

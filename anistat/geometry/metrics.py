@@ -14,7 +14,7 @@ and Frobenius norms too (O(d²k) per removed basis, O(dk²) in the covariance's 
 from __future__ import annotations
 
 import math
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,7 +55,7 @@ __all__ = [
 #: governed by ζ).  It is a protocol setting: record it with every result.
 DEFAULT_ZETA: float = 0.1
 
-C0Spec = Union[str, torch.Tensor, np.ndarray]
+C0Spec = str | torch.Tensor | np.ndarray
 
 
 # ============================================================================ energy
@@ -86,6 +86,14 @@ def energy_fraction(gradients: Any, bases: Any) -> float | torch.Tensor:
     Orthonormality of ``Q`` is assumed (not re-checked); with a non-orthonormal Q the value
     is ``‖GQ‖_F² / ‖G‖_F²``.  Returns ``nan`` (with a :class:`DegenerateMetricWarning`) when all
     gradients are zero.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> g = torch.tensor([[3.0, 4.0], [0.0, 2.0]])
+    >>> geometry.energy_fraction(g, torch.tensor([[1.0], [0.0]]))
+    0.3103448275862069
     """
     g = as_float64(gradients, name="gradients", ndim=2)
     q = as_float64(bases, name="bases").to(g.device)
@@ -104,7 +112,16 @@ def energy_fraction(gradients: Any, bases: Any) -> float | torch.Tensor:
 def energy_fraction_from_moments(second_moment: Any, bases: Any) -> float | torch.Tensor:
     """``E(Q) = tr(Qᵀ M Q) / tr(M)`` with ``M = GᵀG`` (uncentred second moment, e.g.
     :attr:`GradientMoments.second_moment` or a :class:`GradientMoments`).  Equal to
-    :func:`energy_fraction` on the same gradients.  (d, k) → float, (n, d, k) → tensor (n,)."""
+    :func:`energy_fraction` on the same gradients.  (d, k) → float, (n, d, k) → tensor (n,).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> m = torch.tensor([[9.0, 12.0], [12.0, 20.0]])
+    >>> geometry.energy_fraction_from_moments(m, torch.tensor([[1.0], [0.0]]))
+    0.3103448275862069
+    """
     m = _second_moment_of(second_moment)
     q = as_float64(bases, name="bases").to(m.device)
     _check_bases(q, m.shape[0])
@@ -126,7 +143,15 @@ def _ratio(num: torch.Tensor, total: torch.Tensor, scalar: bool) -> float | torc
 
 def oracle_fraction(second_moment: Any, k: int) -> float:
     """Oracle ``E*_k`` = (sum of the k largest eigenvalues of ``M = GᵀG``) / tr(M): the largest
-    energy fraction any rank-k subspace can capture (attained by the top-k eigenvectors)."""
+    energy fraction any rank-k subspace can capture (attained by the top-k eigenvectors).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(geometry.oracle_fraction(torch.diag(torch.tensor([3.0, 1.0, 0.0, 0.0])), 1), 4)
+    0.75
+    """
     if isinstance(k, bool):
         raise ValueError(f"k must be an integer rank, got {k}")
     return oracle_fractions(second_moment, [k])[int(k)]
@@ -134,7 +159,15 @@ def oracle_fraction(second_moment: Any, k: int) -> float:
 
 def oracle_fractions(second_moment: Any, ranks: Any) -> dict[int, float]:
     """:func:`oracle_fraction` for several ranks from one eigen-decomposition of ``M``:
-    ``{k: E*_k}``.  Empty ``ranks`` → ``{}`` (nothing is decomposed)."""
+    ``{k: E*_k}``.  Empty ``ranks`` → ``{}`` (nothing is decomposed).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> geometry.oracle_fractions(torch.diag(torch.tensor([3.0, 1.0, 0.0, 0.0])), [1, 2])
+    {1: 0.75, 2: 1.0}
+    """
     m = _second_moment_of(second_moment)
     ranks = [int(k) for k in ranks]
     _check_oracle_ranks(ranks, m.shape[0])
@@ -147,7 +180,15 @@ def oracle_fractions_of_spectrum(eigenvalues: Any, ranks: Any) -> dict[int, floa
     """``{k: E*_k}`` from the eigenvalues of ``M`` in ascending order (e.g. a
     :class:`~anistat.geometry.SpectralFrame`'s, which the analysis has already computed);
     negative rounding residue is clamped to 0. Zero trace → NaN with a
-    :class:`DegenerateMetricWarning`."""
+    :class:`DegenerateMetricWarning`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> geometry.oracle_fractions_of_spectrum(torch.tensor([0.0, 0.0, 1.0, 3.0]), [1, 2])  # ascending, as eigh returns them
+    {1: 0.75, 2: 1.0}
+    """
     ev = torch.as_tensor(eigenvalues, dtype=torch.float64).clamp_min(0.0)
     ranks = [int(k) for k in ranks]
     _check_oracle_ranks(ranks, ev.shape[0])
@@ -176,6 +217,13 @@ def anisotropy_capture(energy: Any, k: int, d: int, oracle: float, *, atol: floa
     is ``nan`` with a :class:`DegenerateMetricWarning`.
 
     ``energy`` may be a float (→ float), a numpy array (→ array) or a tensor (→ tensor).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(float(geometry.anisotropy_capture(0.5, k=2, d=16, oracle=0.8)), 4)
+    0.5556
     """
     if not (1 <= k < d):
         raise ValueError(f"need 1 <= k < d, got k={k}, d={d}")
@@ -212,6 +260,13 @@ def isoscore_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
     ``PR = (Σ|λ|)² / Σλ²`` the participation ratio, which is how it is computed here
     (absolute values as in the reference package, which uses singular values of the
     covariance).  ``nan`` for m = 1 or an all-zero spectrum.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(float(geometry.isoscore_from_eigenvalues(torch.tensor([1.0, 1.0, 1.0]))), 4)
+    1.0
     """
     lam = eigenvalues.to(torch.float64).abs()
     return isoscore_from_trace_frobenius(lam.sum(dim=-1), (lam * lam).sum(dim=-1), lam.shape[-1])
@@ -222,7 +277,15 @@ def isoscore_from_trace_frobenius(trace: Any, frobenius_sq: Any, m: int) -> torc
     ``(PR − 1)/(m − 1)`` with ``PR = tr(C)² / ‖C‖_F²``.  ``nan`` for m < 2 or ‖C‖_F = 0.
 
     Exact for positive semi-definite C (then Σ|λ| = tr C); see the derivation above
-    :func:`isoscore_from_eigenvalues`."""
+    :func:`isoscore_from_eigenvalues`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(float(geometry.isoscore_from_trace_frobenius(torch.tensor(4.0), torch.tensor(4.0), 4)), 4)
+    1.0
+    """
     tr = torch.as_tensor(trace, dtype=torch.float64)
     fro2 = torch.as_tensor(frobenius_sq, dtype=torch.float64, device=tr.device)
     tr, fro2 = torch.broadcast_tensors(tr, fro2)
@@ -247,7 +310,16 @@ def shrunk_trace_frobenius(trace: Any, frobenius_sq: Any, m: int, C0: str, zeta:
         tr S    = (1 − ζ) tr C + ζ c m
         ‖S‖_F² = (1 − ζ)² ‖C‖_F² + 2 ζ (1 − ζ) c tr C + ζ² c² m,
 
-    with ``c = 1`` for ``C0 = "identity"`` and ``c = tr(C)/m`` for ``"scaled_identity"``."""
+    with ``c = 1`` for ``C0 = "identity"`` and ``c = tr(C)/m`` for ``"scaled_identity"``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> t, f = geometry.shrunk_trace_frobenius(torch.tensor(4.0), torch.tensor(16.0), 4, 'scaled_identity', 0.1)
+    >>> round(float(t), 4), round(float(f), 4)
+    (4.0, 13.72)
+    """
     z = _check_zeta(zeta)
     tr = torch.as_tensor(trace, dtype=torch.float64)
     fro2 = torch.as_tensor(frobenius_sq, dtype=torch.float64, device=tr.device)
@@ -284,7 +356,15 @@ def isoscore_from_cov(cov: Any) -> float:
     matrix the package's singular-value definition is ``isoscore_from_eigenvalues(svdvals)``.
     The gradient IsoScore and the gradient participation ratio
     (:func:`participation_ratio_from_cov`) therefore carry the same information: one is an
-    affine function of the other, ``IsoScore = (PR − 1)/(d − 1)``."""
+    affine function of the other, ``IsoScore = (PR − 1)/(d − 1)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(geometry.isoscore_from_cov(torch.eye(4)), 4), round(geometry.isoscore_from_cov(torch.diag(torch.tensor([1.0, 0.0, 0.0, 0.0]))), 4)
+    (1.0, 0.0)
+    """
     c = _check_cov(cov)
     tr, fro2 = _trace_frobenius(0.5 * (c + c.T))
     return float(isoscore_from_trace_frobenius(tr, fro2, c.shape[0]))
@@ -294,7 +374,15 @@ def isoscore(points: Any) -> float:
     """IsoScore of a point cloud ``(n_samples, dim)`` (Rudman et al. 2022), matching
     ``IsoScore.IsoScore.IsoScore``: covariance via ``torch.cov`` (centred, unbiased), then
     :func:`isoscore_from_cov` (closed form, no eigen-decomposition).  1 = isotropic, 0 = all
-    variance on one axis."""
+    variance on one axis.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(geometry.isoscore(torch.randn(2000, 4, generator=torch.Generator().manual_seed(0))), 2)
+    1.0
+    """
     return isoscore_from_cov(_cov_of_points(points))
 
 
@@ -335,6 +423,13 @@ def isoscore_star_from_cov(cov: Any, C0: C0Spec = "scaled_identity", zeta: float
     — no eigen-decomposition.  A matrix ``C0`` may be indefinite, where the package's
     singular-value definition differs from the trace form, so that case takes the general
     path (the spectrum of S).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(geometry.isoscore_star_from_cov(torch.eye(4)), 4)
+    1.0
     """
     c = _check_cov(cov)
     z = _check_zeta(zeta)
@@ -351,7 +446,15 @@ def isoscore_star(points: Any, C0: C0Spec = "scaled_identity", zeta: float = DEF
     ``IsoScore.IsoScore.IsoScore_star(points, C0, zeta)`` when ``C0`` is a matrix: covariance
     via ``torch.cov`` (unbiased), shrunk ``(1 − ζ)C + ζC0``, then IsoScore of the spectrum.
     ``C0`` may also be ``"identity"`` or ``"scaled_identity"`` (see
-    :func:`isoscore_star_from_cov`)."""
+    :func:`isoscore_star_from_cov`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(geometry.isoscore_star(torch.randn(2000, 4, generator=torch.Generator().manual_seed(0))), 2)
+    1.0
+    """
     return isoscore_star_from_cov(_cov_of_points(points), C0, zeta)
 
 
@@ -370,7 +473,17 @@ def removal_traces(matrix: torch.Tensor, bases: torch.Tensor) -> tuple[torch.Ten
     With ``P = I − QQᵀ``: ``tr(PSP) = tr S − tr(QᵀSQ)`` and
     ``‖PSP‖_F² = ‖S‖_F² − 2‖SQ‖_F² + ‖QᵀSQ‖_F²`` (expand ``PSP = S − SQQᵀ − QQᵀS +
     Q(QᵀSQ)Qᵀ`` and use ``QᵀQ = I``).  One (d, k) basis gives 0-d tensors.  See
-    :func:`removal_traces_in_eigenbasis` for O(dk²)."""
+    :func:`removal_traces_in_eigenbasis` for O(dk²).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> basis = torch.eye(8, dtype=torch.float64)[:, :2]
+    >>> t, c, b = geometry.removal_traces(torch.eye(8, dtype=torch.float64), basis.unsqueeze(0))
+    >>> t.tolist(), c.tolist(), b.tolist()
+    ([2.0], [2.0], [2.0])
+    """
     s = as_float64(matrix, name="matrix", ndim=2)
     q = as_float64(bases, name="bases").to(s.device)
     _check_bases(q, s.shape[0], "bases")
@@ -392,7 +505,17 @@ def removal_traces_in_eigenbasis(eigenvalues: Any, bases: Any) -> tuple[torch.Te
     Returns float64 tensors of shape (n,) (or scalars' 0-d tensors for one (d, k) basis) on
     the bases' device.  Feed them to :func:`delta_isoscore_star_from_traces` with
     ``trace = Σλ`` and ``frobenius_sq = Σλ²``.  Use it for many Monte-Carlo draws: a Haar draw
-    can be made directly in eigenbasis coordinates (Haar measure is rotation invariant)."""
+    can be made directly in eigenbasis coordinates (Haar measure is rotation invariant).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> basis = torch.eye(8, dtype=torch.float64)[:, :2]
+    >>> t, c, b = geometry.removal_traces_in_eigenbasis(torch.ones(8, dtype=torch.float64), basis.unsqueeze(0))
+    >>> t.tolist(), c.tolist(), b.tolist()
+    ([2.0], [2.0], [2.0])
+    """
     q = as_float64(bases, name="bases")
     lam = as_float64(eigenvalues, name="eigenvalues", ndim=1).to(q.device)
     _check_bases(q, lam.shape[0], "bases")
@@ -417,10 +540,23 @@ def delta_isoscore_star_from_traces(trace: Any, frobenius_sq: Any, removed_trace
 
     Precision: ``‖PSP‖_F²`` is a difference of terms up to ``‖S‖_F²``; it loses
     ``log10(‖S‖_F²/‖PSP‖_F²)`` of float64's ~16 digits (irrelevant unless Q removes nearly all
-    of S's Frobenius mass — :func:`delta_isoscore_star` recomputes such bases directly)."""
+    of S's Frobenius mass — :func:`delta_isoscore_star` recomputes such bases directly).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> g = torch.randn(200, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> basis = torch.eye(8, dtype=torch.float64)[:, :2]
+    >>> m = torch.cov(g.T)
+    >>> t, c, b = geometry.removal_traces(m, basis.unsqueeze(0))
+    >>> value = geometry.delta_isoscore_star_from_traces(torch.trace(m), (m * m).sum(), t, c, b, dim=8, rank=2)
+    >>> bool(torch.isclose(value, torch.as_tensor(geometry.delta_isoscore_star(m, basis), dtype=value.dtype)).all())
+    True
+    """
     tr = torch.as_tensor(trace, dtype=torch.float64)
     fro2 = torch.as_tensor(frobenius_sq, dtype=torch.float64, device=tr.device)
-    f64 = dict(dtype=torch.float64, device=tr.device)
+    f64: dict[str, Any] = dict(dtype=torch.float64, device=tr.device)
     tr_p = tr - torch.as_tensor(removed_trace, **f64)
     fro2_p = fro2 - 2.0 * torch.as_tensor(removed_cross_sq, **f64) + torch.as_tensor(removed_block_sq, **f64)
     return _delta_from_parts(tr, fro2, tr_p, fro2_p.clamp_min(0.0), dim, rank, C0, zeta)
@@ -468,6 +604,16 @@ def delta_isoscore_star(
     ----------
     moments : GradientMoments (its unbiased covariance is used) or a (d, d) covariance.
     bases : (d, k) → float, or (n, d, k) → float64 tensor (n,) (chunked to bound memory).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> g = torch.randn(200, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> basis = torch.eye(8, dtype=torch.float64)[:, :2]
+    >>> cov = torch.cov(g.T)
+    >>> round(float(geometry.delta_isoscore_star(cov, basis)), 4)
+    0.0231
     """
     cov = moments.covariance() if isinstance(moments, GradientMoments) else _check_cov(moments)
     d = cov.shape[0]
@@ -520,6 +666,13 @@ def mean_cosine(points: Any) -> float:
     Computed in O(N d): with unit vectors u_i, ``‖Σ u_i‖² = N + 2 Σ_{i<j} cos_ij`` so the mean is
     ``(‖Σ u_i‖² − N) / (N(N − 1))``.  Zero rows (cosine undefined) are dropped; fewer than two
     non-zero rows gives ``nan`` with a warning.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(geometry.mean_cosine(torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])), 4)
+    0.3333
     """
     x = as_float64(points, name="points", ndim=2)
     norms = torch.linalg.vector_norm(x, dim=1)
@@ -539,7 +692,15 @@ def participation_ratio_from_cov(matrix: Any) -> float:
     and d (isotropic).  Works for a covariance or for an uncentred second moment ``GᵀG``.
     Of a covariance it carries the same information as its IsoScore:
     ``IsoScore = (PR − 1)/(d − 1)`` (:func:`isoscore_from_cov`), so a gradient IsoScore and a
-    gradient participation ratio are one measurement on two scales."""
+    gradient participation ratio are one measurement on two scales.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(geometry.participation_ratio_from_cov(torch.diag(torch.tensor([1.0, 1.0, 0.0]))), 4)
+    2.0
+    """
     c = _check_cov(matrix, name="matrix")
     c = 0.5 * (c + c.T)
     fro2 = float(torch.sum(c * c))
@@ -552,7 +713,15 @@ def participation_ratio_from_cov(matrix: Any) -> float:
 def participation_ratio(points: Any, *, center: bool = True) -> float:
     """Participation ratio ``(Σλ)² / Σλ²`` of the eigenvalues λ of the covariance of
     ``points`` (``center=True``, default) or of the uncentred second moment ``XᵀX``
-    (``center=False``).  λ are covariance eigenvalues (= σ²/(N−1) of the centred data)."""
+    (``center=False``).  λ are covariance eigenvalues (= σ²/(N−1) of the centred data).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(geometry.participation_ratio(torch.eye(4) * 2.0, center=False), 4)
+    4.0
+    """
     x = as_float64(points, name="points", ndim=2)
     m = torch.cov(x.T).reshape(x.shape[1], x.shape[1]) if center else x.T @ x
     return participation_ratio_from_cov(m)
@@ -574,7 +743,15 @@ def effective_rank(points: Any, *, center: bool = True) -> float:
     normalised **singular values** σ of the data matrix — the centred matrix by default
     (``center=True``), the raw matrix with ``center=False``.  Between 1 and min(N, d).
     Note σ (not λ = σ²): it equals :func:`effective_rank_from_cov` of the covariance
-    (resp. of ``XᵀX``)."""
+    (resp. of ``XᵀX``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(geometry.effective_rank(torch.eye(4) * 3.0, center=False), 4)
+    4.0
+    """
     x = as_float64(points, name="points", ndim=2)
     if center:
         x = x - x.mean(dim=0, keepdim=True)
@@ -582,7 +759,15 @@ def effective_rank(points: Any, *, center: bool = True) -> float:
 
 
 def effective_rank_from_eigenvalues(eigenvalues: Any) -> float:
-    """:func:`effective_rank_from_cov` from the matrix's eigenvalues (when they are at hand)."""
+    """:func:`effective_rank_from_cov` from the matrix's eigenvalues (when they are at hand).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(geometry.effective_rank_from_eigenvalues(torch.tensor([2.0, 2.0, 2.0, 2.0])), 4)
+    4.0
+    """
     lam = as_float64(eigenvalues, name="eigenvalues", ndim=1)
     return _erank_from_singular_values(lam.clamp_min(0.0).sqrt())
 
@@ -591,6 +776,14 @@ def effective_rank_from_cov(matrix: Any) -> float:
     """Roy–Vetterli effective rank from a covariance / second moment ``C``: singular values of
     the underlying data are ``σ_i ∝ √λ_i(C)``, so ``p_i = √λ_i / Σ√λ_j`` and the result is
     ``exp(H(p))``; consistent with :func:`effective_rank` on the points (the 1/(N−1) factor
-    cancels)."""
+    cancels).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> round(geometry.effective_rank_from_cov(torch.diag(torch.tensor([1.0, 1.0, 0.0]))), 4)
+    2.0
+    """
     c = _check_cov(matrix, name="matrix")
     return _erank_from_singular_values(sym_eigvalsh(c).clamp_min(0.0).sqrt())

@@ -51,7 +51,7 @@ class GradientMoments:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def zeros(cls, dim: int, device: torch.device | str | None = None) -> "GradientMoments":
+    def zeros(cls, dim: int, device: torch.device | str | None = None) -> GradientMoments:
         """Empty statistics for dimension ``dim``."""
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}")
@@ -62,7 +62,7 @@ class GradientMoments:
         )
 
     @classmethod
-    def from_points(cls, points: Any) -> "GradientMoments":
+    def from_points(cls, points: Any) -> GradientMoments:
         """Statistics of a whole (N, d) array at once."""
         g = as_float64(points, name="points", ndim=2)
         return cls.zeros(g.shape[1], device=g.device).update(g)
@@ -72,7 +72,7 @@ class GradientMoments:
     def dim(self) -> int | None:
         return None if self.sum is None else int(self.sum.shape[0])
 
-    def update(self, points: Any) -> "GradientMoments":
+    def update(self, points: Any) -> GradientMoments:
         """Add a chunk of points (N, d) (or one point (d,)); returns ``self``."""
         g = as_float64(points, name="points", ndim=(1, 2))
         if g.ndim == 1:
@@ -80,41 +80,44 @@ class GradientMoments:
         if self.sum is None:
             self.sum = torch.zeros(g.shape[1], dtype=torch.float64, device=g.device)
             self.outer = torch.zeros(g.shape[1], g.shape[1], dtype=torch.float64, device=g.device)
-        if g.shape[1] != self.sum.shape[0]:
-            raise ValueError(f"points have dimension {g.shape[1]}, moments have {self.sum.shape[0]}")
-        g = g.to(self.sum.device)
+        total, outer = self._sums()
+        if g.shape[1] != total.shape[0]:
+            raise ValueError(f"points have dimension {g.shape[1]}, moments have {total.shape[0]}")
+        g = g.to(total.device)
         self.count += int(g.shape[0])
-        self.sum += g.sum(dim=0)
-        self.outer += g.T @ g
+        total += g.sum(dim=0)
+        outer += g.T @ g
         return self
 
-    def merge(self, other: "GradientMoments") -> "GradientMoments":
+    def merge(self, other: GradientMoments) -> GradientMoments:
         """Add another set of statistics into this one (in place); returns ``self``."""
         if other.sum is None:
             return self
+        other_sum, other_outer = other._sums()
         if self.sum is None:
             self.count = other.count
-            self.sum = other.sum.clone()
-            self.outer = other.outer.clone()
+            self.sum = other_sum.clone()
+            self.outer = other_outer.clone()
             return self
-        if other.sum.shape != self.sum.shape:
-            raise ValueError(f"cannot merge moments of dimension {other.sum.shape[0]} into {self.sum.shape[0]}")
+        total, outer = self._sums()
+        if other_sum.shape != total.shape:
+            raise ValueError(f"cannot merge moments of dimension {other_sum.shape[0]} into {total.shape[0]}")
         self.count += int(other.count)
-        self.sum += other.sum.to(self.sum.device, torch.float64)
-        self.outer += other.outer.to(self.outer.device, torch.float64)
+        total += other_sum.to(total.device, torch.float64)
+        outer += other_outer.to(outer.device, torch.float64)
         return self
 
-    def __add__(self, other: "GradientMoments") -> "GradientMoments":
+    def __add__(self, other: GradientMoments) -> GradientMoments:
         return self.copy().merge(other)
 
-    def copy(self) -> "GradientMoments":
+    def copy(self) -> GradientMoments:
         return GradientMoments(
             count=self.count,
             sum=None if self.sum is None else self.sum.clone(),
             outer=None if self.outer is None else self.outer.clone(),
         )
 
-    def to(self, device: torch.device | str) -> "GradientMoments":
+    def to(self, device: torch.device | str) -> GradientMoments:
         """A copy on ``device``."""
         return GradientMoments(
             count=self.count,
@@ -123,34 +126,38 @@ class GradientMoments:
         )
 
     # ------------------------------------------------------------------ derived
-    def _require(self, minimum: int) -> None:
+    def _sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(Σ g_i, Σ g_i g_iᵀ)`` of moments that hold at least one point (both are set together)."""
+        if self.sum is None or self.outer is None:
+            raise ValueError("GradientMoments holds no points")
+        return self.sum, self.outer
+
+    def _require(self, minimum: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sum is None or self.count < minimum:
             raise ValueError(f"GradientMoments needs at least {minimum} point(s), has {self.count}")
+        return self._sums()
 
     @property
     def second_moment(self) -> torch.Tensor:
         """``GᵀG = Σ_i g_i g_iᵀ`` (uncentred, not divided by N) — what energy fractions and the
         oracle use."""
-        self._require(1)
-        return self.outer
+        return self._require(1)[1]
 
     @property
     def mean(self) -> torch.Tensor:
         """Σ_i g_i / N."""
-        self._require(1)
-        return self.sum / self.count
+        return self._require(1)[0] / self.count
 
     @property
     def total_energy(self) -> float:
         """Σ_i ‖g_i‖² = tr(GᵀG)."""
-        self._require(1)
-        return float(torch.trace(self.outer))
+        return float(torch.trace(self._require(1)[1]))
 
     def covariance(self) -> torch.Tensor:
         """Unbiased covariance ``(GᵀG − N μμᵀ)/(N − 1)`` — identical to ``torch.cov(G.T)``."""
-        self._require(2)
-        mu = self.sum / self.count
-        cov = (self.outer - self.count * torch.outer(mu, mu)) / (self.count - 1)
+        total, outer = self._require(2)
+        mu = total / self.count
+        cov = (outer - self.count * torch.outer(mu, mu)) / (self.count - 1)
         return 0.5 * (cov + cov.T)
 
     # ------------------------------------------------------------------ persistence
@@ -158,14 +165,15 @@ class GradientMoments:
         """``{"count": int, "sum": ndarray (d,), "outer": ndarray (d, d)}`` (float64, CPU)."""
         if self.sum is None:
             return {"count": 0, "sum": None, "outer": None}
+        total, outer = self._sums()
         return {
             "count": int(self.count),
-            "sum": self.sum.detach().cpu().numpy().copy(),
-            "outer": self.outer.detach().cpu().numpy().copy(),
+            "sum": total.detach().cpu().numpy().copy(),
+            "outer": outer.detach().cpu().numpy().copy(),
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], device: torch.device | str | None = None) -> "GradientMoments":
+    def from_dict(cls, data: dict[str, Any], device: torch.device | str | None = None) -> GradientMoments:
         """Inverse of :meth:`to_dict`."""
         if data.get("sum") is None:
             return cls()

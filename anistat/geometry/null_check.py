@@ -60,7 +60,16 @@ class NullCheck:
 
 def haar_token_fraction_law(k: int, d: int) -> Any:
     """Frozen ``scipy.stats.beta(k/2, (d − k)/2)``: the law of ``‖Qᵀg‖²/‖g‖²`` for one fixed
-    non-zero g and a Haar rank-k Q in R^d."""
+    non-zero g and a Haar rank-k Q in R^d.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> law = geometry.haar_token_fraction_law(2, 8)
+    >>> round(float(law.mean()), 4)
+    0.25
+    """
     if not 1 <= k < d:
         raise ValueError(f"need 1 <= k < d, got k={k}, d={d}")
     return stats.beta(k / 2.0, (d - k) / 2.0)
@@ -68,7 +77,16 @@ def haar_token_fraction_law(k: int, d: int) -> Any:
 
 def haar_energy_moments(second_moment: Any, k: int, *, within: Any = None) -> tuple[float, float]:
     """(mean, sd) of the pooled fraction ``tr(QᵀMQ)/tr(M)`` for Haar rank-k Q — in R^d, or in
-    span(``within``) when an orthonormal (d, m) basis is given (see module docstring)."""
+    span(``within``) when an orthonormal (d, m) basis is given (see module docstring).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> mean, sd = geometry.haar_energy_moments(torch.eye(4, dtype=torch.float64), 2)
+    >>> round(mean, 4), round(sd, 4)
+    (0.5, 0.0)
+    """
     m_full = second_moment.second_moment if isinstance(second_moment, GradientMoments) else as_float64(second_moment, name="second_moment", ndim=2)
     total = float(torch.trace(m_full))
     if not total > 0:
@@ -120,6 +138,17 @@ def haar_null_check(
 
     ``d`` is the ambient dimension (checked against M); ``within`` (d, m) restricts the Haar
     law to a subspace (``normal`` controls: :func:`~.controls.complement_basis` of the proxy).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> g = torch.randn(200, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> m = g.T @ g
+    >>> fractions = [float(geometry.energy_fraction_from_moments(m, q)) for q in geometry.draw_controls('haar', torch.eye(8, dtype=torch.float64)[:, :2], n=200, seed=1)]
+    >>> check = geometry.haar_null_check(fractions, k=2, d=8, second_moment=m)
+    >>> check.ok
+    True
     """
     x = np.asarray(
         control_fractions.detach().cpu().numpy() if isinstance(control_fractions, torch.Tensor) else control_fractions,

@@ -37,10 +37,10 @@ The returned basis has the input's dtype promoted to at least float32.
 from __future__ import annotations
 
 import abc
-
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -110,7 +110,17 @@ PROXY_METHODS: dict[str, type[ProxyMethod]] = {}
 
 
 def register_proxy(name: str) -> Callable[[type[ProxyMethod]], type[ProxyMethod]]:
-    """Class decorator registering a :class:`ProxyMethod` subclass under ``name``."""
+    """Class decorator registering a :class:`ProxyMethod` subclass under ``name``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> sorted(geometry.PROXY_METHODS)[:3]
+    ['ica', 'nmf', 'pca']
+    >>> callable(geometry.register_proxy('my_method'))
+    True
+    """
     if not isinstance(name, str) or not name:
         raise ValueError("proxy name must be a non-empty string")
 
@@ -133,6 +143,17 @@ def fit_proxy(activations: Any, method: str, rank: int, seed: int = 0, **options
     the data have fewer than ``rank`` informative directions (e.g. N ≤ rank), the basis is
     completed with seeded random orthonormal directions and ``info["completed_dims"]`` says
     how many.  ``options`` go to the method's constructor (unknown ones raise ``ValueError``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> g = torch.randn(200, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> proxy = geometry.fit_proxy(g, 'pca', 2, seed=0)
+    >>> proxy.method, proxy.rank, tuple(proxy.basis.shape)
+    ('pca', 2, (8, 2))
+    >>> bool(torch.allclose(proxy.basis.T @ proxy.basis, torch.eye(2, dtype=proxy.basis.dtype), atol=1e-10))
+    True
     """
     return fit_proxies(activations, method, [rank], {int(rank): int(seed)}, **options)[int(rank)]
 
@@ -140,7 +161,17 @@ def fit_proxy(activations: Any, method: str, rank: int, seed: int = 0, **options
 def fit_proxies(activations: Any, method: str, ranks, seeds: dict[int, int], **options: Any) -> dict[int, Proxy]:
     """:func:`fit_proxy` at several ranks of the same activations (``seeds[rank]`` per rank),
     validating once and letting the method share work across ranks (pca decomposes once: its
-    rank-k proxy is the first k directions of the largest rank's, exactly)."""
+    rank-k proxy is the first k directions of the largest rank's, exactly).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> g = torch.randn(200, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> proxies = geometry.fit_proxies(g, 'pca', [1, 2], {1: 0, 2: 0})
+    >>> {k: tuple(p.basis.shape) for k, p in proxies.items()}
+    {1: (8, 1), 2: (8, 2)}
+    """
     if method not in PROXY_METHODS:
         raise ValueError(f"unknown proxy method {method!r}; registered: {sorted(PROXY_METHODS)}")
     a = as_tensor(activations, name="activations")
@@ -170,7 +201,15 @@ def fit_proxies(activations: Any, method: str, ranks, seeds: dict[int, int], **o
 
 
 def center_default(method: str) -> bool | None:
-    """A registered method's default centring (None when it has no ``center`` option)."""
+    """A registered method's default centring (None when it has no ``center`` option).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> geometry.center_default('pca'), geometry.center_default('random')
+    (True, None)
+    """
     if method not in PROXY_METHODS:
         raise ValueError(f"unknown proxy method {method!r}; registered: {sorted(PROXY_METHODS)}")
     return PROXY_METHODS[method].center_default
@@ -181,7 +220,15 @@ def proxy_variants(method: str, center: bool | str | None = None) -> list[tuple[
 
     ``center``: None (the method's default), True / False, or ``"both"`` (the default variant
     and the other one). The default variant is labelled by the method name alone; the other
-    by ``METHOD@centred`` or ``METHOD@uncentred``, so results never mix the two."""
+    by ``METHOD@centred`` or ``METHOD@uncentred``, so results never mix the two.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> [label for label, _ in geometry.proxy_variants('pca', 'both')]
+    ['pca', 'pca@uncentred']
+    """
     default = center_default(method)
     if default is None:
         if center is not None:
@@ -275,7 +322,15 @@ def _top_pcs(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch
 
 def project(activations: Any, basis: Any, *, center: Any = None) -> torch.Tensor:
     """Coordinates ``(A − c) B`` (N, k) of activations on a basis; ``center`` is an optional
-    (d,) offset (e.g. the fit-split mean for PCA-style concept scores)."""
+    (d,) offset (e.g. the fit-split mean for PCA-style concept scores).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> geometry.project(torch.tensor([[3.0, 4.0]]), torch.tensor([[1.0], [0.0]])).tolist()
+    [[3.0]]
+    """
     a = as_tensor(activations, name="activations").to(torch.float64)
     b = as_tensor(basis, name="basis").to(torch.float64).to(a.device)
     if center is not None:
@@ -291,6 +346,15 @@ def top_activating(scores: Any, m: int, *, absolute: bool = False) -> torch.Tens
     indices by decreasing ``scores[:, j]`` (by decreasing ``|scores[:, j]|`` with
     ``absolute=True``; PCA / ICA axes have arbitrary sign, NMF codes do not).  Ties keep the
     lower index first.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> geometry.top_activating(torch.tensor([0.1, -3.0, 2.0, 0.5]), 2).tolist()
+    [[2, 3]]
+    >>> geometry.top_activating(torch.tensor([0.1, -3.0, 2.0, 0.5]), 2, absolute=True).tolist()
+    [[1, 2]]
     """
     s = as_tensor(scores, name="scores")
     if s.ndim == 1:
@@ -463,7 +527,7 @@ class SemiNMFProxy(ProxyMethod):
         trace = [objective(xf, f, g)]
         converged = False
         it = 0
-        for it in range(1, self.max_iter + 1):
+        for it in range(1, self.max_iter + 1):  # noqa: B007 -- `it` is read after the loop (n_iter)
             ftf = f.T @ f
             num = _pos(xf) + g @ _neg(ftf)
             den = _neg(xf) + g @ _pos(ftf)
@@ -525,7 +589,7 @@ class NMFProxy(ProxyMethod):
         trace = [objective(w, h)]
         converged = False
         it = 0
-        for it in range(1, self.max_iter + 1):
+        for it in range(1, self.max_iter + 1):  # noqa: B007 -- `it` is read after the loop (n_iter)
             h = h * (w.T @ xp) / (w.T @ w @ h).clamp_min(eps)
             w = w * (xp @ h.T) / (w @ (h @ h.T)).clamp_min(eps)
             trace.append(objective(w, h))
@@ -578,7 +642,7 @@ class ICAProxy(ProxyMethod):
         w = self._sym_decorrelate(torch.randn(r, r, generator=gen, dtype=torch.float64).to(x.device))
         converged = False
         it = 0
-        for it in range(1, self.max_iter + 1):
+        for it in range(1, self.max_iter + 1):  # noqa: B007 -- `it` is read after the loop (n_iter)
             y = z @ w.T  # (N, r)
             gy = torch.tanh(y)
             gpy = 1.0 - gy * gy

@@ -129,7 +129,18 @@ def random_subspace_traces(frames, ranks, n: int, seed: int, *, exclude=None) ->
     frame's own eigen-coordinates, where it is again a uniform draw, so each frame's null is
     exact on its own (the frames' draws are dependent, which no single test sees). With
     ``exclude=U`` each frame projects ``Vᵀ U`` out of ``Z``. Gaussians come from numpy's PCG64
-    seeded with ``seed``, in chunks of fixed size (device- and memory-independent)."""
+    seeded with ``seed``, in chunks of fixed size (device- and memory-independent).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> g = torch.randn(200, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> frame = geometry.SpectralFrame(g.T @ g)
+    >>> traces = geometry.random_subspace_traces([frame], [2], n=5, seed=0)
+    >>> len(traces), sorted(traces[0])
+    (1, [2])
+    """
     frames = list(frames)
     d = frames[0].dim
     if any(frame.dim != d for frame in frames):
@@ -177,7 +188,19 @@ def complement_subspaces(basis, n: int, seed: int, *, dtype: torch.dtype = torch
     ``torch.Generator`` seeded with ``seed``; uniform in the complement because the projected
     Gaussian is), orthonormalised by Cholesky–QR, in ``dtype``; a draw whose Gram matrix is too
     ill-conditioned for Cholesky (likeliest at ``k = d/2``, where the complement has only ``k``
-    dimensions) is orthonormalised by Householder QR of the same columns (the same span)."""
+    dimensions) is orthonormalised by Householder QR of the same columns (the same span).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> basis = torch.eye(8, dtype=torch.float64)[:, :2]
+    >>> q = geometry.complement_subspaces(basis, n=3, seed=0)
+    >>> tuple(q.shape)
+    (3, 8, 2)
+    >>> float((basis.T.float() @ q[0]).abs().max()) < 1e-5
+    True
+    """
     u = torch.as_tensor(np.asarray(basis)).to(dtype)
     d, k = u.shape
     if 2 * k > d:
@@ -199,7 +222,17 @@ def complement_subspaces(basis, n: int, seed: int, *, dtype: torch.dtype = torch
 def subspace_traces(matrix, q: torch.Tensor) -> SubspaceTraces:
     """``tr(QᵀSQ)``, ``‖SQ‖_F²`` and ``‖QᵀSQ‖_F²`` of every basis of the stack ``q`` (``(n, d, k)``)
     in the symmetric ``d × d`` ``matrix`` S, in ``q``'s dtype: S multiplies all bases in one
-    ``d × d · d × nk`` product."""
+    ``d × d · d × nk`` product.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> import numpy as np
+    >>> traces = geometry.subspace_traces(torch.eye(4, dtype=torch.float64), torch.eye(4, dtype=torch.float64)[:, :2].unsqueeze(0))
+    >>> np.asarray(traces.trace).tolist()
+    [2.0]
+    """
     n, d, k = q.shape
     flat = q.permute(1, 0, 2).reshape(d, n * k)
     sq = (torch.as_tensor(matrix).to(q.dtype) @ flat).reshape(d, n, k).permute(1, 0, 2)  # S Q per draw
@@ -214,14 +247,36 @@ def complement_subspace_traces(matrices, basis, n: int, seed: int, *,
     """:func:`subspace_traces` in each of ``matrices`` of the ``n`` :func:`complement_subspaces`
     of ``basis`` — the ``normal`` control evaluated without projecting a token. Everything in
     ``dtype`` (float32 by default: these draws serve the paper's convention and descriptive
-    control statistics, not the exact test)."""
+    control statistics, not the exact test).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> g = torch.randn(200, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    >>> basis = torch.eye(8, dtype=torch.float64)[:, :2]
+    >>> m = g.T @ g
+    >>> traces = geometry.complement_subspace_traces([m], basis, n=5, seed=0)
+    >>> len(traces), traces[0].trace.shape
+    (1, (5,))
+    """
     q = complement_subspaces(basis, n, seed, dtype=dtype)
     return [subspace_traces(matrix, q) for matrix in matrices]
 
 
 def isoscore_star_from_traces(trace, frobenius, dim: int, c0: str, zeta: float):
     """IsoScore* of a covariance known by its trace ``T`` and ``‖C‖_F²`` in ``dim`` coordinates,
-    for a scalar shrinkage target (see the module docstring for the formula)."""
+    for a scalar shrinkage target (see the module docstring for the formula).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from anistat import geometry
+    >>> import numpy as np
+    >>> value = geometry.isoscore_star_from_traces(np.array([4.0]), np.array([4.0]), 4, 'scaled_identity', 0.1)
+    >>> np.round(value, 4).tolist()
+    [1.0]
+    """
     if c0 not in ("identity", "scaled_identity"):
         raise ValueError(f"C0 must be 'identity' or 'scaled_identity', got {c0!r}")
     if dim < 2:

@@ -767,7 +767,9 @@ def _range_text(s: pd.Series) -> str:
     if vals.empty:
         return ""
     lo, hi = vals.min(), vals.max()
-    f = (lambda v: str(int(v)) if float(v).is_integer() else fmt_num(v, 3))
+    def f(v):
+        return str(int(v)) if float(v).is_integer() else fmt_num(v, 3)
+
     return f(lo) if lo == hi else f"{f(lo)}\u2013{f(hi)}"
 
 

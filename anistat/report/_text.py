@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import re
 from dataclasses import dataclass
-from typing import Union
 
 from markupsafe import Markup
 
@@ -23,7 +22,7 @@ class Math:
     latex: str
 
 
-Segment = Union[str, Math]
+Segment = str | Math
 
 
 @dataclass(frozen=True)

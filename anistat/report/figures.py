@@ -30,9 +30,9 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from ._data import (
     bucket_rows,
     checkpoint_order,
+    interval_phrase,
     metric_label,
     natural_key,
-    interval_phrase,
     ordered,
     ordered_by_first,
     phase_last_checkpoints,
@@ -212,7 +212,7 @@ def fig_energy_ratio_trajectory(df: pd.DataFrame, ctx: dict[str, Any]) -> Figure
     early = data[data["phase"] == "early"]["step"]
     late = data[data["phase"] == "late"]["step"]
     fig, axes = _grid(len(keys))
-    positive = bool((data[["estimate", "ci_low"]].min(axis=None) > 0))
+    positive = bool(data[["estimate", "ci_low"]].min(axis=None) > 0)
     for ax, key in zip(axes, keys):
         sub = data[(data["model"] == key[0]) & (data["_loc"] == key[1])]
         m_early = sub[sub["phase"] == "early"]["step"]

@@ -224,7 +224,7 @@ def _grouped_head(head_top: list[str], names: list[str], width: int, sub_cells: 
     return [head_top + top, "".join(rules), [""] * len(head_top) + sub_cells]
 
 
-def _value_cells(c: "_Cell | None", fmt: str | None, has_mark: bool, has_ci: bool, width: int) -> list[str]:
+def _value_cells(c: _Cell | None, fmt: str | None, has_mark: bool, has_ci: bool, width: int) -> list[str]:
     if c is None:
         return ["{--}"] + ([""] if has_mark else []) + (["--"] if has_ci else [])
     if c.failed:

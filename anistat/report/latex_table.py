@@ -10,13 +10,12 @@ needs ``\\usepackage{booktabs}`` (plus ``siunitx`` for ``S`` columns, ``multirow
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Union
 
 #: Row markers: insert ``\midrule`` / a little vertical space between two body rows.
 MIDRULE = r"\midrule"
 ADDSPACE = r"\addlinespace[2pt]"
 
-Row = Union[Sequence[str], str]
+Row = Sequence[str] | str
 """A list of LaTeX cells (joined with ``&``, ended with ``\\\\``) or one raw line (a rule)."""
 
 

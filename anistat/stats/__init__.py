@@ -4,8 +4,8 @@ Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights 
 ``W (B, S)`` of unit multiplicities (documents, else sequences, are the sampling unit). Entry points:
 
 * :func:`analyze_energy` — everything for one proxy vs one control kind (exact Haar
-  Monte-Carlo p-value, the paper's control p-value, document sign-flip test, bootstrap CIs of
-  named estimands, effect sizes); :func:`analyze_metric_vs_controls` for one-value metrics.
+  Monte-Carlo p-value, the paper's control p-value, the studentized bootstrap data test,
+  bootstrap CIs of named estimands, effect sizes); :func:`analyze_metric_vs_controls` for one-value metrics.
 * :func:`monte_carlo_pvalue`, :func:`sign_flip_test`, :func:`sequence_bootstrap`
   (:func:`sequence_bootstrap_columns` for several statistics from one resample).
 * :func:`adjust_pvalues`, :func:`adjust_in_families`, :func:`min_controls_needed`,
@@ -16,23 +16,51 @@ Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights 
 """
 
 from ._validation import DegenerateStatisticWarning
-from .bootstrap import (BootstrapResult, StudentizedTest, bootstrap_weights, ci_from_replicates, expanded_pvalue,
-                        expanded_tail, studentized_ratio_test,
-                        iter_bootstrap_weights, jackknife_weights, ratio_se,
-                        sequence_bootstrap, sequence_bootstrap_columns)
+from .bootstrap import (
+                        BootstrapResult,
+                        StudentizedTest,
+                        bootstrap_weights,
+                        ci_from_replicates,
+                        expanded_pvalue,
+                        expanded_tail,
+                        iter_bootstrap_weights,
+                        jackknife_weights,
+                        ratio_se,
+                        sequence_bootstrap,
+                        sequence_bootstrap_columns,
+                        studentized_ratio_test,
+)
 from .calibrate import CalibrationResult, run_calibration, write_calibration_report
-from .effects import (anisotropy_capture, energy_ratio, hedges_correction, hedges_g_paired,
-                      log2_energy_ratio, per_sequence_differences, z_score)
-from .energy import (CLOSED_FORM_KINDS, DATA_TEST, EXACT_TEST, METRICS, MIN_RESAMPLING_UNITS, SIGN_FLIP_TEST,
-                     ControlComparison,
-                     ControlMoments, EnergyAnalysis, ExactTestResult, MetricResult, analyze_energy,
-                     analyze_metric_vs_controls, cluster_sums, control_energy_moments,
-                     expected_control_energy)
+from .effects import (
+                        anisotropy_capture,
+                        energy_ratio,
+                        hedges_correction,
+                        hedges_g_paired,
+                        log2_energy_ratio,
+                        per_sequence_differences,
+                        z_score,
+)
+from .energy import (
+                        CLOSED_FORM_KINDS,
+                        DATA_TEST,
+                        EXACT_TEST,
+                        METRICS,
+                        MIN_RESAMPLING_UNITS,
+                        SIGN_FLIP_TEST,
+                        ControlComparison,
+                        ControlMoments,
+                        EnergyAnalysis,
+                        ExactTestResult,
+                        MetricResult,
+                        analyze_energy,
+                        analyze_metric_vs_controls,
+                        cluster_sums,
+                        control_energy_moments,
+                        expected_control_energy,
+)
 from .meta import MetaResult, TrendResult, random_effects_meta, trend_test
-from .montecarlo import (SequentialMonteCarlo, min_attainable_pvalue, monte_carlo_pvalue,
-                         sequential_monte_carlo_pvalue)
-from .multiplicity import (adjust_in_families, adjust_pvalues, min_controls_needed,
-                           resolution_warning)
+from .montecarlo import SequentialMonteCarlo, min_attainable_pvalue, monte_carlo_pvalue, sequential_monte_carlo_pvalue
+from .multiplicity import adjust_in_families, adjust_pvalues, min_controls_needed, resolution_warning
 from .permutation import PermutationResult, sign_flip_null, sign_flip_pvalues, sign_flip_test
 from .uniformity import UniformityCheck, p_value_grid, p_value_uniformity
 

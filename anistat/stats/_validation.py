@@ -2,19 +2,61 @@
 
 from __future__ import annotations
 
-import numpy as np
+import warnings
+from collections.abc import Collection
 
+import numpy as np
+from numpy.typing import ArrayLike
+
+#: The alternatives every test of :mod:`anistat.stats` accepts.
 ALTERNATIVES = ("greater", "less", "two-sided")
 
 
 class DegenerateStatisticWarning(RuntimeWarning):
-    """A statistic could not be computed as requested (e.g. BCa fell back to percentile)."""
+    """A statistic could not be computed as requested and a documented fallback was used (BCa or
+    the bootstrap-t fell back to a percentile-type interval); the result's ``note`` says why.
+
+    Silent by default, because a run meets many such units and records each fallback in its
+    results table; turn it on with ``warnings.simplefilter("always", DegenerateStatisticWarning)``
+    (or into an error with ``"error"``) to see each one where it happens.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter('always', stats.DegenerateStatisticWarning)
+    ...     r = stats.ci_from_replicates(0.5, np.r_[np.zeros(49), 1.0], jackknife=np.array([0.4, 0.6]))
+    ...
+    >>> r.method, caught[0].category.__name__
+    ('percentile', 'DegenerateStatisticWarning')
+    """
+
+
+warnings.filterwarnings("ignore", category=DegenerateStatisticWarning)
+
+
+def check_choice(name: str, value: object, allowed: Collection[str]) -> str:
+    """``value`` if it is one of ``allowed``, else ``ValueError`` naming ``name`` and the choices.
+
+    Examples
+    --------
+    >>> check_choice("alternative", "less", ALTERNATIVES)
+    'less'
+    >>> check_choice("alternative", "two_sided", ALTERNATIVES)
+    Traceback (most recent call last):
+    ...
+    ValueError: alternative must be one of 'greater', 'less', 'two-sided'; got 'two_sided'
+    """
+    if not isinstance(value, str) or value not in allowed:
+        choices = ", ".join(repr(choice) for choice in allowed)
+        raise ValueError(f"{name} must be one of {choices}; got {value!r}")
+    return value
 
 
 def check_alternative(alternative: str) -> str:
-    if alternative not in ALTERNATIVES:
-        raise ValueError(f"alternative must be one of {ALTERNATIVES}, got {alternative!r}")
-    return alternative
+    return check_choice("alternative", alternative, ALTERNATIVES)
 
 
 def check_ci_level(ci_level: float) -> float:
@@ -30,7 +72,7 @@ def check_positive_int(value: int, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
-def as_1d_float(x, name: str, *, finite: bool = True) -> np.ndarray:
+def as_1d_float(x: ArrayLike, name: str, *, finite: bool = True) -> np.ndarray:
     arr = np.asarray(x, dtype=np.float64)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")

@@ -58,27 +58,45 @@ used to stream them (memory is ``O(chunk * S)``).
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterator
 
 import numpy as np
 from scipy.special import ndtr, ndtri
 from scipy.stats import t as student_t
 
-from ._validation import check_ci_level, check_positive_int
+from ._validation import DegenerateStatisticWarning, check_alternative, check_choice, check_ci_level, check_positive_int
 
 _BLOCK = 256
+#: The confidence-interval methods of :func:`ci_from_replicates` (module docstring).
 METHODS = ("bca", "percentile", "studentized", "basic", "normal")
+#: The methods of :func:`sequence_bootstrap_columns`: all but ``studentized``, which needs a
+#: standard error per statistic.
+COLUMN_METHODS = tuple(method for method in METHODS if method != "studentized")
+#: The intervals BCa may fall back to where it is undefined.
+BCA_FALLBACKS = ("percentile", "basic")
 
 
 @dataclass(frozen=True)
 class BootstrapResult:
     """A bootstrap confidence interval.
 
-    ``se`` is the standard deviation of the replicates; ``method`` the method actually used
-    (``"bca"``, ``"percentile"`` or ``"studentized"``); ``note`` is empty or says why BCa was not used / what
-    was dropped; ``bias`` is the bootstrap bias estimate ``mean(replicates) - estimate``.
+    ``se`` is the standard deviation of the replicates; ``method`` the method actually used: one
+    of :data:`METHODS` (``"bca"``, ``"percentile"``, ``"studentized"``, ``"basic"``, ``"normal"``),
+    the fallback where the requested one was undefined, or ``"none"`` when no interval exists;
+    ``note`` is empty or says why the requested method was not used / what was dropped; ``bias`` is the bootstrap bias estimate ``mean(replicates) - estimate``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.normal(1.0, 1.0, 30)
+    >>> r = stats.sequence_bootstrap(lambda w: (w @ x) / w.sum(1), 30, n_resamples=500, seed=2, method='percentile')
+    >>> r.method, r.n_resamples, r.ci_low < r.estimate < r.ci_high
+    ('percentile', 500, True)
     """
 
     estimate: float
@@ -131,7 +149,18 @@ def _block(rng: np.random.Generator, n_sequences: int, b: int, codes, members) -
 def iter_bootstrap_weights(n_sequences: int, n_resamples: int, seed: int = 0,
                            group_ids=None, chunk_size: int = _BLOCK,
                            dtype=np.float64) -> Iterator[np.ndarray]:
-    """Yield the bootstrap weights matrix in row chunks of at most ``chunk_size`` rows."""
+    """Yield the bootstrap weights matrix in row chunks of at most ``chunk_size`` rows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> blocks = list(stats.iter_bootstrap_weights(5, 600, seed=0, chunk_size=256))
+    >>> [b.shape for b in blocks]
+    [(256, 5), (256, 5), (88, 5)]
+    >>> bool((np.vstack(blocks) == stats.bootstrap_weights(5, 600, seed=0)).all())
+    True
+    """
     s = check_positive_int(n_sequences, "n_sequences")
     b_total = check_positive_int(n_resamples, "n_resamples")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
@@ -169,6 +198,14 @@ def bootstrap_weights(n_sequences: int, n_resamples: int, seed: int = 0, group_i
     """The ``(B, S)`` matrix of sequence multiplicities (read-only, cached per arguments).
 
     Rows are ``Multinomial(S, uniform)`` counts (or hierarchical counts with ``group_ids``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> w = stats.bootstrap_weights(5, 3, seed=0)
+    >>> w.shape, w.sum(axis=1).tolist()
+    ((3, 5), [5.0, 5.0, 5.0])
     """
     s = check_positive_int(n_sequences, "n_sequences")
     codes = _group_codes(group_ids, s)
@@ -178,7 +215,17 @@ def bootstrap_weights(n_sequences: int, n_resamples: int, seed: int = 0, group_i
 
 
 def jackknife_weights(n_sequences: int, group_ids=None) -> np.ndarray:
-    """Leave-one-out weights: ``ones - eye`` (``(S, S)``) or leave-one-group-out ``(G, S)``."""
+    """Leave-one-out weights: ``ones - eye`` (``(S, S)``) or leave-one-group-out ``(G, S)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> stats.jackknife_weights(3).tolist()
+    [[0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0, 0.0]]
+    >>> stats.jackknife_weights(4, group_ids=[0, 0, 1, 1]).tolist()
+    [[0.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]]
+    """
     codes = _group_codes(group_ids, n_sequences)
     if codes is None:
         return 1.0 - np.eye(n_sequences)
@@ -193,6 +240,14 @@ def ratio_se(weights, numerator, denominator) -> np.ndarray:
     of a ratio estimator. Residuals are taken around the full-data ratio first (three matrix
     products, well conditioned), so the cost is ``O(B S)``. Rows with ``n_b <= 1`` or a zero
     denominator give NaN.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> num, den = np.array([2.0, 3.0, 4.0]), np.array([1.0, 1.0, 2.0])
+    >>> stats.ratio_se(np.ones((1, 3)), num, den).round(4).tolist()
+    [0.2864]
     """
     w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
     num = np.asarray(numerator, dtype=np.float64).ravel()
@@ -220,7 +275,15 @@ def expanded_tail(tail: float, n_units: int) -> float:
     small-sample expansion (2015, "What teachers should know about the bootstrap", §5.4):
     ``z_{1−a'} = sqrt(n/(n − 1)) · t_{1−a, n−1}`` — the resampling distribution is narrower than
     the sampling one by ``sqrt((n − 1)/n)`` and a studentized statistic has ``t_{n−1}`` tails.
-    ``a`` itself when ``n_units`` is None or below 3."""
+    ``a`` itself when ``n_units`` is None or below 3.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> stats.expanded_tail(0.025, 10) < 0.025
+    True
+    """
     if n_units is None or n_units < 3:
         return float(tail)
     n = float(n_units)
@@ -229,7 +292,15 @@ def expanded_tail(tail: float, n_units: int) -> float:
 
 def expanded_pvalue(p_raw, n_units: int | None):
     """The nominal p-value whose expanded tail (:func:`expanded_tail`) is the bootstrap tail
-    probability ``p_raw`` (the inverse map; monotone, and ``≥ p_raw`` for small p)."""
+    probability ``p_raw`` (the inverse map; monotone, and ``≥ p_raw`` for small p).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> float(stats.expanded_pvalue(0.05, None)), round(float(stats.expanded_pvalue(0.05, 10)), 4)
+    (0.05, 0.0765)
+    """
     p_raw = np.asarray(p_raw, dtype=np.float64)
     if n_units is None or n_units < 3:
         return p_raw
@@ -253,12 +324,20 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
     statistics such as ratios of positive sums); ``expand_units = n`` applies the small-sample
     expansion of :func:`expanded_tail` to the tail levels. Non-finite replicates are dropped
     (and counted in ``note``). See the module docstring for the formulas and the fallback rules.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> replicates = rng.normal(1.0, 0.1, 1000)
+    >>> r = stats.ci_from_replicates(1.0, replicates, method='percentile')
+    >>> r.method, round(r.ci_low, 2), round(r.ci_high, 2)
+    ('percentile', 0.81, 1.18)
     """
     ci_level = check_ci_level(ci_level)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if bca_fallback not in ("percentile", "basic"):
-        raise ValueError(f"bca_fallback must be 'percentile' or 'basic', got {bca_fallback!r}")
+    check_choice("method", method, METHODS)
+    check_choice("bca_fallback", bca_fallback, BCA_FALLBACKS)
     theta = float(estimate)
     reps = np.asarray(replicates, dtype=np.float64).ravel()
     n_total = reps.size
@@ -292,6 +371,7 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
                                    n_total, ci_level, bias)
         used = "percentile"
         notes.append(f"studentized fell back to percentile: {reason}")
+        warnings.warn(notes[-1], DegenerateStatisticWarning, stacklevel=2)
     if method == "bca":
         adjusted, reason = _bca_levels(theta, reps, jackknife, levels)
         if reason is None:
@@ -299,6 +379,7 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
         else:
             used = bca_fallback
             notes.append(f"BCa fell back to {bca_fallback}: {reason}")
+            warnings.warn(notes[-1], DegenerateStatisticWarning, stacklevel=2)
     if used == "normal":
         if not (np.isfinite(se_reps) and se_reps > 0):
             notes.append("normal interval undefined (replicates without spread); no interval")
@@ -372,7 +453,18 @@ class StudentizedTest:
     """A bootstrap-t test of ``H0: θ = θ0`` for a positive ratio ``θ``, the test dual to the
     studentized log-scale interval: ``statistic`` ``t = (log θ̂ − log θ0)/(se/θ̂)``; ``p_raw`` the
     bootstrap tail ``(1 + #{t*_b beyond t})/(1 + B)``; ``p_value`` its small-sample expansion
-    (:func:`expanded_pvalue`)."""
+    (:func:`expanded_pvalue`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> num, den = rng.uniform(2, 3, 20), rng.uniform(1, 2, 20)
+    >>> test = stats.studentized_ratio_test(num, den, stats.bootstrap_weights(20, 200, seed=1))
+    >>> type(test).__name__, test.alternative, test.p_value < 0.05
+    ('StudentizedTest', 'greater', True)
+    """
 
     statistic: float
     p_value: float
@@ -391,7 +483,20 @@ def studentized_ratio_test(numerator, denominator, weights, *, null_value: float
     The pivot is the one :func:`ci_from_replicates` inverts for ``method="studentized",
     log_scale=True`` (same weights, same expansion), so the test rejects at level ``a``
     one-sided exactly when the one-sided ``1 − a`` bound excludes ``null_value``, up to the
-    ``+1`` in the tail count. Exact for no law; its level is measured in ``anistat calibrate``."""
+    ``+1`` in the tail count. Exact for no law; its level is measured in ``anistat calibrate``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> num, den = rng.uniform(2, 3, 20), rng.uniform(1, 2, 20)
+    >>> weights = stats.bootstrap_weights(20, 500, seed=1)
+    >>> test = stats.studentized_ratio_test(num, den, weights, alternative='greater')
+    >>> round(test.statistic, 3), test.p_value < 0.01
+    (9.407, True)
+    """
+    check_alternative(alternative)
     num = np.asarray(numerator, dtype=np.float64).ravel()
     den = np.asarray(denominator, dtype=np.float64).ravel()
     w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
@@ -442,11 +547,20 @@ def sequence_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], n_sequence
     ``method="studentized"`` also needs ``standard_error`` (``W (b, S) -> (b,)``, the SE of the
     statistic under weights ``W``, e.g. ``lambda w: ratio_se(w, num, den)``), evaluated on the
     same rows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.normal(1.0, 1.0, 30)
+    >>> r = stats.sequence_bootstrap(lambda w: (w @ x) / w.sum(1), 30, n_resamples=500, seed=2, method='percentile')
+    >>> round(r.estimate, 4), r.ci_low < r.estimate < r.ci_high
+    (0.8785, True)
     """
     s = check_positive_int(n_sequences, "n_sequences")
     check_ci_level(ci_level)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_choice("method", method, METHODS)
     if method == "studentized" and standard_error is None:
         raise ValueError("method='studentized' needs a standard_error function")
     ones = np.ones((1, s))
@@ -479,11 +593,23 @@ def sequence_bootstrap_columns(statistic: Callable[[np.ndarray], np.ndarray], n_
     resample (e.g. Spearman and Pearson correlations of one resampled table) — and one
     :class:`BootstrapResult` per column comes back, each from the same resamples as
     :func:`sequence_bootstrap` would draw. ``method`` is ``bca``, ``percentile``, ``basic`` or ``normal``
-    (a studentized interval needs a standard error per statistic)."""
+    (a studentized interval needs a standard error per statistic).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.normal(1.0, 1.0, 30)
+    >>> mean_and_sq = lambda w: np.column_stack([(w @ x) / w.sum(1), (w @ x**2) / w.sum(1)])
+    >>> rs = stats.sequence_bootstrap_columns(mean_and_sq, 30, n_resamples=300, seed=2, method='percentile')
+    >>> len(rs), [r.method for r in rs]
+    (2, ['percentile', 'percentile'])
+    """
     s = check_positive_int(n_sequences, "n_sequences")
     check_ci_level(ci_level)
-    if method not in METHODS or method == "studentized":
-        raise ValueError(f"method must be 'bca', 'percentile', 'basic' or 'normal', got {method!r}")
+    check_choice("method", method, COLUMN_METHODS)
+    check_choice("bca_fallback", bca_fallback, BCA_FALLBACKS)
 
     def evaluate(weights: np.ndarray) -> np.ndarray:
         out = np.asarray(statistic(weights), dtype=np.float64)

@@ -68,7 +68,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .energy import analyze_energy, cluster_sums, expected_control_energy
+from ._validation import check_choice
+from .energy import CI_METHODS, analyze_energy, cluster_sums, expected_control_energy
 from .montecarlo import monte_carlo_pvalue, sequential_monte_carlo_pvalue
 from .permutation import sign_flip_test
 
@@ -93,6 +94,14 @@ class CalibrationResult:
     ``conditions``: one dict per (scenario, condition) with rates, binomial standard errors and
     coverages. ``checks``: goal name -> :func:`goal_check`'s dict (value, band, Monte-Carlo margin,
     verdict met / NOT met / unresolved) for every default method in every scenario.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> result = stats.run_calibration(2, seed=0, scenarios=('isotropic',), planted_ratios=(1.0,), n_documents=12, dim=8, rank=2, n_bootstrap=50, n_null=19, n_test_resamples=49)
+    >>> type(result).__name__, len(result.conditions) > 0
+    ('CalibrationResult', True)
     """
 
     settings: dict
@@ -326,7 +335,16 @@ def run_calibration(n_simulations: int = 2000, seed: int = 0, *, scenarios=SCENA
     ``n_jobs > 1`` spreads simulations over processes with identical results. The goals are
     judged at ``n_documents``; ``coverage_documents`` (e.g. ``(30, 200)``) adds the same study
     at other sizes, reported beside them (``n_permutations``: the earlier name of
-    ``n_test_resamples``)."""
+    ``n_test_resamples``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> result = stats.run_calibration(2, seed=0, scenarios=('isotropic',), planted_ratios=(1.0,), n_documents=12, dim=8, rank=2, n_bootstrap=50, n_null=19, n_test_resamples=49)
+    >>> sorted(result.settings)[:3]
+    ['alpha', 'ci_level', 'ci_method']
+    """
     scenarios = tuple(scenarios)
     if not scenarios or any(s not in SCENARIOS for s in scenarios):
         raise ValueError(f"scenarios must be among {SCENARIOS}, got {scenarios}")
@@ -335,8 +353,7 @@ def run_calibration(n_simulations: int = 2000, seed: int = 0, *, scenarios=SCENA
         raise ValueError(f"planted ratios must be in (0, dim/rank) = (0, {dim / rank:g})")
     if int(n_simulations) < 1:
         raise ValueError("n_simulations must be >= 1")
-    if ci_method not in ("studentized", "bca", "percentile"):
-        raise ValueError(f"ci_method must be studentized, bca or percentile, got {ci_method!r}")
+    check_choice("ci_method", ci_method, CI_METHODS)
     if not 2 * rank <= dim:
         raise ValueError("normal controls need 2 rank <= dim")
     sizes = [int(n_documents)] + [int(n) for n in coverage_documents if int(n) != int(n_documents)]
@@ -479,6 +496,18 @@ def write_calibration_report(result: CalibrationResult, out_dir, family=None) ->
     :class:`anistat.stats.family_calibration.FamilyCalibration`, when given).
 
     Returns ``{kind: path}``. The HTML is self-contained (figure as base64 PNG, escaped text).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> import tempfile
+    >>> result = stats.run_calibration(2, seed=0, scenarios=('isotropic',), planted_ratios=(1.0,), n_documents=12, dim=8, rank=2, n_bootstrap=50, n_null=19, n_test_resamples=49)
+    >>> with tempfile.TemporaryDirectory() as out:
+    ...     written = stats.write_calibration_report(result, out)
+    ...
+    >>> sorted(written)[:2]
+    ['csv', 'html']
     """
     import pandas as pd
 

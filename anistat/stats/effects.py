@@ -22,11 +22,20 @@ Notation: ``E(U)`` the proxy's energy fraction, ``E(Q_j)`` the controls' (``j = 
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import gammaln
 
 
-def hedges_correction(df) -> np.ndarray | float:
-    """Exact small-sample correction ``J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2))``."""
+def hedges_correction(df: ArrayLike) -> np.ndarray | float:
+    """Exact small-sample correction ``J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2))``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> round(float(stats.hedges_correction(9)), 4)
+    0.9139
+    """
     df = np.asarray(df, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         j = np.exp(gammaln(df / 2) - gammaln((df - 1) / 2)) / np.sqrt(df / 2)
@@ -34,21 +43,45 @@ def hedges_correction(df) -> np.ndarray | float:
     return float(j) if j.ndim == 0 else j
 
 
-def energy_ratio(proxy_fraction, control_fractions) -> float:
-    """``E(U) / mean_j E(Q_j)``."""
+def energy_ratio(proxy_fraction: float, control_fractions: ArrayLike) -> float:
+    """``E(U) / mean_j E(Q_j)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> stats.energy_ratio(0.4, [0.1, 0.2, 0.3])
+    1.9999999999999998
+    """
     c = np.asarray(control_fractions, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         return float(np.float64(proxy_fraction) / c.mean())
 
 
-def log2_energy_ratio(proxy_fraction, control_fractions) -> float:
-    """``log2(E(U) / mean_j E(Q_j))`` (NaN for a non-positive ratio)."""
+def log2_energy_ratio(proxy_fraction: float, control_fractions: ArrayLike) -> float:
+    """``log2(E(U) / mean_j E(Q_j))`` (NaN for a non-positive ratio).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> stats.log2_energy_ratio(0.4, [0.1, 0.2, 0.3])
+    0.9999999999999999
+    """
     r = energy_ratio(proxy_fraction, control_fractions)
     return float(np.log2(r)) if r > 0 else np.nan
 
 
-def z_score(observed, control_values) -> float:
-    """``(observed - mean(controls)) / sd(controls)`` with ``ddof=1`` (NaN if sd is 0)."""
+def z_score(observed: float, control_values: ArrayLike) -> float:
+    """``(observed - mean(controls)) / sd(controls)`` with ``ddof=1`` (NaN if sd is 0).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> round(stats.z_score(0.9, [0.5, 0.6, 0.55, 0.58]), 4)
+    7.8748
+    """
     c = np.asarray(control_values, dtype=np.float64)
     c = c[np.isfinite(c)]
     if c.size < 2:
@@ -59,8 +92,16 @@ def z_score(observed, control_values) -> float:
     return float((float(observed) - c.mean()) / sd)
 
 
-def hedges_g_paired(differences) -> float:
-    """Hedges' ``g_z`` of paired differences: ``J(S-1) mean(d) / sd(d)`` (see module doc)."""
+def hedges_g_paired(differences: ArrayLike) -> float:
+    """Hedges' ``g_z`` of paired differences: ``J(S-1) mean(d) / sd(d)`` (see module doc).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> round(stats.hedges_g_paired([0.3, 0.5, 0.2, 0.4, 0.6]), 4)
+    2.0185
+    """
     d = np.asarray(differences, dtype=np.float64)
     d = d[np.isfinite(d)]
     if d.size < 3:
@@ -71,8 +112,16 @@ def hedges_g_paired(differences) -> float:
     return float(hedges_correction(d.size - 1) * d.mean() / sd)
 
 
-def anisotropy_capture(fraction, rank: int, dim: int, oracle_fraction):
-    """``(E - k/d) / (E*_k - k/d)``; vectorised over ``fraction``; NaN if ``E*_k <= k/d``."""
+def anisotropy_capture(fraction: ArrayLike, rank: int, dim: int, oracle_fraction: float) -> np.ndarray | float:
+    """``(E - k/d) / (E*_k - k/d)``; vectorised over ``fraction``; NaN if ``E*_k <= k/d``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> round(float(stats.anisotropy_capture(0.5, rank=2, dim=16, oracle_fraction=0.8)), 4)
+    0.5556
+    """
     base = rank / dim
     denom = np.float64(oracle_fraction) - base
     f = np.asarray(fraction, dtype=np.float64)
@@ -80,10 +129,19 @@ def anisotropy_capture(fraction, rank: int, dim: int, oracle_fraction):
     return float(out) if out.ndim == 0 else out
 
 
-def per_sequence_differences(proxy_energy, control_energy, total_energy):
+def per_sequence_differences(proxy_energy: ArrayLike, control_energy: ArrayLike,
+                             total_energy: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Per-sequence ``d_s = (proxy_s - mean_j control_sj) / total_s`` and the validity mask.
 
     Sequences with ``total_s <= 0`` (no gradient energy) are invalid (NaN).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> d, valid = stats.per_sequence_differences([2.0, 3.0], [[1.0, 3.0], [1.0, 1.0]], [4.0, 0.0])
+    >>> d.tolist(), valid.tolist()
+    ([0.0, nan], [True, False])
     """
     p = np.asarray(proxy_energy, dtype=np.float64)
     c = np.asarray(control_energy, dtype=np.float64)

@@ -75,12 +75,19 @@ interval does.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
-from ._validation import as_1d_float, check_alternative, check_ci_level, check_positive_int
-from .bootstrap import (BootstrapResult, StudentizedTest, bootstrap_weights, ci_from_replicates, ratio_se,
-                        studentized_ratio_test)
+from ._validation import as_1d_float, check_alternative, check_choice, check_ci_level, check_positive_int
+from .bootstrap import (
+    BootstrapResult,
+    StudentizedTest,
+    bootstrap_weights,
+    ci_from_replicates,
+    ratio_se,
+    studentized_ratio_test,
+)
 from .effects import anisotropy_capture, hedges_correction
 from .interval_se import interval_implied_se, interval_log_scale
 from .montecarlo import monte_carlo_pvalue
@@ -92,8 +99,8 @@ EXACT_TEST = "haar_monte_carlo"
 #: The data test of "this proxy's population ratio is 1" (hedges_g rows): the studentized
 #: bootstrap test dual to the energy ratio's interval (:func:`anistat.stats.studentized_ratio_test`).
 DATA_TEST = "bootstrap_t"
-#: The earlier data test (sign flips of per-unit contributions), still available in
-#: :mod:`anistat.stats.permutation` and reported beside the data test in `anistat calibrate`.
+#: The sign-flip test of per-unit contributions (:mod:`anistat.stats.permutation`), reported
+#: beside the data test in `anistat calibrate`.
 SIGN_FLIP_TEST = "sign_flip"
 CLOSED_FORM_KINDS = ("haar", "normal")
 #: The fewest resampling units (documents, else sequences) for which intervals and the data test
@@ -104,6 +111,11 @@ CLOSED_FORM_KINDS = ("haar", "normal")
 #: covers 0.275–0.355 of the time (``benchmarks/README.md``, "The fewest resampling units for an
 #: interval").
 MIN_RESAMPLING_UNITS = 10
+#: The interval methods `analyze_energy` offers for its ratio estimands (a subset of
+#: ``bootstrap.METHODS``: the ones measured for these ratios in ``anistat calibrate``).
+CI_METHODS = ("bca", "percentile", "studentized")
+#: What the energy ratio divides by: the controls' closed-form expected energy, or the drawn controls'.
+REFERENCES = ("expected", "drawn")
 
 
 @dataclass(frozen=True)
@@ -114,6 +126,17 @@ class MetricResult:
     control kind (mean, sd with ddof=1; NaN for ``hedges_g``). ``p_value`` comes from the test
     named by ``p_test``; ``p_value_paper`` is the paper's convention (see the module
     docstring). ``effect_size`` is of kind ``effect_size_kind`` (``z`` or ``hedges_g``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> p, t = rng.uniform(1, 2, 16), rng.uniform(4, 6, 16)
+    >>> a = stats.analyze_energy(p, t, t * 2 / 16, rank=2, dim=16, null_fractions=rng.uniform(0.05, 0.2, 99), n_bootstrap=200)
+    >>> fraction = a.metrics[0]
+    >>> fraction.metric, fraction.ci_low < fraction.estimate < fraction.ci_high
+    ('energy_fraction', True)
     """
 
     metric: str
@@ -134,7 +157,18 @@ class MetricResult:
 
 @dataclass(frozen=True)
 class EnergyAnalysis:
-    """Result of :func:`analyze_energy`. ``analysis["energy_ratio"]`` gives a metric."""
+    """Result of :func:`analyze_energy`. ``analysis["energy_ratio"]`` gives a metric.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> p, t = rng.uniform(1, 2, 16), rng.uniform(4, 6, 16)
+    >>> a = stats.analyze_energy(p, t, t * 2 / 16, rank=2, dim=16, null_fractions=rng.uniform(0.05, 0.2, 99), n_bootstrap=200)
+    >>> type(a).__name__, a.n_sequences, [m.metric for m in a.metrics][:2]
+    ('EnergyAnalysis', 16, ['energy_fraction', 'energy_ratio'])
+    """
 
     metrics: tuple[MetricResult, ...]
     p_value: float  # exact Haar Monte-Carlo test
@@ -176,14 +210,22 @@ def expected_control_energy(kind: str, proxy_energy, total_energy, rank: int, di
     ``E[QQᵀ] = k/d · I`` for Haar Q, so ``E Σ‖Qᵀg‖² = k/d · Σ‖g‖²``; a ``normal`` control is
     uniform in the complement of U, ``E[QQᵀ] = k/(d − k) · (I − UUᵀ)``, so
     ``E Σ‖Qᵀg‖² = k/(d − k) · (Σ‖g‖² − Σ‖Uᵀg‖²)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> stats.expected_control_energy('haar', [1.0, 2.0], [4.0, 8.0], rank=2, dim=8).tolist()
+    [1.0, 2.0]
+    >>> stats.expected_control_energy('normal', [1.0, 2.0], [4.0, 8.0], rank=2, dim=8).tolist()
+    [1.0, 2.0]
     """
+    check_choice("kind", kind, CLOSED_FORM_KINDS)  # other kinds: use the drawn controls' mean
     p = np.asarray(proxy_energy, dtype=np.float64)
     t = np.asarray(total_energy, dtype=np.float64)
     if kind == "haar":
         return rank / dim * t
-    if kind == "normal":
-        return rank / (dim - rank) * np.maximum(t - p, 0.0)
-    raise ValueError(f"no closed-form expectation for control kind {kind!r}; use the drawn controls' mean")
+    return rank / (dim - rank) * np.maximum(t - p, 0.0)
 
 
 def _join(*parts: str) -> str:
@@ -199,7 +241,16 @@ def _mean_sd(x: np.ndarray) -> tuple[float, float]:
 
 def cluster_sums(columns: np.ndarray, group_ids) -> tuple[np.ndarray, int]:
     """Sum the rows of ``columns`` (S, m) per group (documents) → ((G, m), G); rows as they
-    are when ``group_ids`` is None."""
+    are when ``group_ids`` is None.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> sums, n_units = stats.cluster_sums(np.ones((4, 2)), [0, 0, 1, 1])
+    >>> sums.tolist(), n_units
+    ([[2.0, 2.0], [2.0, 2.0]], 2)
+    """
     if group_ids is None:
         return columns, columns.shape[0]
     codes = np.unique(np.asarray(group_ids), return_inverse=True)[1].ravel()
@@ -222,14 +273,23 @@ def _hedges_g(weights: np.ndarray, d: np.ndarray) -> np.ndarray:
 class ControlMoments:
     """Mean and sd of a control kind's energy fraction ``E(Q)`` over its draw, and their source
     (``"closed form"`` or ``"N draws"``): the ``control_mean`` / ``control_sd`` of the energy
-    rows and the scale of ``z``."""
+    rows and the scale of ``z``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> moments = stats.control_energy_moments('haar', rank=2, dim=8, trace=8.0, frobenius_sq=8.0)
+    >>> moments.mean, moments.sd, moments.source
+    (0.25, 0.0, 'closed form')
+    """
 
     mean: float
     sd: float
     source: str
 
     @classmethod
-    def of_draws(cls, fractions) -> "ControlMoments":
+    def of_draws(cls, fractions) -> ControlMoments:
         mean, sd = _mean_sd(np.asarray(fractions, dtype=np.float64).ravel())
         return cls(mean, sd, f"{np.isfinite(np.asarray(fractions, dtype=float)).sum()} draws")
 
@@ -248,15 +308,22 @@ def control_energy_moments(kind: str, rank: int, dim: int, trace: float, frobeni
     :func:`anistat.geometry.removal_traces`). ``trace`` = ``tr M``, ``frobenius_sq`` = ``‖M‖_F²``.
     At ``m = k`` (``normal`` with ``k = d/2``) the control is the whole complement: mean
     ``tr A / tr M = 1 − E(U)`` and sd exactly 0.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> m = stats.control_energy_moments('haar', rank=2, dim=8, trace=10.0, frobenius_sq=30.0)
+    >>> round(m.mean, 4), round(m.sd, 4)
+    (0.25, 0.0866)
     """
+    check_choice("kind", kind, CLOSED_FORM_KINDS)  # no closed-form moments for the other kinds
     if kind == "haar":
         m, a_trace, a_frob = dim, trace, frobenius_sq
-    elif kind == "normal":
+    else:  # normal
         m = dim - rank
         a_trace = trace - proxy_trace
         a_frob = frobenius_sq - 2.0 * proxy_cross_sq + proxy_block_sq
-    else:
-        raise ValueError(f"no closed-form moments for control kind {kind!r}")
     if not (trace > 0 and m >= rank):
         return ControlMoments(np.nan, np.nan, "closed form")
     if m == rank:  # the control is the whole space it is drawn in: one subspace, no spread
@@ -271,7 +338,16 @@ def control_energy_moments(kind: str, rank: int, dim: int, trace: float, frobeni
 @dataclass(frozen=True)
 class ExactTestResult:
     """The exact test of the energy fraction, computed elsewhere (e.g. from draws shared by many
-    units, :mod:`anistat.analyze.nulls`): its p-value, the draws it used and a note."""
+    units, :mod:`anistat.analyze.nulls`): its p-value, the draws it used and a note.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> result = stats.ExactTestResult(p_value=0.01, n_draws=99)
+    >>> result.p_value, result.n_draws, result.note
+    (0.01, 99, '')
+    """
 
     p_value: float
     n_draws: int
@@ -334,6 +410,19 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
         passes 2 to measure the intervals themselves at every study size).
 
     See the module docstring for what every interval and test conditions on.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> p, t = rng.uniform(1, 2, 16), rng.uniform(4, 6, 16)
+    >>> a = stats.analyze_energy(p, t, t * 2 / 16, rank=2, dim=16, null_fractions=rng.uniform(0.05, 0.2, 99), n_bootstrap=200)
+    >>> a.p_value, a.n_null
+    (0.01, 99)
+    >>> ratio = [m for m in a.metrics if m.metric == 'energy_ratio'][0]
+    >>> ratio.estimate > 1
+    True
     """
     p, t, e, null = _checked_inputs(proxy_energy, total_energy, reference_energy, null_fractions, exact, rank, dim,
                                     alternative, ci_level, n_bootstrap, ci_method, reference, min_resampling_units)
@@ -400,10 +489,8 @@ def _checked_inputs(proxy_energy, total_energy, reference_energy, null_fractions
     check_ci_level(ci_level)
     check_positive_int(n_bootstrap, "n_bootstrap", 2)
     check_positive_int(min_resampling_units, "min_resampling_units", 2)
-    if ci_method not in ("bca", "percentile", "studentized"):
-        raise ValueError(f"ci_method must be 'bca', 'percentile' or 'studentized', got {ci_method!r}")
-    if reference not in ("expected", "drawn"):
-        raise ValueError(f"reference must be 'expected' or 'drawn', got {reference!r}")
+    check_choice("ci_method", ci_method, CI_METHODS)
+    check_choice("reference", reference, REFERENCES)
     return p, t, e, null
 
 
@@ -414,7 +501,7 @@ def _resampling_units(p, t, e, group_ids) -> _Units:
     name = "documents" if group_ids is not None else "sequences"
     if n_units < 2:
         raise ValueError(f"need at least 2 resampling units, got {n_units} {name}")
-    return _Units(*sums.T, name)
+    return _Units(sums[:, 0], sums[:, 1], sums[:, 2], name)
 
 
 def _clipped(interval: BootstrapResult, low: float, high: float, what: str) -> BootstrapResult:
@@ -437,7 +524,7 @@ def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[Boots
             estimate = numerator.sum() / denominator.sum()
             replicates = (weights @ numerator) / (weights @ denominator)
             jack = (jackknife @ numerator) / (jackknife @ denominator)
-        extra = {}
+        extra: dict[str, Any] = {}
         if ci_method == "studentized":  # on the log scale, tails expanded for few units
             extra = dict(se=float(ratio_se(ones, numerator, denominator)[0]),
                          replicate_se=ratio_se(weights, numerator, denominator), log_scale=True,
@@ -555,7 +642,16 @@ def _capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction
 
 @dataclass(frozen=True)
 class ControlComparison:
-    """Result of :func:`analyze_metric_vs_controls`."""
+    """Result of :func:`analyze_metric_vs_controls`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> c = stats.analyze_metric_vs_controls(0.9, [0.5, 0.6, 0.55, 0.58])
+    >>> type(c).__name__, round(c.z, 3), c.n_controls
+    ('ControlComparison', 7.875, 4)
+    """
 
     observed: float
     control_mean: float
@@ -575,6 +671,14 @@ def analyze_metric_vs_controls(observed: float, control_values, alternative: str
     proxy), or against ``control_values`` when no null is given. ``p_value_paper``: against the
     first ``n_paper_controls`` control values. Control mean, sd (ddof=1, NaN dropped) and
     ``z = (observed − mean) / sd`` describe ``control_values``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> c = stats.analyze_metric_vs_controls(0.9, [0.5, 0.6, 0.55, 0.58], alternative='greater')
+    >>> round(c.z, 3), c.p_value
+    (7.875, 0.2)
     """
     check_alternative(alternative)
     cv = np.asarray(control_values, dtype=np.float64).ravel()

@@ -63,12 +63,29 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as sps
 
+from ._validation import check_choice
+
 META_METHODS = ("dl", "pm", "reml")
 META_INTERVALS = ("wald", "hksj")
+#: Small-sample corrections of the robust (sandwich) variance: Bell–McCaffrey CR2, or none (CR0).
+SMALL_SAMPLE_CORRECTIONS = ("CR2", "CR0")
 
 
 @dataclass(frozen=True)
 class MetaResult:
+    """Random-effects pooled estimate of ``k`` estimates (:func:`random_effects_meta`): the
+    estimate, its SE and interval, the between-study variance ``tau2``, ``I²``, Cochran's ``Q``
+    with its p-value, and the ``method`` and ``interval`` used.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> m = stats.random_effects_meta([0.5, 0.7, 0.6], [0.01, 0.02, 0.015])
+    >>> type(m).__name__, m.k, round(m.estimate, 3)
+    ('MetaResult', 3, 0.577)
+    """
+
     estimate: float
     se: float
     ci_low: float
@@ -103,6 +120,18 @@ class RobustMetaResult:
 
 @dataclass(frozen=True)
 class TrendResult:
+    """Weighted linear trend of estimates over training steps (:func:`trend_test`): the slope,
+    its SE, interval and p-value, and the mean of the early and late steps.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> t = stats.trend_test([0, 1, 2, 3], [1.0, 1.2, 1.4, 1.6], [0.01, 0.01, 0.01, 0.01])
+    >>> type(t).__name__, round(t.slope, 3), t.n
+    ('TrendResult', 0.2, 4)
+    """
+
     slope: float
     slope_se: float
     ci_low: float
@@ -160,13 +189,20 @@ def random_effects_meta(estimates, variances, method: str = "dl", ci_level: floa
     """Random-effects pooled estimate (NaN pairs are dropped); see the module docstring.
 
     ``hksj_safeguard`` (HKSJ only): scale factor ``max(1, s)``, so the interval is never narrower
-    than the Wald SE with the same ``t_{k−1}`` quantile (default); ``False``: untruncated."""
+    than the Wald SE with the same ``t_{k−1}`` quantile (default); ``False``: untruncated.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> m = stats.random_effects_meta([0.5, 0.7, 0.6], [0.01, 0.02, 0.015], method='dl')
+    >>> round(m.estimate, 4), round(m.ci_low, 4), round(m.ci_high, 4), m.k
+    (0.5769, np.float64(0.4438), np.float64(0.7101), 3)
+    """
     from statsmodels.stats.meta_analysis import combine_effects
 
-    if method not in META_METHODS:
-        raise ValueError(f"method must be one of {META_METHODS}, got {method!r}")
-    if interval not in META_INTERVALS:
-        raise ValueError(f"interval must be one of {META_INTERVALS}, got {interval!r}")
+    check_choice("method", method, META_METHODS)
+    check_choice("interval", interval, META_INTERVALS)
     _, y, v = _clean(estimates, variances)
     k = y.size
     if k == 0:
@@ -234,8 +270,7 @@ def robust_meta(estimates, variances, clusters, ci_level: float = 0.95, small_sa
     ``tau2``: between-cluster variance of the working weights; default the REML estimate of the
     cluster summaries of ``aggregate_clusters`` (rho = 1). The weights only affect efficiency:
     the sandwich variance is valid for any weights."""
-    if small_sample not in ("CR2", "CR0"):
-        raise ValueError(f"small_sample must be CR2 or CR0, got {small_sample!r}")
+    check_choice("small_sample", small_sample, SMALL_SAMPLE_CORRECTIONS)
     labels = np.asarray(clusters, dtype=object).ravel()
     ok, y, v = _clean(estimates, variances, labels)
     labels = labels[ok]
@@ -266,7 +301,16 @@ def robust_meta(estimates, variances, clusters, ci_level: float = 0.95, small_sa
 
 def trend_test(steps, estimates, variances=None, ci_level: float = 0.95,
                early_fraction: float = 0.5) -> TrendResult:
-    """Linear trend of ``estimates`` over ``steps`` plus an early-vs-late difference test."""
+    """Linear trend of ``estimates`` over ``steps`` plus an early-vs-late difference test.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> t = stats.trend_test([0, 1, 2, 3], [1.0, 1.2, 1.4, 1.6], [0.01, 0.01, 0.01, 0.01])
+    >>> round(t.slope, 4), t.p_value < 0.05
+    (0.2, True)
+    """
     import statsmodels.api as sm
 
     x = np.asarray(steps, dtype=np.float64).ravel()

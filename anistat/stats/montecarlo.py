@@ -38,6 +38,13 @@ def monte_carlo_pvalue(observed, null, alternative: str = "greater"):
     Vectorised: ``observed`` has shape ``(...)`` and ``null`` shape ``(..., n)`` (broadcast
     over the leading axes), e.g. ``observed (m,)`` and ``null (m, n)`` for ``m`` units at once.
     Returns a Python float for scalar input, else an ndarray of shape ``(...)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> stats.monte_carlo_pvalue(0.9, [0.1, 0.5, 0.95, 0.2])
+    0.4
     """
     check_alternative(alternative)
     obs = np.asarray(observed, dtype=np.float64)
@@ -65,7 +72,15 @@ def monte_carlo_pvalue(observed, null, alternative: str = "greater"):
 
 
 def min_attainable_pvalue(n_controls: int) -> float:
-    """Smallest one-sided Monte-Carlo p-value with ``n_controls`` controls: ``1/(n+1)``."""
+    """Smallest one-sided Monte-Carlo p-value with ``n_controls`` controls: ``1/(n+1)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> stats.min_attainable_pvalue(19)
+    0.05
+    """
     return 1.0 / (int(n_controls) + 1)
 
 
@@ -77,6 +92,15 @@ class SequentialMonteCarlo:
     draw order with :meth:`update` (``(m, c)``, one column per draw, at most :attr:`remaining`
     columns) while :attr:`active` has any test; read :meth:`p_values` and :attr:`draws_used`.
     A NaN observed value gives a NaN p-value (the test is never active).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> mc = stats.SequentialMonteCarlo(np.array([0.9, 0.2]), n_max=99, stop_after=5)
+    >>> mc.update(np.random.default_rng(0).uniform(size=(2, 99)))
+    >>> mc.p_values().round(4).tolist(), mc.draws_used.tolist()
+    ([0.1282, 1.0], [39, 5])
     """
 
     def __init__(self, observed, n_max: int, stop_after: int = 0, alternative: str = "greater") -> None:
@@ -143,7 +167,17 @@ class SequentialMonteCarlo:
 
 def sequential_monte_carlo_pvalue(observed, null, stop_after: int, alternative: str = "greater"):
     """:class:`SequentialMonteCarlo` on a whole ``(m, n)`` array of null draws (``observed`` ``(m,)``),
-    or a scalar observed value and ``(n,)`` draws. Returns ``(p_values, draws_used)``."""
+    or a scalar observed value and ``(n,)`` draws. Returns ``(p_values, draws_used)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> null = rng.uniform(size=999)
+    >>> stats.sequential_monte_carlo_pvalue(0.5, null, stop_after=10)
+    (0.6666666666666666, 15)
+    """
     obs = np.asarray(observed, dtype=np.float64)
     nul = np.asarray(null, dtype=np.float64)
     scalar = obs.ndim == 0

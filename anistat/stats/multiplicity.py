@@ -25,17 +25,30 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike
 from statsmodels.stats.multitest import multipletests
+
+from ._validation import check_choice
 
 METHODS = ("holm", "fdr_bh", "bonferroni")
 _NAMES = {"holm": "Holm", "fdr_bh": "Benjamini-Hochberg", "bonferroni": "Bonferroni",
           "none": "uncorrected"}
 
 
-def adjust_pvalues(p, method: str = "holm") -> np.ndarray:
-    """Adjusted p-values (same shape as ``p``); NaNs stay NaN and are not counted in ``m``."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+def adjust_pvalues(p: ArrayLike, method: str = "holm") -> np.ndarray:
+    """Adjusted p-values (same shape as ``p``); NaNs stay NaN and are not counted in ``m``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> stats.adjust_pvalues([0.01, 0.04, 0.03], method='holm').tolist()
+    [0.03, 0.06, 0.06]
+    >>> stats.adjust_pvalues([0.01, 0.04, 0.03], method='fdr_bh').round(4).tolist()
+    [0.03, 0.04, 0.04]
+    """
+    check_choice("method", method, METHODS)
     arr = np.asarray(p, dtype=np.float64)
     out = np.full(arr.shape, np.nan)
     flat = arr.ravel()
@@ -63,14 +76,24 @@ def _holm(p: np.ndarray) -> np.ndarray:
     return out
 
 
-def adjust_in_families(df, family_columns, method: str = "holm", p_column: str = "p_value",
-                       out_column: str = "p_adjusted"):
+def adjust_in_families(df: pd.DataFrame, family_columns: str | list[str] | None, method: str = "holm",
+                       p_column: str = "p_value", out_column: str = "p_adjusted") -> pd.DataFrame:
     """Return a copy of ``df`` with ``out_column`` = p-values adjusted within each family.
 
     ``family_columns``: list of column names defining a family (e.g. ``["model"]``), or an
     empty list / ``None`` / ``"run"`` for one family made of all rows with a p-value. Rows with
     NaN p-values (or a NaN family key) get NaN.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> import pandas as pd
+    >>> df = pd.DataFrame({'model': ['a', 'a', 'b'], 'p_value': [0.01, 0.04, 0.03]})
+    >>> stats.adjust_in_families(df, ['model'], method='holm')['p_adjusted'].tolist()
+    [0.02, 0.04, 0.03]
     """
+    check_choice("method", method, METHODS)
     out = df.copy()
     if family_columns in (None, "run") or len(family_columns) == 0:
         out[out_column] = adjust_pvalues(out[p_column].to_numpy(dtype=float), method)
@@ -92,13 +115,20 @@ def _threshold(alpha: float, n_tests: int, method: str) -> float:
         raise ValueError(f"n_tests must be >= 1, got {n_tests}")
     if method == "none":
         return alpha
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS + ('none',)}, got {method!r}")
+    check_choice("method", method, (*METHODS, "none"))
     return alpha / int(n_tests)
 
 
 def min_controls_needed(alpha: float = 0.05, n_tests: int = 1, method: str = "holm") -> int:
-    """Smallest ``n`` with ``1/(n+1) <= threshold`` (see module docstring): ``ceil(m/alpha) - 1``."""
+    """Smallest ``n`` with ``1/(n+1) <= threshold`` (see module docstring): ``ceil(m/alpha) - 1``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> stats.min_controls_needed(0.05, 1), stats.min_controls_needed(0.05, 10, method='bonferroni')
+    (19, 199)
+    """
     thr = _threshold(alpha, n_tests, method)
     n = math.ceil(1.0 / thr - 1e-9) - 1
     return max(n, 1)
@@ -107,7 +137,17 @@ def min_controls_needed(alpha: float = 0.05, n_tests: int = 1, method: str = "ho
 def resolution_warning(n_controls: int, alpha: float = 0.05, n_tests: int = 1,
                        method: str = "holm", what: str = "controls") -> str | None:
     """A one-line warning when ``n_controls`` Monte-Carlo draws leave the floor above the
-    corrected threshold of a single test (see the module docstring), else ``None``."""
+    corrected threshold of a single test (see the module docstring), else ``None``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> stats.resolution_warning(99) is None
+    True
+    >>> print(stats.resolution_warning(9))
+    9 controls give a p-value floor of 1/10 ≈ 0.1, above alpha/m = 0.05: no test of a Holm-corrected family of 1 tests at alpha=0.05 can be significant; use ≥ 19
+    """
     need = min_controls_needed(alpha, n_tests, method)
     n = int(n_controls)
     if n >= need:

@@ -40,6 +40,14 @@ class PermutationResult:
 
     ``statistic`` is the observed mean difference; ``n_permutations`` the number of sign
     vectors actually used (``2**S`` in exact mode); ``exact`` whether they were enumerated.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> r = stats.sign_flip_test([0.3, 0.5, 0.2, 0.4, 0.6], n_permutations=999)
+    >>> type(r).__name__, r.exact, r.p_value
+    ('PermutationResult', True, 0.03125)
     """
 
     statistic: float
@@ -66,7 +74,16 @@ def _sign_matrix(n_sequences: int, n_permutations: int, seed: int, exact: bool) 
 
 
 def sign_flip_null(n_sequences: int, n_permutations: int, seed: int = 0) -> tuple[np.ndarray, bool]:
-    """The ``(B, S)`` sign matrix used by :func:`sign_flip_test` and whether it is exact."""
+    """The ``(B, S)`` sign matrix used by :func:`sign_flip_test` and whether it is exact.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> signs, exact = stats.sign_flip_null(4, 999)
+    >>> signs.shape, exact
+    ((16, 4), True)
+    """
     exact = n_sequences <= _MAX_EXACT_S and 2**n_sequences <= n_permutations
     return _sign_matrix(int(n_sequences), int(n_permutations), int(seed), exact), exact
 
@@ -92,6 +109,14 @@ def sign_flip_pvalues(differences, n_permutations: int = 9999, seed: int = 0,
 
     ``differences`` is ``(m, S)`` (same ``S`` for all rows, all finite). Returns
     ``(statistics (m,), p_values (m,), n_used, exact)``. All rows share one sign matrix.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> statistics, p, n_used, exact = stats.sign_flip_pvalues(np.array([[0.3, 0.5, 0.2, 0.4, 0.6], [0.1, -0.2, 0.1, -0.1, 0.0]]), n_permutations=999)
+    >>> p.tolist(), n_used, exact
+    ([0.03125, 0.75], 32, True)
     """
     check_alternative(alternative)
     d = np.asarray(differences, dtype=np.float64)
@@ -115,6 +140,14 @@ def sign_flip_test(differences, n_permutations: int = 9999, seed: int = 0,
 
     ``differences``: ``(S,)`` per-sequence paired differences (finite). See the module
     docstring for the exact/randomised p-value conventions.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> r = stats.sign_flip_test([0.3, 0.5, 0.2, 0.4, 0.6], n_permutations=999)
+    >>> r.p_value, r.exact
+    (0.03125, True)
     """
     d = as_1d_float(differences, "differences")
     if d.size < 1:

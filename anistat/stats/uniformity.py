@@ -55,7 +55,17 @@ class UniformityCheck:
     (Clopper–Pearson) 95 % interval; ``binomial_p`` the exact two-sided binomial test of the
     share against ``expected_rate``; ``uniformity_p`` the Monte-Carlo p-value of the KS distance
     ``ks_distance`` against the uniform law on the grid (``n_simulations`` draws);
-    ``verdict`` one of :data:`VERDICTS` at ``level``; ``calibrated`` = verdict "calibrated"."""
+    ``verdict`` one of :data:`VERDICTS` at ``level``; ``calibrated`` = verdict "calibrated".
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> check = stats.p_value_uniformity(rng.uniform(size=200), n_simulations=199, seed=3)
+    >>> type(check).__name__, check.n, check.verdict
+    ('UniformityCheck', 200, 'calibrated')
+    """
 
     n: int
     alpha: float
@@ -125,7 +135,15 @@ def law_ks_distance(p_values, law: _Law) -> np.ndarray:
 
 def p_value_grid(p_values, n_draws: int | None) -> int | None:
     """G = ``n_draws`` + 1 when every p-value is a multiple of 1/G (a Monte-Carlo p-value with
-    ``n_draws`` draws), else None (treated as continuous)."""
+    ``n_draws`` draws), else None (treated as continuous).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> stats.p_value_grid([0.01, 0.02, 0.5], n_draws=99), stats.p_value_grid([0.013, 0.5], None)
+    (100, None)
+    """
     if n_draws is None or n_draws < 1:
         return None
     grid = int(n_draws) + 1
@@ -152,7 +170,17 @@ def p_value_uniformity(p_values, alpha: float = 0.05, *, n_draws: int | None = N
 
     ``n_draws``: the Monte-Carlo draws behind each p-value, when the p-values should lie on the
     grid ``j/(n_draws + 1)``; p-values found off that grid are treated as continuous. With
-    ``stop_after > 0`` (and ``n_draws``) the law is that of the sequential test."""
+    ``stop_after > 0`` (and ``n_draws``) the law is that of the sequential test.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> check = stats.p_value_uniformity(rng.uniform(size=500), alpha=0.05, n_simulations=199, seed=3)
+    >>> check.verdict, check.n
+    ('calibrated', 500)
+    """
     from scipy import stats as sps
 
     if not 0 < alpha < 1 or not 0 < level < 1:

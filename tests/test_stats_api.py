@@ -1,0 +1,161 @@
+"""The statistics API at its boundary: every choice is checked by one `check_choice` against the
+module's constant, a typo is refused (never silently run as the default), a declared warning is
+raised where its fallback happens."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import anistat.stats as stats
+from anistat.stats import bootstrap, energy, meta, multiplicity
+from anistat.stats._validation import ALTERNATIVES, check_choice
+
+RNG = np.random.default_rng(0)
+P, T, E = RNG.uniform(1, 2, 12), RNG.uniform(3, 4, 12), RNG.uniform(1, 2, 12)
+W = stats.bootstrap_weights(12, 50, seed=1)
+
+#: (call with a misspelt choice, the parameter's name) for every exported function taking a choice.
+TYPOS = {
+    "studentized_ratio_test(alternative)": (
+        lambda: stats.studentized_ratio_test(P, E, W, alternative="two_sided"), "alternative"),
+    "ci_from_replicates(method)": (lambda: stats.ci_from_replicates(1.0, RNG.normal(size=50), method="BCa"), "method"),
+    "ci_from_replicates(bca_fallback)": (
+        lambda: stats.ci_from_replicates(1.0, RNG.normal(size=50), bca_fallback="normal"), "bca_fallback"),
+    "sequence_bootstrap(method)": (
+        lambda: stats.sequence_bootstrap(lambda w: w.sum(1), 12, n_resamples=20, method="pct"), "method"),
+    "sequence_bootstrap_columns(method)": (
+        lambda: stats.sequence_bootstrap_columns(lambda w: w, 12, n_resamples=20, method="studentized"), "method"),
+    "sequence_bootstrap_columns(bca_fallback)": (
+        lambda: stats.sequence_bootstrap_columns(lambda w: w, 12, n_resamples=20, bca_fallback="x"), "bca_fallback"),
+    "analyze_energy(ci_method)": (
+        lambda: stats.analyze_energy(P, T, E, rank=2, dim=8, null_fractions=[0.2, 0.3], ci_method="basic"),
+        "ci_method"),
+    "analyze_energy(reference)": (
+        lambda: stats.analyze_energy(P, T, E, rank=2, dim=8, null_fractions=[0.2, 0.3], reference="draws"),
+        "reference"),
+    "analyze_energy(alternative)": (
+        lambda: stats.analyze_energy(P, T, E, rank=2, dim=8, null_fractions=[0.2, 0.3], alternative="more"),
+        "alternative"),
+    "analyze_metric_vs_controls(alternative)": (
+        lambda: stats.analyze_metric_vs_controls(1.0, [0.5, 0.7], alternative="Greater"), "alternative"),
+    "expected_control_energy(kind)": (lambda: stats.expected_control_energy("pca_span", P, T, 2, 8), "kind"),
+    "control_energy_moments(kind)": (lambda: stats.control_energy_moments("cov_matched", 2, 8, 1.0, 1.0), "kind"),
+    "monte_carlo_pvalue(alternative)": (lambda: stats.monte_carlo_pvalue(1.0, [0.5], alternative="up"), "alternative"),
+    "sequential_monte_carlo_pvalue(alternative)": (
+        lambda: stats.sequential_monte_carlo_pvalue(1.0, [0.5], 1, alternative="up"), "alternative"),
+    "sign_flip_test(alternative)": (lambda: stats.sign_flip_test(P - E, 99, alternative="up"), "alternative"),
+    "adjust_pvalues(method)": (lambda: stats.adjust_pvalues([0.1, 0.2], method="BH"), "method"),
+    "adjust_in_families(method)": (
+        lambda: stats.adjust_in_families(pd.DataFrame({"p_value": [0.1]}), None, method="BH"), "method"),
+    "adjust_in_families(method), empty family": (
+        lambda: stats.adjust_in_families(pd.DataFrame({"p_value": [np.nan], "m": ["a"]}), ["m"], method="BH"),
+        "method"),
+    "min_controls_needed(method)": (lambda: stats.min_controls_needed(0.05, 3, method="fdr"), "method"),
+    "random_effects_meta(method)": (lambda: stats.random_effects_meta([1, 2], [1, 1], method="REML"), "method"),
+    "random_effects_meta(interval)": (lambda: stats.random_effects_meta([1, 2], [1, 1], interval="HKSJ"), "interval"),
+    "run_calibration(ci_method)": (lambda: stats.run_calibration(1, ci_method="normal"), "ci_method"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TYPOS))
+def test_a_misspelt_choice_is_refused_naming_the_parameter(case):
+    call, name = TYPOS[case]
+    with pytest.raises(ValueError, match=rf"^{name} must be one of "):
+        call()
+
+
+def test_check_choice_returns_the_value_and_names_every_choice():
+    assert check_choice("alternative", "less", ALTERNATIVES) == "less"
+    with pytest.raises(ValueError, match="alternative must be one of 'greater', 'less', 'two-sided'; got 3"):
+        check_choice("alternative", 3, ALTERNATIVES)
+
+
+def test_the_allowed_values_are_the_modules_constants():
+    assert stats.sequence_bootstrap_columns.__module__ == "anistat.stats.bootstrap"
+    assert set(bootstrap.COLUMN_METHODS) == set(bootstrap.METHODS) - {"studentized"}
+    assert set(energy.CI_METHODS) <= set(bootstrap.METHODS)
+    assert energy.CLOSED_FORM_KINDS == ("haar", "normal")
+    assert meta.SMALL_SAMPLE_CORRECTIONS == ("CR2", "CR0")
+    assert multiplicity.METHODS == ("holm", "fdr_bh", "bonferroni")
+
+
+def test_the_studentized_test_runs_each_alternative_as_asked():
+    tests = {alternative: stats.studentized_ratio_test(P, E, W, alternative=alternative)
+             for alternative in ALTERNATIVES}
+    greater, less = tests["greater"].p_value, tests["less"].p_value
+    assert tests["two-sided"].p_value == pytest.approx(min(1.0, 2 * min(greater, less)))
+
+
+def test_a_bca_fallback_raises_the_declared_warning_when_enabled():
+    replicates = np.r_[np.zeros(49), 1.0]  # p0 = 0.98 but fewer than 3 jackknife units: BCa undefined
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", stats.DegenerateStatisticWarning)
+        result = stats.ci_from_replicates(0.5, replicates, jackknife=np.array([0.4, 0.6]), method="bca")
+    assert result.method == "percentile" and "BCa fell back to percentile" in result.note
+    assert [w.category for w in caught] == [stats.DegenerateStatisticWarning]
+    assert str(caught[0].message) == result.note.split("; ")[-1]
+
+
+def test_the_warning_is_silent_by_default():
+    """In a plain interpreter (no pytest filters), importing anistat.stats installs the ignore
+    filter, so a fallback stays in `note` and prints nothing."""
+    code = ("import warnings, numpy as np, anistat.stats as s\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    r = s.ci_from_replicates(0.5, np.r_[np.zeros(49), 1.0], jackknife=np.array([0.4, 0.6]))\n"
+            "print(r.method, len(caught))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.stdout.split() == ["percentile", "0"] and done.stderr == ""
+
+
+def _documented(name: str) -> bool:
+    value = getattr(stats, name)
+    return inspect.isfunction(value) or inspect.isclass(value)
+
+
+@pytest.mark.parametrize("name", [name for name in stats.__all__ if _documented(name)])
+def test_every_public_statistic_has_an_examples_section(name):
+    doc = inspect.getdoc(getattr(stats, name)) or ""
+    assert "\nExamples\n--------\n" in doc and ">>> " in doc, f"anistat.stats.{name} has no Examples section"
+
+
+def _geometry_functions() -> list[str]:
+    import anistat.geometry as geometry
+
+    return [name for name in geometry.__all__ if inspect.isfunction(getattr(geometry, name))]
+
+
+@pytest.mark.parametrize("name", _geometry_functions())
+def test_every_public_geometry_function_has_an_examples_section(name):
+    import anistat.geometry as geometry
+
+    doc = inspect.getdoc(getattr(geometry, name)) or ""
+    assert "\nExamples\n--------\n" in doc and ">>> " in doc, f"anistat.geometry.{name} has no Examples section"
+
+
+def _modules_with_examples() -> list[str]:
+    import pkgutil
+
+    import anistat.geometry
+    import anistat.stats
+
+    return [info.name for package in (anistat.stats, anistat.geometry)
+            for info in pkgutil.iter_modules(package.__path__, package.__name__ + ".")]
+
+
+@pytest.mark.parametrize("module_name", _modules_with_examples())
+def test_the_examples_run_as_written(module_name):
+    """What `pytest --doctest-modules anistat/stats anistat/geometry` runs, inside the suite."""
+    import doctest
+    import importlib
+
+    outcome = doctest.testmod(importlib.import_module(module_name), optionflags=doctest.ELLIPSIS, verbose=False)
+    assert outcome.failed == 0, f"{outcome.failed} of {outcome.attempted} examples in {module_name} fail"
