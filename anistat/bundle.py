@@ -439,7 +439,7 @@ class RunFacts:
     threads: ThreadChoice | None = None  # None where anistat did not set the threads (a user's training loop)
 
 
-def few_resampling_units_warnings(results: "pd.DataFrame") -> list[str]:
+def few_resampling_units_warnings(results: pd.DataFrame) -> list[str]:
     """One run-level warning naming the units whose intervals rest on fewer than
     :data:`MIN_RESAMPLING_UNITS` resampling units (``n_clusters`` of their energy rows: documents
     or sequences, whichever `stats.resampling_unit` resampled); [] when there is none. The

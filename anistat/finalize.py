@@ -32,7 +32,12 @@ def finalize_bundle(units: Iterable[UnitArtifact] | str | Path, protocol: Any, o
     the `RunResult` (out, results, manifest, claims) that `anistat.run` returns."""
     from .analyze import analyze_run
     from .bundle import (
-        RunFacts, check_destination, few_resampling_units_warnings, publish_bundle, unit_records, utc_now,
+        RunFacts,
+        check_destination,
+        few_resampling_units_warnings,
+        publish_bundle,
+        unit_records,
+        utc_now,
     )
     from .claims import evaluate_claims
     from .errors import AnistatInputError

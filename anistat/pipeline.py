@@ -20,7 +20,13 @@ import torch
 
 from .analyze import analyze_run
 from .bundle import (
-    RunFacts, RunResult, check_destination, few_resampling_units_warnings, publish_bundle, unit_records, utc_now,
+    RunFacts,
+    RunResult,
+    check_destination,
+    few_resampling_units_warnings,
+    publish_bundle,
+    unit_records,
+    utc_now,
     write_hint,
 )
 from .collect import (

@@ -482,7 +482,7 @@ def safetensors_problem(path: Path) -> str | None:
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (*shape, begin, end)) \
                 or end < begin:
             return f"tensor '{name}' has invalid shape or data_offsets (corrupt header)"
-        bits = SAFETENSORS_DTYPE_BITS.get(entry.get("dtype"))  # type: ignore[arg-type]
+        bits = SAFETENSORS_DTYPE_BITS.get(entry.get("dtype"))
         if bits is None:
             return f"tensor '{name}' has an unknown dtype {entry.get('dtype')!r} (corrupt header)"
         elements = 1

@@ -462,7 +462,7 @@ class StatsSpec(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _risk_needs_one_side(self) -> "StatsSpec":
+    def _risk_needs_one_side(self) -> StatsSpec:
         if self.resampling_risk is not None and self.alternative == "two-sided":
             raise ValueError("stats.resampling_risk needs a one-sided alternative ('greater' or 'less'); "
                              "remove resampling_risk or set alternative")

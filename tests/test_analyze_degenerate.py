@@ -46,7 +46,10 @@ def _artifact(d=8, ranks=(2,), s=30, t=6, n_documents=10, seed=0, zero=False, ba
     energy = np.stack([((grads @ b) ** 2).sum(axis=(1, 2)) for b in stack], axis=1)
     flat = grads.reshape(-1, d)
     acts = rng.standard_normal((s * t, d))
-    moments = lambda x: {"count": x.shape[0], "sum": x.sum(0), "outer": x.T @ x}
+
+    def moments(x):
+        return {"count": x.shape[0], "sum": x.sum(0), "outer": x.T @ x}
+
     return UnitArtifact(
         key=UnitKey("m", "clm", "step0", 0, "early", seed, f"residual.{seed}"), dim=d, bases=bases,
         n_tokens=np.full(s, t), sequence_documents=np.arange(s) % n_documents,

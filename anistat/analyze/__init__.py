@@ -193,7 +193,7 @@ def decide_with_bounded_risk(results: pd.DataFrame, protocol: Protocol) -> pd.Da
     ideal decisions with probability at least 1 − ε."""
     stats = protocol.stats
     method = "none" if stats.multiplicity == "none" else stats.multiplicity
-    decided: dict[tuple, str] = {}
+    decided: dict[tuple[Any, ...], str] = {}
     families = ([results.dropna(subset=["p_value"]).drop_duplicates("_test")] if method == "none"
                 else test_families(results, protocol))
     for family in families:

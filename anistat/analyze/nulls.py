@@ -191,7 +191,7 @@ class _WidthRun:
                 values = self._energy_values(chunk)
                 if self.energy_mc.remaining:
                     self.energy_mc.update(values)
-                if self._risk_remaining():
+                if self.energy_risk is not None and self._risk_remaining():
                     self.energy_risk.update(values)
             if self.delta_mc.remaining:
                 self._count_delta(chunk)
@@ -313,7 +313,7 @@ class _WidthRun:
         return self._delta_of(unit, rank, t1, t2, t3)
 
     # -- float64 where it matters, and the recorded draws -----------------------------------------
-    def _refine(self, values: np.ndarray, mc: SequentialMonteCarlo, tests, band: np.ndarray, chunk,
+    def _refine(self, values: np.ndarray, mc: SequentialMonteCarlo | RiskBoundedMonteCarlo, tests, band: np.ndarray, chunk,
                 draws: np.ndarray, float64_values) -> None:
         """Recompute in float64 (in place) every active test's values within ``band`` of its
         observed value (``values[:, j]`` is draw ``draws[j]`` of the chunk), so the float32

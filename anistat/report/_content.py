@@ -27,10 +27,10 @@ from ._data import (
     sig_mark,
     sig_thresholds,
 )
-from .answer import answer_sentence
-from .claim_text import DOCUMENTS, QUESTIONS, SUBSPACES
 from ._null_check import DEPENDENCE_CAVEAT, verdict_sentence
 from ._text import M, P, Para, Segment
+from .answer import answer_sentence
+from .claim_text import DOCUMENTS, QUESTIONS, SUBSPACES
 from .escape import esc
 from .inputs import ReportInputs, RunDescription, RunRecord
 from .options import ReportOptions

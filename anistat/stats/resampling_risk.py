@@ -43,6 +43,7 @@ statistic); the exact Monte-Carlo p-value (:mod:`.montecarlo`) is reported besid
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import betaincinv
 
 from ._validation import check_alternative
@@ -54,7 +55,7 @@ REJECTED, NOT_REJECTED, UNDECIDED = "rejected", "not rejected", "undecided"
 FAMILY_METHODS = ("none", "holm", "fdr_bh", "bonferroni")
 
 
-def clopper_pearson(exceedances, draws, error: float) -> tuple[np.ndarray, np.ndarray]:
+def clopper_pearson(exceedances: ArrayLike, draws: ArrayLike, error: float) -> tuple[np.ndarray, np.ndarray]:
     """Two-sided Clopper–Pearson interval for a binomial proportion at total error ``error``:
     ``low = B⁻¹(error/2; X, n − X + 1)`` (0 when ``X = 0``), ``high = B⁻¹(1 − error/2; X + 1, n − X)``
     (1 when ``X = n``)."""
@@ -80,7 +81,7 @@ def look_schedule(n_max: int, first_look: int = 16) -> np.ndarray:
     return np.array(looks, dtype=np.int64)
 
 
-def family_rejections(p, alpha: float, method: str) -> np.ndarray:
+def family_rejections(p: ArrayLike, alpha: float, method: str) -> np.ndarray:
     """The rejection set of ``method`` at level ``alpha`` (``adjusted p < alpha``; ``none``:
     ``p < alpha``) — monotone in ``p``."""
     p = np.asarray(p, dtype=np.float64)
@@ -89,7 +90,7 @@ def family_rejections(p, alpha: float, method: str) -> np.ndarray:
     return adjust_pvalues(np.clip(p, 0.0, 1.0), method) < alpha
 
 
-def family_decisions(p_low, p_high, alpha: float, method: str) -> np.ndarray:
+def family_decisions(p_low: ArrayLike, p_high: ArrayLike, alpha: float, method: str) -> np.ndarray:
     """Decisions of a family whose ideal p-values lie in ``[p_low, p_high]`` (equal ends for a
     p-value known exactly): ``rejected`` where ``method`` rejects even the upper ends,
     ``not rejected`` where it rejects not even the lower ends, else ``undecided`` — right
@@ -123,7 +124,7 @@ class RiskBoundedMonteCarlo:
     ``undecided``, interval NaN).
     """
 
-    def __init__(self, observed, alpha: float, epsilon: float, n_max: int, method: str = "none",
+    def __init__(self, observed: ArrayLike, alpha: float, epsilon: float, n_max: int, method: str = "none",
                  alternative: str = "greater", first_look: int = 16, *, n_split: int | None = None,
                  stop_below: float | None = None) -> None:
         check_alternative(alternative)
@@ -166,7 +167,7 @@ class RiskBoundedMonteCarlo:
             return 0
         return int(self.n_max - self.draws_used[self.active].max())
 
-    def update(self, null) -> None:
+    def update(self, null: ArrayLike) -> None:
         """Count the next draws (``(m, c)``) for the active tests, looking at every scheduled count."""
         values = np.asarray(null, dtype=np.float64)
         if values.ndim != 2 or values.shape[0] != self.observed.size:
@@ -184,7 +185,7 @@ class RiskBoundedMonteCarlo:
             self.add_counts(counts, width)
             start += width
 
-    def add_counts(self, exceedances, width: int) -> None:
+    def add_counts(self, exceedances: ArrayLike, width: int) -> None:
         """Add ``exceedances`` (``(m,)``, counted over the next ``width`` draws; read only for
         active tests) and decide at a scheduled look. ``width`` must not pass the next look —
         :meth:`update` splits chunks so; simulations may feed binomial counts directly."""
@@ -226,7 +227,7 @@ class RiskBoundedMonteCarlo:
             return np.where(self.draws_used > 0, self.exceed / self.draws_used, np.nan)
 
 
-def risk_bounded_decisions(observed, null, alpha: float, epsilon: float, method: str = "none",
+def risk_bounded_decisions(observed: ArrayLike, null: ArrayLike, alpha: float, epsilon: float, method: str = "none",
                            alternative: str = "greater", first_look: int = 16) -> RiskBoundedMonteCarlo:
     """:class:`RiskBoundedMonteCarlo` on a whole ``(m, n)`` array of null draws (``n`` the cap)."""
     nul = np.asarray(null, dtype=np.float64)
