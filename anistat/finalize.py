@@ -23,10 +23,18 @@ def load_units(directory: str | Path) -> list[UnitArtifact]:
     return [UnitArtifact.load(path) for path in sorted(Path(directory).glob("*.json"))]
 
 
-def finalize_bundle(units: Iterable[UnitArtifact] | str | Path, protocol: Any, out: str | Path, *,
-                    token_counts: dict[str, np.ndarray] | None = None, models: dict[str, Any] | None = None,
-                    concept_cards: list[dict] | None = None, corpus: dict[str, Any] | None = None,
-                    device: str = "cpu", started_at: str | None = None):
+def finalize_bundle(
+    units: Iterable[UnitArtifact] | str | Path,
+    protocol: Any,
+    out: str | Path,
+    *,
+    token_counts: dict[str, np.ndarray] | None = None,
+    models: dict[str, Any] | None = None,
+    concept_cards: list[dict] | None = None,
+    corpus: dict[str, Any] | None = None,
+    device: str = "cpu",
+    started_at: str | None = None,
+):
     """Analyse `units` (artifacts or a directory of them) under `protocol` and write a bundle at
     `out`. `token_counts` (model → corpus token counts) enables the frequency table. Returns
     the `RunResult` (out, results, manifest, claims) that `anistat.run` returns."""
@@ -53,9 +61,14 @@ def finalize_bundle(units: Iterable[UnitArtifact] | str | Path, protocol: Any, o
         raise AnistatInputError("no measured units to write a bundle from")
     results, frequency = analyze_run(artifacts, token_counts or {}, protocol, device=device)
     claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
-    facts = RunFacts(device=device, started_at=started_at, seconds=time.perf_counter() - started,
-                     corpus=corpus or {"name": "external", "sha256": None, "documents": None},
-                     models=models or {}, units=unit_records(artifacts),
-                     warnings=(*results.attrs.get("warnings", []), *few_resampling_units_warnings(results)),
-                     null_settings=dict(results.attrs.get("null_settings", {})))
+    facts = RunFacts(
+        device=device,
+        started_at=started_at,
+        seconds=time.perf_counter() - started,
+        corpus=corpus or {"name": "external", "sha256": None, "documents": None},
+        models=models or {},
+        units=unit_records(artifacts),
+        warnings=(*results.attrs.get("warnings", []), *few_resampling_units_warnings(results)),
+        null_settings=dict(results.attrs.get("null_settings", {})),
+    )
     return publish_bundle(Path(out), protocol, results, frequency, claims, list(concept_cards or []), facts)

@@ -93,8 +93,9 @@ class LiveMetrics:
                     best = float(top[:k].sum()) / trace
                     values["oracle_fraction"] = best
                     values["energy_over_oracle"] = fraction / best if best > 0 else float("nan")
-                scalars.update({scalar_name(site, basis_set.proxy, k, metric): value
-                                for metric, value in values.items()})
+                scalars.update(
+                    {scalar_name(site, basis_set.proxy, k, metric): value for metric, value in values.items()}
+                )
         return scalars
 
     def __call__(self, second_moments: Mapping[str, torch.Tensor], step: int) -> dict[str, float]:
@@ -110,17 +111,23 @@ def logger_publisher(logger: Any) -> Publish:
     anything with ``add_scalar(name, value, step)``) or a callable ``(name, value, step)``."""
     add_scalar = getattr(logger, "add_scalar", None)
     if callable(add_scalar):
+
         def to_writer(scalars: dict[str, float], step: int) -> None:
             for name, value in scalars.items():
                 add_scalar(name, value, step)
+
         return to_writer
     if callable(logger):
+
         def to_callable(scalars: dict[str, float], step: int) -> None:
             for name, value in scalars.items():
                 logger(name, value, step)
+
         return to_callable
-    raise TypeError(f"logger must be a SummaryWriter-like object with add_scalar(name, value, step) or a callable "
-                    f"(name, value, step); got {type(logger).__name__}")
+    raise TypeError(
+        f"logger must be a SummaryWriter-like object with add_scalar(name, value, step) or a callable "
+        f"(name, value, step); got {type(logger).__name__}"
+    )
 
 
 def find_trainer(callback: Any, depth: int = 12) -> Any:

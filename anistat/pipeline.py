@@ -140,11 +140,15 @@ class _FitForwardCut:
                 calls[name] += 1
                 if expected is not None and all(calls[n] >= expected[n] for n in expected):
                     raise _SitesRecorded
+
             return hook
 
-        handles = [modules[site.module].register_forward_pre_hook(counter(name)) if site.hook == "input"
-                   else modules[site.module].register_forward_hook(counter(name))
-                   for name, site in self.sites.items()]
+        handles = [
+            modules[site.module].register_forward_pre_hook(counter(name))
+            if site.hook == "input"
+            else modules[site.module].register_forward_hook(counter(name))
+            for name, site in self.sites.items()
+        ]
         try:
             yield
         except _SitesRecorded:
@@ -166,8 +170,14 @@ class _FitForwardCut:
             model(input_ids=inputs[:1, : self.LEARN_TOKENS])
 
 
-def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device: torch.device,
-              log: Log, refit_at: int | None = None) -> tuple[dict[str, list[BasisSet]], dict[str, Any]]:
+def fit_bases(
+    series: ModelSeries,
+    sites: list[Site],
+    protocol: Protocol,
+    device: torch.device,
+    log: Log,
+    refit_at: int | None = None,
+) -> tuple[dict[str, list[BasisSet]], dict[str, Any]]:
     """Fit every proxy on the early window (pooled fit-split activations), draw its controls.
 
     With `refit_at = i`, fit instead on checkpoint i's own fit-split activations (protocol
@@ -184,13 +194,17 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
     window = series.checkpoints[:n_early] if refit_at is None else [series.checkpoints[refit_at]]
     # frozen proxies keep their seed streams; refitted ones get their own per checkpoint
     refit_tag = () if refit_at is None else ("refit", window[0].label)
-    fit_inputs, _ = model_inputs(series.splits.fit, series.splits, series.objective, protocol.data.mlm_probability,
-                                 seed, "fit")
+    fit_inputs, _ = model_inputs(
+        series.splits.fit, series.splits, series.objective, protocol.data.mlm_probability, seed, "fit"
+    )
     by_name = {site.name: site for site in sites}
-    sampler = FitSampler(by_name, n_checkpoints=len(window), token_ids=fit_inputs,
-                         max_tokens=protocol.proxies.max_fit_tokens,
-                         seeds={name: derive_seed(seed, spec.name, _seed_key(site), "fit-sample")
-                                for name, site in by_name.items()})
+    sampler = FitSampler(
+        by_name,
+        n_checkpoints=len(window),
+        token_ids=fit_inputs,
+        max_tokens=protocol.proxies.max_fit_tokens,
+        seeds={name: derive_seed(seed, spec.name, _seed_key(site), "fit-sample") for name, site in by_name.items()},
+    )
     precision = resolve_precision(device, spec.precision)
     batch_size = protocol.data.batch_size
     starts = list(range(0, fit_inputs.shape[0], batch_size))
@@ -206,8 +220,12 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
             if not distributed.owns(b):
                 continue
             batch = fit_inputs[start : start + batch_size].to(device)
-            with torch.no_grad(), autocast(device, precision), probe(model, by_name, gradients=False) as record, \
-                    cut.armed(model):
+            with (
+                torch.no_grad(),
+                autocast(device, precision),
+                probe(model, by_name, gradients=False) as record,
+                cut.armed(model),
+            ):
                 model(input_ids=batch)
             for name in by_name:
                 sampler.add(name, c, start, record.activations[name])
@@ -228,39 +246,61 @@ def fit_bases(series: ModelSeries, sites: list[Site], protocol: Protocol, device
         if not bool(torch.isfinite(sample.activations).all()):
             raise AnistatInputError(
                 f"models.{spec.name}: the model produces non-finite (NaN/Inf) activations at site {name} on the "
-                "fit split, so no proxy can be fitted; check the checkpoint's weights")
+                "fit split, so no proxy can be fitted; check the checkpoint's weights"
+            )
         bases[name] = _site_bases(sample, site, series, protocol, device, fit_inputs, decode, refit_at, refit_tag)
     if refit_at is not None:
         return bases, {}
-    log(f"  {spec.name}: proxies fitted on {n_early} early checkpoint(s) "
-        f"({', '.join(c.label for c in window)}), {n_tokens} tokens per site")
+    log(
+        f"  {spec.name}: proxies fitted on {n_early} early checkpoint(s) "
+        f"({', '.join(c.label for c in window)}), {n_tokens} tokens per site"
+    )
     return bases, {"fit_checkpoints": [c.label for c in window], "fit_tokens_per_site": n_tokens}
 
 
-def _site_bases(sample: FitSample, site: Site, series: ModelSeries, protocol: Protocol, device: torch.device,
-                fit_inputs: torch.Tensor, decode: Callable[[list[int]], str], refit_at: int | None,
-                refit_tag: tuple[str, ...]) -> list[BasisSet]:
+def _site_bases(
+    sample: FitSample,
+    site: Site,
+    series: ModelSeries,
+    protocol: Protocol,
+    device: torch.device,
+    fit_inputs: torch.Tensor,
+    decode: Callable[[list[int]], str],
+    refit_at: int | None,
+    refit_tag: tuple[str, ...],
+) -> list[BasisSet]:
     """One site's proxies (every method, centring variant and rank, fitted on its activation
     sample) with their drawn controls and concept cards (none for refitted proxies)."""
     spec, seed = series.spec, protocol.seed
     key = _seed_key(site)
     sets = []
-    variants = [(method, label, options) for method in protocol.proxies.methods
-                for label, options in proxy_variants(method, protocol.proxies.center.get(method))]
+    variants = [
+        (method, label, options)
+        for method in protocol.proxies.methods
+        for label, options in proxy_variants(method, protocol.proxies.center.get(method))
+    ]
     for method, label, options in variants:
         ranks = protocol.proxies.ranks
-        proxies = fit_proxies(sample.activations.to(device), method, ranks,
-                              {rank: derive_seed(seed, spec.name, key, label, rank, "proxy", *refit_tag)
-                               for rank in ranks}, **options)
+        proxies = fit_proxies(
+            sample.activations.to(device),
+            method,
+            ranks,
+            {rank: derive_seed(seed, spec.name, key, label, rank, "proxy", *refit_tag) for rank in ranks},
+            **options,
+        )
         largest = proxies[max(ranks)].basis
         widest_cards = None  # the largest rank's cards serve every rank whose basis is its prefix
         for rank in ranks:
             proxy = proxies[rank]
             controls = {
-                kind: draw_controls(kind, proxy.basis, protocol.controls.n,
-                                    seed=derive_seed(seed, spec.name, key, label, rank, kind, *refit_tag),
-                                    activations=sample.activations.to(device),
-                                    pca_span_dim=protocol.controls.pca_span_dim)
+                kind: draw_controls(
+                    kind,
+                    proxy.basis,
+                    protocol.controls.n,
+                    seed=derive_seed(seed, spec.name, key, label, rank, kind, *refit_tag),
+                    activations=sample.activations.to(device),
+                    pca_span_dim=protocol.controls.pca_span_dim,
+                )
                 for kind in protocol.projected_control_kinds
             }
             basis = distributed.broadcast_(proxy.basis.contiguous())
@@ -269,8 +309,9 @@ def _site_bases(sample: FitSample, site: Site, series: ModelSeries, protocol: Pr
                 cards = []
             elif torch.equal(proxy.basis, largest[:, :rank]):  # nested (pca): the same directions
                 if widest_cards is None:
-                    widest_cards = concept_cards(sample, largest, fit_inputs, decode,
-                                                 protocol.proxies.concept_card_tokens)
+                    widest_cards = concept_cards(
+                        sample, largest, fit_inputs, decode, protocol.proxies.concept_card_tokens
+                    )
                 cards = widest_cards[:rank]
             else:
                 cards = concept_cards(sample, basis, fit_inputs, decode, protocol.proxies.concept_card_tokens)
@@ -300,23 +341,37 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
         log = lambda message: None  # noqa: E731
     models, data = localized(protocol)  # relative paths resolve against the protocol file's folder
     corpus = load_corpus(data)
-    log(f"corpus {corpus.name}: {len(corpus.documents)} documents"
-        + (f"; {distributed.world_size()} processes" if distributed.active() else ""))
+    log(
+        f"corpus {corpus.name}: {len(corpus.documents)} documents"
+        + (f"; {distributed.world_size()} processes" if distributed.active() else "")
+    )
     for warning in corpus.warnings:
         log(f"warning: {warning}")
     artifacts: list[UnitArtifact] = []
-    info: dict[str, Any] = {"corpus": {"name": corpus.name, "sha256": corpus.sha256,
-                                       "documents": len(corpus.documents)},
-                            "models": {}, "concept_cards": [], "frequency": {}, "warnings": list(corpus.warnings)}
+    info: dict[str, Any] = {
+        "corpus": {"name": corpus.name, "sha256": corpus.sha256, "documents": len(corpus.documents)},
+        "models": {},
+        "concept_cards": [],
+        "frequency": {},
+        "warnings": list(corpus.warnings),
+    }
     units_dir = cache / "units"
     for series in resolve_models(models, corpus, data, protocol.seed, log):
         spec = series.spec
         sites = sites_from_spec(series.checkpoints[0].load(), protocol.sites, spec.name)
         n_early = fit_window_size(len(series.checkpoints), protocol.proxies.fit_window)
         keys = {
-            (i, site.name): UnitKey(spec.name, series.objective, checkpoint.label, checkpoint.step,
-                                    "early" if i < n_early else "late", site.layer, site.name)
-            for i, checkpoint in enumerate(series.checkpoints) for site in sites
+            (i, site.name): UnitKey(
+                spec.name,
+                series.objective,
+                checkpoint.label,
+                checkpoint.step,
+                "early" if i < n_early else "late",
+                site.layer,
+                site.name,
+            )
+            for i, checkpoint in enumerate(series.checkpoints)
+            for site in sites
         }
         cached = {k: units_dir / f"{key.id}.json" for k, key in keys.items()}
         bases, fit_info = None, {}
@@ -331,19 +386,31 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
                 continue
             refit = protocol.proxies.refit
             if bases is None:
-                bases, fit_info = ({site.name: [] for site in sites}, {}) if refit == "per_checkpoint" else \
-                    fit_bases(series, sites, protocol, device, log)
+                bases, fit_info = (
+                    ({site.name: [] for site in sites}, {})
+                    if refit == "per_checkpoint"
+                    else fit_bases(series, sites, protocol, device, log)
+                )
             unit_bases = bases
             if refit != "frozen":
                 refitted, _ = fit_bases(series, sites, protocol, device, log, refit_at=i)
                 unit_bases = {name: bases[name] + refitted[name] for name in bases}
             measured = measure_checkpoint(
-                checkpoint.load(), keys={site.name: keys[(i, site.name)] for site in sites}, bases=unit_bases,
-                splits=series.splits, objective=series.objective, token_bucket=buckets,
-                n_buckets=protocol.data.n_frequency_buckets, mlm_probability=protocol.data.mlm_probability,
-                seed=protocol.seed, batch_size=protocol.data.batch_size, device=device,
-                isoscore_c0=protocol.stats.isoscore_c0, isoscore_zeta=protocol.stats.isoscore_zeta,
-                precision=spec.precision, progress_label=f"{spec.name} {checkpoint.label}",
+                checkpoint.load(),
+                keys={site.name: keys[(i, site.name)] for site in sites},
+                bases=unit_bases,
+                splits=series.splits,
+                objective=series.objective,
+                token_bucket=buckets,
+                n_buckets=protocol.data.n_frequency_buckets,
+                mlm_probability=protocol.data.mlm_probability,
+                seed=protocol.seed,
+                batch_size=protocol.data.batch_size,
+                device=device,
+                isoscore_c0=protocol.stats.isoscore_c0,
+                isoscore_zeta=protocol.stats.isoscore_zeta,
+                precision=spec.precision,
+                progress_label=f"{spec.name} {checkpoint.label}",
                 pair_budget_bytes=int(protocol.data.frequency_ci_memory_mb * 2**20),
                 type_budget_bytes=protocol.data.type_statistics_memory_mb * 2**20,
                 loss_reduction=protocol.data.loss_reduction,
@@ -355,22 +422,37 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
             distributed.barrier()
             units_bar.update(len(sites))
             failed = [name for name in measured if measured[name].status != "ok"]
-            log(f"  {spec.name} {checkpoint.label}: measured {len(sites)} site(s)"
-                + (f", {len(failed)} FAILED" if failed else ""))
+            log(
+                f"  {spec.name} {checkpoint.label}: measured {len(sites)} site(s)"
+                + (f", {len(failed)} FAILED" if failed else "")
+            )
         units_bar.close()
         if bases is not None:
             for site in sites:
                 for basis_set in bases[site.name]:
                     for card in basis_set.concept_cards:
-                        info["concept_cards"].append({"model": spec.name, "layer": site.layer, "site": site.name,
-                                                      "proxy": basis_set.proxy, "rank": basis_set.rank, **card})
+                        info["concept_cards"].append(
+                            {
+                                "model": spec.name,
+                                "layer": site.layer,
+                                "site": site.name,
+                                "proxy": basis_set.proxy,
+                                "rank": basis_set.rank,
+                                **card,
+                            }
+                        )
         info["models"][spec.name] = {
-            **series.info, "objective": series.objective, "hidden_size": series.hidden_size,
-            "num_layers": series.num_layers, "layers": sorted({s.layer for s in sites}),
+            **series.info,
+            "objective": series.objective,
+            "hidden_size": series.hidden_size,
+            "num_layers": series.num_layers,
+            "layers": sorted({s.layer for s in sites}),
             "sites": [s.name for s in sites],
             "precision": resolve_precision(device, spec.precision),
             "checkpoints": [{"label": c.label, "step": c.step, "revision": c.revision} for c in series.checkpoints],
-            "tokenizer_vocab": series.splits.vocab_size, **fit_info, "proxy_refit": protocol.proxies.refit,
+            "tokenizer_vocab": series.splits.vocab_size,
+            **fit_info,
+            "proxy_refit": protocol.proxies.refit,
             "seconds": round(time.perf_counter() - model_started, 3),
         }
         info["frequency"][spec.name] = series.splits.token_counts
@@ -380,9 +462,16 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
 # ----------------------------------------------------------------------------------------------
 # run
 # ----------------------------------------------------------------------------------------------
-def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, device: str | None = None,
-        threads: int | None = None, log: Log | None = None, keep_cache: bool = False,
-        overwrite: bool = False) -> RunResult:
+def run(
+    protocol: Protocol | str | Path,
+    out: str | Path | None = None,
+    *,
+    device: str | None = None,
+    threads: int | None = None,
+    log: Log | None = None,
+    keep_cache: bool = False,
+    overwrite: bool = False,
+) -> RunResult:
     """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`).
 
     Before anything is trained or loaded, `anistat.preflight.preflight` checks every model and
@@ -392,8 +481,9 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
     log = log or (lambda message: None)
     if not isinstance(protocol, Protocol):
         protocol = load_protocol(protocol)
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or not 1 <= threads <= MAX_THREADS):
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS
+    ):
         raise AnistatInputError(f"threads must be an integer from 1 to {MAX_THREADS}, got {threads!r}")
     if out is None:
         out = default_out(protocol)
@@ -403,27 +493,37 @@ def run(protocol: Protocol | str | Path, out: str | Path | None = None, *, devic
         where, elsewhere = f"--out {out}", "--out"
     check_destination(out, where)
     if not overwrite and (out / "manifest.json").is_file():
-        raise AnistatInputError(f"{where}: a bundle already exists there; pass --overwrite to replace it, "
-                                f"or choose another {elsewhere}")
+        raise AnistatInputError(
+            f"{where}: a bundle already exists there; pass --overwrite to replace it, or choose another {elsewhere}"
+        )
     preflight(protocol)
     sha = protocol.sha256()
     cache = cache_dir(out, sha)
     started_at, started = utc_now(), time.perf_counter()
     torch_device = resolve_device(device or protocol.device)
     thread_choice = resolve_threads(threads, protocol.threads)
-    log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, "
-        f"{thread_choice.describe()}")
+    log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, {thread_choice.describe()}")
     with cpu_threads(thread_choice.threads):
         return _run(protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache)
 
 
-def _run(protocol: Protocol, out: Path, cache: Path, torch_device: torch.device, thread_choice: ThreadChoice,
-         started_at: str, started: float, log: Log, keep_cache: bool) -> RunResult:
+def _run(
+    protocol: Protocol,
+    out: Path,
+    cache: Path,
+    torch_device: torch.device,
+    thread_choice: ThreadChoice,
+    started_at: str,
+    started: float,
+    log: Log,
+    keep_cache: bool,
+) -> RunResult:
     """`run` once its inputs are checked and the threads set: collect, analyse, publish. Ctrl-C
     (or SIGTERM) anywhere in it becomes `RunInterrupted`, which says where the finished units are."""
     try:
-        return _collect_analyse_publish(protocol, out, cache, torch_device, thread_choice, started_at, started,
-                                        log, keep_cache)
+        return _collect_analyse_publish(
+            protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache
+        )
     except RunInterrupted:
         raise
     except KeyboardInterrupt:
@@ -442,13 +542,20 @@ def _kept(cache: Path) -> str:
     finished = _finished_units(cache)
     if finished == 0:
         return "no unit was finished, so nothing was kept"
-    return (f"{finished} finished unit{'s are' if finished != 1 else ' is'} kept in {cache / 'units'}; "
-            "a rerun resumes")
+    return f"{finished} finished unit{'s are' if finished != 1 else ' is'} kept in {cache / 'units'}; a rerun resumes"
 
 
-def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_device: torch.device,
-                             thread_choice: ThreadChoice, started_at: str, started: float, log: Log,
-                             keep_cache: bool) -> RunResult:
+def _collect_analyse_publish(
+    protocol: Protocol,
+    out: Path,
+    cache: Path,
+    torch_device: torch.device,
+    thread_choice: ThreadChoice,
+    started_at: str,
+    started: float,
+    log: Log,
+    keep_cache: bool,
+) -> RunResult:
     from .claims import evaluate_claims
 
     torch.manual_seed(protocol.seed)
@@ -457,17 +564,24 @@ def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_d
         if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
             return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
         stage = time.perf_counter()
-        log(f"analysing {len(artifacts)} unit(s): exact tests against Haar subspaces shared by the units of "
+        log(
+            f"analysing {len(artifacts)} unit(s): exact tests against Haar subspaces shared by the units of "
             f"each width, {protocol.stats.n_bootstrap} bootstrap resamples per interval, per-bucket energy "
-            "ratios and log-frequency correlations …")
+            "ratios and log-frequency correlations …"
+        )
         results, frequency = analyze_run(artifacts, info.pop("frequency"), protocol, device=torch_device)
         nulls = results.attrs.get("null_settings", {})
-        made = (f"{nulls.get('draws')} in {nulls.get('streams')} stream(s), the longest {nulls.get('longest_stream')}"
-                if nulls.get("streams") else "")
-        log(f"  analysed: {len(results)} result rows and {len(frequency)} frequency rows; at most "
+        made = (
+            f"{nulls.get('draws')} in {nulls.get('streams')} stream(s), the longest {nulls.get('longest_stream')}"
+            if nulls.get("streams")
+            else ""
+        )
+        log(
+            f"  analysed: {len(results)} result rows and {len(frequency)} frequency rows; at most "
             f"{nulls.get('n_null_draws')} Haar draws per test (drawn: {made or 'none'}) and "
             f"{nulls.get('n_test_resamples')} data-test resamples, sized for a family of {nulls.get('n_tests')} "
-            f"({time.perf_counter() - stage:.1f}s)")
+            f"({time.perf_counter() - stage:.1f}s)"
+        )
     except OSError as error:
         user_error = _disk_error(error, cache)
         if user_error is None:
@@ -479,12 +593,22 @@ def _collect_analyse_publish(protocol: Protocol, out: Path, cache: Path, torch_d
     claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
     stage = time.perf_counter()
-    log("writing the bundle: tables, figures, report.html, tables.tex"
-        + (", report.pdf" if protocol.report.compile_pdf else "") + " …")
-    facts = RunFacts(device=str(torch_device), started_at=started_at, seconds=time.perf_counter() - started,
-                     corpus=info["corpus"], models=info["models"], units=unit_records(artifacts),
-                     warnings=(*info.pop("warnings"), *results.attrs.get("warnings", []), *few_units),
-                     null_settings=dict(results.attrs.get("null_settings", {})), threads=thread_choice)
+    log(
+        "writing the bundle: tables, figures, report.html, tables.tex"
+        + (", report.pdf" if protocol.report.compile_pdf else "")
+        + " …"
+    )
+    facts = RunFacts(
+        device=str(torch_device),
+        started_at=started_at,
+        seconds=time.perf_counter() - started,
+        corpus=info["corpus"],
+        models=info["models"],
+        units=unit_records(artifacts),
+        warnings=(*info.pop("warnings"), *results.attrs.get("warnings", []), *few_units),
+        null_settings=dict(results.attrs.get("null_settings", {})),
+        threads=thread_choice,
+    )
     try:
         outcome = publish_bundle(out, protocol, results, frequency, claims, info["concept_cards"], facts)
     except OSError as error:

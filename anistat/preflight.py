@@ -48,20 +48,59 @@ from .protocol import ClaimSpec, ModelSpec, Protocol, control_problem, fit_windo
 
 # The rows `anistat.analyze` writes (a test runs the pipeline and checks this plan against the
 # real results.csv / frequency.csv row by row, so the two cannot drift apart silently).
-ENERGY_METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture",
-                  "delta_isoscore_star")
-DESCRIPTIVE_METRICS = tuple(f"{cloud}_{metric}" for cloud in ("gradient", "activation")
-                            for metric in ("isoscore", "isoscore_star", "participation_ratio", "effective_rank",
-                                           "mean_cosine"))
+ENERGY_METRICS = (
+    "energy_fraction",
+    "energy_ratio",
+    "log2_energy_ratio",
+    "z",
+    "hedges_g",
+    "anisotropy_capture",
+    "delta_isoscore_star",
+)
+DESCRIPTIVE_METRICS = tuple(
+    f"{cloud}_{metric}"
+    for cloud in ("gradient", "activation")
+    for metric in ("isoscore", "isoscore_star", "participation_ratio", "effective_rank", "mean_cosine")
+)
 #: = the frequency correlations `anistat.analyze` writes (a test keeps them in step): each
 #: correlation kind × each definition of a type's "distance" (issue #15)
-CORRELATION_METRICS = tuple(f"{kind}_logfreq_{definition}" for definition in ("distance", "mean_distance", "mean_norm")
-                            for kind in ("spearman", "pearson"))
+CORRELATION_METRICS = tuple(
+    f"{kind}_logfreq_{definition}"
+    for definition in ("distance", "mean_distance", "mean_norm")
+    for kind in ("spearman", "pearson")
+)
 RESULT_COLUMNS = (  # = anistat.analyze.RESULT_COLUMNS (a test keeps them equal; analyze imports torch)
-    "model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim", "proxy", "control",
-    "metric", "estimate", "control_mean", "control_sd", "ci_low", "ci_high", "ci_method", "p_value",
-    "p_adjusted", "p_test", "p_value_paper", "effect_size", "effect_size_kind", "se", "n_controls",
-    "n_sequences", "n_clusters", "n_tokens", "status", "note",
+    "model",
+    "objective",
+    "checkpoint",
+    "step",
+    "phase",
+    "layer",
+    "site",
+    "rank",
+    "dim",
+    "proxy",
+    "control",
+    "metric",
+    "estimate",
+    "control_mean",
+    "control_sd",
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "p_value",
+    "p_adjusted",
+    "p_test",
+    "p_value_paper",
+    "effect_size",
+    "effect_size_kind",
+    "se",
+    "n_controls",
+    "n_sequences",
+    "n_clusters",
+    "n_tokens",
+    "status",
+    "note",
 )
 FREQUENCY_ONLY_COLUMNS = ("bucket",)
 # Columns whose values the plan fixes (claims' `where` values on them are checked); the others
@@ -107,8 +146,11 @@ def localized(protocol: Protocol) -> tuple[list[ModelSpec], Any]:
     models = []
     for spec in protocol.models:
         if spec.source == "local":
-            update = {"path": str(resolve_path(spec.path, base))} if spec.path else {
-                "checkpoints": [str(resolve_path(c, base)) for c in spec.checkpoints]}
+            update = (
+                {"path": str(resolve_path(spec.path, base))}
+                if spec.path
+                else {"checkpoints": [str(resolve_path(c, base)) for c in spec.checkpoints]}
+            )
             spec = spec.model_copy(update=update)
         models.append(spec)
     data = protocol.data
@@ -147,10 +189,20 @@ class PlannedModel:
     def units(self, fit_window: float) -> list[dict[str, Any]]:
         """One dict of unit columns (`UNIT_COLUMNS`) per checkpoint × site."""
         n_early = fit_window_size(len(self.checkpoints), fit_window)
-        return [{"model": self.name, "objective": self.objective, "checkpoint": label, "step": step,
-                 "phase": "early" if i < n_early else "late", "layer": site.layer, "site": site.name,
-                 "dim": ANY if site.dim is None else site.dim}
-                for i, (label, step) in enumerate(self.checkpoints) for site in self.sites]
+        return [
+            {
+                "model": self.name,
+                "objective": self.objective,
+                "checkpoint": label,
+                "step": step,
+                "phase": "early" if i < n_early else "late",
+                "layer": site.layer,
+                "site": site.name,
+                "dim": ANY if site.dim is None else site.dim,
+            }
+            for i, (label, step) in enumerate(self.checkpoints)
+            for site in self.sites
+        ]
 
 
 @dataclass(frozen=True)
@@ -201,16 +253,38 @@ def row_plan(protocol: Protocol, models: list[PlannedModel]) -> RowPlan:
     buckets = tuple(str(b) for b in range(protocol.data.n_frequency_buckets))
     units = tuple(u for m in models for u in m.units(protocol.proxies.fit_window))
     families = (
-        RowFamily("descriptive", {"metric": DESCRIPTIVE_METRICS, "proxy": ("none",), "rank": (None,),
-                                  "control": ("none",), "bucket": ("",)}),
-        RowFamily("oracle", {"metric": ("oracle_fraction",), "proxy": ("oracle",), "rank": ranks,
-                             "control": ("none",), "bucket": ("",)}),
-        RowFamily("energy", {"metric": ENERGY_METRICS, "proxy": methods, "rank": ranks, "control": kinds,
-                             "bucket": ("",)}),
-        RowFamily("frequency-bucket", {"metric": ("energy_ratio",), "proxy": methods, "rank": ranks,
-                                       "control": kinds, "bucket": buckets}, frequency=True),
-        RowFamily("frequency-correlation", {"metric": CORRELATION_METRICS, "proxy": ("none",), "rank": (None,),
-                                            "control": ("none",), "bucket": ("all",)}),
+        RowFamily(
+            "descriptive",
+            {"metric": DESCRIPTIVE_METRICS, "proxy": ("none",), "rank": (None,), "control": ("none",), "bucket": ("",)},
+        ),
+        RowFamily(
+            "oracle",
+            {
+                "metric": ("oracle_fraction",),
+                "proxy": ("oracle",),
+                "rank": ranks,
+                "control": ("none",),
+                "bucket": ("",),
+            },
+        ),
+        RowFamily(
+            "energy", {"metric": ENERGY_METRICS, "proxy": methods, "rank": ranks, "control": kinds, "bucket": ("",)}
+        ),
+        RowFamily(
+            "frequency-bucket",
+            {"metric": ("energy_ratio",), "proxy": methods, "rank": ranks, "control": kinds, "bucket": buckets},
+            frequency=True,
+        ),
+        RowFamily(
+            "frequency-correlation",
+            {
+                "metric": CORRELATION_METRICS,
+                "proxy": ("none",),
+                "rank": (None,),
+                "control": ("none",),
+                "bucket": ("all",),
+            },
+        ),
     )
     return RowPlan(units, families)
 
@@ -248,8 +322,10 @@ def missing_revision_message(hub_id: str, revision: str | None, *, option: str) 
     if not cached:
         return None
     shown = ", ".join(cached[:6]) + (f", … ({len(cached)} in all)" if len(cached) > 6 else "")
-    return (f"'{hub_id}' has no revision '{revision or 'main'}' in the local cache (and the hub was not "
-            f"reached); cached revisions: {shown} — pass {option.format(revision=cached[0])}")
+    return (
+        f"'{hub_id}' has no revision '{revision or 'main'}' in the local cache (and the hub was not "
+        f"reached); cached revisions: {shown} — pass {option.format(revision=cached[0])}"
+    )
 
 
 def _natural_sorted(values: Iterable[str]) -> list[str]:
@@ -261,8 +337,9 @@ def read_config(source: str, *, revision: str | None, trust_remote_code: bool, l
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code,
-                                          local_files_only=local_only)
+        return AutoConfig.from_pretrained(
+            source, revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_only
+        )
     except (OSError, ValueError, KeyError) as error:
         return AnistatInputError(f"{where} cannot be loaded: {_first_line(error)}")
 
@@ -291,21 +368,27 @@ def _builtin_sites(spec: ModelSpec, protocol: Protocol) -> list[PlannedSite] | N
                 return None
             match = _STANDARD_SITE.fullmatch(name)
             if not match:
-                raise AnistatInputError(f"sites.names: unknown site name '{name}' (expected embed, residual.L, "
-                                        "attn.L, mlp.L or module:NAME)")
+                raise AnistatInputError(
+                    f"sites.names: unknown site name '{name}' (expected embed, residual.L, "
+                    "attn.L, mlp.L or module:NAME)"
+                )
             layer = int(match.group(2))
             index = layer + n if layer < 0 else layer
             if not 0 <= index < n:
                 raise AnistatInputError(
                     f"sites.names: '{name}' does not exist in {where} ({n} block(s): layers 0…{n - 1}, "
-                    f"e.g. {match.group(1)}.{n - 1})")
+                    f"e.g. {match.group(1)}.{n - 1})"
+                )
             out.append(PlannedSite(f"{match.group(1)}.{index}", index, d))
     else:
         kinds = sites_spec.kind if isinstance(sites_spec.kind, list) else [sites_spec.kind]
         if "module" in kinds:
             return None
-        layers = list(range(n)) if sites_spec.layers == "all" else sorted({layer + n if layer < 0 else layer
-                                                                          for layer in sites_spec.layers})
+        layers = (
+            list(range(n))
+            if sites_spec.layers == "all"
+            else sorted({layer + n if layer < 0 else layer for layer in sites_spec.layers})
+        )
         for kind in kinds:
             if kind == "embed":
                 out.append(PlannedSite("embed", -1, d))
@@ -327,8 +410,9 @@ def _meta_model_sites(build, protocol: Protocol, spec: ModelSpec, hidden_size: i
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
             model = build()
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise AnistatInputError(f"models.{spec.name}: cannot build the model from its config: "
-                                f"{_first_line(error)}") from None
+        raise AnistatInputError(
+            f"models.{spec.name}: cannot build the model from its config: {_first_line(error)}"
+        ) from None
     try:
         sites = sites_from_spec(model, protocol.sites, spec.name)
     except AnistatInputError as error:
@@ -341,16 +425,18 @@ def _check_sizes(protocol: Protocol, spec: ModelSpec, hidden_size: int, max_posi
     if problem:
         raise AnistatInputError(f"models.{spec.name}: {problem}")
     if max_positions and protocol.data.seq_len > max_positions:
-        raise AnistatInputError(f"data.seq_len {protocol.data.seq_len} exceeds models.{spec.name}'s max positions "
-                                f"{max_positions}")
+        raise AnistatInputError(
+            f"data.seq_len {protocol.data.seq_len} exceeds models.{spec.name}'s max positions {max_positions}"
+        )
 
 
 def _check_layers(protocol: Protocol, spec: ModelSpec, num_layers: int) -> None:
     if isinstance(protocol.sites.layers, list) and not protocol.sites.names:
         bad = [layer for layer in protocol.sites.layers if not -num_layers <= layer < num_layers]
         if bad:
-            raise AnistatInputError(f"sites.layers: layer {bad[0]} does not exist in models.{spec.name} "
-                                    f"({num_layers} layers)")
+            raise AnistatInputError(
+                f"sites.layers: layer {bad[0]} does not exist in models.{spec.name} ({num_layers} layers)"
+            )
 
 
 def plan_builtin(spec: ModelSpec, protocol: Protocol) -> PlannedModel:
@@ -360,11 +446,16 @@ def plan_builtin(spec: ModelSpec, protocol: Protocol) -> PlannedModel:
     if sites is None:
         from .models import build_builtin_model
 
-        sites = _meta_model_sites(lambda: build_builtin_model(spec, protocol.data.vocab_size, protocol.data.seq_len,
-                                                              protocol.seed), protocol, spec, spec.hidden_size)
+        sites = _meta_model_sites(
+            lambda: build_builtin_model(spec, protocol.data.vocab_size, protocol.data.seq_len, protocol.seed),
+            protocol,
+            spec,
+            spec.hidden_size,
+        )
     checkpoints = tuple((f"step{s}", s) for s in spec.train.checkpoints)
-    return PlannedModel(spec.name, "builtin", spec.resolved_objective, spec.hidden_size, spec.num_layers,
-                        checkpoints, tuple(sites))
+    return PlannedModel(
+        spec.name, "builtin", spec.resolved_objective, spec.hidden_size, spec.num_layers, checkpoints, tuple(sites)
+    )
 
 
 def plan_pretrained(spec: ModelSpec, protocol: Protocol, base: Path | None) -> PlannedModel:
@@ -376,12 +467,14 @@ def plan_pretrained(spec: ModelSpec, protocol: Protocol, base: Path | None) -> P
         for text in written:
             directory = resolve_path(text, base)
             if not directory.is_dir():
-                shown = f"{text} (resolved against the protocol's folder: {directory})" if str(directory) != text \
-                    else text
+                shown = (
+                    f"{text} (resolved against the protocol's folder: {directory})" if str(directory) != text else text
+                )
                 raise AnistatInputError(f"{where}: model directory not found: {shown}")
             if not (directory / "config.json").is_file():
-                raise AnistatInputError(f"{where}: '{directory}' cannot be loaded: no config.json (not a "
-                                        "save_pretrained directory)")
+                raise AnistatInputError(
+                    f"{where}: '{directory}' cannot be loaded: no config.json (not a save_pretrained directory)"
+                )
             sources.append((str(directory), None, directory.name))
         local_only = True
     elif spec.source == "hub":
@@ -398,11 +491,15 @@ def plan_pretrained(spec: ModelSpec, protocol: Protocol, base: Path | None) -> P
     configs = []
     for source, revision, _ in sources:
         label = f"{where}: '{source}'" + (f" revision '{revision}'" if revision else "")
-        config = read_config(source, revision=revision, trust_remote_code=spec.trust_remote_code,
-                             local_only=local_only, where=label)
+        config = read_config(
+            source, revision=revision, trust_remote_code=spec.trust_remote_code, local_only=local_only, where=label
+        )
         if isinstance(config, AnistatInputError):
-            message = missing_revision_message(spec.hub_id, revision, option="revisions: [{revision}, …]") \
-                if spec.source == "hub" else None
+            message = (
+                missing_revision_message(spec.hub_id, revision, option="revisions: [{revision}, …]")
+                if spec.source == "hub"
+                else None
+            )
             if message is None and spec.source == "hub" and local_only:
                 message = f"{str(config).split(': ', 1)[1]} (HF_HUB_OFFLINE is set: only the local cache is read)"
             raise AnistatInputError(f"{where}: {message}") if message else config
@@ -434,9 +531,26 @@ def plan_pretrained(spec: ModelSpec, protocol: Protocol, base: Path | None) -> P
 
 #: Bits per element of each safetensors dtype (the format's own table).
 SAFETENSORS_DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16, "F16": 16,
-    "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64, "F4": 4, "F6_E2M3": 6,
-    "F6_E3M2": 6, "C64": 64,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "C64": 64,
 }
 #: The largest header the safetensors library accepts (its `MAX_HEADER_SIZE`).
 SAFETENSORS_MAX_HEADER = 100_000_000
@@ -475,12 +589,18 @@ def safetensors_problem(path: Path) -> str | None:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list) \
-                or not isinstance(entry.get("data_offsets"), list) or len(entry["data_offsets"]) != 2:
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("shape"), list)
+            or not isinstance(entry.get("data_offsets"), list)
+            or len(entry["data_offsets"]) != 2
+        ):
             return f"tensor '{name}' has no valid dtype, shape and data_offsets (corrupt header)"
         shape, (begin, end) = entry["shape"], entry["data_offsets"]
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (*shape, begin, end)) \
-                or end < begin:
+        if (
+            not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (*shape, begin, end))
+            or end < begin
+        ):
             return f"tensor '{name}' has invalid shape or data_offsets (corrupt header)"
         bits = SAFETENSORS_DTYPE_BITS.get(entry.get("dtype"))
         if bits is None:
@@ -489,8 +609,10 @@ def safetensors_problem(path: Path) -> str | None:
         for v in shape:
             elements *= v
         if elements * bits % 8 or end - begin != elements * bits // 8:
-            return (f"tensor '{name}' ({entry['dtype']} {shape}) needs {elements * bits / 8:g} bytes but spans "
-                    f"{end - begin} (corrupt header)")
+            return (
+                f"tensor '{name}' ({entry['dtype']} {shape}) needs {elements * bits / 8:g} bytes but spans "
+                f"{end - begin} (corrupt header)"
+            )
         spans.append((begin, end, name))
     spans.sort()
     position = 0
@@ -560,8 +682,9 @@ def tokenizer_problem(directory: Path, trust_remote_code: bool) -> str | None:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code,
-                                                  local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(directory), trust_remote_code=trust_remote_code, local_files_only=True
+        )
     except Exception as error:  # noqa: BLE001 - any failure to load is the folder's (one line, named)
         return _first_line(error)
     if len(tokenizer) <= len(getattr(tokenizer, "all_special_tokens", ())) + 1:
@@ -575,12 +698,16 @@ def _check_checkpoint_files(where: str, directories: list[Path], trust_remote_co
         found = checkpoint_file_problem(directory)
         if found:
             name, why = found
-            raise AnistatInputError(f"{where}: {directory / name}: {why}; save the checkpoint again "
-                                    "(model.save_pretrained) or remove it from the protocol")
+            raise AnistatInputError(
+                f"{where}: {directory / name}: {why}; save the checkpoint again "
+                "(model.save_pretrained) or remove it from the protocol"
+            )
     problem = tokenizer_problem(directories[0], trust_remote_code)
     if problem:
-        raise AnistatInputError(f"{where}: '{directories[0]}' has no usable tokenizer ({problem}); save it there "
-                                "with tokenizer.save_pretrained(folder)")
+        raise AnistatInputError(
+            f"{where}: '{directories[0]}' has no usable tokenizer ({problem}); save it there "
+            "with tokenizer.save_pretrained(folder)"
+        )
 
 
 def _check_data_paths(protocol: Protocol, base: Path | None) -> None:
@@ -633,16 +760,21 @@ def check_claim(index: int, claim: ClaimSpec, plan: RowPlan) -> None:
     """One clear line if the claim can select no row of the plan (see module docstring)."""
     label = f"claims[{index}] '{claim.id}'"
     if claim.metric not in plan.metrics:
-        raise AnistatInputError(f"{label}: metric '{claim.metric}' is not produced by this protocol; "
-                                f"{_suggest(claim.metric, plan.metrics)}valid metrics: {', '.join(plan.metrics)}")
+        raise AnistatInputError(
+            f"{label}: metric '{claim.metric}' is not produced by this protocol; "
+            f"{_suggest(claim.metric, plan.metrics)}valid metrics: {', '.join(plan.metrics)}"
+        )
     valid_columns = plan.columns
     for key in claim.where:
         if key not in valid_columns:
-            raise AnistatInputError(f"{label}: where key '{key}' is not a result column; "
-                                    f"{_suggest(key, valid_columns)}valid keys: {', '.join(valid_columns)}")
+            raise AnistatInputError(
+                f"{label}: where key '{key}' is not a result column; "
+                f"{_suggest(key, valid_columns)}valid keys: {', '.join(valid_columns)}"
+            )
     where = {k: (v if isinstance(v, list) else [v]) for k, v in claim.where.items()}
-    families = [f for f in plan.families if claim.metric in f.values["metric"]
-                and (not f.frequency or "bucket" in where)]
+    families = [
+        f for f in plan.families if claim.metric in f.values["metric"] and (not f.frequency or "bucket" in where)
+    ]
     checked = {k: v for k, v in where.items() if k in UNIT_COLUMNS or k in ROW_COLUMNS}
     # each value on its own: is there a row of this metric that has it?
     for key, wanted in checked.items():
@@ -655,16 +787,22 @@ def check_claim(index: int, claim: ClaimSpec, plan: RowPlan) -> None:
                 raise AnistatInputError(
                     f"{label}: where.{key} = {value!r}: no '{claim.metric}' row of this protocol will have it; "
                     f"{_suggest(value, [str(s) for s in seen if s is not None])}values in this plan: "
-                    f"{_show(seen) or '(none: the column is empty for this metric)'}")
+                    f"{_show(seen) or '(none: the column is empty for this metric)'}"
+                )
     # all values together
     units = [u for u in plan.units if all(_value_matches(u[k], v) for k, v in checked.items() if k in UNIT_COLUMNS)]
     for family in families:
-        if units and all(any(_value_matches(s, v) for s in family.values.get(k, (None,)))
-                         for k, v in checked.items() if k in ROW_COLUMNS):
+        if units and all(
+            any(_value_matches(s, v) for s in family.values.get(k, (None,)))
+            for k, v in checked.items()
+            if k in ROW_COLUMNS
+        ):
             return
     shown = ", ".join(f"{k}={v if len(v) > 1 else v[0]}" for k, v in where.items())
-    raise AnistatInputError(f"{label}: metric '{claim.metric}' where {shown} selects no row of this protocol "
-                            "(each value occurs, but not together)")
+    raise AnistatInputError(
+        f"{label}: metric '{claim.metric}' where {shown} selects no row of this protocol "
+        "(each value occurs, but not together)"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -695,12 +833,15 @@ def preflight(protocol: Protocol | str | Path, *, for_run: bool = True) -> Prefl
     for spec in protocol.models:
         if spec.source == "external":
             if for_run:
-                raise AnistatInputError(f"models.{spec.name}: source 'external' is measured inside a training loop "
-                                        "(anistat.callbacks), not by `anistat run`")
+                raise AnistatInputError(
+                    f"models.{spec.name}: source 'external' is measured inside a training loop "
+                    "(anistat.callbacks), not by `anistat run`"
+                )
             notes.append(f"models.{spec.name}: external (measured by TrainingMeter / AnistatCallback)")
             continue
-        models.append(plan_builtin(spec, protocol) if spec.source == "builtin"
-                      else plan_pretrained(spec, protocol, base))
+        models.append(
+            plan_builtin(spec, protocol) if spec.source == "builtin" else plan_pretrained(spec, protocol, base)
+        )
     plan = row_plan(protocol, models)
     if models:  # a protocol of external models only is planned by the training loop
         for index, claim in enumerate(protocol.claims):

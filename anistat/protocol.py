@@ -89,9 +89,7 @@ class DataSpec(StrictModel):
     seq_len: int = Field(64, ge=4, le=65_536, description="Tokens per sequence.")
     n_fit_sequences: PositiveCount = Field(64, description="Sequences whose activations fit the proxies.")
     n_test_sequences: PositiveCount = Field(64, description="Sequences whose true gradients are measured.")
-    vocab_size: int = Field(
-        512, ge=64, le=1_000_000, description="BPE vocabulary size for the built-in tokenizer."
-    )
+    vocab_size: int = Field(512, ge=64, le=1_000_000, description="BPE vocabulary size for the built-in tokenizer.")
     mlm_probability: float = Field(
         0.15, gt=0.0, lt=1.0, description="Masking rate for masked-LM objectives (80/10/10 rule)."
     )
@@ -116,7 +114,9 @@ class DataSpec(StrictModel):
         4, ge=1, le=100, description="Quantile buckets of corpus token counts for frequency analysis."
     )
     frequency_ci_memory_mb: float = Field(
-        1024, ge=0, le=1_000_000,
+        1024,
+        ge=0,
+        le=1_000_000,
         description="Memory (MiB) for the per-(sequence, token type) activation sums that give the log-frequency "
         "vs centroid-distance correlation its sequence-bootstrap CI, shared by the sites measured in one pass; "
         "they take (d + 4)·8 bytes per distinct token type in a sequence (the process peak measured about "
@@ -125,7 +125,9 @@ class DataSpec(StrictModel):
     )
 
     type_statistics_memory_mb: float = Field(
-        1024, ge=0, le=1_000_000,
+        1024,
+        ge=0,
+        le=1_000_000,
         description="Memory (MiB) for the per-token-type activation sums behind the log-frequency analysis "
         "(count, Σa, Σ‖a‖² per type: (d + 3)·8 bytes per type and site), shared by the sites measured in one "
         "pass. Only types occurring at least twice in the test split are used; past the budget the most "
@@ -237,9 +239,7 @@ class ModelSpec(StrictModel):
             if self.architecture is None:
                 raise ValueError("builtin models need architecture: gpt2 or bert")
             if self.hidden_size % self.num_heads:
-                raise ValueError(
-                    f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
-                )
+                raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
             if self.path or self.checkpoints or self.hub_id or self.revisions:
                 raise ValueError("builtin models take no path, checkpoints, hub_id or revisions")
         elif self.source == "local":
@@ -349,8 +349,10 @@ class ProxySpec(StrictModel):
             if method not in self.methods:
                 raise ValueError(f"center names method '{method}', which is not in methods {list(self.methods)}")
             if center_default(method) is None:
-                raise ValueError(f"center: proxy method '{method}' has no centring option "
-                                 "(ica centres by construction; random ignores the data)")
+                raise ValueError(
+                    f"center: proxy method '{method}' has no centring option "
+                    "(ica centres by construction; random ignores the data)"
+                )
         return self
 
     @field_validator("ranks", "methods")
@@ -369,8 +371,10 @@ class ProxySpec(StrictModel):
 
         unknown = [m for m in value if m not in PROXY_METHODS]
         if unknown:
-            raise ValueError(f"unknown proxy method(s) {unknown}; {suggest(unknown[0], PROXY_METHODS)}"
-                             f"available: {sorted(PROXY_METHODS)}")
+            raise ValueError(
+                f"unknown proxy method(s) {unknown}; {suggest(unknown[0], PROXY_METHODS)}"
+                f"available: {sorted(PROXY_METHODS)}"
+            )
         return value
 
 
@@ -404,7 +408,10 @@ class StatsSpec(StrictModel):
         "this is percentile (benchmarks/README.md: normal covers 0.94 at 100 sequences and 0.95 at 300).",
     )
     n_test_resamples: int = Field(
-        2000, ge=10, le=1_000_000, validation_alias=AliasChoices("n_test_resamples", "n_permutations"),
+        2000,
+        ge=10,
+        le=1_000_000,
+        validation_alias=AliasChoices("n_test_resamples", "n_permutations"),
         description="Bootstrap resamples of the data test (the studentized test of a population energy ratio of 1, "
         "on hedges_g rows): at least this many, and at least enough for its floor to pass the corrected family; "
         "the intervals use the same resamples, so test and interval agree. The number used is recorded per row. "
@@ -418,7 +425,9 @@ class StatsSpec(StrictModel):
         "given (at least 99).",
     )
     null_stop_exceedances: int = Field(
-        10, ge=0, le=1000,
+        10,
+        ge=0,
+        le=1000,
         description="Sequential stopping of the exact tests (Besag & Clifford 1991): a test stops drawing once "
         "this many Haar draws reach its observed value, with p = h/L after L draws (exact); tests near or past "
         "their threshold still use all n_null_draws. 0: every test uses n_null_draws.",
@@ -452,7 +461,9 @@ class StatsSpec(StrictModel):
     isoscore_zeta: float = Field(0.1, ge=0.0, le=1.0, description="IsoScore* shrinkage weight.")
     isoscore_c0: Literal["scaled_identity", "identity"] = "scaled_identity"
     resampling_risk: float | None = Field(
-        None, gt=0.0, le=0.1,
+        None,
+        gt=0.0,
+        le=0.1,
         description="Decide the exact energy tests with a bounded resampling risk (anistat.stats.resampling_risk): "
         "each test also draws until a Clopper-Pearson confidence sequence of its ideal p-value settles its "
         "decision at alpha under stats.multiplicity (at most n_null_draws), and results gain mc_decision "
@@ -464,8 +475,10 @@ class StatsSpec(StrictModel):
     @model_validator(mode="after")
     def _risk_needs_one_side(self) -> StatsSpec:
         if self.resampling_risk is not None and self.alternative == "two-sided":
-            raise ValueError("stats.resampling_risk needs a one-sided alternative ('greater' or 'less'); "
-                             "remove resampling_risk or set alternative")
+            raise ValueError(
+                "stats.resampling_risk needs a one-sided alternative ('greater' or 'less'); "
+                "remove resampling_risk or set alternative"
+            )
         return self
 
     @field_validator("n_null_draws")
@@ -486,7 +499,9 @@ class ReplicationSpec(StrictModel):
     """How `anistat verify PROTOCOL --against BUNDLE` judges agreement with an original run."""
 
     tolerance: float = Field(
-        0.25, gt=0.0, le=100.0,
+        0.25,
+        gt=0.0,
+        le=100.0,
         description="Relative tolerance: |replication − original| ≤ tolerance × |original| counts as agreement.",
     )
 
@@ -495,9 +510,11 @@ class MetaSpec(StrictModel):
     """How an `aggregate: meta` claim pools its rows (see `anistat.stats.meta`)."""
 
     method: Literal["reml", "dl", "pm"] = Field(
-        "reml", description="Between-unit variance: REML, DerSimonian-Laird or Paule-Mandel.")
+        "reml", description="Between-unit variance: REML, DerSimonian-Laird or Paule-Mandel."
+    )
     interval: Literal["hksj", "wald"] = Field(
-        "hksj", description="Hartung-Knapp-Sidik-Jonkman (t with k − 1 df) or Wald (normal) interval.")
+        "hksj", description="Hartung-Knapp-Sidik-Jonkman (t with k − 1 df) or Wald (normal) interval."
+    )
     dependence: Literal["aggregate", "robust", "independent"] = Field(
         "aggregate",
         description="Rows of one cluster share data (the layers, ranks and checkpoints of a model share its test "
@@ -506,11 +523,14 @@ class MetaSpec(StrictModel):
         "rows as independent studies (too narrow when they share data; for independent rows only).",
     )
     cluster: list[Name] = Field(
-        default_factory=lambda: ["model"], min_length=1,
+        default_factory=lambda: ["model"],
+        min_length=1,
         description="Result columns whose values identify an independent unit (default: the model).",
     )
     within_correlation: float = Field(
-        1.0, ge=0.0, le=1.0,
+        1.0,
+        ge=0.0,
+        le=1.0,
         description="aggregate: assumed correlation of the sampling errors of one cluster's rows (1 = the "
         "conservative bound).",
     )
@@ -524,8 +544,9 @@ class ClaimSpec(StrictModel):
     metric: Name
     where: dict[str, str | int | float | list[str | int | float]] = Field(default_factory=dict)
     column: Literal["estimate", "ci_low", "ci_high", "effect_size", "control_mean"] = Field(
-        "estimate", description="Which result column is compared (e.g. ci_low > 1 for a CI entirely above 1; "
-        "effect_size = z against the controls)."
+        "estimate",
+        description="Which result column is compared (e.g. ci_low > 1 for a CI entirely above 1; "
+        "effect_size = z against the controls).",
     )
     compare: Literal[">", ">=", "<", "<=", "between"] = ">"
     threshold: float | list[float] = 1.0
@@ -538,8 +559,9 @@ class ClaimSpec(StrictModel):
     def _where_values_select(cls, value: dict) -> dict:
         for key, wanted in value.items():
             if isinstance(wanted, list) and not wanted:
-                raise ValueError(f"{key} is an empty list, which selects no row; list at least one value "
-                                 "or leave the key out")
+                raise ValueError(
+                    f"{key} is an empty list, which selects no row; list at least one value or leave the key out"
+                )
         return value
 
     @model_validator(mode="after")
@@ -566,6 +588,7 @@ class Protocol(StrictModel):
         if isinstance(value, bool):  # `True == 1` in Python; the version is a number
             raise ValueError(f"must be the number {PROTOCOL_VERSION}")
         return value
+
     name: Name
     description: str = Field("", max_length=20_000)
     seed: int = Field(0, ge=0, le=2**32 - 1)
@@ -606,15 +629,13 @@ class Protocol(StrictModel):
             too_big = [r for r in self.proxies.ranks if r >= model.hidden_size]
             if too_big:
                 raise ValueError(
-                    f"proxies.ranks {too_big} must be smaller than models[{index}].hidden_size "
-                    f"{model.hidden_size}"
+                    f"proxies.ranks {too_big} must be smaller than models[{index}].hidden_size {model.hidden_size}"
                 )
             if isinstance(self.sites.layers, list):
                 bad = [layer for layer in self.sites.layers if not -model.num_layers <= layer < model.num_layers]
                 if bad:
                     raise ValueError(
-                        f"sites.layers {bad} out of range for models[{index}] with "
-                        f"{model.num_layers} layers"
+                        f"sites.layers {bad} out of range for models[{index}] with {model.num_layers} layers"
                     )
             problem = control_problem(self.controls, self.proxies.ranks, model.hidden_size)
             if problem:
@@ -659,16 +680,20 @@ def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], h
         if rank >= d:
             return f"proxies.ranks: rank {rank} must be smaller than the hidden size {d}"
         if "normal" in controls.kinds and 2 * rank > d:
-            return (f"controls.kinds 'normal' needs 2k <= d (controls live in the proxy's orthogonal "
-                    f"complement); proxies.ranks has {rank} with hidden size {d}")
+            return (
+                f"controls.kinds 'normal' needs 2k <= d (controls live in the proxy's orthogonal "
+                f"complement); proxies.ranks has {rank} with hidden size {d}"
+            )
         if "pca_span" in controls.kinds:
             m = min(4 * rank, d) if controls.pca_span_dim is None else controls.pca_span_dim
             if m > d:
                 return f"controls.pca_span_dim {m} must not exceed the hidden size {d}"
             if m <= rank:
-                return (f"controls.pca_span_dim {m} must exceed every rank in proxies.ranks (got rank {rank})"
-                        if controls.pca_span_dim is not None else
-                        f"controls.kinds 'pca_span' needs a rank below the hidden size {d}; got {rank}")
+                return (
+                    f"controls.pca_span_dim {m} must exceed every rank in proxies.ranks (got rank {rank})"
+                    if controls.pca_span_dim is not None
+                    else f"controls.kinds 'pca_span' needs a rank below the hidden size {d}; got {rank}"
+                )
     return None
 
 
@@ -716,16 +741,16 @@ class _NoAliasSafeLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         # A repeated key would silently keep the last value: as dangerous as a typo.
         if not isinstance(node, yaml.MappingNode):
-            raise yaml.constructor.ConstructorError(
-                None, None, f"expected a mapping, found {node.id}", node.start_mark
-            )
+            raise yaml.constructor.ConstructorError(None, None, f"expected a mapping, found {node.id}", node.start_mark)
         seen: set = set()
         for key_node, _ in node.value:
             if isinstance(key_node, yaml.ScalarNode):
                 key = self.construct_object(key_node, deep=deep)
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark, f"duplicate key '{key}'",
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"duplicate key '{key}'",
                         key_node.start_mark,
                     )
                 seen.add(key)
@@ -863,7 +888,8 @@ def yaml_error_message(error: yaml.MarkedYAMLError, text: str) -> str:
     where PyYAML gave up; otherwise the problem mark. The offending line's text is quoted."""
     context = error.context or ""
     use_context = error.context_mark is not None and (
-        context.startswith("while scanning") or context.startswith("while parsing a flow"))
+        context.startswith("while scanning") or context.startswith("while parsing a flow")
+    )
     mark = error.context_mark if use_context else (error.problem_mark or error.context_mark)
     problem = error.problem or context or "invalid YAML"
     if mark is None:
@@ -1011,4 +1037,3 @@ stats:
 #     threshold: 1.0
 #     alpha: 0.05
 """
-

@@ -32,8 +32,9 @@ class ReplicationOutcome:
         return all(c["agree"] and c["replication"] == "pass" for c in self.claims)
 
 
-def compare_bundles(original: Path, replication: Path, *, out: Path | None = None,
-                    tolerance: float = 0.25) -> tuple[Path, dict, list[dict]]:
+def compare_bundles(
+    original: Path, replication: Path, *, out: Path | None = None, tolerance: float = 0.25
+) -> tuple[Path, dict, list[dict]]:
     """Replication report for two existing bundles; returns (report directory, summary, claims
     compared claim by claim)."""
     ensure_bundle(original)
@@ -46,18 +47,31 @@ def compare_bundles(original: Path, replication: Path, *, out: Path | None = Non
     if comparison.empty:
         raise AnistatInputError(
             f"{original} and {replication} have no result row in common (same model, checkpoint, site, rank, "
-            "proxy, control and metric, with an estimate in both); compare two bundles of the same protocol")
+            "proxy, control and metric, with an estimate in both); compare two bundles of the same protocol"
+        )
     claims = compare_claims(verify_bundle(original).claims, verify_bundle(replication).claims)
     summary = summarise(comparison)
     with staged_bundle(out) as staging:
-        write_comparison(staging, comparison, claims, environment_differences(manifest_a, manifest_b), summary,
-                         (str(original), str(replication)))
+        write_comparison(
+            staging,
+            comparison,
+            claims,
+            environment_differences(manifest_a, manifest_b),
+            summary,
+            (str(original), str(replication)),
+        )
         (staging / "manifest.json").write_text('{"anistat_comparison": 1}\n')
     return out, summary, claims
 
 
-def replicate(protocol_path: Path, original: Path, *, out: Path | None = None,
-              log: Callable[[str], None] | None = None, overwrite: bool = False) -> ReplicationOutcome:
+def replicate(
+    protocol_path: Path,
+    original: Path,
+    *,
+    out: Path | None = None,
+    log: Callable[[str], None] | None = None,
+    overwrite: bool = False,
+) -> ReplicationOutcome:
     """`anistat verify PROTOCOL --against BUNDLE`: re-run, then compare with the original.
     An existing re-run bundle at `out` is replaced only with `overwrite=True`."""
     from .pipeline import run
@@ -69,6 +83,7 @@ def replicate(protocol_path: Path, original: Path, *, out: Path | None = None,
     report_dir = replication_out.parent / f"{replication_out.name}-comparison"
     check_destination(report_dir)  # before the re-run (run checks its own --out first)
     run(protocol, replication_out, log=log, overwrite=overwrite)
-    _, summary, claims = compare_bundles(original, replication_out, out=report_dir,
-                                         tolerance=protocol.replication.tolerance)
+    _, summary, claims = compare_bundles(
+        original, replication_out, out=report_dir, tolerance=protocol.replication.tolerance
+    )
     return ReplicationOutcome(report_dir, replication_out, claims, summary)

@@ -45,13 +45,46 @@ from .bundle import read_frequency, read_json_file, read_manifest, read_results
 from .errors import AnistatInputError
 
 #: The columns that identify a row of results.csv / frequency.csv.
-RESULT_KEYS = ("model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim", "proxy",
-               "control", "metric")
-FREQUENCY_KEYS = ("model", "objective", "checkpoint", "step", "phase", "layer", "site", "dim", "proxy", "rank",
-                  "control", "bucket", "metric")
+RESULT_KEYS = (
+    "model",
+    "objective",
+    "checkpoint",
+    "step",
+    "phase",
+    "layer",
+    "site",
+    "rank",
+    "dim",
+    "proxy",
+    "control",
+    "metric",
+)
+FREQUENCY_KEYS = (
+    "model",
+    "objective",
+    "checkpoint",
+    "step",
+    "phase",
+    "layer",
+    "site",
+    "dim",
+    "proxy",
+    "rank",
+    "control",
+    "bucket",
+    "metric",
+)
 #: Columns that must be equal, value for value.
-EXACT_COLUMNS = ("status", "ci_method", "p_test", "effect_size_kind", "n_controls", "n_sequences", "n_clusters",
-                 "n_tokens")
+EXACT_COLUMNS = (
+    "status",
+    "ci_method",
+    "p_test",
+    "effect_size_kind",
+    "n_controls",
+    "n_sequences",
+    "n_clusters",
+    "n_tokens",
+)
 #: Continuous columns compared with the relative rule.
 SCALED_COLUMNS = ("estimate", "ci_low", "ci_high", "se", "effect_size")
 #: Columns holding the mean / SD of drawn controls.
@@ -111,8 +144,9 @@ class ReproductionCheck:
 
     def summary(self) -> str:
         within = self.compared - self.identical - len(self.differences)
-        text = (f"{self.compared} numbers compared: {self.identical} identical, {within} within the tolerance"
-                + (f", {len(self.differences)} beyond it" if self.differences else ""))
+        text = f"{self.compared} numbers compared: {self.identical} identical, {within} within the tolerance" + (
+            f", {len(self.differences)} beyond it" if self.differences else ""
+        )
         for rule, (share, where) in sorted(self.worst.items()):
             text += f"; largest {rule} difference {share:.2g} of its allowance ({where})"
         return text
@@ -121,6 +155,7 @@ class ReproductionCheck:
 def _protocol_settings(manifest: dict) -> tuple[int, int]:
     """(controls.n, stats.n_permutations) of a manifest's protocol (the Monte-Carlo sizes the
     results table does not carry per row)."""
+
     def section(parent: dict, key: str) -> dict:  # a missing or malformed section reads as empty
         value = parent.get(key)
         return value if isinstance(value, dict) else {}
@@ -130,8 +165,9 @@ def _protocol_settings(manifest: dict) -> tuple[int, int]:
     n_controls, n_permutations = controls.get("n", 20), stats.get("n_permutations", 2000)
     valid = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (n_controls, n_permutations))
     if not valid:
-        raise AnistatInputError("manifest.json: protocol.controls.n and protocol.stats.n_permutations must be "
-                                "positive integers")
+        raise AnistatInputError(
+            "manifest.json: protocol.controls.n and protocol.stats.n_permutations must be positive integers"
+        )
     return n_controls, n_permutations
 
 
@@ -210,23 +246,31 @@ def _scales(table, columns) -> dict[tuple[str, str], float]:
     return scales
 
 
-def _compare_table(comparer: _Comparer, name: str, original, rerun, keys: tuple[str, ...], *,
-                   n_paper_controls: int, default_draws: int) -> None:
+def _compare_table(
+    comparer: _Comparer, name: str, original, rerun, keys: tuple[str, ...], *, n_paper_controls: int, default_draws: int
+) -> None:
     keys = tuple(k for k in keys if k in original.columns and k in rerun.columns)
     tolerance = comparer.tolerance
     for label, table in (("original", original), ("rerun", rerun)):
         if table.duplicated(list(keys)).any():
             raise AnistatInputError(f"{name} of the {label} bundle has repeated rows (same {', '.join(keys)})")
-    merged = pd.merge(original.astype(object), rerun.astype(object), on=list(keys), how="outer",
-                      suffixes=("\x00a", "\x00b"), indicator=True)
+    merged = pd.merge(
+        original.astype(object),
+        rerun.astype(object),
+        on=list(keys),
+        how="outer",
+        suffixes=("\x00a", "\x00b"),
+        indicator=True,
+    )
     scales = _scales(original, SCALED_COLUMNS + CONTROL_COLUMNS)
     for record in merged.to_dict("records"):
         row = _row_label(record, keys)
         if record["_merge"] != "both":
             where = "original" if record["_merge"] == "left_only" else "rerun"
             comparer.compared += 1
-            comparer.differences.append(Difference(name, row, "row", f"only in the {where}",
-                                                   "" if where == "rerun" else "missing"))
+            comparer.differences.append(
+                Difference(name, row, "row", f"only in the {where}", "" if where == "rerun" else "missing")
+            )
             continue
 
         def pair(column: str, record=record):
@@ -240,8 +284,11 @@ def _compare_table(comparer: _Comparer, name: str, original, rerun, keys: tuple[
                 comparer.exact(name, row, column, a, b)
             elif column in SCALED_COLUMNS or column in CONTROL_COLUMNS:
                 x, y = _number(a), _number(b)
-                size = max(abs(x) if x is not None else 0.0, abs(y) if y is not None else 0.0,
-                           scales.get((metric, column), 0.0))
+                size = max(
+                    abs(x) if x is not None else 0.0,
+                    abs(y) if y is not None else 0.0,
+                    scales.get((metric, column), 0.0),
+                )
                 allowed, rule = tolerance.relative * size + 1e-12, "relative"
                 if column in CONTROL_COLUMNS:
                     sd = _number(pair("control_sd")[0])
@@ -264,29 +311,60 @@ def compare_reproduction(original: Path, rerun: Path, tolerance: Tolerance = DEF
     manifests = [read_manifest(original), read_manifest(rerun)]
     comparer = _Comparer(tolerance)
     notes: list[str] = []
-    comparer.exact("manifest", "", "protocol_sha256", manifests[0].get("protocol_sha256"),
-                   manifests[1].get("protocol_sha256"))
+    comparer.exact(
+        "manifest", "", "protocol_sha256", manifests[0].get("protocol_sha256"), manifests[1].get("protocol_sha256")
+    )
     n_paper_controls, n_permutations = _protocol_settings(manifests[0])
     versions = [m.get("versions", {}) if isinstance(m.get("versions"), dict) else {} for m in manifests]
     changed = sorted(k for k in set(versions[0]) | set(versions[1]) if versions[0].get(k) != versions[1].get(k))
     if changed:
-        notes.append("versions differ: " + ", ".join(f"{k} {versions[0].get(k)} → {versions[1].get(k)}"
-                                                      for k in changed))
-    _compare_table(comparer, "results.csv", read_results(original), read_results(rerun), RESULT_KEYS,
-                   n_paper_controls=n_paper_controls, default_draws=n_permutations)
+        notes.append(
+            "versions differ: " + ", ".join(f"{k} {versions[0].get(k)} → {versions[1].get(k)}" for k in changed)
+        )
+    _compare_table(
+        comparer,
+        "results.csv",
+        read_results(original),
+        read_results(rerun),
+        RESULT_KEYS,
+        n_paper_controls=n_paper_controls,
+        default_draws=n_permutations,
+    )
     frequency = [read_frequency(original), read_frequency(rerun)]
     if frequency[0].empty != frequency[1].empty:
         comparer.compared += 1
-        comparer.differences.append(Difference("frequency.csv", "", "file", "present" if not frequency[0].empty
-                                               else "absent", "present" if not frequency[1].empty else "absent"))
+        comparer.differences.append(
+            Difference(
+                "frequency.csv",
+                "",
+                "file",
+                "present" if not frequency[0].empty else "absent",
+                "present" if not frequency[1].empty else "absent",
+            )
+        )
     elif not frequency[0].empty:
-        _compare_table(comparer, "frequency.csv", frequency[0], frequency[1], FREQUENCY_KEYS,
-                       n_paper_controls=n_paper_controls, default_draws=n_permutations)
+        _compare_table(
+            comparer,
+            "frequency.csv",
+            frequency[0],
+            frequency[1],
+            FREQUENCY_KEYS,
+            n_paper_controls=n_paper_controls,
+            default_draws=n_permutations,
+        )
     claims = [_claim_verdicts(original), _claim_verdicts(rerun)]
     for claim_id in sorted(set(claims[0]) | set(claims[1])):
         comparer.exact("claims.json", claim_id, "status", claims[0].get(claim_id), claims[1].get(claim_id))
-    return ReproductionCheck(original, rerun, tolerance, comparer.compared, comparer.identical,
-                             tuple(comparer.differences), dict(comparer.worst), tuple(notes))
+    return ReproductionCheck(
+        original,
+        rerun,
+        tolerance,
+        comparer.compared,
+        comparer.identical,
+        tuple(comparer.differences),
+        dict(comparer.worst),
+        tuple(notes),
+    )
 
 
 def _claim_verdicts(bundle: Path) -> dict[str, str]:

@@ -55,11 +55,20 @@ def refuse_edited_data(bundle: Path, problems: list[IntegrityProblem]) -> None:
     raise AnistatInputError(
         f"{bundle}: {first}{more}; refusing to re-render data that differ from the run's manifest "
         f"(`anistat verify {bundle}` lists every difference; `anistat report {bundle} --allow-edited-data` "
-        "re-renders them and records the edit in the manifest)")
+        "re-renders them and records the edit in the manifest)"
+    )
 
 
-def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None = None, transpose: bool = False,
-             compile_pdf: bool = True, allow_edited_data: bool = False, log=None) -> list[Path]:
+def rerender(
+    bundle: Path,
+    *,
+    precision: int | None = None,
+    metrics: str | None = None,
+    transpose: bool = False,
+    compile_pdf: bool = True,
+    allow_edited_data: bool = False,
+    log=None,
+) -> list[Path]:
     """Re-render every report output of `bundle` in place (see module docstring); `log` gets
     one line before and one after rendering (the figures and the PDF take most of the time).
 
@@ -77,8 +86,11 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
     # them would be lost, so it is refused like `--overwrite` refuses one (anistat.bundle)
     replaced = [name for name in foreign_files(bundle) if name.split("/", 1)[0] in RENDERED]
     if replaced:
-        raise AnistatInputError(foreign_files_message(str(bundle), replaced, "re-render the report over them")
-                                .replace("choose another --out", "re-render a copy of the bundle"))
+        raise AnistatInputError(
+            foreign_files_message(str(bundle), replaced, "re-render the report over them").replace(
+                "choose another --out", "re-render a copy of the bundle"
+            )
+        )
     problems = integrity_problems(bundle, manifest)
     edits = [p for p in problems if not p.rendered and not p.accepted_at]
     if edits and not allow_edited_data:
@@ -94,18 +106,30 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
         known = sorted({str(m) for m in contents.results["metric"].dropna()})
         unknown = [m for m in wanted if m not in known]
         if unknown or not wanted:
-            raise AnistatInputError(f"--metrics: unknown metric(s) {', '.join(unknown) or '(none given)'}; "
-                                    f"this bundle has: {', '.join(known)}")
+            raise AnistatInputError(
+                f"--metrics: unknown metric(s) {', '.join(unknown) or '(none given)'}; "
+                f"this bundle has: {', '.join(known)}"
+            )
         overrides["table_metrics"] = wanted
     options = report_options(contents.protocol, **overrides)
     now = utc_now()
     new_manifest = dict(contents.manifest)
     if edits:  # allowed: the report must say it was rendered from data edited after the run
         new_manifest["edited_data"] = _records(new_manifest.get("edited_data")) + [
-            {"file": p.name, "change": p.kind, "recorded_sha256": (manifest.get("files") or {}).get(p.name),
-             "sha256": p.sha256 or None, "accepted_at": now} for p in edits]
-    log(f"re-rendering {bundle}: {len(contents.results)} result rows → figures, report.html, tables.tex, report.tex"
-        + (", report.pdf" if options.compile_pdf is not False else "") + " …")
+            {
+                "file": p.name,
+                "change": p.kind,
+                "recorded_sha256": (manifest.get("files") or {}).get(p.name),
+                "sha256": p.sha256 or None,
+                "accepted_at": now,
+            }
+            for p in edits
+        ]
+    log(
+        f"re-rendering {bundle}: {len(contents.results)} result rows → figures, report.html, tables.tex, report.tex"
+        + (", report.pdf" if options.compile_pdf is not False else "")
+        + " …"
+    )
     staging = Path(tempfile.mkdtemp(prefix=".rerender.", dir=bundle))
     written, kept = [], []
     try:
@@ -133,10 +157,14 @@ def rerender(bundle: Path, *, precision: int | None = None, metrics: str | None 
         shutil.rmtree(staging, ignore_errors=True)
     log(f"  rendered ({time.perf_counter() - started:.1f}s)")
     new_manifest["rerendered_at"] = now
-    new_manifest["rerenders"] = _records(new_manifest.get("rerenders")) + [{
-        "at": now, "rendered": sorted(p.name for p in written),
-        "kept_from_an_earlier_rendering": kept,
-        **({"edited_data": [p.name for p in edits]} if edits else {})}]
+    new_manifest["rerenders"] = _records(new_manifest.get("rerenders")) + [
+        {
+            "at": now,
+            "rendered": sorted(p.name for p in written),
+            "kept_from_an_earlier_rendering": kept,
+            **({"edited_data": [p.name for p in edits]} if edits else {}),
+        }
+    ]
     new_manifest["files"] = _digests_after(bundle, manifest)
     write_json(bundle / "manifest.json", new_manifest)
     return written
@@ -151,8 +179,14 @@ def _with_manifest(contents, manifest: dict):
     """The report inputs of `contents` with an updated manifest (the edit notice)."""
     from .bundle import report_inputs
 
-    return report_inputs(contents.protocol, contents.results, manifest, frequency=contents.frequency,
-                         claims=contents.claims, concept_cards=contents.concept_cards)
+    return report_inputs(
+        contents.protocol,
+        contents.results,
+        manifest,
+        frequency=contents.frequency,
+        claims=contents.claims,
+        concept_cards=contents.concept_cards,
+    )
 
 
 def _digests_after(bundle: Path, manifest: dict) -> dict[str, str]:

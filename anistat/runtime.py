@@ -54,8 +54,16 @@ from typing import Any, Literal
 MAX_THREADS = 1024
 
 #: Environment variables that change which CPU kernels run or how many threads they use.
-NUMERIC_ENVIRONMENT = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS",
-                       "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "TORCH_NUM_THREADS")
+NUMERIC_ENVIRONMENT = (
+    "ATEN_CPU_CAPABILITY",
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "OPENBLAS_CORETYPE",
+    "TORCH_NUM_THREADS",
+)
 
 ThreadSetting = int | Literal["auto"]
 
@@ -97,15 +105,19 @@ def _cpu_jiffies(stat: str, cpus: set[int] | None) -> tuple[int, int]:
     return busy, total
 
 
-def busy_from_samples(before: str, after: str, cpus: set[int] | None, own_seconds: float,
-                      wall_seconds: float) -> float | None:
+def busy_from_samples(
+    before: str, after: str, cpus: set[int] | None, own_seconds: float, wall_seconds: float
+) -> float | None:
     """The CPUs kept busy by *other* processes between two `/proc/stat` texts: the busy share of
     the sampled CPUs' ticks × their number, minus this process's own CPU time over the wall time
     between the reads (``own_seconds / wall_seconds`` CPUs); at least 0; None when no tick passed."""
     busy_0, total_0 = _cpu_jiffies(before, cpus)
     busy_1, total_1 = _cpu_jiffies(after, cpus)
-    n_cpus = sum(1 for line in after.splitlines() if line.startswith("cpu") and line[3:4].isdigit()
-                 and (cpus is None or int(line.split()[0][3:]) in cpus))
+    n_cpus = sum(
+        1
+        for line in after.splitlines()
+        if line.startswith("cpu") and line[3:4].isdigit() and (cpus is None or int(line.split()[0][3:]) in cpus)
+    )
     if total_1 <= total_0 or n_cpus == 0:
         return None
     share = (busy_1 - busy_0) / (total_1 - total_0)
@@ -143,8 +155,9 @@ class ThreadChoice:
     detail: str = ""
 
     def describe(self) -> str:
-        return f"{self.threads} thread{'s' if self.threads != 1 else ''} ({self.source}" + \
-            (f": {self.detail})" if self.detail else ")")
+        return f"{self.threads} thread{'s' if self.threads != 1 else ''} ({self.source}" + (
+            f": {self.detail})" if self.detail else ")"
+        )
 
 
 def _cgroup_v2_quota(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> float | None:
@@ -200,8 +213,7 @@ def cpu_budget(sample: bool = False) -> CpuBudget:
         load: float | None = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
-    return CpuBudget(affinity=affinity, quota=quota, usable=usable, load=load,
-                     busy=busy_cpus_now() if sample else None)
+    return CpuBudget(affinity=affinity, quota=quota, usable=usable, load=load, busy=busy_cpus_now() if sample else None)
 
 
 def omp_num_threads() -> int | None:
@@ -226,10 +238,13 @@ def resolve_threads(cli: int | None, protocol: ThreadSetting = "auto") -> Thread
     busy = budget.busy if budget.busy is not None else budget.load  # now, else the last minute
     idle = budget.usable if busy is None else math.floor(budget.usable - busy + 0.5)
     threads = max(1, min(budget.usable, idle))
-    detail = f"{budget.usable} usable CPU{'s' if budget.usable != 1 else ''} (affinity {budget.affinity}" + \
-        (f", cgroup quota {budget.quota:g}" if budget.quota is not None else "") + ")" + \
-        (f", {budget.busy:.2f} busy now ({CPU_SAMPLE_SECONDS:g} s sample)" if budget.busy is not None else "") + \
-        (f", load average {budget.load:.2f}" if budget.load is not None else "")
+    detail = (
+        f"{budget.usable} usable CPU{'s' if budget.usable != 1 else ''} (affinity {budget.affinity}"
+        + (f", cgroup quota {budget.quota:g}" if budget.quota is not None else "")
+        + ")"
+        + (f", {budget.busy:.2f} busy now ({CPU_SAMPLE_SECONDS:g} s sample)" if budget.busy is not None else "")
+        + (f", load average {budget.load:.2f}" if budget.load is not None else "")
+    )
     return ThreadChoice(threads, "auto", detail)
 
 

@@ -62,10 +62,18 @@ class BundleCheck:
         ``problems``), ``claims_source`` and ``claims`` — each claim the same record claims.json
         holds (id, statement, status, passed, rule, decided_by, interval, p_value, failed,
         evidence, selected_rows)."""
-        return {"bundle": str(self.bundle), "ok": self.ok,
-                "integrity": {"ok": self.integrity_ok, "files_checked": self.files_checked,
-                              "problems": list(self.problems)},
-                "claims_source": self.claims_source, "claims_ok": self.claims_ok, "claims": self.claims}
+        return {
+            "bundle": str(self.bundle),
+            "ok": self.ok,
+            "integrity": {
+                "ok": self.integrity_ok,
+                "files_checked": self.files_checked,
+                "problems": list(self.problems),
+            },
+            "claims_source": self.claims_source,
+            "claims_ok": self.claims_ok,
+            "claims": self.claims,
+        }
 
 
 def check_integrity(bundle: Path, manifest: dict[str, Any]) -> list[str]:
@@ -101,15 +109,21 @@ def results_copy_problems(bundle: Path, csv: pd.DataFrame) -> list[str]:
     if list(parquet.columns) != list(csv.columns):
         extra = [c for c in parquet.columns if c not in csv.columns]
         missing = [c for c in csv.columns if c not in parquet.columns]
-        detail = (f"column(s) only in the parquet: {extra}" if extra else
-                  f"column(s) only in the csv: {missing}" if missing else "the columns are in another order")
+        detail = (
+            f"column(s) only in the parquet: {extra}"
+            if extra
+            else f"column(s) only in the csv: {missing}"
+            if missing
+            else "the columns are in another order"
+        )
         return [f"{where}: {detail}"]
     if len(parquet) != len(csv):
         return [f"{where}: {len(parquet)} rows in the parquet, {len(csv)} in the csv"]
     for column in csv.columns:
         a, b = csv[column].reset_index(drop=True), parquet[column].reset_index(drop=True)
-        numeric = pd.api.types.is_numeric_dtype(a) and pd.api.types.is_numeric_dtype(b) \
-            and not pd.api.types.is_bool_dtype(a)
+        numeric = (
+            pd.api.types.is_numeric_dtype(a) and pd.api.types.is_numeric_dtype(b) and not pd.api.types.is_bool_dtype(a)
+        )
         if numeric:
             x = a.astype("float64").to_numpy(na_value=np.nan)
             y = b.astype("float64").to_numpy(na_value=np.nan)
@@ -121,11 +135,15 @@ def results_copy_problems(bundle: Path, csv: pd.DataFrame) -> list[str]:
             same = (text_a == text_b).to_numpy()
         if not same.all():
             row = int(np.flatnonzero(~same)[0])
-            label = ", ".join(f"{k} {csv.at[row, k]}" for k in ("model", "checkpoint", "site", "rank", "proxy",
-                                                                     "control", "metric")
-                              if k in csv.columns and not pd.isna(csv.at[row, k]))
-            return [f"{where}: column {column}, row {row + 1} ({label}): {_cell(a.iloc[row])} in the csv, "
-                    f"{_cell(b.iloc[row])} in the parquet ({int((~same).sum())} value(s) differ)"]
+            label = ", ".join(
+                f"{k} {csv.at[row, k]}"
+                for k in ("model", "checkpoint", "site", "rank", "proxy", "control", "metric")
+                if k in csv.columns and not pd.isna(csv.at[row, k])
+            )
+            return [
+                f"{where}: column {column}, row {row + 1} ({label}): {_cell(a.iloc[row])} in the csv, "
+                f"{_cell(b.iloc[row])} in the parquet ({int((~same).sum())} value(s) differ)"
+            ]
     return []
 
 
@@ -166,8 +184,9 @@ def load_claims(path: Path) -> tuple[ClaimSpec, ...]:
     return tuple(claims)
 
 
-def check_claims_against_table(claims: tuple[ClaimSpec, ...] | list[ClaimSpec], table: pd.DataFrame,
-                               source: str) -> None:
+def check_claims_against_table(
+    claims: tuple[ClaimSpec, ...] | list[ClaimSpec], table: pd.DataFrame, source: str
+) -> None:
     """One clear line (exit 2) for a claim whose metric, `where` key or `where` value does not
     occur in the bundle's table, naming the valid choices — instead of a claim that silently
     selects nothing."""
@@ -178,22 +197,27 @@ def check_claims_against_table(claims: tuple[ClaimSpec, ...] | list[ClaimSpec], 
     for index, claim in enumerate(claims):
         label = f"{source}: claims[{index}] '{claim.id}'"
         if claim.metric not in metrics:
-            raise AnistatInputError(f"{label}: metric '{claim.metric}' is not in this bundle; valid metrics: "
-                                    f"{', '.join(metrics)}")
+            raise AnistatInputError(
+                f"{label}: metric '{claim.metric}' is not in this bundle; valid metrics: {', '.join(metrics)}"
+            )
         for key, wanted in claim.where.items():
             if key not in columns:
-                raise AnistatInputError(f"{label}: where key '{key}' is not a result column; valid keys: "
-                                        f"{', '.join(columns)}")
-            for value in (wanted if isinstance(wanted, list) else [wanted]):
+                raise AnistatInputError(
+                    f"{label}: where key '{key}' is not a result column; valid keys: {', '.join(columns)}"
+                )
+            for value in wanted if isinstance(wanted, list) else [wanted]:
                 probe = ClaimSpec(id=claim.id, metric=claim.metric, where={key: value})
                 if select_rows(table, probe).empty:
                     present = table.loc[table["metric"] == claim.metric, key].dropna().astype(str).unique()
-                    raise AnistatInputError(f"{label}: where.{key} = {value!r}: no '{claim.metric}' row of this "
-                                            f"bundle has it; values: {', '.join(sorted(present)[:20])}")
+                    raise AnistatInputError(
+                        f"{label}: where.{key} = {value!r}: no '{claim.metric}' row of this "
+                        f"bundle has it; values: {', '.join(sorted(present)[:20])}"
+                    )
 
 
-def verify_bundle(bundle: Path, claims: tuple[ClaimSpec, ...] | None = None, claims_source: str | None = None
-                  ) -> BundleCheck:
+def verify_bundle(
+    bundle: Path, claims: tuple[ClaimSpec, ...] | None = None, claims_source: str | None = None
+) -> BundleCheck:
     """Integrity, then claims: the bundle's own (`claims=None`) or the given ones, evaluated
     against the bundle's tables without re-running anything (then claims.json, which records
     the protocol's claims, is not compared)."""
@@ -207,19 +231,25 @@ def verify_bundle(bundle: Path, claims: tuple[ClaimSpec, ...] | None = None, cla
         source = claims_source or "the given claims"
         check_claims_against_table(claims, claim_table(contents.results, contents.frequency), source)
         evaluated = evaluate_claims(contents.results, claims, contents.frequency, stats=contents.protocol.stats)
-        return BundleCheck(bundle, not problems, problems, evaluated, [], claims_source=source,
-                           files_checked=files_checked)
-    claims = evaluate_claims(contents.results, contents.protocol.claims, contents.frequency,
-                             stats=contents.protocol.stats)
+        return BundleCheck(
+            bundle, not problems, problems, evaluated, [], claims_source=source, files_checked=files_checked
+        )
+    claims = evaluate_claims(
+        contents.results, contents.protocol.claims, contents.frequency, stats=contents.protocol.stats
+    )
     recorded = contents.claims
     if recorded or (bundle / "claims.json").is_file():
         if [c.get("id") for c in recorded] != [c["id"] for c in claims]:
-            problems.append(f"claims.json: records claims {[c.get('id') for c in recorded]} but the protocol's are "
-                            f"{[c['id'] for c in claims]}")
+            problems.append(
+                f"claims.json: records claims {[c.get('id') for c in recorded]} but the protocol's are "
+                f"{[c['id'] for c in claims]}"
+            )
         for old, new in zip(recorded, claims):
             if old.get("passed") != new["passed"] or old.get("status") != new["status"]:
-                problems.append(f"claims.json: claim '{new['id']}' recorded as {old.get('status')} "
-                                f"but re-evaluates from results.csv as {new['status']}")
+                problems.append(
+                    f"claims.json: claim '{new['id']}' recorded as {old.get('status')} "
+                    f"but re-evaluates from results.csv as {new['status']}"
+                )
     return BundleCheck(bundle, not problems, problems, claims, recorded, files_checked=files_checked)
 
 
@@ -230,8 +260,9 @@ def _null_value(metric: str) -> float:
     return 1.0 if metric in RATIO_METRICS else 0.0
 
 
-def compare_results(original: pd.DataFrame, replication: pd.DataFrame, *, tolerance: float = 0.25,
-                    ci_level: float = 0.95) -> pd.DataFrame:
+def compare_results(
+    original: pd.DataFrame, replication: pd.DataFrame, *, tolerance: float = 0.25, ci_level: float = 0.95
+) -> pd.DataFrame:
     """Row-by-row agreement of two results tables (see module docstring).
 
     `within_tolerance`: |difference| ≤ tolerance × max(|original|, tiny) — a relative tolerance.
@@ -256,9 +287,12 @@ def compare_results(original: pd.DataFrame, replication: pd.DataFrame, *, tolera
     merged["difference_ci_low"] = difference - z * se
     merged["difference_ci_high"] = difference + z * se
     null = merged["metric"].map(_null_value)
-    merged["sign_agrees"] = np.sign(merged["estimate_original"] - null) == np.sign(merged["estimate_replication"] - null)
+    merged["sign_agrees"] = np.sign(merged["estimate_original"] - null) == np.sign(
+        merged["estimate_replication"] - null
+    )
     merged["ci_overlap"] = (merged["ci_low_original"] <= merged["ci_high_replication"]) & (
-        merged["ci_low_replication"] <= merged["ci_high_original"])
+        merged["ci_low_replication"] <= merged["ci_high_original"]
+    )
     merged.loc[se_a.isna() | se_b.isna(), ["ci_overlap"]] = False
     scale = merged["estimate_original"].abs().clip(lower=1e-12)
     merged["within_tolerance"] = difference.abs() <= tolerance * scale
@@ -270,9 +304,15 @@ def compare_claims(original: list[dict], replication: list[dict]) -> list[dict]:
     out = []
     for claim in original:
         other = by_id.get(claim["id"], {})
-        out.append({"id": claim["id"], "statement": claim["statement"], "original": claim.get("status"),
-                    "replication": other.get("status", "missing"),
-                    "agree": claim.get("passed") == other.get("passed")})
+        out.append(
+            {
+                "id": claim["id"],
+                "statement": claim["statement"],
+                "original": claim.get("status"),
+                "replication": other.get("status", "missing"),
+                "agree": claim.get("passed") == other.get("passed"),
+            }
+        )
     return out
 
 
@@ -280,11 +320,23 @@ def environment_differences(manifest_a: dict, manifest_b: dict) -> list[dict[str
     rows = []
     versions_a, versions_b = manifest_a.get("versions", {}), manifest_b.get("versions", {})
     for key in sorted(set(versions_a) | set(versions_b)):
-        rows.append({"field": key, "original": str(versions_a.get(key, "")), "replication": str(versions_b.get(key, "")),
-                     "differs": versions_a.get(key) != versions_b.get(key)})
+        rows.append(
+            {
+                "field": key,
+                "original": str(versions_a.get(key, "")),
+                "replication": str(versions_b.get(key, "")),
+                "differs": versions_a.get(key) != versions_b.get(key),
+            }
+        )
     for key in ("device", "dtype", "protocol_sha256"):
-        rows.append({"field": key, "original": str(manifest_a.get(key, "")), "replication": str(manifest_b.get(key, "")),
-                     "differs": manifest_a.get(key) != manifest_b.get(key)})
+        rows.append(
+            {
+                "field": key,
+                "original": str(manifest_a.get(key, "")),
+                "replication": str(manifest_b.get(key, "")),
+                "differs": manifest_a.get(key) != manifest_b.get(key),
+            }
+        )
     return rows
 
 
@@ -303,13 +355,31 @@ def summarise(comparison: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def write_comparison(out: Path, comparison: pd.DataFrame, claims: list[dict], environment: list[dict],
-                     summary: dict, titles: tuple[str, str]) -> list[Path]:
+def write_comparison(
+    out: Path,
+    comparison: pd.DataFrame,
+    claims: list[dict],
+    environment: list[dict],
+    summary: dict,
+    titles: tuple[str, str],
+) -> list[Path]:
     """comparison.csv / .json / .html / .tex into `out` (an existing directory)."""
     comparison.to_csv(out / "comparison.csv", index=False, float_format="%.10g", lineterminator="\n")
-    (out / "comparison.json").write_text(json.dumps(
-        {"original": titles[0], "replication": titles[1], "summary": summary, "claims": claims,
-         "environment": environment, "written_at": utc_now()}, indent=2, default=str) + "\n")
+    (out / "comparison.json").write_text(
+        json.dumps(
+            {
+                "original": titles[0],
+                "replication": titles[1],
+                "summary": summary,
+                "claims": claims,
+                "environment": environment,
+                "written_at": utc_now(),
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
     (out / "comparison.html").write_text(_comparison_html(comparison, claims, environment, summary, titles))
     (out / "comparison.tex").write_text(_comparison_tex(comparison, summary, titles))
     return [out / n for n in ("comparison.csv", "comparison.json", "comparison.html", "comparison.tex")]
@@ -325,21 +395,42 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-HEADLINE_COLUMNS = ("model", "checkpoint", "site", "rank", "control", "estimate_original", "estimate_replication",
-                    "difference", "difference_ci_low", "difference_ci_high", "sign_agrees", "ci_overlap",
-                    "within_tolerance")
+HEADLINE_COLUMNS = (
+    "model",
+    "checkpoint",
+    "site",
+    "rank",
+    "control",
+    "estimate_original",
+    "estimate_replication",
+    "difference",
+    "difference_ci_low",
+    "difference_ci_high",
+    "sign_agrees",
+    "ci_overlap",
+    "within_tolerance",
+)
 
 
-def _comparison_html(comparison: pd.DataFrame, claims: list[dict], environment: list[dict], summary: dict,
-                     titles: tuple[str, str]) -> str:
+def _comparison_html(
+    comparison: pd.DataFrame, claims: list[dict], environment: list[dict], summary: dict, titles: tuple[str, str]
+) -> str:
     """comparison.html from the autoescaping template ``templates/comparison.html.j2``."""
     from .report.html import environment as templates
 
     headline = comparison[comparison["metric"] == "energy_ratio"]
     rows = [[_fmt(row[c]) for c in HEADLINE_COLUMNS] for _, row in headline.iterrows()]
-    return templates().get_template("comparison.html.j2").render(
-        titles=titles, summary=[(k.replace("_", " "), _fmt(v)) for k, v in summary.items()],
-        claims=claims, rows=rows, environment=environment)
+    return (
+        templates()
+        .get_template("comparison.html.j2")
+        .render(
+            titles=titles,
+            summary=[(k.replace("_", " "), _fmt(v)) for k, v in summary.items()],
+            claims=claims,
+            rows=rows,
+            environment=environment,
+        )
+    )
 
 
 def _comparison_tex(comparison: pd.DataFrame, summary: dict, titles: tuple[str, str]) -> str:
@@ -349,15 +440,28 @@ def _comparison_tex(comparison: pd.DataFrame, summary: dict, titles: tuple[str, 
     body = []
     for _, row in headline.iterrows():
         agree = r"$\checkmark$" if row["sign_agrees"] and row["ci_overlap"] else "--"
-        body.append([tex(row["model"]), tex(row["checkpoint"]), tex(row["site"]), tex(row["rank"]),
-                     tex(_fmt(row["estimate_original"])), tex(_fmt(row["estimate_replication"])),
-                     f"{tex(_fmt(row['difference']))} [{tex(_fmt(row['difference_ci_low']))}, "
-                     f"{tex(_fmt(row['difference_ci_high']))}]", agree])
+        body.append(
+            [
+                tex(row["model"]),
+                tex(row["checkpoint"]),
+                tex(row["site"]),
+                tex(row["rank"]),
+                tex(_fmt(row["estimate_original"])),
+                tex(_fmt(row["estimate_replication"])),
+                f"{tex(_fmt(row['difference']))} [{tex(_fmt(row['difference_ci_low']))}, "
+                f"{tex(_fmt(row['difference_ci_high']))}]",
+                agree,
+            ]
+        )
     head = [[r"Model", "Checkpoint", "Site", "$k$", "Original", "Replication", r"$\Delta$ [95\% CI]", "Agree"]]
-    caption = (r"Replication of " + tex(titles[0]) + " by " + tex(titles[1])
-               + r": energy ratios, original vs replication.")
-    return ("% anistat replication table (requires booktabs, amssymb, adjustbox)\n"
-            + booktabs_table("lllrrrrc", head, body, caption=caption, label="tab:anistat-replication") + "\n")
+    caption = (
+        r"Replication of " + tex(titles[0]) + " by " + tex(titles[1]) + r": energy ratios, original vs replication."
+    )
+    return (
+        "% anistat replication table (requires booktabs, amssymb, adjustbox)\n"
+        + booktabs_table("lllrrrrc", head, body, caption=caption, label="tab:anistat-replication")
+        + "\n"
+    )
 
 
 def load_bundle_results(bundle: Path) -> tuple[pd.DataFrame, dict]:

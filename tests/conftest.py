@@ -49,8 +49,12 @@ def mini_bundle(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("mini-session")
     protocol = root / "mini.yaml"
     protocol.write_text(MINI_PROTOCOL)
-    done = subprocess.run([sys.executable, "-m", "anistat", "run", str(protocol), "--out", str(root / "bundle")],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "anistat", "run", str(protocol), "--out", str(root / "bundle")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     return root / "bundle"
 

@@ -51,12 +51,22 @@ def _artifact(d=8, ranks=(2,), s=30, t=6, n_documents=10, seed=0, zero=False, ba
         return {"count": x.shape[0], "sum": x.sum(0), "outer": x.T @ x}
 
     return UnitArtifact(
-        key=UnitKey("m", "clm", "step0", 0, "early", seed, f"residual.{seed}"), dim=d, bases=bases,
-        n_tokens=np.full(s, t), sequence_documents=np.arange(s) % n_documents,
-        total_energy=(grads**2).sum(axis=(1, 2))[:, None], energy=energy[:, None, :],
-        delta_isoscore_star=np.zeros(len(bases)), gradient_moments=moments(flat), activation_moments=moments(acts),
-        gradient_unit_sum=flat.sum(0), activation_unit_sum=acts.sum(0),
-        type_count=np.zeros(5, dtype=np.int64), type_rms_distance=np.full(5, np.nan), proxy_bases=proxies)
+        key=UnitKey("m", "clm", "step0", 0, "early", seed, f"residual.{seed}"),
+        dim=d,
+        bases=bases,
+        n_tokens=np.full(s, t),
+        sequence_documents=np.arange(s) % n_documents,
+        total_energy=(grads**2).sum(axis=(1, 2))[:, None],
+        energy=energy[:, None, :],
+        delta_isoscore_star=np.zeros(len(bases)),
+        gradient_moments=moments(flat),
+        activation_moments=moments(acts),
+        gradient_unit_sum=flat.sum(0),
+        activation_unit_sum=acts.sum(0),
+        type_count=np.zeros(5, dtype=np.int64),
+        type_rms_distance=np.full(5, np.nan),
+        proxy_bases=proxies,
+    )
 
 
 def _rows(results, **where):
@@ -124,8 +134,16 @@ def _near_ceiling(seed=0, s=12):
 def test_fraction_interval_is_clipped_at_one_not_at_the_sample_oracle():
     p, t = _near_ceiling()
     k, d = 2, 8
-    res = analyze_energy(p, t, expected_control_energy("haar", p, t, k, d), rank=k, dim=d,
-                         null_fractions=np.full(9, 0.25), oracle_fraction=0.96, seed=1)
+    res = analyze_energy(
+        p,
+        t,
+        expected_control_energy("haar", p, t, k, d),
+        rank=k,
+        dim=d,
+        null_fractions=np.full(9, 0.25),
+        oracle_fraction=0.96,
+        seed=1,
+    )
     fraction = res["energy_fraction"]
     assert fraction.ci_high == 1.0 and "CI clipped to the energy fraction's range [0, 1]" in fraction.note
     # above the sample oracle: said, not clipped (E*_k only estimates the population ceiling)
@@ -158,6 +176,7 @@ def test_a_missing_isoscore_p_value_says_why():
 
 # -- property --------------------------------------------------------------------------------------
 
+
 #: Each parameter's range: estimate and interval must lie inside (NaN allowed where withheld).
 def _ranges(row):
     d, k = int(row["dim"]), int(row["rank"])
@@ -174,8 +193,11 @@ def _ranges(row):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=st.sampled_from(["zero", "duplicated", "documents", "tokens", "half", "one_left", "plain"]),
-       n_documents=st.integers(1, 3), seed=st.integers(0, 2**16))
+@given(
+    case=st.sampled_from(["zero", "duplicated", "documents", "tokens", "half", "one_left", "plain"]),
+    n_documents=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
 def test_degenerate_inputs_get_honest_rows(case, n_documents, seed):
     d, ranks, s, t, basis = 8, (2,), 12, 4, None
     if case == "duplicated":
@@ -187,8 +209,16 @@ def test_degenerate_inputs_get_honest_rows(case, n_documents, seed):
         ranks = (d // 2,)
     elif case == "one_left":
         ranks = (d - 1,)
-    artifact = _artifact(d=d, ranks=ranks, s=s, t=t, n_documents=n_documents if case != "plain" else s,
-                         seed=seed, zero=case == "zero", basis=basis)
+    artifact = _artifact(
+        d=d,
+        ranks=ranks,
+        s=s,
+        t=t,
+        n_documents=n_documents if case != "plain" else s,
+        seed=seed,
+        zero=case == "zero",
+        basis=basis,
+    )
     protocol = _protocol(ranks, kinds=["haar"] if case == "one_left" else ["normal", "haar"])
     results = analyze_units([artifact], protocol)  # no exception escapes
     assert len(results)
@@ -200,8 +230,9 @@ def test_degenerate_inputs_get_honest_rows(case, n_documents, seed):
     missing = tested[tested["p_value"].isna()]
     silent = missing[~missing["note"].str.contains("withheld|no p-value")]
     assert silent.empty, silent[["metric", "control", "note"]]
-    for _, row in results[~failed & results["metric"].isin(
-            ["energy_fraction", "energy_ratio", "log2_energy_ratio", "anisotropy_capture"])].iterrows():
+    for _, row in results[
+        ~failed & results["metric"].isin(["energy_fraction", "energy_ratio", "log2_energy_ratio", "anisotropy_capture"])
+    ].iterrows():
         low, high = _ranges(row)
         for column in ("estimate", "ci_low", "ci_high"):
             value = row[column]

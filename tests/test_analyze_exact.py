@@ -42,13 +42,20 @@ def _artifact(kinds_projected=(), seed=0, n_controls=9) -> UnitArtifact:
     flat_g, flat_a = grads.reshape(-1, D), acts.reshape(-1, D)
     moments = lambda x: {"count": x.shape[0], "sum": x.sum(0), "outer": x.T @ x}  # noqa: E731
     return UnitArtifact(
-        key=UnitKey("m", "clm", "step0", 0, "early", seed, f"residual.{seed}"), dim=D, bases=bases,
-        n_tokens=np.full(S, T), sequence_documents=np.repeat(np.arange(10), 3),
-        total_energy=(grads**2).sum(axis=(1, 2))[:, None], energy=energy[:, None, :],
+        key=UnitKey("m", "clm", "step0", 0, "early", seed, f"residual.{seed}"),
+        dim=D,
+        bases=bases,
+        n_tokens=np.full(S, T),
+        sequence_documents=np.repeat(np.arange(10), 3),
+        total_energy=(grads**2).sum(axis=(1, 2))[:, None],
+        energy=energy[:, None, :],
         delta_isoscore_star=np.zeros(len(bases)),
-        gradient_moments=moments(flat_g), activation_moments=moments(flat_a),
-        gradient_unit_sum=flat_g.sum(0), activation_unit_sum=flat_a.sum(0),
-        type_count=np.zeros(5, dtype=np.int64), type_rms_distance=np.full(5, np.nan),
+        gradient_moments=moments(flat_g),
+        activation_moments=moments(flat_a),
+        gradient_unit_sum=flat_g.sum(0),
+        activation_unit_sum=flat_a.sum(0),
+        type_count=np.zeros(5, dtype=np.int64),
+        type_rms_distance=np.full(5, np.nan),
         proxy_bases={("pca", K): u},
     )
 
@@ -141,7 +148,9 @@ def test_a_stream_per_test_when_asked():
     results = analyze_units([artifact], protocol)
     made = results.attrs["null_settings"]
     assert made["streams"] == 2 and "draws_made" not in made  # one stream per (unit, rank)
-    shared = analyze_units([artifact], Protocol.model_validate({**raw, "stats": {**raw["stats"], "null_draws": "shared"}}))
+    shared = analyze_units(
+        [artifact], Protocol.model_validate({**raw, "stats": {**raw["stats"], "null_draws": "shared"}})
+    )
     assert list(shared.attrs["null_settings"]["draws_made"]) == [str(D)]
 
 
@@ -156,18 +165,29 @@ def test_frequency_buckets_have_their_own_exact_test():
     bucket_of = rng.integers(0, 2, size=(S, T))
     u = np.linalg.qr(rng.standard_normal((D, K)))[0]
     total = np.stack([((grads * (bucket_of == b)[..., None]) ** 2).sum(axis=(1, 2)) for b in range(2)], axis=1)
-    energy = np.stack([(((grads * (bucket_of == b)[..., None]) @ u) ** 2).sum(axis=(1, 2)) for b in range(2)],
-                      axis=1)[:, :, None]
+    energy = np.stack([(((grads * (bucket_of == b)[..., None]) @ u) ** 2).sum(axis=(1, 2)) for b in range(2)], axis=1)[
+        :, :, None
+    ]
     flat, flat_b = grads.reshape(-1, D), bucket_of.reshape(-1)
     outers = np.stack([flat[flat_b == b].T @ flat[flat_b == b] for b in range(2)])
     moments = {"count": flat.shape[0], "sum": flat.sum(0), "outer": flat.T @ flat, "bucket_outer": outers}
     artifact = UnitArtifact(
-        key=UnitKey("m", "clm", "step0", 0, "early", 0, "residual.0"), dim=D, bases=[BasisColumn("pca", K, "proxy", -1)],
-        n_tokens=np.full(S, T), sequence_documents=np.arange(S), total_energy=total, energy=energy,
-        delta_isoscore_star=np.zeros(1), gradient_moments=moments,
+        key=UnitKey("m", "clm", "step0", 0, "early", 0, "residual.0"),
+        dim=D,
+        bases=[BasisColumn("pca", K, "proxy", -1)],
+        n_tokens=np.full(S, T),
+        sequence_documents=np.arange(S),
+        total_energy=total,
+        energy=energy,
+        delta_isoscore_star=np.zeros(1),
+        gradient_moments=moments,
         activation_moments={"count": flat.shape[0], "sum": flat.sum(0), "outer": flat.T @ flat},
-        gradient_unit_sum=flat.sum(0), activation_unit_sum=flat.sum(0), type_count=np.zeros(5, dtype=np.int64),
-        type_rms_distance=np.full(5, np.nan), proxy_bases={("pca", K): u})
+        gradient_unit_sum=flat.sum(0),
+        activation_unit_sum=flat.sum(0),
+        type_count=np.zeros(5, dtype=np.int64),
+        type_rms_distance=np.full(5, np.nan),
+        proxy_bases={("pca", K): u},
+    )
     table = frequency_rows([artifact], {}, protocol)
     _, joint = analyze_run([artifact], {}, protocol)  # the run's way: one pass over the streams
     stream = HaarDiagonalStream(D, [K], derive_seed(protocol.seed, "haar-null", D), dtype=torch.float64)

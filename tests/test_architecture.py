@@ -17,18 +17,35 @@ PACKAGE = Path(__file__).resolve().parent.parent / "anistat"
 #: Layer of every stage (top-level module or subpackage of anistat); lower layers never import
 #: higher ones. Stages on one layer do not import each other.
 LAYERS: dict[str, int] = {
-    "errors": 0, "atomic": 0, "seeding": 0, "runtime": 0, "_version": 0,
-    "geometry": 1, "stats": 1, "report": 1,           # pure libraries: nothing else from anistat
+    "errors": 0,
+    "atomic": 0,
+    "seeding": 0,
+    "runtime": 0,
+    "_version": 0,
+    "geometry": 1,
+    "stats": 1,
+    "report": 1,  # pure libraries: nothing else from anistat
     "protocol": 2,
-    "data": 3, "objective": 3,
+    "data": 3,
+    "objective": 3,
     "collect": 4,
-    "models": 5, "live": 5,
-    "analyze": 6, "claims": 6, "preflight": 6, "staleness": 6,  # preflight: configs, sites and planned rows
+    "models": 5,
+    "live": 5,
+    "analyze": 6,
+    "claims": 6,
+    "preflight": 6,
+    "staleness": 6,  # preflight: configs, sites and planned rows
     "bundle": 7,
-    "finalize": 8, "pipeline": 8, "rerender": 8, "verify": 8, "reproduction": 8,
-    "replicate": 9, "callbacks": 9,
+    "finalize": 8,
+    "pipeline": 8,
+    "rerender": 8,
+    "verify": 8,
+    "reproduction": 8,
+    "replicate": 9,
+    "callbacks": 9,
     "cli": 10,
-    "__main__": 11, "anistat": 11,                     # the package facade
+    "__main__": 11,
+    "anistat": 11,  # the package facade
 }
 PURE = ("geometry", "stats", "report")
 
@@ -62,8 +79,7 @@ def import_edges() -> list[tuple[str, str, str, int]]:
                 targets = [alias.name for alias in node.names]
             for target in targets:
                 if target.split(".")[0] == "anistat":
-                    edges.append((_stage(module), _stage(target), str(path.relative_to(PACKAGE.parent)),
-                                  node.lineno))
+                    edges.append((_stage(module), _stage(target), str(path.relative_to(PACKAGE.parent)), node.lineno))
     return edges
 
 
@@ -74,27 +90,36 @@ def test_the_graph_is_read():
 
 
 def test_every_stage_has_a_layer():
-    stages = {path.stem if path.is_file() else path.name for path in PACKAGE.iterdir()
-              if (path.suffix == ".py" or (path / "__init__.py").is_file()) and path.name != "__init__.py"}
+    stages = {
+        path.stem if path.is_file() else path.name
+        for path in PACKAGE.iterdir()
+        if (path.suffix == ".py" or (path / "__init__.py").is_file()) and path.name != "__init__.py"
+    }
     assert stages <= set(LAYERS), sorted(stages - set(LAYERS))
 
 
 def test_no_upward_import():
-    upward = [f"{file}:{line}: {src} (layer {LAYERS[src]}) imports {dst} (layer {LAYERS.get(dst, '?')})"
-              for src, dst, file, line in import_edges()
-              if src != dst and not LAYERS.get(dst, 99) < LAYERS[src]]
+    upward = [
+        f"{file}:{line}: {src} (layer {LAYERS[src]}) imports {dst} (layer {LAYERS.get(dst, '?')})"
+        for src, dst, file, line in import_edges()
+        if src != dst and not LAYERS.get(dst, 99) < LAYERS[src]
+    ]
     assert not upward, "\n".join(upward)
 
 
 def test_nothing_inside_the_package_imports_its_root():
     """`from . import __version__` (or any name) from the facade would run `anistat/__init__.py`
     from below; the facade is the one stage nothing imports."""
-    facade = [f"{file}:{line}: {src} imports {dst}" for src, dst, file, line in import_edges()
-              if src not in ("anistat", "__main__") and (dst == "anistat" or dst not in LAYERS)]
+    facade = [
+        f"{file}:{line}: {src} imports {dst}"
+        for src, dst, file, line in import_edges()
+        if src not in ("anistat", "__main__") and (dst == "anistat" or dst not in LAYERS)
+    ]
     assert not facade, "\n".join(facade)
 
 
 def test_pure_stages_import_nothing_else_from_anistat():
-    leaks = [f"{file}:{line}: {src} imports {dst}" for src, dst, file, line in import_edges()
-             if src in PURE and dst != src]
+    leaks = [
+        f"{file}:{line}: {src} imports {dst}" for src, dst, file, line in import_edges() if src in PURE and dst != src
+    ]
     assert not leaks, "\n".join(leaks)

@@ -93,8 +93,11 @@ PROTOCOL_CASES = [
     ("yaml-bad-indent", "name: x\n  models: 1\n", ["YAML error at line 2"]),
     ("yaml-unterminated-quote", 'name: "abc\n' + MODEL, ["YAML error"]),
     ("yaml-duplicate-key", "name: a\nname: b\n" + MODEL, ["duplicate key 'name'", "line 2"]),
-    ("yaml-duplicate-nested-key", "name: a\nmodels: [{name: m, architecture: gpt2, name: n}]\n",
-     ["duplicate key 'name'"]),
+    (
+        "yaml-duplicate-nested-key",
+        "name: a\nmodels: [{name: m, architecture: gpt2, name: n}]\n",
+        ["duplicate key 'name'"],
+    ),
     ("yaml-two-documents", "name: a\n---\nname: b\n", ["YAML error", "another document"]),
     ("yaml-python-tag", "name: !!python/object/apply:os.system ['echo pwned']\n" + MODEL, ["YAML error"]),
     ("yaml-unhashable-key", "? [a, b]\n: x\n", ["YAML error", "unhashable"]),
@@ -114,8 +117,11 @@ PROTOCOL_CASES = [
     ("not-mapping-binary", "!!binary aGVsbG8=\n", ["got bytes"]),
     # unknown keys, with their full path
     ("unknown-top-key", "name: x\nsead: 1\n" + MODEL, ["unknown key 'sead'"]),
-    ("unknown-nested-key", "name: x\nmodels: [{name: m, architecture: gpt2, train: {stepz: 3}}]\n",
-     ["unknown key 'models[0].train.stepz'"]),
+    (
+        "unknown-nested-key",
+        "name: x\nmodels: [{name: m, architecture: gpt2, train: {stepz: 3}}]\n",
+        ["unknown key 'models[0].train.stepz'"],
+    ),
     ("unknown-data-key", "name: x\ndata: {sequence_length: 8}\n" + MODEL, ["unknown key 'data.sequence_length'"]),
     ("unknown-controls-key", "name: x\ncontrols: {number: 3}\n" + MODEL, ["unknown key 'controls.number'"]),
     ("missing-models", "name: x\n", ["models: required field is missing"]),
@@ -136,47 +142,80 @@ PROTOCOL_CASES = [
     ("type-version-bool", "anistat_protocol: true\nname: x\n" + MODEL, ["anistat_protocol"]),
     ("type-key-not-string", "1: x\nname: a\n" + MODEL, ["Keys should be strings"]),
     # negative or zero sizes
-    ("size-hidden-negative", "name: x\nmodels: [{name: m, architecture: gpt2, hidden_size: -3}]\n",
-     ["models[0].hidden_size", "-3"]),
-    ("size-hidden-zero", "name: x\nmodels: [{name: m, architecture: gpt2, hidden_size: 0}]\n",
-     ["models[0].hidden_size", "0"]),
-    ("size-layers-zero", "name: x\nmodels: [{name: m, architecture: gpt2, num_layers: 0}]\n",
-     ["models[0].num_layers"]),
+    (
+        "size-hidden-negative",
+        "name: x\nmodels: [{name: m, architecture: gpt2, hidden_size: -3}]\n",
+        ["models[0].hidden_size", "-3"],
+    ),
+    (
+        "size-hidden-zero",
+        "name: x\nmodels: [{name: m, architecture: gpt2, hidden_size: 0}]\n",
+        ["models[0].hidden_size", "0"],
+    ),
+    ("size-layers-zero", "name: x\nmodels: [{name: m, architecture: gpt2, num_layers: 0}]\n", ["models[0].num_layers"]),
     ("size-controls-zero", "name: x\ncontrols: {n: 0}\n" + MODEL, ["controls.n"]),
     ("size-seq-len-zero", "name: x\ndata: {seq_len: 0}\n" + MODEL, ["data.seq_len"]),
     ("size-test-sequences-negative", "name: x\ndata: {n_test_sequences: -1}\n" + MODEL, ["data.n_test_sequences"]),
     ("size-rank-zero", "name: x\nproxies: {ranks: [0]}\n" + MODEL, ["proxies.ranks[0]"]),
-    ("size-steps-negative", "name: x\nmodels: [{name: m, architecture: gpt2, train: {steps: -5}}]\n",
-     ["models[0].train.steps"]),
+    (
+        "size-steps-negative",
+        "name: x\nmodels: [{name: m, architecture: gpt2, train: {steps: -5}}]\n",
+        ["models[0].train.steps"],
+    ),
     ("size-batch-zero", "name: x\ndata: {batch_size: 0}\n" + MODEL, ["data.batch_size"]),
     ("size-no-models", "name: x\nmodels: []\n", ["models:"]),
     ("size-no-ranks", "name: x\nproxies: {ranks: []}\n" + MODEL, ["proxies.ranks"]),
     # cross-field impossibilities known before any model is loaded
     ("rank-equals-hidden", "name: x\nproxies: {ranks: [16]}\n" + MODEL, ["proxies.ranks", "hidden_size 16"]),
     ("rank-normal-needs-2k", "name: x\nproxies: {ranks: [9]}\n" + MODEL, ["controls.kinds 'normal'", "9"]),
-    ("pca-span-dim-below-rank", "name: x\nproxies: {ranks: [4]}\ncontrols: {kinds: [pca_span], pca_span_dim: 3}\n"
-     + MODEL, ["controls.pca_span_dim 3"]),
-    ("pca-span-dim-above-hidden", "name: x\ncontrols: {kinds: [pca_span], pca_span_dim: 40}\n" + MODEL,
-     ["controls.pca_span_dim 40", "hidden size 16"]),
-    ("heads-do-not-divide", "name: x\nmodels: [{name: m, architecture: gpt2, hidden_size: 18, num_heads: 4}]\n",
-     ["not divisible"]),
-    ("checkpoint-beyond-steps",
-     "name: x\nmodels: [{name: m, architecture: gpt2, train: {steps: 5, checkpoints: [0, 9]}}]\n",
-     ["beyond steps=5"]),
-    ("checkpoints-unordered",
-     "name: x\nmodels: [{name: m, architecture: gpt2, train: {steps: 9, checkpoints: [5, 2]}}]\n",
-     ["strictly increasing"]),
+    (
+        "pca-span-dim-below-rank",
+        "name: x\nproxies: {ranks: [4]}\ncontrols: {kinds: [pca_span], pca_span_dim: 3}\n" + MODEL,
+        ["controls.pca_span_dim 3"],
+    ),
+    (
+        "pca-span-dim-above-hidden",
+        "name: x\ncontrols: {kinds: [pca_span], pca_span_dim: 40}\n" + MODEL,
+        ["controls.pca_span_dim 40", "hidden size 16"],
+    ),
+    (
+        "heads-do-not-divide",
+        "name: x\nmodels: [{name: m, architecture: gpt2, hidden_size: 18, num_heads: 4}]\n",
+        ["not divisible"],
+    ),
+    (
+        "checkpoint-beyond-steps",
+        "name: x\nmodels: [{name: m, architecture: gpt2, train: {steps: 5, checkpoints: [0, 9]}}]\n",
+        ["beyond steps=5"],
+    ),
+    (
+        "checkpoints-unordered",
+        "name: x\nmodels: [{name: m, architecture: gpt2, train: {steps: 9, checkpoints: [5, 2]}}]\n",
+        ["strictly increasing"],
+    ),
     ("layer-out-of-range", "name: x\nsites: {layers: [7]}\n" + MODEL, ["sites.layers [7]", "2 layers"]),
-    ("duplicate-model-names",
-     "name: x\nmodels: [{name: m, architecture: gpt2}, {name: m, architecture: bert}]\n", ["unique"]),
+    (
+        "duplicate-model-names",
+        "name: x\nmodels: [{name: m, architecture: gpt2}, {name: m, architecture: bert}]\n",
+        ["unique"],
+    ),
     ("text-source-without-paths", "name: x\ndata: {source: text}\n" + MODEL, ["data", "paths"]),
-    ("claim-between-one-number",
-     "name: x\n" + MODEL + "claims: [{id: c, metric: energy_ratio, compare: between, threshold: 1}]\n",
-     ["claims[0]", "between"]),
-    ("claim-threshold-nan", "name: x\n" + MODEL + "claims: [{id: c, metric: energy_ratio, threshold: .nan}]\n",
-     ["claims[0]", "threshold must be finite"]),
+    (
+        "claim-between-one-number",
+        "name: x\n" + MODEL + "claims: [{id: c, metric: energy_ratio, compare: between, threshold: 1}]\n",
+        ["claims[0]", "between"],
+    ),
+    (
+        "claim-threshold-nan",
+        "name: x\n" + MODEL + "claims: [{id: c, metric: energy_ratio, threshold: .nan}]\n",
+        ["claims[0]", "threshold must be finite"],
+    ),
     # unknown names of models, sources, sites, proxies, controls, …
-    ("unknown-architecture", "name: x\nmodels: [{name: m, architecture: llama}]\n", ["models[0].architecture", "llama"]),
+    (
+        "unknown-architecture",
+        "name: x\nmodels: [{name: m, architecture: llama}]\n",
+        ["models[0].architecture", "llama"],
+    ),
     ("builtin-without-architecture", "name: x\nmodels: [{name: m}]\n", ["architecture"]),
     ("unknown-model-source", "name: x\nmodels: [{name: m, source: s3}]\n", ["models[0].source", "s3"]),
     ("unknown-site-kind", "name: x\nsites: {kind: attention}\n" + MODEL, ["sites.kind", "attention"]),
@@ -185,10 +224,12 @@ PROTOCOL_CASES = [
     ("unknown-multiplicity", "name: x\nstats: {multiplicity: sidak}\n" + MODEL, ["stats.multiplicity", "sidak"]),
     ("unknown-device", "name: x\ndevice: tpu\n" + MODEL, ["device", "tpu"]),
     ("unknown-data-source", "name: x\ndata: {source: hf, paths: [x]}\n" + MODEL, ["data.source", "hf"]),
-    ("revision-path-traversal", "name: x\nmodels: [{name: m, source: hub, hub_id: gpt2, revisions: ['../../etc']}]\n",
-     ["models[0].revisions[0]", "../../etc"]),
-    ("hub-id-absolute-path", "name: x\nmodels: [{name: m, source: hub, hub_id: /etc/passwd}]\n",
-     ["models[0].hub_id"]),
+    (
+        "revision-path-traversal",
+        "name: x\nmodels: [{name: m, source: hub, hub_id: gpt2, revisions: ['../../etc']}]\n",
+        ["models[0].revisions[0]", "../../etc"],
+    ),
+    ("hub-id-absolute-path", "name: x\nmodels: [{name: m, source: hub, hub_id: /etc/passwd}]\n", ["models[0].hub_id"]),
     # names that would escape the output directory or inject markup
     ("name-dotdot", "name: ../escape\n" + MODEL, ["name:", "../escape"]),
     ("name-absolute", "name: /etc/passwd\n" + MODEL, ["name:", "/etc/passwd"]),
@@ -202,13 +243,22 @@ PROTOCOL_CASES = [
     ("huge-int-literal", "name: x\nseed: " + "9" * 5000 + "\n" + MODEL, ["YAML error at line 2", "int value"]),
     ("huge-seq-len", "name: x\ndata: {seq_len: " + "1" * 30 + "}\n" + MODEL, ["data.seq_len"]),
     ("huge-controls", "name: x\ncontrols: {n: 1000000000000}\n" + MODEL, ["controls.n"]),
-    ("huge-steps", "name: x\nmodels: [{name: m, architecture: gpt2, train: {steps: 1" + "0" * 100 + "}}]\n",
-     ["models[0].train.steps"]),
-    ("huge-hidden", "name: x\nmodels: [{name: m, architecture: gpt2, hidden_size: 9223372036854775808}]\n",
-     ["models[0].hidden_size"]),
+    (
+        "huge-steps",
+        "name: x\nmodels: [{name: m, architecture: gpt2, train: {steps: 1" + "0" * 100 + "}}]\n",
+        ["models[0].train.steps"],
+    ),
+    (
+        "huge-hidden",
+        "name: x\nmodels: [{name: m, architecture: gpt2, hidden_size: 9223372036854775808}]\n",
+        ["models[0].hidden_size"],
+    ),
     ("nan-alpha", "name: x\nstats: {alpha: .nan}\n" + MODEL, ["stats.alpha", "nan"]),
-    ("inf-learning-rate", "name: x\nmodels: [{name: m, architecture: gpt2, train: {learning_rate: .inf}}]\n",
-     ["models[0].train.learning_rate", "inf"]),
+    (
+        "inf-learning-rate",
+        "name: x\nmodels: [{name: m, architecture: gpt2, train: {learning_rate: .inf}}]\n",
+        ["models[0].train.learning_rate", "inf"],
+    ),
     # encoding
     ("not-utf8", b"name: caf\xe9\n" + MODEL.encode(), ["not valid UTF-8", "byte 9"]),
 ]
@@ -396,8 +446,9 @@ def test_out_unwritable(capsys, tmp_path, monkeypatch):
         import anistat.bundle
 
         real_access = os.access
-        monkeypatch.setattr(anistat.bundle.os, "access",
-                            lambda path, mode: False if Path(path) == locked else real_access(path, mode))
+        monkeypatch.setattr(
+            anistat.bundle.os, "access", lambda path, mode: False if Path(path) == locked else real_access(path, mode)
+        )
     try:
         code, _, err = run_cli(capsys, "run", protocol, "--out", locked / "new" / "bundle")
         assert_one_line(code, err, "--out", "is not writable", str(locked))
@@ -463,14 +514,18 @@ def _fake_bundle(directory: Path) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("damage, needles", [
-    ({"manifest.json": "[1, 2]"}, ["manifest.json", "must be a JSON object"]),
-    ({"manifest.json": "{" * 100_000}, ["manifest.json", "not valid JSON"]),
-    ({"frequency.csv": b"\xff\xfe\x00"}, ["frequency.csv", "cannot be read as CSV"]),
-    ({"claims.json": "{bad"}, ["claims.json", "not valid JSON"]),
-    ({"claims.json": "[1, 2]"}, ["claims.json", "list of claim records"]),
-    ({"results.csv": "just,some\ncolumns,here\n"}, ["results.csv", "missing column"]),
-], ids=["manifest-list", "manifest-deep", "frequency-binary", "claims-json", "claims-shape", "results-columns"])
+@pytest.mark.parametrize(
+    "damage, needles",
+    [
+        ({"manifest.json": "[1, 2]"}, ["manifest.json", "must be a JSON object"]),
+        ({"manifest.json": "{" * 100_000}, ["manifest.json", "not valid JSON"]),
+        ({"frequency.csv": b"\xff\xfe\x00"}, ["frequency.csv", "cannot be read as CSV"]),
+        ({"claims.json": "{bad"}, ["claims.json", "not valid JSON"]),
+        ({"claims.json": "[1, 2]"}, ["claims.json", "list of claim records"]),
+        ({"results.csv": "just,some\ncolumns,here\n"}, ["results.csv", "missing column"]),
+    ],
+    ids=["manifest-list", "manifest-deep", "frequency-binary", "claims-json", "claims-shape", "results-columns"],
+)
 def test_verify_damaged_bundle(capsys, tmp_path, damage, needles):
     bundle = _fake_bundle(tmp_path / "b")
     for name, content in damage.items():
@@ -533,9 +588,9 @@ def test_normal_controls_impossible_for_loaded_model(capsys, tmp_path, local_mod
 
 @BOTH
 def test_pca_span_impossible_for_loaded_model(capsys, tmp_path, local_models, command):
-    text = local_protocol("r", local_models["ok"], local_models["corpus"], kinds="[pca_span]",
-                          extra="").replace("controls: {kinds: [pca_span], n: 5}",
-                                            "controls: {kinds: [pca_span], n: 5, pca_span_dim: 12}")
+    text = local_protocol("r", local_models["ok"], local_models["corpus"], kinds="[pca_span]", extra="").replace(
+        "controls: {kinds: [pca_span], n: 5}", "controls: {kinds: [pca_span], n: 5, pca_span_dim: 12}"
+    )
     expect_rejected(capsys, tmp_path, text, "models.m", "pca_span_dim", "controls.pca_span_dim", command=command)
 
 
@@ -562,7 +617,8 @@ def test_local_model_directory_without_weights(capsys, tmp_path, local_models, c
 def test_unknown_hub_model_offline(capsys, tmp_path, local_models, monkeypatch, command):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     text = local_protocol("r", local_models["ok"], local_models["corpus"]).replace(
-        f"source: local, path: '{local_models['ok']}'", "source: hub, hub_id: no-such-org/no-such-model-anistat")
+        f"source: local, path: '{local_models['ok']}'", "source: hub, hub_id: no-such-org/no-such-model-anistat"
+    )
     expect_rejected(capsys, tmp_path, text, "models.m", "no-such-org/no-such-model-anistat", command=command)
 
 
@@ -570,8 +626,8 @@ def test_unknown_hub_model_offline(capsys, tmp_path, local_models, monkeypatch, 
 def test_unknown_hub_revision_offline(capsys, tmp_path, local_models, monkeypatch, command):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     text = local_protocol("r", local_models["ok"], local_models["corpus"]).replace(
-        f"source: local, path: '{local_models['ok']}'",
-        "source: hub, hub_id: no-such-org/tiny, revisions: [step999999]")
+        f"source: local, path: '{local_models['ok']}'", "source: hub, hub_id: no-such-org/tiny, revisions: [step999999]"
+    )
     expect_rejected(capsys, tmp_path, text, "models.m", "revision 'step999999'", command=command)
 
 

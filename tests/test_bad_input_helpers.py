@@ -5,7 +5,36 @@ from __future__ import annotations
 
 from pathlib import Path
 
-WORDS = ["the", "model", "reads", "text", "and", "the", "gradient", "flows", "back", "through", "every", "layer", "while", "the", "optimiser", "updates", "weights", "so", "that", "frequent", "tokens", "settle", "into", "a", "narrow", "cone", "of", "directions"]
+WORDS = [
+    "the",
+    "model",
+    "reads",
+    "text",
+    "and",
+    "the",
+    "gradient",
+    "flows",
+    "back",
+    "through",
+    "every",
+    "layer",
+    "while",
+    "the",
+    "optimiser",
+    "updates",
+    "weights",
+    "so",
+    "that",
+    "frequent",
+    "tokens",
+    "settle",
+    "into",
+    "a",
+    "narrow",
+    "cone",
+    "of",
+    "directions",
+]
 
 
 def corpus_text(n_words: int = 3000, seed: int = 0) -> str:
@@ -34,14 +63,28 @@ def build_tiny_gpt2(directory: Path, *, hidden: int = 8, layers: int = 2, corrup
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.train_from_iterator(
         [corpus_text()],
-        trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>"],
-                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<pad>", "<eos>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
     )
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>")
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(fast), n_positions=32, n_embd=hidden, n_layer=layers, n_head=2,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None,
-                        eos_token_id=None, pad_token_id=None)
+    config = GPT2Config(
+        vocab_size=len(fast),
+        n_positions=32,
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     model = GPT2LMHeadModel(config)
     with torch.no_grad():
         if corrupt == "nan_weights":
@@ -63,8 +106,16 @@ def no_figures(monkeypatch) -> None:
     monkeypatch.setattr(anistat.report.render, "render_figures", lambda *args, **kwargs: ([], {}))
 
 
-def local_protocol(name: str, model_path: Path, corpus: Path, *, ranks: str = "[2]", kinds: str = "[normal]",
-                   extra_model: str = "", extra: str = "") -> str:
+def local_protocol(
+    name: str,
+    model_path: Path,
+    corpus: Path,
+    *,
+    ranks: str = "[2]",
+    kinds: str = "[normal]",
+    extra_model: str = "",
+    extra: str = "",
+) -> str:
     """A small protocol measuring one local checkpoint on a text corpus."""
     return (
         f"name: {name}\n"

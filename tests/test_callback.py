@@ -14,16 +14,31 @@ from anistat.callbacks import AnistatCallback, TrainingMeter
 from anistat.errors import AnistatInputError
 from anistat.finalize import finalize_bundle, load_units
 
-SETTINGS = dict(sites={"kind": ["residual", "mlp"], "layers": [0]}, proxies={"ranks": [2], "max_fit_tokens": 80},
-                controls={"kinds": ["normal"], "n": 4}, stats={"n_bootstrap": 20, "n_permutations": 20})
+SETTINGS = dict(
+    sites={"kind": ["residual", "mlp"], "layers": [0]},
+    proxies={"ranks": [2], "max_fit_tokens": 80},
+    controls={"kinds": ["normal"], "n": 4},
+    stats={"n_bootstrap": 20, "n_permutations": 20},
+)
 
 
 def _tiny_gpt2(seed: int = 0):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=48, n_positions=16, n_embd=16, n_layer=2, n_head=2, n_inner=32,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+    config = GPT2Config(
+        vocab_size=48,
+        n_positions=16,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        n_inner=32,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     return GPT2LMHeadModel(config)
 
 
@@ -50,8 +65,16 @@ def test_plain_meter_piggybacks_on_the_training_backward(tmp_path: Path):
     model = _tiny_gpt2()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
     batches = _batches(5)
-    meter = TrainingMeter(model, out=tmp_path / "bundle", fit_steps=[0, 1], measure_steps=[1, 3], window=2,
-                          name="plain", keep_units=True, **SETTINGS)
+    meter = TrainingMeter(
+        model,
+        out=tmp_path / "bundle",
+        fit_steps=[0, 1],
+        measure_steps=[1, 3],
+        window=2,
+        name="plain",
+        keep_units=True,
+        **SETTINGS,
+    )
     forwards = {"n": 0}
     model.register_forward_pre_hook(lambda *a: forwards.__setitem__("n", forwards["n"] + 1))
     expected = {}
@@ -100,12 +123,23 @@ def test_trainer_callback_writes_a_bundle_that_report_accepts(tmp_path: Path):
 
     from anistat.cli import main
 
-    callback = AnistatCallback(out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained",
-                               **SETTINGS)
-    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=4, max_steps=5,
-                             gradient_accumulation_steps=2, learning_rate=1e-2, report_to=[], save_strategy="no",
-                             logging_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
-                             seed=0)
+    callback = AnistatCallback(
+        out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained", **SETTINGS
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "trainer"),
+        per_device_train_batch_size=4,
+        max_steps=5,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
     trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(), callbacks=[callback])
     trainer.train()
     assert not (tmp_path / "bundle.units").exists()  # cleaned up once the bundle is written
@@ -136,12 +170,21 @@ def _trainer(tmp_path: Path, callback, max_steps: int = 5, extra_callbacks=(), *
     pytest.importorskip("accelerate")  # transformers' Trainer needs it
     from transformers import Trainer, TrainingArguments
 
-    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=4,
-                             max_steps=max_steps, learning_rate=1e-2, report_to=[], save_strategy="no",
-                             logging_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
-                             seed=0, **arguments)
-    return Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(),
-                   callbacks=[callback, *extra_callbacks])
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "trainer"),
+        per_device_train_batch_size=4,
+        max_steps=max_steps,
+        learning_rate=1e-2,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+        **arguments,
+    )
+    return Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(), callbacks=[callback, *extra_callbacks])
 
 
 def _settings(**changes):
@@ -162,8 +205,11 @@ def _rejected_at_begin(tmp_path: Path, callback, *needles: str, **arguments) -> 
 
 
 def test_callback_rank_not_below_d_fails_at_train_begin(tmp_path: Path):
-    callback = AnistatCallback(out=tmp_path / "bundle", measure_steps=[0, 2],
-                               **_settings(proxies={"ranks": [16]}, controls={"kinds": ["haar"], "n": 4}))
+    callback = AnistatCallback(
+        out=tmp_path / "bundle",
+        measure_steps=[0, 2],
+        **_settings(proxies={"ranks": [16]}, controls={"kinds": ["haar"], "n": 4}),
+    )
     _rejected_at_begin(tmp_path, callback, "models.training", "rank 16 must be smaller than the hidden size 16")
 
 
@@ -179,8 +225,9 @@ def test_callback_measure_steps_beyond_max_steps(tmp_path: Path):
 
 def test_meter_fit_steps_before_a_resumed_runs_first_step(tmp_path: Path):
     with pytest.raises(AnistatInputError, match=r"fit step\(s\) \[0\] lie outside the training run's steps 3…9"):
-        TrainingMeter(_tiny_gpt2(), out=tmp_path / "x", fit_steps=[0], measure_steps=[4], max_steps=10, first_step=3,
-                      **SETTINGS)
+        TrainingMeter(
+            _tiny_gpt2(), out=tmp_path / "x", fit_steps=[0], measure_steps=[4], max_steps=10, first_step=3, **SETTINGS
+        )
 
 
 def test_callback_warns_at_begin_about_unreachable_steps_and_records_them(tmp_path: Path):
@@ -241,13 +288,31 @@ def _four_head_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=48, n_positions=16, n_embd=16, n_layer=3, n_head=4, n_inner=24,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+    config = GPT2Config(
+        vocab_size=48,
+        n_positions=16,
+        n_embd=16,
+        n_layer=3,
+        n_head=4,
+        n_inner=24,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     return GPT2LMHeadModel(config).float()
 
 
-REAL_CONFIGURATION = {"model_class": "GPT2LMHeadModel", "hidden_size": 16, "num_layers": 3, "num_heads": 4,
-                      "intermediate_size": 24, "vocab_size": 48, "parameter_dtype": "float32"}
+REAL_CONFIGURATION = {
+    "model_class": "GPT2LMHeadModel",
+    "hidden_size": 16,
+    "num_layers": 3,
+    "num_heads": 4,
+    "intermediate_size": 24,
+    "vocab_size": 48,
+    "parameter_dtype": "float32",
+}
 
 
 def _methods(bundle: Path) -> str:
@@ -265,8 +330,16 @@ def test_meter_records_the_real_model_and_the_schedule_that_ran(tmp_path: Path, 
     model = _four_head_gpt2()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
     decay = torch.optim.lr_scheduler.LinearLR(optimiser, start_factor=1.0, end_factor=0.2, total_iters=5)
-    meter = TrainingMeter(model, out=tmp_path / "bundle", fit_steps=[0, 1], measure_steps=[1, 3], window=2,
-                          name="plain", optimizer=optimiser, **SETTINGS)
+    meter = TrainingMeter(
+        model,
+        out=tmp_path / "bundle",
+        fit_steps=[0, 1],
+        measure_steps=[1, 3],
+        window=2,
+        name="plain",
+        optimizer=optimiser,
+        **SETTINGS,
+    )
     start = capsys.readouterr().err
     assert "fitted on training steps 0, 1; controls: normal (4 per kind); measured steps 1, 3" in start
     rates = []
@@ -291,14 +364,17 @@ def test_meter_records_the_real_model_and_the_schedule_that_ran(tmp_path: Path, 
     assert "train" not in spec and "precision" not in spec
     text = _methods(tmp_path / "bundle")
     assert "6 training steps, learning rate 0.01 → 0.002" in text
-    assert ("model GPT2LMHeadModel: 3 blocks, 4 attention heads, hidden size 16, MLP width 24, vocabulary 48, "
-            "float32 parameters") in text
+    assert (
+        "model GPT2LMHeadModel: 3 blocks, 4 attention heads, hidden size 16, MLP width 24, vocabulary 48, "
+        "float32 parameters"
+    ) in text
 
 
 def test_meter_without_an_optimiser_says_the_rate_is_not_known(tmp_path: Path):
     model = _four_head_gpt2()
-    meter = TrainingMeter(model, out=tmp_path / "bundle", fit_steps=[0], measure_steps=[1], name="plain",
-                          verbose=False, **SETTINGS)
+    meter = TrainingMeter(
+        model, out=tmp_path / "bundle", fit_steps=[0], measure_steps=[1], name="plain", verbose=False, **SETTINGS
+    )
     for step, batch in enumerate(_batches(2)):
         with meter.step(step):
             model(input_ids=batch, labels=batch).loss.backward()
@@ -313,12 +389,25 @@ def test_trainer_run_records_the_real_model_and_its_schedule(tmp_path: Path):
     pytest.importorskip("accelerate")  # transformers' Trainer needs it
     from transformers import Trainer, TrainingArguments
 
-    callback = AnistatCallback(out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained",
-                               verbose=False, **SETTINGS)
-    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=4, max_steps=5,
-                             gradient_accumulation_steps=2, learning_rate=1e-2, weight_decay=0.05,
-                             lr_scheduler_type="linear", report_to=[], save_strategy="no", logging_strategy="no",
-                             use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
+    callback = AnistatCallback(
+        out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained", verbose=False, **SETTINGS
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "trainer"),
+        per_device_train_batch_size=4,
+        max_steps=5,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        weight_decay=0.05,
+        lr_scheduler_type="linear",
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
     model = _four_head_gpt2()
     rates = []
 
@@ -341,6 +430,8 @@ def test_trainer_run_records_the_real_model_and_its_schedule(tmp_path: Path):
     spec = manifest["protocol"]["models"][0]
     assert spec["num_heads"] == 4 and "precision" not in spec["train"]
     text = _methods(tmp_path / "bundle")
-    assert ("AnistatCallback in a transformers Trainer run (5 optimiser steps, effective batch 8, "
-            "learning rate 0.01 → 0.002 (linear), weight decay 0.05, 0 warm-up steps; model GPT2LMHeadModel: "
-            "3 blocks, 4 attention heads") in text
+    assert (
+        "AnistatCallback in a transformers Trainer run (5 optimiser steps, effective batch 8, "
+        "learning rate 0.01 → 0.002 (linear), weight decay 0.05, 0 warm-up steps; model GPT2LMHeadModel: "
+        "3 blocks, 4 attention heads"
+    ) in text

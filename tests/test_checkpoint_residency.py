@@ -28,7 +28,8 @@ def test_a_local_series_loads_each_checkpoint_after_the_previous_is_released(tmp
         "proxies: {ranks: [2], max_fit_tokens: 200, concept_card_tokens: 0, fit_window: 0.67}\n"
         "controls: {kinds: [haar], n: 5}\n"
         "stats: {n_bootstrap: 20, n_permutations: 20, n_null_draws: 99}\n"
-        "report: {compile_pdf: false}\n")
+        "report: {compile_pdf: false}\n"
+    )
     real_load = anistat.models._load_pretrained
     loaded: list[weakref.ref] = []
     resident_at_load: list[int] = []

@@ -21,12 +21,28 @@ def _results() -> pd.DataFrame:
         for layer in (0, 1):
             for phase, factor in (("early", 1.0), ("late", 0.5)):
                 estimate = base * factor + 0.1 * layer
-                rows.append({"model": model, "objective": objective, "checkpoint": f"{phase}-ck", "phase": phase,
-                             "layer": layer, "site": f"residual.{layer}", "rank": 4, "proxy": "pca",
-                             "control": "normal", "metric": "energy_ratio", "estimate": estimate,
-                             "ci_low": estimate * 0.9, "ci_high": estimate * 1.1, "p_value": 0.01,
-                             "p_adjusted": 0.02 if model == "dec" else 0.2, "effect_size": 3.0,
-                             "control_mean": 1.0, "status": "ok"})
+                rows.append(
+                    {
+                        "model": model,
+                        "objective": objective,
+                        "checkpoint": f"{phase}-ck",
+                        "phase": phase,
+                        "layer": layer,
+                        "site": f"residual.{layer}",
+                        "rank": 4,
+                        "proxy": "pca",
+                        "control": "normal",
+                        "metric": "energy_ratio",
+                        "estimate": estimate,
+                        "ci_low": estimate * 0.9,
+                        "ci_high": estimate * 1.1,
+                        "p_value": 0.01,
+                        "p_adjusted": 0.02 if model == "dec" else 0.2,
+                        "effect_size": 3.0,
+                        "control_mean": 1.0,
+                        "status": "ok",
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -42,15 +58,18 @@ def test_all_any_and_significance():
     assert failing["status"] == "fail" and failing["evidence"]["n_pass"] == 2
     assert evaluate_claim(results, claim(where={"objective": "mlm"}, threshold=1.0, aggregate="any"))["passed"]
     # significance: encoder p_adjusted = 0.2 never passes alpha 0.05, even where the estimate does
-    assert not evaluate_claim(results, claim(where={"objective": "mlm", "phase": "early"}, threshold=1.0,
-                                             alpha=0.05))["passed"]
+    assert not evaluate_claim(results, claim(where={"objective": "mlm", "phase": "early"}, threshold=1.0, alpha=0.05))[
+        "passed"
+    ]
     assert evaluate_claim(results, claim(where={"objective": "clm"}, threshold=1.0, alpha=0.05))["passed"]
 
 
 def test_lists_between_and_columns():
     results = _results()
-    assert evaluate_claim(results, claim(where={"layer": [0, 1], "model": "dec", "phase": "early"},
-                                         compare="between", threshold=[3.9, 4.2]))["passed"]
+    assert evaluate_claim(
+        results,
+        claim(where={"layer": [0, 1], "model": "dec", "phase": "early"}, compare="between", threshold=[3.9, 4.2]),
+    )["passed"]
     # ci_low of the decoder's late layer 0 is 1.8: a "CI entirely above 2" claim fails
     assert not evaluate_claim(results, claim(where={"model": "dec"}, column="ci_low", threshold=2.0))["passed"]
     assert evaluate_claim(results, claim(column="effect_size", threshold=2.0))["passed"]
@@ -71,8 +90,9 @@ def test_meta_aggregate_pools_with_random_effects():
     # the 4 rows of one model share its data: one summary is pooled (issue #15)
     assert meta["k"] == 1 and meta["n_rows"] == 4
     assert meta["meta_ci_low"] < meta["meta_estimate"] < meta["meta_ci_high"]
-    assert not evaluate_claim(results, claim(where={"model": "enc"}, threshold=1.0, aggregate="meta",
-                                             alpha=0.05))["passed"]
+    assert not evaluate_claim(results, claim(where={"model": "enc"}, threshold=1.0, aggregate="meta", alpha=0.05))[
+        "passed"
+    ]
 
 
 def test_failed_units_fail_all_claims():
@@ -82,10 +102,19 @@ def test_failed_units_fail_all_claims():
 
 
 def test_frequency_rows_are_claimable():
-    frequency = pd.DataFrame([{"model": "dec", "objective": "clm", "metric": "spearman_logfreq_distance",
-                               "bucket": "all", "estimate": -0.4, "p_value": 0.001}])
-    spec = ClaimSpec(id="f", metric="spearman_logfreq_distance", where={"objective": "clm"}, compare="<",
-                     threshold=0.0)
+    frequency = pd.DataFrame(
+        [
+            {
+                "model": "dec",
+                "objective": "clm",
+                "metric": "spearman_logfreq_distance",
+                "bucket": "all",
+                "estimate": -0.4,
+                "p_value": 0.001,
+            }
+        ]
+    )
+    spec = ClaimSpec(id="f", metric="spearman_logfreq_distance", where={"objective": "clm"}, compare="<", threshold=0.0)
     assert evaluate_claims(_results(), [spec], frequency)[0]["passed"]
 
 
@@ -122,8 +151,9 @@ claims:
 
 
 def anistat(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "anistat", *map(str, args)], capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "anistat", *map(str, args)], capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -178,8 +208,20 @@ def test_verify_against_reruns_and_agrees(claimed_bundle, tmp_path):
 
 
 def test_bucket_rows_are_selected_only_when_named():
-    frequency = pd.DataFrame([{"model": "dec", "objective": "clm", "metric": "energy_ratio", "bucket": "0",
-                               "estimate": 0.5, "p_value": 0.5, "rank": 4, "control": "normal"}])
+    frequency = pd.DataFrame(
+        [
+            {
+                "model": "dec",
+                "objective": "clm",
+                "metric": "energy_ratio",
+                "bucket": "0",
+                "estimate": 0.5,
+                "p_value": 0.5,
+                "rank": 4,
+                "control": "normal",
+            }
+        ]
+    )
     overall = ClaimSpec(id="o", metric="energy_ratio", where={"objective": "clm"}, threshold=1.0)
     rare = ClaimSpec(id="r", metric="energy_ratio", where={"objective": "clm", "bucket": "0"}, threshold=1.0)
     first, second = evaluate_claims(_results(), [overall, rare], frequency)

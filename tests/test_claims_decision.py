@@ -30,16 +30,34 @@ def rows(estimates, se, metric="log2_energy_ratio", model="dec", p_adjusted=0.00
             low, high, row_se = estimate * math.exp(-Z95 * s), estimate * math.exp(Z95 * s), estimate * s
         else:
             low, high, row_se = estimate - Z95 * s, estimate + Z95 * s, s
-        out.append({"model": model, "objective": "clm", "checkpoint": f"step{i}", "phase": "early", "layer": i % 2,
-                    "site": f"residual.{i % 2}", "rank": 4, "proxy": "pca", "control": "normal", "metric": metric,
-                    "estimate": estimate, "ci_low": low, "ci_high": high, "se": row_se,
-                    "p_adjusted": p_adjusted, "p_test": "haar_monte_carlo", "status": "ok"})
+        out.append(
+            {
+                "model": model,
+                "objective": "clm",
+                "checkpoint": f"step{i}",
+                "phase": "early",
+                "layer": i % 2,
+                "site": f"residual.{i % 2}",
+                "rank": 4,
+                "proxy": "pca",
+                "control": "normal",
+                "metric": metric,
+                "estimate": estimate,
+                "ci_low": low,
+                "ci_high": high,
+                "se": row_se,
+                "p_adjusted": p_adjusted,
+                "p_test": "haar_monte_carlo",
+                "status": "ok",
+            }
+        )
     return pd.DataFrame(out)
 
 
 def meta(threshold, compare=">", alpha=0.05, metric="log2_energy_ratio", **meta_settings) -> ClaimSpec:
-    return ClaimSpec(id="c", metric=metric, compare=compare, threshold=threshold, alpha=alpha, aggregate="meta",
-                     meta=meta_settings)
+    return ClaimSpec(
+        id="c", metric=metric, compare=compare, threshold=threshold, alpha=alpha, aggregate="meta", meta=meta_settings
+    )
 
 
 def test_the_meta_p_value_tests_the_claims_own_threshold():
@@ -94,17 +112,26 @@ def test_the_rule_says_what_decides():
     test_rule = evaluate_claim(rows([2.0], 0.1, metric="energy_ratio"), spec)["rule"]
     assert "p_adjusted < 0.05" in test_rule and "decided by each row's test" in test_rule
     bound = ClaimSpec(id="b", metric="energy_ratio", column="ci_low", threshold=1.0)
-    assert "lower bound of each row's 95 % interval" in evaluate_claim(rows([2.0], 0.1, metric="energy_ratio"),
-                                                                       bound)["rule"]
+    assert (
+        "lower bound of each row's 95 % interval"
+        in evaluate_claim(rows([2.0], 0.1, metric="energy_ratio"), bound)["rule"]
+    )
 
 
 def test_a_fail_says_which_criterion_failed_and_every_card_shows_an_interval():
-    data = pd.concat([rows([2.0, 2.5], 0.1, metric="energy_ratio"),
-                      rows([0.9], 0.1, metric="energy_ratio", model="enc", p_adjusted=0.2)], ignore_index=True)
+    data = pd.concat(
+        [
+            rows([2.0, 2.5], 0.1, metric="energy_ratio"),
+            rows([0.9], 0.1, metric="energy_ratio", model="enc", p_adjusted=0.2),
+        ],
+        ignore_index=True,
+    )
     spec = ClaimSpec(id="all", metric="energy_ratio", threshold=1.0, alpha=0.05)
     record = evaluate_claim(data, spec)
     assert not record["passed"]
-    assert "1 of 3 rows: estimate not > 1" in record["failed"] and "1 of 3 rows: p_adjusted not < 0.05" in record["failed"]
+    assert (
+        "1 of 3 rows: estimate not > 1" in record["failed"] and "1 of 3 rows: p_adjusted not < 0.05" in record["failed"]
+    )
     assert record["interval"]["low"] == pytest.approx(0.9 - Z95 * 0.1)  # the weakest row's interval
     card = claim_outcome(record)
     assert card.interval.startswith("95 % interval [") and "enc" in card.interval_of
@@ -129,15 +156,17 @@ def test_html_and_latex_cards_put_the_decisive_interval_beside_the_verdict(tmp_p
     data = rows([0.85, 1.2, 1.0, 1.0], 0.1, metric="energy_ratio", ratio=True)
     record = evaluate_claim(data, meta(1.0, metric="energy_ratio"))
     record["statement"] = "the <proxy> & more"
-    by_test = evaluate_claim(rows([2.0, 2.5], 0.1, metric="energy_ratio"),
-                             ClaimSpec(id="by-test", metric="energy_ratio", threshold=1.0, alpha=0.05))
+    by_test = evaluate_claim(
+        rows([2.0, 2.5], 0.1, metric="energy_ratio"),
+        ClaimSpec(id="by-test", metric="energy_ratio", threshold=1.0, alpha=0.05),
+    )
     inputs = make_inputs(make_results(), claims=[record, by_test])
     render_bundle(inputs, tmp_path, options=ReportOptions(compile_pdf=False, figures=False))
     html = (tmp_path / "report.html").read_text(encoding="utf-8")
-    card = html[html.index('<ul class="claims">'):html.index("</ul>", html.index('<ul class="claims">'))]
+    card = html[html.index('<ul class="claims">') : html.index("</ul>", html.index('<ul class="claims">'))]
     assert '<span class="badge fail">FAIL</span><span class="verdict-interval interval-decided">95 % interval [' in card
     assert "Failed:</b> the pooled 95 % interval" in card and "the &lt;proxy&gt; &amp; more" in card
-    test_card = card[card.index('data-decided-by="test"'):]
+    test_card = card[card.index('data-decided-by="test"') :]
     assert '<span class="badge pass">PASS</span> <span class="id">by-test</span>' in test_card
     assert '<p class="context interval-context">Context — effect size' in test_card
     tex = (tmp_path / "report.tex").read_text(encoding="utf-8")
@@ -178,8 +207,11 @@ def real_results(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("pooling")
     protocol = root / "mini.yaml"
-    protocol.write_text(MINI_PROTOCOL.replace("n_test_sequences: 16", "n_test_sequences: 40")
-                        .replace("n_bootstrap: 100", "n_bootstrap: 400"))
+    protocol.write_text(
+        MINI_PROTOCOL.replace("n_test_sequences: 16", "n_test_sequences: 40").replace(
+            "n_bootstrap: 100", "n_bootstrap: 400"
+        )
+    )
     with pytest.MonkeyPatch.context() as patch:  # figures are not what this is about
         patch.setattr(anistat.report.render, "render_figures", lambda *args, **kwargs: ([], {}))
         return anistat.run(protocol, root / "bundle").results
@@ -195,8 +227,9 @@ def test_meta_pools_the_same_from_the_se_column_as_from_the_cis(real_results, me
     the comparison is not masked by between-model heterogeneity (pooling several models,
     tau² dominates and the row SEs barely matter). A metric whose `se` is on another scale fails
     here by orders of magnitude (z with the fraction's se: 0.017)."""
-    selected = real_results[(real_results["metric"] == metric) & (real_results["control"] == "normal")
-                            & (real_results["status"] == "ok")]
+    selected = real_results[
+        (real_results["metric"] == metric) & (real_results["control"] == "normal") & (real_results["status"] == "ok")
+    ]
     assert len(selected) > 0 and selected["se"].notna().all(), metric
     threshold = 0.01 if metric == "energy_fraction" else 1.0
     spec = meta(threshold, metric=metric)

@@ -18,19 +18,26 @@ HEAVY = ("torch", "transformers", "matplotlib", "pandas", "seaborn", "scipy")
 def heavy_modules_after(code: str) -> list[str]:
     """Run `code` in a fresh interpreter; the heavy modules it left in sys.modules."""
     probe = f"{code}\nimport sys\nprint('HEAVY:' + ','.join(m for m in {HEAVY!r} if m in sys.modules))"
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 0, result.stderr
     line = [x for x in result.stdout.splitlines() if x.startswith("HEAVY:")][-1]
-    return [m for m in line[len("HEAVY:"):].split(",") if m]
+    return [m for m in line[len("HEAVY:") :].split(",") if m]
 
 
 def test_importing_the_package_and_the_cli_imports_nothing_heavy():
     assert heavy_modules_after("import anistat, anistat.cli") == []
 
 
-@pytest.mark.parametrize("args", [["--help"], ["validate", "protocols/quickstart.yaml"], ["schema"],
-                                  ["init", "{tmp}/p.yaml"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["validate", "protocols/quickstart.yaml"], ["schema"], ["init", "{tmp}/p.yaml"]]
+)
 def test_light_commands_import_nothing_heavy(tmp_path, args):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     code = f"from anistat.cli import main\ncode = main({args!r})\nassert code == 0, code"
@@ -74,7 +81,8 @@ def test_sites_on_a_cache_of_step_revisions_suggests_revision(capsys, step_only_
     err = capsys.readouterr().err
     assert code == 2 and err.strip().splitlines() == [
         "anistat: error: model 'org/series' has no revision 'main' in the local cache (and the hub was not "
-        "reached); cached revisions: step1000, step2000 — pass --revision step1000"]
+        "reached); cached revisions: step1000, step2000 — pass --revision step1000"
+    ]
 
 
 def test_protocol_hub_model_without_revisions_names_the_cached_ones(capsys, step_only_cache, tmp_path):

@@ -38,7 +38,11 @@ def units() -> list[tuple[str, str, int]]:
                 kind = "class" if isinstance(child, ast.ClassDef) else "function"
                 lines = (child.end_lineno or child.lineno) - child.lineno + 1
                 body = child.body[0] if child.body else None
-                if isinstance(body, ast.Expr) and isinstance(body.value, ast.Constant) and isinstance(body.value.value, str):
+                if (
+                    isinstance(body, ast.Expr)
+                    and isinstance(body.value, ast.Constant)
+                    and isinstance(body.value.value, str)
+                ):
                     lines -= (body.end_lineno or body.lineno) - body.lineno + 1  # the docstring is not code
                 found.append((f"{path}::{name}", kind, lines))
                 visit(child, f"{name}.", path)
@@ -52,8 +56,9 @@ def units() -> list[tuple[str, str, int]]:
 
 def _over() -> dict[str, str]:
     limits = {"class": MAX_CLASS_LINES, "function": MAX_FUNCTION_LINES}
-    return {name: f"{kind} of {lines} lines (limit {limits[kind]})"
-            for name, kind, lines in units() if lines > limits[kind]}
+    return {
+        name: f"{kind} of {lines} lines (limit {limits[kind]})" for name, kind, lines in units() if lines > limits[kind]
+    }
 
 
 def test_the_units_are_read():

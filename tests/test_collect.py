@@ -22,8 +22,9 @@ def splits():
 
 
 def _model(architecture: str, splits, layers: int = 3):
-    spec = ModelSpec(name=f"t-{architecture}", architecture=architecture, hidden_size=16, num_layers=layers,
-                     num_heads=2)
+    spec = ModelSpec(
+        name=f"t-{architecture}", architecture=architecture, hidden_size=16, num_layers=layers, num_heads=2
+    )
     model = build_builtin_model(spec, splits.vocab_size, 16, seed=0)
     return model.eval(), ("clm" if architecture == "gpt2" else "mlm")
 
@@ -36,8 +37,9 @@ def test_hooked_gradient_equals_autograd(architecture, splits):
     outputs = model(input_ids=inputs, output_hidden_states=True)
     logits = outputs.logits
     shifted = (logits[:, :-1], labels[:, 1:]) if objective == "clm" else (logits, labels)
-    token_loss = torch.nn.functional.cross_entropy(shifted[0].reshape(-1, logits.shape[-1]), shifted[1].reshape(-1),
-                                                   ignore_index=-100, reduction="none").view(shifted[1].shape)
+    token_loss = torch.nn.functional.cross_entropy(
+        shifted[0].reshape(-1, logits.shape[-1]), shifted[1].reshape(-1), ignore_index=-100, reduction="none"
+    ).view(shifted[1].shape)
     loss = (token_loss.sum(1) / (shifted[1] != -100).sum(1)).sum()
     # GPT-2's last hidden state has ln_f applied, so compare the blocks whose output is returned as is
     layers = [0, 1] if objective == "clm" else [0, 1, 2]
@@ -69,9 +71,19 @@ def test_streamed_energies_equal_brute_force(architecture, splits):
     bases = {layer: [BasisSet("pca", rank, proxy.basis, controls)]}
     key = UnitKey("m", objective, "c", 0, "early", layer, f"residual.{layer}")
     buckets = torch.zeros(splits.vocab_size, dtype=torch.long)
-    common = dict(keys={layer: key}, bases=bases, splits=splits, objective=objective, token_bucket=buckets,
-                  n_buckets=1, mlm_probability=0.15, seed=0, device=torch.device("cpu"),
-                  isoscore_c0="scaled_identity", isoscore_zeta=0.1)
+    common = dict(
+        keys={layer: key},
+        bases=bases,
+        splits=splits,
+        objective=objective,
+        token_bucket=buckets,
+        n_buckets=1,
+        mlm_probability=0.15,
+        seed=0,
+        device=torch.device("cpu"),
+        isoscore_c0="scaled_identity",
+        isoscore_zeta=0.1,
+    )
     artifact = measure_checkpoint(model, batch_size=3, **common)[layer]
     again = measure_checkpoint(model, batch_size=7, **common)[layer]
     # batching changes only float32 rounding of the per-batch products (sums are float64)
@@ -110,12 +122,25 @@ def test_nan_gradients_fail_the_unit_not_the_run(splits):
     with torch.no_grad():
         model.transformer.h[1].mlp.c_fc.weight.fill_(float("nan"))
     proxy = fit_proxy(torch.randn(100, 16, generator=torch.Generator().manual_seed(0)), "pca", 2, seed=0)
-    bases = {layer: [BasisSet("pca", 2, proxy.basis, {"haar": draw_controls("haar", proxy.basis, 3, seed=1)})]
-             for layer in (0, 1)}
+    bases = {
+        layer: [BasisSet("pca", 2, proxy.basis, {"haar": draw_controls("haar", proxy.basis, 3, seed=1)})]
+        for layer in (0, 1)
+    }
     keys = {layer: UnitKey("m", objective, "c", 0, "early", layer, f"residual.{layer}") for layer in (0, 1)}
-    artifacts = measure_checkpoint(model, keys=keys, bases=bases, splits=splits, objective=objective,
-                                   token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1,
-                                   mlm_probability=0.15, seed=0, batch_size=4, device=torch.device("cpu"),
-                                   isoscore_c0="scaled_identity", isoscore_zeta=0.1)
+    artifacts = measure_checkpoint(
+        model,
+        keys=keys,
+        bases=bases,
+        splits=splits,
+        objective=objective,
+        token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long),
+        n_buckets=1,
+        mlm_probability=0.15,
+        seed=0,
+        batch_size=4,
+        device=torch.device("cpu"),
+        isoscore_c0="scaled_identity",
+        isoscore_zeta=0.1,
+    )
     assert all(a.status == "failed" for a in artifacts.values())
     assert "non-finite" in artifacts[1].note

@@ -91,14 +91,19 @@ def test_minilm_source_runs_with_a_tied_parameter_free_head(tmp_path: Path):
     head = model.cls.predictions
     assert head.decoder.weight is model.bert.embeddings.word_embeddings.weight
     assert torch.equal(head.transform.dense.weight, torch.eye(384)) and not head.bias.any()
-    protocol = parse_protocol({
-        "name": "minilm", "seed": 0,
-        "data": {"seq_len": 12, "n_fit_sequences": 4, "n_test_sequences": 3, "batch_size": 3},
-        "models": [{"name": "minilm", "source": "minilm"}],
-        "sites": {"layers": [-1]}, "proxies": {"ranks": [2], "max_fit_tokens": 40, "concept_card_tokens": 0},
-        "controls": {"kinds": ["normal"], "n": 3}, "stats": {"n_bootstrap": 20, "n_permutations": 20},
-        "report": {"compile_pdf": False},
-    })
+    protocol = parse_protocol(
+        {
+            "name": "minilm",
+            "seed": 0,
+            "data": {"seq_len": 12, "n_fit_sequences": 4, "n_test_sequences": 3, "batch_size": 3},
+            "models": [{"name": "minilm", "source": "minilm"}],
+            "sites": {"layers": [-1]},
+            "proxies": {"ranks": [2], "max_fit_tokens": 40, "concept_card_tokens": 0},
+            "controls": {"kinds": ["normal"], "n": 3},
+            "stats": {"n_bootstrap": 20, "n_permutations": 20},
+            "report": {"compile_pdf": False},
+        }
+    )
     result = pipeline.run(protocol, tmp_path / "bundle")
     rows = result.results
     assert set(rows["objective"]) == {"mlm"} and set(rows["site"]) == {"residual.5"}

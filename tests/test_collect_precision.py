@@ -55,17 +55,24 @@ def test_every_statistic_within_1e6_of_float64_reference(dim):
     proxy = fit_proxy(torch.from_numpy(activations.reshape(-1, dim)), "pca", rank, seed=0).basis
     controls = {"normal": draw_controls("normal", proxy, 6, seed=1)}
     sets = [BasisSet("pca", rank, proxy, controls)]
-    accumulator = SiteAccumulator(sets, dim=dim, n_seq=n_seq, n_buckets=n_buckets, vocab_size=vocab,
-                                  device=torch.device("cpu"))
+    accumulator = SiteAccumulator(
+        sets, dim=dim, n_seq=n_seq, n_buckets=n_buckets, vocab_size=vocab, device=torch.device("cpu")
+    )
     assert accumulator.dtype == torch.float32  # the default hot path
     onehot = torch.nn.functional.one_hot(torch.from_numpy(buckets[ids]), n_buckets)
     for start in range(0, n_seq, 5):
         stop = min(n_seq, start + 5)
-        accumulator.add(torch.from_numpy(gradients[start:stop]), torch.from_numpy(activations[start:stop]),
-                        torch.from_numpy(ids[start:stop]), onehot[start:stop], start=start)
+        accumulator.add(
+            torch.from_numpy(gradients[start:stop]),
+            torch.from_numpy(activations[start:stop]),
+            torch.from_numpy(ids[start:stop]),
+            onehot[start:stop],
+            start=start,
+        )
     key = UnitKey("m", "clm", "c", 0, "early", 0, "residual.0")
-    artifact = accumulator.finish(key, sequence_documents=np.arange(n_seq), seconds=0.0,
-                                  isoscore_c0="scaled_identity", isoscore_zeta=0.1)
+    artifact = accumulator.finish(
+        key, sequence_documents=np.arange(n_seq), seconds=0.0, isoscore_c0="scaled_identity", isoscore_zeta=0.1
+    )
 
     # float64 reference from the same (float32-valued) inputs
     g = gradients.astype(np.float64)
@@ -104,7 +111,10 @@ def test_every_statistic_within_1e6_of_float64_reference(dim):
         assert _scaled_max(got, rows_b.T @ rows_b) < RELATIVE
     unit_g = flat_g / np.linalg.norm(flat_g, axis=1, keepdims=True)
     assert _relative(artifact.gradient_unit_sum, unit_g.sum(0)) < RELATIVE
-    assert _relative(artifact.activation_unit_sum, (flat_a / np.linalg.norm(flat_a, axis=1, keepdims=True)).sum(0)) < RELATIVE
+    assert (
+        _relative(artifact.activation_unit_sum, (flat_a / np.linalg.norm(flat_a, axis=1, keepdims=True)).sum(0))
+        < RELATIVE
+    )
     flat_ids = ids.ravel()
     assert artifact.type_count.tolist() == np.bincount(flat_ids, minlength=vocab).tolist()
     for t in range(vocab):
@@ -129,11 +139,17 @@ def test_moments_read_mid_stream_are_complete():
     gradients, activations, ids, _ = _inputs(dim=150)
     n_seq, length, dim = gradients.shape
     basis = torch.linalg.qr(torch.randn(dim, 2, dtype=torch.float64))[0]
-    accumulator = SiteAccumulator([BasisSet("pca", 2, basis, {})], dim=dim, n_seq=n_seq, n_buckets=1, vocab_size=60,
-                                  device=torch.device("cpu"))
+    accumulator = SiteAccumulator(
+        [BasisSet("pca", 2, basis, {})], dim=dim, n_seq=n_seq, n_buckets=1, vocab_size=60, device=torch.device("cpu")
+    )
     half = n_seq // 2
-    accumulator.add(torch.from_numpy(gradients[:half]), torch.from_numpy(activations[:half]),
-                    torch.from_numpy(ids[:half]), torch.ones(half, length, 1), start=0)
+    accumulator.add(
+        torch.from_numpy(gradients[:half]),
+        torch.from_numpy(activations[:half]),
+        torch.from_numpy(ids[:half]),
+        torch.ones(half, length, 1),
+        start=0,
+    )
     rows = activations[:half].reshape(-1, dim).astype(np.float64)
     assert _scaled_max(accumulator.act.outer.numpy(), rows.T @ rows) < RELATIVE
 
@@ -159,11 +175,16 @@ def _small_run():
     spec = DataSpec(seq_len=16, n_fit_sequences=8, n_test_sequences=9, vocab_size=300)
     corpus = load_corpus(spec)
     splits = make_splits(corpus, BuiltinTokenizer(corpus.documents, 300), spec, seed=0)
-    model = build_builtin_model(ModelSpec(name="t", architecture="gpt2", hidden_size=32, num_layers=2, num_heads=2),
-                                splits.vocab_size, 16, seed=0).eval()
+    model = build_builtin_model(
+        ModelSpec(name="t", architecture="gpt2", hidden_size=32, num_layers=2, num_heads=2),
+        splits.vocab_size,
+        16,
+        seed=0,
+    ).eval()
     proxy = fit_proxy(torch.randn(200, 32, generator=torch.Generator().manual_seed(0)), "pca", 3, seed=0).basis
-    bases = {layer: [BasisSet("pca", 3, proxy, {"haar": draw_controls("haar", proxy, 4, seed=layer)})]
-             for layer in (0, 1)}
+    bases = {
+        layer: [BasisSet("pca", 3, proxy, {"haar": draw_controls("haar", proxy, 4, seed=layer)})] for layer in (0, 1)
+    }
     keys = {layer: UnitKey("m", "clm", "c", 0, "early", layer, f"residual.{layer}") for layer in (0, 1)}
     return model, splits, bases, keys
 
@@ -172,10 +193,22 @@ def test_reruns_are_byte_identical_on_cpu(tmp_path):
     model, splits, bases, keys = _small_run()
     saved = []
     for run in range(2):
-        artifacts = measure_checkpoint(model, keys=keys, bases=bases, splits=splits, objective="clm",
-                                       token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1,
-                                       mlm_probability=0.15, seed=0, batch_size=4, device=torch.device("cpu"),
-                                       isoscore_c0="scaled_identity", isoscore_zeta=0.1, pair_budget_bytes=2**20)
+        artifacts = measure_checkpoint(
+            model,
+            keys=keys,
+            bases=bases,
+            splits=splits,
+            objective="clm",
+            token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long),
+            n_buckets=1,
+            mlm_probability=0.15,
+            seed=0,
+            batch_size=4,
+            device=torch.device("cpu"),
+            isoscore_c0="scaled_identity",
+            isoscore_zeta=0.1,
+            pair_budget_bytes=2**20,
+        )
         files = []
         for artifact in artifacts.values():
             meta = dataclasses.replace(artifact, seconds=0.0).save(tmp_path / f"run{run}")
@@ -200,8 +233,15 @@ def test_type_plan_keeps_types_seen_twice_most_frequent_first_within_the_budget(
     assert TypePlan.from_tokens(ids, None, 12, dim, 0).kept.numel() == 0
     # the planned table is allocated once, at the plan's size, and never grows
     basis = torch.linalg.qr(torch.randn(dim, 1, dtype=torch.float64))[0]
-    accumulator = SiteAccumulator([BasisSet("pca", 1, basis, {})], dim=dim, n_seq=2, n_buckets=1, vocab_size=12,
-                                  device=torch.device("cpu"), type_plan=three)
+    accumulator = SiteAccumulator(
+        [BasisSet("pca", 1, basis, {})],
+        dim=dim,
+        n_seq=2,
+        n_buckets=1,
+        vocab_size=12,
+        device=torch.device("cpu"),
+        type_plan=three,
+    )
     accumulator.add(torch.randn(2, 6, dim), torch.randn(2, 6, dim), ids, torch.ones(2, 6, 1), start=0)
     assert accumulator.types.sum.shape == (3, dim)
 
@@ -210,9 +250,20 @@ def test_a_type_budget_bounds_the_tables_and_changes_no_kept_value():
     """Post hoc with a budget for two types per site: the kept types' statistics equal the unlimited run's (the global mean
     still pools every occurrence), every other type is NaN, and the counts stay complete."""
     model, splits, bases, keys = _small_run()
-    common = dict(keys=keys, bases=bases, splits=splits, objective="clm",
-                  token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1, mlm_probability=0.15,
-                  seed=0, batch_size=4, device=torch.device("cpu"), isoscore_c0="scaled_identity", isoscore_zeta=0.1)
+    common = dict(
+        keys=keys,
+        bases=bases,
+        splits=splits,
+        objective="clm",
+        token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long),
+        n_buckets=1,
+        mlm_probability=0.15,
+        seed=0,
+        batch_size=4,
+        device=torch.device("cpu"),
+        isoscore_c0="scaled_identity",
+        isoscore_zeta=0.1,
+    )
     full = measure_checkpoint(model, **common)
     dim, n_kept = 32, 4
     limited = measure_checkpoint(model, **common, type_budget_bytes=len(keys) * n_kept * (dim + 3) * 8)
@@ -229,8 +280,14 @@ def test_a_type_budget_bounds_the_tables_and_changes_no_kept_value():
         assert f"{n_kept} most frequent of the {len(eligible)} types" in b.extra["type_statistics_note"]
         assert "type_statistics_note" not in a.extra
     # the frequency analysis says so beside the correlations it computes over the kept types
-    protocol = Protocol.model_validate({"anistat_protocol": 1, "name": "t", "models": [{"name": "m", "architecture": "gpt2"}],
-                                        "stats": {"n_bootstrap": 20, "n_permutations": 20}})
+    protocol = Protocol.model_validate(
+        {
+            "anistat_protocol": 1,
+            "name": "t",
+            "models": [{"name": "m", "architecture": "gpt2"}],
+            "stats": {"n_bootstrap": 20, "n_permutations": 20},
+        }
+    )
     counts = {"m": np.arange(1, splits.vocab_size + 1)}
     noted = frequency_rows([limited[0]], counts, protocol)
     row = noted[noted.metric == "spearman_logfreq_distance"].iloc[0]

@@ -21,24 +21,46 @@ VOCAB = 40
 def _config(family: str):
     import transformers as tf
 
-    common = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                  intermediate_size=32, max_position_embeddings=32)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+    )
     if family == "gpt2":
-        return tf.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=16, n_layer=2, n_head=2, n_inner=32,
-                             bos_token_id=None, eos_token_id=None), tf.GPT2LMHeadModel
+        return tf.GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=32,
+            n_embd=16,
+            n_layer=2,
+            n_head=2,
+            n_inner=32,
+            bos_token_id=None,
+            eos_token_id=None,
+        ), tf.GPT2LMHeadModel
     if family == "gpt_neox":
         return tf.GPTNeoXConfig(**common, bos_token_id=None, eos_token_id=None), tf.GPTNeoXForCausalLM
     if family == "llama":
-        return tf.LlamaConfig(**common, num_key_value_heads=1, bos_token_id=None, eos_token_id=None,
-                              pad_token_id=None), tf.LlamaForCausalLM
+        return tf.LlamaConfig(
+            **common, num_key_value_heads=1, bos_token_id=None, eos_token_id=None, pad_token_id=None
+        ), tf.LlamaForCausalLM
     if family == "olmo":
         return tf.OlmoConfig(**common, pad_token_id=0, bos_token_id=None, eos_token_id=None), tf.OlmoForCausalLM
     if family == "bert":
         return tf.BertConfig(**common, pad_token_id=0), tf.BertForMaskedLM
     if family == "modernbert":
-        return tf.ModernBertConfig(**common, pad_token_id=0, bos_token_id=1, eos_token_id=2, sep_token_id=2,
-                                   cls_token_id=1, global_attn_every_n_layers=1, local_attention=8), \
-            tf.ModernBertForMaskedLM
+        return tf.ModernBertConfig(
+            **common,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            sep_token_id=2,
+            cls_token_id=1,
+            global_attn_every_n_layers=1,
+            local_attention=8,
+        ), tf.ModernBertForMaskedLM
     raise ValueError(family)
 
 
@@ -84,19 +106,27 @@ def test_probe_gradient_equals_autograd_at_every_site_kind(family, saved_models)
     names = [s.name for s in list_sites(model)]
     assert names[0] == "embed" and "residual.1" in names and "attn.0" in names and "mlp.1" in names
     inputs, labels = _batch(objective)
-    sites = {name: resolve_site(model, name) for name in ("embed", "attn.0", "mlp.0", "residual.0", "attn.1",
-                                                           "mlp.1", "residual.1")}
+    sites = {
+        name: resolve_site(model, name)
+        for name in ("embed", "attn.0", "mlp.0", "residual.0", "attn.1", "mlp.1", "residual.1")
+    }
 
     # reference: capture the very tensors the model consumes, then autograd.grad w.r.t. them
     captured, handles = {}, []
     modules = dict(model.named_modules())
     for name, site in sites.items():
         if site.hook == "input":
-            handles.append(modules[site.module].register_forward_pre_hook(
-                lambda m, args, kwargs, name=name: captured.__setitem__(name, args[0]), with_kwargs=True))
+            handles.append(
+                modules[site.module].register_forward_pre_hook(
+                    lambda m, args, kwargs, name=name: captured.__setitem__(name, args[0]), with_kwargs=True
+                )
+            )
         else:
-            handles.append(modules[site.module].register_forward_hook(
-                lambda m, i, out, name=name: captured.__setitem__(name, out if torch.is_tensor(out) else out[0])))
+            handles.append(
+                modules[site.module].register_forward_hook(
+                    lambda m, i, out, name=name: captured.__setitem__(name, out if torch.is_tensor(out) else out[0])
+                )
+            )
     loss = lm_loss(model, inputs, labels, objective)
     reference = dict(zip(captured, torch.autograd.grad(loss, list(captured.values()))))
     for handle in handles:
@@ -130,9 +160,14 @@ def test_sites_from_spec_kinds_layers_names_and_modules(saved_models):
     assert resolve_site(bert, "mlp.0").module == "bert.encoder.layer.0.output.dense"
 
 
-@pytest.mark.parametrize("name, message", [
-    ("residual.7", "has 2 blocks"), ("attention.0", "unknown site name"), ("module:nope", "no module named"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("residual.7", "has 2 blocks"),
+        ("attention.0", "unknown site name"),
+        ("module:nope", "no module named"),
+    ],
+)
 def test_unknown_sites_are_user_errors(name, message, saved_models):
     model, _ = _load(saved_models["llama"], "llama")
     with pytest.raises(AnistatInputError, match=message):

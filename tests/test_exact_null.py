@@ -26,11 +26,13 @@ def test_traces_match_direct_computation():
     bases = draw_controls("normal", u, 7, seed=2)
     frame = SpectralFrame(second)
     assert frame.energy_fractions(frame.traces_of(bases)) == pytest.approx(
-        energy_fraction_from_moments(torch.as_tensor(second), bases).numpy(), rel=1e-10)
+        energy_fraction_from_moments(torch.as_tensor(second), bases).numpy(), rel=1e-10
+    )
     frame_c = SpectralFrame(covariance)
     for c0, zeta in (("scaled_identity", 0.1), ("identity", 0.4), ("scaled_identity", 0.0)):
         assert frame_c.delta_isoscore_star(frame_c.traces_of(bases), 3, c0, zeta) == pytest.approx(
-            delta_isoscore_star(torch.as_tensor(covariance), bases, C0=c0, zeta=zeta).numpy(), rel=1e-9, abs=1e-12)
+            delta_isoscore_star(torch.as_tensor(covariance), bases, C0=c0, zeta=zeta).numpy(), rel=1e-9, abs=1e-12
+        )
 
 
 def test_random_draws_have_the_closed_form_means():
@@ -75,8 +77,11 @@ def test_haar_test_is_exact_for_a_random_proxy_and_the_normal_convention_is_not(
         u = np.linalg.qr(rng.standard_normal((16, 2)))[0]
         observed = frame.energy_fractions(frame.traces_of(u))[0]
         exact.append(monte_carlo_pvalue(observed, frame.energy_fractions(frame.random_traces([2], 99, seed=i)[2])))
-        paper.append(monte_carlo_pvalue(observed, frame.energy_fractions(
-            frame.random_traces([2], 20, seed=10_000 + i, exclude=u)[2])))
+        paper.append(
+            monte_carlo_pvalue(
+                observed, frame.energy_fractions(frame.random_traces([2], 20, seed=10_000 + i, exclude=u)[2])
+            )
+        )
     exact, paper = np.array(exact), np.array(paper)
     assert 0.035 <= np.mean(exact <= 0.05) <= 0.065
     assert 0.07 <= np.mean(exact <= 0.10) <= 0.13

@@ -33,11 +33,17 @@ from test_bad_input_helpers import build_tiny_gpt2, corpus_text, local_protocol,
 from anistat.cli import main
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
-METER_SETTINGS = dict(sites={"kind": ["residual"], "layers": [0]}, proxies={"ranks": [2], "max_fit_tokens": 80},
-                      controls={"kinds": ["normal"], "n": 4}, stats={"n_bootstrap": 20, "n_permutations": 20},
-                      report={"compile_pdf": False})
-CLAIM = ("claims:\n  - {id: m-above-zero, metric: energy_ratio, where: {model: m, control: normal}, compare: '>', "
-         "threshold: 0.0}\n")
+METER_SETTINGS = dict(
+    sites={"kind": ["residual"], "layers": [0]},
+    proxies={"ranks": [2], "max_fit_tokens": 80},
+    controls={"kinds": ["normal"], "n": 4},
+    stats={"n_bootstrap": 20, "n_permutations": 20},
+    report={"compile_pdf": False},
+)
+CLAIM = (
+    "claims:\n  - {id: m-above-zero, metric: energy_ratio, where: {model: m, control: normal}, compare: '>', "
+    "threshold: 0.0}\n"
+)
 
 
 def cli(capfd, *args) -> tuple[int, str, str]:
@@ -212,8 +218,9 @@ def test_meter_close_removes_only_the_units_it_saved(tmp_path):
     from anistat.callbacks import TrainingMeter
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=48, n_positions=16, n_embd=16, n_layer=1, n_head=2,
-                                       bos_token_id=None, eos_token_id=None))
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=48, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=None, eos_token_id=None)
+    )
     out = tmp_path / "meter"
     (tmp_path / "meter.units").mkdir()
     (tmp_path / "meter.units" / "keep.txt").write_text("mine")
@@ -259,8 +266,7 @@ def test_checkpoint_without_tokenizer_files_is_named_by_validate(study, capfd):
     assert "step10" in err and "tokenizer" in err and "save_pretrained" in err
 
 
-def test_weights_that_fail_at_load_time_name_the_checkpoint_and_the_kept_units(study, tmp_path, capfd,
-                                                                               monkeypatch):
+def test_weights_that_fail_at_load_time_name_the_checkpoint_and_the_kept_units(study, tmp_path, capfd, monkeypatch):
     """A header-valid safetensors file whose shapes are another model's: validate cannot know;
     run says which checkpoint and file, and where the finished units are."""
     no_figures(monkeypatch)
@@ -304,12 +310,32 @@ def test_an_existing_read_only_out_folder_is_found_before_the_run(tmp_path):
         out = shared / "out"
         out.mkdir()
         out.chmod(0o555)  # root's, read-only for nobody; its parent is writable
-        env = {**os.environ, "HOME": str(shared), "MPLCONFIGDIR": str(shared / "mpl"),
-               "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        env = {
+            **os.environ,
+            "HOME": str(shared),
+            "MPLCONFIGDIR": str(shared / "mpl"),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        }
         done = subprocess.run(
-            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-m", "anistat",
-             "run", str(shared / "mini.yaml"), "--out", str(out), "--overwrite"],
-            capture_output=True, text=True, env=env, timeout=120)
+            [
+                "setpriv",
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                sys.executable,
+                "-m",
+                "anistat",
+                "run",
+                str(shared / "mini.yaml"),
+                "--out",
+                str(out),
+                "--overwrite",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
         assert f"cannot write in {out}" in done.stderr and "permission denied: make the folder writable" in done.stderr
@@ -349,10 +375,9 @@ def test_an_empty_file_and_few_documents_are_run_warnings(tmp_path, capfd, monke
         path.write_text("\n".join(words[index * 40 : (index + 1) * 40]) + "\n")
         paths.append(path)
     (tmp_path / "empty.txt").write_text("\n  \n")
-    text = local_protocol("few", model, paths[0]).replace(f"paths: ['{paths[0]}']",
-                                                          "paths: [" + ", ".join(f"'{p}'" for p in
-                                                                                 [*paths, tmp_path / "empty.txt"])
-                                                          + "]")
+    text = local_protocol("few", model, paths[0]).replace(
+        f"paths: ['{paths[0]}']", "paths: [" + ", ".join(f"'{p}'" for p in [*paths, tmp_path / "empty.txt"]) + "]"
+    )
     (tmp_path / "few.yaml").write_text(text)
     code, out, err = cli(capfd, "run", tmp_path / "few.yaml", "--out", tmp_path / "bundle")
     assert_one_line(code, err)
@@ -372,8 +397,9 @@ def test_blank_jsonl_records_are_a_warning(tmp_path):
     path.write_text('{"text": "a b c"}\n\n{"text": "  "}\n{"text": "d e"}\n')
     corpus = load_corpus(DataSpec(source="jsonl", paths=[str(path)]))
     assert len(corpus.documents) == 2
-    assert corpus.warnings == (f"data.paths: 1 blank line(s) and 1 record(s) with an empty 'text' in {path} "
-                               "were skipped",)
+    assert corpus.warnings == (
+        f"data.paths: 1 blank line(s) and 1 record(s) with an empty 'text' in {path} were skipped",
+    )
 
 
 def test_editing_results_csv_and_its_digest_is_caught_by_the_parquet_copy(bundle, capfd):
@@ -421,8 +447,13 @@ def test_figure_names_match_the_report():
 # ----------------------------------------------------------------------------------------------
 # fault injection: the checkpoint folder
 # ----------------------------------------------------------------------------------------------
-CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                    "tokenizer_config.json")
+CHECKPOINT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -446,8 +477,17 @@ def test_checkpoint_fault(study, tmp_path, capfd, monkeypatch, name, fault):
 # ----------------------------------------------------------------------------------------------
 # fault injection: the bundle
 # ----------------------------------------------------------------------------------------------
-BUNDLE_FILES = ("results.csv", "results.parquet", "frequency.csv", "claims.json", "concept_cards.json",
-                "manifest.json", "report.html", "tables.tex", "report.tex")
+BUNDLE_FILES = (
+    "results.csv",
+    "results.parquet",
+    "frequency.csv",
+    "claims.json",
+    "concept_cards.json",
+    "manifest.json",
+    "report.html",
+    "tables.tex",
+    "report.tex",
+)
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -460,8 +500,11 @@ def test_bundle_fault(pristine, bundle, tmp_path, capfd, monkeypatch, name, faul
     outside = tmp_path / "outside.txt"
     outside.write_text("the user's")
     damaged = snapshot(bundle)
-    for args in (("verify", bundle), ("diff", pristine, bundle), ("compare", pristine, bundle, "--out",
-                                                                   tmp_path / "cmp")):
+    for args in (
+        ("verify", bundle),
+        ("diff", pristine, bundle),
+        ("compare", pristine, bundle, "--out", tmp_path / "cmp"),
+    ):
         code, _, err = cli(capfd, *args)
         assert_one_line(code, err)
         assert snapshot(bundle) == damaged, args  # read-only commands change nothing
@@ -477,8 +520,7 @@ def test_bundle_fault(pristine, bundle, tmp_path, capfd, monkeypatch, name, faul
             if not is_rendered(key) and key != "manifest.json":
                 assert now.get(key) == value, key
     assert outside.read_text() == "the user's"
-    assert sorted(p.name for p in tmp_path.iterdir()) in (["bundle", "outside.txt"],
-                                                          ["bundle", "cmp", "outside.txt"])
+    assert sorted(p.name for p in tmp_path.iterdir()) in (["bundle", "outside.txt"], ["bundle", "cmp", "outside.txt"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -499,9 +541,15 @@ def safetensors_bytes(tensors: list[tuple[str, str, list[int]]], extra: int, hea
     return struct.pack("<Q", len(text)) + text + b"\0" * max(0, offset + extra)
 
 
-tensor_lists = st.lists(st.tuples(st.text("abcdefgh", min_size=1, max_size=4), st.sampled_from(sorted(DTYPES)),
-                                  st.lists(st.integers(0, 5), max_size=3)),
-                        max_size=4, unique_by=lambda t: t[0])
+tensor_lists = st.lists(
+    st.tuples(
+        st.text("abcdefgh", min_size=1, max_size=4),
+        st.sampled_from(sorted(DTYPES)),
+        st.lists(st.integers(0, 5), max_size=3),
+    ),
+    max_size=4,
+    unique_by=lambda t: t[0],
+)
 
 
 def library_accepts(path: Path) -> bool:
@@ -517,8 +565,12 @@ def library_accepts(path: Path) -> bool:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(tensors=tensor_lists, extra=st.integers(-6, 6), header_pad=st.integers(0, 3),
-       cut=st.one_of(st.none(), st.integers(0, 200)))
+@given(
+    tensors=tensor_lists,
+    extra=st.integers(-6, 6),
+    header_pad=st.integers(0, 3),
+    cut=st.one_of(st.none(), st.integers(0, 200)),
+)
 def test_the_header_check_agrees_with_safetensors(tmp_path, tensors, extra, header_pad, cut):
     """A file the library opens and reads passes the check; a truncated, extended or cut file
     that the library refuses is refused by the check (reading only the header)."""

@@ -46,8 +46,11 @@ def _brute_rms(activations, ids, weights, types):
     out = np.full(len(types), np.nan)
     for j, t in enumerate(types):
         # one entry per drawn copy: (copy id, original sequence, activation)
-        copies = [(c, s, a) for c, s in enumerate(np.repeat(np.arange(n_sequences), weights.astype(int)))
-                  for a in activations[s][ids[s] == t]]
+        copies = [
+            (c, s, a)
+            for c, s in enumerate(np.repeat(np.arange(n_sequences), weights.astype(int)))
+            for a in activations[s][ids[s] == t]
+        ]
         total, pairs = 0.0, 0
         for x in range(len(copies)):
             for y in range(len(copies)):
@@ -78,8 +81,9 @@ def test_resampled_distance_equals_brute_force(dim):
     weights = np.vstack([np.ones(n_sequences), rng.multinomial(n_sequences, np.full(n_sequences, 1 / n_sequences), 6)])
     resampled = distance(weights)
     for row, w in enumerate(weights):
-        np.testing.assert_allclose(resampled[row], _brute_rms(activations, ids, w, types), rtol=1e-9, atol=1e-10,
-                                   equal_nan=True)
+        np.testing.assert_allclose(
+            resampled[row], _brute_rms(activations, ids, w, types), rtol=1e-9, atol=1e-10, equal_nan=True
+        )
     # at w = 1 it is the Bessel-corrected RMS distance to the centroid
     full = [_bessel_rms(activations[ids == t]) if (ids == t).sum() >= 2 else np.nan for t in types]
     np.testing.assert_allclose(resampled[0], full, rtol=1e-10, equal_nan=True)
@@ -164,36 +168,47 @@ def test_bootstrap_columns_equal_one_statistic_at_a_time(method):
     def difference(w):
         return (w @ numerator - w @ denominator) / w.sum(1)
 
-    both = sequence_bootstrap_columns(lambda w: np.column_stack([ratio(w), difference(w)]), 40, n_resamples=300,
-                                      seed=5, method=method, chunk_size=70)
+    both = sequence_bootstrap_columns(
+        lambda w: np.column_stack([ratio(w), difference(w)]), 40, n_resamples=300, seed=5, method=method, chunk_size=70
+    )
     for result, statistic in zip(both, (ratio, difference)):
         alone = sequence_bootstrap(statistic, 40, n_resamples=300, seed=5, method=method)
         # numbers with approx, the method name exactly (pytest >= 9 refuses approx on a string)
         assert (result.estimate, result.ci_low, result.ci_high) == pytest.approx(
-            (alone.estimate, alone.ci_low, alone.ci_high), rel=1e-12)
+            (alone.estimate, alone.ci_low, alone.ci_high), rel=1e-12
+        )
         assert result.method == alone.method
     with pytest.raises(ValueError):
         sequence_bootstrap_columns(lambda w: np.column_stack([ratio(w)]), 40, method="studentized")
     # basic = the percentile interval reflected about the estimate
-    percentile, basic = (sequence_bootstrap_columns(lambda w: np.column_stack([ratio(w)]), 40, n_resamples=300,
-                                                    seed=5, method=m)[0] for m in ("percentile", "basic"))
+    percentile, basic = (
+        sequence_bootstrap_columns(lambda w: np.column_stack([ratio(w)]), 40, n_resamples=300, seed=5, method=m)[0]
+        for m in ("percentile", "basic")
+    )
     assert basic.ci_low == pytest.approx(2 * basic.estimate - percentile.ci_high)
     assert basic.ci_high == pytest.approx(2 * basic.estimate - percentile.ci_low)
     # normal = the estimate ± z_{0.975} × the standard deviation of the same resamples
-    normal = sequence_bootstrap_columns(lambda w: np.column_stack([ratio(w)]), 40, n_resamples=300, seed=5,
-                                        method="normal")[0]
+    normal = sequence_bootstrap_columns(
+        lambda w: np.column_stack([ratio(w)]), 40, n_resamples=300, seed=5, method="normal"
+    )[0]
     replicates = np.concatenate([ratio(w) for w in iter_bootstrap_weights(40, 300, 5)])
     half = stats.norm.ppf(0.975) * replicates.std(ddof=1)
-    assert (normal.ci_low, normal.ci_high) == pytest.approx((normal.estimate - half, normal.estimate + half),
-                                                            rel=1e-12)
+    assert (normal.ci_low, normal.ci_high) == pytest.approx((normal.estimate - half, normal.estimate + half), rel=1e-12)
     assert normal.method == "normal" and normal.se == pytest.approx(replicates.std(ddof=1), rel=1e-12)
 
 
 def _accumulator(dim, n_seq, vocab, budget, growing=False):
     basis = torch.linalg.qr(torch.randn(dim, 2, dtype=torch.float64))[0]
     sets = [BasisSet("pca", 2, basis, {"normal": torch.linalg.qr(torch.randn(3, dim, 2, dtype=torch.float64))[0]})]
-    return SiteAccumulator(sets, dim=dim, n_seq=None if growing else n_seq, n_buckets=1, vocab_size=vocab,
-                           device=torch.device("cpu"), pair_budget_bytes=budget)
+    return SiteAccumulator(
+        sets,
+        dim=dim,
+        n_seq=None if growing else n_seq,
+        n_buckets=1,
+        vocab_size=vocab,
+        device=torch.device("cpu"),
+        pair_budget_bytes=budget,
+    )
 
 
 @pytest.mark.parametrize("growing", [False, True], ids=["post-hoc", "in-training"])
@@ -206,22 +221,30 @@ def test_collector_pair_sums_equal_the_raw_rows(growing, tmp_path):
     for start in range(0, n_seq, 4):  # batches of 4, 4, 3 sequences
         stop = min(n_seq, start + 4)
         token_ids = torch.as_tensor(ids[start:stop])
-        accumulator.add(torch.as_tensor(gradients[start:stop]), torch.as_tensor(activations[start:stop]), token_ids,
-                        torch.ones(stop - start, length, 1), start=start)
+        accumulator.add(
+            torch.as_tensor(gradients[start:stop]),
+            torch.as_tensor(activations[start:stop]),
+            token_ids,
+            torch.ones(stop - start, length, 1),
+            start=start,
+        )
     key = UnitKey("m", "clm", "step0", 0, "early", 0, "residual.0")
-    artifact = accumulator.finish(key, sequence_documents=np.arange(n_seq), seconds=0.0,
-                                  isoscore_c0="scaled_identity", isoscore_zeta=0.1)
+    artifact = accumulator.finish(
+        key, sequence_documents=np.arange(n_seq), seconds=0.0, isoscore_c0="scaled_identity", isoscore_zeta=0.1
+    )
     expected = sequence_type_sums(activations.reshape(-1, dim), ids.ravel(), np.repeat(np.arange(n_seq), length))
     for loaded in (artifact, type(artifact).load(artifact.save(tmp_path))):
         got = loaded.pair_sums
         assert got is not None and got.n_sequences == n_seq and loaded.pair_note == ""
         for name in ("sequence", "token_type", "count", "square_sum", "vector_sum"):
-            np.testing.assert_allclose(getattr(got, name), getattr(expected, name), rtol=1e-12, atol=1e-12,
-                                       err_msg=name)
+            np.testing.assert_allclose(
+                getattr(got, name), getattr(expected, name), rtol=1e-12, atol=1e-12, err_msg=name
+            )
         # the resampling code at w = 1 gives back the collector's own per-type distances
         types = np.flatnonzero(loaded.type_count >= 2)
-        np.testing.assert_allclose(ResampledCentroidDistance(got, types)(np.ones((1, n_seq)))[0],
-                                   loaded.type_rms_distance[types], rtol=1e-9)
+        np.testing.assert_allclose(
+            ResampledCentroidDistance(got, types)(np.ones((1, n_seq)))[0], loaded.type_rms_distance[types], rtol=1e-9
+        )
 
 
 def test_over_budget_reports_the_need_and_analysis_keeps_the_estimate():
@@ -229,15 +252,27 @@ def test_over_budget_reports_the_need_and_analysis_keeps_the_estimate():
     n_seq, length, dim, vocab = 8, 10, 6, 20
     ids, activations, _ = _corpus(rng, n_seq, length, vocab, dim)
     accumulator = _accumulator(dim, n_seq, vocab, budget=1000)  # bytes: two pairs' worth
-    accumulator.add(torch.as_tensor(rng.normal(size=(n_seq, length, dim))), torch.as_tensor(activations),
-                    torch.as_tensor(ids), torch.ones(n_seq, length, 1), start=0)
+    accumulator.add(
+        torch.as_tensor(rng.normal(size=(n_seq, length, dim))),
+        torch.as_tensor(activations),
+        torch.as_tensor(ids),
+        torch.ones(n_seq, length, 1),
+        start=0,
+    )
     key = UnitKey("m", "clm", "step0", 0, "early", 0, "residual.0")
-    artifact = accumulator.finish(key, sequence_documents=np.arange(n_seq), seconds=0.0,
-                                  isoscore_c0="scaled_identity", isoscore_zeta=0.1)
+    artifact = accumulator.finish(
+        key, sequence_documents=np.arange(n_seq), seconds=0.0, isoscore_c0="scaled_identity", isoscore_zeta=0.1
+    )
     assert artifact.pair_sums is None
     assert "MiB" in artifact.pair_note and "frequency_ci_memory_mb" in artifact.pair_note
-    protocol = Protocol.model_validate({"anistat_protocol": 1, "name": "t", "models": [{"name": "m", "architecture": "gpt2"}],
-                                        "stats": {"n_bootstrap": 50, "n_permutations": 50}})
+    protocol = Protocol.model_validate(
+        {
+            "anistat_protocol": 1,
+            "name": "t",
+            "models": [{"name": "m", "architecture": "gpt2"}],
+            "stats": {"n_bootstrap": 50, "n_permutations": 50},
+        }
+    )
     counts = np.bincount(ids.ravel(), minlength=vocab) * 10
     frame = frequency_rows([artifact], {"m": counts}, protocol)
     correlation = frame[frame.metric == "spearman_logfreq_distance"].iloc[0]
@@ -265,15 +300,24 @@ def test_interval_covers_the_population_correlation():
     estimates, standard_errors, covered = [], [], 0
     for _ in range(n_corpora):
         ids = rng.choice(vocab, size=(n_seq, length), p=probability)
-        activations = (means[ids] + scale[ids][..., None] * rng.normal(size=(n_seq, length, dim))
-                       + rng.normal(size=(n_seq, 1, dim)) * shift)
+        activations = (
+            means[ids]
+            + scale[ids][..., None] * rng.normal(size=(n_seq, length, dim))
+            + rng.normal(size=(n_seq, 1, dim)) * shift
+        )
         sums = sequence_type_sums(activations.reshape(-1, dim), ids.ravel(), np.repeat(np.arange(n_seq), length))
         types, counts = np.unique(ids, return_counts=True)
         types = types[counts >= 2]
         distance = ResampledCentroidDistance(sums, types)
         result = sequence_bootstrap_columns(
-            lambda w, types=types, distance=distance: np.column_stack(masked_correlations(np.log(probability[types]), distance(w))[:1]), n_seq,
-            n_resamples=300, seed=int(rng.integers(1 << 31)), method="normal")[0]
+            lambda w, types=types, distance=distance: np.column_stack(
+                masked_correlations(np.log(probability[types]), distance(w))[:1]
+            ),
+            n_seq,
+            n_resamples=300,
+            seed=int(rng.integers(1 << 31)),
+            method="normal",
+        )[0]
         estimates.append(result.estimate)
         standard_errors.append(result.se)
         covered += result.ci_low <= population <= result.ci_high

@@ -38,14 +38,17 @@ def test_type_mean_geometry_equals_brute_force():
     for t in range(vocab):
         rows = activations[ids == t]
         if rows.shape[0] < 2:
-            assert np.isnan(result.rms_spread[t]) and np.isnan(result.mean_distance[t]) and np.isnan(result.mean_norm[t])
+            assert (
+                np.isnan(result.rms_spread[t]) and np.isnan(result.mean_distance[t]) and np.isnan(result.mean_norm[t])
+            )
             continue
         centroid = rows.mean(0)
         variance = ((rows - centroid) ** 2).sum() / (rows.shape[0] - 1)
         noise = variance / rows.shape[0]
         assert result.rms_spread[t] == pytest.approx(np.sqrt(variance), rel=1e-10)
         assert result.mean_distance[t] == pytest.approx(
-            np.sqrt(max(0.0, ((centroid - global_mean) ** 2).sum() - noise)), rel=1e-10)
+            np.sqrt(max(0.0, ((centroid - global_mean) ** 2).sum() - noise)), rel=1e-10
+        )
         assert result.mean_norm[t] == pytest.approx(np.sqrt(max(0.0, (centroid**2).sum() - noise)), rel=1e-10)
 
 
@@ -73,17 +76,32 @@ def test_mlm_type_statistics_leave_corrupted_inputs_out():
     spec = DataSpec(seq_len=16, n_fit_sequences=8, n_test_sequences=6, vocab_size=300)
     corpus = load_corpus(spec)
     splits = make_splits(corpus, BuiltinTokenizer(corpus.documents, 300), spec, seed=0)
-    model = build_builtin_model(ModelSpec(name="e", architecture="bert", hidden_size=16, num_layers=1, num_heads=2),
-                                splits.vocab_size, 16, seed=0).eval()
+    model = build_builtin_model(
+        ModelSpec(name="e", architecture="bert", hidden_size=16, num_layers=1, num_heads=2),
+        splits.vocab_size,
+        16,
+        seed=0,
+    ).eval()
     proxy = fit_proxy(torch.randn(100, 16, generator=torch.Generator().manual_seed(0)), "pca", 2)
     bases = {0: [BasisSet("pca", 2, proxy.basis, {"haar": draw_controls("haar", proxy.basis, 3, seed=1)})]}
     artifact = measure_checkpoint(
-        model, keys={0: UnitKey("e", "mlm", "c", 0, "early", 0, "residual.0")}, bases=bases, splits=splits,
-        objective="mlm", token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1,
-        mlm_probability=0.3, seed=0, batch_size=4, device=torch.device("cpu"), isoscore_c0="scaled_identity",
-        isoscore_zeta=0.1, pair_budget_bytes=2**24)[0]
+        model,
+        keys={0: UnitKey("e", "mlm", "c", 0, "early", 0, "residual.0")},
+        bases=bases,
+        splits=splits,
+        objective="mlm",
+        token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long),
+        n_buckets=1,
+        mlm_probability=0.3,
+        seed=0,
+        batch_size=4,
+        device=torch.device("cpu"),
+        isoscore_c0="scaled_identity",
+        isoscore_zeta=0.1,
+        pair_budget_bytes=2**24,
+    )[0]
     inputs, _ = model_inputs(splits.test, splits, "mlm", 0.3, 0, "test")
-    shown = (inputs == splits.test)
+    shown = inputs == splits.test
     assert not shown.all()
     expected = np.bincount(splits.test[shown].numpy(), minlength=splits.vocab_size)
     np.testing.assert_array_equal(artifact.type_count, expected)
@@ -98,13 +116,30 @@ def test_accumulator_type_mask_selects_positions():
     activations = rng.normal(size=(n_seq, length, dim))
     mask = rng.random((n_seq, length)) < 0.7
     basis = torch.linalg.qr(torch.randn(dim, 1, dtype=torch.float64))[0]
-    accumulator = SiteAccumulator([BasisSet("pca", 1, basis, {"haar": basis.unsqueeze(0)})], dim=dim, n_seq=n_seq,
-                                  n_buckets=1, vocab_size=vocab, device=torch.device("cpu"), pair_budget_bytes=2**20)
-    accumulator.add(torch.as_tensor(rng.normal(size=(n_seq, length, dim))), torch.as_tensor(activations),
-                    torch.as_tensor(ids), torch.ones(n_seq, length, 1), start=0, type_mask=torch.as_tensor(mask))
-    artifact = accumulator.finish(UnitKey("m", "mlm", "c", 0, "early", 0, "residual.0"),
-                                  sequence_documents=np.arange(n_seq), seconds=0.0, isoscore_c0="scaled_identity",
-                                  isoscore_zeta=0.1)
+    accumulator = SiteAccumulator(
+        [BasisSet("pca", 1, basis, {"haar": basis.unsqueeze(0)})],
+        dim=dim,
+        n_seq=n_seq,
+        n_buckets=1,
+        vocab_size=vocab,
+        device=torch.device("cpu"),
+        pair_budget_bytes=2**20,
+    )
+    accumulator.add(
+        torch.as_tensor(rng.normal(size=(n_seq, length, dim))),
+        torch.as_tensor(activations),
+        torch.as_tensor(ids),
+        torch.ones(n_seq, length, 1),
+        start=0,
+        type_mask=torch.as_tensor(mask),
+    )
+    artifact = accumulator.finish(
+        UnitKey("m", "mlm", "c", 0, "early", 0, "residual.0"),
+        sequence_documents=np.arange(n_seq),
+        seconds=0.0,
+        isoscore_c0="scaled_identity",
+        isoscore_zeta=0.1,
+    )
     kept = activations[mask]
     expected = type_mean_geometry(*_sums(kept, ids[mask], vocab))
     np.testing.assert_allclose(artifact.type_mean_norm, expected.mean_norm, rtol=1e-10)
@@ -159,13 +194,29 @@ def test_frequency_rows_name_every_definition_with_a_ci():
     activations = 3 * rng.normal(size=(vocab, dim))[ids] + rng.normal(size=(n_seq, length, dim))
     basis = torch.linalg.qr(torch.randn(dim, 1, dtype=torch.float64))[0]
     controls = torch.linalg.qr(torch.randn(3, dim, 1, dtype=torch.float64))[0]
-    accumulator = SiteAccumulator([BasisSet("pca", 1, basis, {"haar": controls})], dim=dim, n_seq=n_seq,
-                                  n_buckets=1, vocab_size=vocab, device=torch.device("cpu"), pair_budget_bytes=2**22)
-    accumulator.add(torch.as_tensor(rng.normal(size=(n_seq, length, dim))), torch.as_tensor(activations),
-                    torch.as_tensor(ids), torch.ones(n_seq, length, 1), start=0)
-    artifact = accumulator.finish(UnitKey("m", "clm", "c", 0, "early", 0, "residual.0"),
-                                  sequence_documents=np.arange(n_seq), seconds=0.0, isoscore_c0="scaled_identity",
-                                  isoscore_zeta=0.1)
+    accumulator = SiteAccumulator(
+        [BasisSet("pca", 1, basis, {"haar": controls})],
+        dim=dim,
+        n_seq=n_seq,
+        n_buckets=1,
+        vocab_size=vocab,
+        device=torch.device("cpu"),
+        pair_budget_bytes=2**22,
+    )
+    accumulator.add(
+        torch.as_tensor(rng.normal(size=(n_seq, length, dim))),
+        torch.as_tensor(activations),
+        torch.as_tensor(ids),
+        torch.ones(n_seq, length, 1),
+        start=0,
+    )
+    artifact = accumulator.finish(
+        UnitKey("m", "clm", "c", 0, "early", 0, "residual.0"),
+        sequence_documents=np.arange(n_seq),
+        seconds=0.0,
+        isoscore_c0="scaled_identity",
+        isoscore_zeta=0.1,
+    )
     protocol = Protocol(name="p", models=[{"name": "m", "architecture": "gpt2"}], stats={"n_bootstrap": 50})
     corpus_counts = np.bincount(ids.ravel(), minlength=vocab) * 10
     frame = frequency_rows([artifact], {"m": corpus_counts}, protocol)
@@ -178,5 +229,6 @@ def test_frequency_rows_name_every_definition_with_a_ci():
     assert "own centroid" in correlations.loc["spearman_logfreq_distance", "note"]
     types = np.flatnonzero(artifact.type_count >= 2)
     from scipy import stats as sps
+
     expected = sps.spearmanr(np.log(corpus_counts[types]), artifact.type_mean_norm[types]).statistic
     assert correlations.loc["spearman_logfreq_mean_norm", "estimate"] == pytest.approx(expected, rel=1e-12)

@@ -35,31 +35,108 @@ from test_bad_input_helpers import build_tiny_gpt2
 from anistat.cli import main
 
 CLAIMS = [
-    {"id": "dec-early", "metric": "energy_ratio", "where": {"objective": "clm", "rank": 2, "control": "normal",
-                                                           "phase": "early"},
-     "compare": ">", "threshold": 1.0, "alpha": 0.05},
-    {"id": "layers", "metric": "z", "where": {"model": ["dec", "loc"], "layer": [0, 1], "checkpoint": ["step0", "a"]},
-     "column": "effect_size", "compare": ">=", "threshold": 0.0, "aggregate": "any"},
-    {"id": "freq", "metric": "spearman_logfreq_distance", "where": {"model": "dec", "bucket": "all"},
-     "compare": "between", "threshold": [-1.0, 1.0]},
-    {"id": "pooled", "metric": "log2_energy_ratio", "where": {"control": "haar", "step": [0, 3, 6]},
-     "aggregate": "meta", "meta": {"method": "reml", "interval": "hksj", "dependence": "aggregate",
-                                   "cluster": ["model"], "within_correlation": 1.0}},
+    {
+        "id": "dec-early",
+        "metric": "energy_ratio",
+        "where": {"objective": "clm", "rank": 2, "control": "normal", "phase": "early"},
+        "compare": ">",
+        "threshold": 1.0,
+        "alpha": 0.05,
+    },
+    {
+        "id": "layers",
+        "metric": "z",
+        "where": {"model": ["dec", "loc"], "layer": [0, 1], "checkpoint": ["step0", "a"]},
+        "column": "effect_size",
+        "compare": ">=",
+        "threshold": 0.0,
+        "aggregate": "any",
+    },
+    {
+        "id": "freq",
+        "metric": "spearman_logfreq_distance",
+        "where": {"model": "dec", "bucket": "all"},
+        "compare": "between",
+        "threshold": [-1.0, 1.0],
+    },
+    {
+        "id": "pooled",
+        "metric": "log2_energy_ratio",
+        "where": {"control": "haar", "step": [0, 3, 6]},
+        "aggregate": "meta",
+        "meta": {
+            "method": "reml",
+            "interval": "hksj",
+            "dependence": "aggregate",
+            "cluster": ["model"],
+            "within_correlation": 1.0,
+        },
+    },
 ]
 
-FUZZ = settings(max_examples=100, deadline=None, database=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=100,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 scalars = (
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8)
-    | st.sampled_from(["", "all", "pca", "PCA", "normal", "clm", "mlm", "early", "late", "step0", "a", "dec", "loc",
-                       "energy_ratio", "z", "meta", "between", ">", "reml", "hksj", "model", "../x", "/nonexistent",
-                       0, 1, 2, -1, 10**12, 2**63, 1e308, -0.0])
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8)
+    | st.sampled_from(
+        [
+            "",
+            "all",
+            "pca",
+            "PCA",
+            "normal",
+            "clm",
+            "mlm",
+            "early",
+            "late",
+            "step0",
+            "a",
+            "dec",
+            "loc",
+            "energy_ratio",
+            "z",
+            "meta",
+            "between",
+            ">",
+            "reml",
+            "hksj",
+            "model",
+            "../x",
+            "/nonexistent",
+            0,
+            1,
+            2,
+            -1,
+            10**12,
+            2**63,
+            1e308,
+            -0.0,
+        ]
+    )
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-    st.sampled_from(["objective", "rank", "layer", "model", "bucket", "metric", "where", "x", "", "n_bootsrap"])
-    | st.text(max_size=6), inner, max_size=3), max_leaves=8)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["objective", "rank", "layer", "model", "bucket", "metric", "where", "x", "", "n_bootsrap"])
+            | st.text(max_size=6),
+            inner,
+            max_size=3,
+        )
+    ),
+    max_leaves=8,
+)
 
 
 def _locations(data, prefix=()):
@@ -87,8 +164,9 @@ def mutate(data, draw, focus: str | None = None) -> None:
         parent = parent[part]
     last = path[-1]
     current = parent[last]
-    action = draw(st.sampled_from(["replace", "empty", "none", "number", "delete", "add", "wrap", "unwrap"]),
-                  label="action")
+    action = draw(
+        st.sampled_from(["replace", "empty", "none", "number", "delete", "add", "wrap", "unwrap"]), label="action"
+    )
     if action == "replace":
         parent[last] = draw(values, label="value")
     elif action == "empty":
@@ -96,16 +174,18 @@ def mutate(data, draw, focus: str | None = None) -> None:
     elif action == "none":
         parent[last] = None
     elif action == "number":
-        parent[last] = draw(st.sampled_from([-1, 0, -(10**9), 10**18, 2**64, 1e300, -1e-300, float("inf")]),
-                            label="number")
+        parent[last] = draw(
+            st.sampled_from([-1, 0, -(10**9), 10**18, 2**64, 1e300, -1e-300, float("inf")]), label="number"
+        )
     elif action == "delete":
         del parent[last]
     elif action == "add":
         target = current if isinstance(current, (dict, list)) else parent
         if isinstance(target, dict):
             near = [k[:-1] for k in target if isinstance(k, str) and len(k) > 1]  # a misspelt key
-            key = draw(st.sampled_from(near) if near and draw(st.booleans()) else st.text(min_size=1, max_size=8),
-                       label="key")
+            key = draw(
+                st.sampled_from(near) if near and draw(st.booleans()) else st.text(min_size=1, max_size=8), label="key"
+            )
             target[key] = draw(values, label="value")
         else:
             target.append(draw(values, label="value"))
@@ -140,9 +220,14 @@ def study(tmp_path_factory) -> dict:
         build_tiny_gpt2(root / "ckpt" / name, hidden=8, layers=2)
     protocol = yaml.safe_load(MINI_PROTOCOL)
     protocol["data"]["seq_len"] = 16
-    protocol["models"].append({"name": "loc", "source": "local", "checkpoints": [str(root / "ckpt" / "a"),
-                                                                              str(root / "ckpt" / "b")],
-                               "steps": [10, 20]})
+    protocol["models"].append(
+        {
+            "name": "loc",
+            "source": "local",
+            "checkpoints": [str(root / "ckpt" / "a"), str(root / "ckpt" / "b")],
+            "steps": [10, 20],
+        }
+    )
     protocol["claims"] = copy.deepcopy(CLAIMS)
     path = root / "valid.yaml"
     path.write_text(yaml.safe_dump(protocol, sort_keys=False))
@@ -197,8 +282,13 @@ def bundle(mini_bundle) -> Path:
     return mini_bundle
 
 
-@settings(max_examples=40, deadline=None, database=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
 def test_mutated_claims_files_never_crash_verify(bundle, tmp_path_factory, data):
     """`verify BUNDLE --claims FILE`: the claims loader and the check against the bundle's table."""
@@ -227,11 +317,13 @@ def test_an_empty_where_list_is_one_line_in_a_real_process(tmp_path, command):
     protocol["claims"] = [{"id": "c", "metric": "energy_ratio", "where": {"objective": []}}]
     file = tmp_path / "p.yaml"
     file.write_text(yaml.safe_dump(protocol, sort_keys=False))
-    args = [sys.executable, "-m", "anistat", command, str(file)] + (["--out", str(tmp_path / "b")]
-                                                                   if command == "run" else [])
+    args = [sys.executable, "-m", "anistat", command, str(file)] + (
+        ["--out", str(tmp_path / "b")] if command == "run" else []
+    )
     done = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == [
         f"anistat: error: {file}: claims[0].where: objective is an empty list, which selects no row; list at least "
-        "one value or leave the key out"]
+        "one value or leave the key out"
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]

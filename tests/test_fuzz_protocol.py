@@ -24,18 +24,54 @@ from anistat.errors import AnistatInputError
 from anistat.protocol import Protocol, load_protocol, parse_protocol, read_yaml
 
 BASE = yaml.safe_load(MINI_PROTOCOL)
-FUZZ = settings(max_examples=150, deadline=None, database=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 
 scalars = (
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
-    | st.sampled_from(["pca", "normal", "haar", "gpt2", "bert", "clm", "all", "builtin", "text", "<script>",
-                       "../x", "", "1e-3", 0, 1, 2, 4, 16, -1, 2**63, 10**40])
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+    | st.sampled_from(
+        [
+            "pca",
+            "normal",
+            "haar",
+            "gpt2",
+            "bert",
+            "clm",
+            "all",
+            "builtin",
+            "text",
+            "<script>",
+            "../x",
+            "",
+            "1e-3",
+            0,
+            1,
+            2,
+            4,
+            16,
+            -1,
+            2**63,
+            10**40,
+        ]
+    )
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-    st.text(max_size=8) | st.sampled_from(list(BASE) + ["ranks", "kinds", "n", "layers", "train", "name"]),
-    inner, max_size=4), max_leaves=12)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.text(max_size=8) | st.sampled_from(list(BASE) + ["ranks", "kinds", "n", "layers", "train", "name"]),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
 
 
 def _paths(data, prefix=()):
@@ -101,10 +137,56 @@ def test_any_document_fails_cleanly(value):
     _check_outcome(value)
 
 
-YAML_PIECES = [":", ": ", "-", "- ", "[", "]", "{", "}", ",", "&a ", "*a", "!!", "!!python/object:os.system ",
-               "!!binary ", "!!int ", "!!map ", "!!set ", "!!timestamp ", "\n", "  ", "\t", "'", '"', "#", "? ",
-               "|", ">", "%YAML 1.1\n", "---\n", "...\n", "name", "models", "seed", "1e3", "0x1F", "0o7", ".nan",
-               ".inf", "~", "2020-13-45", "1:2:3", "<<: ", "x", "9" * 30, "\x00", "\x07", "\ufeff", "é"]
+YAML_PIECES = [
+    ":",
+    ": ",
+    "-",
+    "- ",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    "&a ",
+    "*a",
+    "!!",
+    "!!python/object:os.system ",
+    "!!binary ",
+    "!!int ",
+    "!!map ",
+    "!!set ",
+    "!!timestamp ",
+    "\n",
+    "  ",
+    "\t",
+    "'",
+    '"',
+    "#",
+    "? ",
+    "|",
+    ">",
+    "%YAML 1.1\n",
+    "---\n",
+    "...\n",
+    "name",
+    "models",
+    "seed",
+    "1e3",
+    "0x1F",
+    "0o7",
+    ".nan",
+    ".inf",
+    "~",
+    "2020-13-45",
+    "1:2:3",
+    "<<: ",
+    "x",
+    "9" * 30,
+    "\x00",
+    "\x07",
+    "\ufeff",
+    "é",
+]
 
 
 @FUZZ
@@ -155,9 +237,12 @@ def test_cli_validate_exit_codes(data):
 
 
 @FUZZ
-@given(seed=st.integers(min_value=0, max_value=2**32 - 1), alpha=st.floats(0.001, 0.5),
-       ranks=st.lists(st.integers(1, 7), min_size=1, max_size=3, unique=True),
-       n=st.integers(1, 50))
+@given(
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    alpha=st.floats(0.001, 0.5),
+    ranks=st.lists(st.integers(1, 7), min_size=1, max_size=3, unique=True),
+    n=st.integers(1, 50),
+)
 def test_valid_variations_validate_and_hash_stably(seed, alpha, ranks, n):
     """Valid protocols stay valid; the hash changes with every value that matters."""
     protocol = copy.deepcopy(BASE)

@@ -47,9 +47,7 @@ def test_pca_span_inside_principal_subspace():
     v = torch.from_numpy(vt[:7].T)
     resid = q - v @ (v.T @ q)
     assert float(resid.abs().max()) < 1e-10
-    torch.testing.assert_close(
-        principal_subspace(acts, 7) @ principal_subspace(acts, 7).T, v @ v.T, rtol=0, atol=1e-10
-    )
+    torch.testing.assert_close(principal_subspace(acts, 7) @ principal_subspace(acts, 7).T, v @ v.T, rtol=0, atol=1e-10)
     # default m = min(4k, d)
     q_default = draw_controls("pca_span", u, 5, seed=2, activations=acts)
     v12 = principal_subspace(acts, 12)
@@ -135,5 +133,6 @@ def test_complement_subspaces_and_their_traces_match_a_direct_float64_computatio
     np.testing.assert_allclose(traces.trace_squared, (np.einsum("de,nek->ndk", cov, q64) ** 2).sum((1, 2)), rtol=1e-5)
     np.testing.assert_allclose(traces.frobenius, (qcq**2).sum((1, 2)), rtol=1e-5)
     along_sum = (np.einsum("ndk,d->nk", q64, total) ** 2).sum(1)
-    np.testing.assert_allclose((tokens - 1) * traces.trace + along_sum / tokens,
-                               np.einsum("ndk,de,nek->n", q64, outer, q64), rtol=1e-5)
+    np.testing.assert_allclose(
+        (tokens - 1) * traces.trace + along_sum / tokens, np.einsum("ndk,de,nek->n", q64, outer, q64), rtol=1e-5
+    )

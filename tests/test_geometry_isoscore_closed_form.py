@@ -45,7 +45,9 @@ def test_isoscore_is_affine_in_participation_ratio_package(spectrum, seed):
     participation = np.trace(cov) ** 2 / np.sum(cov * cov)
     reference = float(iso_pkg.IsoScore_cov(cov))
     assert (participation - 1) / (n - 1) == pytest.approx(reference, abs=1e-5)
-    assert float(isoscore_from_trace_frobenius(np.trace(cov), np.sum(cov * cov), n)) == pytest.approx(reference, abs=1e-5)
+    assert float(isoscore_from_trace_frobenius(np.trace(cov), np.sum(cov * cov), n)) == pytest.approx(
+        reference, abs=1e-5
+    )
 
 
 @pytest.mark.parametrize("n_points,d", [(500, 12), (8, 30)])
@@ -65,8 +67,7 @@ def test_shrunk_trace_and_frobenius_closed_form(c0, zeta):
     tr, fro2 = shrunk_trace_frobenius(np.trace(cov), np.sum(cov * cov), 9, c0, zeta)
     assert float(tr) == pytest.approx(np.trace(shrunk), rel=1e-12)
     assert float(fro2) == pytest.approx(np.sum(shrunk * shrunk), rel=1e-12)
-    assert isoscore_star_from_cov(cov, c0, zeta) == pytest.approx(
-        float(iso_pkg.IsoScore_cov(shrunk)), abs=1e-6)
+    assert isoscore_star_from_cov(cov, c0, zeta) == pytest.approx(float(iso_pkg.IsoScore_cov(shrunk)), abs=1e-6)
 
 
 def test_isoscore_star_matrix_target_takes_general_path_for_indefinite_c0():
@@ -140,8 +141,9 @@ def test_removal_traces_in_eigenbasis_equal_d_coordinates_and_give_delta():
         np.testing.assert_allclose(fast.numpy(), direct.numpy(), rtol=1e-10)
     tr_qcq, cq2, qcq2 = removal_traces_in_eigenbasis(eigenvalues, in_eigenbasis)
     for c0 in ("identity", "scaled_identity"):
-        from_traces = delta_isoscore_star_from_traces(eigenvalues.sum(), eigenvalues.square().sum(), tr_qcq, cq2, qcq2,
-                                                      dim=d, rank=k, C0=c0, zeta=0.3)
+        from_traces = delta_isoscore_star_from_traces(
+            eigenvalues.sum(), eigenvalues.square().sum(), tr_qcq, cq2, qcq2, dim=d, rank=k, C0=c0, zeta=0.3
+        )
         np.testing.assert_allclose(from_traces.numpy(), delta_isoscore_star(c, bases, c0, 0.3).numpy(), atol=1e-12)
     one = removal_traces_in_eigenbasis(eigenvalues, in_eigenbasis[0])
     assert float(one[0]) == pytest.approx(float(tr_qcq[0]), rel=1e-12)

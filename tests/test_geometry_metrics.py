@@ -115,7 +115,9 @@ def test_energy_fraction_shapes_and_identity():
     torch.testing.assert_close(energy_fraction_from_moments(m, q), batch, rtol=1e-12, atol=0)
     torch.testing.assert_close(energy_fraction_from_moments(m.second_moment, q), batch, rtol=1e-12, atol=0)
     # few rows (direct path) agrees too
-    torch.testing.assert_close(energy_fraction(g[:5], q), energy_fraction_from_moments(g[:5].T @ g[:5], q), rtol=1e-10, atol=0)
+    torch.testing.assert_close(
+        energy_fraction(g[:5], q), energy_fraction_from_moments(g[:5].T @ g[:5], q), rtol=1e-10, atol=0
+    )
     # full basis captures everything
     assert energy_fraction(g, np.eye(12)) == pytest.approx(1.0)
 

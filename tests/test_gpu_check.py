@@ -24,9 +24,20 @@ def gpu_check():
 
 def _results(directory: Path, estimates, p_values) -> Path:
     directory.mkdir()
-    frame = pd.DataFrame({"model": "m", "checkpoint": "c", "site": [f"residual.{i}" for i in range(len(estimates))],
-                          "rank": 4, "proxy": "pca", "control": "haar", "metric": "energy_ratio",
-                          "estimate": estimates, "ci_low": np.asarray(estimates) * 0.9, "p_value": p_values})
+    frame = pd.DataFrame(
+        {
+            "model": "m",
+            "checkpoint": "c",
+            "site": [f"residual.{i}" for i in range(len(estimates))],
+            "rank": 4,
+            "proxy": "pca",
+            "control": "haar",
+            "metric": "energy_ratio",
+            "estimate": estimates,
+            "ci_low": np.asarray(estimates) * 0.9,
+            "p_value": p_values,
+        }
+    )
     frame.to_csv(directory / "results.csv", index=False)
     return directory
 
@@ -47,13 +58,21 @@ def test_compare_reports_the_largest_relative_difference_and_nan_mismatches(gpu_
 
 
 def test_table_is_markdown_with_the_verdicts(gpu_check):
-    p2 = {"config": {"dim": 1024, "layers": 24}, "speedup_vs_naive": 2.0, "ratio_to_floor": 1.1,
-          "tokens_per_s": {"anistat": 9000.0, "naive": 4500.0, "floor": 9900.0}}
+    p2 = {
+        "config": {"dim": 1024, "layers": 24},
+        "speedup_vs_naive": 2.0,
+        "ratio_to_floor": 1.1,
+        "tokens_per_s": {"anistat": 9000.0, "naive": 4500.0, "floor": 9900.0},
+    }
     comparison = {"worst_relative_excluding_p": 2e-6, "p_value": {"max_relative": 0.0}}
-    report = {"device_name": "GPU", "dry_run": False, "seconds": 300.0,
-              "quickstart": {"fp32": comparison, "bf16": {**comparison, "worst_relative_excluding_p": 3e-3}},
-              "quickstart_seconds": {"cpu": 60.0, "fp32": 30.0, "bf16": 25.0},
-              "p2": {"bf16": p2, "fp32": {**p2, "ratio_to_floor": 1.3}}}
+    report = {
+        "device_name": "GPU",
+        "dry_run": False,
+        "seconds": 300.0,
+        "quickstart": {"fp32": comparison, "bf16": {**comparison, "worst_relative_excluding_p": 3e-3}},
+        "quickstart_seconds": {"cpu": 60.0, "fp32": 30.0, "bf16": 25.0},
+        "p2": {"bf16": p2, "fp32": {**p2, "ratio_to_floor": 1.3}},
+    }
     text = gpu_check.table(report)
     lines = [line for line in text.splitlines() if line.startswith("|")]
     assert lines[0] == "| what | measured | goal | met? |"
@@ -69,12 +88,24 @@ def test_analysis_check_runs_the_paper_scale_analysis_on_cpu_in_dry_run(gpu_chec
     assert set(check) == {"planted", "random"}
     for kind, row in check.items():
         assert row["p_values"] > 0 and row["p_values_identical"] == row["p_values"], kind
-    report = {"device_name": "CPU", "dry_run": True, "seconds": 1.0,
-              "quickstart": {name: {"worst_relative_excluding_p": 0.0, "p_value": {"max_relative": 0.0}}
-                             for name in ("fp32", "bf16")},
-              "quickstart_seconds": {"cpu": 1.0, "fp32": 1.0, "bf16": 1.0},
-              "p2": {name: {"config": {"dim": 64, "layers": 2}, "speedup_vs_naive": 2.0, "ratio_to_floor": 1.0,
-                            "tokens_per_s": {"anistat": 1.0, "naive": 1.0, "floor": 1.0}} for name in ("bf16", "fp32")},
-              "analysis": check}
+    report = {
+        "device_name": "CPU",
+        "dry_run": True,
+        "seconds": 1.0,
+        "quickstart": {
+            name: {"worst_relative_excluding_p": 0.0, "p_value": {"max_relative": 0.0}} for name in ("fp32", "bf16")
+        },
+        "quickstart_seconds": {"cpu": 1.0, "fp32": 1.0, "bf16": 1.0},
+        "p2": {
+            name: {
+                "config": {"dim": 64, "layers": 2},
+                "speedup_vs_naive": 2.0,
+                "ratio_to_floor": 1.0,
+                "tokens_per_s": {"anistat": 1.0, "naive": 1.0, "floor": 1.0},
+            }
+            for name in ("bf16", "fp32")
+        },
+        "analysis": check,
+    }
     text = gpu_check.table(report)
     assert "analysis at the paper's settings (3 units, d = 64, ranks 4/16, planted proxies)" in text

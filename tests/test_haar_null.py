@@ -128,10 +128,12 @@ def _brute_force(units, rank_list, n, stop, seed, alternative="greater"):
             e, *_ = _stream_values(unit.energy_eigenvalues, k, n, seed, ranks=rank_list)
             _, t1, t2, t3 = _stream_values(unit.covariance_eigenvalues, k, n, seed, ranks=rank_list)
             delta = _delta(unit.covariance_eigenvalues, k, t1, t2, t3)
-            out_e[(unit.unit_id, "pca", k)] = sequential_monte_carlo_pvalue(unit.energy_observed[("pca", k)], e, stop,
-                                                                             alternative)
-            out_d[(unit.unit_id, "pca", k)] = sequential_monte_carlo_pvalue(unit.delta_observed[("pca", k)], delta,
-                                                                            stop, alternative)
+            out_e[(unit.unit_id, "pca", k)] = sequential_monte_carlo_pvalue(
+                unit.energy_observed[("pca", k)], e, stop, alternative
+            )
+            out_d[(unit.unit_id, "pca", k)] = sequential_monte_carlo_pvalue(
+                unit.delta_observed[("pca", k)], delta, stop, alternative
+            )
     return out_e, out_d
 
 
@@ -142,8 +144,9 @@ def test_the_engine_counts_exactly_what_brute_force_counts(stop, alternative):
     # observed values closer to a draw than float32 can tell apart: the float64 recomputation decides
     e, *_ = _stream_values(units[0].energy_eigenvalues, 3, 10, seed=42, ranks=ranks)
     units[0].energy_observed[("pca", 3)] = float(e[7]) * (1 + 3e-8)
-    units[1].energy_observed[("pca", 3)] = float(_stream_values(units[1].energy_eigenvalues, 3, 10, seed=42,
-                                                                ranks=ranks)[0][2]) * (1 - 3e-8)
+    units[1].energy_observed[("pca", 3)] = float(
+        _stream_values(units[1].energy_eigenvalues, 3, 10, seed=42, ranks=ranks)[0][2]
+    ) * (1 - 3e-8)
     options = NullOptions(n_max=n, stop_after=stop, alternative=alternative, c0=C0, zeta=ZETA)
     result = exact_tests(units, options, lambda dim: 42)
     expected_e, expected_d = _brute_force(units, ranks, n, stop, seed=42, alternative=alternative)
@@ -160,8 +163,9 @@ def test_significant_units_are_decided_by_bounds_and_stop_is_cheap_for_large_p()
     delta_top = {("pca", 4): float(_delta(c, 4, c[:4].sum(), (c[:4] ** 2).sum(), (c[:4] ** 2).sum()))}
     far = UnitSpectrum("far", d, m, top, c, delta_top)
     bulk = UnitSpectrum("bulk", d, m, {("pca", 4): 4 / d * 0.98}, c, {("pca", 4): -1.0})
-    result = exact_tests([far, bulk], NullOptions(n_max=999, stop_after=10, alternative="greater", c0=C0, zeta=ZETA),
-                         lambda dim: 3)
+    result = exact_tests(
+        [far, bulk], NullOptions(n_max=999, stop_after=10, alternative="greater", c0=C0, zeta=ZETA), lambda dim: 3
+    )
     assert result.energy[("far", "pca", 4)].p_value == pytest.approx(1 / 1000)
     assert result.delta[("far", "pca", 4)].p_value == pytest.approx(1 / 1000)
     assert result.energy[("bulk", "pca", 4)].stopped and result.energy[("bulk", "pca", 4)].n_draws < 40
@@ -172,11 +176,13 @@ def test_significant_units_are_decided_by_bounds_and_stop_is_cheap_for_large_p()
 def test_recorded_draws_are_the_streams_first_draws_in_float64():
     d, ranks = 40, [2, 5]
     units = _units(d, ranks, 2, seed=3, shift=[0.0])
-    result = exact_tests(units, NullOptions(n_max=50, stop_after=0, alternative="greater", c0=C0, zeta=ZETA,
-                                            n_record=20), lambda dim: 8)
+    result = exact_tests(
+        units, NullOptions(n_max=50, stop_after=0, alternative="greater", c0=C0, zeta=ZETA, n_record=20), lambda dim: 8
+    )
     e, t1, t2, t3 = _stream_values(units[1].covariance_eigenvalues, 5, 20, seed=8, ranks=ranks)
-    np.testing.assert_allclose(result.recorded_delta[("u1", 5)], _delta(units[1].covariance_eigenvalues, 5, t1, t2, t3),
-                               rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(
+        result.recorded_delta[("u1", 5)], _delta(units[1].covariance_eigenvalues, 5, t1, t2, t3), rtol=1e-10, atol=1e-13
+    )
     energy, *_ = _stream_values(units[1].energy_eigenvalues, 2, 20, seed=8, ranks=ranks)
     np.testing.assert_allclose(result.recorded_energy[("u1", 2)], energy, rtol=1e-12)
     assert monte_carlo_pvalue(0.5, result.recorded_energy[("u1", 2)]) > 0

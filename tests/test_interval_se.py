@@ -21,12 +21,12 @@ Z95 = float(sps.norm.ppf(0.975))
 
 def test_interval_implied_se_closed_forms():
     assert interval_implied_se(2.0, 1.0, 4.0, 0.95, log_scale=True) == pytest.approx(2.0 * math.log(4.0) / (2 * Z95))
-    assert interval_implied_se(0.0, -1.0, 3.0, 0.9, log_scale=False) == pytest.approx(
-        4.0 / (2 * sps.norm.ppf(0.95)))
+    assert interval_implied_se(0.0, -1.0, 3.0, 0.9, log_scale=False) == pytest.approx(4.0 / (2 * sps.norm.ppf(0.95)))
     # a Wald interval on the log scale gives back the delta-method SE exactly
     theta, s = 3.0, 0.2
-    assert interval_implied_se(theta, theta * math.exp(-Z95 * s), theta * math.exp(Z95 * s), 0.95,
-                               log_scale=True) == pytest.approx(theta * s, rel=1e-12)
+    assert interval_implied_se(
+        theta, theta * math.exp(-Z95 * s), theta * math.exp(Z95 * s), 0.95, log_scale=True
+    ) == pytest.approx(theta * s, rel=1e-12)
     # no interval (or a non-positive one on the log scale): the fallback
     assert interval_implied_se(1.0, float("nan"), 2.0, 0.95, log_scale=False, fallback=0.7) == 0.7
     assert interval_implied_se(1.0, 0.0, 2.0, 0.95, log_scale=True, fallback=0.3) == 0.3
@@ -49,8 +49,18 @@ def skewed_energies(seed: int, n_documents: int = 30, dim: int = 64, rank: int =
 def test_every_energy_row_carries_its_intervals_implied_se(seed):
     proxy, total, docs, rank, dim = skewed_energies(seed)
     reference = expected_control_energy("haar", proxy, total, rank, dim)
-    analysis = analyze_energy(proxy, total, reference, rank=rank, dim=dim, null_fractions=rank / dim + 0.01 * np.random.default_rng(seed).standard_normal(99),
-                              group_ids=docs, oracle_fraction=0.9, n_bootstrap=800, seed=seed)
+    analysis = analyze_energy(
+        proxy,
+        total,
+        reference,
+        rank=rank,
+        dim=dim,
+        null_fractions=rank / dim + 0.01 * np.random.default_rng(seed).standard_normal(99),
+        group_ids=docs,
+        oracle_fraction=0.9,
+        n_bootstrap=800,
+        seed=seed,
+    )
     ratio, fraction, log2 = analysis["energy_ratio"], analysis["energy_fraction"], analysis["log2_energy_ratio"]
     assert ratio.ci_method == "studentized"
     # ratio and fraction: the log-scale interval's width, mapped by d θ = θ d ln θ
@@ -61,8 +71,7 @@ def test_every_energy_row_carries_its_intervals_implied_se(seed):
     assert log2.se == pytest.approx((log2.ci_high - log2.ci_low) / (2 * Z95), rel=1e-9)
     # z and capture: affine maps of the fraction, so the fraction's SE times the map's slope
     z = analysis["z"]
-    assert z.se == pytest.approx(fraction.se * (z.ci_high - z.ci_low) / (fraction.ci_high - fraction.ci_low),
-                                 rel=1e-9)
+    assert z.se == pytest.approx(fraction.se * (z.ci_high - z.ci_low) / (fraction.ci_high - fraction.ci_low), rel=1e-9)
     g = analysis["hedges_g"]
     assert g.se == pytest.approx((g.ci_high - g.ci_low) / (2 * Z95), rel=1e-12)
 
@@ -79,9 +88,17 @@ def test_skewed_rows_are_where_the_replicates_sd_disagrees():
         num = np.bincount(docs, proxy)
         den = np.bincount(docs, total) * rank / dim
         weights = bootstrap_weights(num.size, 800, seed=seed)
-        result = ci_from_replicates(num.sum() / den.sum(), (weights @ num) / (weights @ den), None, 0.95,
-                                    "studentized", se=float(ratio_se(np.ones((1, num.size)), num, den)[0]),
-                                    replicate_se=ratio_se(weights, num, den), log_scale=True, expand_units=num.size)
+        result = ci_from_replicates(
+            num.sum() / den.sum(),
+            (weights @ num) / (weights @ den),
+            None,
+            0.95,
+            "studentized",
+            se=float(ratio_se(np.ones((1, num.size)), num, den)[0]),
+            replicate_se=ratio_se(weights, num, den),
+            log_scale=True,
+            expand_units=num.size,
+        )
         implied = interval_implied_se(result.estimate, result.ci_low, result.ci_high, 0.95, log_scale=True)
         worst = max(worst, implied / result.se, result.se / implied)
     assert worst > 1.5
@@ -90,10 +107,19 @@ def test_skewed_rows_are_where_the_replicates_sd_disagrees():
 def ratio_rows(estimates, intervals) -> pd.DataFrame:
     out = []
     for i, (estimate, (low, high)) in enumerate(zip(estimates, intervals)):
-        out.append({"model": f"m{i}", "checkpoint": "step0", "metric": "energy_ratio", "estimate": estimate,
-                    "ci_low": low, "ci_high": high,
-                    "se": interval_implied_se(estimate, low, high, 0.95, log_scale=True),
-                    "p_adjusted": 0.01, "status": "ok"})
+        out.append(
+            {
+                "model": f"m{i}",
+                "checkpoint": "step0",
+                "metric": "energy_ratio",
+                "estimate": estimate,
+                "ci_low": low,
+                "ci_high": high,
+                "se": interval_implied_se(estimate, low, high, 0.95, log_scale=True),
+                "p_adjusted": 0.01,
+                "status": "ok",
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -105,8 +131,15 @@ def test_meta_claim_weights_follow_from_the_interval_implied_se(method, method_r
     estimates = [9.83, 2.0, 1.4, 3.1, 5.5]
     intervals = [(8.63, 15.25), (1.7, 2.5), (1.1, 1.6), (2.2, 5.0), (3.0, 7.0)]
     data = ratio_rows(estimates, intervals)
-    claim = ClaimSpec(id="c", metric="energy_ratio", compare=">", threshold=1.0, alpha=0.05, aggregate="meta",
-                      meta={"method": method, "interval": "wald", "dependence": "independent"})
+    claim = ClaimSpec(
+        id="c",
+        metric="energy_ratio",
+        compare=">",
+        threshold=1.0,
+        alpha=0.05,
+        aggregate="meta",
+        meta={"method": method, "interval": "wald", "dependence": "independent"},
+    )
     pooled = pool_rows(data, claim, 0.95)
     y = np.log(estimates)
     v = np.array([((math.log(hi) - math.log(lo)) / (2 * Z95)) ** 2 for lo, hi in intervals])
@@ -140,8 +173,11 @@ def test_real_run_rows_se_within_2x_of_their_interval(tmp_path):
     with pytest.MonkeyPatch.context() as patch:  # figures are not what this is about
         patch.setattr(anistat.report.render, "render_figures", lambda *args, **kwargs: ([], {}))
         results = anistat.run(protocol, tmp_path / "bundle").results
-    rows = results[np.isfinite(results["se"].astype(float)) & np.isfinite(results["ci_low"].astype(float))
-                   & (results["metric"] != "anisotropy_capture")]  # capture's interval is clipped
+    rows = results[
+        np.isfinite(results["se"].astype(float))
+        & np.isfinite(results["ci_low"].astype(float))
+        & (results["metric"] != "anisotropy_capture")
+    ]  # capture's interval is clipped
     assert len(rows) > 0
     log = rows["metric"].isin(["energy_ratio", "energy_fraction"]) & (rows["ci_method"] == "studentized")
     est, low, high = (rows[c].astype(float).to_numpy() for c in ("estimate", "ci_low", "ci_high"))
@@ -150,5 +186,5 @@ def test_real_run_rows_se_within_2x_of_their_interval(tmp_path):
         below = np.where(log, np.log(est) - np.log(low), est - low) / Z95
         above = np.where(log, np.log(high) - np.log(est), high - est) / Z95
         scale_se = np.where(log, se / est, se)
-    off = ((scale_se > 2 * np.maximum(below, above)) | (scale_se < 0.5 * np.minimum(below, above)))
+    off = (scale_se > 2 * np.maximum(below, above)) | (scale_se < 0.5 * np.minimum(below, above))
     assert not off.any(), rows[off][["metric", "estimate", "ci_low", "ci_high", "se"]]

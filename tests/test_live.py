@@ -14,8 +14,12 @@ import torch
 from anistat.callbacks import AnistatCallback, TrainingMeter
 from anistat.live import LiveMetrics, logger_publisher, scalar_name, top_eigenvalues
 
-SETTINGS = {"sites": {"kind": ["residual", "mlp"], "layers": [0]}, "proxies": {"ranks": [2, 3], "max_fit_tokens": 80},
-            "controls": {"kinds": ["normal"], "n": 4}, "stats": {"n_bootstrap": 20, "n_permutations": 20}}
+SETTINGS = {
+    "sites": {"kind": ["residual", "mlp"], "layers": [0]},
+    "proxies": {"ranks": [2, 3], "max_fit_tokens": 80},
+    "controls": {"kinds": ["normal"], "n": 4},
+    "stats": {"n_bootstrap": 20, "n_permutations": 20},
+}
 SITES = ("residual.0", "mlp.0")
 METRICS = ("energy_fraction", "energy_over_k_d", "oracle_fraction", "energy_over_oracle")
 
@@ -24,8 +28,19 @@ def _tiny_gpt2(seed: int = 0):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=48, n_positions=16, n_embd=16, n_layer=2, n_head=2, n_inner=32,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+    config = GPT2Config(
+        vocab_size=48,
+        n_positions=16,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        n_inner=32,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     return GPT2LMHeadModel(config)
 
 
@@ -63,8 +78,17 @@ def _event_scalars(folder: Path) -> dict[str, dict[int, float]]:
 def _plain_loop(out: Path, logger=None, steps: int = 5, window: int = 1):
     model = _tiny_gpt2()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
-    meter = TrainingMeter(model, out=out, fit_steps=[0, 1], measure_steps=[1, 3], name="plain", verbose=False,
-                          window=window, logger=logger, **SETTINGS)
+    meter = TrainingMeter(
+        model,
+        out=out,
+        fit_steps=[0, 1],
+        measure_steps=[1, 3],
+        name="plain",
+        verbose=False,
+        window=window,
+        logger=logger,
+        **SETTINGS,
+    )
     for step, batch in enumerate(_batches(steps)):
         with meter.step(step):
             model(input_ids=batch, labels=batch).loss.backward()
@@ -78,13 +102,15 @@ def _bundle_estimates(bundle: Path) -> dict[tuple[str, str, str, int], float]:
     """(checkpoint, site, metric, rank) → the bundle's point estimate: the proxy's energy fraction
     and the oracle fraction."""
     rows = pd.read_csv(bundle / "results.csv")
-    picked = rows[((rows["metric"] == "energy_fraction") & (rows["proxy"] != "oracle"))
-                  | (rows["metric"] == "oracle_fraction")]
+    picked = rows[
+        ((rows["metric"] == "energy_fraction") & (rows["proxy"] != "oracle")) | (rows["metric"] == "oracle_fraction")
+    ]
     return {(r.checkpoint, r.site, r.metric, int(r.rank)): float(r.estimate) for r in picked.itertuples()}
 
 
-def _check_against_bundle(scalars: dict[str, dict[int, float]], bundle: Path, steps: list[int],
-                          prefix: str = "") -> None:
+def _check_against_bundle(
+    scalars: dict[str, dict[int, float]], bundle: Path, steps: list[int], prefix: str = ""
+) -> None:
     estimates = _bundle_estimates(bundle)
     proxy = pd.read_csv(bundle / "results.csv").query("proxy != 'oracle'")["proxy"].iloc[0]
     for site in SITES:
@@ -128,11 +154,28 @@ def _train(folder: Path, *, live: bool = True, report_to: tuple[str, ...] = ()):
     pytest.importorskip("accelerate")  # transformers' Trainer needs it
     from transformers import Trainer, TrainingArguments
 
-    callback = AnistatCallback(out=folder / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained",
-                               live=live, verbose=False, **SETTINGS)
-    args = TrainingArguments(output_dir=str(folder / "trainer"), per_device_train_batch_size=4, max_steps=5,
-                             learning_rate=1e-2, report_to=list(report_to), save_strategy="no",
-                             logging_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
+    callback = AnistatCallback(
+        out=folder / "bundle",
+        fit_steps=[0],
+        measure_steps=[0, 2, 4],
+        name="trained",
+        live=live,
+        verbose=False,
+        **SETTINGS,
+    )
+    args = TrainingArguments(
+        output_dir=str(folder / "trainer"),
+        per_device_train_batch_size=4,
+        max_steps=5,
+        learning_rate=1e-2,
+        report_to=list(report_to),
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
     trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(), callbacks=[callback])
     trainer.train()
     assert callback.error is None
@@ -155,14 +198,16 @@ def test_trainer_live_false_publishes_nothing_and_writes_the_same_bundle(tmp_pat
     quiet = _train(tmp_path / "quiet", live=False)
     loud = _train(tmp_path / "loud")
     assert not _live_entries(quiet) and len(_live_entries(loud)) == 3
-    assert ((tmp_path / "quiet" / "bundle" / "results.csv").read_bytes()
-            == (tmp_path / "loud" / "bundle" / "results.csv").read_bytes())
+    assert (tmp_path / "quiet" / "bundle" / "results.csv").read_bytes() == (
+        tmp_path / "loud" / "bundle" / "results.csv"
+    ).read_bytes()
 
 
 def _spiked_moment(d: int, seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    g = torch.randn(4 * d, d, generator=generator, dtype=torch.float64) * torch.linspace(4.0, 0.2, d,
-                                                                                          dtype=torch.float64)
+    g = torch.randn(4 * d, d, generator=generator, dtype=torch.float64) * torch.linspace(
+        4.0, 0.2, d, dtype=torch.float64
+    )
     return g.T @ g
 
 
@@ -172,8 +217,9 @@ def test_top_eigenvalues_match_the_float64_decomposition():
     top = top_eigenvalues(m, 6)
     assert top.dtype == torch.float64 and top.shape == (6,)
     np.testing.assert_allclose(top.numpy(), exact.numpy(), rtol=1e-5)
-    np.testing.assert_allclose(float(top.sum()) / float(torch.trace(m)), float(exact.sum()) / float(torch.trace(m)),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        float(top.sum()) / float(torch.trace(m)), float(exact.sum()) / float(torch.trace(m)), rtol=1e-6
+    )
 
 
 def test_oracle_every_n_th_step_is_left_out_in_between_not_carried_over():
@@ -200,14 +246,17 @@ def test_live_point_estimates_closed_form():
     scalars = LiveMetrics(bases, lambda values, step: published.append((values, step)))({"s": m}, 7)
     trace = float(eigenvalues.sum())
     assert published == [(scalars, 7)]
-    np.testing.assert_allclose(scalars["anistat/s/oracle_like_k2/energy_fraction"],
-                               float(eigenvalues[-2:].sum()) / trace, rtol=1e-9)
+    np.testing.assert_allclose(
+        scalars["anistat/s/oracle_like_k2/energy_fraction"], float(eigenvalues[-2:].sum()) / trace, rtol=1e-9
+    )
     # the oracle comes from a float32 eigvalsh: ~1e-6 relative (anistat.live.top_eigenvalues)
     np.testing.assert_allclose(scalars["anistat/s/oracle_like_k2/energy_over_oracle"], 1.0, rtol=1e-6)
-    np.testing.assert_allclose(scalars["anistat/s/axis_k3/energy_fraction"], float(m.diagonal()[:3].sum()) / trace,
-                               rtol=1e-9)
-    np.testing.assert_allclose(scalars["anistat/s/axis_k3/energy_over_k_d"],
-                               float(m.diagonal()[:3].sum()) / trace / (3 / 120), rtol=1e-9)
+    np.testing.assert_allclose(
+        scalars["anistat/s/axis_k3/energy_fraction"], float(m.diagonal()[:3].sum()) / trace, rtol=1e-9
+    )
+    np.testing.assert_allclose(
+        scalars["anistat/s/axis_k3/energy_over_k_d"], float(m.diagonal()[:3].sum()) / trace / (3 / 120), rtol=1e-9
+    )
 
 
 def test_a_logger_that_cannot_take_scalars_is_refused():

@@ -46,8 +46,9 @@ def test_global_mean_is_the_training_loss_gradient(splits):
     own = model(input_ids=inputs, labels=labels).loss  # BertForMaskedLM: CE mean over targets
     ours = lm_loss(model, inputs, labels, "mlm", "global_mean", float(counts.sum()) / n_seq)
     torch.testing.assert_close(ours, n_seq * own, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(_parameter_gradient(model, ours), n_seq * _parameter_gradient(model, own),
-                               rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        _parameter_gradient(model, ours), n_seq * _parameter_gradient(model, own), rtol=1e-4, atol=1e-6
+    )
 
 
 def test_global_mean_is_batch_independent(splits):
@@ -56,8 +57,10 @@ def test_global_mean_is_batch_independent(splits):
     inputs, labels, counts = _mlm_batch(splits)
     m_bar = float(counts.sum()) / inputs.shape[0]
     whole = _parameter_gradient(model, lm_loss(model, inputs, labels, "mlm", "global_mean", m_bar))
-    parts = sum(_parameter_gradient(model, lm_loss(model, inputs[a:b], labels[a:b], "mlm", "global_mean", m_bar))
-                for a, b in ((0, 1), (1, 4), (4, 6)))
+    parts = sum(
+        _parameter_gradient(model, lm_loss(model, inputs[a:b], labels[a:b], "mlm", "global_mean", m_bar))
+        for a, b in ((0, 1), (1, 4), (4, 6))
+    )
     torch.testing.assert_close(parts, whole, rtol=1e-4, atol=1e-6)
 
 
@@ -65,10 +68,9 @@ def test_per_sequence_mean_is_a_sum_of_single_sequence_losses(splits):
     model = _model("bert", splits)
     inputs, labels, _ = _mlm_batch(splits)
     ours = lm_loss(model, inputs, labels, "mlm", "per_sequence_mean")
-    own = sum(model(input_ids=inputs[s:s + 1], labels=labels[s:s + 1]).loss for s in range(inputs.shape[0]))
+    own = sum(model(input_ids=inputs[s : s + 1], labels=labels[s : s + 1]).loss for s in range(inputs.shape[0]))
     torch.testing.assert_close(ours, own, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(_parameter_gradient(model, ours), _parameter_gradient(model, own),
-                               rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(_parameter_gradient(model, ours), _parameter_gradient(model, own), rtol=1e-4, atol=1e-6)
 
 
 def test_clm_reductions_coincide_with_the_training_loss(splits):
@@ -97,10 +99,20 @@ def test_measured_energies_reweight_by_masked_tokens(splits):
     dim, rank, layer = 16, 3, 0
     proxy = fit_proxy(torch.randn(200, dim, generator=torch.Generator().manual_seed(0)), "pca", rank, seed=0)
     bases = {layer: [BasisSet("pca", rank, proxy.basis, {"haar": draw_controls("haar", proxy.basis, 4, seed=1)})]}
-    common = dict(keys={layer: UnitKey("m", "mlm", "c", 0, "early", layer, f"residual.{layer}")}, bases=bases,
-                  splits=splits, objective="mlm", token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long),
-                  n_buckets=1, mlm_probability=0.3, seed=0, batch_size=4, device=torch.device("cpu"),
-                  isoscore_c0="scaled_identity", isoscore_zeta=0.1)
+    common = dict(
+        keys={layer: UnitKey("m", "mlm", "c", 0, "early", layer, f"residual.{layer}")},
+        bases=bases,
+        splits=splits,
+        objective="mlm",
+        token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long),
+        n_buckets=1,
+        mlm_probability=0.3,
+        seed=0,
+        batch_size=4,
+        device=torch.device("cpu"),
+        isoscore_c0="scaled_identity",
+        isoscore_zeta=0.1,
+    )
     per_sequence = measure_checkpoint(model, loss_reduction="per_sequence_mean", **common)[layer]
     global_mean = measure_checkpoint(model, loss_reduction="global_mean", **common)[layer]
     _, labels = model_inputs(splits.test, splits, "mlm", 0.3, 0, "test")

@@ -43,17 +43,31 @@ def write(tmp_path: Path, text: str) -> Path:
 # ----------------------------------------------------------------------------------------------
 # did you mean
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("old, new, expected", [
-    ("stats: {n_bootstrap: 100", "stats: {n_bootsrap: 100", "unknown key 'stats.n_bootsrap'; did you mean 'n_bootstrap'?"),
-    ("methods: [pca]", "methods: [PCA]", "did you mean 'pca'?"),
-    ("kinds: [normal, haar]", "kinds: [Normal, haar]", "controls.kinds[0]: Input should be 'normal', 'haar', "
-     "'pca_span' or 'cov_matched' (got 'Normal'); did you mean 'normal'?"),
-    ("    hidden_size: 16\n    num_layers: 2", "    hiden_size: 16\n    num_layers: 2",
-     "unknown key 'models[0].hiden_size'; did you mean 'hidden_size'?"),
-    ("train: {steps: 6", "train: {step: 6", "unknown key 'models[0].train.step'; did you mean 'steps'?"),
-    ("seed: 7", "Seed: 7", "unknown key 'Seed'; did you mean 'seed'?"),
-    ("multiplicity: fdr_bh", "multiplicity: FDR_BH", "did you mean 'fdr_bh'?"),
-])
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        (
+            "stats: {n_bootstrap: 100",
+            "stats: {n_bootsrap: 100",
+            "unknown key 'stats.n_bootsrap'; did you mean 'n_bootstrap'?",
+        ),
+        ("methods: [pca]", "methods: [PCA]", "did you mean 'pca'?"),
+        (
+            "kinds: [normal, haar]",
+            "kinds: [Normal, haar]",
+            "controls.kinds[0]: Input should be 'normal', 'haar', "
+            "'pca_span' or 'cov_matched' (got 'Normal'); did you mean 'normal'?",
+        ),
+        (
+            "    hidden_size: 16\n    num_layers: 2",
+            "    hiden_size: 16\n    num_layers: 2",
+            "unknown key 'models[0].hiden_size'; did you mean 'hidden_size'?",
+        ),
+        ("train: {steps: 6", "train: {step: 6", "unknown key 'models[0].train.step'; did you mean 'steps'?"),
+        ("seed: 7", "Seed: 7", "unknown key 'Seed'; did you mean 'seed'?"),
+        ("multiplicity: fdr_bh", "multiplicity: FDR_BH", "did you mean 'fdr_bh'?"),
+    ],
+)
 def test_did_you_mean(capsys, tmp_path, old, new, expected):
     assert old in MINI_PROTOCOL
     code, _, err = run_cli(capsys, "validate", write(tmp_path, MINI_PROTOCOL.replace(old, new, 1)))
@@ -86,15 +100,18 @@ def test_a_claim_metric_in_the_wrong_case(capsys, tmp_path):
 # ----------------------------------------------------------------------------------------------
 # YAML errors point at the line to fix
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, line, fragment", [
-    ("name: x\nseed 0\nmodels: []\n", 2, "could not find expected ':'"),        # PyYAML says line 3
-    ("name: x\nseed: 0\nstats:\n  alpha 0.05\n  n_bootstrap: 10\n", 4, "line 4 has no ':'"),  # PyYAML: 5
-    ("name: x\nranks: [1, 2\nseed: 0\n", 2, "while parsing a flow sequence"),  # PyYAML: 3
-    ("name: 'x\nseed: 0\n", 1, "while scanning a quoted scalar"),              # PyYAML: 3
-    ("name: x\nstatement: a: b\n", 2, "mapping values are not allowed here"),
-    ("name: x\nseed: 1\nseed: 2\n", 3, "duplicate key 'seed'"),
-    ("name: x\nstats:\n  alpha: 0.05\n n_bootstrap: 10\n", 4, "expected <block end>"),
-])
+@pytest.mark.parametrize(
+    "text, line, fragment",
+    [
+        ("name: x\nseed 0\nmodels: []\n", 2, "could not find expected ':'"),  # PyYAML says line 3
+        ("name: x\nseed: 0\nstats:\n  alpha 0.05\n  n_bootstrap: 10\n", 4, "line 4 has no ':'"),  # PyYAML: 5
+        ("name: x\nranks: [1, 2\nseed: 0\n", 2, "while parsing a flow sequence"),  # PyYAML: 3
+        ("name: 'x\nseed: 0\n", 1, "while scanning a quoted scalar"),  # PyYAML: 3
+        ("name: x\nstatement: a: b\n", 2, "mapping values are not allowed here"),
+        ("name: x\nseed: 1\nseed: 2\n", 3, "duplicate key 'seed'"),
+        ("name: x\nstats:\n  alpha: 0.05\n n_bootstrap: 10\n", 4, "expected <block end>"),
+    ],
+)
 def test_yaml_errors_name_the_line_to_fix(capsys, tmp_path, text, line, fragment):
     code, _, err = run_cli(capsys, "validate", write(tmp_path, text))
     message = one_line(code, err)
@@ -120,7 +137,8 @@ def test_already_exists_without_out_names_the_default_folder(capsys, tmp_path, m
     code, _, err = run_cli(capsys, "run", write(tmp_path, MINI_PROTOCOL))
     assert one_line(code, err) == (
         "anistat: error: reports/mini (the default bundle folder of protocol 'mini'): a bundle already exists there; "
-        "pass --overwrite to replace it, or choose another folder with --out DIR")
+        "pass --overwrite to replace it, or choose another folder with --out DIR"
+    )
 
 
 def test_already_exists_with_out_names_the_option(capsys, tmp_path):
@@ -263,15 +281,18 @@ def test_with_pyarrow_nothing_is_omitted(capsys, tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------------
 # calibrate: Monte-Carlo error, and no "met" that the simulation cannot resolve
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("value, n, verdict", [
-    (0.05, 20, "unresolved"),    # the issue: "met (0.0500 in [0.04, 0.06])" at 20 simulations
-    (0.05, 2000, "met"),
-    (0.052, 2000, "met"),
-    (0.065, 2000, "NOT met"),    # resolvable, outside the band
-    (0.30, 20, "NOT met"),       # even 20 simulations exclude the band
-    (0.10, 20, "unresolved"),    # 2 of 20: within the Monte-Carlo error of the band
-    (float("nan"), 2000, "NOT met"),
-])
+@pytest.mark.parametrize(
+    "value, n, verdict",
+    [
+        (0.05, 20, "unresolved"),  # the issue: "met (0.0500 in [0.04, 0.06])" at 20 simulations
+        (0.05, 2000, "met"),
+        (0.052, 2000, "met"),
+        (0.065, 2000, "NOT met"),  # resolvable, outside the band
+        (0.30, 20, "NOT met"),  # even 20 simulations exclude the band
+        (0.10, 20, "unresolved"),  # 2 of 20: within the Monte-Carlo error of the band
+        (float("nan"), 2000, "NOT met"),
+    ],
+)
 def test_goal_verdicts(value, n, verdict):
     check = goal_check(value, (0.04, 0.06), n)
     assert check["verdict"] == verdict and check["passed"] is (verdict == "met")
@@ -282,17 +303,32 @@ def test_goal_verdicts(value, n, verdict):
 def test_goal_lines():
     assert describe_goal("g", goal_check(0.05, (0.04, 0.06), 20)) == (
         "goal g: unresolved (0.0500 ± 0.0955 at 20 simulated studies: this Monte-Carlo error cannot resolve "
-        "[0.04, 0.06]; it needs at least 1825)")
+        "[0.04, 0.06]; it needs at least 1825)"
+    )
     assert describe_goal("g", goal_check(0.05, (0.04, 0.06), 2000)) == (
-        "goal g: met (0.0500 ± 0.0096 at 2000 simulated studies, goal [0.04, 0.06])")
+        "goal g: met (0.0500 ± 0.0096 at 2000 simulated studies, goal [0.04, 0.06])"
+    )
 
 
 def test_calibrate_at_20_simulations_calls_nothing_met(capsys, tmp_path):
     # small everywhere (one scenario, 12-document studies, no 200-document coverage studies, 20
     # family studies): what is checked is the wording at too few simulations, not the rates
-    code, out, err = run_cli(capsys, "calibrate", "--out", tmp_path / "c", "--n-simulations", "20",
-                             "--scenario", "isotropic", "--n-documents", "12", "--coverage-documents", "12",
-                             "--family-simulations", "20")
+    code, out, err = run_cli(
+        capsys,
+        "calibrate",
+        "--out",
+        tmp_path / "c",
+        "--n-simulations",
+        "20",
+        "--scenario",
+        "isotropic",
+        "--n-documents",
+        "12",
+        "--coverage-documents",
+        "12",
+        "--family-simulations",
+        "20",
+    )
     assert code == 0, err
     goals = [line for line in out.splitlines() if line.startswith("goal ")]
     assert goals and not [line for line in goals if ": met (" in line], goals

@@ -47,12 +47,18 @@ def assert_answer_is_true(ctx: ReportContext, model: str, phase_words: str) -> N
     from anistat.report._content import answer
 
     text = answer(ctx)
-    rows = ctx.main[(ctx.main["metric"] == "energy_ratio") & (ctx.main["proxy"] == ctx.proxy)
-                    & (ctx.main["control"] == ctx.control) & ctx.main["_ok"]]
+    rows = ctx.main[
+        (ctx.main["metric"] == "energy_ratio")
+        & (ctx.main["proxy"] == ctx.proxy)
+        & (ctx.main["control"] == ctx.control)
+        & ctx.main["_ok"]
+    ]
     rows = rows[rows["rank"] == rows["rank"].min()]
     more = (rows[ctx.p_col] < ctx.alpha) & (rows["estimate"] > 1)
     verdict = "Yes" if more.all() else "No" if not more.any() else "In part"
-    assert text.startswith(f"{verdict} for {model}: its rank-{int(rows['rank'].min())} {ctx.proxy} proxy captures "), text
+    assert text.startswith(f"{verdict} for {model}: its rank-{int(rows['rank'].min())} {ctx.proxy} proxy captures "), (
+        text
+    )
     assert phase_words in text and "checkpoint" not in text, text
 
 
@@ -62,7 +68,7 @@ def kind_specific_text(inputs) -> str:
     design, proxies = (p.plain() for p in paragraphs[:2])
     statistics = next(p.plain() for p in paragraphs if p.heading == "Statistics")
     first = statistics.index(". ", statistics.index(". ") + 2)  # the heading, then the first sentence
-    return "\n\n".join([design, proxies, statistics[:first + 1]]) + "\n"
+    return "\n\n".join([design, proxies, statistics[: first + 1]]) + "\n"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,9 +78,10 @@ def test_null_check_methods_text_matches_the_golden_file():
     """Random proxies drawn anew at every checkpoint: never "fitted … then frozen", and the
     fit sequences fit nothing."""
     protocol = load_protocol(ROOT / "protocols" / "null-check.yaml")
-    text = methods_text(report_inputs(protocol, plan_results(protocol, proxies=("random@refit",)),
-                                      quickstart_manifest(protocol)))
-    proxies = text[text.index("Proxies and gradients."):text.index("Controls.")]
+    text = methods_text(
+        report_inputs(protocol, plan_results(protocol, proxies=("random@refit",)), quickstart_manifest(protocol))
+    )
+    proxies = text[text.index("Proxies and gradients.") : text.index("Controls.")]
     assert "frozen" not in proxies and "fitted" not in proxies
     assert "anew at every checkpoint (labelled random@refit)" in proxies
     assert "sequences fit the proxies" not in text and "the proxies use no activation" in text
@@ -86,9 +93,10 @@ def test_refit_methods_text_matches_the_golden_file():
     data = load_protocol(ROOT / "protocols" / "quickstart.yaml").normalised()
     data["proxies"]["refit"] = "both"
     protocol = parse_protocol(data, "refit")
-    text = methods_text(report_inputs(protocol, plan_results(protocol, proxies=("pca", "pca@refit")),
-                                      quickstart_manifest(protocol)))
-    proxies = text[text.index("Proxies and gradients."):text.index("Controls.")]
+    text = methods_text(
+        report_inputs(protocol, plan_results(protocol, proxies=("pca", "pca@refit")), quickstart_manifest(protocol))
+    )
+    proxies = text[text.index("Proxies and gradients.") : text.index("Controls.")]
     assert "then frozen (labelled pca)" in proxies and "refitted on each checkpoint's own fit sequences" in proxies
     matches_golden("refit_methods.txt", text)
 
@@ -105,8 +113,16 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
 
     model = _tiny_gpt2()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
-    meter = TrainingMeter(model, out=tmp_path / "bundle", fit_steps=[0, 1], measure_steps=[1, 3], window=2,
-                          name="plain", verbose=False, **SETTINGS)
+    meter = TrainingMeter(
+        model,
+        out=tmp_path / "bundle",
+        fit_steps=[0, 1],
+        measure_steps=[1, 3],
+        window=2,
+        name="plain",
+        verbose=False,
+        **SETTINGS,
+    )
     # 6 sequences a step: 12 per unit of 2 steps, enough resampling units for intervals
     for step, batch in enumerate(_batches(5, batch=6)):
         with meter.step(step):
@@ -117,8 +133,7 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
     contents = read_bundle(tmp_path / "bundle")
     corpus = contents.manifest["corpus"]
     text = kind_specific_text(contents.report_inputs())
-    for false in ("built-in corpus", "64 sequences", "earliest 30 % of the checkpoints", "test sequences",
-                  "disjoint"):
+    for false in ("built-in corpus", "64 sequences", "earliest 30 % of the checkpoints", "test sequences", "disjoint"):
         assert false not in text, false
     assert f"the {corpus['fit_sequences']} sequences of training steps 0, 1 fit the proxies" in text
     assert f"the {corpus['measured_sequences']} sequences of training steps 1, 3 (units of 2 consecutive steps)" in text
@@ -130,8 +145,7 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
     from anistat.report.render import figure_context
 
     ctx = ReportContext(inputs=contents.report_inputs(), options=FAST)
-    captions = {name: function(ctx.full if full else ctx.main, figure_context(ctx))
-                for name, function, full in FIGURES}
+    captions = {name: function(ctx.full if full else ctx.main, figure_context(ctx)) for name, function, full in FIGURES}
     trajectory = captions["energy_ratio_trajectory"].caption
     assert "over measured training steps" in trajectory
     assert "the first 30 % of the measured steps; the proxies were fitted on training steps 0, 1" in trajectory
@@ -147,12 +161,23 @@ def test_trainer_callback_methods_text_describes_the_trainer_run(tmp_path):
 
     from anistat.callbacks import AnistatCallback
 
-    callback = AnistatCallback(out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained",
-                               verbose=False, **SETTINGS)
-    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=4, max_steps=5,
-                             gradient_accumulation_steps=2, learning_rate=1e-2, report_to=[], save_strategy="no",
-                             logging_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
-                             seed=0)
+    callback = AnistatCallback(
+        out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained", verbose=False, **SETTINGS
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "trainer"),
+        per_device_train_batch_size=4,
+        max_steps=5,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
     Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(), callbacks=[callback]).train()
     assert callback.error is None, callback.error
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
@@ -162,8 +187,11 @@ def test_trainer_callback_methods_text_describes_the_trainer_run(tmp_path):
     assert "Training step 0 was both fitted and measured" in text
     assert "built-in corpus" not in text and "earliest 30 % of the checkpoints" not in text
     matches_golden("callback_methods.txt", text)
-    assert_answer_is_true(ReportContext(inputs=read_bundle(tmp_path / "bundle").report_inputs(), options=FAST),
-                          "trained", "early in the measured training (step0)")
+    assert_answer_is_true(
+        ReportContext(inputs=read_bundle(tmp_path / "bundle").report_inputs(), options=FAST),
+        "trained",
+        "early in the measured training (step0)",
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -174,18 +202,54 @@ def caption_results(protocol) -> tuple[pd.DataFrame, pd.DataFrame]:
     log2 ratios, and per-frequency-bucket ratios (frequency.csv) at rank 4."""
     results = plan_results(protocol)
     ratios = results[results["metric"] == "energy_ratio"]
-    fractions = ratios.assign(metric="energy_fraction", estimate=ratios["estimate"] / 20,
-                              ci_low=ratios["ci_low"] / 20, ci_high=ratios["ci_high"] / 20,
-                              control_mean=0.0625, control_sd=0.004)
-    logs = ratios.assign(metric="log2_energy_ratio", estimate=np.log2(ratios["estimate"]),
-                         ci_low=np.log2(ratios["ci_low"]), ci_high=np.log2(ratios["ci_high"]))
+    fractions = ratios.assign(
+        metric="energy_fraction",
+        estimate=ratios["estimate"] / 20,
+        ci_low=ratios["ci_low"] / 20,
+        ci_high=ratios["ci_high"] / 20,
+        control_mean=0.0625,
+        control_sd=0.004,
+    )
+    logs = ratios.assign(
+        metric="log2_energy_ratio",
+        estimate=np.log2(ratios["estimate"]),
+        ci_low=np.log2(ratios["ci_low"]),
+        ci_high=np.log2(ratios["ci_high"]),
+    )
     results = pd.concat([results, fractions, logs], ignore_index=True)
     buckets = ratios[(ratios["rank"] == 4) & (ratios["control"] == "normal")]
-    frequency = pd.concat([buckets.assign(bucket=str(b), estimate=buckets["estimate"] * (1 + 0.1 * b),
-                                          ci_method="percentile") for b in range(3)], ignore_index=True)
-    return results, frequency[["model", "objective", "checkpoint", "step", "phase", "layer", "site", "dim",
-                               "n_sequences", "n_tokens", "proxy", "rank", "control", "bucket", "metric",
-                               "estimate", "ci_low", "ci_high", "ci_method", "p_value", "note"]]
+    frequency = pd.concat(
+        [
+            buckets.assign(bucket=str(b), estimate=buckets["estimate"] * (1 + 0.1 * b), ci_method="percentile")
+            for b in range(3)
+        ],
+        ignore_index=True,
+    )
+    return results, frequency[
+        [
+            "model",
+            "objective",
+            "checkpoint",
+            "step",
+            "phase",
+            "layer",
+            "site",
+            "dim",
+            "n_sequences",
+            "n_tokens",
+            "proxy",
+            "rank",
+            "control",
+            "bucket",
+            "metric",
+            "estimate",
+            "ci_low",
+            "ci_high",
+            "ci_method",
+            "p_value",
+            "note",
+        ]
+    ]
 
 
 @pytest.mark.slow
@@ -222,19 +286,33 @@ def test_a_real_refit_run_of_random_proxies_reports_what_it_did(tmp_path, capsys
     from anistat.cli import main
 
     protocol = tmp_path / "null.yaml"
-    protocol.write_text(MINI_PROTOCOL.replace("proxies: {methods: [pca], ranks: [2, 4], max_fit_tokens: 400, "
-                                              "concept_card_tokens: 3}",
-                                              "proxies: {methods: [random], ranks: [2, 4], refit: per_checkpoint}"))
+    protocol.write_text(
+        MINI_PROTOCOL.replace(
+            "proxies: {methods: [pca], ranks: [2, 4], max_fit_tokens: 400, concept_card_tokens: 3}",
+            "proxies: {methods: [random], ranks: [2, 4], refit: per_checkpoint}",
+        )
+    )
     assert "refit: per_checkpoint" in protocol.read_text()
     assert main(["run", str(protocol), "--out", str(tmp_path / "bundle"), "--quiet"]) == 0, capsys.readouterr().err
     html = (tmp_path / "bundle" / "report.html").read_text(encoding="utf-8")
-    methods_html = html[html.index('id="methods"'):]
+    methods_html = html[html.index('id="methods"') :]
     assert "anew at every checkpoint (labelled random@refit)" in methods_html and "then frozen" not in methods_html
-    for skipped in ("no energy_ratio rows", "no log2_energy_ratio", "no energy_fraction rows",
-                    "no delta_isoscore_star rows"):
+    for skipped in (
+        "no energy_ratio rows",
+        "no log2_energy_ratio",
+        "no energy_fraction rows",
+        "no delta_isoscore_star rows",
+    ):
         assert skipped not in html, skipped
-    assert "Null check (uninformative random proxy" in html and "uniformity against the p-values&#39; own null law" in html
-    answer = html[html.index('<p class="answer" id="answer">'):]
-    assert answer.startswith('<p class="answer" id="answer"><b>Answer.</b> ') and (
-        "this run asks whether the tests reject an uninformative (uniformly random) proxy at their nominal rate, not "
-        "whether a proxy captures more; the exact test (Haar draws) rejects it in") in answer[:600]
+    assert (
+        "Null check (uninformative random proxy" in html and "uniformity against the p-values&#39; own null law" in html
+    )
+    answer = html[html.index('<p class="answer" id="answer">') :]
+    assert (
+        answer.startswith('<p class="answer" id="answer"><b>Answer.</b> ')
+        and (
+            "this run asks whether the tests reject an uninformative (uniformly random) proxy at their nominal rate, not "
+            "whether a proxy captures more; the exact test (Haar draws) rejects it in"
+        )
+        in answer[:600]
+    )

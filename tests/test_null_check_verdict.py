@@ -83,9 +83,19 @@ def test_a_rejected_uniformity_is_never_called_consistent(seed):
     from anistat.report._null_check import verdict_sentence
     from anistat.report.inputs import NullCheckSummary
 
-    summary = NullCheckSummary("paper", tuple(p), check.alpha, check.rejection_rate, *check.rate_ci,
-                               check.expected_rate, check.grid, check.binomial_p, check.uniformity_p, check.level,
-                               check.verdict)
+    summary = NullCheckSummary(
+        "paper",
+        tuple(p),
+        check.alpha,
+        check.rejection_rate,
+        *check.rate_ci,
+        check.expected_rate,
+        check.grid,
+        check.binomial_p,
+        check.uniformity_p,
+        check.level,
+        check.verdict,
+    )
     assert (CONSISTENT in verdict_sentence(summary)) == (not rejected)
 
 
@@ -150,12 +160,22 @@ def test_null_check_report_finds_the_refit_rows_and_states_a_verdict_that_agrees
         assert (CONSISTENT in sentence) == check.calibrated
         assert f"p = {check.uniformity_p:.2g}" in sentence and "Kolmogorov" in sentence
     assert "multiples of 1/21" in sentences[1]
-    fig_ctx = {"proxy": ctx.proxy, "control": ctx.control, "max_panels": 4, "ci_text": ctx.ci_text,
-               "null_checks": inputs.null_checks}
+    fig_ctx = {
+        "proxy": ctx.proxy,
+        "control": ctx.control,
+        "max_panels": 4,
+        "ci_text": ctx.ci_text,
+        "null_checks": inputs.null_checks,
+    }
     figures, skipped = render_figures(ctx.main, ctx.full, fig_ctx, tmp_path, 40)
     names = {f.name for f in figures}
-    assert {"energy_ratio_trajectory", "forest_effects", "proxy_oracle_controls", "delta_isoscore",
-            "null_check"} <= names, skipped
+    assert {
+        "energy_ratio_trajectory",
+        "forest_effects",
+        "proxy_oracle_controls",
+        "delta_isoscore",
+        "null_check",
+    } <= names, skipped
     caption = next(f.caption for f in figures if f.name == "null_check")
     from anistat.report._null_check import VERDICT_TEXT
 

@@ -15,8 +15,9 @@ from anistat.analyze import RESULT_COLUMNS
 
 
 def anistat(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "anistat", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "anistat", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 # `mini_bundle`: the session's one MINI_PROTOCOL bundle (conftest.py), written by `python -m anistat run`.
@@ -52,8 +53,9 @@ def test_frequency_correlations_carry_sequence_bootstrap_cis(mini_bundle):
     correlations = frequency[frequency.metric.isin(["spearman_logfreq_distance", "pearson_logfreq_distance"])]
     assert len(correlations) == 2 * (3 * 2 + 2 * 1)  # two metrics per unit
     assert (correlations.ci_method == "normal").all() and correlations.ci_low.notna().all()
-    assert ((-1 <= correlations.ci_low) & (correlations.ci_low < correlations.ci_high)
-            & (correlations.ci_high <= 1)).all()
+    assert (
+        (-1 <= correlations.ci_low) & (correlations.ci_low < correlations.ci_high) & (correlations.ci_high <= 1)
+    ).all()
     assert correlations.note.str.contains("token types").all()
     assert 'id="frequency"' in (mini_bundle / "report.html").read_text(encoding="utf-8")
 
@@ -105,7 +107,8 @@ def test_run_with_invalid_input_leaves_nothing(tmp_path):
     # relative data paths resolve against the protocol file's folder (and the message says so)
     assert result.stderr.strip().splitlines() == [
         f"anistat: error: data.paths: file not found: no-such-file.txt (relative to the protocol's folder "
-        f"{tmp_path.resolve()})"]
+        f"{tmp_path.resolve()})"
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["missing-data.yaml"]
 
 

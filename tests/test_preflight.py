@@ -18,8 +18,10 @@ from anistat.cli import main
 from anistat.preflight import preflight, row_plan
 from anistat.protocol import load_protocol, parse_protocol
 
-TRAINED_FIRST = ("  - {name: first, architecture: gpt2, hidden_size: 16, num_layers: 3, num_heads: 2,\n"
-                 "     train: {steps: 40, batch_size: 4, checkpoints: [0, 20, 40]}}\n")
+TRAINED_FIRST = (
+    "  - {name: first, architecture: gpt2, hidden_size: 16, num_layers: 3, num_heads: 2,\n"
+    "     train: {steps: 40, batch_size: 4, checkpoints: [0, 20, 40]}}\n"
+)
 
 
 def protocol_text(models: str, *, ranks: str = "[2]", kinds: str = "[normal, haar]", extra: str = "") -> str:
@@ -27,8 +29,7 @@ def protocol_text(models: str, *, ranks: str = "[2]", kinds: str = "[normal, haa
         "name: pf\n"
         "data: {source: text, paths: [corpus.txt], seq_len: 16, n_fit_sequences: 8, n_test_sequences: 8, "
         "vocab_size: 300, batch_size: 8}\n"
-        "models:\n" + TRAINED_FIRST + models +
-        f"proxies: {{ranks: {ranks}, max_fit_tokens: 200}}\n"
+        "models:\n" + TRAINED_FIRST + models + f"proxies: {{ranks: {ranks}, max_fit_tokens: 200}}\n"
         f"controls: {{kinds: {kinds}, n: 5}}\n"
         "stats: {n_bootstrap: 20, n_permutations: 20}\nreport: {compile_pdf: false}\n" + extra
     )
@@ -87,14 +88,22 @@ def test_relative_checkpoints_resolve_against_the_protocol_file(study, tmp_path,
     out = capsys.readouterr().out
     assert "loc: local, d=8, 2 layers, 2 checkpoint(s), sites residual.0, residual.1" in out
     # the hash does not depend on where the study folder is
-    assert load_protocol(protocol).sha256() == parse_protocol(
-        __import__("yaml").safe_load(protocol.read_text())).sha256()
+    assert (
+        load_protocol(protocol).sha256() == parse_protocol(__import__("yaml").safe_load(protocol.read_text())).sha256()
+    )
 
 
 def test_wrong_checkpoint_directory(study, tmp_path, monkeypatch, capsys):
     protocol = write(study, tmp_path, protocol_text(local_series("[ckpt/a, ckpt/typo]")))
-    both_reject(capsys, monkeypatch, tmp_path, protocol, "models.loc", "model directory not found: ckpt/typo",
-                str(protocol.parent / "ckpt" / "typo"))
+    both_reject(
+        capsys,
+        monkeypatch,
+        tmp_path,
+        protocol,
+        "models.loc",
+        "model directory not found: ckpt/typo",
+        str(protocol.parent / "ckpt" / "typo"),
+    )
 
 
 def test_rank_against_the_configs_hidden_size(study, tmp_path, monkeypatch, capsys):
@@ -104,8 +113,7 @@ def test_rank_against_the_configs_hidden_size(study, tmp_path, monkeypatch, caps
 
 def test_normal_controls_need_2k_at_most_d(study, tmp_path, monkeypatch, capsys):
     protocol = write(study, tmp_path, protocol_text(local_series(), ranks="[5]"))
-    both_reject(capsys, monkeypatch, tmp_path, protocol, "models.loc", "controls.kinds 'normal'",
-                "5", "hidden size 8")
+    both_reject(capsys, monkeypatch, tmp_path, protocol, "models.loc", "controls.kinds 'normal'", "5", "hidden size 8")
 
 
 def test_site_name_beyond_the_blocks(study, tmp_path, monkeypatch, capsys):
@@ -119,26 +127,49 @@ def test_site_name_beyond_a_local_models_blocks(study, tmp_path, monkeypatch, ca
 
 
 def test_module_site_that_does_not_exist(study, tmp_path, monkeypatch, capsys):
-    protocol = write(study, tmp_path, protocol_text(
-        local_series(), extra="sites: {names: ['module:transformer.h.0.mlp.c_proj', 'module:transformer.h.9']}\n"))
+    protocol = write(
+        study,
+        tmp_path,
+        protocol_text(
+            local_series(), extra="sites: {names: ['module:transformer.h.0.mlp.c_proj', 'module:transformer.h.9']}\n"
+        ),
+    )
     both_reject(capsys, monkeypatch, tmp_path, protocol, "models.first", "no module named 'transformer.h.9'")
 
 
-@pytest.mark.parametrize("claim, needles", [
-    ("{id: c, metric: energy_ration}", ["claims[0] 'c'", "metric 'energy_ration'", "did you mean 'energy_ratio'",
-                                        "valid metrics:", "oracle_fraction"]),
-    ("{id: c, metric: energy_ratio, where: {modle: first}}", ["where key 'modle'", "did you mean 'model'",
-                                                               "valid keys:", "checkpoint"]),
-    ("{id: c, metric: energy_ratio, where: {model: frist}}", ["where.model = 'frist'", "did you mean 'first'",
-                                                               "values in this plan: first, loc"]),
-    ("{id: c, metric: energy_ratio, where: {rank: 4}}", ["where.rank = 4", "values in this plan: 2"]),
-    ("{id: c, metric: energy_ratio, where: {checkpoint: [step20, step30]}}", ["where.checkpoint = 'step30'",
-                                                                              "a, b, step0, step20, step40"]),
-    ("{id: c, metric: oracle_fraction, where: {control: normal}}", ["where.control = 'normal'",
-                                                                     "no 'oracle_fraction' row", "none"]),
-    ("{id: c, metric: energy_ratio, where: {model: loc, checkpoint: step20}}",
-     ["selects no row", "not together"]),
-])
+@pytest.mark.parametrize(
+    "claim, needles",
+    [
+        (
+            "{id: c, metric: energy_ration}",
+            [
+                "claims[0] 'c'",
+                "metric 'energy_ration'",
+                "did you mean 'energy_ratio'",
+                "valid metrics:",
+                "oracle_fraction",
+            ],
+        ),
+        (
+            "{id: c, metric: energy_ratio, where: {modle: first}}",
+            ["where key 'modle'", "did you mean 'model'", "valid keys:", "checkpoint"],
+        ),
+        (
+            "{id: c, metric: energy_ratio, where: {model: frist}}",
+            ["where.model = 'frist'", "did you mean 'first'", "values in this plan: first, loc"],
+        ),
+        ("{id: c, metric: energy_ratio, where: {rank: 4}}", ["where.rank = 4", "values in this plan: 2"]),
+        (
+            "{id: c, metric: energy_ratio, where: {checkpoint: [step20, step30]}}",
+            ["where.checkpoint = 'step30'", "a, b, step0, step20, step40"],
+        ),
+        (
+            "{id: c, metric: oracle_fraction, where: {control: normal}}",
+            ["where.control = 'normal'", "no 'oracle_fraction' row", "none"],
+        ),
+        ("{id: c, metric: energy_ratio, where: {model: loc, checkpoint: step20}}", ["selects no row", "not together"]),
+    ],
+)
 def test_claim_typos(study, tmp_path, monkeypatch, capsys, claim, needles):
     protocol = write(study, tmp_path, protocol_text(local_series(), extra=f"claims:\n  - {claim}\n"))
     both_reject(capsys, monkeypatch, tmp_path, protocol, *needles)
@@ -154,11 +185,13 @@ def test_external_models_are_not_run(study, tmp_path, monkeypatch, capsys):
 
 
 def test_claims_that_match_are_accepted(study, tmp_path):
-    claims = ("claims:\n"
-              "  - {id: a, metric: energy_ratio, where: {model: first, phase: early, rank: 2.0, control: normal}}\n"
-              "  - {id: b, metric: energy_ratio, where: {model: loc, checkpoint: b, bucket: '0'}}\n"
-              "  - {id: c, metric: spearman_logfreq_distance, where: {bucket: all, layer: [0, 2]}}\n"
-              "  - {id: d, metric: gradient_isoscore, where: {control: none, site: residual.1}}\n")
+    claims = (
+        "claims:\n"
+        "  - {id: a, metric: energy_ratio, where: {model: first, phase: early, rank: 2.0, control: normal}}\n"
+        "  - {id: b, metric: energy_ratio, where: {model: loc, checkpoint: b, bucket: '0'}}\n"
+        "  - {id: c, metric: spearman_logfreq_distance, where: {bucket: all, layer: [0, 2]}}\n"
+        "  - {id: d, metric: gradient_isoscore, where: {control: none, site: residual.1}}\n"
+    )
     checked = preflight(load_protocol(write(study, tmp_path, protocol_text(local_series(), extra=claims))))
     assert [m.name for m in checked.models] == ["first", "loc"]
     assert [label for label, _ in checked.models[1].checkpoints] == ["a", "b"]
@@ -179,18 +212,34 @@ def test_the_plan_is_exactly_the_rows_a_run_writes(tmp_path, monkeypatch):
     path.write_text(MINI_PROTOCOL)
     protocol = load_protocol(path)
     result = run(protocol, tmp_path / "out")
-    keys = ["model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim", "proxy", "control",
-            "metric", "bucket"]
+    keys = [
+        "model",
+        "objective",
+        "checkpoint",
+        "step",
+        "phase",
+        "layer",
+        "site",
+        "rank",
+        "dim",
+        "proxy",
+        "control",
+        "metric",
+        "bucket",
+    ]
 
     def as_keys(frame: pd.DataFrame) -> set[tuple]:
         frame = frame.assign(**({} if "bucket" in frame else {"bucket": ""}))
-        return {tuple("" if pd.isna(v) else str(int(v)) if isinstance(v, float) else str(v) for v in row)
-                for row in frame[keys].itertuples(index=False)}
+        return {
+            tuple("" if pd.isna(v) else str(int(v)) if isinstance(v, float) else str(v) for v in row)
+            for row in frame[keys].itertuples(index=False)
+        }
 
-    actual = as_keys(result.results) | as_keys(pd.read_csv(tmp_path / "out" / "frequency.csv",
-                                                           dtype={"bucket": str}))
-    planned = {tuple("" if row.get(k) is None else str(row[k]) for k in keys)
-               for row in row_plan(protocol, list(preflight(protocol).models)).rows()}
+    actual = as_keys(result.results) | as_keys(pd.read_csv(tmp_path / "out" / "frequency.csv", dtype={"bucket": str}))
+    planned = {
+        tuple("" if row.get(k) is None else str(row[k]) for k in keys)
+        for row in row_plan(protocol, list(preflight(protocol).models)).rows()
+    }
     assert actual <= planned  # every row written was planned
     # planned but not written: only per-frequency-bucket rows of a bucket that no measured token
     # fell in (here: one of the encoder's buckets has no masked token), which depends on the data

@@ -72,16 +72,21 @@ def test_defaults_and_variant_labels():
     assert center_default("ica") is None and center_default("random") is None
     assert proxy_variants("pca") == [("pca", {"center": True})]
     assert proxy_variants("pca", False) == [("pca@uncentred", {"center": False})]
-    assert proxy_variants("semi_nmf", "both") == [("semi_nmf", {"center": False}),
-                                                  ("semi_nmf@centred", {"center": True})]
+    assert proxy_variants("semi_nmf", "both") == [
+        ("semi_nmf", {"center": False}),
+        ("semi_nmf@centred", {"center": True}),
+    ]
     assert proxy_variants("ica") == [("ica", {})]
     with pytest.raises(ValueError, match="no centring option"):
         proxy_variants("random", True)
 
 
 def _protocol(**proxies):
-    return {"name": "p", "models": [{"name": "m", "architecture": "gpt2", "hidden_size": 16}],
-            "proxies": {"methods": ["pca", "ica"], "ranks": [2], **proxies}}
+    return {
+        "name": "p",
+        "models": [{"name": "m", "architecture": "gpt2", "hidden_size": 16}],
+        "proxies": {"methods": ["pca", "ica"], "ranks": [2], **proxies},
+    }
 
 
 def test_protocol_checks_center_and_refit():
@@ -138,8 +143,17 @@ def test_refit_rows_sit_beside_frozen_ones(tmp_path):
 def test_refit_contrast_pairs_frozen_and_refitted_rows():
     from anistat.staleness import refit_contrast
 
-    base = {"model": "m", "objective": "clm", "step": 6, "layer": 0, "site": "residual.0", "rank": 2,
-            "control": "haar", "metric": "energy_fraction", "status": "ok"}
+    base = {
+        "model": "m",
+        "objective": "clm",
+        "step": 6,
+        "layer": 0,
+        "site": "residual.0",
+        "rank": 2,
+        "control": "haar",
+        "metric": "energy_fraction",
+        "status": "ok",
+    }
     rows = [
         {**base, "checkpoint": "step6", "phase": "late", "proxy": "pca", "estimate": 0.2},
         {**base, "checkpoint": "step6", "phase": "late", "proxy": "pca@refit", "estimate": 0.5},

@@ -36,8 +36,9 @@ TEXY = "tiny_bert & 50% $#{}~^\\ é 模"
 IMG_RE = re.compile(r"<img\b[^>]*>", re.I)
 
 
-def _render(tmp: Path, results: pd.DataFrame, name: str = "bundle", *, options: ReportOptions = NO_PDF,
-            **kw) -> tuple[Path, list[Path]]:
+def _render(
+    tmp: Path, results: pd.DataFrame, name: str = "bundle", *, options: ReportOptions = NO_PDF, **kw
+) -> tuple[Path, list[Path]]:
     """Render through the one adapter; `kw`: manifest, protocol, claims, extras (see make_inputs)."""
     out = tmp / name
     out.mkdir()
@@ -54,8 +55,7 @@ def hostile(tmp_path_factory):
     res.loc[res["status"] == "failed", "note"] = "bad <b>gradients</b> & NaN"
     protocol = make_protocol(title="<img src=x onerror=alert(2)>", description=XSS + " description")
     man = make_manifest()
-    claims = make_claims() + [{"id": "<i>x</i>", "statement": XSS, "passed": False,
-                               "evidence": {"<k>": XSS}}]
+    claims = make_claims() + [{"id": "<i>x</i>", "statement": XSS, "passed": False, "evidence": {"<k>": XSS}}]
     extras = make_extras()
     extras["frequency"].loc[0, "model"] = XSS  # the frequency table escapes too
     extras["frequency"].loc[1, "site"] = TEXY
@@ -75,8 +75,15 @@ def test_writes_bundle_files_only_inside_out_dir(hostile):
     assert [p.name for p in tmp.iterdir()] == ["bundle"]
     names = {p.relative_to(out).as_posix() for p in paths}
     assert {"report.html", "tables.tex", "report.tex"} <= names
-    for fig in ("energy_ratio_trajectory", "null_distribution", "forest_effects",
-                "proxy_oracle_controls", "delta_isoscore", "frequency_buckets", "calibration"):
+    for fig in (
+        "energy_ratio_trajectory",
+        "null_distribution",
+        "forest_effects",
+        "proxy_oracle_controls",
+        "delta_isoscore",
+        "frequency_buckets",
+        "calibration",
+    ):
         assert f"figures/{fig}.pdf" in names
         assert (out / "figures" / f"{fig}.pdf").read_bytes().startswith(b"%PDF")
     assert "report.pdf" not in names
@@ -102,8 +109,7 @@ def test_user_strings_are_html_escaped(hostile):
 def test_html_is_self_contained(hostile):
     html = hostile[3]
     low = html.lower()
-    for bad in ("http://", "https://", "//cdn", 'src="http', "src='http", "<link", "@import",
-                "url("):
+    for bad in ("http://", "https://", "//cdn", 'src="http', "src='http", "<link", "@import", "url("):
         assert bad not in low, bad
 
 
@@ -126,15 +132,23 @@ def test_every_img_is_a_png_data_uri(hostile):
 @pytest.mark.slow
 def test_summary_comes_first_and_sections_exist(hostile):
     html = hostile[3]
-    order = [html.index(f'id="{s}"') for s in ("summary", "figures", "concepts", "methods",
-                                               "results", "failed")]
+    order = [html.index(f'id="{s}"') for s in ("summary", "figures", "concepts", "methods", "results", "failed")]
     assert order == sorted(order)
     assert "PASS" in html and "FAIL" in html
     assert "Question." in html
     # Methods name the control kinds, their count, multiplicity and software versions.
-    methods = html[html.index('id="methods"'):html.index('id="results"')]
-    for needle in ("normal", "haar", "with n = 20: 1/21", "Holm", "torch 2.13.0",
-                   "10000 bootstrap resamples", "10000 resamples, tails expanded", "C0 = scaled_identity", "ζ = 0.5"):
+    methods = html[html.index('id="methods"') : html.index('id="results"')]
+    for needle in (
+        "normal",
+        "haar",
+        "with n = 20: 1/21",
+        "Holm",
+        "torch 2.13.0",
+        "10000 bootstrap resamples",
+        "10000 resamples, tails expanded",
+        "C0 = scaled_identity",
+        "ζ = 0.5",
+    ):
         assert needle in methods, needle
     # Raw draws are absent, so the null figure says it is an approximation.
     assert "normal density with the recorded control mean and SD" in html
@@ -143,7 +157,7 @@ def test_summary_comes_first_and_sections_exist(hostile):
 @pytest.mark.slow
 def test_failed_units_shown_with_reason(hostile):
     html = hostile[3]
-    failed = html[html.index('<section id="failed"'):]
+    failed = html[html.index('<section id="failed"') :]
     assert "tiny_bert &amp; 50%" in failed and "step400" in failed
     assert "bad &lt;b&gt;gradients&lt;/b&gt; &amp; NaN" in failed
     assert 'class="failed"' in html
@@ -188,8 +202,11 @@ def test_each_figure_file_is_one_draw_and_the_same_bytes_as_with_the_layout_engi
     # the previous behaviour: the placeholder engine stays, so every savefig of a figure laid out by
     # tight_layout (the single-panel ones; panel grids use fixed spacing) draws twice
     real_set = Figure.set_layout_engine
-    monkeypatch.setattr(Figure, "set_layout_engine",
-                        lambda self, layout=None, **k: None if layout is None else real_set(self, layout, **k))
+    monkeypatch.setattr(
+        Figure,
+        "set_layout_engine",
+        lambda self, layout=None, **k: None if layout is None else real_set(self, layout, **k),
+    )
     draws["n"] = 0
     slow, _ = _render(tmp_path, res, "slow", **kw)
     assert n_files < draws["n"] < 2 * n_files
@@ -206,8 +223,7 @@ def test_missing_metrics_and_figures_are_skipped(tmp_path):
     html = (out / "report.html").read_text()
     assert "Not shown (no data)" in html
     assert "no delta_isoscore_star rows" in html and "no calibration data" in html
-    assert {p.stem for p in (out / "figures").glob("*.pdf")} == {
-        "null_distribution", "proxy_oracle_controls"}
+    assert {p.stem for p in (out / "figures").glob("*.pdf")} == {"null_distribution", "proxy_oracle_controls"}
     assert "% No table" in (out / "tables.tex").read_text()
 
 
@@ -233,9 +249,14 @@ def test_extra_metrics_columns_and_odd_types(tmp_path):
     res["seed"] = 7
     res["layer"] = res["layer"].astype(str)  # labels may arrive as strings
     res = res.drop(columns=["ci_method", "n_tokens"])  # and columns may be missing
-    out, _ = _render(tmp_path, res, claims=[{"id": "c", "statement": "s", "passed": True}],
-                     options=ReportOptions(compile_pdf=False, figures=False, html_columns=(
-                         "model", "layer", "metric", "estimate", "seed", "status")))
+    out, _ = _render(
+        tmp_path,
+        res,
+        claims=[{"id": "c", "statement": "s", "passed": True}],
+        options=ReportOptions(
+            compile_pdf=False, figures=False, html_columns=("model", "layer", "metric", "estimate", "seed", "status")
+        ),
+    )
     html = (out / "report.html").read_text()
     assert "participation_ratio" in html and ">seed<" in html
     assert "Further metrics reported: participation_ratio" in html
@@ -243,10 +264,17 @@ def test_extra_metrics_columns_and_odd_types(tmp_path):
 
 def test_options_change_tables_and_title(tmp_path):
     res = make_results()
-    opts = ReportOptions(compile_pdf=False, figures=False, title="My & title", transpose_tables=True,
-                         table_metrics=("energy_ratio", "hedges_g", "nope"),
-                         table_checkpoints="all", precision=2,
-                         html_metrics=("energy_ratio",), primary_control="haar")
+    opts = ReportOptions(
+        compile_pdf=False,
+        figures=False,
+        title="My & title",
+        transpose_tables=True,
+        table_metrics=("energy_ratio", "hedges_g", "nope"),
+        table_checkpoints="all",
+        precision=2,
+        html_metrics=("energy_ratio",),
+        primary_control="haar",
+    )
     out, _ = _render(tmp_path, res, options=opts)
     html = (out / "report.html").read_text()
     assert "<title>My &amp; title</title>" in html
@@ -268,8 +296,7 @@ def test_options_change_tables_and_title(tmp_path):
 def test_latex_tables_escape_and_structure(tmp_path):
     res = make_results()
     res.loc[res["model"] == "tiny-gpt2", "model"] = "gpt_2 & co % $x$ #1"
-    out, _ = _render(tmp_path, res, protocol=make_protocol(name="proto_1", title="proto_1 & 50% #a"),
-                     options=FAST)
+    out, _ = _render(tmp_path, res, protocol=make_protocol(name="proto_1", title="proto_1 & 50% #a"), options=FAST)
     tables = (out / "tables.tex").read_text()
     assert r"gpt\_2 \& co \% \$x\$ \#1" in tables
     assert "gpt_2 & co" not in tables
@@ -284,7 +311,8 @@ def test_latex_tables_escape_and_structure(tmp_path):
 
 def test_tex_escape():
     assert tex("a_b & c % $ # { } ~ ^ \\") == (
-        r"a\_b \& c \% \$ \# \{ \} \textasciitilde{} \textasciicircum{} \textbackslash{}")
+        r"a\_b \& c \% \$ \# \{ \} \textasciitilde{} \textasciicircum{} \textbackslash{}"
+    )
     assert tex("<x>") == r"\textless{}x\textgreater{}"
     assert tex("café Δ\u0120the 模") == r"café $\Delta$\textvisiblespace{}the \texttt{[U+6A21]}"
 
@@ -304,14 +332,14 @@ def test_pdflatex_failure_raises_with_log_tail(tmp_path, monkeypatch):
         'for a in "$@"; do case "$a" in -output-directory=*) d="${a#-output-directory=}";; '
         "esac; done\n"
         'printf "This is fake TeX\\n! Undefined control sequence.\\nl.42 \\\\oops\\n" '
-        '> "$d/report.log"\nexit 1\n')
+        '> "$d/report.log"\nexit 1\n'
+    )
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
     out = tmp_path / "b"
     out.mkdir()
     with pytest.raises(PdfLatexError) as err:
-        render_bundle(make_inputs(make_results()), out,
-                      options=ReportOptions(compile_pdf=True, figures=False))
+        render_bundle(make_inputs(make_results()), out, options=ReportOptions(compile_pdf=True, figures=False))
     msg = str(err.value)
     assert "Undefined control sequence" in msg and "l.42" in msg
     assert not [p for p in out.iterdir() if p.name.startswith(".latex")]
@@ -328,15 +356,25 @@ def test_rerender_is_fast(hostile):
 
 # ------------------------------------------------------------------ real tools (skip if absent)
 
-CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
-                 if shutil.which(n)), None)
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 
 
 def _chromium(profile: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--no-first-run", "--disable-dev-shm-usage", "--enable-logging=stderr", "--v=0",
-           f"--user-data-dir={profile}", *args]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -357,14 +395,12 @@ def test_headless_chromium_runs_script_and_loads_images(hostile, tmp_path):
     assert total == 7
     assert f'data-images-ok="{total}"' in root and 'data-images-bad=""' in root, root
     # The #q= filter ran: only rows mentioning both words are visible.
-    expected = int(((res["checkpoint"] == "step400")
-                    & res["metric"].str.contains("energy_ratio")).sum())
+    expected = int(((res["checkpoint"] == "step400") & res["metric"].str.contains("energy_ratio")).sum())
     assert f"{expected} of {len(res)} rows" in dom
-    tbody = dom[dom.index('id="results-table"'):]
+    tbody = dom[dom.index('id="results-table"') :]
     assert len(re.findall(r"<tr[^>]*\bhidden\b", tbody)) == len(res) - expected
     shot = tmp_path / "shot.png"
-    proc = _chromium(tmp_path / "profile2", "--hide-scrollbars", "--window-size=1366,900",
-                     f"--screenshot={shot}", url)
+    proc = _chromium(tmp_path / "profile2", "--hide-scrollbars", "--window-size=1366,900", f"--screenshot={shot}", url)
     assert shot.exists() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
 
 
@@ -378,8 +414,7 @@ def test_report_tex_compiles_with_pdflatex(hostile):
     assert pdf == out / "report.pdf" and pdf.read_bytes().startswith(b"%PDF")
     assert not [p for p in out.iterdir() if p.name.startswith(".latex")]
     if shutil.which("pdftotext"):
-        text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True,
-                              check=True).stdout
+        text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
         assert "tiny_bert & 50%" in text and "<script>alert(1)</script>" in text
         assert "Failed units" in text
 
@@ -404,7 +439,7 @@ def test_frequency_correlation_table_in_html_and_latex(hostile):
     """The log-frequency vs centroid-distance correlations (frequency.csv) get their own table:
     Spearman ρ with its CI per model × checkpoint × site, in both documents."""
     out, html = hostile[1], hostile[3]
-    section = html[html.index('<section id="frequency">'):]
+    section = html[html.index('<section id="frequency">') :]
     section = section[: section.index("</section>")]
     assert section.count("-0.420") >= 6 and "[-0.520, -0.320]" in section
     assert "-0.310" not in section  # Pearson stays in the CSV

@@ -36,32 +36,65 @@ ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "reports" / "quickstart"
 
 
-def ratios(model: str, cells: dict[str, list[tuple[float, float, float, float]]], *, rank: int = 4,
-           phases: dict[str, str] | None = None) -> list[dict]:
+def ratios(
+    model: str,
+    cells: dict[str, list[tuple[float, float, float, float]]],
+    *,
+    rank: int = 4,
+    phases: dict[str, str] | None = None,
+) -> list[dict]:
     """energy_ratio rows of one model: per checkpoint, one (estimate, ci_low, ci_high, p_adjusted)
     per layer."""
     rows = []
     for step, (checkpoint, layers) in enumerate(cells.items()):
         phase = (phases or {}).get(checkpoint, "early" if step < 2 else "late")
         for layer, (estimate, low, high, p) in enumerate(layers):
-            rows.append({"model": model, "checkpoint": checkpoint, "step": step * 25, "phase": phase, "layer": layer,
-                         "site": f"residual.{layer}", "rank": rank, "proxy": "pca", "control": "normal",
-                         "metric": "energy_ratio", "estimate": estimate, "ci_low": low, "ci_high": high,
-                         "p_value": p / 2, "p_adjusted": p, "p_test": "haar_monte_carlo", "status": "ok"})
+            rows.append(
+                {
+                    "model": model,
+                    "checkpoint": checkpoint,
+                    "step": step * 25,
+                    "phase": phase,
+                    "layer": layer,
+                    "site": f"residual.{layer}",
+                    "rank": rank,
+                    "proxy": "pca",
+                    "control": "normal",
+                    "metric": "energy_ratio",
+                    "estimate": estimate,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "p_value": p / 2,
+                    "p_adjusted": p,
+                    "p_test": "haar_monte_carlo",
+                    "status": "ok",
+                }
+            )
     return rows
 
 
 def answer_of(rows: list[dict], **kw) -> str:
-    return enrichment_answer(normalise_results(pd.DataFrame(rows)), proxy="pca", control="normal", alpha=0.05,
-                             ci_text="95 %", **kw)
+    return enrichment_answer(
+        normalise_results(pd.DataFrame(rows)), proxy="pca", control="normal", alpha=0.05, ci_text="95 %", **kw
+    )
 
 
-DECODER = ratios("dec", {"step0": [(1.8, 1.7, 1.9, 0.0003), (2.0, 1.9, 2.1, 0.0003)],
-                         "step25": [(19.6, 16.0, 23.0, 0.0002), (9.8, 8.6, 15.0, 0.0003)],
-                         "step400": [(3.2, 3.1, 3.3, 0.0003), (4.1, 3.8, 4.3, 0.0001)]})
-ENCODER = ratios("enc", {"step0": [(1.28, 1.18, 1.37, 0.022), (1.31, 1.18, 1.40, 0.015)],
-                         "step25": [(0.87, 0.81, 0.95, 1.0), (0.78, 0.71, 0.85, 1.0)],
-                         "step400": [(1.32, 1.11, 1.53, 0.038), (1.08, 0.99, 1.17, 0.33)]})
+DECODER = ratios(
+    "dec",
+    {
+        "step0": [(1.8, 1.7, 1.9, 0.0003), (2.0, 1.9, 2.1, 0.0003)],
+        "step25": [(19.6, 16.0, 23.0, 0.0002), (9.8, 8.6, 15.0, 0.0003)],
+        "step400": [(3.2, 3.1, 3.3, 0.0003), (4.1, 3.8, 4.3, 0.0001)],
+    },
+)
+ENCODER = ratios(
+    "enc",
+    {
+        "step0": [(1.28, 1.18, 1.37, 0.022), (1.31, 1.18, 1.40, 0.015)],
+        "step25": [(0.87, 0.81, 0.95, 1.0), (0.78, 0.71, 0.85, 1.0)],
+        "step400": [(1.32, 1.11, 1.53, 0.038), (1.08, 0.99, 1.17, 0.33)],
+    },
+)
 
 
 # ------------------------------------------------------------------ the answer on known tables
@@ -69,10 +102,14 @@ ENCODER = ratios("enc", {"step0": [(1.28, 1.18, 1.37, 0.022), (1.31, 1.18, 1.40,
 
 def test_a_model_above_everywhere_is_a_yes_with_its_numbers_and_test():
     text = answer_of(DECODER)
-    assert text.startswith("Yes for dec: its rank-4 pca proxy captures 1.8–19.6× the gradient energy of normal "
-                           "controls early in training (step0, step25) and 3.2–4.1× late (step400)")
-    assert ("more than random subspaces at all 6 comparisons (exact test against random subspaces, BH-adjusted "
-            "p ≤ 0.0003; every 95 % CI above 1)") in text
+    assert text.startswith(
+        "Yes for dec: its rank-4 pca proxy captures 1.8–19.6× the gradient energy of normal "
+        "controls early in training (step0, step25) and 3.2–4.1× late (step400)"
+    )
+    assert (
+        "more than random subspaces at all 6 comparisons (exact test against random subspaces, BH-adjusted "
+        "p ≤ 0.0003; every 95 % CI above 1)"
+    ) in text
     assert text.endswith(").")
 
 
@@ -80,12 +117,16 @@ def test_a_mixed_model_says_where_it_is_more_and_where_it_is_less():
     text = answer_of(DECODER + ENCODER)
     decoder, encoder = text.split("; in part for enc: ")
     assert decoder.startswith("Yes for dec:")
-    assert encoder.startswith("its rank-4 pca proxy captures 0.78–1.3× the gradient energy of normal controls early "
-                              "in training (step0, step25) — more than random subspaces by the exact test at step0 "
-                              "(2 of 2 layers, BH-adjusted p ≤ 0.022), less at step25 (95 % CIs below 1 at 2 of 2 "
-                              "layers)")
-    assert "1.1–1.3× late (step400) — more than random subspaces at step400 (1 of 2 layers, BH-adjusted p ≤ 0.038), " \
-           "not significantly more at step400 (1 of 2 layers)" in encoder
+    assert encoder.startswith(
+        "its rank-4 pca proxy captures 0.78–1.3× the gradient energy of normal controls early "
+        "in training (step0, step25) — more than random subspaces by the exact test at step0 "
+        "(2 of 2 layers, BH-adjusted p ≤ 0.022), less at step25 (95 % CIs below 1 at 2 of 2 "
+        "layers)"
+    )
+    assert (
+        "1.1–1.3× late (step400) — more than random subspaces at step400 (1 of 2 layers, BH-adjusted p ≤ 0.038), "
+        "not significantly more at step400 (1 of 2 layers)" in encoder
+    )
 
 
 def test_a_model_below_everywhere_is_a_no_and_failed_models_are_named():
@@ -102,10 +143,18 @@ def test_a_run_without_energy_ratios_says_it_has_no_answer():
     from anistat.report.answer import answer_sentence
 
     rows = normalise_results(pd.DataFrame(DECODER).assign(metric="energy_fraction"))
-    kw = dict(proxy="pca", control="normal", alpha=0.05, p_col="p_adjusted", multiplicity="fdr_bh", ci_text="95 %",
-              unit_noun="checkpoint")
-    assert answer_sentence(rows, **kw).startswith("No answer from this run: it has no energy ratio of the pca proxy "
-                                                  "against normal controls")
+    kw = dict(
+        proxy="pca",
+        control="normal",
+        alpha=0.05,
+        p_col="p_adjusted",
+        multiplicity="fdr_bh",
+        ci_text="95 %",
+        unit_noun="checkpoint",
+    )
+    assert answer_sentence(rows, **kw).startswith(
+        "No answer from this run: it has no energy ratio of the pca proxy against normal controls"
+    )
     assert answer_sentence(rows.iloc[0:0], **kw) == "No answer: the results table has no rows."
 
 
@@ -121,14 +170,29 @@ def test_a_null_check_answers_about_calibration():
     for unit in range(200):
         p_exact, p_paper = rng.uniform(), rng.uniform() ** 2  # the paper's convention anti-conservative
         for control in ("normal", "haar"):
-            rows.append({"model": "m", "checkpoint": "step0", "layer": unit % 4, "site": f"residual.{unit % 4}",
-                         "rank": unit, "proxy": "random@refit", "control": control, "metric": "energy_fraction",
-                         "estimate": 0.1, "p_value": p_exact, "p_test": "haar_monte_carlo",
-                         "p_value_paper": p_paper if control == "normal" else p_exact, "status": "ok"})
+            rows.append(
+                {
+                    "model": "m",
+                    "checkpoint": "step0",
+                    "layer": unit % 4,
+                    "site": f"residual.{unit % 4}",
+                    "rank": unit,
+                    "proxy": "random@refit",
+                    "control": control,
+                    "metric": "energy_fraction",
+                    "estimate": 0.1,
+                    "p_value": p_exact,
+                    "p_test": "haar_monte_carlo",
+                    "p_value_paper": p_paper if control == "normal" else p_exact,
+                    "status": "ok",
+                }
+            )
     exact, paper = null_check_summaries(pd.DataFrame(rows), 0.05)
     text = null_check_answer((exact, paper))
-    assert text.startswith("Not all calibrated: this run asks whether the tests reject an uninformative (uniformly "
-                           "random) proxy at their nominal rate, not whether a proxy captures more; ")
+    assert text.startswith(
+        "Not all calibrated: this run asks whether the tests reject an uninformative (uniformly "
+        "random) proxy at their nominal rate, not whether a proxy captures more; "
+    )
     assert f"the exact test (Haar draws) rejects it in {exact.rejection_rate:.1%} of 200 tests" in text
     assert "consistent with a calibrated test" in text and "NOT calibrated" in text
     assert null_check_answer((exact,)).startswith("Yes, calibrated: ")
@@ -138,8 +202,14 @@ def test_a_null_check_answers_about_calibration():
 def test_p_values_below_the_floor_print_as_a_bound_everywhere():
     assert p_phrase(4.03e-152) == "p < 1e-16" and p_phrase(0.000271698) == "p = 0.00027"
     assert fmt_p(4.03e-152) == "< 1e-16" and fmt_p(3e-5) == "3.0e-05"
-    record = {"id": "x", "passed": True, "status": "pass", "decided_by": "interval",
-              "p_value": {"value": 4.03e-152, "of": "H0"}, "evidence": {"p_vs_threshold": 4.03e-152, "tau2": 0}}
+    record = {
+        "id": "x",
+        "passed": True,
+        "status": "pass",
+        "decided_by": "interval",
+        "p_value": {"value": 4.03e-152, "of": "H0"},
+        "evidence": {"p_vs_threshold": 4.03e-152, "tau2": 0},
+    }
     card = claim_outcome(record)
     assert card.p_value == "p < 1e-16 (H0)" and ("p_vs_threshold", "< 1e-16") in card.evidence
     # a hand-made record that does not say what decided it claims no question and no decision
@@ -158,18 +228,22 @@ def test_which_question_each_kind_of_claim_answers():
     results = quickstart_results()
     where = {"objective": "mlm", "rank": 4, "control": "normal", "checkpoint": "step0"}
     by_test = evaluate_claim(results, ClaimSpec(id="t", metric="energy_ratio", where=where, threshold=1.0, alpha=0.05))
-    by_bound = evaluate_claim(results, ClaimSpec(id="b", metric="energy_ratio", where=where, threshold=1.0,
-                                                 column="ci_low"))
-    by_both = evaluate_claim(results, ClaimSpec(id="tb", metric="energy_ratio", where=where, threshold=1.0,
-                                                column="ci_low", alpha=0.05))
+    by_bound = evaluate_claim(
+        results, ClaimSpec(id="b", metric="energy_ratio", where=where, threshold=1.0, column="ci_low")
+    )
+    by_both = evaluate_claim(
+        results, ClaimSpec(id="tb", metric="energy_ratio", where=where, threshold=1.0, column="ci_low", alpha=0.05)
+    )
     by_point = evaluate_claim(results, ClaimSpec(id="p", metric="energy_ratio", where=where, threshold=1.0))
     assert by_test["answers"] == ["subspaces"] and by_test["interval_role"] == "context"
     assert QUESTIONS["subspaces"] in by_test["question"]
     assert by_bound["answers"] == ["documents"] and by_bound["interval_role"] == "decided"
     assert by_both["answers"] == ["subspaces", "documents"]
     assert by_point["answers"] == [] and "describes these data only" in by_point["decision"]
-    assert by_test["decision"] == ("all 4 rows significant by the exact test against random subspaces, largest "
-                                   f"adjusted p = {by_test['p_value']['value']:.2g}; every estimate above 1")
+    assert by_test["decision"] == (
+        "all 4 rows significant by the exact test against random subspaces, largest "
+        f"adjusted p = {by_test['p_value']['value']:.2g}; every estimate above 1"
+    )
     assert by_test["context"].startswith("Context — effect size against normal controls: 95 % interval [")
     assert by_test["context"].endswith("not what decided this claim.") and not by_test["caveat"]
     assert "decisive: the weakest row's [" in by_bound["decision"]
@@ -179,14 +253,21 @@ def test_a_pass_by_the_exact_test_whose_intervals_include_the_threshold_says_so(
     """The newcomer's `1.44* [0.969, 1.50]`: two answers, said as two answers. The encoder's
     step-0 rank-4 ratios (1.25–1.31, exact p ≤ 0.026) have lower bounds 1.14–1.18: they pass
     "> 1.2" by the test, while every interval includes 1.2."""
-    spec = ClaimSpec(id="enc", metric="energy_ratio", threshold=1.2, alpha=0.05,
-                     where={"objective": "mlm", "rank": 4, "control": "normal", "checkpoint": "step0"})
+    spec = ClaimSpec(
+        id="enc",
+        metric="energy_ratio",
+        threshold=1.2,
+        alpha=0.05,
+        where={"objective": "mlm", "rank": 4, "control": "normal", "checkpoint": "step0"},
+    )
     record = evaluate_claim(quickstart_results(), spec)
     assert record["passed"] and record["decided_by"] == "test"
-    assert record["caveat"].startswith("Two answers, not one: the exact test against random subspaces says the proxy "
-                                       "is special among random subspaces on these data; whether its ratio would stay "
-                                       "above 1.2 over new documents is not settled — the 95 % intervals of 4 of 4 "
-                                       "rows include 1.2")
+    assert record["caveat"].startswith(
+        "Two answers, not one: the exact test against random subspaces says the proxy "
+        "is special among random subspaces on these data; whether its ratio would stay "
+        "above 1.2 over new documents is not settled — the 95 % intervals of 4 of 4 "
+        "rows include 1.2"
+    )
     assert not re.search(r"\[\d", record["caveat"])  # the caveat quotes no interval of its own
 
 
@@ -213,7 +294,9 @@ def test_headline_marks_both_directions_and_names_its_checkpoints():
     ctx = ReportContext(inputs=quickstart_inputs(), options=FAST)
     table = headline(ctx)
     assert [(phase, checkpoint) for phase, checkpoint, _rank in table.columns][::3] == [
-        ("early", "step25"), ("late", "step400")]
+        ("early", "step25"),
+        ("late", "step400"),
+    ]
     marks = [cell[4] for _model, _loc, cells in table.rows for cell in cells if cell]
     encoder = [cells[0] for model, _loc, cells in table.rows if model == "tiny-encoder"]
     assert all(cell[4] == "↓" for cell in encoder)  # 0.78–0.88, CIs below 1
@@ -264,8 +347,13 @@ def test_quickstart_report_in_chromium_answers_first_and_labels_every_foreign_in
     from dataclasses import replace
 
     inputs = quickstart_inputs()
-    spec = ClaimSpec(id="enc-threshold", metric="energy_ratio", threshold=1.2, alpha=0.05,
-                     where={"objective": "mlm", "rank": 4, "control": "normal", "checkpoint": "step0"})
+    spec = ClaimSpec(
+        id="enc-threshold",
+        metric="energy_ratio",
+        threshold=1.2,
+        alpha=0.05,
+        where={"objective": "mlm", "rank": 4, "control": "normal", "checkpoint": "step0"},
+    )
     extra = claim_outcome(evaluate_claim(quickstart_results(), spec))
     inputs = replace(inputs, claims=inputs.claims + (extra,))
     render_bundle(inputs, tmp_path, options=FAST)
@@ -282,25 +370,36 @@ def test_quickstart_report_in_chromium_answers_first_and_labels_every_foreign_in
 def test_report_tex_page_one_is_question_answer_headline_then_findings_and_cards(tmp_path):
     render_bundle(quickstart_inputs(), tmp_path, options=FAST)
     tex = (tmp_path / "report.tex").read_text(encoding="utf-8")
-    order = [r"\textbf{Question.}", r"\textbf{Answer.} Yes for tiny-decoder", r"\begin{table}[!h]",
-             r"\subsection*{Findings}", r"\subsection*{Claims: 4 of 4 passed}", r"\section{Methods}"]
+    order = [
+        r"\textbf{Question.}",
+        r"\textbf{Answer.} Yes for tiny-decoder",
+        r"\begin{table}[!h]",
+        r"\subsection*{Findings}",
+        r"\subsection*{Claims: 4 of 4 passed}",
+        r"\section{Methods}",
+    ]
     places = [tex.index(marker) for marker in order]
     assert places == sorted(places), dict(zip(order, places))
-    summary = tex[:places[-1]]
+    summary = tex[: places[-1]]
     for raw in ("failing\\_rows", "tau2", "n\\_pass", "p\\_adjusted\\_max", "Recorded fields", "e-152"):
         assert raw not in summary, raw
     assert r"$\downarrow$" in summary and r"\cellcolor{cibelow}" in summary
     assert "early (step25), $k=4$" in summary
 
 
-@pytest.mark.skipif(shutil.which("pdflatex") is None or shutil.which("pdftotext") is None,
-                    reason="pdflatex / pdftotext not installed")
+@pytest.mark.skipif(
+    shutil.which("pdflatex") is None or shutil.which("pdftotext") is None, reason="pdflatex / pdftotext not installed"
+)
 def test_pdf_page_one_shows_the_answer_and_the_headline_table(tmp_path):
     from anistat.report import ReportOptions
 
     render_bundle(quickstart_inputs(), tmp_path, options=ReportOptions(figures=False))
-    page = subprocess.run(["pdftotext", "-f", "1", "-l", "1", "-layout", str(tmp_path / "report.pdf"), "-"],
-                          capture_output=True, text=True, check=True).stdout
+    page = subprocess.run(
+        ["pdftotext", "-f", "1", "-l", "1", "-layout", str(tmp_path / "report.pdf"), "-"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "Question." in page and "Answer. Yes for tiny-decoder" in page
     assert "Table 1: Headline energy ratios" in page and "Findings" in page
     assert page.index("Answer.") < page.index("Table 1") < page.index("Findings")

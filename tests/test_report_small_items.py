@@ -22,11 +22,14 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_stars_of_a_control_independent_metric_follow_the_estimate(tmp_path):
     protocol = load_protocol(ROOT / "protocols" / "quickstart.yaml")
-    render_bundle(report_inputs(protocol, plan_results(protocol), quickstart_manifest(protocol)), tmp_path,
-                  options=ReportOptions(compile_pdf=False, figures=False, table_metrics=("anisotropy_capture",)))
+    render_bundle(
+        report_inputs(protocol, plan_results(protocol), quickstart_manifest(protocol)),
+        tmp_path,
+        options=ReportOptions(compile_pdf=False, figures=False, table_metrics=("anisotropy_capture",)),
+    )
     tables = (tmp_path / "tables.tex").read_text(encoding="utf-8")
     label = tables.index(r"\label{tab:quickstart-anisotropy-capture}")
-    block = tables[tables.rindex(r"\begin{table}", 0, label):]
+    block = tables[tables.rindex(r"\begin{table}", 0, label) :]
     head = next(line for line in block.splitlines() if line.startswith(" &  &  &  & {Est.}"))
     # Est., its mark, the CI, then one plain mean per control kind
     assert head.split("&")[4:] == [" {Est.} ", "  ", r" 95~\% CI ", " {Mean} ", r" {Mean} \\"]
@@ -58,11 +61,19 @@ window.addEventListener("load", function () {
 @pytest.mark.parametrize("width", [1400, 600])
 def test_evidence_names_never_wrap_inside_a_word(tmp_path, width):
     protocol = load_protocol(ROOT / "protocols" / "quickstart.yaml")
-    claim = {"id": "decoder-doubling", "passed": True, "status": "pass", "statement": "twice the energy",
-             "interval": {"low": 1.94, "high": 2.34, "level": 0.95, "of": "pooled log2_energy_ratio"},
-             "evidence": {"pooled": "1 cluster summaries (model; mean of 72–72 rows each, within-cluster correlation "
-                                    "1); a single independent unit: the interval covers its data sampling " * 2,
-                          "interval": "wald (a single unit: its own interval)", "k": 1}}
+    claim = {
+        "id": "decoder-doubling",
+        "passed": True,
+        "status": "pass",
+        "statement": "twice the energy",
+        "interval": {"low": 1.94, "high": 2.34, "level": 0.95, "of": "pooled log2_energy_ratio"},
+        "evidence": {
+            "pooled": "1 cluster summaries (model; mean of 72–72 rows each, within-cluster correlation "
+            "1); a single independent unit: the interval covers its data sampling " * 2,
+            "interval": "wald (a single unit: its own interval)",
+            "k": 1,
+        },
+    }
     inputs = report_inputs(protocol, plan_results(protocol), quickstart_manifest(protocol), claims=[claim])
     render_bundle(inputs, tmp_path, options=FAST)
     root = probed_root(tmp_path, PROBE, width)

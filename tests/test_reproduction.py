@@ -111,8 +111,12 @@ def _first(table: pd.DataFrame, metric: str, **where) -> int:
 def test_an_estimate_moved_beyond_the_tolerance_is_named(bundles, tmp_path, capsys, factor, reproduces):
     one, _ = bundles
     edited = _copy(one, tmp_path, "edited")
-    _edit_results(edited, lambda t: t.__setitem__("estimate", t["estimate"].where(
-        t.index != _first(t, "energy_ratio"), t["estimate"] * factor)))
+    _edit_results(
+        edited,
+        lambda t: t.__setitem__(
+            "estimate", t["estimate"].where(t.index != _first(t, "energy_ratio"), t["estimate"] * factor)
+        ),
+    )
     code, out, _ = run_cli(capsys, "diff", one, edited)
     if reproduces:
         assert code == 0, out
@@ -140,10 +144,16 @@ def test_a_number_near_zero_is_read_at_its_metrics_scale(bundles, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("column, change", [
-    ("n_tokens", lambda v: v + 1), ("status", lambda v: "failed"), ("n_clusters", lambda v: v - 1),
-    ("ci_low", lambda v: float("nan")), ("p_value", lambda v: min(1.0, v + 0.2)),
-])
+@pytest.mark.parametrize(
+    "column, change",
+    [
+        ("n_tokens", lambda v: v + 1),
+        ("status", lambda v: "failed"),
+        ("n_clusters", lambda v: v - 1),
+        ("ci_low", lambda v: float("nan")),
+        ("p_value", lambda v: min(1.0, v + 0.2)),
+    ],
+)
 def test_counts_statuses_missing_values_and_p_values_are_checked(bundles, tmp_path, column, change):
     one, _ = bundles
     edited = _copy(one, tmp_path, "edited")
@@ -166,12 +176,17 @@ def test_a_monte_carlo_p_value_may_move_by_its_own_error(bundles, tmp_path):
     table = pd.read_csv(one / "results.csv")
     index = _first(table, "energy_ratio", control="haar")
     draws = int(table.loc[index, "n_controls"])
-    for p, move, ok in ((0.5, 0.9 * 2 * (0.5 / (draws + 1) ** 0.5 + 1 / (draws + 1)), True),
-                        (0.5, 0.02, False), (1 / (draws + 1), 2 / (draws + 1), True),
-                        (1 / (draws + 1), 8 / (draws + 1), False)):
+    for p, move, ok in (
+        (0.5, 0.9 * 2 * (0.5 / (draws + 1) ** 0.5 + 1 / (draws + 1)), True),
+        (0.5, 0.02, False),
+        (1 / (draws + 1), 2 / (draws + 1), True),
+        (1 / (draws + 1), 8 / (draws + 1), False),
+    ):
         original, edited = _copy(one, tmp_path, f"o{p}{move}"), _copy(one, tmp_path, f"e{p}{move}")
         _edit_results(original, lambda t, p=p: t.__setitem__("p_value", t["p_value"].where(t.index != index, p)))
-        _edit_results(edited, lambda t, p=p, move=move: t.__setitem__("p_value", t["p_value"].where(t.index != index, p + move)))
+        _edit_results(
+            edited, lambda t, p=p, move=move: t.__setitem__("p_value", t["p_value"].where(t.index != index, p + move))
+        )
         assert compare_reproduction(original, edited).ok is ok, (p, move)
 
 
@@ -212,7 +227,7 @@ def test_bad_input_is_one_line(bundles, tmp_path, capsys):
     code, _, err = run_cli(capsys, "diff", one, tmp_path / "missing")
     assert code == 2 and len(err.splitlines()) == 1 and "bundle directory not found" in err
     broken = _copy(one, tmp_path, "broken")
-    (broken / "results.csv").write_text("model,metric,estimate\n\"unclosed\n")
+    (broken / "results.csv").write_text('model,metric,estimate\n"unclosed\n')
     code, _, err = run_cli(capsys, "diff", one, broken)
     assert code == 2 and len(err.splitlines()) == 1, err
 

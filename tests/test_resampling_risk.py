@@ -65,7 +65,7 @@ def test_chunking_does_not_change_the_result():
     for size in [7, 100, 333, 1] * 2000:
         if not engine.remaining:
             break
-        engine.update(draws[:, start:start + size])
+        engine.update(draws[:, start : start + size])
         start += size
     assert engine.decisions().tolist() == whole.decisions().tolist()
     assert engine.draws_used.tolist() == whole.draws_used.tolist()
@@ -185,9 +185,13 @@ def test_resampling_risk_with_a_two_sided_alternative_is_refused(tmp_path):
     from conftest import MINI_PROTOCOL
 
     protocol = tmp_path / "two.yaml"
-    protocol.write_text(MINI_PROTOCOL.replace("multiplicity: fdr_bh}",
-                                              "multiplicity: fdr_bh, resampling_risk: 0.001, alternative: two-sided}"))
-    done = subprocess.run([sys.executable, "-m", "anistat", "validate", str(protocol)], capture_output=True, text=True,
-                          check=False)
+    protocol.write_text(
+        MINI_PROTOCOL.replace(
+            "multiplicity: fdr_bh}", "multiplicity: fdr_bh, resampling_risk: 0.001, alternative: two-sided}"
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "anistat", "validate", str(protocol)], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 2
     assert "resampling_risk" in done.stderr and "Traceback" not in done.stderr

@@ -55,8 +55,11 @@ def skip_figures(monkeypatch) -> None:
     import anistat.bundle
 
     original = anistat.bundle.report_options
-    monkeypatch.setattr(anistat.bundle, "report_options",
-                        lambda protocol, **overrides: original(protocol, **{"figures": False, **overrides}))
+    monkeypatch.setattr(
+        anistat.bundle,
+        "report_options",
+        lambda protocol, **overrides: original(protocol, **{"figures": False, **overrides}),
+    )
 
 
 def cached_units(directory: Path) -> list[Path]:
@@ -79,10 +82,21 @@ def test_sigkill_then_rerun_is_byte_identical(reference, tmp_path, capsys, monke
     protocol = write_protocol(tmp_path)
     # Same arithmetic as this process (conftest pins torch to one thread): float32 reductions may
     # round differently with another thread count, and byte-identity is promised per machine setup.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "HF_HUB_OFFLINE": "1", "ANISTAT_PROGRESS": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "anistat", "run", str(protocol), "--out", str(tmp_path / "out")],
-                               cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "HF_HUB_OFFLINE": "1",
+        "ANISTAT_PROGRESS": "0",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "anistat", "run", str(protocol), "--out", str(tmp_path / "out")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 120
     try:
         # kill -9 as soon as the first checkpoint's units are safely in the cache

@@ -110,8 +110,10 @@ def test_checkpoint_with_custom_code_is_refused_without_the_flag(tiny_model, tmp
     evil = tmp_path / "evil-model"
     shutil.copytree(tiny_model, evil)
     config = json.loads((evil / "config.json").read_text())
-    config.update(model_type="anistat-evil",
-                  auto_map={"AutoConfig": "evil_code.EvilConfig", "AutoModelForCausalLM": "evil_code.EvilModel"})
+    config.update(
+        model_type="anistat-evil",
+        auto_map={"AutoConfig": "evil_code.EvilConfig", "AutoModelForCausalLM": "evil_code.EvilModel"},
+    )
     (evil / "config.json").write_text(json.dumps(config))
     marker = tmp_path / "PWNED"
     (evil / "evil_code.py").write_text(
@@ -146,8 +148,9 @@ def test_user_strings_are_escaped_and_outputs_confined(tiny_model, tmp_path, cap
     data["models"][0]["checkpoints"] = [str(series / hostile_label)]
     data["report"]["title"] = f"{PAYLOAD} {TEX}"
     data["description"] = f"{PAYLOAD} {IMG}"
-    data["claims"] = [{"id": "c1", "statement": f"{PAYLOAD} {TEX}", "metric": "energy_ratio",
-                       "where": {"checkpoint": hostile_label}}]
+    data["claims"] = [
+        {"id": "c1", "statement": f"{PAYLOAD} {TEX}", "metric": "energy_ratio", "where": {"checkpoint": hostile_label}}
+    ]
     text = yaml.safe_dump(data, allow_unicode=True)
     protocol = tmp_path / "p.yaml"
     protocol.write_text(text)

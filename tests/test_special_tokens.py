@@ -20,20 +20,31 @@ def _tokenizer(template: str | None):
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<s>"]
-    tokenizer.train_from_iterator(list(corpus.documents[:200]),
-                                  trainers.WordPieceTrainer(vocab_size=400, special_tokens=special, show_progress=False))
+    tokenizer.train_from_iterator(
+        list(corpus.documents[:200]),
+        trainers.WordPieceTrainer(vocab_size=400, special_tokens=special, show_progress=False),
+    )
     ids = {t: tokenizer.token_to_id(t) for t in special}
     if template == "bert":
         tokenizer.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])]
+        )
     elif template == "long":
         tokenizer.post_processor = processors.TemplateProcessing(
             single="[CLS] <s> $A [SEP]",
-            special_tokens=[("[CLS]", ids["[CLS]"]), ("<s>", ids["<s>"]), ("[SEP]", ids["[SEP]"])])
+            special_tokens=[("[CLS]", ids["[CLS]"]), ("<s>", ids["<s>"]), ("[SEP]", ids["[SEP]"])],
+        )
     elif template == "bos":
         tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", ids["<s>"])])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]",
-                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", bos_token="<s>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        bos_token="<s>",
+    )
     return PretrainedTokenizer(fast, identity=f"test-{template}"), ids
 
 
@@ -41,8 +52,9 @@ SPEC = dict(seq_len=16, n_fit_sequences=6, n_test_sequences=6, max_documents=200
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("template, prefix, suffix", [("bert", ["[CLS]"], ["[SEP]"]), ("bos", ["<s>"], []),
-                                                      (None, [], [])])
+@pytest.mark.parametrize(
+    "template, prefix, suffix", [("bert", ["[CLS]"], ["[SEP]"]), ("bos", ["<s>"], []), (None, [], [])]
+)
 def test_blocks_carry_the_tokenizers_template(template, prefix, suffix):
     tokenizer, ids = _tokenizer(template)
     corpus = load_corpus(DataSpec(**SPEC))
@@ -75,13 +87,15 @@ def test_mlm_never_masks_the_template_and_keeps_the_other_draws():
     tokens = splits.train[:50]
     maskable = splits.maskable
     assert maskable.tolist() == [False] + [True] * 14 + [False]
-    inputs, labels = mask_for_mlm(tokens, ids["[MASK]"], splits.vocab_size, 0.4, torch.Generator().manual_seed(0),
-                                  maskable)
+    inputs, labels = mask_for_mlm(
+        tokens, ids["[MASK]"], splits.vocab_size, 0.4, torch.Generator().manual_seed(0), maskable
+    )
     assert (labels[:, 0] == -100).all() and (labels[:, -1] == -100).all()
     assert (inputs[:, 0] == ids["[CLS]"]).all() and (inputs[:, -1] == ids["[SEP]"]).all()
     assert ((labels != -100).sum(1) >= 1).all()
-    plain_inputs, plain_labels = mask_for_mlm(tokens, ids["[MASK]"], splits.vocab_size, 0.4,
-                                              torch.Generator().manual_seed(0))
+    plain_inputs, plain_labels = mask_for_mlm(
+        tokens, ids["[MASK]"], splits.vocab_size, 0.4, torch.Generator().manual_seed(0)
+    )
     inner = slice(1, 15)
     # a maskable position is selected exactly when it would be without the template, except the
     # guaranteed one per sequence, which moves off the template

@@ -25,39 +25,59 @@ W = stats.bootstrap_weights(12, 50, seed=1)
 #: (call with a misspelt choice, the parameter's name) for every exported function taking a choice.
 TYPOS = {
     "studentized_ratio_test(alternative)": (
-        lambda: stats.studentized_ratio_test(P, E, W, alternative="two_sided"), "alternative"),
+        lambda: stats.studentized_ratio_test(P, E, W, alternative="two_sided"),
+        "alternative",
+    ),
     "ci_from_replicates(method)": (lambda: stats.ci_from_replicates(1.0, RNG.normal(size=50), method="BCa"), "method"),
     "ci_from_replicates(bca_fallback)": (
-        lambda: stats.ci_from_replicates(1.0, RNG.normal(size=50), bca_fallback="normal"), "bca_fallback"),
+        lambda: stats.ci_from_replicates(1.0, RNG.normal(size=50), bca_fallback="normal"),
+        "bca_fallback",
+    ),
     "sequence_bootstrap(method)": (
-        lambda: stats.sequence_bootstrap(lambda w: w.sum(1), 12, n_resamples=20, method="pct"), "method"),
+        lambda: stats.sequence_bootstrap(lambda w: w.sum(1), 12, n_resamples=20, method="pct"),
+        "method",
+    ),
     "sequence_bootstrap_columns(method)": (
-        lambda: stats.sequence_bootstrap_columns(lambda w: w, 12, n_resamples=20, method="studentized"), "method"),
+        lambda: stats.sequence_bootstrap_columns(lambda w: w, 12, n_resamples=20, method="studentized"),
+        "method",
+    ),
     "sequence_bootstrap_columns(bca_fallback)": (
-        lambda: stats.sequence_bootstrap_columns(lambda w: w, 12, n_resamples=20, bca_fallback="x"), "bca_fallback"),
+        lambda: stats.sequence_bootstrap_columns(lambda w: w, 12, n_resamples=20, bca_fallback="x"),
+        "bca_fallback",
+    ),
     "analyze_energy(ci_method)": (
         lambda: stats.analyze_energy(P, T, E, rank=2, dim=8, null_fractions=[0.2, 0.3], ci_method="basic"),
-        "ci_method"),
+        "ci_method",
+    ),
     "analyze_energy(reference)": (
         lambda: stats.analyze_energy(P, T, E, rank=2, dim=8, null_fractions=[0.2, 0.3], reference="draws"),
-        "reference"),
+        "reference",
+    ),
     "analyze_energy(alternative)": (
         lambda: stats.analyze_energy(P, T, E, rank=2, dim=8, null_fractions=[0.2, 0.3], alternative="more"),
-        "alternative"),
+        "alternative",
+    ),
     "analyze_metric_vs_controls(alternative)": (
-        lambda: stats.analyze_metric_vs_controls(1.0, [0.5, 0.7], alternative="Greater"), "alternative"),
+        lambda: stats.analyze_metric_vs_controls(1.0, [0.5, 0.7], alternative="Greater"),
+        "alternative",
+    ),
     "expected_control_energy(kind)": (lambda: stats.expected_control_energy("pca_span", P, T, 2, 8), "kind"),
     "control_energy_moments(kind)": (lambda: stats.control_energy_moments("cov_matched", 2, 8, 1.0, 1.0), "kind"),
     "monte_carlo_pvalue(alternative)": (lambda: stats.monte_carlo_pvalue(1.0, [0.5], alternative="up"), "alternative"),
     "sequential_monte_carlo_pvalue(alternative)": (
-        lambda: stats.sequential_monte_carlo_pvalue(1.0, [0.5], 1, alternative="up"), "alternative"),
+        lambda: stats.sequential_monte_carlo_pvalue(1.0, [0.5], 1, alternative="up"),
+        "alternative",
+    ),
     "sign_flip_test(alternative)": (lambda: stats.sign_flip_test(P - E, 99, alternative="up"), "alternative"),
     "adjust_pvalues(method)": (lambda: stats.adjust_pvalues([0.1, 0.2], method="BH"), "method"),
     "adjust_in_families(method)": (
-        lambda: stats.adjust_in_families(pd.DataFrame({"p_value": [0.1]}), None, method="BH"), "method"),
+        lambda: stats.adjust_in_families(pd.DataFrame({"p_value": [0.1]}), None, method="BH"),
+        "method",
+    ),
     "adjust_in_families(method), empty family": (
         lambda: stats.adjust_in_families(pd.DataFrame({"p_value": [np.nan], "m": ["a"]}), ["m"], method="BH"),
-        "method"),
+        "method",
+    ),
     "min_controls_needed(method)": (lambda: stats.min_controls_needed(0.05, 3, method="fdr"), "method"),
     "random_effects_meta(method)": (lambda: stats.random_effects_meta([1, 2], [1, 1], method="REML"), "method"),
     "random_effects_meta(interval)": (lambda: stats.random_effects_meta([1, 2], [1, 1], interval="HKSJ"), "interval"),
@@ -88,8 +108,9 @@ def test_the_allowed_values_are_the_modules_constants():
 
 
 def test_the_studentized_test_runs_each_alternative_as_asked():
-    tests = {alternative: stats.studentized_ratio_test(P, E, W, alternative=alternative)
-             for alternative in ALTERNATIVES}
+    tests = {
+        alternative: stats.studentized_ratio_test(P, E, W, alternative=alternative) for alternative in ALTERNATIVES
+    }
     greater, less = tests["greater"].p_value, tests["less"].p_value
     assert tests["two-sided"].p_value == pytest.approx(min(1.0, 2 * min(greater, less)))
 
@@ -107,12 +128,19 @@ def test_a_bca_fallback_raises_the_declared_warning_when_enabled():
 def test_the_warning_is_silent_by_default():
     """In a plain interpreter (no pytest filters), importing anistat.stats installs the ignore
     filter, so a fallback stays in `note` and prints nothing."""
-    code = ("import warnings, numpy as np, anistat.stats as s\n"
-            "with warnings.catch_warnings(record=True) as caught:\n"
-            "    r = s.ci_from_replicates(0.5, np.r_[np.zeros(49), 1.0], jackknife=np.array([0.4, 0.6]))\n"
-            "print(r.method, len(caught))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parent.parent)
+    code = (
+        "import warnings, numpy as np, anistat.stats as s\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    r = s.ci_from_replicates(0.5, np.r_[np.zeros(49), 1.0], jackknife=np.array([0.4, 0.6]))\n"
+        "print(r.method, len(caught))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert done.stdout.split() == ["percentile", "0"] and done.stderr == ""
 
 
@@ -147,8 +175,11 @@ def _modules_with_examples() -> list[str]:
     import anistat.geometry
     import anistat.stats
 
-    return [info.name for package in (anistat.stats, anistat.geometry)
-            for info in pkgutil.iter_modules(package.__path__, package.__name__ + ".")]
+    return [
+        info.name
+        for package in (anistat.stats, anistat.geometry)
+        for info in pkgutil.iter_modules(package.__path__, package.__name__ + ".")
+    ]
 
 
 @pytest.mark.parametrize("module_name", _modules_with_examples())

@@ -52,11 +52,16 @@ def _ratio_data(seed=0, s=60):
 def test_ratio_ci_agrees_with_scipy(method):
     p, t = _ratio_data()
     s = p.size
-    ours = sequence_bootstrap(lambda w: (w @ p) / (w @ t), s, n_resamples=20000, seed=1,
-                              method=method)
-    ref = stats.bootstrap((p, t), lambda a, b, axis: a.sum(axis) / b.sum(axis), paired=True,
-                          vectorized=True, n_resamples=20000,
-                          method="BCa" if method == "bca" else "percentile", rng=2)
+    ours = sequence_bootstrap(lambda w: (w @ p) / (w @ t), s, n_resamples=20000, seed=1, method=method)
+    ref = stats.bootstrap(
+        (p, t),
+        lambda a, b, axis: a.sum(axis) / b.sum(axis),
+        paired=True,
+        vectorized=True,
+        n_resamples=20000,
+        method="BCa" if method == "bca" else "percentile",
+        rng=2,
+    )
     assert ours.method == method and ours.note == ""
     assert ours.estimate == pytest.approx(p.sum() / t.sum())
     se = ref.standard_error

@@ -11,8 +11,16 @@ from anistat.stats import run_calibration, write_calibration_report
 
 @pytest.fixture(scope="module")
 def quick():
-    return run_calibration(n_simulations=150, seed=1, scenarios=("clustered",), planted_ratios=(1.0,),
-                           n_documents=40, n_bootstrap=300, n_test_resamples=299, n_null=299)
+    return run_calibration(
+        n_simulations=150,
+        seed=1,
+        scenarios=("clustered",),
+        planted_ratios=(1.0,),
+        n_documents=40,
+        n_bootstrap=300,
+        n_test_resamples=299,
+        n_null=299,
+    )
 
 
 @pytest.mark.slow
@@ -36,8 +44,16 @@ def test_quick_calibration_under_clustered_anisotropic_null(quick):
 
 
 def test_calibration_is_deterministic():
-    kwargs = dict(n_simulations=4, seed=3, scenarios=("anisotropic",), planted_ratios=(1.0,), n_documents=12,
-                  n_bootstrap=60, n_test_resamples=59, n_null=59)
+    kwargs = dict(
+        n_simulations=4,
+        seed=3,
+        scenarios=("anisotropic",),
+        planted_ratios=(1.0,),
+        n_documents=12,
+        n_bootstrap=60,
+        n_test_resamples=59,
+        n_null=59,
+    )
     assert run_calibration(**kwargs).conditions == run_calibration(**kwargs).conditions
 
 
@@ -51,7 +67,8 @@ def test_calibration_report(quick, tmp_path):
     assert "not exact" in doc
     data = json.load(open(paths["json"]))
     assert data["checks"]["clustered: type-I error of the exact test (all draws)"]["value"] == pytest.approx(
-        quick.condition("clustered", "random")["rejection_exact"])
+        quick.condition("clustered", "random")["rejection_exact"]
+    )
     assert len(data["conditions"]) == 2
 
 
@@ -65,9 +82,17 @@ def test_calibration_validates():
 
 
 def test_coverage_is_reported_at_other_study_sizes():
-    result = run_calibration(n_simulations=6, seed=2, scenarios=("isotropic",), planted_ratios=(1.0,),
-                             n_documents=20, coverage_documents=(8, 40), n_bootstrap=60, n_test_resamples=59,
-                             n_null=59)
+    result = run_calibration(
+        n_simulations=6,
+        seed=2,
+        scenarios=("isotropic",),
+        planted_ratios=(1.0,),
+        n_documents=20,
+        coverage_documents=(8, 40),
+        n_bootstrap=60,
+        n_test_resamples=59,
+        n_null=59,
+    )
     assert sorted({row["documents"] for row in result.conditions}) == [8, 20, 40]
     # goals are judged at the main size only
     assert all("documents" not in name for name in result.checks)
@@ -80,22 +105,36 @@ def test_family_calibration_with_shared_draws():
 
     result = run_family_calibration(40, seed=1, n_units=12, n_null=399)
     rows = {(row["condition"], row["stop_after"]): row for row in result.rows}
-    assert set(rows) == {(f"{draws} draws, {design}", stop) for draws in ("shared", "per unit")
-                         for design in ("all null", "with effects") for stop in (10, 0)}
+    assert set(rows) == {
+        (f"{draws} draws, {design}", stop)
+        for draws in ("shared", "per unit")
+        for design in ("all null", "with effects")
+        for stop in (10, 0)
+    }
     for row in rows.values():
         # loose bands at 40 studies; a broken engine (p without +1, all units rejected) lands outside
         assert row["fwer_holm"] <= 0.2 and row["fdr_bh"] <= 0.2
     # planted units are found (3 of 12) and the shared draws change nothing systematic
     assert rows[("shared draws, with effects", 10)]["mean_discoveries_bh"] >= 2
-    assert run_family_calibration(5, seed=1, n_units=12, n_null=399).rows == \
-        run_family_calibration(5, seed=1, n_units=12, n_null=399).rows  # deterministic
+    assert (
+        run_family_calibration(5, seed=1, n_units=12, n_null=399).rows
+        == run_family_calibration(5, seed=1, n_units=12, n_null=399).rows
+    )  # deterministic
 
 
 def test_skewed_scenario_is_clustered_with_heavy_document_scales():
     """`skewed` is `clustered` with lognormal document scales of log-SD `skewed_document_sd`: at 0
     (and `scale_sd` 0) the two scenarios simulate the same studies; at 1.5 they differ."""
-    kwargs = dict(n_simulations=4, seed=5, planted_ratios=(1.0,), n_documents=12, n_bootstrap=60,
-                  n_test_resamples=59, n_null=59, scale_sd=0.0)
+    kwargs = dict(
+        n_simulations=4,
+        seed=5,
+        planted_ratios=(1.0,),
+        n_documents=12,
+        n_bootstrap=60,
+        n_test_resamples=59,
+        n_null=59,
+        scale_sd=0.0,
+    )
     clustered = run_calibration(scenarios=("clustered",), **kwargs).conditions
     flat = run_calibration(scenarios=("skewed",), skewed_document_sd=0.0, **kwargs).conditions
     heavy = run_calibration(scenarios=("skewed",), **kwargs).conditions
@@ -122,6 +161,14 @@ def test_hot_documents_mixture_keeps_the_population_ratio_at_one():
     w_hot = calibrate.HOT_SHARE * calibrate.HOT_ENERGY
     mixture = (w_hot * share["hot"] + (1 - calibrate.HOT_SHARE) * share["cold"]) / (w_hot + 1 - calibrate.HOT_SHARE)
     assert mixture == pytest.approx(k / d, rel=1e-12)
-    rows = run_calibration(n_simulations=3, seed=1, scenarios=("hot",), planted_ratios=(1.0,), n_documents=20,
-                           n_bootstrap=60, n_test_resamples=59, n_null=59).conditions
+    rows = run_calibration(
+        n_simulations=3,
+        seed=1,
+        scenarios=("hot",),
+        planted_ratios=(1.0,),
+        n_documents=20,
+        n_bootstrap=60,
+        n_test_resamples=59,
+        n_null=59,
+    ).conditions
     assert [row["condition"] for row in rows] == ["random", "1.0"]

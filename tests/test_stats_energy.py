@@ -61,8 +61,19 @@ def test_expected_control_energy_matches_the_average_of_drawn_controls():
 def test_estimates_tests_and_notes():
     p, t, null = _data()
     e = expected_control_energy("haar", p, t, 4, 64)
-    a = analyze_energy(p, t, e, rank=4, dim=64, null_fractions=null, oracle_fraction=0.4, n_bootstrap=500,
-                       n_test_resamples=999, n_paper_controls=20, seed=1)
+    a = analyze_energy(
+        p,
+        t,
+        e,
+        rank=4,
+        dim=64,
+        null_fractions=null,
+        oracle_fraction=0.4,
+        n_bootstrap=500,
+        n_test_resamples=999,
+        n_paper_controls=20,
+        seed=1,
+    )
     assert [m.metric for m in a.metrics] == list(METRICS)
     e_u = p.sum() / t.sum()
     assert a["energy_fraction"].estimate == pytest.approx(e_u)
@@ -93,19 +104,37 @@ def test_estimates_tests_and_notes():
 def test_ratio_interval_is_a_studentized_ratio_of_sums():
     p, t, null = _data(1)
     e = expected_control_energy("normal", p, t, 4, 64)
-    a = analyze_energy(p, t, e, rank=4, dim=64, null_fractions=null, n_bootstrap=800, seed=4,
-                       control_kind="normal", n_test_resamples=99)
+    a = analyze_energy(
+        p,
+        t,
+        e,
+        rank=4,
+        dim=64,
+        null_fractions=null,
+        n_bootstrap=800,
+        seed=4,
+        control_kind="normal",
+        n_test_resamples=99,
+    )
     w = bootstrap_weights(p.size, 800, seed=4)
     one = np.ones((1, p.size))
     for metric, den in (("energy_fraction", t), ("energy_ratio", e)):
         ratio = p.sum() / den.sum()
-        ref = ci_from_replicates(ratio, (w @ p) / (w @ den), method="studentized", se=ratio_se(one, p, den)[0],
-                                 replicate_se=ratio_se(w, p, den), log_scale=True, expand_units=80)
+        ref = ci_from_replicates(
+            ratio,
+            (w @ p) / (w @ den),
+            method="studentized",
+            se=ratio_se(one, p, den)[0],
+            replicate_se=ratio_se(w, p, den),
+            log_scale=True,
+            expand_units=80,
+        )
         assert (a[metric].ci_low, a[metric].ci_high) == pytest.approx((ref.ci_low, ref.ci_high), rel=1e-9)
         # by hand: the log-scale pivot, quantiles at Hesterberg's expanded tails
         reps, reps_se = (w @ p) / (w @ den), ratio_se(w, p, den)
         pivot = (np.log(reps) - np.log(ratio)) / (reps_se / reps)
         from scipy import stats
+
         tail = stats.norm.sf(np.sqrt(80 / 79) * stats.t.isf(0.025, 79))
         q_low, q_high = np.quantile(pivot, [tail, 1 - tail])
         se_log = ratio_se(one, p, den)[0] / ratio
@@ -121,8 +150,9 @@ def test_documents_are_the_resampling_unit():
     p, t, null = _data(2, s=90)
     e = expected_control_energy("haar", p, t, 4, 64)
     documents = np.repeat(np.arange(30), 3)
-    a = analyze_energy(p, t, e, rank=4, dim=64, null_fractions=null, group_ids=documents, n_bootstrap=400,
-                       n_test_resamples=999, seed=7)
+    a = analyze_energy(
+        p, t, e, rank=4, dim=64, null_fractions=null, group_ids=documents, n_bootstrap=400, n_test_resamples=999, seed=7
+    )
     sums, n_units = cluster_sums(np.stack([p, t, e], axis=1), documents)
     assert n_units == 30 and a.n_clusters == 30 and a.n_sequences == 90
     # identical to an analysis of the per-document sums
@@ -137,8 +167,9 @@ def test_anisotropy_capture_interval_stays_in_range():
     p, t, null = _data(4, s=12, boost=3.0)
     e = expected_control_energy("haar", p, t, 4, 64)
     oracle = p.sum() / t.sum() * 1.001  # the proxy is (nearly) the oracle
-    a = analyze_energy(p, t, e, rank=4, dim=64, null_fractions=null, oracle_fraction=oracle, n_bootstrap=500,
-                       n_test_resamples=99)
+    a = analyze_energy(
+        p, t, e, rank=4, dim=64, null_fractions=null, oracle_fraction=oracle, n_bootstrap=500, n_test_resamples=99
+    )
     capture = a["anisotropy_capture"]
     assert capture.ci_high <= 1.0 and capture.ci_low >= (0 - 4 / 64) / (oracle - 4 / 64)
 
@@ -179,8 +210,19 @@ def test_every_se_is_on_its_rows_scale_and_matches_its_interval():
     p, t, null = _data(5, s=200)
     e = expected_control_energy("haar", p, t, 4, 64)
     moments = control_energy_moments("haar", 4, 64, 1.0, 0.05)
-    a = analyze_energy(p, t, e, rank=4, dim=64, exact=ExactTestResult(0.01, 999), control_moments=moments,
-                       paper_fractions=null, oracle_fraction=0.4, n_bootstrap=2000, seed=3)
+    a = analyze_energy(
+        p,
+        t,
+        e,
+        rank=4,
+        dim=64,
+        exact=ExactTestResult(0.01, 999),
+        control_moments=moments,
+        paper_fractions=null,
+        oracle_fraction=0.4,
+        n_bootstrap=2000,
+        seed=3,
+    )
     fraction, ratio = a["energy_fraction"], a["energy_ratio"]
     assert a["log2_energy_ratio"].se == pytest.approx(ratio.se / (ratio.estimate * np.log(2)))
     assert a["z"].se == pytest.approx(fraction.se / moments.sd)
@@ -205,8 +247,16 @@ def test_closed_form_control_moments_match_drawn_controls():
     for kind in ("haar", "normal"):
         q = draw_controls(kind, u, 20000, seed=5).numpy()
         fractions = np.einsum("ndk,de,nek->n", q, m, q) / np.trace(m)
-        exact = control_energy_moments(kind, k, d, np.trace(m), (m * m).sum(), float(np.trace(u.T @ mu)),
-                                       float((mu * mu).sum()), float(((u.T @ mu) ** 2).sum()))
+        exact = control_energy_moments(
+            kind,
+            k,
+            d,
+            np.trace(m),
+            (m * m).sum(),
+            float(np.trace(u.T @ mu)),
+            float((mu * mu).sum()),
+            float(((u.T @ mu) ** 2).sum()),
+        )
         assert exact.mean == pytest.approx(fractions.mean(), rel=0.01), kind
         assert exact.sd == pytest.approx(fractions.std(ddof=1), rel=0.03), kind
         drawn = ControlMoments.of_draws(fractions)

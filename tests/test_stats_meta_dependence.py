@@ -12,12 +12,24 @@ from statsmodels.stats.meta_analysis import combine_effects
 from anistat.stats.meta import aggregate_clusters, random_effects_meta, reml_tau2, robust_meta
 
 # BCG vaccine trials (Colditz et al. 1994; metafor's dat.bcg): tpos, tneg, cpos, cneg
-BCG = np.array([
-    [4, 119, 11, 128], [6, 300, 29, 274], [3, 228, 11, 209], [62, 13536, 248, 12619],
-    [33, 5036, 47, 5761], [180, 1361, 372, 1079], [8, 2537, 10, 619], [505, 87886, 499, 87892],
-    [29, 7470, 45, 7232], [17, 1699, 65, 1600], [186, 50448, 141, 27197], [5, 2493, 3, 2338],
-    [27, 16886, 29, 17825],
-], dtype=float)
+BCG = np.array(
+    [
+        [4, 119, 11, 128],
+        [6, 300, 29, 274],
+        [3, 228, 11, 209],
+        [62, 13536, 248, 12619],
+        [33, 5036, 47, 5761],
+        [180, 1361, 372, 1079],
+        [8, 2537, 10, 619],
+        [505, 87886, 499, 87892],
+        [29, 7470, 45, 7232],
+        [17, 1699, 65, 1600],
+        [186, 50448, 141, 27197],
+        [5, 2493, 3, 2338],
+        [27, 16886, 29, 17825],
+    ],
+    dtype=float,
+)
 
 
 def _bcg_log_risk_ratios():
@@ -121,7 +133,8 @@ def test_robust_cr0_matches_the_statsmodels_cluster_sandwich():
     mean_v = np.bincount(labels, weights=v) / k
     weights = 1 / (k[labels] * (mean_v[labels] + 0.05))
     fit = sm.WLS(y, np.ones((y.size, 1)), weights=weights).fit(
-        cov_type="cluster", cov_kwds={"groups": labels, "use_correction": False})
+        cov_type="cluster", cov_kwds={"groups": labels, "use_correction": False}
+    )
     assert ours.estimate == pytest.approx(fit.params[0], rel=1e-10)
     assert ours.se == pytest.approx(fit.bse[0], rel=1e-10)
     assert ours.m == 7 and ours.df == 6
@@ -172,9 +185,17 @@ def _claim_rows(ci_level=0.95, with_se=False):
     for model, effect in (("a", 2.0), ("b", 2.6)):
         for i in range(12):
             estimate = effect + 0.01 * (i % 3)
-            row = {"model": model, "metric": "log2_energy_ratio", "control": "normal", "estimate": estimate,
-                   "ci_low": estimate - z * 0.1, "ci_high": estimate + z * 0.1, "p_adjusted": 0.01,
-                   "status": "ok", "layer": i % 4}
+            row = {
+                "model": model,
+                "metric": "log2_energy_ratio",
+                "control": "normal",
+                "estimate": estimate,
+                "ci_low": estimate - z * 0.1,
+                "ci_high": estimate + z * 0.1,
+                "p_adjusted": 0.01,
+                "status": "ok",
+                "layer": i % 4,
+            }
             if with_se:
                 row["se"] = 0.1
             rows.append(row)

@@ -35,11 +35,11 @@ def test_holm_written_out_equals_statsmodels_on_ties_and_many_tests():
 
 
 def test_adjust_in_families():
-    df = pd.DataFrame({"model": ["a", "a", "a", "b", "b"],
-                       "p_value": [0.01, 0.02, np.nan, 0.03, 0.04]})
+    df = pd.DataFrame({"model": ["a", "a", "a", "b", "b"], "p_value": [0.01, 0.02, np.nan, 0.03, 0.04]})
     run = adjust_in_families(df, [], "holm")
-    assert np.allclose(run["p_adjusted"].to_numpy()[[0, 1, 3, 4]],
-                       multipletests([0.01, 0.02, 0.03, 0.04], method="holm")[1])
+    assert np.allclose(
+        run["p_adjusted"].to_numpy()[[0, 1, 3, 4]], multipletests([0.01, 0.02, 0.03, 0.04], method="holm")[1]
+    )
     per = adjust_in_families(df, ["model"], "bonferroni")
     assert per["p_adjusted"].tolist()[:2] == pytest.approx([0.02, 0.04])
     assert np.isnan(per["p_adjusted"].iloc[2])

@@ -47,9 +47,14 @@ def test_sign_flip_exact_equals_scipy(alternative, seed):
     rng = np.random.default_rng(seed)
     d = rng.normal(0.3, 1.0, size=10)
     ours = sign_flip_test(d, n_permutations=5000, seed=0, alternative=alternative)
-    ref = stats.permutation_test((d,), lambda x, axis: np.mean(x, axis=axis),
-                                 permutation_type="samples", n_resamples=np.inf,
-                                 alternative=alternative, vectorized=True)
+    ref = stats.permutation_test(
+        (d,),
+        lambda x, axis: np.mean(x, axis=axis),
+        permutation_type="samples",
+        n_resamples=np.inf,
+        alternative=alternative,
+        vectorized=True,
+    )
     assert ours.exact and ours.n_permutations == 2**10
     assert ours.statistic == pytest.approx(ref.statistic)
     assert ours.p_value == ref.pvalue  # exact enumeration: identical
@@ -58,9 +63,14 @@ def test_sign_flip_exact_equals_scipy(alternative, seed):
 def test_sign_flip_exact_with_ties_equals_scipy():
     d = np.array([1.0, -1.0, 2.0, -2.0, 0.5, 0.5, -0.5, 3.0])
     ours = sign_flip_test(d, n_permutations=1000)
-    ref = stats.permutation_test((d,), lambda x, axis: np.mean(x, axis=axis),
-                                 permutation_type="samples", n_resamples=np.inf,
-                                 alternative="greater", vectorized=True)
+    ref = stats.permutation_test(
+        (d,),
+        lambda x, axis: np.mean(x, axis=axis),
+        permutation_type="samples",
+        n_resamples=np.inf,
+        alternative="greater",
+        vectorized=True,
+    )
     assert ours.p_value == ref.pvalue
 
 
@@ -68,9 +78,15 @@ def test_sign_flip_randomised_agrees_with_scipy_within_mc_error():
     rng = np.random.default_rng(3)
     d = rng.normal(0.15, 1.0, size=80)
     ours = sign_flip_test(d, n_permutations=20000, seed=4)
-    ref = stats.permutation_test((d,), lambda x, axis: np.mean(x, axis=axis),
-                                 permutation_type="samples", n_resamples=20000,
-                                 vectorized=True, alternative="greater", rng=5)
+    ref = stats.permutation_test(
+        (d,),
+        lambda x, axis: np.mean(x, axis=axis),
+        permutation_type="samples",
+        n_resamples=20000,
+        vectorized=True,
+        alternative="greater",
+        rng=5,
+    )
     assert not ours.exact
     se = np.sqrt(ref.pvalue * (1 - ref.pvalue) / 20000)
     assert abs(ours.p_value - ref.pvalue) < 5 * se + 1e-4

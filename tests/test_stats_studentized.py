@@ -22,7 +22,7 @@ def test_ratio_se_is_the_delta_method_se_of_the_resampled_data():
     w = bootstrap_weights(25, 40, seed=3)
     se = ratio_se(w, p, t)
     for b in (0, 7, 39):
-        idx = np.repeat(np.arange(25), w[b].astype(int))       # the resampled data set
+        idx = np.repeat(np.arange(25), w[b].astype(int))  # the resampled data set
         pb, tb = p[idx], t[idx]
         th = pb.sum() / tb.sum()
         ref = np.sqrt(((pb - th * tb) ** 2).sum() * 25 / 24) / tb.sum()
@@ -36,18 +36,23 @@ def test_ratio_se_is_the_delta_method_se_of_the_resampled_data():
 def test_studentized_ci_matches_a_direct_bootstrap_t():
     rng = np.random.default_rng(1)
     p, t = _heavy_ratio_data(rng, 50)
-    r = sequence_bootstrap(lambda w: (w @ p) / (w @ t), 50, 999, seed=2, method="studentized",
-                           standard_error=lambda w: ratio_se(w, p, t), chunk_size=100)
+    r = sequence_bootstrap(
+        lambda w: (w @ p) / (w @ t),
+        50,
+        999,
+        seed=2,
+        method="studentized",
+        standard_error=lambda w: ratio_se(w, p, t),
+        chunk_size=100,
+    )
     w = bootstrap_weights(50, 999, seed=2)
     th = p.sum() / t.sum()
     reps = (w @ p) / (w @ t)
-    se_b = np.array([np.sqrt(((p - x * t) ** 2 * wi).sum() * 50 / 49) / (wi @ t)
-                     for wi, x in zip(w, reps)])
+    se_b = np.array([np.sqrt(((p - x * t) ** 2 * wi).sum() * 50 / 49) / (wi @ t) for wi, x in zip(w, reps)])
     se0 = np.sqrt(((p - th * t) ** 2).sum() * 50 / 49) / t.sum()
     tq = np.quantile((reps - th) / se_b, [0.975, 0.025])
     assert r.method == "studentized" and r.note == ""
-    assert (r.ci_low, r.ci_high) == pytest.approx((th - tq[0] * se0, th - tq[1] * se0),
-                                                  rel=1e-10)
+    assert (r.ci_low, r.ci_high) == pytest.approx((th - tq[0] * se0, th - tq[1] * se0), rel=1e-10)
     with pytest.raises(ValueError, match="standard_error"):
         sequence_bootstrap(lambda w: (w @ p) / (w @ t), 50, 99, method="studentized")
     # degenerate SE -> percentile with the reason; zero-SE replicates are dropped and counted
@@ -78,15 +83,21 @@ def test_studentized_covers_where_bca_undercovers():
         reps = (w @ p) / (w @ t)
         jack = (p.sum() - p) / (t.sum() - t)
         bca = ci_from_replicates(th, reps, jack)
-        stu = ci_from_replicates(th, reps, method="studentized",
-                                 se=ratio_se(np.ones((1, s)), p, t)[0],
-                                 replicate_se=ratio_se(w, p, t))
+        stu = ci_from_replicates(
+            th, reps, method="studentized", se=ratio_se(np.ones((1, s)), p, t)[0], replicate_se=ratio_se(w, p, t)
+        )
         hit["bca"] += bca.ci_low <= truth <= bca.ci_high
         hit["studentized"] += stu.ci_low <= truth <= stu.ci_high
         if i < n_scipy:
-            ref = stats.bootstrap((p, t), lambda x, y, axis: x.sum(axis) / y.sum(axis),
-                                  paired=True, vectorized=True, n_resamples=b, method="BCa",
-                                  rng=i).confidence_interval
+            ref = stats.bootstrap(
+                (p, t),
+                lambda x, y, axis: x.sum(axis) / y.sum(axis),
+                paired=True,
+                vectorized=True,
+                n_resamples=b,
+                method="BCa",
+                rng=i,
+            ).confidence_interval
             hit["scipy_bca"] += ref.low <= truth <= ref.high
     cov = {k: v / (n_scipy if k == "scipy_bca" else n_rep) for k, v in hit.items()}
     # measured: BCa 0.876, studentized 0.928, scipy BCa on the first 150 data sets 0.86
@@ -114,9 +125,15 @@ def test_simulated_studies_use_independent_resampling_streams(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(calibrate, "analyze_energy", spy)
-    run_calibration(n_simulations=3, seed=0, scenarios=("anisotropic",), planted_ratios=(1.0,),
-                    n_documents=15, n_bootstrap=50, n_permutations=49, n_null=99)
+    run_calibration(
+        n_simulations=3,
+        seed=0,
+        scenarios=("anisotropic",),
+        planted_ratios=(1.0,),
+        n_documents=15,
+        n_bootstrap=50,
+        n_permutations=49,
+        n_null=99,
+    )
     # 2 conditions x 3 studies x 2 kinds, one stream per study
     assert len(seeds) == 12 and len(set(seeds)) == 6
-
-

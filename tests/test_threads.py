@@ -44,13 +44,16 @@ def test_an_unusable_omp_num_threads_falls_back_to_auto(monkeypatch, value):
     assert resolve_threads(None, "auto").source == "auto"
 
 
-@pytest.mark.parametrize("budget, expected", [
-    (CpuBudget(affinity=2, quota=None, usable=2, load=0.1), 2),   # an idle 2-core machine
-    (CpuBudget(affinity=2, quota=None, usable=2, load=2.6), 1),   # 2 cores kept busy by others (the issue's case)
-    (CpuBudget(affinity=64, quota=2.0, usable=2, load=0.0), 2),   # a container's quota of 2 on a 64-core host
-    (CpuBudget(affinity=8, quota=None, usable=8, load=3.2), 5),   # 8 cores, 3 busy
-    (CpuBudget(affinity=4, quota=None, usable=4, load=None), 4),  # no load average (e.g. Windows)
-])
+@pytest.mark.parametrize(
+    "budget, expected",
+    [
+        (CpuBudget(affinity=2, quota=None, usable=2, load=0.1), 2),  # an idle 2-core machine
+        (CpuBudget(affinity=2, quota=None, usable=2, load=2.6), 1),  # 2 cores kept busy by others (the issue's case)
+        (CpuBudget(affinity=64, quota=2.0, usable=2, load=0.0), 2),  # a container's quota of 2 on a 64-core host
+        (CpuBudget(affinity=8, quota=None, usable=8, load=3.2), 5),  # 8 cores, 3 busy
+        (CpuBudget(affinity=4, quota=None, usable=4, load=None), 4),  # no load average (e.g. Windows)
+    ],
+)
 def test_auto_uses_the_idle_usable_cpus(monkeypatch, budget, expected):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(runtime, "cpu_budget", lambda sample=False: budget)
@@ -180,9 +183,14 @@ def _trained_states(threads: int) -> dict[int, dict[str, torch.Tensor]]:
     from anistat.protocol import DataSpec, ModelSpec
 
     data = DataSpec(seq_len=64, n_fit_sequences=16, n_test_sequences=16, vocab_size=512)
-    spec = ModelSpec(name="tiny-decoder", architecture="gpt2", hidden_size=64, num_layers=4, num_heads=4,
-                     train={"steps": 12, "batch_size": 16, "learning_rate": 0.002, "warmup_steps": 4,
-                            "checkpoints": [0, 12]})
+    spec = ModelSpec(
+        name="tiny-decoder",
+        architecture="gpt2",
+        hidden_size=64,
+        num_layers=4,
+        num_heads=4,
+        train={"steps": 12, "batch_size": 16, "learning_rate": 0.002, "warmup_steps": 4, "checkpoints": [0, 12]},
+    )
     corpus = load_corpus(data)
     splits = make_splits(corpus, BuiltinTokenizer(corpus.documents, data.vocab_size), data, 0)
     model = build_builtin_model(spec, splits.vocab_size, data.seq_len, 0, dtype=torch.float64)
@@ -228,12 +236,15 @@ def proc_stat(ticks: dict[int, tuple[int, int]]) -> str:
     return "\n".join(lines + ["intr 0", "ctxt 0"]) + "\n"
 
 
-@pytest.mark.parametrize("after, own_seconds, busy_now", [
-    ({0: (25, 0), 1: (0, 25)}, 0.0, 1.0),     # one core busy all the sample
-    ({0: (0, 25), 1: (0, 25)}, 0.0, 0.0),     # idle
-    ({0: (25, 0), 1: (25, 0)}, 0.25, 1.0),    # both busy, one of them with this process itself
-    ({0: (12, 13), 1: (13, 12)}, 0.0, 1.0),   # half of each
-])
+@pytest.mark.parametrize(
+    "after, own_seconds, busy_now",
+    [
+        ({0: (25, 0), 1: (0, 25)}, 0.0, 1.0),  # one core busy all the sample
+        ({0: (0, 25), 1: (0, 25)}, 0.0, 0.0),  # idle
+        ({0: (25, 0), 1: (25, 0)}, 0.25, 1.0),  # both busy, one of them with this process itself
+        ({0: (12, 13), 1: (13, 12)}, 0.0, 1.0),  # half of each
+    ],
+)
 def test_busy_cpus_from_two_proc_stat_samples(after, own_seconds, busy_now):
     before = proc_stat({0: (0, 0), 1: (0, 0)})
     busy = runtime.busy_from_samples(before, proc_stat(after), {0, 1}, own_seconds, 0.25)
@@ -246,8 +257,11 @@ def mocked_sample(monkeypatch, after: dict[int, tuple[int, int]], load: float) -
     """/proc/stat read twice (idle → `after`), sched_getaffinity = 2 CPUs, load average `load`."""
     texts = iter([proc_stat({0: (0, 0), 1: (0, 0)}), proc_stat(after)])
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(runtime.Path, "read_text",
-                        lambda self, *a, **k: next(texts) if str(self) == "/proc/stat" else original(self, *a, **k))
+    monkeypatch.setattr(
+        runtime.Path,
+        "read_text",
+        lambda self, *a, **k: next(texts) if str(self) == "/proc/stat" else original(self, *a, **k),
+    )
     monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(runtime.os, "getloadavg", lambda: (load, load, load), raising=False)
     monkeypatch.setattr(runtime, "_cgroup_v2_quota", lambda *a: None)

@@ -63,8 +63,11 @@ def _is_slow_file(tree: ast.Module) -> bool:
 
 
 def fast_tier_files() -> list[Path]:
-    return [path for path in sorted(TESTS.glob("test_*.py"))
-            if not _is_slow_file(ast.parse(path.read_text(encoding="utf-8")))]
+    return [
+        path
+        for path in sorted(TESTS.glob("test_*.py"))
+        if not _is_slow_file(ast.parse(path.read_text(encoding="utf-8")))
+    ]
 
 
 def test_the_fast_tier_imports_every_module():

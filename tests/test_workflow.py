@@ -78,7 +78,8 @@ def test_run_refuses_to_overwrite_a_bundle(bundle, capsys, monkeypatch):
     code, _, err = run_cli(capsys, "run", protocol, "--out", path)
     assert code == 2 and err.strip().splitlines() == [
         f"anistat: error: --out {path}: a bundle already exists there; pass --overwrite to replace it, or choose "
-        "another --out"]
+        "another --out"
+    ]
     assert digests(path) == before
     import anistat.report.render
 
@@ -93,8 +94,10 @@ def test_verify_new_claims_against_an_existing_bundle(bundle, capsys, tmp_path):
     _, path, _, _ = bundle
     before = digests(path)
     claims = tmp_path / "new.yaml"
-    claims.write_text("- {id: enc-late, metric: energy_fraction, where: {model: enc, phase: late}, threshold: 0}\n"
-                      "- {id: too-much, metric: energy_fraction, where: {model: enc}, threshold: 1.0}\n")
+    claims.write_text(
+        "- {id: enc-late, metric: energy_fraction, where: {model: enc, phase: late}, threshold: 0}\n"
+        "- {id: too-much, metric: energy_fraction, where: {model: enc}, threshold: 1.0}\n"
+    )
     code, out, err = run_cli(capsys, "verify", path, "--claims", claims)
     assert code == 1 and err == ""  # too-much fails: an energy fraction never exceeds 1
     assert f"claims: 2 from {claims}, evaluated against the existing bundle {path}" in out
@@ -102,20 +105,27 @@ def test_verify_new_claims_against_an_existing_bundle(bundle, capsys, tmp_path):
     assert "claim enc-late: PASS" in out and "claim too-much: FAIL" in out and "dec-early" not in out
     # a protocol file's claims section works as well, and a passing set exits 0
     protocol_like = tmp_path / "protocol-like.yaml"
-    protocol_like.write_text("name: x\nclaims:\n  - {id: ok, metric: oracle_fraction, where: {rank: 2}, threshold: 0}\n")
+    protocol_like.write_text(
+        "name: x\nclaims:\n  - {id: ok, metric: oracle_fraction, where: {rank: 2}, threshold: 0}\n"
+    )
     assert run_cli(capsys, "verify", path, "--claims", protocol_like)[0] == 0
     assert digests(path) == before  # the bundle is read, never changed
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("text, needles", [
-    ("- {id: t, metric: energy_ration}\n", ["claims[0] 't'", "metric 'energy_ration' is not in this bundle",
-                                            "energy_ratio"]),
-    ("- {id: t, metric: energy_ratio, where: {modle: dec}}\n", ["where key 'modle'", "valid keys: model"]),
-    ("- {id: t, metric: energy_ratio, where: {model: [dec, dek]}}\n", ["where.model = 'dek'", "values: dec, enc"]),
-    ("- {id: t, metric: energy_ratio, compare: '=>'}\n", ["claims[0]: compare", "'=>'"]),
-    ("[]\n", ["expected a non-empty list of claims"]),
-])
+@pytest.mark.parametrize(
+    "text, needles",
+    [
+        (
+            "- {id: t, metric: energy_ration}\n",
+            ["claims[0] 't'", "metric 'energy_ration' is not in this bundle", "energy_ratio"],
+        ),
+        ("- {id: t, metric: energy_ratio, where: {modle: dec}}\n", ["where key 'modle'", "valid keys: model"]),
+        ("- {id: t, metric: energy_ratio, where: {model: [dec, dek]}}\n", ["where.model = 'dek'", "values: dec, enc"]),
+        ("- {id: t, metric: energy_ratio, compare: '=>'}\n", ["claims[0]: compare", "'=>'"]),
+        ("[]\n", ["expected a non-empty list of claims"]),
+    ],
+)
 def test_verify_claims_file_mistakes(bundle, capsys, tmp_path, text, needles):
     _, path, _, _ = bundle
     claims = tmp_path / "new.yaml"
@@ -135,7 +145,8 @@ def test_report_rejects_unknown_metrics(bundle, capsys):
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [
         "anistat: error: --metrics: unknown metric(s) energy_ratoi; this bundle has: "
-        + ", ".join(sorted(pd.read_csv(path / "results.csv").metric.unique()))]
+        + ", ".join(sorted(pd.read_csv(path / "results.csv").metric.unique()))
+    ]
     assert digests(path) == before
 
 

@@ -56,16 +56,56 @@ from .units import (
 )
 
 __all__ = [
-    "DESCRIPTIVE_METRICS", "ENERGY_METRICS", "FREQUENCY_COLUMNS", "RESULT_COLUMNS", "NullSettings", "adjust",
-    "analyze_run", "analyze_units", "descriptive_rows", "frequency_rows", "multiplicity_warning", "null_settings", "planned_tests",
-    "run_exact_tests", "test_families", "unit_rows",
+    "DESCRIPTIVE_METRICS",
+    "ENERGY_METRICS",
+    "FREQUENCY_COLUMNS",
+    "RESULT_COLUMNS",
+    "NullSettings",
+    "adjust",
+    "analyze_run",
+    "analyze_units",
+    "descriptive_rows",
+    "frequency_rows",
+    "multiplicity_warning",
+    "null_settings",
+    "planned_tests",
+    "run_exact_tests",
+    "test_families",
+    "unit_rows",
 ]
 
 RESULT_COLUMNS = [
-    "model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim", "proxy", "control",
-    "metric", "estimate", "control_mean", "control_sd", "ci_low", "ci_high", "ci_method", "p_value",
-    "p_adjusted", "p_test", "p_value_paper", "effect_size", "effect_size_kind", "se", "n_controls",
-    "n_sequences", "n_clusters", "n_tokens", "status", "note",
+    "model",
+    "objective",
+    "checkpoint",
+    "step",
+    "phase",
+    "layer",
+    "site",
+    "rank",
+    "dim",
+    "proxy",
+    "control",
+    "metric",
+    "estimate",
+    "control_mean",
+    "control_sd",
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "p_value",
+    "p_adjusted",
+    "p_test",
+    "p_value_paper",
+    "effect_size",
+    "effect_size_kind",
+    "se",
+    "n_controls",
+    "n_sequences",
+    "n_clusters",
+    "n_tokens",
+    "status",
+    "note",
 ]
 #: Columns added when `stats.resampling_risk` is set: the risk-bounded decision of the exact energy
 #: test in its family and the confidence-sequence interval of its ideal p-value.
@@ -115,36 +155,63 @@ def null_settings(artifacts: list[UnitArtifact], protocol: Protocol) -> NullSett
     n_tests = planned_tests(artifacts, protocol)
     needed = min_controls_needed(stats.alpha, n_tests, stats.multiplicity)
     draws = max(9999, needed) if stats.n_null_draws == "auto" else int(stats.n_null_draws)
-    return NullSettings(n_null_draws=draws, n_test_resamples=max(stats.n_test_resamples, needed), n_tests=n_tests,
-                        stop_after=stats.null_stop_exceedances, null_draws=stats.null_draws,
-                        resampling_risk=stats.resampling_risk)
+    return NullSettings(
+        n_null_draws=draws,
+        n_test_resamples=max(stats.n_test_resamples, needed),
+        n_tests=n_tests,
+        stop_after=stats.null_stop_exceedances,
+        null_draws=stats.null_draws,
+        resampling_risk=stats.resampling_risk,
+    )
 
 
-def run_exact_tests(spectra: list[UnitSpectrum], protocol: Protocol, settings: NullSettings,
-                    device: str | torch.device = "cpu") -> ExactNulls:
+def run_exact_tests(
+    spectra: list[UnitSpectrum], protocol: Protocol, settings: NullSettings, device: str | torch.device = "cpu"
+) -> ExactNulls:
     """Every prepared unit's exact tests from one stream of Haar draws per width (seeded by the
     protocol seed and the width, so a unit's null never depends on the other units), or one
     stream per test (`stats.null_draws: per_test`: every unit and rank, seeded by the unit's id
     and the rank)."""
     stats = protocol.stats
     record = protocol.controls.n if "haar" in protocol.controls.kinds else 0
-    options = NullOptions(n_max=settings.n_null_draws, stop_after=settings.stop_after,
-                          alternative=stats.alternative, c0=stats.isoscore_c0, zeta=stats.isoscore_zeta,
-                          n_record=record, device=device, resampling_risk=settings.resampling_risk,
-                          alpha=stats.alpha, risk_tests=max(settings.n_tests, 1))
+    options = NullOptions(
+        n_max=settings.n_null_draws,
+        stop_after=settings.stop_after,
+        alternative=stats.alternative,
+        c0=stats.isoscore_c0,
+        zeta=stats.isoscore_zeta,
+        n_record=record,
+        device=device,
+        resampling_risk=settings.resampling_risk,
+        alpha=stats.alpha,
+        risk_tests=max(settings.n_tests, 1),
+    )
     if settings.null_draws == "per_test":
         # every (unit, rank) its own stream: the unit's spectrum once per rank, with that rank's tests
-        split = [replace(unit, energy_observed={k: v for k, v in unit.energy_observed.items() if k[1] == rank},
-                         delta_observed={k: v for k, v in unit.delta_observed.items() if k[1] == rank})
-                 for unit in spectra for rank in sorted({k[1] for k in unit.energy_observed})]
-        return exact_tests(split, options, None, lambda unit: (
-            f"{unit.unit_id}/k={next(iter(unit.energy_observed))[1]}",
-            derive_seed(protocol.seed, "haar-null", unit.unit_id, next(iter(unit.energy_observed))[1])))
+        split = [
+            replace(
+                unit,
+                energy_observed={k: v for k, v in unit.energy_observed.items() if k[1] == rank},
+                delta_observed={k: v for k, v in unit.delta_observed.items() if k[1] == rank},
+            )
+            for unit in spectra
+            for rank in sorted({k[1] for k in unit.energy_observed})
+        ]
+        return exact_tests(
+            split,
+            options,
+            None,
+            lambda unit: (
+                f"{unit.unit_id}/k={next(iter(unit.energy_observed))[1]}",
+                derive_seed(protocol.seed, "haar-null", unit.unit_id, next(iter(unit.energy_observed))[1]),
+            ),
+        )
     return exact_tests(spectra, options, lambda dim: derive_seed(protocol.seed, "haar-null", dim))
 
 
-def unit_rows(artifact: UnitArtifact, protocol: Protocol, settings: NullSettings | None = None,
-              nulls: ExactNulls | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+def unit_rows(
+    artifact: UnitArtifact, protocol: Protocol, settings: NullSettings | None = None, nulls: ExactNulls | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
     """All rows of one unit, plus its warnings (before multiplicity adjustment). Without `nulls`
     the unit's exact tests run on their own (the same draws as in a run: the stream depends on the
     protocol seed and the width only)."""
@@ -178,8 +245,9 @@ def adjust(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
     for family in test_families(results, protocol):
         values = adjust_pvalues(family["p_value"].to_numpy(dtype=float), stats.multiplicity)
         adjusted.update(zip(family["_test"], values))
-    results["p_adjusted"] = [adjusted.get(test, np.nan) if isinstance(test, tuple) else np.nan
-                             for test in results["_test"]]
+    results["p_adjusted"] = [
+        adjusted.get(test, np.nan) if isinstance(test, tuple) else np.nan for test in results["_test"]
+    ]
     return results
 
 
@@ -194,15 +262,19 @@ def decide_with_bounded_risk(results: pd.DataFrame, protocol: Protocol) -> pd.Da
     stats = protocol.stats
     method = "none" if stats.multiplicity == "none" else stats.multiplicity
     decided: dict[tuple[Any, ...], str] = {}
-    families = ([results.dropna(subset=["p_value"]).drop_duplicates("_test")] if method == "none"
-                else test_families(results, protocol))
+    families = (
+        [results.dropna(subset=["p_value"]).drop_duplicates("_test")]
+        if method == "none"
+        else test_families(results, protocol)
+    )
     for family in families:
         p = family["p_value"].to_numpy(dtype=float)
         low = np.where(family["mc_p_low"].notna(), family["mc_p_low"].astype(float), p)
         high = np.where(family["mc_p_high"].notna(), family["mc_p_high"].astype(float), p)
         status = family_decisions(low, high, stats.alpha, method)
-        decided.update((test, str(s)) for test, s, has in zip(family["_test"], status, family["mc_p_low"].notna())
-                       if has)
+        decided.update(
+            (test, str(s)) for test, s, has in zip(family["_test"], status, family["mc_p_low"].notna()) if has
+        )
     results["mc_decision"] = [decided.get(test, "") if isinstance(test, tuple) else "" for test in results["_test"]]
     return results
 
@@ -215,12 +287,12 @@ def multiplicity_warning(results: pd.DataFrame, protocol: Protocol, nulls: NullS
     if not has_test:
         return None
     n_tests = max(len(family) for family in test_families(results, protocol))
-    return resolution_warning(nulls.n_null_draws, stats.alpha, n_tests, stats.multiplicity,
-                              what="Haar null draws")
+    return resolution_warning(nulls.n_null_draws, stats.alpha, n_tests, stats.multiplicity, what="Haar null draws")
 
 
-def analyze_units(artifacts: list[UnitArtifact], protocol: Protocol,
-                  device: str | torch.device = "cpu") -> pd.DataFrame:
+def analyze_units(
+    artifacts: list[UnitArtifact], protocol: Protocol, device: str | torch.device = "cpu"
+) -> pd.DataFrame:
     """The tidy results table (sorted, typed, deterministic) for a list of units.
 
     `results.attrs["warnings"]` lists run warnings; `results.attrs["null_settings"]` the
@@ -228,9 +300,14 @@ def analyze_units(artifacts: list[UnitArtifact], protocol: Protocol,
     return analyze_run(artifacts, {}, protocol, device, frequency=False)[0]
 
 
-def analyze_run(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarray], protocol: Protocol,
-                device: str | torch.device = "cpu", *, frequency: bool = True
-                ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+def analyze_run(
+    artifacts: list[UnitArtifact],
+    token_counts: dict[str, np.ndarray],
+    protocol: Protocol,
+    device: str | torch.device = "cpu",
+    *,
+    frequency: bool = True,
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The results table and (``frequency=True``) the frequency table of a run, with every exact
     test — each unit's, and each frequency bucket's — read off the same Haar streams, so the
     draws are made once. A unit that cannot be analysed (`units.unanalysable_reason`: zero
@@ -260,10 +337,13 @@ def analyze_run(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarra
     # plain data: attrs travel into parquet metadata
     made = nulls.draws_made
     results.attrs["null_settings"] = {
-        **asdict(settings), "streams": len(made), "draws": int(sum(made.values())),
+        **asdict(settings),
+        "streams": len(made),
+        "draws": int(sum(made.values())),
         "longest_stream": int(max(made.values(), default=0)),
         # per width when the units of a width share a stream (one per test would bloat the manifest)
-        **({"draws_made": {str(d): n for d, n in made.items()}} if settings.null_draws == "shared" else {})}
+        **({"draws_made": {str(d): n for d, n in made.items()}} if settings.null_draws == "shared" else {}),
+    }
     table = frequency_rows(artifacts, token_counts, protocol, nulls=nulls) if frequency else None
     return results, table
 

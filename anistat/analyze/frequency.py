@@ -19,8 +19,27 @@ from .nulls import ExactNulls, UnitSpectrum
 from .units import exact_note, join_notes, proxy_groups, unit_columns
 
 FREQUENCY_COLUMNS = [
-    "model", "objective", "checkpoint", "step", "phase", "layer", "site", "dim", "n_sequences", "n_tokens", "proxy",
-    "rank", "control", "bucket", "metric", "estimate", "ci_low", "ci_high", "ci_method", "p_value", "note",
+    "model",
+    "objective",
+    "checkpoint",
+    "step",
+    "phase",
+    "layer",
+    "site",
+    "dim",
+    "n_sequences",
+    "n_tokens",
+    "proxy",
+    "rank",
+    "control",
+    "bucket",
+    "metric",
+    "estimate",
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "p_value",
+    "note",
 ]
 
 
@@ -52,8 +71,12 @@ def bucket_spectra(artifact: UnitArtifact) -> list[UnitSpectrum]:
     return spectra
 
 
-def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.ndarray], protocol: Protocol,
-                   nulls: ExactNulls | None = None) -> pd.DataFrame:
+def frequency_rows(
+    artifacts: list[UnitArtifact],
+    token_counts: dict[str, np.ndarray],
+    protocol: Protocol,
+    nulls: ExactNulls | None = None,
+) -> pd.DataFrame:
     """Per-frequency-bucket energy ratios and the log-frequency vs centroid-distance correlation.
 
     Bucket b holds the token types of the b-th quantile of corpus counts (0 = rarest). The
@@ -90,8 +113,10 @@ def frequency_rows(artifacts: list[UnitArtifact], token_counts: dict[str, np.nda
         rows.extend({**base, **row} for row in _bucket_rows(artifact, protocol, nulls))
         counts = token_counts.get(artifact.key.model)
         if counts is not None:
-            rows.extend({**base, "proxy": "none", "rank": None, "control": "none", "bucket": "all", **row}
-                        for row in _correlation_rows(artifact, counts, protocol))
+            rows.extend(
+                {**base, "proxy": "none", "rank": None, "control": "none", "bucket": "all", **row}
+                for row in _correlation_rows(artifact, counts, protocol)
+            )
     frame = pd.DataFrame(rows, columns=FREQUENCY_COLUMNS)
     if not frame.empty:
         frame["rank"] = pd.array(frame["rank"], dtype="Int64")
@@ -115,8 +140,11 @@ def _bucket_rows(artifact: UnitArtifact, protocol: Protocol, nulls: ExactNulls) 
         for proxy, rank in proxy_groups(artifact):
             proxy_energy = energy[:, artifact.columns_for(proxy, rank, "proxy")[0]]
             test = nulls.energy.get((bucket_id(artifact.key.id, bucket), proxy, rank))
-            exact = (ExactTestResult(test.p_value, test.n_draws, exact_note(test, None)) if test is not None
-                     else ExactTestResult(np.nan, 0, "no exact test: the unit has no per-bucket second moments"))
+            exact = (
+                ExactTestResult(test.p_value, test.n_draws, exact_note(test, None))
+                if test is not None
+                else ExactTestResult(np.nan, 0, "no exact test: the unit has no per-bucket second moments")
+            )
             for control in protocol.controls.kinds:
                 if control in projected:
                     reference = energy[:, artifact.columns_for(proxy, rank, control)].mean(axis=1)
@@ -125,18 +153,40 @@ def _bucket_rows(artifact: UnitArtifact, protocol: Protocol, nulls: ExactNulls) 
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     analysis = analyze_energy(
-                        proxy_energy, total, reference, rank=rank, dim=artifact.dim, exact=exact,
-                        group_ids=documents, reference="drawn" if control in projected else "expected",
-                        control_kind=control, n_bootstrap=stats.n_bootstrap, ci_level=stats.ci_level,
-                        ci_method=stats.ci_method, alternative=stats.alternative,
+                        proxy_energy,
+                        total,
+                        reference,
+                        rank=rank,
+                        dim=artifact.dim,
+                        exact=exact,
+                        group_ids=documents,
+                        reference="drawn" if control in projected else "expected",
+                        control_kind=control,
+                        n_bootstrap=stats.n_bootstrap,
+                        ci_level=stats.ci_level,
+                        ci_method=stats.ci_method,
+                        alternative=stats.alternative,
                         seed=derive_seed(protocol.seed, artifact.key.id, proxy, rank, control, bucket, "frequency"),
                     )
                 ratio = analysis["energy_ratio"]
-                rows.append({"proxy": proxy, "rank": rank, "control": control, "bucket": str(bucket),
-                             "metric": "energy_ratio", "estimate": ratio.estimate, "ci_low": ratio.ci_low,
-                             "ci_high": ratio.ci_high, "ci_method": ratio.ci_method, "p_value": analysis.p_value,
-                             "note": join_notes(ratio.note, "p: exact Haar test of the bucket's energy fraction "
-                                                            "(its own gradient second moment)")})
+                rows.append(
+                    {
+                        "proxy": proxy,
+                        "rank": rank,
+                        "control": control,
+                        "bucket": str(bucket),
+                        "metric": "energy_ratio",
+                        "estimate": ratio.estimate,
+                        "ci_low": ratio.ci_low,
+                        "ci_high": ratio.ci_high,
+                        "ci_method": ratio.ci_method,
+                        "p_value": analysis.p_value,
+                        "note": join_notes(
+                            ratio.note,
+                            "p: exact Haar test of the bucket's energy fraction (its own gradient second moment)",
+                        ),
+                    }
+                )
     return rows
 
 
@@ -179,11 +229,19 @@ def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protoco
         if not kept_note:
             return []
         # the budget, not the data, left too few types: say so rather than drop the rows silently
-        return [{"metric": metric, "estimate": math.nan, "p_value": math.nan, "ci_low": math.nan,
-                 "ci_high": math.nan, "ci_method": "none",
-                 "note": f"{int(present.sum())} token types with per-type statistics, too few for a correlation; "
-                         f"{kept_note}"}
-                for metric in ("spearman_logfreq_distance", "pearson_logfreq_distance")]
+        return [
+            {
+                "metric": metric,
+                "estimate": math.nan,
+                "p_value": math.nan,
+                "ci_low": math.nan,
+                "ci_high": math.nan,
+                "ci_method": "none",
+                "note": f"{int(present.sum())} token types with per-type statistics, too few for a correlation; "
+                f"{kept_note}",
+            }
+            for metric in ("spearman_logfreq_distance", "pearson_logfreq_distance")
+        ]
     types = np.flatnonzero(present)
     # units from an anistat without the mean geometry have the RMS spread only
     definitions = [d for d in DEFINITIONS if getattr(artifact, d[1]) is not None]
@@ -191,25 +249,40 @@ def _correlation_rows(artifact: UnitArtifact, corpus_counts: np.ndarray, protoco
     rows = []
     for index, (name, attribute, meaning) in enumerate(definitions):
         correlation = log_frequency_correlation(counts[types], getattr(artifact, attribute)[types])
-        for offset, (kind, value, p_value) in enumerate((("spearman", correlation.spearman_rho, correlation.spearman_p),
-                                                        ("pearson", correlation.pearson_r, correlation.pearson_p))):
+        for offset, (kind, value, p_value) in enumerate(
+            (
+                ("spearman", correlation.spearman_rho, correlation.spearman_p),
+                ("pearson", correlation.pearson_r, correlation.pearson_p),
+            )
+        ):
             interval = intervals[2 * index + offset]
-            parts = [f"{correlation.n_types} token types", meaning,
-                     artifact.pair_note if interval is None else interval.note, kept_note]
+            parts = [
+                f"{correlation.n_types} token types",
+                meaning,
+                artifact.pair_note if interval is None else interval.note,
+                kept_note,
+            ]
             if interval is not None and interval.bias_in_se is not None and abs(interval.bias_in_se) > 1:
                 # a rank correlation over types, each estimated from few sequences, is not a smooth
                 # function of the sequences: say so when its resamples are visibly off-centre
                 parts.append(f"bootstrap mean {interval.bias_in_se:+.1f} SE from the estimate")
-            rows.append({"metric": f"{kind}_logfreq_{name}", "estimate": float(value), "p_value": float(p_value),
-                         "ci_low": math.nan if interval is None else max(-1.0, interval.ci_low),
-                         "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),
-                         "ci_method": "none" if interval is None else interval.method,
-                         "note": "; ".join(part for part in parts if part)})
+            rows.append(
+                {
+                    "metric": f"{kind}_logfreq_{name}",
+                    "estimate": float(value),
+                    "p_value": float(p_value),
+                    "ci_low": math.nan if interval is None else max(-1.0, interval.ci_low),
+                    "ci_high": math.nan if interval is None else min(1.0, interval.ci_high),
+                    "ci_method": "none" if interval is None else interval.method,
+                    "note": "; ".join(part for part in parts if part),
+                }
+            )
     return rows
 
 
-def _correlation_intervals(artifact: UnitArtifact, log_count: np.ndarray, types: np.ndarray, n_definitions: int,
-                           protocol: Protocol) -> list:
+def _correlation_intervals(
+    artifact: UnitArtifact, log_count: np.ndarray, types: np.ndarray, n_definitions: int, protocol: Protocol
+) -> list:
     """One sequence bootstrap of the ``2 × n_definitions`` correlations (None each without pair sums)."""
     if artifact.pair_sums is None:
         return [None] * (2 * n_definitions)
@@ -222,6 +295,10 @@ def _correlation_intervals(artifact: UnitArtifact, log_count: np.ndarray, types:
         return np.column_stack([c for pair in masked_correlations_many(log_count, columns) for c in pair])
 
     return sequence_bootstrap_columns(
-        statistic, artifact.pair_sums.n_sequences, n_resamples=stats.n_bootstrap, ci_level=stats.ci_level,
+        statistic,
+        artifact.pair_sums.n_sequences,
+        n_resamples=stats.n_bootstrap,
+        ci_level=stats.ci_level,
         method="percentile" if stats.ci_method == "percentile" else "normal",
-        seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_correlations"))
+        seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_correlations"),
+    )

@@ -114,8 +114,7 @@ class NullOptions:
     risk_tests: int = 1
 
 
-def exact_tests(units: list[UnitSpectrum], options: NullOptions, seed_for_width,
-                stream_of=None) -> ExactNulls:
+def exact_tests(units: list[UnitSpectrum], options: NullOptions, seed_for_width, stream_of=None) -> ExactNulls:
     """Run every unit's exact tests, one draw stream per group of units: by default the units of
     one width share a stream (seeded with ``seed_for_width(d)``); ``stream_of(unit) -> (key,
     seed)`` groups them otherwise (e.g. a stream per unit). ``draws_made`` is keyed by group."""
@@ -143,8 +142,9 @@ class _WidthRun:
         self.units, self.options = units, options
         self.dim = units[0].dim
         self.energy_tests = [(i, key) for i, u in enumerate(units) for key in u.energy_observed]
-        self.delta_tests = [(i, key) for i, u in enumerate(units) if u.covariance_eigenvalues is not None
-                            for key in u.delta_observed]
+        self.delta_tests = [
+            (i, key) for i, u in enumerate(units) if u.covariance_eigenvalues is not None for key in u.delta_observed
+        ]
         self.delta_unit = np.array([i for i, _ in self.delta_tests], dtype=int)
         self.delta_rank = np.array([key[1] for _, key in self.delta_tests], dtype=int)
         ranks = sorted({key[1] for _, key in self.energy_tests + self.delta_tests})
@@ -152,8 +152,9 @@ class _WidthRun:
         self.stream = HaarDiagonalStream(self.dim, ranks, seed, device=options.device)
         energy = np.stack([u.energy_eigenvalues for u in units], axis=1)
         self.energy_weights = torch.as_tensor(energy / energy.sum(axis=0), device=options.device)
-        covariances = [u.covariance_eigenvalues if u.covariance_eigenvalues is not None else np.zeros(self.dim)
-                       for u in units]
+        covariances = [
+            u.covariance_eigenvalues if u.covariance_eigenvalues is not None else np.zeros(self.dim) for u in units
+        ]
         self.cov = torch.as_tensor(np.stack(covariances, axis=1), device=options.device)
         self.cov_trace = self.cov.sum(dim=0).cpu().numpy()
         self.cov_frobenius = self.cov.square().sum(dim=0).cpu().numpy()
@@ -163,15 +164,23 @@ class _WidthRun:
         self.delta_mc = SequentialMonteCarlo(observed_d, options.n_max, options.stop_after, options.alternative)
         self.energy_risk = None
         if options.resampling_risk is not None and observed_e:
-            self.energy_risk = RiskBoundedMonteCarlo(observed_e, options.alpha, options.resampling_risk, options.n_max,
-                                                     "none", options.alternative, n_split=options.risk_tests,
-                                                     stop_below=options.alpha / options.risk_tests)
+            self.energy_risk = RiskBoundedMonteCarlo(
+                observed_e,
+                options.alpha,
+                options.resampling_risk,
+                options.n_max,
+                "none",
+                options.alternative,
+                n_split=options.risk_tests,
+                stop_below=options.alpha / options.risk_tests,
+            )
         # float64 recomputation bands: the float32 error of a value is ~1e-6 of its magnitude, and
         # ΔIsoScore* is a difference of two IsoScores* (each in [0, 1]) whose errors add up
         self.energy_band = RELATIVE_BAND * np.abs(np.asarray(observed_e, dtype=float))
         full = isoscore_star_from_traces(self.cov_trace, self.cov_frobenius, self.dim, options.c0, options.zeta)
-        self.delta_band = RELATIVE_BAND * (np.abs(np.asarray(observed_d, dtype=float))
-                                           + 2.0 * np.abs(np.array([full[i] for i, _ in self.delta_tests])))
+        self.delta_band = RELATIVE_BAND * (
+            np.abs(np.asarray(observed_d, dtype=float)) + 2.0 * np.abs(np.array([full[i] for i, _ in self.delta_tests]))
+        )
         self.recorded_energy: dict[tuple[str, int], np.ndarray] = {}
         self.recorded_delta: dict[tuple[str, int], np.ndarray] = {}
         self.drawn = 0
@@ -180,8 +189,15 @@ class _WidthRun:
     def run(self) -> None:
         index = 0
         while True:
-            size = min(CHUNK, max(self.energy_mc.remaining, self.delta_mc.remaining, self._risk_remaining(),
-                                  self.options.n_record - self.drawn))
+            size = min(
+                CHUNK,
+                max(
+                    self.energy_mc.remaining,
+                    self.delta_mc.remaining,
+                    self._risk_remaining(),
+                    self.options.n_record - self.drawn,
+                ),
+            )
             if size <= 0:
                 break
             chunk = self.stream.chunk(index, size)
@@ -206,17 +222,22 @@ class _WidthRun:
         if self.energy_risk is None:
             return results
         risk = self.energy_risk
-        return {key: replace(test, p_low=float(risk.p_low[t]), p_high=float(risk.p_high[t]),
-                             risk_draws=int(risk.draws_used[t]))
-                for t, (key, test) in enumerate(results.items())}
+        return {
+            key: replace(
+                test, p_low=float(risk.p_low[t]), p_high=float(risk.p_high[t]), risk_draws=int(risk.draws_used[t])
+            )
+            for t, (key, test) in enumerate(results.items())
+        }
 
     def delta_results(self) -> dict:
         return self._results(self.delta_mc, self.delta_tests)
 
     def _results(self, mc: SequentialMonteCarlo, tests) -> dict:
         p = mc.p_values()
-        return {(self.units[i].unit_id, *key): ExactTest(float(p[t]), int(mc.draws_used[t]), bool(mc.stopped[t]))
-                for t, (i, key) in enumerate(tests)}
+        return {
+            (self.units[i].unit_id, *key): ExactTest(float(p[t]), int(mc.draws_used[t]), bool(mc.stopped[t]))
+            for t, (i, key) in enumerate(tests)
+        }
 
     # -- energy ----------------------------------------------------------------------------
     def _energy_values(self, chunk) -> np.ndarray:
@@ -224,11 +245,25 @@ class _WidthRun:
         weights = self.energy_weights.to(chunk.rows.dtype)
         by_rank = {k: (chunk.diagonals[k] @ weights).double().cpu().numpy() for k in self.ranks}
         values = np.stack([by_rank[key[1]][:, i] for i, key in self.energy_tests])
-        self._refine(values, self.energy_mc, self.energy_tests, self.energy_band, chunk,
-                     np.arange(chunk.size), self._energy_float64)
+        self._refine(
+            values,
+            self.energy_mc,
+            self.energy_tests,
+            self.energy_band,
+            chunk,
+            np.arange(chunk.size),
+            self._energy_float64,
+        )
         if self.energy_risk is not None:  # the tests the risk-bounded decisions still draw for
-            self._refine(values, self.energy_risk, self.energy_tests, self.energy_band, chunk,
-                         np.arange(chunk.size), self._energy_float64)
+            self._refine(
+                values,
+                self.energy_risk,
+                self.energy_tests,
+                self.energy_band,
+                chunk,
+                np.arange(chunk.size),
+                self._energy_float64,
+            )
         return values
 
     def _energy_float64(self, rows: torch.Tensor, unit: int, rank: int) -> np.ndarray:
@@ -254,8 +289,13 @@ class _WidthRun:
         :data:`DELTA_BLOCK` draws, so a test that stops early never pays for exact ``t3`` of the
         chunk's later draws."""
         cov = self.cov.to(chunk.rows.dtype)
-        moments = {k: ((chunk.diagonals[k] @ cov).double().cpu().numpy(),
-                       (chunk.diagonals[k] @ cov.square()).double().cpu().numpy()) for k in self.ranks}
+        moments = {
+            k: (
+                (chunk.diagonals[k] @ cov).double().cpu().numpy(),
+                (chunk.diagonals[k] @ cov.square()).double().cpu().numpy(),
+            )
+            for k in self.ranks
+        }
         for start in range(0, chunk.size, DELTA_BLOCK):
             if not self.delta_mc.remaining:
                 break
@@ -289,8 +329,7 @@ class _WidthRun:
             mask = union[(i, rank)]
             position = np.cumsum(mask) - 1  # where each of the union's draws sits in `exact`
             values[t, undecided] = exact[(i, rank)][position[undecided]]
-        self._refine(values, self.delta_mc, self.delta_tests, self.delta_band, chunk, draws,
-                     self._delta_float64)
+        self._refine(values, self.delta_mc, self.delta_tests, self.delta_band, chunk, draws, self._delta_float64)
         return values
 
     def _exact_delta(self, chunk, unit: int, rank: int, draws: np.ndarray, moments) -> np.ndarray:
@@ -313,8 +352,16 @@ class _WidthRun:
         return self._delta_of(unit, rank, t1, t2, t3)
 
     # -- float64 where it matters, and the recorded draws -----------------------------------------
-    def _refine(self, values: np.ndarray, mc: SequentialMonteCarlo | RiskBoundedMonteCarlo, tests, band: np.ndarray, chunk,
-                draws: np.ndarray, float64_values) -> None:
+    def _refine(
+        self,
+        values: np.ndarray,
+        mc: SequentialMonteCarlo | RiskBoundedMonteCarlo,
+        tests,
+        band: np.ndarray,
+        chunk,
+        draws: np.ndarray,
+        float64_values,
+    ) -> None:
         """Recompute in float64 (in place) every active test's values within ``band`` of its
         observed value (``values[:, j]`` is draw ``draws[j]`` of the chunk), so the float32
         error never decides a comparison."""
@@ -342,4 +389,3 @@ class _WidthRun:
                 if unit.covariance_eigenvalues is not None and self.dim - rank >= 2:
                     delta = self._delta_float64(rows, i, rank)
                     self.recorded_delta[key] = np.concatenate([self.recorded_delta.get(key, np.empty(0)), delta])
-

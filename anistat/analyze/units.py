@@ -54,9 +54,18 @@ ENERGY_METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "
 
 def unit_columns(artifact: UnitArtifact) -> dict:
     key = artifact.key
-    return {"model": key.model, "objective": key.objective, "checkpoint": key.checkpoint, "step": key.step,
-            "phase": key.phase, "layer": key.layer, "site": key.site, "dim": artifact.dim,
-            "n_sequences": int(artifact.n_tokens.shape[0]), "n_tokens": int(artifact.n_tokens.sum())}
+    return {
+        "model": key.model,
+        "objective": key.objective,
+        "checkpoint": key.checkpoint,
+        "step": key.step,
+        "phase": key.phase,
+        "layer": key.layer,
+        "site": key.site,
+        "dim": artifact.dim,
+        "n_sequences": int(artifact.n_tokens.shape[0]),
+        "n_tokens": int(artifact.n_tokens.sum()),
+    }
 
 
 def covariance(moments: dict) -> torch.Tensor:
@@ -89,20 +98,26 @@ def unanalysable_reason(artifact: UnitArtifact) -> str:
     given columns (a duplicated column counted twice) and cannot be re-projected."""
     n_sequences, n_tokens = int(artifact.n_tokens.shape[0]), int(np.sum(artifact.n_tokens))
     if n_tokens < 2 or n_sequences < 2:
-        return (f"too little test data to analyse: {n_tokens} token(s) in {n_sequences} sequence(s) "
-                "(at least 2 of each are needed); use more test data")
+        return (
+            f"too little test data to analyse: {n_tokens} token(s) in {n_sequences} sequence(s) "
+            "(at least 2 of each are needed); use more test data"
+        )
     total = float(np.sum(artifact.total_energy))
     if not total > 0:
-        return ("zero gradient energy: every test gradient at this site is 0, so no energy fraction is "
-                "defined (a site the loss does not reach, or frozen parameters)")
+        return (
+            "zero gradient energy: every test gradient at this site is 0, so no energy fraction is "
+            "defined (a site the loss does not reach, or frozen parameters)"
+        )
     for (proxy, rank), basis in artifact.proxy_bases.items():
         u = np.asarray(basis, dtype=np.float64)
         error = float(np.abs(u.T @ u - np.eye(u.shape[1])).max()) if u.size else 0.0
         if not error <= ORTHONORMALITY_TOLERANCE:
             numerical_rank = int(np.linalg.matrix_rank(u)) if np.isfinite(u).all() else 0
-            return (f"proxy {proxy} rank {rank} is not an orthonormal basis (numerical rank {numerical_rank} of "
-                    f"{u.shape[1]}, max |UᵀU − I| = {error:.3g}); its energies were measured with these columns "
-                    "and cannot be re-projected: give orthonormal, linearly independent columns")
+            return (
+                f"proxy {proxy} rank {rank} is not an orthonormal basis (numerical rank {numerical_rank} of "
+                f"{u.shape[1]}, max |UᵀU − I| = {error:.3g}); its energies were measured with these columns "
+                "and cannot be re-projected: give orthonormal, linearly independent columns"
+            )
     return ""
 
 
@@ -175,10 +190,17 @@ def prepare_unit(artifact: UnitArtifact, protocol: Protocol) -> PreparedUnit:
         traces[(proxy, rank)] = (in_m, in_c)
         energy_observed[(proxy, rank)] = float(in_m[0][0] / second.trace)
         if delta_ok:
-            delta_observed[(proxy, rank)] = float(delta_from_traces(cov, rank, *in_c, stats.isoscore_c0,
-                                                                    stats.isoscore_zeta)[0])
-    spectrum = UnitSpectrum(artifact.key.id, artifact.dim, second.eigenvalues, energy_observed,
-                            cov.eigenvalues if delta_ok else None, delta_observed)
+            delta_observed[(proxy, rank)] = float(
+                delta_from_traces(cov, rank, *in_c, stats.isoscore_c0, stats.isoscore_zeta)[0]
+            )
+    spectrum = UnitSpectrum(
+        artifact.key.id,
+        artifact.dim,
+        second.eigenvalues,
+        energy_observed,
+        cov.eigenvalues if delta_ok else None,
+        delta_observed,
+    )
     oracle = oracle_fractions_of_spectrum(torch.as_tensor(second.eigenvalues), ranks)
     return PreparedUnit(artifact, second, cov, traces, oracle, delta_ok, spectrum)
 
@@ -192,10 +214,20 @@ def delta_from_traces(cov: Frame, rank: int, t1, t2, t3, c0: str, zeta: float) -
 
 def failed_rows(artifact: UnitArtifact, protocol: Protocol) -> list[dict]:
     base = unit_columns(artifact)
-    return [{**base, "proxy": proxy, "rank": rank, "control": control, "metric": metric, "status": "failed",
-             "note": artifact.note}
-            for proxy, rank in proxy_groups(artifact) for control in protocol.controls.kinds
-            for metric in ENERGY_METRICS + ("delta_isoscore_star",)]
+    return [
+        {
+            **base,
+            "proxy": proxy,
+            "rank": rank,
+            "control": control,
+            "metric": metric,
+            "status": "failed",
+            "note": artifact.note,
+        }
+        for proxy, rank in proxy_groups(artifact)
+        for control in protocol.controls.kinds
+        for metric in ENERGY_METRICS + ("delta_isoscore_star",)
+    ]
 
 
 def rows_of_unit(unit: PreparedUnit, nulls: ExactNulls, protocol: Protocol, settings) -> tuple[list[dict], list[str]]:
@@ -205,9 +237,21 @@ def rows_of_unit(unit: PreparedUnit, nulls: ExactNulls, protocol: Protocol, sett
     base = unit_columns(artifact)
     documents, warning = resampling_documents(artifact, protocol)
     notes = [warning] if warning else []
-    rows = [{**base, "proxy": "oracle", "rank": rank, "control": "none", "metric": "oracle_fraction",
-             "estimate": value, "ci_method": "none", "n_controls": 0, "status": "ok", "note": ""}
-            for rank, value in unit.oracle.items()]
+    rows = [
+        {
+            **base,
+            "proxy": "oracle",
+            "rank": rank,
+            "control": "none",
+            "metric": "oracle_fraction",
+            "estimate": value,
+            "ci_method": "none",
+            "n_controls": 0,
+            "status": "ok",
+            "note": "",
+        }
+        for rank, value in unit.oracle.items()
+    ]
     for proxy, rank in proxy_groups(artifact):
         for control in protocol.controls.kinds:
             controls = control_draws(unit, proxy, rank, control, nulls, protocol)
@@ -216,23 +260,42 @@ def rows_of_unit(unit: PreparedUnit, nulls: ExactNulls, protocol: Protocol, sett
             stream = control if control in protocol.projected_control_kinds else "expected"
             for record in analysis.to_records():
                 exact = record["p_test"] == EXACT_TEST
-                record["_test"] = ((artifact.key.id, proxy, rank, EXACT_TEST) if exact
-                                   else (artifact.key.id, proxy, rank, stream, record["p_test"]))
+                record["_test"] = (
+                    (artifact.key.id, proxy, rank, EXACT_TEST)
+                    if exact
+                    else (artifact.key.id, proxy, rank, stream, record["p_test"])
+                )
                 if not exact:
-                    record["note"] = join_notes(record["note"], floor_note(record["p_value"],
-                                                                          analysis.data_test.n_resamples))
+                    record["note"] = join_notes(
+                        record["note"], floor_note(record["p_value"], analysis.data_test.n_resamples)
+                    )
                 elif getattr(settings, "resampling_risk", None) is not None:  # the decision's interval
                     test = nulls.energy[(artifact.key.id, proxy, rank)]
                     record.update(mc_p_low=test.p_low, mc_p_high=test.p_high)
-                    record["note"] = join_notes(record["note"], f"risk-bounded decision: {test.risk_draws} Haar "
-                                                f"draws, ideal p in [{test.p_low:.4g}, {test.p_high:.4g}]")
+                    record["note"] = join_notes(
+                        record["note"],
+                        f"risk-bounded decision: {test.risk_draws} Haar "
+                        f"draws, ideal p in [{test.p_low:.4g}, {test.p_high:.4g}]",
+                    )
                 rows.append({**group, **record})
-            rows.append({**group, **delta_row(unit, proxy, rank, control, controls, nulls, stats),
-                         "n_sequences": analysis.n_sequences, "n_clusters": analysis.n_clusters})
+            rows.append(
+                {
+                    **group,
+                    **delta_row(unit, proxy, rank, control, controls, nulls, stats),
+                    "n_sequences": analysis.n_sequences,
+                    "n_clusters": analysis.n_clusters,
+                }
+            )
         notes.extend(projected_haar_check(unit, proxy, rank, protocol))
-    rows.extend({**base, **row, "status": "ok"}
-                for row in descriptive_rows(artifact, stats.isoscore_c0, stats.isoscore_zeta,
-                                            gradient_covariance=(unit.covariance.matrix, unit.covariance.eigenvalues)))
+    rows.extend(
+        {**base, **row, "status": "ok"}
+        for row in descriptive_rows(
+            artifact,
+            stats.isoscore_c0,
+            stats.isoscore_zeta,
+            gradient_covariance=(unit.covariance.matrix, unit.covariance.eigenvalues),
+        )
+    )
     return rows, notes
 
 
@@ -245,8 +308,9 @@ class ControlDraws:
     delta: np.ndarray
 
 
-def control_draws(unit: PreparedUnit, proxy: str, rank: int, kind: str, nulls: ExactNulls,
-                  protocol: Protocol) -> ControlDraws:
+def control_draws(
+    unit: PreparedUnit, proxy: str, rank: int, kind: str, nulls: ExactNulls, protocol: Protocol
+) -> ControlDraws:
     """Energy fractions and ΔIsoScore* of the row's ``controls.n`` drawn controls."""
     artifact, stats = unit.artifact, protocol.stats
     if kind in protocol.projected_control_kinds:
@@ -256,24 +320,48 @@ def control_draws(unit: PreparedUnit, proxy: str, rank: int, kind: str, nulls: E
         return ControlDraws(energy, np.asarray(artifact.delta_isoscore_star[columns], dtype=float))
     if kind == "haar":
         key = (artifact.key.id, rank)
-        return ControlDraws(nulls.recorded_energy.get(key, np.empty(0)),
-                            nulls.recorded_delta.get(key, np.full(1, np.nan)))
+        return ControlDraws(
+            nulls.recorded_energy.get(key, np.empty(0)), nulls.recorded_delta.get(key, np.full(1, np.nan))
+        )
     # normal: uniform in the proxy's complement, drawn explicitly (controls.n of them)
-    q = complement_subspaces(artifact.proxy_bases[(proxy, rank)], protocol.controls.n,
-                             derive_seed(protocol.seed, artifact.key.id, proxy, rank, "normal-draws"))
+    q = complement_subspaces(
+        artifact.proxy_bases[(proxy, rank)],
+        protocol.controls.n,
+        derive_seed(protocol.seed, artifact.key.id, proxy, rank, "normal-draws"),
+    )
     in_c = subspace_traces(unit.covariance.matrix, q)
     # M = (N − 1)·C + s sᵀ/N (s = Σg): a draw's trace in M follows from its trace in C and ‖Qᵀs‖²,
     # without a second d × d product (every term is non-negative: no digits cancel)
     count = float(artifact.gradient_moments["count"])
     along_sum = (q.transpose(1, 2) @ torch.as_tensor(artifact.gradient_moments["sum"]).to(q.dtype)).square().sum(-1)
     energy = ((count - 1.0) * in_c.trace + along_sum.double().numpy() / count) / unit.second_moment.trace
-    delta = (delta_from_traces(unit.covariance, rank, in_c.trace, in_c.trace_squared, in_c.frobenius,
-                               stats.isoscore_c0, stats.isoscore_zeta) if unit.delta_ok else np.full(1, np.nan))
+    delta = (
+        delta_from_traces(
+            unit.covariance,
+            rank,
+            in_c.trace,
+            in_c.trace_squared,
+            in_c.frobenius,
+            stats.isoscore_c0,
+            stats.isoscore_zeta,
+        )
+        if unit.delta_ok
+        else np.full(1, np.nan)
+    )
     return ControlDraws(energy, delta)
 
 
-def energy_analysis(unit: PreparedUnit, proxy: str, rank: int, kind: str, controls: ControlDraws,
-                    nulls: ExactNulls, documents, protocol: Protocol, settings):
+def energy_analysis(
+    unit: PreparedUnit,
+    proxy: str,
+    rank: int,
+    kind: str,
+    controls: ControlDraws,
+    nulls: ExactNulls,
+    documents,
+    protocol: Protocol,
+    settings,
+):
     """`analyze_energy` for one row group: the reference energy and control moments of the kind,
     the exact test from the shared draws."""
     artifact, stats = unit.artifact, protocol.stats
@@ -287,24 +375,45 @@ def energy_analysis(unit: PreparedUnit, proxy: str, rank: int, kind: str, contro
     else:
         reference, reference_kind = expected_control_energy(kind, proxy_energy, total, rank, dim), "expected"
         in_m = unit.proxy_traces[(proxy, rank)][0]
-        moments = control_energy_moments(kind, rank, dim, unit.second_moment.trace, unit.second_moment.frobenius,
-                                         float(in_m[0][0]), float(in_m[1][0]), float(in_m[2][0]))
+        moments = control_energy_moments(
+            kind,
+            rank,
+            dim,
+            unit.second_moment.trace,
+            unit.second_moment.frobenius,
+            float(in_m[0][0]),
+            float(in_m[1][0]),
+            float(in_m[2][0]),
+        )
     test = nulls.energy[(artifact.key.id, proxy, rank)]
     stream = kind if kind in protocol.projected_control_kinds else "expected"
     return analyze_energy(
-        proxy_energy, total, reference, rank=rank, dim=dim,
+        proxy_energy,
+        total,
+        reference,
+        rank=rank,
+        dim=dim,
         exact=ExactTestResult(test.p_value, test.n_draws, exact_note(test, settings)),
-        control_moments=moments, paper_fractions=controls.energy,
-        observed_fraction=unit.spectrum.energy_observed[(proxy, rank)], n_paper_controls=protocol.controls.n,
-        group_ids=documents, oracle_fraction=unit.oracle[rank], reference=reference_kind, control_kind=kind,
-        n_bootstrap=stats.n_bootstrap, ci_level=stats.ci_level, ci_method=stats.ci_method,
-        n_test_resamples=settings.n_test_resamples, alternative=stats.alternative,
+        control_moments=moments,
+        paper_fractions=controls.energy,
+        observed_fraction=unit.spectrum.energy_observed[(proxy, rank)],
+        n_paper_controls=protocol.controls.n,
+        group_ids=documents,
+        oracle_fraction=unit.oracle[rank],
+        reference=reference_kind,
+        control_kind=kind,
+        n_bootstrap=stats.n_bootstrap,
+        ci_level=stats.ci_level,
+        ci_method=stats.ci_method,
+        n_test_resamples=settings.n_test_resamples,
+        alternative=stats.alternative,
         seed=derive_seed(protocol.seed, artifact.key.id, proxy, rank, stream, "analysis"),
     )
 
 
-def delta_row(unit: PreparedUnit, proxy: str, rank: int, kind: str, controls: ControlDraws, nulls: ExactNulls,
-              stats) -> dict:
+def delta_row(
+    unit: PreparedUnit, proxy: str, rank: int, kind: str, controls: ControlDraws, nulls: ExactNulls, stats
+) -> dict:
     """The ΔIsoScore* row: the exact test from the shared draws, the paper's convention and z
     against the row's drawn controls."""
     key = (unit.artifact.key.id, proxy, rank)
@@ -323,19 +432,35 @@ def delta_row(unit: PreparedUnit, proxy: str, rank: int, kind: str, controls: Co
     untested = ""
     if not np.isfinite(test.p_value):
         largest = max(r for _, r in proxy_groups(unit.artifact))
-        untested = (f"no p-value: ΔIsoScore* needs at least 2 dimensions left after removing the subspace, and "
-                    f"d − k = {dim - largest} for the unit's largest rank {largest}" if not unit.delta_ok
-                    else "no p-value: no exact ΔIsoScore* test was run")
-    note = join_notes(f"IsoScore* C0={stats.isoscore_c0}, zeta={stats.isoscore_zeta}",
-                      f"control mean, sd and z: {values.size} drawn {kind} controls" if values.size
-                      else "no control values",
-                      "the normal control is the proxy's whole complement (k = d/2): sd exactly 0, z undefined"
-                      if whole_complement else "",
-                      exact_note(test, None) if np.isfinite(test.p_value) else untested)
-    return {"metric": "delta_isoscore_star", "estimate": observed, "control_mean": mean, "control_sd": sd,
-            "ci_method": "none", "p_value": test.p_value, "p_test": EXACT_TEST, "p_value_paper": paper,
-            "effect_size": z, "effect_size_kind": "z", "n_controls": test.n_draws, "note": note,
-            "_test": (unit.artifact.key.id, proxy, rank, "haar_monte_carlo_delta_isoscore_star")}
+        untested = (
+            f"no p-value: ΔIsoScore* needs at least 2 dimensions left after removing the subspace, and "
+            f"d − k = {dim - largest} for the unit's largest rank {largest}"
+            if not unit.delta_ok
+            else "no p-value: no exact ΔIsoScore* test was run"
+        )
+    note = join_notes(
+        f"IsoScore* C0={stats.isoscore_c0}, zeta={stats.isoscore_zeta}",
+        f"control mean, sd and z: {values.size} drawn {kind} controls" if values.size else "no control values",
+        "the normal control is the proxy's whole complement (k = d/2): sd exactly 0, z undefined"
+        if whole_complement
+        else "",
+        exact_note(test, None) if np.isfinite(test.p_value) else untested,
+    )
+    return {
+        "metric": "delta_isoscore_star",
+        "estimate": observed,
+        "control_mean": mean,
+        "control_sd": sd,
+        "ci_method": "none",
+        "p_value": test.p_value,
+        "p_test": EXACT_TEST,
+        "p_value_paper": paper,
+        "effect_size": z,
+        "effect_size_kind": "z",
+        "n_controls": test.n_draws,
+        "note": note,
+        "_test": (unit.artifact.key.id, proxy, rank, "haar_monte_carlo_delta_isoscore_star"),
+    }
 
 
 def exact_note(test: ExactTest, settings) -> str:
@@ -355,31 +480,47 @@ def projected_haar_check(unit: PreparedUnit, proxy: str, rank: int, protocol: Pr
     if len(columns) < 2:
         return []
     total = artifact.total_energy.sum()
-    check = haar_null_check(artifact.energy.sum(axis=1)[:, columns].sum(axis=0) / total, rank, artifact.dim,
-                            unit.second_moment.matrix)
+    check = haar_null_check(
+        artifact.energy.sum(axis=1)[:, columns].sum(axis=0) / total, rank, artifact.dim, unit.second_moment.matrix
+    )
     return [] if check.ok else [f"{artifact.key.id} {proxy} rank {rank}: Haar null check failed: {check.message}"]
 
 
-def descriptive_rows(artifact: UnitArtifact, c0: str = "scaled_identity", zeta: float = 0.1,
-                     gradient_covariance=None) -> list[dict]:
+def descriptive_rows(
+    artifact: UnitArtifact, c0: str = "scaled_identity", zeta: float = 0.1, gradient_covariance=None
+) -> list[dict]:
     """IsoScore, IsoScore* (protocol C0 and zeta), participation ratio, effective rank and mean
     cosine of the test-split gradients and activations (conventions in `anistat.geometry`).
     ``gradient_covariance``: the gradient covariance and its eigenvalues when already computed."""
     rows = []
-    for cloud, moments, unit_sum in (("gradient", artifact.gradient_moments, artifact.gradient_unit_sum),
-                                     ("activation", artifact.activation_moments, artifact.activation_unit_sum)):
+    for cloud, moments, unit_sum in (
+        ("gradient", artifact.gradient_moments, artifact.gradient_unit_sum),
+        ("activation", artifact.activation_moments, artifact.activation_unit_sum),
+    ):
         known = gradient_covariance if cloud == "gradient" else None
         cov = covariance(moments) if known is None else known[0]
         values = {
             "isoscore": isoscore_from_cov(cov),
             "isoscore_star": isoscore_star_from_cov(cov, c0, zeta),
             "participation_ratio": participation_ratio_from_cov(cov),
-            "effective_rank": effective_rank_from_cov(cov) if known is None else effective_rank_from_eigenvalues(known[1]),
+            "effective_rank": effective_rank_from_cov(cov)
+            if known is None
+            else effective_rank_from_eigenvalues(known[1]),
             "mean_cosine": mean_cosine(unit_sum, moments["count"]),
         }
         for metric, value in values.items():
-            rows.append({"proxy": "none", "control": "none", "rank": None, "metric": f"{cloud}_{metric}",
-                         "estimate": float(value), "ci_method": "none", "n_controls": 0, "note": ""})
+            rows.append(
+                {
+                    "proxy": "none",
+                    "control": "none",
+                    "rank": None,
+                    "metric": f"{cloud}_{metric}",
+                    "estimate": float(value),
+                    "ci_method": "none",
+                    "n_controls": 0,
+                    "note": "",
+                }
+            )
     return rows
 
 

@@ -104,8 +104,17 @@ class UnitArtifact:
         return [i for i, b in enumerate(self.bases) if b.proxy == proxy and b.rank == rank and b.control == control]
 
     # -- persistence ----------------------------------------------------------------------------
-    _ARRAYS = ("n_tokens", "sequence_documents", "total_energy", "energy", "delta_isoscore_star",
-               "gradient_unit_sum", "activation_unit_sum", "type_count", "type_rms_distance")
+    _ARRAYS = (
+        "n_tokens",
+        "sequence_documents",
+        "total_energy",
+        "energy",
+        "delta_isoscore_star",
+        "gradient_unit_sum",
+        "activation_unit_sum",
+        "type_count",
+        "type_rms_distance",
+    )
 
     def save(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
@@ -126,10 +135,15 @@ class UnitArtifact:
             for name in _PAIR_FIELDS:
                 arrays[f"pair_{name}"] = np.asarray(getattr(self.pair_sums, name))
         meta = {
-            "key": asdict(self.key), "dim": self.dim, "bases": [asdict(b) for b in self.bases],
+            "key": asdict(self.key),
+            "dim": self.dim,
+            "bases": [asdict(b) for b in self.bases],
             "gradient_count": int(self.gradient_moments["count"]),
             "activation_count": int(self.activation_moments["count"]),
-            "status": self.status, "note": self.note, "seconds": self.seconds, "extra": self.extra,
+            "status": self.status,
+            "note": self.note,
+            "seconds": self.seconds,
+            "extra": self.extra,
             "pair_note": self.pair_note,
             "proxy_bases": [[proxy, int(rank)] for proxy, rank in self.proxy_bases],
             "pair_sequences": None if self.pair_sums is None else self.pair_sums.n_sequences,
@@ -149,21 +163,33 @@ class UnitArtifact:
             arrays = {name: data[name] for name in data.files}
         moments = {}
         for prefix in ("gradient", "activation"):
-            moments[prefix] = {"count": meta[f"{prefix}_count"], "sum": arrays.pop(f"{prefix}_sum"),
-                               "outer": arrays.pop(f"{prefix}_outer")}
+            moments[prefix] = {
+                "count": meta[f"{prefix}_count"],
+                "sum": arrays.pop(f"{prefix}_sum"),
+                "outer": arrays.pop(f"{prefix}_outer"),
+            }
         if "gradient_bucket_outer" in arrays:
             moments["gradient"]["bucket_outer"] = arrays.pop("gradient_bucket_outer")
-        proxy_bases = {(proxy, int(rank)): arrays.pop(f"proxy_basis_{index}")
-                       for index, (proxy, rank) in enumerate(meta.get("proxy_bases", []))}
+        proxy_bases = {
+            (proxy, int(rank)): arrays.pop(f"proxy_basis_{index}")
+            for index, (proxy, rank) in enumerate(meta.get("proxy_bases", []))
+        }
         pair_arrays = {name: arrays.pop(f"pair_{name}") for name in _PAIR_FIELDS if f"pair_{name}" in arrays}
         pair_sums = None
         if len(pair_arrays) == len(_PAIR_FIELDS) and meta.get("pair_sequences") is not None:
             pair_sums = SequenceTypeSums(**pair_arrays, n_sequences=int(meta["pair_sequences"]))
         return cls(
-            key=UnitKey(**meta["key"]), dim=meta["dim"], bases=[BasisColumn(**b) for b in meta["bases"]],
-            gradient_moments=moments["gradient"], activation_moments=moments["activation"],
-            status=meta["status"], note=meta["note"], seconds=meta["seconds"], extra=meta.get("extra", {}),
-            pair_sums=pair_sums, pair_note=meta.get("pair_note", "" if pair_sums else "not in this cache file"),
+            key=UnitKey(**meta["key"]),
+            dim=meta["dim"],
+            bases=[BasisColumn(**b) for b in meta["bases"]],
+            gradient_moments=moments["gradient"],
+            activation_moments=moments["activation"],
+            status=meta["status"],
+            note=meta["note"],
+            seconds=meta["seconds"],
+            extra=meta.get("extra", {}),
+            pair_sums=pair_sums,
+            pair_note=meta.get("pair_note", "" if pair_sums else "not in this cache file"),
             proxy_bases=proxy_bases,
             **arrays,
         )

@@ -55,14 +55,16 @@ class FitSample:
     position: torch.Tensor  # (N,)
 
 
-def model_inputs(tokens: torch.Tensor, splits: Splits, objective: str, mlm_probability: float,
-                 seed: int, purpose: str) -> tuple[torch.Tensor, torch.Tensor]:
+def model_inputs(
+    tokens: torch.Tensor, splits: Splits, objective: str, mlm_probability: float, seed: int, purpose: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and labels for the model's own loss; MLM masks are fixed by (seed, purpose) so
     every checkpoint and every model sharing the data sees the same masked positions."""
     if objective == "mlm":
         generator = torch.Generator().manual_seed(derive_seed(seed, purpose, "mask"))
-        return mask_for_mlm(tokens, splits.mask_token_id, splits.vocab_size, mlm_probability, generator,
-                            splits.maskable)
+        return mask_for_mlm(
+            tokens, splits.mask_token_id, splits.vocab_size, mlm_probability, generator, splits.maskable
+        )
     return tokens, tokens
 
 
@@ -74,8 +76,15 @@ def counted_positions(objective: str, seq_len: int) -> int:
 
 
 @torch.no_grad()
-def collect_fit_activations(model: torch.nn.Module, inputs: torch.Tensor, sites, *,
-                            batch_size: int, device: torch.device, precision: str = "fp32") -> dict:
+def collect_fit_activations(
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    sites,
+    *,
+    batch_size: int,
+    device: torch.device,
+    precision: str = "fp32",
+) -> dict:
     """Activations (n_seq, T, d) per site for the given inputs (CPU, float32).
 
     `sites`: block indices (residual stream), site names or `Site`s; the result is keyed alike.
@@ -141,12 +150,17 @@ class FitSampler:
             distributed.all_reduce_sum_(rows)
         per_checkpoint = self.n_seq * self.seq_len
         within = keep % per_checkpoint
-        return FitSample(activations=rows, token_ids=self.token_ids.reshape(-1)[within],
-                         sequence_index=within // self.seq_len, position=within % self.seq_len)
+        return FitSample(
+            activations=rows,
+            token_ids=self.token_ids.reshape(-1)[within],
+            sequence_index=within // self.seq_len,
+            position=within % self.seq_len,
+        )
 
 
-def sample_fit_tokens(per_checkpoint: list[torch.Tensor], token_ids: torch.Tensor, max_tokens: int,
-                      seed: int) -> FitSample:
+def sample_fit_tokens(
+    per_checkpoint: list[torch.Tensor], token_ids: torch.Tensor, max_tokens: int, seed: int
+) -> FitSample:
     """Pool (n_seq, T, d) activations over the early checkpoints; keep a seeded sample of rows
     (in-memory reference for `FitSampler`, which keeps exactly the same rows while streaming)."""
     n_seq, seq_len, dim = per_checkpoint[0].shape
@@ -161,8 +175,9 @@ def sample_fit_tokens(per_checkpoint: list[torch.Tensor], token_ids: torch.Tenso
     return FitSample(activations=pooled, token_ids=ids, sequence_index=seq_index, position=position)
 
 
-def concept_cards(sample: FitSample, basis: torch.Tensor, fit_tokens: torch.Tensor, decode, n_top: int,
-                  context: int = 4) -> list[dict]:
+def concept_cards(
+    sample: FitSample, basis: torch.Tensor, fit_tokens: torch.Tensor, decode, n_top: int, context: int = 4
+) -> list[dict]:
     """For each proxy direction, the fit tokens that load on it most, with a short context.
 
     A direction's sign is arbitrary (PCA, QR), so it is oriented to make the largest-magnitude
@@ -290,8 +305,9 @@ class TypePlan:
     n_eligible: int
 
     @classmethod
-    def from_tokens(cls, token_ids: torch.Tensor, mask: torch.Tensor | None, vocab_size: int, dim: int,
-                    budget_bytes: float) -> TypePlan:
+    def from_tokens(
+        cls, token_ids: torch.Tensor, mask: torch.Tensor | None, vocab_size: int, dim: int, budget_bytes: float
+    ) -> TypePlan:
         ids = token_ids.reshape(-1) if mask is None else token_ids.reshape(-1)[mask.reshape(-1)]
         occurrences = torch.bincount(ids.long().cpu(), minlength=vocab_size)[:vocab_size]
         eligible = torch.nonzero(occurrences >= 2).flatten()
@@ -310,10 +326,14 @@ class TypePlan:
         if self.kept.shape[0] >= self.n_eligible:
             return ""
         if self.kept.shape[0] == 0:
-            return (f"no per-type statistics kept for the {self.n_eligible:,} types occurring at least twice "
-                    "(data.type_statistics_memory_mb is below one type's size)")
-        return (f"per-type statistics kept for the {self.kept.shape[0]:,} most frequent of the {self.n_eligible:,} "
-                "types occurring at least twice (data.type_statistics_memory_mb)")
+            return (
+                f"no per-type statistics kept for the {self.n_eligible:,} types occurring at least twice "
+                "(data.type_statistics_memory_mb is below one type's size)"
+            )
+        return (
+            f"per-type statistics kept for the {self.kept.shape[0]:,} most frequent of the {self.n_eligible:,} "
+            "types occurring at least twice (data.type_statistics_memory_mb)"
+        )
 
 
 class _TypeTable:
@@ -361,8 +381,9 @@ class _TypeTable:
         for new, part in zip((self.type_id, self.count, self.sq, self.sum), old):
             new[: self.n_rows] = part[: self.n_rows]
 
-    def add(self, ids: torch.Tensor, act64: torch.Tensor, act_sq: torch.Tensor,
-            act_sum: torch.Tensor | None = None) -> None:
+    def add(
+        self, ids: torch.Tensor, act64: torch.Tensor, act_sq: torch.Tensor, act_sum: torch.Tensor | None = None
+    ) -> None:
         """Add rows (float64) of the given vocabulary ids. `index_put_(accumulate=True)` rather
         than `index_add_`: same sums, in index order, ~30× faster for float64 rows on CPU."""
         self.all_sum += act64.sum(0) if act_sum is None else act_sum  # the caller's Σa when it has it
@@ -424,8 +445,12 @@ class _TypeTable:
         rows — planned, or seen in training — (RMS spread, centroid distance from the global
         mean, centroid norm; NaN elsewhere)."""
         ids = self.type_id[: self.n_rows].cpu().numpy()
-        seen = type_mean_geometry(self.count[: self.n_rows].cpu().numpy(), self.sum[: self.n_rows].cpu().numpy(),
-                                  self.sq[: self.n_rows].cpu().numpy(), global_mean=self.global_mean.cpu().numpy())
+        seen = type_mean_geometry(
+            self.count[: self.n_rows].cpu().numpy(),
+            self.sum[: self.n_rows].cpu().numpy(),
+            self.sq[: self.n_rows].cpu().numpy(),
+            global_mean=self.global_mean.cpu().numpy(),
+        )
         dense = {}
         for name in ("rms_spread", "mean_distance", "mean_norm"):
             values = np.full(self.vocab_size, np.nan)
@@ -435,12 +460,14 @@ class _TypeTable:
             count = self.plan.occurrences.to(device=self.device, dtype=torch.float64)
         else:
             count = torch.zeros(self.vocab_size, dtype=torch.float64, device=self.device).index_copy_(
-                0, self.type_id[: self.n_rows], self.count[: self.n_rows])
+                0, self.type_id[: self.n_rows], self.count[: self.n_rows]
+            )
         return count, TypeMeanGeometry(**dense, global_mean=seen.global_mean)
 
 
-def _add_bucket_moments_(out: torch.Tensor, grads: torch.Tensor, bucket: torch.Tensor, evaluated: torch.Tensor, *,
-                         upper_only: bool) -> None:
+def _add_bucket_moments_(
+    out: torch.Tensor, grads: torch.Tensor, bucket: torch.Tensor, evaluated: torch.Tensor, *, upper_only: bool
+) -> None:
     """Add each frequency bucket's Σ g gᵀ over its evaluated rows into ``out[b]`` (``out``:
     (n_buckets, d, d)), about the rows' own mean (`_add_second_moment_`)."""
     n_buckets, n_rows = out.shape[0], grads.shape[0]
@@ -448,7 +475,7 @@ def _add_bucket_moments_(out: torch.Tensor, grads: torch.Tensor, bucket: torch.T
         rows_b = ((bucket == b) & evaluated).nonzero().squeeze(1) if n_buckets > 1 else evaluated.nonzero().squeeze(1)
         if rows_b.numel():
             grads_b = grads if rows_b.numel() == n_rows else grads.index_select(0, rows_b)
-            _add_second_moment_(out[b:b + 1], grads_b, grads_b.sum(0, dtype=torch.float64), upper_only=upper_only)
+            _add_second_moment_(out[b : b + 1], grads_b, grads_b.sum(0, dtype=torch.float64), upper_only=upper_only)
 
 
 class _PairTable:
@@ -462,8 +489,15 @@ class _PairTable:
         self._bytes = 0  # what the pairs take (counted on past the budget, for the note)
         self._dropped = False
 
-    def add(self, first_row: int, flat_ids: torch.Tensor, flat_act: torch.Tensor, act_sq: torch.Tensor,
-            batch: int, rows: torch.Tensor) -> None:
+    def add(
+        self,
+        first_row: int,
+        flat_ids: torch.Tensor,
+        flat_act: torch.Tensor,
+        act_sq: torch.Tensor,
+        batch: int,
+        rows: torch.Tensor,
+    ) -> None:
         """Sums per (sequence, token type) pair of this batch (`rows`: each token's sequence row).
         A batch holds whole sequences, so its pairs never meet another batch's: they are kept as
         they come, in host memory (they are only read by the analysis, and on an accelerator
@@ -478,13 +512,20 @@ class _PairTable:
         if self._dropped:
             return
         f64: dict[str, Any] = dict(dtype=torch.float64, device=self.device)
-        self._chunks.append(tuple(part.cpu() for part in (
-            pairs % (first_row + batch), pairs // (first_row + batch),
-            torch.zeros(n_pairs, **f64).index_put_((inverse,), torch.ones_like(act_sq, dtype=torch.float64),
-                                                   accumulate=True),  # = index_add_, much faster on CPU
-            torch.zeros(n_pairs, **f64).index_put_((inverse,), act_sq.double(), accumulate=True),
-            torch.zeros(n_pairs, self.dim, **f64).index_put_((inverse,), flat_act.double(), accumulate=True),
-        )))
+        self._chunks.append(
+            tuple(
+                part.cpu()
+                for part in (
+                    pairs % (first_row + batch),
+                    pairs // (first_row + batch),
+                    torch.zeros(n_pairs, **f64).index_put_(
+                        (inverse,), torch.ones_like(act_sq, dtype=torch.float64), accumulate=True
+                    ),  # = index_add_, much faster on CPU
+                    torch.zeros(n_pairs, **f64).index_put_((inverse,), act_sq.double(), accumulate=True),
+                    torch.zeros(n_pairs, self.dim, **f64).index_put_((inverse,), flat_act.double(), accumulate=True),
+                )
+            )
+        )
 
     @property
     def note(self) -> str:
@@ -492,9 +533,11 @@ class _PairTable:
         if self.budget_bytes <= 0:
             return "per-(sequence, type) sums not kept (data.frequency_ci_memory_mb is 0)"
         if self._dropped:
-            return (f"no bootstrap CI: the per-(sequence, type) activation sums of this site need "
-                    f"{self._bytes / 2**20:.4g} MiB, over its {self.budget_bytes / 2**20:.4g} MiB share of "
-                    "data.frequency_ci_memory_mb")
+            return (
+                f"no bootstrap CI: the per-(sequence, type) activation sums of this site need "
+                f"{self._bytes / 2**20:.4g} MiB, over its {self.budget_bytes / 2**20:.4g} MiB share of "
+                "data.frequency_ci_memory_mb"
+            )
         return ""
 
     def take(self, n_sequences: int) -> SequenceTypeSums:
@@ -509,8 +552,14 @@ class _PairTable:
                 chunk[k] = None
         order = torch.from_numpy(np.lexsort((columns[0].numpy(), columns[1].numpy())))
         sequence, token_type, count, square, vector = (column.index_select(0, order).numpy() for column in columns)
-        return SequenceTypeSums(sequence=sequence, token_type=token_type, count=count, square_sum=square,
-                                vector_sum=vector, n_sequences=n_sequences)
+        return SequenceTypeSums(
+            sequence=sequence,
+            token_type=token_type,
+            count=count,
+            square_sum=square,
+            vector_sum=vector,
+            n_sequences=n_sequences,
+        )
 
     def all_reduce(self) -> None:
         """Ranks hold disjoint sequences: the budget applies to their pairs together, and the kept
@@ -527,8 +576,13 @@ class _PairTable:
             self._chunks = [tuple(distributed.all_gather_rows(part) for part in parts)]
 
     def _empty(self) -> list[torch.Tensor]:
-        return [torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
-                torch.zeros(0, dtype=torch.float64), torch.zeros(0, self.dim, dtype=torch.float64)]
+        return [
+            torch.zeros(0, dtype=torch.int64),
+            torch.zeros(0, dtype=torch.int64),
+            torch.zeros(0, dtype=torch.float64),
+            torch.zeros(0, dtype=torch.float64),
+            torch.zeros(0, self.dim, dtype=torch.float64),
+        ]
 
 
 class SiteAccumulator:
@@ -554,9 +608,19 @@ class SiteAccumulator:
     (`_PairTable`), which the analysis needs to bootstrap the log-frequency vs centroid-distance
     correlation over sequences; without them the correlation is reported without a CI."""
 
-    def __init__(self, bases: list[BasisSet], *, dim: int, n_seq: int | None, n_buckets: int, vocab_size: int,
-                 device: torch.device, dtype: torch.dtype | None = None, pair_budget_bytes: int = 0,
-                 type_plan: TypePlan | None = None):
+    def __init__(
+        self,
+        bases: list[BasisSet],
+        *,
+        dim: int,
+        n_seq: int | None,
+        n_buckets: int,
+        vocab_size: int,
+        device: torch.device,
+        dtype: torch.dtype | None = None,
+        pair_budget_bytes: int = 0,
+        type_plan: TypePlan | None = None,
+    ):
         self.dim, self.n_buckets, self.vocab_size, self.device = dim, n_buckets, vocab_size, device
         self.dtype = dtype or compute_dtype(device)
         self.bases = bases
@@ -588,8 +652,16 @@ class SiteAccumulator:
         self.pairs = _PairTable(dim, device, pair_budget_bytes)
         self.failure = ""
 
-    def add(self, grad: torch.Tensor, act: torch.Tensor, token_ids: torch.Tensor, bucket_onehot: torch.Tensor,
-            start: int | None = None, where: str = "", type_mask: torch.Tensor | None = None) -> None:
+    def add(
+        self,
+        grad: torch.Tensor,
+        act: torch.Tensor,
+        token_ids: torch.Tensor,
+        bucket_onehot: torch.Tensor,
+        start: int | None = None,
+        where: str = "",
+        type_mask: torch.Tensor | None = None,
+    ) -> None:
         """One batch: gradients and activations (B, T, d), token ids (B, T), bucket one-hot (B, T, K).
 
         `type_mask` (B, T) bool: the positions that enter the per-type statistics (type centroids
@@ -613,18 +685,19 @@ class SiteAccumulator:
         # unmasked positions after an encoder's last block): they are not evaluated tokens.
         evaluated = grad_sq > 0
         # one host sync per batch: a NaN/Inf anywhere in a row makes its norm NaN/Inf
-        finite_grad, finite_act, n_eval = torch.stack([
-            torch.isfinite(grad_sq).all().long(), torch.isfinite(act_sq).all().long(), evaluated.sum()]).tolist()
+        finite_grad, finite_act, n_eval = torch.stack(
+            [torch.isfinite(grad_sq).all().long(), torch.isfinite(act_sq).all().long(), evaluated.sum()]
+        ).tolist()
         if not (finite_grad and finite_act):
             self.failure = f"non-finite gradients or activations in {where}"
             return
         onehot = bucket_onehot.reshape(n_rows, -1).to(self.dtype)
         squared = (flat_grad @ self.stacked).square() @ self.indicator  # (N, n_bases) ‖Qᵀg_i‖²
         batch, length = grad.shape[0], grad.shape[1]
-        energy = torch.einsum("btn,btk->bkn", squared.reshape(batch, length, -1),
-                              onehot.reshape(batch, length, -1)).double()
-        total = torch.einsum("bt,btk->bk", grad_sq.reshape(batch, length),
-                             onehot.reshape(batch, length, -1)).double()
+        energy = torch.einsum(
+            "btn,btk->bkn", squared.reshape(batch, length, -1), onehot.reshape(batch, length, -1)
+        ).double()
+        total = torch.einsum("bt,btk->bk", grad_sq.reshape(batch, length), onehot.reshape(batch, length, -1)).double()
         count = evaluated.reshape(batch, length).sum(dim=1)
         first_row = self.n_sequences if self.growing else start
         if self.growing:
@@ -639,8 +712,9 @@ class SiteAccumulator:
         sums = torch.stack([flat_grad.sum(0, dtype=torch.float64), act64.sum(0)])  # (2, d) Σg, Σa
         self._outers_complete = False
         _add_second_moment_(self._outers[1:], flat_act, sums[1], upper_only=self._upper_only)
-        _add_bucket_moments_(self._bucket_outers, flat_grad, onehot.argmax(dim=1), evaluated,
-                             upper_only=self._upper_only)
+        _add_bucket_moments_(
+            self._bucket_outers, flat_grad, onehot.argmax(dim=1), evaluated, upper_only=self._upper_only
+        )
         self._sums += sums
         self._grad.count += n_eval
         self._act.count += n_rows
@@ -692,8 +766,16 @@ class SiteAccumulator:
         distributed.all_reduce_max_(failed)
         if failed.item() and not self.failure:
             self.failure = "non-finite gradients or activations on another rank"
-        for tensor in (self.total, self.energy, self.n_tokens, self._sums, self._outers, self._bucket_outers,
-                       self.grad_unit, self.act_unit):
+        for tensor in (
+            self.total,
+            self.energy,
+            self.n_tokens,
+            self._sums,
+            self._outers,
+            self._bucket_outers,
+            self.grad_unit,
+            self.act_unit,
+        ):
             distributed.all_reduce_sum_(tensor)
         self.types.all_reduce()
         counts = torch.tensor([self._grad.count, self._act.count], dtype=torch.int64, device=self.device)
@@ -731,14 +813,36 @@ class SiteAccumulator:
         self._complete_outers()
         return self._bucket_outers
 
-    def finish(self, key: UnitKey, *, sequence_documents: np.ndarray, seconds: float, isoscore_c0: str,
-               isoscore_zeta: float, extra: dict | None = None) -> UnitArtifact:
+    def finish(
+        self,
+        key: UnitKey,
+        *,
+        sequence_documents: np.ndarray,
+        seconds: float,
+        isoscore_c0: str,
+        isoscore_zeta: float,
+        extra: dict | None = None,
+    ) -> UnitArtifact:
         with _single_threaded(self.device):
-            return self._finish(key, sequence_documents=sequence_documents, seconds=seconds,
-                                isoscore_c0=isoscore_c0, isoscore_zeta=isoscore_zeta, extra=extra)
+            return self._finish(
+                key,
+                sequence_documents=sequence_documents,
+                seconds=seconds,
+                isoscore_c0=isoscore_c0,
+                isoscore_zeta=isoscore_zeta,
+                extra=extra,
+            )
 
-    def _finish(self, key: UnitKey, *, sequence_documents: np.ndarray, seconds: float, isoscore_c0: str,
-                isoscore_zeta: float, extra: dict | None = None) -> UnitArtifact:
+    def _finish(
+        self,
+        key: UnitKey,
+        *,
+        sequence_documents: np.ndarray,
+        seconds: float,
+        isoscore_c0: str,
+        isoscore_zeta: float,
+        extra: dict | None = None,
+    ) -> UnitArtifact:
         self._settle()
         self._complete_outers()
         dim, descriptors = self.dim, self.descriptors
@@ -746,18 +850,32 @@ class SiteAccumulator:
         plan = self.types.plan
         if plan is not None and plan.note:
             extra["type_statistics_note"] = plan.note
-        kwargs = dict(key=key, dim=dim, bases=descriptors, n_tokens=self.n_tokens.cpu().numpy(),
-                      sequence_documents=np.asarray(sequence_documents, dtype=np.int64), seconds=seconds,
-                      extra=extra)
+        kwargs = dict(
+            key=key,
+            dim=dim,
+            bases=descriptors,
+            n_tokens=self.n_tokens.cpu().numpy(),
+            sequence_documents=np.asarray(sequence_documents, dtype=np.int64),
+            seconds=seconds,
+            extra=extra,
+        )
         if self.failure:
-            return _failed_artifact(f"{self.failure} at {key.site}", int(self.total.shape[0]), self.n_buckets,
-                                    len(descriptors), self.vocab_size, **kwargs)
+            return _failed_artifact(
+                f"{self.failure} at {key.site}",
+                int(self.total.shape[0]),
+                self.n_buckets,
+                len(descriptors),
+                self.vocab_size,
+                **kwargs,
+            )
         moments = self._grad
         delta = np.full(len(descriptors), np.nan)
         if self.bases and dim - max(bs.rank for bs in self.bases) >= 2:
             covariance = moments.covariance()  # once per unit; ΔIsoScore* is O(d²k) per basis from it
             for basis_set in self.bases:
-                index = [i for i, b in enumerate(descriptors) if b.proxy == basis_set.proxy and b.rank == basis_set.rank]
+                index = [
+                    i for i, b in enumerate(descriptors) if b.proxy == basis_set.proxy and b.rank == basis_set.rank
+                ]
                 stack = torch.cat([basis_set.basis.unsqueeze(0)] + list(basis_set.controls.values())).to(self.device)
                 delta[index] = _to_numpy(delta_isoscore_star(covariance, stack, C0=isoscore_c0, zeta=isoscore_zeta))
         # per type: Bessel-corrected RMS spread around its centroid (unbiased for the type's
@@ -768,16 +886,23 @@ class SiteAccumulator:
         count, types = self.types.geometry()
         return UnitArtifact(
             **kwargs,
-            total_energy=_to_numpy(self.total), energy=_to_numpy(self.energy),
+            total_energy=_to_numpy(self.total),
+            energy=_to_numpy(self.energy),
             delta_isoscore_star=delta,
             # per-bucket moments in float32, as stored: a fresh run and a resumed one read the same matrix
-            gradient_moments={**_moments_dict(moments),
-                              "bucket_outer": _to_numpy(self._bucket_outers).astype(np.float32)},
+            gradient_moments={
+                **_moments_dict(moments),
+                "bucket_outer": _to_numpy(self._bucket_outers).astype(np.float32),
+            },
             activation_moments=_moments_dict(self._act),
-            gradient_unit_sum=_to_numpy(self.grad_unit), activation_unit_sum=_to_numpy(self.act_unit),
-            type_count=_to_numpy(count).astype(np.int64), type_rms_distance=types.rms_spread,
-            type_mean_distance=types.mean_distance, type_mean_norm=types.mean_norm,
-            pair_sums=self.pair_sums(), pair_note=self.pair_note,
+            gradient_unit_sum=_to_numpy(self.grad_unit),
+            activation_unit_sum=_to_numpy(self.act_unit),
+            type_count=_to_numpy(count).astype(np.int64),
+            type_rms_distance=types.rms_spread,
+            type_mean_distance=types.mean_distance,
+            type_mean_norm=types.mean_norm,
+            pair_sums=self.pair_sums(),
+            pair_note=self.pair_note,
             proxy_bases={(bs.proxy, bs.rank): _to_numpy(bs.basis) for bs in self.bases},
         )
 
@@ -823,12 +948,27 @@ def measure_checkpoint(
     used = counted_positions(objective, seq_len)
     dim = next(iter(bases.values()))[0].basis.shape[0]
     typed_tokens = splits.test[:, :used]
-    type_plan = TypePlan.from_tokens(typed_tokens, (inputs[:, :used] == typed_tokens) if objective == "mlm" else None,
-                                     splits.vocab_size, dim, type_budget_bytes / len(order))
-    acc = {k: SiteAccumulator(bases[k], dim=dim, n_seq=n_seq, n_buckets=n_buckets, vocab_size=splits.vocab_size,
-                              device=device, dtype=compute, pair_budget_bytes=pair_budget_bytes // len(order),
-                              type_plan=type_plan)
-           for k in order}
+    type_plan = TypePlan.from_tokens(
+        typed_tokens,
+        (inputs[:, :used] == typed_tokens) if objective == "mlm" else None,
+        splits.vocab_size,
+        dim,
+        type_budget_bytes / len(order),
+    )
+    acc = {
+        k: SiteAccumulator(
+            bases[k],
+            dim=dim,
+            n_seq=n_seq,
+            n_buckets=n_buckets,
+            vocab_size=splits.vocab_size,
+            device=device,
+            dtype=compute,
+            pair_budget_bytes=pair_budget_bytes // len(order),
+            type_plan=type_plan,
+        )
+        for k in order
+    }
     bucket_of_token = token_bucket.to(device).clamp(min=0)  # unseen ids (-1) never occur in text
     scale = FP16_LOSS_SCALE if precision == "fp16" else 1.0
     starts = list(range(0, n_seq, batch_size))
@@ -841,8 +981,7 @@ def measure_checkpoint(
         batch_labels = labels[start:stop].to(device)
         with torch.enable_grad(), autocast(device, precision), probe(model, sites, gradients=True) as record:
             loss = lm_loss(model, batch_inputs, batch_labels, objective, loss_reduction, targets_per_sequence)
-            gradients = torch.autograd.grad(loss * scale if scale != 1.0 else loss,
-                                            [record.deltas[k] for k in order])
+            gradients = torch.autograd.grad(loss * scale if scale != 1.0 else loss, [record.deltas[k] for k in order])
         # frequency buckets and token types follow the text's own token (for MLM the masked
         # input shows <mask>, but the position still belongs to the original token)
         token_ids = splits.test[start:stop, :used].to(device)
@@ -854,8 +993,15 @@ def measure_checkpoint(
             grad = gradient[:, :used].to(compute)
             if scale != 1.0:
                 grad = grad / scale
-            acc[k].add(grad, record.activations[k][:, :used], token_ids, onehot, start=start,
-                       where=f"sequences {start}-{stop - 1}", type_mask=type_mask)
+            acc[k].add(
+                grad,
+                record.activations[k][:, :used],
+                token_ids,
+                onehot,
+                start=start,
+                where=f"sequences {start}-{stop - 1}",
+                type_mask=type_mask,
+            )
         tokens_done += (stop - start) * seq_len
         progress.update(1)
         progress.set_postfix_str(f"{tokens_done / max(time.perf_counter() - clock, 1e-9):,.0f} tok/s", refresh=False)
@@ -872,12 +1018,18 @@ def _frozen_on(model: torch.nn.Module, device: torch.device) -> None:
         parameter.requires_grad_(False)
 
 
-def _finish_site(acc: SiteAccumulator, key: UnitKey, splits: Splits, started: float, isoscore_c0: str,
-                 isoscore_zeta: float) -> UnitArtifact:
+def _finish_site(
+    acc: SiteAccumulator, key: UnitKey, splits: Splits, started: float, isoscore_c0: str, isoscore_zeta: float
+) -> UnitArtifact:
     """All-reduce one site's statistics over ranks and turn them into its artifact."""
     acc.all_reduce()
-    return acc.finish(key, sequence_documents=splits.test_documents, seconds=time.perf_counter() - started,
-                      isoscore_c0=isoscore_c0, isoscore_zeta=isoscore_zeta)
+    return acc.finish(
+        key,
+        sequence_documents=splits.test_documents,
+        seconds=time.perf_counter() - started,
+        isoscore_c0=isoscore_c0,
+        isoscore_zeta=isoscore_zeta,
+    )
 
 
 def _failed_artifact(note: str, n_seq: int, n_buckets: int, n_bases: int, vocab: int, **kwargs) -> UnitArtifact:
@@ -885,10 +1037,18 @@ def _failed_artifact(note: str, n_seq: int, n_buckets: int, n_bases: int, vocab:
     nan = float("nan")
     empty = {"count": 0, "sum": np.full(dim, nan), "outer": np.full((dim, dim), nan)}
     return UnitArtifact(
-        **kwargs, total_energy=np.full((n_seq, n_buckets), nan), energy=np.full((n_seq, n_buckets, n_bases), nan),
-        delta_isoscore_star=np.full(n_bases, nan), gradient_moments=empty,
-        activation_moments=dict(empty), gradient_unit_sum=np.full(dim, nan), activation_unit_sum=np.full(dim, nan),
-        type_count=np.zeros(vocab, dtype=np.int64), type_rms_distance=np.full(vocab, nan), status="failed", note=note,
+        **kwargs,
+        total_energy=np.full((n_seq, n_buckets), nan),
+        energy=np.full((n_seq, n_buckets, n_bases), nan),
+        delta_isoscore_star=np.full(n_bases, nan),
+        gradient_moments=empty,
+        activation_moments=dict(empty),
+        gradient_unit_sum=np.full(dim, nan),
+        activation_unit_sum=np.full(dim, nan),
+        type_count=np.zeros(vocab, dtype=np.int64),
+        type_rms_distance=np.full(vocab, nan),
+        status="failed",
+        note=note,
     )
 
 

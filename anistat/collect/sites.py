@@ -93,7 +93,8 @@ def find_blocks_path(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
             return path, blocks
     # fall back: the longest ModuleList of identical modules
     candidates = [
-        (name, m) for name, m in model.named_modules()
+        (name, m)
+        for name, m in model.named_modules()
         if isinstance(m, torch.nn.ModuleList) and len(m) > 0 and len({type(b) for b in m}) == 1
     ]
     if not candidates:
@@ -120,9 +121,7 @@ def resolve_layers(layers: list[int] | str, num_layers: int, model_name: str) ->
     for layer in layers:
         index = layer + num_layers if layer < 0 else layer
         if not 0 <= index < num_layers:
-            raise AnistatInputError(
-                f"sites.layers: layer {layer} does not exist in {model_name} ({num_layers} layers)"
-            )
+            raise AnistatInputError(f"sites.layers: layer {layer} does not exist in {model_name} ({num_layers} layers)")
         resolved.append(index)
     return sorted(set(resolved))
 
@@ -189,15 +188,21 @@ def module_site(model: torch.nn.Module, qualified: str) -> Site:
             f"site module:{qualified}: {type(model).__name__} has no module named '{qualified}' "
             "(see `anistat sites MODEL`)"
         )
-    return Site(f"module:{qualified}", "module", _layer_of_module(model, qualified), qualified, "output",
-                f"output of {type(modules[qualified]).__name__}")
+    return Site(
+        f"module:{qualified}",
+        "module",
+        _layer_of_module(model, qualified),
+        qualified,
+        "output",
+        f"output of {type(modules[qualified]).__name__}",
+    )
 
 
 def resolve_site(model: torch.nn.Module, name: str) -> Site:
     """Parse a site name (see the module docstring) against a model."""
     name = name.strip()
     if name.startswith("module:"):
-        return module_site(model, name[len("module:"):])
+        return module_site(model, name[len("module:") :])
     if name == "embed":
         return standard_site(model, "embed", -1)
     match = re.fullmatch(r"(residual|attn|mlp)\.(-?\d+)", name)
@@ -311,8 +316,14 @@ class ProbeRecord:
 
 
 @contextlib.contextmanager
-def probe(model: torch.nn.Module, sites: Iterable[Any] | Mapping[Any, Any], *, gradients: bool,
-          activations: bool = True, accumulate: bool = False) -> Iterator[ProbeRecord]:
+def probe(
+    model: torch.nn.Module,
+    sites: Iterable[Any] | Mapping[Any, Any],
+    *,
+    gradients: bool,
+    activations: bool = True,
+    accumulate: bool = False,
+) -> Iterator[ProbeRecord]:
     """Hook the given sites for the duration of the context.
 
     With `gradients=True` each site tensor `h` is replaced by `h + δ` (δ a zero leaf that
@@ -322,9 +333,12 @@ def probe(model: torch.nn.Module, sites: Iterable[Any] | Mapping[Any, Any], *, g
     """
     resolved = as_sites(model, sites)
     modules = dict(model.named_modules())
-    record = ProbeRecord(activations={}, deltas={},
-                         all_activations={k: [] for k in resolved} if accumulate else None,
-                         all_deltas={k: [] for k in resolved} if accumulate else None)
+    record = ProbeRecord(
+        activations={},
+        deltas={},
+        all_activations={k: [] for k in resolved} if accumulate else None,
+        all_deltas={k: [] for k in resolved} if accumulate else None,
+    )
 
     def store(key, hidden: torch.Tensor) -> torch.Tensor:
         differentiable = gradients and torch.is_grad_enabled()
@@ -351,6 +365,7 @@ def probe(model: torch.nn.Module, sites: Iterable[Any] | Mapping[Any, Any], *, g
                 )
             new = store(key, hidden)
             return None if new is hidden else _replace_hidden(output, new)
+
         return hook
 
     def input_hook(key, site):
@@ -362,6 +377,7 @@ def probe(model: torch.nn.Module, sites: Iterable[Any] | Mapping[Any, Any], *, g
                 new = store(key, kwargs["hidden_states"])
                 return None if new is kwargs["hidden_states"] else (args, {**kwargs, "hidden_states": new})
             raise AnistatInputError(f"site {site.name}: cannot find the hidden state among the block's inputs")
+
         return hook
 
     handles = []
@@ -383,6 +399,7 @@ def probe(model: torch.nn.Module, sites: Iterable[Any] | Mapping[Any, Any], *, g
 @contextlib.contextmanager
 def residual_probe(model: torch.nn.Module, layers: list[int], *, gradients: bool) -> Iterator[ProbeRecord]:
     """`probe` at the residual stream after each block in `layers` (records keyed by layer)."""
-    with probe(model, {layer: standard_site(model, "residual", layer) for layer in layers},
-               gradients=gradients) as record:
+    with probe(
+        model, {layer: standard_site(model, "residual", layer) for layer in layers}, gradients=gradients
+    ) as record:
         yield record

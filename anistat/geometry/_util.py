@@ -47,7 +47,9 @@ def as_float64(x: Any, *, name: str = "input", ndim: int | tuple[int, ...] | Non
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else ndim
         if t.ndim not in allowed:
-            raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dimensions, got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have {' or '.join(map(str, allowed))} dimensions, got shape {tuple(t.shape)}"
+            )
     if t.is_complex():
         raise TypeError(f"{name} must be real")
     return t.to(torch.float64)
@@ -97,4 +99,3 @@ def check_rank(rank: Any, d: int) -> int:
     if not 1 <= rank < d:
         raise ValueError(f"rank must satisfy 1 <= rank < d = {d}, got {rank}")
     return rank
-

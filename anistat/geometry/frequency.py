@@ -69,7 +69,9 @@ def frequency_buckets(counts: Any, n_buckets: int, *, by: Literal["types", "toke
     >>> geometry.frequency_buckets(np.array([100, 50, 10, 1]), 2).tolist()
     [1, 1, 0, 0]
     """
-    c = np.asarray(counts.detach().cpu().numpy() if isinstance(counts, torch.Tensor) else counts, dtype=np.float64).ravel()
+    c = np.asarray(
+        counts.detach().cpu().numpy() if isinstance(counts, torch.Tensor) else counts, dtype=np.float64
+    ).ravel()
     if n_buckets < 1:
         raise ValueError("n_buckets must be >= 1")
     if np.any(c < 0) or not np.all(np.isfinite(c)):
@@ -128,12 +130,16 @@ def centroid_distances(activations: Any, token_ids: Any, *, min_occurrences: int
     a = as_tensor(activations, name="activations").to(torch.float64)
     ids = as_tensor(token_ids, name="token_ids").to(a.device).long().ravel()
     if a.ndim != 2 or ids.shape[0] != a.shape[0]:
-        raise ValueError(f"activations (N, d) and token_ids (N,) must align; got {tuple(a.shape)} and {tuple(ids.shape)}")
+        raise ValueError(
+            f"activations (N, d) and token_ids (N,) must align; got {tuple(a.shape)} and {tuple(ids.shape)}"
+        )
     types, inv, cnt = torch.unique(ids, return_inverse=True, return_counts=True)
     sums = torch.zeros(types.shape[0], a.shape[1], dtype=torch.float64, device=a.device).index_add_(0, inv, a)
     cent = sums / cnt[:, None].to(torch.float64)
     dist = torch.linalg.vector_norm(a - cent[inv], dim=1)
-    mean_d = torch.zeros(types.shape[0], dtype=torch.float64, device=a.device).index_add_(0, inv, dist) / cnt.to(torch.float64)
+    mean_d = torch.zeros(types.shape[0], dtype=torch.float64, device=a.device).index_add_(0, inv, dist) / cnt.to(
+        torch.float64
+    )
     keep = cnt >= int(min_occurrences)
     return CentroidDistances(
         token_types=types[keep].cpu().numpy(),
@@ -194,8 +200,10 @@ def type_mean_geometry(count: Any, vector_sum: Any, square_sum: Any, global_mean
     total = np.asarray(vector_sum, dtype=np.float64)
     square = np.asarray(square_sum, dtype=np.float64).ravel()
     if total.ndim != 2 or total.shape[0] != n.size or square.size != n.size:
-        raise ValueError(f"count (V,), vector_sum (V, d) and square_sum (V,) must align; got {n.shape}, "
-                         f"{total.shape}, {square.shape}")
+        raise ValueError(
+            f"count (V,), vector_sum (V, d) and square_sum (V,) must align; got {n.shape}, "
+            f"{total.shape}, {square.shape}"
+        )
     enough = n >= 2
     safe = np.maximum(n, 1.0)
     centroid = total / safe[:, None]
@@ -210,8 +218,12 @@ def type_mean_geometry(count: Any, vector_sum: Any, square_sum: Any, global_mean
         mean_distance = np.sqrt(np.maximum(np.einsum("vd,vd->v", offset, offset) - noise, 0.0))
         mean_norm = np.sqrt(np.maximum(np.einsum("vd,vd->v", centroid, centroid) - noise, 0.0))
     nan = np.full(n.shape, np.nan)
-    return TypeMeanGeometry(rms_spread=np.sqrt(variance), mean_distance=np.where(enough, mean_distance, nan),
-                            mean_norm=np.where(enough, mean_norm, nan), global_mean=global_mean)
+    return TypeMeanGeometry(
+        rms_spread=np.sqrt(variance),
+        mean_distance=np.where(enough, mean_distance, nan),
+        mean_norm=np.where(enough, mean_norm, nan),
+        global_mean=global_mean,
+    )
 
 
 @dataclass(frozen=True)
@@ -281,8 +293,9 @@ class SequenceTypeSums:
         return int(self.sequence.shape[0])
 
 
-def sequence_type_sums(activations: Any, token_ids: Any, sequence_ids: Any, n_sequences: int | None = None
-                       ) -> SequenceTypeSums:
+def sequence_type_sums(
+    activations: Any, token_ids: Any, sequence_ids: Any, n_sequences: int | None = None
+) -> SequenceTypeSums:
     """:class:`SequenceTypeSums` of plain rows: activations ``(N, d)``, token ids ``(N,)`` and
     the sequence of every row ``(N,)`` (``n_sequences`` defaults to ``max + 1``). Pairs come out
     sorted by (token type, sequence).
@@ -300,8 +313,10 @@ def sequence_type_sums(activations: Any, token_ids: Any, sequence_ids: Any, n_se
     ids = as_tensor(token_ids, name="token_ids").to(a.device).long().ravel()
     seq = as_tensor(sequence_ids, name="sequence_ids").to(a.device).long().ravel()
     if a.ndim != 2 or ids.shape[0] != a.shape[0] or seq.shape[0] != a.shape[0]:
-        raise ValueError(f"activations (N, d), token_ids (N,) and sequence_ids (N,) must align; got "
-                         f"{tuple(a.shape)}, {tuple(ids.shape)}, {tuple(seq.shape)}")
+        raise ValueError(
+            f"activations (N, d), token_ids (N,) and sequence_ids (N,) must align; got "
+            f"{tuple(a.shape)}, {tuple(ids.shape)}, {tuple(seq.shape)}"
+        )
     if seq.numel() and int(seq.min()) < 0:
         raise ValueError("sequence_ids must be non-negative")
     n_seq = int(seq.max()) + 1 if n_sequences is None else int(n_sequences)
@@ -310,12 +325,19 @@ def sequence_type_sums(activations: Any, token_ids: Any, sequence_ids: Any, n_se
     # type-major key, so unique() returns the pairs sorted by (type, sequence)
     pairs, inverse = torch.unique(ids * n_seq + seq, return_inverse=True)
     rows = pairs.shape[0]
-    count = torch.zeros(rows, dtype=torch.float64, device=a.device).index_add_(0, inverse, torch.ones_like(inverse, dtype=torch.float64))
+    count = torch.zeros(rows, dtype=torch.float64, device=a.device).index_add_(
+        0, inverse, torch.ones_like(inverse, dtype=torch.float64)
+    )
     square = torch.zeros(rows, dtype=torch.float64, device=a.device).index_add_(0, inverse, a.square().sum(1))
     vector = torch.zeros(rows, a.shape[1], dtype=torch.float64, device=a.device).index_add_(0, inverse, a)
-    return SequenceTypeSums(sequence=(pairs % n_seq).cpu().numpy(), token_type=(pairs // n_seq).cpu().numpy(),
-                            count=count.cpu().numpy(), square_sum=square.cpu().numpy(),
-                            vector_sum=vector.cpu().numpy(), n_sequences=n_seq)
+    return SequenceTypeSums(
+        sequence=(pairs % n_seq).cpu().numpy(),
+        token_type=(pairs // n_seq).cpu().numpy(),
+        count=count.cpu().numpy(),
+        square_sum=square.cpu().numpy(),
+        vector_sum=vector.cpu().numpy(),
+        n_sequences=n_seq,
+    )
 
 
 def _blocks_by_length(starts: np.ndarray, lengths: np.ndarray):
@@ -394,8 +416,9 @@ class ResampledCentroidDistance:
             return sparse.csr_matrix((values, (seq, col)), shape=shape)
 
         # the third linear table, ⟨m_st, c_t⟩, serves ResampledTypeMeans' ‖Σ_s w_s v_st‖²
-        self._linear = sparse.hstack([table(count), table(centred_square),
-                                      table(np.einsum("pd,pd->p", centred_vector, c))]).T.tocsr()
+        self._linear = sparse.hstack(
+            [table(count), table(centred_square), table(np.einsum("pd,pd->p", centred_vector, c))]
+        ).T.tocsr()
         self._repeated = sparse.hstack([table(within), table(count * count)]).T.tocsr()
         self.centroid_norm = np.einsum("td,td->t", centroid, centroid)  # ‖c_t‖²
         # factors: types seen in one sequence are one vectorised product; the rest one batched
@@ -468,8 +491,9 @@ class ResampledTypeMeans:
         self.n_sequences, self.n_types = int(sums.n_sequences), int(types.size)
         self._spread = ResampledCentroidDistance(sums, types)
         n_all = sums.sequence.size
-        to_sequence = sparse.csr_matrix((np.ones(n_all), (sums.sequence, np.arange(n_all))),
-                                        shape=(self.n_sequences, n_all))
+        to_sequence = sparse.csr_matrix(
+            (np.ones(n_all), (sums.sequence, np.arange(n_all))), shape=(self.n_sequences, n_all)
+        )
         totals = np.asarray(to_sequence @ sums.vector_sum)  # (S, d): V_s = Σ_t v_st
         self._sequence_count = np.bincount(sums.sequence, weights=sums.count, minlength=self.n_sequences)
         self._sequence_gram = totals @ totals.T  # (S, S)
@@ -647,10 +671,10 @@ def _row_pearson(x: np.ndarray, y: np.ndarray, mask: np.ndarray) -> np.ndarray:
         xc *= mask
         yc = yb - yb.sum(axis=1, keepdims=True) / n
         yc *= mask
-        sxy, sxx, syy = (np.einsum("ij,ij->i", xc, yc), np.einsum("ij,ij->i", xc, xc),
-                         np.einsum("ij,ij->i", yc, yc))
+        sxy, sxx, syy = (np.einsum("ij,ij->i", xc, yc), np.einsum("ij,ij->i", xc, xc), np.einsum("ij,ij->i", yc, yc))
         r = sxy / np.sqrt(sxx * syy)
         # a constant side: scipy returns NaN too (its variance is zero up to rounding)
-        degenerate = (sxx <= 1e-24 * np.abs(xb).max(axis=1, initial=0.0) ** 2) | \
-                     (syy <= 1e-24 * np.abs(yb).max(axis=1, initial=0.0) ** 2)
+        degenerate = (sxx <= 1e-24 * np.abs(xb).max(axis=1, initial=0.0) ** 2) | (
+            syy <= 1e-24 * np.abs(yb).max(axis=1, initial=0.0) ** 2
+        )
     return np.where(degenerate, np.nan, np.clip(r, -1.0, 1.0))

@@ -71,8 +71,9 @@ class HaarDiagonalStream:
     Gaussians always come from the CPU generator, so every device sees the same draws).
     """
 
-    def __init__(self, dim: int, ranks, seed: int, *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, dim: int, ranks, seed: int, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    ) -> None:
         self.dim = int(dim)
         self.ranks = sorted({int(r) for r in ranks})
         if not self.ranks or self.ranks[0] < 1 or self.ranks[-1] >= self.dim:
@@ -125,7 +126,7 @@ def _orthonormal_rows(z: torch.Tensor, ranks) -> tuple[torch.Tensor, dict[int, t
     eye = torch.eye(top, dtype=z.dtype, device=z.device)
     step = count if z.device.type != "cpu" else CPU_BATCH
     for start in range(0, count, step):
-        part = z[start:start + step].contiguous()
+        part = z[start : start + step].contiguous()
         gram = part @ part.transpose(1, 2)
         chol, info = torch.linalg.cholesky_ex(gram)
         if bool((info != 0).any()):  # probability 0 for Gaussian blocks with K ≤ d/2
@@ -133,12 +134,12 @@ def _orthonormal_rows(z: torch.Tensor, ranks) -> tuple[torch.Tensor, dict[int, t
         # the inverse of the small K × K factor, then one batched product (faster than a batched
         # triangular solve against the long d side)
         inverse = torch.linalg.solve_triangular(chol, eye.expand_as(gram), upper=False)
-        block_rows = torch.matmul(inverse, part, out=rows[start:start + step])
+        block_rows = torch.matmul(inverse, part, out=rows[start : start + step])
         running, previous = None, 0
         for rank in ranks:
             block = block_rows[:, previous:rank].square().sum(dim=1)
             running = block if running is None else running + block
-            diagonals[rank][start:start + step] = running
+            diagonals[rank][start : start + step] = running
             previous = rank
     return rows, diagonals
 

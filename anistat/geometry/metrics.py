@@ -231,7 +231,9 @@ def anisotropy_capture(energy: Any, k: int, d: int, oracle: float, *, atol: floa
     denom = float(oracle) - base
     degenerate = not math.isfinite(denom) or abs(denom) <= atol
     if degenerate:
-        warn_degenerate(f"oracle fraction {oracle!r} equals the isotropic baseline k/d = {base:.6g}; anisotropy capture is nan")
+        warn_degenerate(
+            f"oracle fraction {oracle!r} equals the isotropic baseline k/d = {base:.6g}; anisotropy capture is nan"
+        )
     if isinstance(energy, torch.Tensor):
         e = energy.to(torch.float64)
         return torch.full_like(e, float("nan")) if degenerate else (e - base) / denom
@@ -292,8 +294,9 @@ def isoscore_from_trace_frobenius(trace: Any, frobenius_sq: Any, m: int) -> torc
     if m < 2:
         return torch.full_like(tr, float("nan"))
     positive = fro2 > 0
-    pr = torch.where(positive, tr * tr / torch.where(positive, fro2, torch.ones_like(fro2)),
-                     torch.full_like(tr, float("nan")))
+    pr = torch.where(
+        positive, tr * tr / torch.where(positive, fro2, torch.ones_like(fro2)), torch.full_like(tr, float("nan"))
+    )
     return (pr - 1.0) / (m - 1.0)
 
 
@@ -302,8 +305,9 @@ def _trace_frobenius(c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.diagonal(c, dim1=-2, dim2=-1).sum(-1), (c * c).sum(dim=(-2, -1))
 
 
-def shrunk_trace_frobenius(trace: Any, frobenius_sq: Any, m: int, C0: str, zeta: float
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def shrunk_trace_frobenius(
+    trace: Any, frobenius_sq: Any, m: int, C0: str, zeta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``tr S`` and ``‖S‖_F²`` of the IsoScore* shrinkage ``S = (1 − ζ)C + ζ·c·I_m`` in closed
     form from ``tr C`` and ``‖C‖_F²`` (batched):
 
@@ -489,8 +493,11 @@ def removal_traces(matrix: torch.Tensor, bases: torch.Tensor) -> tuple[torch.Ten
     _check_bases(q, s.shape[0], "bases")
     sq = s @ q  # S Q, batched over a leading dim
     qsq = q.transpose(-1, -2) @ sq  # Qᵀ S Q
-    return (torch.diagonal(qsq, dim1=-2, dim2=-1).sum(-1), sq.square().sum(dim=(-2, -1)),
-            qsq.square().sum(dim=(-2, -1)))
+    return (
+        torch.diagonal(qsq, dim1=-2, dim2=-1).sum(-1),
+        sq.square().sum(dim=(-2, -1)),
+        qsq.square().sum(dim=(-2, -1)),
+    )
 
 
 def removal_traces_in_eigenbasis(eigenvalues: Any, bases: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -525,9 +532,18 @@ def removal_traces_in_eigenbasis(eigenvalues: Any, bases: Any) -> tuple[torch.Te
     return row_sq @ lam, row_sq @ (lam * lam), qlq.square().sum(dim=(-2, -1))
 
 
-def delta_isoscore_star_from_traces(trace: Any, frobenius_sq: Any, removed_trace: Any, removed_cross_sq: Any,
-                                    removed_block_sq: Any, *, dim: int, rank: int, C0: str | None = "scaled_identity",
-                                    zeta: float = DEFAULT_ZETA) -> torch.Tensor:
+def delta_isoscore_star_from_traces(
+    trace: Any,
+    frobenius_sq: Any,
+    removed_trace: Any,
+    removed_cross_sq: Any,
+    removed_block_sq: Any,
+    *,
+    dim: int,
+    rank: int,
+    C0: str | None = "scaled_identity",
+    zeta: float = DEFAULT_ZETA,
+) -> torch.Tensor:
     """ΔIsoScore* from traces (batched; see :func:`delta_isoscore_star` for the definition).
 
     ``trace``/``frobenius_sq``: ``tr S`` and ``‖S‖_F²`` of the d×d matrix; ``removed_*``:

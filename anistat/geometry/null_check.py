@@ -87,7 +87,11 @@ def haar_energy_moments(second_moment: Any, k: int, *, within: Any = None) -> tu
     >>> round(mean, 4), round(sd, 4)
     (0.5, 0.0)
     """
-    m_full = second_moment.second_moment if isinstance(second_moment, GradientMoments) else as_float64(second_moment, name="second_moment", ndim=2)
+    m_full = (
+        second_moment.second_moment
+        if isinstance(second_moment, GradientMoments)
+        else as_float64(second_moment, name="second_moment", ndim=2)
+    )
     total = float(torch.trace(m_full))
     if not total > 0:
         raise ValueError("second moment has zero trace")
@@ -157,7 +161,7 @@ def haar_null_check(
     n = x.size
     if n < 1:
         raise ValueError("need at least one control fraction")
-    msize = (second_moment.dim if isinstance(second_moment, GradientMoments) else np.shape(second_moment)[0])
+    msize = second_moment.dim if isinstance(second_moment, GradientMoments) else np.shape(second_moment)[0]
     if msize != d:
         raise ValueError(f"second moment is {msize}-dimensional, d = {d}")
     mu, sd = haar_energy_moments(second_moment, k, within=within)
@@ -168,7 +172,9 @@ def haar_null_check(
         ok = bool(np.all(np.abs(x - mu) <= 1e-9 * max(abs(mu), 1e-300)))
         z = 0.0 if ok else float("inf")
         ratio = float("nan")
-        msg = "isotropic second moment: every fraction must equal k/m" + ("" if ok else f"; observed spread {obs_sd:.3g}")
+        msg = "isotropic second moment: every fraction must equal k/m" + (
+            "" if ok else f"; observed spread {obs_sd:.3g}"
+        )
         return NullCheck(mu, sd, obs_mean, obs_sd, z, ratio, ok, msg, n, band)
     z = (obs_mean - mu) / (sd / math.sqrt(n))
     ratio = obs_sd / sd if n > 1 else float("nan")

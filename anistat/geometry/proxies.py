@@ -195,8 +195,9 @@ def fit_proxies(activations: Any, method: str, ranks, seeds: dict[int, int], **o
         basis, completed = _ensure_orthonormal(basis.to(torch.float64), rank, seeds[rank])
         if completed:
             info["completed_dims"] = completed
-        out[rank] = Proxy(method=method, rank=rank, basis=basis.to(output_dtype(a.dtype)),
-                          reconstruction_error=float(err), info=info)
+        out[rank] = Proxy(
+            method=method, rank=rank, basis=basis.to(output_dtype(a.dtype)), reconstruction_error=float(err), info=info
+        )
     return out
 
 
@@ -242,8 +243,7 @@ def proxy_variants(method: str, center: bool | str | None = None) -> list[tuple[
         wanted = [center]
     else:
         raise ValueError(f"center must be true, false or 'both', got {center!r}")
-    return [(method if c == default else f"{method}@{'centred' if c else 'uncentred'}", {"center": c})
-            for c in wanted]
+    return [(method if c == default else f"{method}@{'centred' if c else 'uncentred'}", {"center": c}) for c in wanted]
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -411,8 +411,12 @@ class PCAProxy(ProxyMethod):
             captured = float(eigenvalues[:rank].sum())
             evr = captured / total if total > 0 else float("nan")
             error = math.sqrt(max(total - captured, 0.0) / total) if total > 0 else 0.0
-            info = {"explained_variance_ratio": evr, "singular_values": eigenvalues[:rank].sqrt().cpu().numpy(),
-                    "mean": mu.cpu().numpy(), "centered": self.center}
+            info = {
+                "explained_variance_ratio": evr,
+                "singular_values": eigenvalues[:rank].sqrt().cpu().numpy(),
+                "mean": mu.cpu().numpy(),
+                "centered": self.center,
+            }
             out[rank] = (v, error, info)
         return out
 

@@ -40,8 +40,15 @@ import torch
 
 from ._util import as_float64
 
-__all__ = ["SubspaceTraces", "SpectralFrame", "complement_subspace_traces", "complement_subspaces",
-           "isoscore_star_from_traces", "random_subspace_traces", "subspace_traces"]
+__all__ = [
+    "SubspaceTraces",
+    "SpectralFrame",
+    "complement_subspace_traces",
+    "complement_subspaces",
+    "isoscore_star_from_traces",
+    "random_subspace_traces",
+    "subspace_traces",
+]
 
 #: Draws per chunk: fixed, so a seed gives the same draws whatever the memory available.
 _CHUNK = 512
@@ -115,7 +122,10 @@ class SpectralFrame:
         removed = isoscore_star_from_traces(
             self.total_trace - traces.trace,
             self.total_frobenius - 2.0 * traces.trace_squared + traces.frobenius,
-            self.dim - int(rank), c0, zeta)
+            self.dim - int(rank),
+            c0,
+            zeta,
+        )
         return removed - full
 
 
@@ -151,8 +161,7 @@ def random_subspace_traces(frames, ranks, n: int, seed: int, *, exclude=None) ->
     top, n = ranks[-1], int(n)
     excluded = [None if exclude is None else frame.to_eigen_coordinates(exclude).numpy() for frame in frames]
     if exclude is not None and top > d - excluded[0].shape[1]:
-        raise ValueError(f"a rank-{top} subspace does not fit in the {d - excluded[0].shape[1]}-dimensional "
-                         "complement")
+        raise ValueError(f"a rank-{top} subspace does not fit in the {d - excluded[0].shape[1]}-dimensional complement")
     rng = np.random.default_rng(seed)
     parts: list[dict[int, list[SubspaceTraces]]] = [{k: [] for k in ranks} for _ in frames]
     for start in range(0, n, _CHUNK):
@@ -170,13 +179,21 @@ def random_subspace_traces(frames, ranks, n: int, seed: int, *, exclude=None) ->
                     shared_chol = chol
             else:
                 chol = shared_chol
-            whitened = [_whiten(chol, torch.from_numpy(_gram(z, weighted))),  # L⁻¹ZᵀΛZL⁻ᵀ
-                        _whiten(chol, torch.from_numpy(_gram(weighted, weighted)))]  # L⁻¹ZᵀΛ²ZL⁻ᵀ
+            whitened = [
+                _whiten(chol, torch.from_numpy(_gram(z, weighted))),  # L⁻¹ZᵀΛZL⁻ᵀ
+                _whiten(chol, torch.from_numpy(_gram(weighted, weighted))),
+            ]  # L⁻¹ZᵀΛ²ZL⁻ᵀ
             for k in ranks:
                 out[k].append(_block_traces(*(w[:, :k, :k] for w in whitened)))
-    return [{k: SubspaceTraces(*(np.concatenate([getattr(p, f) for p in chunks])
-                                 for f in ("trace", "trace_squared", "frobenius")))
-             for k, chunks in frame_parts.items()} for frame_parts in parts]
+    return [
+        {
+            k: SubspaceTraces(
+                *(np.concatenate([getattr(p, f) for p in chunks]) for f in ("trace", "trace_squared", "frobenius"))
+            )
+            for k, chunks in frame_parts.items()
+        }
+        for frame_parts in parts
+    ]
 
 
 def complement_subspaces(basis, n: int, seed: int, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -237,13 +254,16 @@ def subspace_traces(matrix, q: torch.Tensor) -> SubspaceTraces:
     flat = q.permute(1, 0, 2).reshape(d, n * k)
     sq = (torch.as_tensor(matrix).to(q.dtype) @ flat).reshape(d, n, k).permute(1, 0, 2)  # S Q per draw
     qsq = q.transpose(1, 2) @ sq
-    return SubspaceTraces(torch.diagonal(qsq, dim1=1, dim2=2).sum(-1).double().numpy(),
-                          sq.square().sum(dim=(1, 2)).double().numpy(),
-                          qsq.square().sum(dim=(1, 2)).double().numpy())
+    return SubspaceTraces(
+        torch.diagonal(qsq, dim1=1, dim2=2).sum(-1).double().numpy(),
+        sq.square().sum(dim=(1, 2)).double().numpy(),
+        qsq.square().sum(dim=(1, 2)).double().numpy(),
+    )
 
 
-def complement_subspace_traces(matrices, basis, n: int, seed: int, *,
-                               dtype: torch.dtype = torch.float32) -> list[SubspaceTraces]:
+def complement_subspace_traces(
+    matrices, basis, n: int, seed: int, *, dtype: torch.dtype = torch.float32
+) -> list[SubspaceTraces]:
     """:func:`subspace_traces` in each of ``matrices`` of the ``n`` :func:`complement_subspaces`
     of ``basis`` — the ``normal`` control evaluated without projecting a token. Everything in
     ``dtype`` (float32 by default: these draws serve the paper's convention and descriptive
@@ -305,6 +325,8 @@ def _whiten(chol: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
 def _block_traces(projected: torch.Tensor, projected_squared: torch.Tensor) -> SubspaceTraces:
     """From ``QᵀSQ`` and ``QᵀS²Q`` (``(n, k, k)``): ``tr(QᵀSQ)``, ``‖SQ‖_F² = tr(QᵀS²Q)``,
     ``‖QᵀSQ‖_F²``."""
-    return SubspaceTraces(torch.diagonal(projected, dim1=1, dim2=2).sum(-1).numpy(),
-                          torch.diagonal(projected_squared, dim1=1, dim2=2).sum(-1).numpy(),
-                          projected.square().sum(dim=(1, 2)).numpy())
+    return SubspaceTraces(
+        torch.diagonal(projected, dim1=1, dim2=2).sum(-1).numpy(),
+        torch.diagonal(projected_squared, dim1=1, dim2=2).sum(-1).numpy(),
+        projected.square().sum(dim=(1, 2)).numpy(),
+    )

@@ -27,6 +27,19 @@ from .options import ReportOptions
 from .render import render_bundle
 
 __all__ = [
-    "ClaimOutcome", "ConceptCard", "LoopDescription", "ModelDescription", "PdfLatexError", "ReportInputs", "ReportOptions",
-    "RunDescription", "RunRecord", "booktabs_table", "claim_outcome", "esc", "evidence_items", "render_bundle", "tex",
+    "ClaimOutcome",
+    "ConceptCard",
+    "LoopDescription",
+    "ModelDescription",
+    "PdfLatexError",
+    "ReportInputs",
+    "ReportOptions",
+    "RunDescription",
+    "RunRecord",
+    "booktabs_table",
+    "claim_outcome",
+    "esc",
+    "evidence_items",
+    "render_bundle",
+    "tex",
 ]

@@ -16,14 +16,48 @@ import numpy as np
 import pandas as pd
 
 RESULT_COLUMNS: tuple[str, ...] = (
-    "model", "objective", "checkpoint", "step", "phase", "layer", "site", "rank", "dim",
-    "proxy", "control", "metric", "estimate", "control_mean", "control_sd", "ci_low",
-    "ci_high", "ci_method", "p_value", "p_adjusted", "effect_size", "n_controls",
-    "n_sequences", "n_tokens", "status", "note",
+    "model",
+    "objective",
+    "checkpoint",
+    "step",
+    "phase",
+    "layer",
+    "site",
+    "rank",
+    "dim",
+    "proxy",
+    "control",
+    "metric",
+    "estimate",
+    "control_mean",
+    "control_sd",
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "p_value",
+    "p_adjusted",
+    "effect_size",
+    "n_controls",
+    "n_sequences",
+    "n_tokens",
+    "status",
+    "note",
 )
 NUMERIC_COLUMNS: tuple[str, ...] = (
-    "step", "rank", "dim", "estimate", "control_mean", "control_sd", "ci_low", "ci_high",
-    "p_value", "p_adjusted", "effect_size", "n_controls", "n_sequences", "n_tokens",
+    "step",
+    "rank",
+    "dim",
+    "estimate",
+    "control_mean",
+    "control_sd",
+    "ci_low",
+    "ci_high",
+    "p_value",
+    "p_adjusted",
+    "effect_size",
+    "n_controls",
+    "n_sequences",
+    "n_tokens",
 )
 STRING_COLUMNS: tuple[str, ...] = tuple(c for c in RESULT_COLUMNS if c not in NUMERIC_COLUMNS)
 
@@ -110,8 +144,7 @@ def normalise_results(results: pd.DataFrame) -> pd.DataFrame:
         if pd.api.types.is_numeric_dtype(df[col]) and not pd.api.types.is_bool_dtype(df[col]):
             df[col] = df[col].astype("float64")
         else:
-            df[col] = pd.Series([_as_label(v) for v in df[col].tolist()], index=df.index,
-                                dtype=object)
+            df[col] = pd.Series([_as_label(v) for v in df[col].tolist()], index=df.index, dtype=object)
     df.loc[df["status"] == "", "status"] = "ok"
     df.loc[df["control"] == "", "control"] = "none"
     df["status"] = df["status"].str.lower()
@@ -296,14 +329,14 @@ def interval_phrase(rows: pd.DataFrame, ci_text: str, unit_hint: str = "") -> st
     with_ci = rows[np.isfinite(low) & np.isfinite(high)]
     if with_ci.empty:
         return ""
-    methods = [m for m in ordered_by_first(with_ci.get("ci_method", pd.Series(dtype=str)))
-               if m not in ("", "none", "nan")]
+    methods = [
+        m for m in ordered_by_first(with_ci.get("ci_method", pd.Series(dtype=str))) if m not in ("", "none", "nan")
+    ]
     method = " / ".join(CI_METHOD_TEXT.get(m, m) for m in methods) or "bootstrap"
     clusters = pd.to_numeric(with_ci.get("n_clusters", pd.Series(np.nan, index=with_ci.index)), errors="coerce")
     sequences = pd.to_numeric(with_ci.get("n_sequences", pd.Series(np.nan, index=with_ci.index)), errors="coerce")
     if clusters.notna().any() and not clusters.fillna(-1).equals(sequences.fillna(-1)):
-        unit = (f"resampling {_count_range(clusters)} documents per unit (the sequences cut from one document "
-                "together)")
+        unit = f"resampling {_count_range(clusters)} documents per unit (the sequences cut from one document together)"
     elif clusters.notna().any():
         unit = f"resampling {_count_range(clusters)} sequences per unit"
     elif unit_hint:

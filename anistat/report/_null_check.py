@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from .inputs import NullCheckSummary
 
-NULL_CHECK_LABELS = {"exact": "the exact test (Haar draws)",
-                     "paper": "the paper's convention (normal controls in the proxy's complement, not exact)"}
+NULL_CHECK_LABELS = {
+    "exact": "the exact test (Haar draws)",
+    "paper": "the paper's convention (normal controls in the proxy's complement, not exact)",
+}
 #: The verdict in words; only "calibrated" says "consistent" (``anistat.stats.uniformity``).
 VERDICT_TEXT = {
     "calibrated": "consistent with a calibrated test",
@@ -13,10 +15,12 @@ VERDICT_TEXT = {
     "conservative": "NOT calibrated: conservative, it rejects less often than expected",
     "not uniform": "NOT calibrated: its p-values are not uniform",
 }
-DEPENDENCE_CAVEAT = ("Both tests treat the p-values as independent. With an independent stream of Haar draws per "
-                     "test (stats.null_draws: per_test) and proxies drawn independently, they are, given the data "
-                     "(each test is exact conditionally on its unit's gradients); with draws shared by the units "
-                     "of a width (the default) they are not, and the verdict is approximate.")
+DEPENDENCE_CAVEAT = (
+    "Both tests treat the p-values as independent. With an independent stream of Haar draws per "
+    "test (stats.null_draws: per_test) and proxies drawn independently, they are, given the data "
+    "(each test is exact conditionally on its unit's gradients); with draws shared by the units "
+    "of a width (the default) they are not, and the verdict is approximate."
+)
 
 
 def grid_text(check: NullCheckSummary) -> str:
@@ -30,13 +34,17 @@ def grid_text(check: NullCheckSummary) -> str:
 def verdict_sentence(check: NullCheckSummary) -> str:
     """One sentence: the rejection share, what a valid test would give, both tests, the verdict."""
     label = NULL_CHECK_LABELS.get(check.test, check.test)
-    expected = (f"{check.expected_rate:.2%}" if check.grid is not None or check.sequential
-                else f"{check.alpha:.0%}")
-    return (f"Null check (uninformative random proxy, {len(check.p_values)} tests): {label} gives "
-            f"p \u2264 {check.alpha:g} in {check.rejection_rate:.1%} (95 % interval {check.rate_low:.1%}\u2013"
-            f"{check.rate_high:.1%}; a valid test: {expected}, {grid_text(check)}); exact binomial test of that "
-            f"share p = {check.binomial_p:.2g}, uniformity against the p-values' own null law (Kolmogorov\u2013"
-            f"Smirnov distance, p by simulation) p = {check.uniformity_p:.2g}: "
-            f"{VERDICT_TEXT.get(check.verdict, check.verdict)} (level {check.level:g})"
-            + ("; these tests share Haar draws, so they are dependent and the verdict is approximate."
-               if check.shared_draws else "."))
+    expected = f"{check.expected_rate:.2%}" if check.grid is not None or check.sequential else f"{check.alpha:.0%}"
+    return (
+        f"Null check (uninformative random proxy, {len(check.p_values)} tests): {label} gives "
+        f"p \u2264 {check.alpha:g} in {check.rejection_rate:.1%} (95 % interval {check.rate_low:.1%}\u2013"
+        f"{check.rate_high:.1%}; a valid test: {expected}, {grid_text(check)}); exact binomial test of that "
+        f"share p = {check.binomial_p:.2g}, uniformity against the p-values' own null law (Kolmogorov\u2013"
+        f"Smirnov distance, p by simulation) p = {check.uniformity_p:.2g}: "
+        f"{VERDICT_TEXT.get(check.verdict, check.verdict)} (level {check.level:g})"
+        + (
+            "; these tests share Haar draws, so they are dependent and the verdict is approximate."
+            if check.shared_draws
+            else "."
+        )
+    )

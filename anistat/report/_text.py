@@ -38,8 +38,7 @@ class Para:
 
     def plain(self) -> str:
         """Plain text (formulas without their markup): what a reader sees, for tests and logs."""
-        parts = [s if isinstance(s, str) else html.unescape(re.sub(r"<[^>]+>", "", s.html))
-                 for s in self.segments]
+        parts = [s if isinstance(s, str) else html.unescape(re.sub(r"<[^>]+>", "", s.html)) for s in self.segments]
         return (f"{self.heading}. " if self.heading else "") + "".join(parts)
 
     def to_latex(self) -> str:

@@ -41,14 +41,14 @@ def _p_bound(p: float) -> str:
 
 
 def _range(values: pd.Series) -> str:
-    """"1.8–19.6×", "0.87×" (two significant digits, three above 10)."""
+    """ "1.8–19.6×", "0.87×" (two significant digits, three above 10)."""
     low, high = float(values.min()), float(values.max())
     shown = [fmt_num(v, 3 if v >= 10 else 2) for v in (low, high)]
     return f"{shown[0]}×" if shown[0] == shown[1] else f"{shown[0]}–{shown[1]}×"
 
 
 def _checkpoints(labels: Sequence[str]) -> str:
-    """"step0, step25" or, for more than three, "step50–step400 (4 checkpoints)"."""
+    """ "step0, step25" or, for more than three, "step50–step400 (4 checkpoints)"."""
     labels = list(labels)
     if len(labels) > 3:
         return f"{labels[0]}–{labels[-1]}"
@@ -64,7 +64,7 @@ def _phase_words(phase: str, unit_noun: str) -> str:
 
 
 def classify(rows: pd.DataFrame, p_col: str, alpha: float) -> pd.Series:
-    """"more" / "less" / "neither" per row (see the module docstring)."""
+    """ "more" / "less" / "neither" per row (see the module docstring)."""
     p = pd.to_numeric(rows[p_col], errors="coerce") if p_col in rows else pd.Series(np.nan, index=rows.index)
     estimate = rows["estimate"].astype(float)
     low, high = rows["ci_low"].astype(float), rows["ci_high"].astype(float)
@@ -81,8 +81,19 @@ def _test_name(rows: pd.DataFrame) -> str:
     return "Monte-Carlo test against the control draws" if not tests else "the rows' own test"
 
 
-def _model_sentence(name: str, rows: pd.DataFrame, kinds: pd.Series, *, rank: int, proxy: str, control: str,
-                    p_word: str, ci_text: str, unit_noun: str, first: bool) -> str:
+def _model_sentence(
+    name: str,
+    rows: pd.DataFrame,
+    kinds: pd.Series,
+    *,
+    rank: int,
+    proxy: str,
+    control: str,
+    p_word: str,
+    ci_text: str,
+    unit_noun: str,
+    first: bool,
+) -> str:
     tested = rows["_p"].notna().any()
     test = _test_name(rows)
     noun = "layers" if rows["site"].nunique() == rows["layer"].nunique() else "sites"
@@ -99,13 +110,23 @@ def _model_sentence(name: str, rows: pd.DataFrame, kinds: pd.Series, *, rank: in
     if verdict == "Yes":
         ci_low = rows["ci_low"].astype(float)
         with_ci, above = int(ci_low.notna().sum()), int((ci_low > 1).sum())
-        ci_part = (f"every {ci_text} CI above 1" if with_ci and above == n_all else
-                   f"{ci_text} CIs above 1 in {above} of {n_all}" if with_ci else "")
-        evidence = (f"{test}, {p_word} p {_p_bound(float(rows.loc[kinds == 'more', '_p'].max()))}" if tested
-                    else "no test in the rows: decided by the intervals")
+        ci_part = (
+            f"every {ci_text} CI above 1"
+            if with_ci and above == n_all
+            else f"{ci_text} CIs above 1 in {above} of {n_all}"
+            if with_ci
+            else ""
+        )
+        evidence = (
+            f"{test}, {p_word} p {_p_bound(float(rows.loc[kinds == 'more', '_p'].max()))}"
+            if tested
+            else "no test in the rows: decided by the intervals"
+        )
         body = " and ".join(text for text, _a, _l in pieces)
-        return (f"{lead}{body}, more than random subspaces at all {n_all} comparisons ({evidence}"
-                f"{'; ' + ci_part if ci_part else ''})")
+        return (
+            f"{lead}{body}, more than random subspaces at all {n_all} comparisons ({evidence}"
+            f"{'; ' + ci_part if ci_part else ''})"
+        )
     clauses = []
     named = False
     for text, at, labels in pieces:
@@ -120,8 +141,9 @@ def _model_sentence(name: str, rows: pd.DataFrame, kinds: pd.Series, *, rank: in
             if kind == "more":
                 by = "" if named or not tested else f" by the {test.replace(' against random subspaces', '')}"
                 named = named or bool(by)
-                proof = (f"{p_word} p {_p_bound(float(rows.loc[hit, '_p'].max()))}" if tested
-                         else f"{ci_text} CIs above 1")
+                proof = (
+                    f"{p_word} p {_p_bound(float(rows.loc[hit, '_p'].max()))}" if tested else f"{ci_text} CIs above 1"
+                )
                 parts.append(f"more than random subspaces{by} at {', '.join(where)} ({count}, {proof})")
             elif kind == "less":
                 parts.append(f"less at {', '.join(where)} ({ci_text} CIs below 1 at {count})")
@@ -131,12 +153,22 @@ def _model_sentence(name: str, rows: pd.DataFrame, kinds: pd.Series, *, rank: in
     return lead + "; and ".join(clauses)
 
 
-def enrichment_answer(results: pd.DataFrame, *, proxy: str, control: str, alpha: float, p_col: str = "p_adjusted",
-                      multiplicity: str = "fdr_bh", ci_text: str = "95 %", unit_noun: str = "checkpoint") -> str:
+def enrichment_answer(
+    results: pd.DataFrame,
+    *,
+    proxy: str,
+    control: str,
+    alpha: float,
+    p_col: str = "p_adjusted",
+    multiplicity: str = "fdr_bh",
+    ci_text: str = "95 %",
+    unit_noun: str = "checkpoint",
+) -> str:
     """The answer of an enrichment run from its (normalised) results table; "" when the table has
     no energy ratio of ``proxy`` against ``control``."""
-    rows = results[(results["metric"] == "energy_ratio") & (results["proxy"] == proxy)
-                   & (results["control"] == control)]
+    rows = results[
+        (results["metric"] == "energy_ratio") & (results["proxy"] == proxy) & (results["control"] == control)
+    ]
     if rows.empty:
         return ""
     p_word = ADJUSTED_NAMES.get(multiplicity, "adjusted") if p_col == "p_adjusted" else "unadjusted"
@@ -148,13 +180,24 @@ def enrichment_answer(results: pd.DataFrame, *, proxy: str, control: str, alpha:
         failed = int((rows["model"] == model).sum() - (ok["model"] == model).sum())
         mine = ok[ok["model"] == model]
         if mine.empty:
-            sentences.append(f"{'N' if not sentences else 'n'}o answer for {model}: every one of its comparisons failed")
+            sentences.append(
+                f"{'N' if not sentences else 'n'}o answer for {model}: every one of its comparisons failed"
+            )
             continue
         rank = min(mine["rank"].dropna().unique()) if mine["rank"].notna().any() else ranks[0]
         at_rank = mine[mine["rank"] == rank]
-        text = _model_sentence(model, at_rank, classify(at_rank, "_p", alpha), rank=int(rank), proxy=proxy,
-                               control=control, p_word=p_word, ci_text=ci_text, unit_noun=unit_noun,
-                               first=not sentences)
+        text = _model_sentence(
+            model,
+            at_rank,
+            classify(at_rank, "_p", alpha),
+            rank=int(rank),
+            proxy=proxy,
+            control=control,
+            p_word=p_word,
+            ci_text=ci_text,
+            unit_noun=unit_noun,
+            first=not sentences,
+        )
         if failed:
             text += f" ({failed} of its comparisons failed and are not counted)"
         sentences.append(text)
@@ -165,9 +208,11 @@ def enrichment_answer(results: pd.DataFrame, *, proxy: str, control: str, alpha:
         shown = [str(int(r)) for r in ranks[1:]]
         rank_list = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
         n_less = int((kinds == "less").sum())
-        answer += (f" At rank{'s' if len(shown) > 1 else ''} {rank_list}: more than random subspaces in "
-                   f"{int((kinds == 'more').sum())} of {len(kinds)} comparisons, {ci_text} CIs below 1 in "
-                   f"{n_less or 'none'}.")
+        answer += (
+            f" At rank{'s' if len(shown) > 1 else ''} {rank_list}: more than random subspaces in "
+            f"{int((kinds == 'more').sum())} of {len(kinds)} comparisons, {ci_text} CIs below 1 in "
+            f"{n_less or 'none'}."
+        )
     return answer
 
 
@@ -175,31 +220,58 @@ def null_check_answer(checks: Sequence[NullCheckSummary]) -> str:
     """The answer of a null-check run (an uninformative proxy): is each test calibrated?"""
     parts = []
     for check in checks:
-        expected = (f"{check.expected_rate:.1%}" if check.grid is not None or check.sequential
-                    else f"{check.alpha:.0%}")
+        expected = f"{check.expected_rate:.1%}" if check.grid is not None or check.sequential else f"{check.alpha:.0%}"
         verdict = VERDICT_TEXT.get(check.verdict, check.verdict)
-        parts.append(f"{NULL_CHECK_LABELS.get(check.test, check.test)} rejects it in {check.rejection_rate:.1%} of "
-                     f"{len(check.p_values)} tests at α = {check.alpha:g} ({check.rate_low:.1%}–{check.rate_high:.1%}"
-                     f", 95 % interval; a valid test: {expected}) — {verdict}")
+        parts.append(
+            f"{NULL_CHECK_LABELS.get(check.test, check.test)} rejects it in {check.rejection_rate:.1%} of "
+            f"{len(check.p_values)} tests at α = {check.alpha:g} ({check.rate_low:.1%}–{check.rate_high:.1%}"
+            f", 95 % interval; a valid test: {expected}) — {verdict}"
+        )
     calibrated = [c for c in checks if c.calibrated]
-    head = ("Yes, calibrated" if checks and len(calibrated) == len(checks) else
-            "Not all calibrated" if calibrated else "No, not calibrated")
-    return (f"{head}: this run asks whether the tests reject an uninformative (uniformly random) proxy at their "
-            f"nominal rate, not whether a proxy captures more; " + "; ".join(parts) + ".")
+    head = (
+        "Yes, calibrated"
+        if checks and len(calibrated) == len(checks)
+        else "Not all calibrated"
+        if calibrated
+        else "No, not calibrated"
+    )
+    return (
+        f"{head}: this run asks whether the tests reject an uninformative (uniformly random) proxy at their "
+        f"nominal rate, not whether a proxy captures more; " + "; ".join(parts) + "."
+    )
 
 
-def answer_sentence(results: pd.DataFrame, *, proxy: str, control: str, alpha: float, p_col: str,
-                    multiplicity: str, ci_text: str, unit_noun: str,
-                    null_checks: Sequence[NullCheckSummary] = ()) -> str:
+def answer_sentence(
+    results: pd.DataFrame,
+    *,
+    proxy: str,
+    control: str,
+    alpha: float,
+    p_col: str,
+    multiplicity: str,
+    ci_text: str,
+    unit_noun: str,
+    null_checks: Sequence[NullCheckSummary] = (),
+) -> str:
     """The one answer under the Question: about calibration when the primary proxy is an
     uninformative ``random`` one and the run carries its null check, else about enrichment."""
     if null_checks and proxy.split("@")[0] == "random":
         return null_check_answer(null_checks)
-    text = enrichment_answer(results, proxy=proxy, control=control, alpha=alpha, p_col=p_col,
-                             multiplicity=multiplicity, ci_text=ci_text, unit_noun=unit_noun)
+    text = enrichment_answer(
+        results,
+        proxy=proxy,
+        control=control,
+        alpha=alpha,
+        p_col=p_col,
+        multiplicity=multiplicity,
+        ci_text=ci_text,
+        unit_noun=unit_noun,
+    )
     if text:
         return text
     if results.empty:
         return "No answer: the results table has no rows."
-    return (f"No answer from this run: it has no energy ratio of the {proxy or 'primary'} proxy against "
-            f"{control or 'a'} control{'s' if control else ''}; see the results table for what it measured.")
+    return (
+        f"No answer from this run: it has no energy ratio of the {proxy or 'primary'} proxy against "
+        f"{control or 'a'} control{'s' if control else ''}; see the results table for what it measured."
+    )

@@ -42,13 +42,15 @@ TEST_NAMES: dict[str, str] = {
 #: The smallest p-value printed as a number; below it the report prints "p < 1e-16".
 P_FLOOR = 1e-16
 
-_RULE = re.compile(r"(?:has|pooled) (?P<metric>[A-Za-z0-9_]+?)(?:\.(?P<column>ci_low|ci_high))?(?: \([^)]*\))? "
-                   r"(?P<compare>>=|<=|>|<|between) (?P<threshold>\[[^\]]+\]|-?[0-9.]+(?:e-?\d+)?)")
+_RULE = re.compile(
+    r"(?:has|pooled) (?P<metric>[A-Za-z0-9_]+?)(?:\.(?P<column>ci_low|ci_high))?(?: \([^)]*\))? "
+    r"(?P<compare>>=|<=|>|<|between) (?P<threshold>\[[^\]]+\]|-?[0-9.]+(?:e-?\d+)?)"
+)
 _SIDES = {">": "above", ">=": "at or above", "<": "below", "<=": "at or below", "between": "inside"}
 
 
 def p_phrase(p: Any, name: str = "p") -> str:
-    """"p = 0.00027", "p < 1e-16" (below :data:`P_FLOOR`), "" when not a number."""
+    """ "p = 0.00027", "p < 1e-16" (below :data:`P_FLOOR`), "" when not a number."""
     if not _finite(p):
         return ""
     value = float(p)
@@ -78,12 +80,16 @@ def rule_terms(rule: str) -> dict[str, Any]:
         return {}
     raw = match.group("threshold")
     try:
-        threshold: Any = ([float(v) for v in raw.strip("[]").split(",")] if raw.startswith("[") else float(raw))
+        threshold: Any = [float(v) for v in raw.strip("[]").split(",")] if raw.startswith("[") else float(raw)
     except ValueError:
         return {}
-    return {"metric": match.group("metric"), "column": match.group("column") or "estimate",
-            "compare": match.group("compare"), "threshold": threshold,
-            "aggregate": (rule.split(":", 1)[0].strip() if ":" in rule else "all")}
+    return {
+        "metric": match.group("metric"),
+        "column": match.group("column") or "estimate",
+        "compare": match.group("compare"),
+        "threshold": threshold,
+        "aggregate": (rule.split(":", 1)[0].strip() if ":" in rule else "all"),
+    }
 
 
 def _on_side(low: float, high: float, compare: str, threshold: Any) -> bool:
@@ -108,8 +114,15 @@ def _tests(record: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list
         return tests
     p_value = record.get("p_value")
     described = str(p_value.get("of", "")) if isinstance(p_value, Mapping) else ""
-    found = [key for key, word in (("haar_monte_carlo", "exact Haar"), ("bootstrap_t", "studentized bootstrap"),
-                                   ("sign_flip", "sign-flip")) if word in described]
+    found = [
+        key
+        for key, word in (
+            ("haar_monte_carlo", "exact Haar"),
+            ("bootstrap_t", "studentized bootstrap"),
+            ("sign_flip", "sign-flip"),
+        )
+        if word in described
+    ]
     return found
 
 
@@ -136,7 +149,9 @@ def claim_reading(record: Mapping[str, Any], terms: Mapping[str, Any] | None = N
     status = str(record.get("status", "pass" if record.get("passed") else "fail"))
     passed = bool(record.get("passed"))
     raw_rows = record.get("selected_rows")
-    rows: list[Mapping[str, Any]] = [r for r in raw_rows if isinstance(r, Mapping)] if isinstance(raw_rows, list) else []
+    rows: list[Mapping[str, Any]] = (
+        [r for r in raw_rows if isinstance(r, Mapping)] if isinstance(raw_rows, list) else []
+    )
     found_evidence, found_interval = record.get("evidence"), record.get("interval")
     evidence: Mapping[str, Any] = found_evidence if isinstance(found_evidence, Mapping) else {}
     interval: Mapping[str, Any] = found_interval if isinstance(found_interval, Mapping) else {}
@@ -145,7 +160,7 @@ def claim_reading(record: Mapping[str, Any], terms: Mapping[str, Any] | None = N
     level_text = f"{float(level) * 100:g} %" if _finite(level) else "the"
     metric = str(terms.get("metric", ""))
     compare, threshold = terms.get("compare"), terms.get("threshold")
-    side = (f"{_SIDES[compare]} {_threshold_text(threshold)}" if compare in _SIDES and threshold is not None else "")
+    side = f"{_SIDES[compare]} {_threshold_text(threshold)}" if compare in _SIDES and threshold is not None else ""
     tests = _tests(record, rows)
     test_name = " and ".join(TEST_NAMES.get(t, t) for t in tests) or "the rows' own test"
 
@@ -160,42 +175,71 @@ def claim_reading(record: Mapping[str, Any], terms: Mapping[str, Any] | None = N
             answers.insert(0, SUBSPACES)
     question = " and ".join(f"“{QUESTIONS[a]}” ({QUESTION_METHODS[a]})" for a in answers) or (
         "neither question: no test or interval decides, so the claim describes these data only"
-        if decided_by == "point estimate" else "")
+        if decided_by == "point estimate"
+        else ""
+    )
 
     if "interval" in decided_by:
         role = "decided" if has_interval else "none"
     else:
         role = "context" if has_interval else "none"
 
-    decision = _decision(record, status, passed, decided_by, evidence, interval, has_interval, level_text, side,
-                         test_name, terms)
+    decision = _decision(
+        record, status, passed, decided_by, evidence, interval, has_interval, level_text, side, test_name, terms
+    )
     with_ci = [r for r in rows if _finite(r.get("ci_low")) and _finite(r.get("ci_high"))]
-    crossing = ([r for r in with_ci if not _on_side(float(r["ci_low"]), float(r["ci_high"]), str(compare), threshold)]
-                if side else [])
+    crossing = (
+        [r for r in with_ci if not _on_side(float(r["ci_low"]), float(r["ci_high"]), str(compare), threshold)]
+        if side
+        else []
+    )
     context = ""
     if role == "context":
         of = str(interval.get("of") or "")
         agreement = ""
         if side and with_ci and not crossing:
-            agreement = (f"; every selected row's {level_text} interval lies {side} ({len(with_ci)} of "
-                         f"{len(with_ci)}), so the answer over new documents agrees")
-        context = (f"Context — {_estimand(metric, rows)}: {level_text} interval "
-                   f"[{_num(float(interval['low']))}, {_num(float(interval['high']))}]"
-                   + (f" ({of})" if of else "") + agreement
-                   + f"; it bears on “{QUESTIONS[DOCUMENTS]}”, not what decided this claim.")
+            agreement = (
+                f"; every selected row's {level_text} interval lies {side} ({len(with_ci)} of "
+                f"{len(with_ci)}), so the answer over new documents agrees"
+            )
+        context = (
+            f"Context — {_estimand(metric, rows)}: {level_text} interval "
+            f"[{_num(float(interval['low']))}, {_num(float(interval['high']))}]"
+            + (f" ({of})" if of else "")
+            + agreement
+            + f"; it bears on “{QUESTIONS[DOCUMENTS]}”, not what decided this claim."
+        )
     caveat = ""
     if passed and "test" in decided_by and "interval" not in decided_by and crossing:
-        caveat = (f"Two answers, not one: {test_name} says the proxy is special among random subspaces on these "
-                  f"data; whether its ratio would stay {side} over new documents is not settled — the "
-                  f"{level_text} intervals of {len(crossing)} of {len(with_ci)} rows include "
-                  f"{_threshold_text(threshold)} (context below).")
-    return {"answers": answers, "question": question, "decision": decision, "interval_role": role,
-            "context": context, "caveat": caveat}
+        caveat = (
+            f"Two answers, not one: {test_name} says the proxy is special among random subspaces on these "
+            f"data; whether its ratio would stay {side} over new documents is not settled — the "
+            f"{level_text} intervals of {len(crossing)} of {len(with_ci)} rows include "
+            f"{_threshold_text(threshold)} (context below)."
+        )
+    return {
+        "answers": answers,
+        "question": question,
+        "decision": decision,
+        "interval_role": role,
+        "context": context,
+        "caveat": caveat,
+    }
 
 
-def _decision(record: Mapping[str, Any], status: str, passed: bool, decided_by: str, evidence: Mapping[str, Any],
-              interval: Mapping[str, Any], has_interval: bool, level_text: str, side: str, test_name: str,
-              terms: Mapping[str, Any]) -> str:
+def _decision(
+    record: Mapping[str, Any],
+    status: str,
+    passed: bool,
+    decided_by: str,
+    evidence: Mapping[str, Any],
+    interval: Mapping[str, Any],
+    has_interval: bool,
+    level_text: str,
+    side: str,
+    test_name: str,
+    terms: Mapping[str, Any],
+) -> str:
     """The evidence that decided the claim, one sentence."""
     failed = [str(f) for f in record.get("failed") or []] if isinstance(record.get("failed"), list) else []
     if status == "error":
@@ -209,40 +253,54 @@ def _decision(record: Mapping[str, Any], status: str, passed: bool, decided_by: 
         if "interval" not in decided_by:
             estimate = evidence.get("meta_estimate")
             shown = f" {_num(float(estimate))}" if _finite(estimate) else ""
-            return (f"the pooled point estimate{shown} alone ({'on' if passed else 'not on'} the claimed side"
-                    f"{' ' + side if side else ''}); no interval decides, so the claim describes these data only")
+            return (
+                f"the pooled point estimate{shown} alone ({'on' if passed else 'not on'} the claimed side"
+                f"{' ' + side if side else ''}); no interval decides, so the claim describes these data only"
+            )
         where = "lies" if passed else "does not lie"
         p_text = p_phrase(p, "p against the threshold")
-        return (f"the pooled {level_text} interval {bounds} {where} entirely {side or 'on the claimed side'}"
-                + (f" ({p_text})" if p_text else ""))
+        return f"the pooled {level_text} interval {bounds} {where} entirely {side or 'on the claimed side'}" + (
+            f" ({p_text})" if p_text else ""
+        )
     counted = f"{n_pass} of {n_rows} rows" if _finite(n_pass) and _finite(n_rows) else "the selected rows"
     parts: list[str] = []
     if "test" in decided_by:
         which = "largest" if aggregate == "all" else "smallest"
         p_text = p_phrase(p, f"{which} adjusted p")
         if passed and aggregate == "all":
-            parts.append(f"all {n_rows if _finite(n_rows) else ''} rows significant by {test_name}".replace("  ", " ")
-                         + (f", {p_text}" if p_text else "") + (f"; every estimate {side}" if side else ""))
+            parts.append(
+                f"all {n_rows if _finite(n_rows) else ''} rows significant by {test_name}".replace("  ", " ")
+                + (f", {p_text}" if p_text else "")
+                + (f"; every estimate {side}" if side else "")
+            )
         elif passed:
-            parts.append(f"{counted} significant by {test_name} with the estimate {side or 'on the claimed side'}"
-                         + (f", {p_text}" if p_text else ""))
+            parts.append(
+                f"{counted} significant by {test_name} with the estimate {side or 'on the claimed side'}"
+                + (f", {p_text}" if p_text else "")
+            )
         else:
             parts.append(f"{counted} pass by {test_name}" + (f" ({p_text})" if p_text else ""))
     if "interval" in decided_by:
         whose = "the weakest row's" if aggregate == "all" else "the strongest row's"
         if passed:
-            parts.append(f"{'every' if aggregate == 'all' else 'at least one'} selected row's {level_text} interval "
-                         f"lies {side or 'on the claimed side'} (decisive: {whose} {bounds})" if bounds else
-                         f"every selected row's interval lies {side or 'on the claimed side'}")
+            parts.append(
+                f"{'every' if aggregate == 'all' else 'at least one'} selected row's {level_text} interval "
+                f"lies {side or 'on the claimed side'} (decisive: {whose} {bounds})"
+                if bounds
+                else f"every selected row's interval lies {side or 'on the claimed side'}"
+            )
         else:
-            parts.append(f"{counted} have a {level_text} interval {side or 'on the claimed side'}"
-                         + (f" (decisive: {whose} {bounds})" if bounds else ""))
+            parts.append(
+                f"{counted} have a {level_text} interval {side or 'on the claimed side'}"
+                + (f" (decisive: {whose} {bounds})" if bounds else "")
+            )
     if decided_by == "point estimate":
         low = next((v for k, v in evidence.items() if k.endswith("_min")), None)
         high = next((v for k, v in evidence.items() if k.endswith("_max") and k != "p_adjusted_max"), None)
         spread = f" ({_num(float(low))}–{_num(float(high))})" if _finite(low) and _finite(high) else ""
-        parts.append(f"point estimates alone{spread}; no test or interval decides, so the claim describes these "
-                     "data only")
+        parts.append(
+            f"point estimates alone{spread}; no test or interval decides, so the claim describes these data only"
+        )
     if not parts:
         return ""  # a record that does not say what decided it: the card shows its verdict only
     text = "; ".join(parts)

@@ -41,15 +41,27 @@ from ._null_check import DEPENDENCE_CAVEAT, VERDICT_TEXT, grid_text
 
 # Okabe & Ito (2008) colour-blind-safe palette.
 OKABE_ITO = {
-    "orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73", "yellow": "#F0E442",
-    "blue": "#0072B2", "vermillion": "#D55E00", "purple": "#CC79A7", "black": "#000000",
+    "orange": "#E69F00",
+    "sky": "#56B4E9",
+    "green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "purple": "#CC79A7",
+    "black": "#000000",
     "grey": "#8C8C8C",
 }
 PROXY_COLOUR = OKABE_ITO["blue"]
 ORACLE_COLOUR = OKABE_ITO["green"]
 ISOTROPIC_COLOUR = OKABE_ITO["black"]
-CONTROL_COLOURS = (OKABE_ITO["orange"], OKABE_ITO["purple"], OKABE_ITO["vermillion"],
-                   OKABE_ITO["sky"], OKABE_ITO["yellow"], OKABE_ITO["grey"])
+CONTROL_COLOURS = (
+    OKABE_ITO["orange"],
+    OKABE_ITO["purple"],
+    OKABE_ITO["vermillion"],
+    OKABE_ITO["sky"],
+    OKABE_ITO["yellow"],
+    OKABE_ITO["grey"],
+)
 RANK_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"))
 PHASE_MARKERS = {"early": ("o", "white"), "late": ("s", None)}
 
@@ -119,8 +131,9 @@ def _rank_str(r: float) -> str:
     return str(int(r)) if not pd.isna(r) and float(r).is_integer() else str(r)
 
 
-def _grid(n: int, *, ncols_max: int = 4, w: float = 3.3, h: float = 2.6,
-          sharey: bool = False) -> tuple[Figure, list[Any]]:
+def _grid(
+    n: int, *, ncols_max: int = 4, w: float = 3.3, h: float = 2.6, sharey: bool = False
+) -> tuple[Figure, list[Any]]:
     ncols = min(n, ncols_max)
     nrows = math.ceil(n / ncols)
     fig = Figure(figsize=(w * ncols, h * nrows + 0.6))
@@ -169,14 +182,22 @@ def _plain_log_axis(ax: Any, axis: str = "y") -> None:
 def _fig_legend(fig: Figure, handles: list[Any], ncol: int | None = None) -> None:
     if not handles:
         return
-    fig.legend(handles=handles, loc="lower center", ncol=ncol or min(len(handles), 6),
-               frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.legend(
+        handles=handles, loc="lower center", ncol=ncol or min(len(handles), 6), frameon=False, bbox_to_anchor=(0.5, 0.0)
+    )
 
 
 #: Spacing of a panel grid, in inches: room for a panel's title above it, its y label and tick
 #: labels on its left, its x tick labels (and label) below it, and the shared legend at the bottom.
-GRID_MARGINS = {"left": 0.78, "right": 0.15, "top": 0.38, "bottom": 0.62, "wspace": 0.82, "hspace": 0.84,
-                "legend_row": 0.3}
+GRID_MARGINS = {
+    "left": 0.78,
+    "right": 0.15,
+    "top": 0.38,
+    "bottom": 0.62,
+    "wspace": 0.82,
+    "hspace": 0.84,
+    "legend_row": 0.3,
+}
 
 
 def _finish(fig: Figure, n_rows_of_legend: int = 1) -> None:
@@ -192,8 +213,14 @@ def _finish(fig: Figure, n_rows_of_legend: int = 1) -> None:
     bottom = m["bottom"] + m["legend_row"] * n_rows_of_legend
     panel_w = max((width - m["left"] - m["right"] - (ncols - 1) * m["wspace"]) / ncols, 0.5)
     panel_h = max((height - m["top"] - bottom - (nrows - 1) * m["hspace"]) / nrows, 0.5)
-    fig.subplots_adjust(left=m["left"] / width, right=1 - m["right"] / width, top=1 - m["top"] / height,
-                        bottom=bottom / height, wspace=m["wspace"] / panel_w, hspace=m["hspace"] / panel_h)
+    fig.subplots_adjust(
+        left=m["left"] / width,
+        right=1 - m["right"] / width,
+        top=1 - m["top"] / height,
+        bottom=bottom / height,
+        wspace=m["wspace"] / panel_w,
+        hspace=m["hspace"] / panel_h,
+    )
 
 
 # ------------------------------------------------------------------ figures
@@ -219,12 +246,9 @@ def fig_energy_ratio_trajectory(df: pd.DataFrame, ctx: dict[str, Any]) -> Figure
         m_late = sub[sub["phase"] == "late"]["step"]
         if len(m_early) and len(m_late):
             edge = (m_early.max() + m_late.min()) / 2
-            ax.axvspan(sub["step"].min(), edge, color=OKABE_ITO["grey"], alpha=0.13, lw=0,
-                       zorder=0)
-            ax.text(0.02, 0.97, "early", transform=ax.transAxes, ha="left", va="top",
-                    fontsize=8, color="0.35")
-            ax.text(0.98, 0.97, "late", transform=ax.transAxes, ha="right", va="top",
-                    fontsize=8, color="0.35")
+            ax.axvspan(sub["step"].min(), edge, color=OKABE_ITO["grey"], alpha=0.13, lw=0, zorder=0)
+            ax.text(0.02, 0.97, "early", transform=ax.transAxes, ha="left", va="top", fontsize=8, color="0.35")
+            ax.text(0.98, 0.97, "late", transform=ax.transAxes, ha="right", va="top", fontsize=8, color="0.35")
         for c in controls:
             for r in ranks:
                 s = sub[(sub["control"] == c) & (sub["rank"] == r)].sort_values("step")
@@ -242,32 +266,40 @@ def fig_energy_ratio_trajectory(df: pd.DataFrame, ctx: dict[str, Any]) -> Figure
         ax.set_title(_panel_title(key))
         ax.set_xlabel("training step")
         ax.set_ylabel("energy ratio R" + (" (log scale)" if positive else ""))
-    handles: list[Any] = [Line2D([], [], color=ccol[c], lw=2, label=f"control: {c}")
-                          for c in controls]
-    handles += [Line2D([], [], color="0.25", ls=rsty[r][0], marker=rsty[r][1], ms=4,
-                       label=f"k = {_rank_str(r)}") for r in ranks]
+    handles: list[Any] = [Line2D([], [], color=ccol[c], lw=2, label=f"control: {c}") for c in controls]
+    handles += [
+        Line2D([], [], color="0.25", ls=rsty[r][0], marker=rsty[r][1], ms=4, label=f"k = {_rank_str(r)}") for r in ranks
+    ]
     if len(early) and len(late):
         handles.append(Patch(color=OKABE_ITO["grey"], alpha=0.25, label="early phase"))
     _fig_legend(fig, handles)
     _finish(fig)
     bands = interval_phrase(data, ctx["ci_text"])
-    cap = ("Energy ratio R = E(U) / mean E(Q) of the proxy (" + ctx["proxy"] + ") against each "
-           "control kind, over " + ctx.get("step_word", "training steps") + ", per model and layer. "
-           + (f"Bands: {bands}. " if bands else "No band: these rows carry no interval. ")
-           + "The dashed line marks R = 1 (no enrichment); the shaded region is the early phase ("
-           + ctx.get("phase_rule", "the first checkpoints") + ").")
+    cap = (
+        "Energy ratio R = E(U) / mean E(Q) of the proxy (" + ctx["proxy"] + ") against each "
+        "control kind, over "
+        + ctx.get("step_word", "training steps")
+        + ", per model and layer. "
+        + (f"Bands: {bands}. " if bands else "No band: these rows carry no interval. ")
+        + "The dashed line marks R = 1 (no enrichment); the shaded region is the early phase ("
+        + ctx.get("phase_rule", "the first checkpoints")
+        + ")."
+    )
     return FigureSpec("energy_ratio_trajectory", "Energy ratio over training", cap + note, fig)
 
 
 def fig_null_distribution(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
-    data = df[df["_ok"] & (df["metric"] == "energy_fraction") & (df["proxy"] == ctx["proxy"])
-              & (df["control"] != "none")]
+    data = df[
+        df["_ok"] & (df["metric"] == "energy_fraction") & (df["proxy"] == ctx["proxy"]) & (df["control"] != "none")
+    ]
     draws = ctx.get("control_draws")
-    has_draws = isinstance(draws, pd.DataFrame) and {"model", "rank", "control"}.issubset(
-        draws.columns) and any(c in draws.columns for c in ("energy", "value", "estimate"))
+    has_draws = (
+        isinstance(draws, pd.DataFrame)
+        and {"model", "rank", "control"}.issubset(draws.columns)
+        and any(c in draws.columns for c in ("energy", "value", "estimate"))
+    )
     if not has_draws:
-        data = data[data["control_mean"].notna() & data["control_sd"].notna()
-                    & (data["control_sd"] > 0)]
+        data = data[data["control_mean"].notna() & data["control_sd"].notna() & (data["control_sd"] > 0)]
     if data.empty:
         return "no energy_fraction rows with control mean and SD"
     # The last checkpoint of every model: the most-trained state.
@@ -303,8 +335,16 @@ def fig_null_distribution(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec |
                 raw = pd.to_numeric(draws.loc[sel, value_col], errors="coerce").dropna()
                 raw = raw if len(raw) >= 2 else None
             if raw is not None:
-                sns.histplot(x=raw.to_numpy(), ax=ax, color=ccol[c], stat="density", alpha=0.45,
-                             edgecolor="white", linewidth=0.4, bins=min(20, max(5, len(raw) // 2)))
+                sns.histplot(
+                    x=raw.to_numpy(),
+                    ax=ax,
+                    color=ccol[c],
+                    stat="density",
+                    alpha=0.45,
+                    edgecolor="white",
+                    linewidth=0.4,
+                    bins=min(20, max(5, len(raw) // 2)),
+                )
                 lo_x, hi_x = min(lo_x, raw.min()), max(hi_x, raw.max())
             elif sd > 0 and np.isfinite(mu):
                 xs = np.linspace(mu - 4 * sd, mu + 4 * sd, 200)
@@ -320,9 +360,16 @@ def fig_null_distribution(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec |
         x0, x1 = ax.get_xlim()
         right = (proxy_val - x0) / (x1 - x0 or 1.0) < 0.5
         for i, (text, colour) in enumerate(z_texts):
-            ax.text(proxy_val, 0.95 - 0.11 * i, (" " + text) if right else (text + " "),
-                    transform=ax.get_xaxis_transform(), ha="left" if right else "right",
-                    va="top", fontsize=7.5, color=colour)
+            ax.text(
+                proxy_val,
+                0.95 - 0.11 * i,
+                (" " + text) if right else (text + " "),
+                transform=ax.get_xaxis_transform(),
+                ha="left" if right else "right",
+                va="top",
+                fontsize=7.5,
+                color=colour,
+            )
         ax.set_title(_panel_title(key))
         ax.set_xlabel("energy fraction")
         ax.set_ylabel("density")
@@ -331,16 +378,19 @@ def fig_null_distribution(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec |
     handles += [Patch(color=ccol[c], alpha=0.5, label=f"control: {c}") for c in controls]
     _fig_legend(fig, handles)
     _finish(fig)
-    ckpts = ", ".join(f"{m}: {sub['checkpoint'].iloc[0]}"
-                      for m, sub in data.groupby("model", sort=False))
+    ckpts = ", ".join(f"{m}: {sub['checkpoint'].iloc[0]}" for m, sub in data.groupby("model", sort=False))
     if has_draws:
         how = "Histograms of the raw control draws."
     else:
-        how = ("Raw control draws are not part of the results table: each control distribution "
-               "is drawn as a normal density with the recorded control mean and SD "
-               "(an approximation for display only; p-values use the actual draws).")
-    cap = (f"Energy captured by random control subspaces versus the proxy (vertical line) at the "
-           f"last {ctx.get('unit_noun', 'checkpoint')} of each model ({ckpts}). {how}")
+        how = (
+            "Raw control draws are not part of the results table: each control distribution "
+            "is drawn as a normal density with the recorded control mean and SD "
+            "(an approximation for display only; p-values use the actual draws)."
+        )
+    cap = (
+        f"Energy captured by random control subspaces versus the proxy (vertical line) at the "
+        f"last {ctx.get('unit_noun', 'checkpoint')} of each model ({ckpts}). {how}"
+    )
     return FigureSpec("null_distribution", "Control energies and the proxy", cap + note, fig)
 
 
@@ -350,17 +400,21 @@ def phase_last_text(data: pd.DataFrame) -> str:
     by_phase = []
     for phase in sorted(ordered_by_first(data["phase"]), key=lambda p: {"early": 0, "late": 1}.get(p, 2)):
         rows = data[data["phase"] == phase]
-        labels = {model: "/".join(ordered_by_first(rows.loc[rows["model"] == model, "checkpoint"]))
-                  for model in ordered_by_first(rows["model"])}
-        shown = (next(iter(labels.values())) if len(set(labels.values())) == 1
-                 else ", ".join(f"{label} ({model})" for model, label in labels.items()))
+        labels = {
+            model: "/".join(ordered_by_first(rows.loc[rows["model"] == model, "checkpoint"]))
+            for model in ordered_by_first(rows["model"])
+        }
+        shown = (
+            next(iter(labels.values()))
+            if len(set(labels.values())) == 1
+            else ", ".join(f"{label} ({model})" for model, label in labels.items())
+        )
         by_phase.append(f"{phase or 'all'} {shown}")
     return ", ".join(by_phase)
 
 
 def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
-    metric = next((m for m in ("log2_energy_ratio", "energy_ratio")
-                   if (df["_ok"] & (df["metric"] == m)).any()), None)
+    metric = next((m for m in ("log2_energy_ratio", "energy_ratio") if (df["_ok"] & (df["metric"] == m)).any()), None)
     if metric is None:
         return "no log2_energy_ratio or energy_ratio rows"
     data = df[df["_ok"] & (df["metric"] == metric) & (df["proxy"] == ctx["proxy"])]
@@ -391,8 +445,16 @@ def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
                 mk, face = PHASE_MARKERS.get(ph, ("D", None))
                 if np.isfinite(lo) and np.isfinite(hi):
                     ax.plot([lo, hi], [y, y], color=ccol[c], lw=1.4)
-                ax.plot([est], [y], marker=mk, ms=5.5, color=ccol[c],
-                        markerfacecolor=face or ccol[c], markeredgewidth=1.3, ls="none")
+                ax.plot(
+                    [est],
+                    [y],
+                    marker=mk,
+                    ms=5.5,
+                    color=ccol[c],
+                    markerfacecolor=face or ccol[c],
+                    markeredgewidth=1.3,
+                    ls="none",
+                )
     prev = None
     for yi, key in enumerate(items):
         if prev is not None and key[0] != prev:
@@ -407,24 +469,33 @@ def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
         ax.set_xscale("log")
         _plain_log_axis(ax, "x")
     ax.set_xlabel(metric_label(metric) + (" (log scale)" if logx else ""))
-    handles: list[Any] = [Line2D([], [], color=ccol[c], lw=2, label=f"control: {c}")
-                          for c in controls]
+    handles: list[Any] = [Line2D([], [], color=ccol[c], lw=2, label=f"control: {c}") for c in controls]
     for ph in phases:
         mk, face = PHASE_MARKERS.get(ph, ("D", None))
-        handles.append(Line2D([], [], color="0.25", marker=mk, ls="none", ms=5.5,
-                              markerfacecolor=face or "0.25",
-                              label=f"{ph or 'all'} (last {ctx.get('unit_noun', 'checkpoint')})"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="0.25",
+                marker=mk,
+                ls="none",
+                ms=5.5,
+                markerfacecolor=face or "0.25",
+                label=f"{ph or 'all'} (last {ctx.get('unit_noun', 'checkpoint')})",
+            )
+        )
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), frameon=False)
     n_leg_rows = math.ceil(len(handles) / 4)
     fig.tight_layout(rect=(0, min(0.4, (0.3 * n_leg_rows + 0.15) / fig.get_figheight()), 1, 1))
     null = "0 (R = 1)" if metric != "energy_ratio" else "1"
     bars = interval_phrase(data, ctx["ci_text"]) or "no interval (these rows carry none)"
-    cap = (f"Forest plot of {metric_label(metric)} with {bars}, "
-           f"per model, layer and rank, at the last {ctx.get('unit_noun', 'checkpoint')} of each training phase "
-           f"({phase_last_text(data)}; open circles: early, filled squares: late), for each control kind. The dashed line marks "
-           f"no effect ({null}).")
-    return FigureSpec("forest_effects", "Effect sizes across models, layers and ranks",
-                      cap + note, fig)
+    cap = (
+        f"Forest plot of {metric_label(metric)} with {bars}, "
+        f"per model, layer and rank, at the last {ctx.get('unit_noun', 'checkpoint')} of each training phase "
+        f"({phase_last_text(data)}; open circles: early, filled squares: late), for each control kind. The dashed line marks "
+        f"no effect ({null})."
+    )
+    return FigureSpec("forest_effects", "Effect sizes across models, layers and ranks", cap + note, fig)
 
 
 def _last_ckpt(data: pd.DataFrame) -> pd.DataFrame:
@@ -444,8 +515,7 @@ def fig_proxy_oracle_controls(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSp
     controls = [c for c in ordered_by_first(ef["control"]) if c != "none"]
     ccol = control_colours(controls)
     series = ["proxy", "oracle", *[f"control: {c}" for c in controls]]
-    colours = {"proxy": PROXY_COLOUR, "oracle": ORACLE_COLOUR,
-               **{f"control: {c}": ccol[c] for c in controls}}
+    colours = {"proxy": PROXY_COLOUR, "oracle": ORACLE_COLOUR, **{f"control: {c}": ccol[c] for c in controls}}
     fig, axes = _grid(len(keys), h=2.7)
     width = 0.8 / len(series)
     any_oracle = False
@@ -478,8 +548,7 @@ def fig_proxy_oracle_controls(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSp
                     ax.plot([x, x], [max(lo, v * 1e-3), hi], color="0.15", lw=0.9)
             dim = rs["dim"].iloc[0]
             if np.isfinite(dim) and dim > 0:
-                ax.plot([xi - 0.45, xi + 0.45], [r / dim] * 2, color=ISOTROPIC_COLOUR, lw=1.2,
-                        ls=(0, (2, 1.5)))
+                ax.plot([xi - 0.45, xi + 0.45], [r / dim] * 2, color=ISOTROPIC_COLOUR, lw=1.2, ls=(0, (2, 1.5)))
         ax.set_xticks(range(len(ranks)))
         ax.set_xticklabels([f"k = {_rank_str(r)}" for r in ranks])
         ax.set_yscale("log")
@@ -487,20 +556,21 @@ def fig_proxy_oracle_controls(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSp
         ax.grid(axis="x", visible=False)
         ax.set_title(f"{_panel_title(key)} ({ck})")
         ax.set_ylabel("energy fraction (log)")
-    handles: list[Any] = [Patch(color=colours[s], label=s) for s in series
-                          if s != "oracle" or any_oracle]
+    handles: list[Any] = [Patch(color=colours[s], label=s) for s in series if s != "oracle" or any_oracle]
     handles.append(Line2D([], [], color=ISOTROPIC_COLOUR, ls=(0, (2, 1.5)), label="isotropic k/d"))
     _fig_legend(fig, handles)
     _finish(fig)
     whiskers = interval_phrase(ef, ctx["ci_text"])
-    cap = (f"Share of true-gradient energy captured at the last {ctx.get('unit_noun', 'checkpoint')} of each model, per "
-           "rank: the proxy E(U) (" + (f"with its {whiskers}" if whiskers else "no interval recorded")
-           + "), the oracle E*\u2096 (top-k "
-           "eigenvalues of G\u1d40G over its trace, the ceiling for any rank-k subspace), and the "
-           "mean energy of each control kind (\u00b1 1 SD across control draws). The dashed "
-           "tick is the isotropic expectation k/d.")
-    return FigureSpec("proxy_oracle_controls", "Proxy vs oracle vs controls per rank",
-                      cap + note, fig)
+    cap = (
+        f"Share of true-gradient energy captured at the last {ctx.get('unit_noun', 'checkpoint')} of each model, per "
+        "rank: the proxy E(U) ("
+        + (f"with its {whiskers}" if whiskers else "no interval recorded")
+        + "), the oracle E*\u2096 (top-k "
+        "eigenvalues of G\u1d40G over its trace, the ceiling for any rank-k subspace), and the "
+        "mean energy of each control kind (\u00b1 1 SD across control draws). The dashed "
+        "tick is the isotropic expectation k/d."
+    )
+    return FigureSpec("proxy_oracle_controls", "Proxy vs oracle vs controls per rank", cap + note, fig)
 
 
 def fig_delta_isoscore(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
@@ -520,17 +590,34 @@ def fig_delta_isoscore(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | st
         for xi, r in enumerate(ranks):
             rs = sub[sub["rank"] == r]
             p = rs.iloc[0]
-            ax.errorbar([xi + off[0]], [p["estimate"]],
-                        yerr=[[max(p["estimate"] - p["ci_low"], 0)] if np.isfinite(p["ci_low"]) else [0],
-                              [max(p["ci_high"] - p["estimate"], 0)] if np.isfinite(p["ci_high"]) else [0]],
-                        fmt="o", color=PROXY_COLOUR, ms=6, capsize=2.5, lw=1.3)
+            ax.errorbar(
+                [xi + off[0]],
+                [p["estimate"]],
+                yerr=[
+                    [max(p["estimate"] - p["ci_low"], 0)] if np.isfinite(p["ci_low"]) else [0],
+                    [max(p["ci_high"] - p["estimate"], 0)] if np.isfinite(p["ci_high"]) else [0],
+                ],
+                fmt="o",
+                color=PROXY_COLOUR,
+                ms=6,
+                capsize=2.5,
+                lw=1.3,
+            )
             for ci, c in enumerate(controls, start=1):
                 cs = rs[rs["control"] == c]
                 if cs.empty or not np.isfinite(cs["control_mean"].iloc[0]):
                     continue
                 mu, sd = cs["control_mean"].iloc[0], cs["control_sd"].iloc[0]
-                ax.errorbar([xi + off[ci]], [mu], yerr=[[sd if np.isfinite(sd) else 0]] * 2,
-                            fmt="s", color=ccol[c], ms=5, capsize=2.5, lw=1.3)
+                ax.errorbar(
+                    [xi + off[ci]],
+                    [mu],
+                    yerr=[[sd if np.isfinite(sd) else 0]] * 2,
+                    fmt="s",
+                    color=ccol[c],
+                    ms=5,
+                    capsize=2.5,
+                    lw=1.3,
+                )
         ax.axhline(0, color="0.3", lw=0.9, ls=(0, (4, 3)))
         ax.set_xticks(range(len(ranks)))
         ax.set_xticklabels([f"k = {_rank_str(r)}" for r in ranks])
@@ -538,18 +625,18 @@ def fig_delta_isoscore(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | st
         ax.grid(axis="x", visible=False)
         ax.set_title(f"{_panel_title(key)} ({sub['checkpoint'].iloc[0]})")
         ax.set_ylabel("\u0394IsoScore*")
-    handles: list[Any] = [Line2D([], [], color=PROXY_COLOUR, marker="o", ls="none",
-                                 label=f"proxy ({ctx['proxy']})")]
-    handles += [Line2D([], [], color=ccol[c], marker="s", ls="none", label=f"control: {c}")
-                for c in controls]
+    handles: list[Any] = [Line2D([], [], color=PROXY_COLOUR, marker="o", ls="none", label=f"proxy ({ctx['proxy']})")]
+    handles += [Line2D([], [], color=ccol[c], marker="s", ls="none", label=f"control: {c}") for c in controls]
     _fig_legend(fig, handles)
     _finish(fig)
     whiskers = interval_phrase(data, ctx["ci_text"])
-    cap = ("\u0394IsoScore*: IsoScore* of the gradients restricted to the complement of a "
-           f"subspace minus IsoScore* of all gradients, at the last {ctx.get('unit_noun', 'checkpoint')} of each model. "
-           "Positive values: removing the subspace makes the gradient cloud more isotropic. "
-           + (f"Proxy with its {whiskers}" if whiskers else "Proxy as a point (its rows carry no interval)")
-           + "; controls as mean \u00b1 1 SD over draws.")
+    cap = (
+        "\u0394IsoScore*: IsoScore* of the gradients restricted to the complement of a "
+        f"subspace minus IsoScore* of all gradients, at the last {ctx.get('unit_noun', 'checkpoint')} of each model. "
+        "Positive values: removing the subspace makes the gradient cloud more isotropic. "
+        + (f"Proxy with its {whiskers}" if whiskers else "Proxy as a point (its rows carry no interval)")
+        + "; controls as mean \u00b1 1 SD over draws."
+    )
     return FigureSpec("delta_isoscore", "\u0394IsoScore*: proxy vs controls", cap + note, fig)
 
 
@@ -557,8 +644,10 @@ def fig_frequency_buckets(df_all: pd.DataFrame, ctx: dict[str, Any]) -> FigureSp
     data = bucket_rows(df_all)
     if data.empty:
         return "no token-frequency bucket rows"
-    base = next((b for b in ("energy_ratio", "log2_energy_ratio", "energy_fraction")
-                 if (data["_base"] == b).any()), data["_base"].iloc[0])
+    base = next(
+        (b for b in ("energy_ratio", "log2_energy_ratio", "energy_fraction") if (data["_base"] == b).any()),
+        data["_base"].iloc[0],
+    )
     data = data[data["_base"] == base]
     if (data["proxy"] == ctx["proxy"]).any():
         data = data[data["proxy"] == ctx["proxy"]]
@@ -567,8 +656,9 @@ def fig_frequency_buckets(df_all: pd.DataFrame, ctx: dict[str, Any]) -> FigureSp
     keys, note = _panels(data, ctx["max_panels"])
     buckets = ordered(data["_bucket"])
     phases = ordered_by_first(data["phase"])
-    pcol = {p: c for p, c in zip(phases, (OKABE_ITO["sky"], OKABE_ITO["blue"],
-                                          OKABE_ITO["vermillion"], OKABE_ITO["green"]))}
+    pcol = {
+        p: c for p, c in zip(phases, (OKABE_ITO["sky"], OKABE_ITO["blue"], OKABE_ITO["vermillion"], OKABE_ITO["green"]))
+    }
     fig, axes = _grid(len(keys), h=2.5)
     for ax, key in zip(axes, keys):
         sub = data[(data["model"] == key[0]) & (data["_loc"] == key[1])]
@@ -579,11 +669,20 @@ def fig_frequency_buckets(df_all: pd.DataFrame, ctx: dict[str, Any]) -> FigureSp
                     continue
                 s = s.assign(_x=[buckets.index(b) for b in s["_bucket"]]).sort_values("_x")
                 mk, face = PHASE_MARKERS.get(ph, ("D", None))
-                ax.errorbar(s["_x"], s["estimate"],
-                            yerr=[(s["estimate"] - s["ci_low"]).clip(lower=0).fillna(0),
-                                  (s["ci_high"] - s["estimate"]).clip(lower=0).fillna(0)],
-                            color=pcol.get(ph, "0.3"), marker=mk, ms=5, capsize=2, lw=1.3,
-                            markerfacecolor=face or pcol.get(ph, "0.3"))
+                ax.errorbar(
+                    s["_x"],
+                    s["estimate"],
+                    yerr=[
+                        (s["estimate"] - s["ci_low"]).clip(lower=0).fillna(0),
+                        (s["ci_high"] - s["estimate"]).clip(lower=0).fillna(0),
+                    ],
+                    color=pcol.get(ph, "0.3"),
+                    marker=mk,
+                    ms=5,
+                    capsize=2,
+                    lw=1.3,
+                    markerfacecolor=face or pcol.get(ph, "0.3"),
+                )
         if base == "energy_ratio":
             ax.axhline(1.0, color="0.3", lw=0.9, ls=(0, (4, 3)))
         ax.set_xticks(range(len(buckets)))
@@ -593,16 +692,27 @@ def fig_frequency_buckets(df_all: pd.DataFrame, ctx: dict[str, Any]) -> FigureSp
         ax.set_title(_panel_title(key))
         ax.set_xlabel("token-frequency bucket")
         ax.set_ylabel(metric_label(base))
-    handles = [Line2D([], [], color=pcol.get(ph, "0.3"), marker=PHASE_MARKERS.get(ph, ("D",))[0],
-                      markerfacecolor=PHASE_MARKERS.get(ph, ("D", None))[1] or pcol.get(ph, "0.3"),
-                      label=f"{ph or 'all'} (last {ctx.get('unit_noun', 'checkpoint')})") for ph in phases]
+    handles = [
+        Line2D(
+            [],
+            [],
+            color=pcol.get(ph, "0.3"),
+            marker=PHASE_MARKERS.get(ph, ("D",))[0],
+            markerfacecolor=PHASE_MARKERS.get(ph, ("D", None))[1] or pcol.get(ph, "0.3"),
+            label=f"{ph or 'all'} (last {ctx.get('unit_noun', 'checkpoint')})",
+        )
+        for ph in phases
+    ]
     _fig_legend(fig, handles)
     _finish(fig)
     label = metric_label(base)
-    cap = (f"{label[:1].upper() + label[1:]} (control: {ctrl}) per token-frequency bucket, "
-           f"in the producer's bucket order, at the last {ctx.get('unit_noun', 'checkpoint')} of each phase "
-           f"({phase_last_text(data)}); "
-           + (interval_phrase(data, ctx["ci_text"], ctx.get("unit_hint", "")) or "no intervals recorded") + ".")
+    cap = (
+        f"{label[:1].upper() + label[1:]} (control: {ctrl}) per token-frequency bucket, "
+        f"in the producer's bucket order, at the last {ctx.get('unit_noun', 'checkpoint')} of each phase "
+        f"({phase_last_text(data)}); "
+        + (interval_phrase(data, ctx["ci_text"], ctx.get("unit_hint", "")) or "no intervals recorded")
+        + "."
+    )
     return FigureSpec("frequency_buckets", "Token-frequency buckets", cap + note, fig)
 
 
@@ -625,12 +735,14 @@ def calibration_frame(calib: Any) -> pd.DataFrame | None:
         return None
     group = pick("test", "method", "kind", "statistic", "procedure", "name")
     mcse = pick("mcse", "se", "mc_se", "stderr")
-    out = pd.DataFrame({
-        "group": frame[group].astype(str) if group else "calibration",
-        "nominal": pd.to_numeric(frame[nominal], errors="coerce"),
-        "observed": pd.to_numeric(frame[observed], errors="coerce"),
-        "mcse": pd.to_numeric(frame[mcse], errors="coerce") if mcse else np.nan,
-    }).dropna(subset=["nominal", "observed"])
+    out = pd.DataFrame(
+        {
+            "group": frame[group].astype(str) if group else "calibration",
+            "nominal": pd.to_numeric(frame[nominal], errors="coerce"),
+            "observed": pd.to_numeric(frame[observed], errors="coerce"),
+            "mcse": pd.to_numeric(frame[mcse], errors="coerce") if mcse else np.nan,
+        }
+    ).dropna(subset=["nominal", "observed"])
     return out if len(out) else None
 
 
@@ -645,9 +757,12 @@ def fig_calibration(_df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
         kinds[g] = "coverage" if ("cover" in g.lower() or s["nominal"].min() >= 0.5) else "rejection"
     panels = [k for k in ("rejection", "coverage") if k in kinds.values()]
     fig, axes = _grid(len(panels), w=3.8, h=3.3, ncols_max=2)
-    gcol = {g: c for g, c in zip(groups, [OKABE_ITO[k] for k in
-                                          ("blue", "orange", "green", "vermillion", "purple",
-                                           "sky", "black")] * 5)}
+    gcol = {
+        g: c
+        for g, c in zip(
+            groups, [OKABE_ITO[k] for k in ("blue", "orange", "green", "vermillion", "purple", "sky", "black")] * 5
+        )
+    }
     for ax, panel in zip(axes, panels):
         sub = cal[[kinds[g] == panel for g in cal["group"]]]
         lo = float(min(sub["nominal"].min(), sub["observed"].min()))
@@ -657,8 +772,9 @@ def fig_calibration(_df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
         for g in ordered_by_first(sub["group"]):
             s = sub[sub["group"] == g].sort_values("nominal")
             err = 2 * s["mcse"].fillna(0)
-            ax.errorbar(s["nominal"], s["observed"], yerr=err, color=gcol[g], marker="o", ms=4.5,
-                        capsize=2, lw=1.3, label=g)
+            ax.errorbar(
+                s["nominal"], s["observed"], yerr=err, color=gcol[g], marker="o", ms=4.5, capsize=2, lw=1.3, label=g
+            )
         ax.set_xlim(lo - pad, hi + pad)
         ax.set_ylim(lo - pad, hi + pad)
         ax.set_aspect("equal", adjustable="box")
@@ -667,9 +783,11 @@ def fig_calibration(_df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
         ax.set_title("CI coverage" if panel == "coverage" else "Type I error under the null")
         ax.legend(loc="upper left", frameon=True, fontsize=7.5)
     fig.tight_layout()
-    cap = ("Calibration under a simulated null: observed rejection rates against nominal "
-           "\u03b1 and observed CI coverage against the nominal level; error bars \u00b1 2 "
-           "Monte-Carlo standard errors where given. A calibrated engine lies on the diagonal.")
+    cap = (
+        "Calibration under a simulated null: observed rejection rates against nominal "
+        "\u03b1 and observed CI coverage against the nominal level; error bars \u00b1 2 "
+        "Monte-Carlo standard errors where given. A calibrated engine lies on the diagonal."
+    )
     return FigureSpec("calibration", "Calibration of the statistical engine", cap, fig)
 
 
@@ -685,8 +803,15 @@ def fig_null_check(_df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
     for check in checks:
         p = np.sort(np.asarray(check.p_values, dtype=float))
         expected = (np.arange(1, p.size + 1) - 0.5) / p.size
-        qq.plot(expected, p, marker="o", ms=2.5, lw=0, color=colours.get(check.test, "0.3"),
-                label=f"{labels.get(check.test, check.test)} (n = {p.size})")
+        qq.plot(
+            expected,
+            p,
+            marker="o",
+            ms=2.5,
+            lw=0,
+            color=colours.get(check.test, "0.3"),
+            label=f"{labels.get(check.test, check.test)} (n = {p.size})",
+        )
     qq.plot([0, 1], [0, 1], color="0.35", lw=1, ls=(0, (4, 3)))
     qq.set_xlabel("uniform quantile")
     qq.set_ylabel("observed p-value")
@@ -694,9 +819,14 @@ def fig_null_check(_df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
     qq.legend(loc="upper left", fontsize=7)
     alpha = checks[0].alpha
     for i, check in enumerate(checks):
-        rate.errorbar([i], [check.rejection_rate],
-                      yerr=[[check.rejection_rate - check.rate_low], [check.rate_high - check.rejection_rate]],
-                      marker="o", capsize=4, color=colours.get(check.test, "0.3"))
+        rate.errorbar(
+            [i],
+            [check.rejection_rate],
+            yerr=[[check.rejection_rate - check.rate_low], [check.rate_high - check.rejection_rate]],
+            marker="o",
+            capsize=4,
+            color=colours.get(check.test, "0.3"),
+        )
         # a Monte-Carlo p on a coarse grid: a valid test rejects floor(alpha·G)/G, not alpha
         rate.plot([i - 0.3, i + 0.3], [check.expected_rate] * 2, color="0.1", lw=2)
     rate.axhline(alpha, color="0.35", lw=1, ls=(0, (4, 3)))
@@ -708,12 +838,16 @@ def fig_null_check(_df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
     verdicts = "; ".join(
         f"{labels.get(c.test, c.test)}: {c.rejection_rate:.3f} [{c.rate_low:.3f}, {c.rate_high:.3f}] against "
         f"{c.expected_rate:.3f} ({grid_text(c)}), binomial p = {c.binomial_p:.2g}, uniformity p = "
-        f"{c.uniformity_p:.2g} \u2014 {VERDICT_TEXT.get(c.verdict, c.verdict)}" for c in checks)
-    cap = ("Null check: every proxy here is a uniformly random subspace, so every null is true and a valid "
-           f"test's p-values follow its null law (uniform on the grid of its Monte-Carlo draws). Share of "
-           f"p \u2264 {alpha:g} with its exact binomial interval, the exact binomial test of that share against a "
-           "valid test's share, and the uniformity test against the p-values' own null law (Kolmogorov\u2013Smirnov "
-           f"distance, p by simulation): {verdicts}. {DEPENDENCE_CAVEAT}")
+        f"{c.uniformity_p:.2g} \u2014 {VERDICT_TEXT.get(c.verdict, c.verdict)}"
+        for c in checks
+    )
+    cap = (
+        "Null check: every proxy here is a uniformly random subspace, so every null is true and a valid "
+        f"test's p-values follow its null law (uniform on the grid of its Monte-Carlo draws). Share of "
+        f"p \u2264 {alpha:g} with its exact binomial interval, the exact binomial test of that share against a "
+        "valid test's share, and the uniformity test against the p-values' own null law (Kolmogorov\u2013Smirnov "
+        f"distance, p by simulation): {verdicts}. {DEPENDENCE_CAVEAT}"
+    )
     return FigureSpec("null_check", "Null check: an uninformative proxy", cap, fig)
 
 
@@ -747,9 +881,11 @@ def save_figure(spec: FigureSpec, fig_dir: Path, dpi: int) -> SavedFigure:
         spec.fig.set_layout_engine(None)
     pdf = fig_dir / f"{spec.name}.pdf"
     png = fig_dir / f"{spec.name}.png"
-    spec.fig.savefig(pdf, format="pdf",
-                     metadata={"CreationDate": None, "ModDate": None, "Producer": None,
-                               "Creator": "anistat report"})
+    spec.fig.savefig(
+        pdf,
+        format="pdf",
+        metadata={"CreationDate": None, "ModDate": None, "Producer": None, "Creator": "anistat report"},
+    )
     buf = io.BytesIO()
     spec.fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
     data = buf.getvalue()
@@ -758,8 +894,9 @@ def save_figure(spec: FigureSpec, fig_dir: Path, dpi: int) -> SavedFigure:
     return SavedFigure(spec.name, spec.title, spec.caption, pdf, png, data, w, h)
 
 
-def render_figures(main: pd.DataFrame, full: pd.DataFrame, ctx: dict[str, Any], fig_dir: Path,
-                   dpi: int) -> tuple[list[SavedFigure], dict[str, str]]:
+def render_figures(
+    main: pd.DataFrame, full: pd.DataFrame, ctx: dict[str, Any], fig_dir: Path, dpi: int
+) -> tuple[list[SavedFigure], dict[str, str]]:
     """Build and save every figure whose data exists; return them and the skip reasons."""
     saved: list[SavedFigure] = []
     skipped: dict[str, str] = {}

@@ -50,9 +50,12 @@ INT_COLUMNS = {"step", "rank", "dim", "n_controls", "n_sequences", "n_tokens", "
 @lru_cache(maxsize=1)
 def environment() -> Environment:
     """The jinja2 environment of anistat's HTML outputs (autoescape for .html/.j2 templates)."""
-    return Environment(loader=FileSystemLoader(str(TEMPLATES)),
-                       autoescape=select_autoescape(["html", "j2"], default_for_string=True),
-                       undefined=StrictUndefined, keep_trailing_newline=True)
+    return Environment(
+        loader=FileSystemLoader(str(TEMPLATES)),
+        autoescape=select_autoescape(["html", "j2"], default_for_string=True),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+    )
 
 
 def asset(name: str) -> Markup:
@@ -89,23 +92,37 @@ def _results_table(ctx: ReportContext) -> dict[str, Any]:
     if ctx.options.html_metrics is not None:
         df = df[df["metric"].isin(ctx.options.html_metrics)]
     extra = [c for c in ("p_test", "p_value_paper", "n_clusters", "effect_size_kind") if c in df.columns]
-    cols = [c for c in ctx.options.html_columns if c in df.columns] + [c for c in extra
-                                                                      if c not in ctx.options.html_columns]
+    cols = [c for c in ctx.options.html_columns if c in df.columns] + [
+        c for c in extra if c not in ctx.options.html_columns
+    ]
     for bc in BUCKET_COLUMNS:
         if bc in df.columns and (df[bc] != "").any() and bc not in cols:
             cols.insert(cols.index("metric") + 1 if "metric" in cols else len(cols), bc)
     numeric = {c for c in cols if c in P_COLUMNS | INT_COLUMNS or pd.api.types.is_float_dtype(df[c])}
     values = {c: df[c].tolist() for c in cols}
     models, metrics, statuses = df["model"].tolist(), df["metric"].tolist(), df["status"].tolist()
-    rows = [{"model": models[i], "metric": metrics[i], "status": statuses[i],
-             "cells": [_cell(c, values[c][i], ctx) for c in cols]} for i in range(len(df))]
+    rows = [
+        {
+            "model": models[i],
+            "metric": metrics[i],
+            "status": statuses[i],
+            "cells": [_cell(c, values[c][i], ctx) for c in cols],
+        }
+        for i in range(len(df))
+    ]
     filters = [(name, ordered_by_first(df[name])) for name in ("model", "metric", "status")]
     return {"columns": [(c, c in numeric) for c in cols], "rows": rows, "filters": filters}
 
 
 def _figure(f: SavedFigure) -> dict[str, Any]:
-    return {"name": f.name, "title": f.title, "caption": f.caption, "width": f.width,
-            "height": f.height, "b64": base64.b64encode(f.png_bytes).decode("ascii")}
+    return {
+        "name": f.name,
+        "title": f.title,
+        "caption": f.caption,
+        "width": f.width,
+        "height": f.height,
+        "b64": base64.b64encode(f.png_bytes).decode("ascii"),
+    }
 
 
 def _cards(ctx: ReportContext) -> list[dict[str, Any]]:
@@ -150,25 +167,59 @@ def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[st
     top = headline(ctx)
     # the headline's phase header: one cell per phase naming the checkpoint its columns show
     phases: list[tuple[str, str, int]] = []
-    for ph, ck, _rank in (top.columns if top else []):
+    for ph, ck, _rank in top.columns if top else []:
         if phases and phases[-1][:2] == (ph, ck):
             phases[-1] = (ph, ck, phases[-1][2] + 1)
         else:
             phases.append((ph, ck, 1))
-    return environment().get_template("report.html.j2").render(
-        title=ctx.title, subtitle=DOT.join(sub), nav=nav, warnings=ctx.inputs.warnings,
-        question=QUESTION, answer=answer(ctx), description=ctx.description, claims=claims, questions=QUESTIONS,
-        claims_passed=sum(c.passed for c in claims), findings=summary_sentences(ctx),
-        headline=top, headline_phases=phases, proxy=ctx.proxy, control=ctx.control, ci_text=ctx.ci_text, unit_noun=ctx.unit_noun,
-        legend=ctx.legend_text(), headline_legend=headline_legend(ctx), up=UP, down=DOWN, n_failed_groups=len(fu),
-        figures=[_figure(f) for f in figs],
-        skipped=[(k.replace("_", " "), v) for k, v in skipped.items()],
-        frequency=None if frequency is None else {
-            "caption": " ".join(filter(None, [FREQUENCY_CAPTION,
-                                              frequency_interval_sentences(frequency.ci_methods)])),
-            "ci_methods": frequency.ci_methods, "notes": frequency.notes,
-            "sites": frequency.sites, "rows": frequency.rows},
-        cards=cards, methods=methods(ctx), settings=settings_rows(ctx),
-        table=table, filters=table["filters"], precision=ctx.options.precision, failed_units=fu,
-        css=asset("report.css"), js=asset("report.js"), error_hook=asset("error-hook.js"),
+    return (
+        environment()
+        .get_template("report.html.j2")
+        .render(
+            title=ctx.title,
+            subtitle=DOT.join(sub),
+            nav=nav,
+            warnings=ctx.inputs.warnings,
+            question=QUESTION,
+            answer=answer(ctx),
+            description=ctx.description,
+            claims=claims,
+            questions=QUESTIONS,
+            claims_passed=sum(c.passed for c in claims),
+            findings=summary_sentences(ctx),
+            headline=top,
+            headline_phases=phases,
+            proxy=ctx.proxy,
+            control=ctx.control,
+            ci_text=ctx.ci_text,
+            unit_noun=ctx.unit_noun,
+            legend=ctx.legend_text(),
+            headline_legend=headline_legend(ctx),
+            up=UP,
+            down=DOWN,
+            n_failed_groups=len(fu),
+            figures=[_figure(f) for f in figs],
+            skipped=[(k.replace("_", " "), v) for k, v in skipped.items()],
+            frequency=None
+            if frequency is None
+            else {
+                "caption": " ".join(
+                    filter(None, [FREQUENCY_CAPTION, frequency_interval_sentences(frequency.ci_methods)])
+                ),
+                "ci_methods": frequency.ci_methods,
+                "notes": frequency.notes,
+                "sites": frequency.sites,
+                "rows": frequency.rows,
+            },
+            cards=cards,
+            methods=methods(ctx),
+            settings=settings_rows(ctx),
+            table=table,
+            filters=table["filters"],
+            precision=ctx.options.precision,
+            failed_units=fu,
+            css=asset("report.css"),
+            js=asset("report.js"),
+            error_hook=asset("error-hook.js"),
+        )
     )

@@ -296,14 +296,25 @@ def claim_outcome(record: Any) -> ClaimOutcome:
     words = {**claim_reading(record), **{k: record[k] for k in READING_FIELDS if k in record}}
     if words["interval_role"] == "context" and interval_of:
         interval_of = f"context, not what decided this claim: {interval_of}"
-    return ClaimOutcome(id=str(record.get("id", "")), statement=str(record.get("statement", "")),
-                        passed=bool(record.get("passed")), evidence=evidence_items(record.get("evidence")),
-                        status=str(record.get("status", "")), rule=str(record.get("rule", "")),
-                        decided_by=str(record.get("decided_by", "")), interval=interval, interval_of=interval_of,
-                        p_value=p_text, failed=tuple(str(f) for f in failed),
-                        answers=tuple(str(a) for a in words["answers"] or ()), question=str(words["question"]),
-                        decision=str(words["decision"]), interval_role=str(words["interval_role"]),
-                        context=str(words["context"] or ""), caveat=str(words["caveat"] or ""))
+    return ClaimOutcome(
+        id=str(record.get("id", "")),
+        statement=str(record.get("statement", "")),
+        passed=bool(record.get("passed")),
+        evidence=evidence_items(record.get("evidence")),
+        status=str(record.get("status", "")),
+        rule=str(record.get("rule", "")),
+        decided_by=str(record.get("decided_by", "")),
+        interval=interval,
+        interval_of=interval_of,
+        p_value=p_text,
+        failed=tuple(str(f) for f in failed),
+        answers=tuple(str(a) for a in words["answers"] or ()),
+        question=str(words["question"]),
+        decision=str(words["decision"]),
+        interval_role=str(words["interval_role"]),
+        context=str(words["context"] or ""),
+        caveat=str(words["caveat"] or ""),
+    )
 
 
 def _is_number(value: Any) -> bool:

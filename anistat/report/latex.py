@@ -43,7 +43,7 @@ from .escape import tex, tex_num
 from .figures import SavedFigure
 from .latex_table import ADDSPACE, MIDRULE, booktabs_table
 
-PACKAGES_NOTE = (r"% Requires: \usepackage{booktabs,siunitx,multirow,adjustbox}" "\n")
+PACKAGES_NOTE = r"% Requires: \usepackage{booktabs,siunitx,multirow,adjustbox}" "\n"
 
 
 class PdfLatexError(RuntimeError):
@@ -83,8 +83,7 @@ def _table_format(texts: Sequence[str]) -> str | None:
 class _Cell:
     __slots__ = ("est", "lo", "hi", "mark", "failed")
 
-    def __init__(self, est: str = "", lo: str = "", hi: str = "", mark: str = "",
-                 failed: bool = False) -> None:
+    def __init__(self, est: str = "", lo: str = "", hi: str = "", mark: str = "", failed: bool = False) -> None:
         self.est, self.lo, self.hi, self.mark, self.failed = est, lo, hi, mark, failed
 
 
@@ -106,7 +105,7 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
     if ctx.options.table_checkpoints == "phase_last":
         d = phase_last_checkpoints(d)
     controls = [c for c in ordered_by_first(d["control"])]
-    once = (metric in CONTROL_INDEPENDENT_METRICS and len(controls) > 1 and _control_independent(d))
+    once = metric in CONTROL_INDEPENDENT_METRICS and len(controls) > 1 and _control_independent(d)
     if once:
         # one estimate (with its CI) per location, then each control kind's mean with the mark
         # of the proxy-vs-control test
@@ -134,8 +133,9 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
             if r["status"] != "ok" or pd.isna(r["estimate"]):
                 cells[(ri, ci)] = _Cell(failed=True)
                 continue
-            cells[(ri, ci)] = _Cell(ctx.fmt(r["estimate"]), ctx.fmt(r["ci_low"]),
-                                    ctx.fmt(r["ci_high"]), ctx.mark(r[ctx.p_col]))
+            cells[(ri, ci)] = _Cell(
+                ctx.fmt(r["estimate"]), ctx.fmt(r["ci_low"]), ctx.fmt(r["ci_high"]), ctx.mark(r[ctx.p_col])
+            )
     has_ci = any(c.lo or c.hi for c in cells.values())
     has_mark = any(c.mark for c in cells.values())
 
@@ -161,8 +161,11 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
         return out
 
     body = _body(ctx, d, group, row_keys, transposed, row_cells)
-    what = ("per checkpoint" if ctx.options.table_checkpoints == "all"
-            else f"at the last {ctx.unit_noun} of each training phase")
+    what = (
+        "per checkpoint"
+        if ctx.options.table_checkpoints == "all"
+        else f"at the last {ctx.unit_noun} of each training phase"
+    )
     mt = metric_tex(metric)
     cap = [mt[:1].upper() + mt[1:] if mt[:1].isalpha() else mt, f" of the {tex(ctx.proxy)} proxy {what}"]
     if has_control and not transposed:
@@ -173,9 +176,14 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
     if has_mark:
         cap.append(tex(ctx.legend_text()) + ". ")
     cap.append(f"Protocol: {tex(ctx.name)}.")
-    return booktabs_table("".join(spec), head, body, caption="".join(cap),
-                          label=f"tab:{slug(ctx.name)}-{slug(metric)}",
-                          preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"))
+    return booktabs_table(
+        "".join(spec),
+        head,
+        body,
+        caption="".join(cap),
+        label=f"tab:{slug(ctx.name)}-{slug(metric)}",
+        preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"),
+    )
 
 
 def _row_keys(d: pd.DataFrame, group: str, inner: list[Any], inner_col: str) -> list[tuple[str, str, str, Any]]:
@@ -237,8 +245,14 @@ def _value_cells(c: _Cell | None, fmt: str | None, has_mark: bool, has_ci: bool,
     return out
 
 
-def _body(ctx: ReportContext, d: pd.DataFrame, group: str, row_keys: list[tuple[str, str, str, Any]],
-          transposed: bool, row_cells) -> list[Any]:
+def _body(
+    ctx: ReportContext,
+    d: pd.DataFrame,
+    group: str,
+    row_keys: list[tuple[str, str, str, Any]],
+    transposed: bool,
+    row_cells,
+) -> list[Any]:
     counts: dict[str, int] = {}
     for rk in row_keys:
         counts[rk[0]] = counts.get(rk[0], 0) + 1
@@ -286,8 +300,7 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
     # The stars are the proxy's test: where every control kind's row carries the same p-value
     # (the exact test is shared by the kinds) they follow the estimate, not the control means;
     # only kind-specific p-values are starred per control column.
-    shared = all(len({means[(ri, ci)].mark for ci in range(len(controls)) if (ri, ci) in means}) <= 1
-                 for ri in value)
+    shared = all(len({means[(ri, ci)].mark for ci in range(len(controls)) if (ri, ci) in means}) <= 1 for ri in value)
     if shared:
         for ri, cell in value.items():
             marks = [means[(ri, ci)].mark for ci in range(len(controls)) if (ri, ci) in means]
@@ -330,12 +343,16 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
         return out
 
     body = _body(ctx, d, group, row_keys, False, row_cells)
-    what = ("per checkpoint" if ctx.options.table_checkpoints == "all"
-            else f"at the last {ctx.unit_noun} of each training phase")
+    what = (
+        "per checkpoint"
+        if ctx.options.table_checkpoints == "all"
+        else f"at the last {ctx.unit_noun} of each training phase"
+    )
     mt = metric_tex(metric)
-    cap = [mt[:1].upper() + mt[1:] if mt[:1].isalpha() else mt,
-           f" of the {tex(ctx.proxy)} proxy {what}. It does not depend on the control kind, so it is "
-           "shown once"]
+    cap = [
+        mt[:1].upper() + mt[1:] if mt[:1].isalpha() else mt,
+        f" of the {tex(ctx.proxy)} proxy {what}. It does not depend on the control kind, so it is shown once",
+    ]
     if has_means:
         cap.append("; the next columns give the mean over the draws of each control kind")
     cap.append(". ")
@@ -346,9 +363,14 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
     if has_mark:
         cap.append("Marks: the proxy against that control kind; " + tex(ctx.legend_text()) + ". ")
     cap.append(f"Protocol: {tex(ctx.name)}.")
-    return booktabs_table("".join(spec), head, body, caption="".join(cap),
-                          label=f"tab:{slug(ctx.name)}-{slug(metric)}",
-                          preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"))
+    return booktabs_table(
+        "".join(spec),
+        head,
+        body,
+        caption="".join(cap),
+        label=f"tab:{slug(ctx.name)}-{slug(metric)}",
+        preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"),
+    )
 
 
 def render_tables(ctx: ReportContext) -> tuple[str, list[str]]:
@@ -356,8 +378,7 @@ def render_tables(ctx: ReportContext) -> tuple[str, list[str]]:
     out = [
         f"% anistat publication tables for protocol: {_comment(ctx.name)}",
         PACKAGES_NOTE.rstrip("\n"),
-        r"% Significance marks come from "
-        + ("adjusted" if ctx.p_col == "p_adjusted" else "unadjusted") + " p-values.",
+        r"% Significance marks come from " + ("adjusted" if ctx.p_col == "p_adjusted" else "unadjusted") + " p-values.",
         "",
     ]
     labels = []
@@ -369,8 +390,11 @@ def render_tables(ctx: ReportContext) -> tuple[str, list[str]]:
         out.append("")
         labels.append(f"tab:{slug(ctx.name)}-{slug(metric)}")
     if not labels:
-        out.append(r"% No table: none of the requested metrics ("
-                   + _comment(", ".join(ctx.options.table_metrics)) + ") has rows.")
+        out.append(
+            r"% No table: none of the requested metrics ("
+            + _comment(", ".join(ctx.options.table_metrics))
+            + ") has rows."
+        )
     return "\n".join(out) + "\n", labels
 
 
@@ -388,8 +412,9 @@ def _headline_tex(ctx: ReportContext) -> str:
     if h is None:
         return ""
     ncols = len(h.columns)
-    head = [r"Model", "Layer"] + [f"{tex(ph or 'all')}" + (f" ({tex(ck)})" if ck else "") + f", $k={int(r)}$"
-                                  for ph, ck, r in h.columns]
+    head = [r"Model", "Layer"] + [
+        f"{tex(ph or 'all')}" + (f" ({tex(ck)})" if ck else "") + f", $k={int(r)}$" for ph, ck, r in h.columns
+    ]
     rows = []
     for model, loc, cells in h.rows:
         parts = [tex(model), tex(loc)]
@@ -401,12 +426,25 @@ def _headline_tex(ctx: ReportContext) -> str:
             else:
                 est, ci, _p, mark, way = c
                 arrow, shade = DIRECTION_TEX.get(way, ("", ""))
-                parts.append(shade + tex_num(est) + (r"\textsuperscript{%s}" % mark if mark else "") + arrow
-                             + (r" {\footnotesize " + _ci_tex(ci) + "}" if ci else ""))
+                parts.append(
+                    shade
+                    + tex_num(est)
+                    + (r"\textsuperscript{%s}" % mark if mark else "")
+                    + arrow
+                    + (r" {\footnotesize " + _ci_tex(ci) + "}" if ci else "")
+                )
         rows.append(parts)
-    caption = (r"Headline energy ratios $R$ of the " + tex(ctx.proxy) + " proxy against "
-               + tex(ctx.control) + f" controls at the last {ctx.unit_noun} of each phase (named in each column), "
-               + "with " + tex(ctx.ci_text) + " CIs. " + tex(headline_legend(ctx)))
+    caption = (
+        r"Headline energy ratios $R$ of the "
+        + tex(ctx.proxy)
+        + " proxy against "
+        + tex(ctx.control)
+        + f" controls at the last {ctx.unit_noun} of each phase (named in each column), "
+        + "with "
+        + tex(ctx.ci_text)
+        + " CIs. "
+        + tex(headline_legend(ctx))
+    )
     table = booktabs_table("ll" + "r" * ncols, [head], rows, caption=caption)
     return table.replace(r"\begin{table}[htbp]", r"\begin{table}[!h]", 1)
 
@@ -420,19 +458,23 @@ def _frequency_tex(ctx: ReportContext) -> str:
     for model, checkpoint, cells in table.rows:
         parts = [tex(model), tex(checkpoint)]
         for cell in cells:
-            parts.append("" if cell is None else tex_num(cell[0])
-                         + (r" {\footnotesize " + _ci_tex(cell[1]) + "}" if cell[1] else ""))
+            parts.append(
+                ""
+                if cell is None
+                else tex_num(cell[0]) + (r" {\footnotesize " + _ci_tex(cell[1]) + "}" if cell[1] else "")
+            )
         rows.append(parts)
-    caption = (r"Spearman $\rho$ between a token type's log corpus frequency and the RMS distance of its "
-               r"activations to the type's centroid, $\sqrt{\sum_i \lVert a_i - c\rVert^2/(n-1)}$, over the types "
-               r"seen at least twice in the test split (negative: frequent tokens sit closer to their centroid). "
-               r"Intervals resample test sequences, recomputing every centroid"
-               + (" (" + tex(", ".join(table.ci_methods)) + ")" if table.ci_methods else "")
-               + r". Pearson $r$ is in \texttt{frequency.csv}."
-               + (" " + tex(frequency_interval_sentences(table.ci_methods)) if table.ci_methods else "")
-               + "".join(" " + tex(note) + "." for note in table.notes))
-    return booktabs_table("ll" + "r" * len(table.sites), [head], rows, caption=caption,
-                          label="tab:frequency-distance")
+    caption = (
+        r"Spearman $\rho$ between a token type's log corpus frequency and the RMS distance of its "
+        r"activations to the type's centroid, $\sqrt{\sum_i \lVert a_i - c\rVert^2/(n-1)}$, over the types "
+        r"seen at least twice in the test split (negative: frequent tokens sit closer to their centroid). "
+        r"Intervals resample test sequences, recomputing every centroid"
+        + (" (" + tex(", ".join(table.ci_methods)) + ")" if table.ci_methods else "")
+        + r". Pearson $r$ is in \texttt{frequency.csv}."
+        + (" " + tex(frequency_interval_sentences(table.ci_methods)) if table.ci_methods else "")
+        + "".join(" " + tex(note) + "." for note in table.notes)
+    )
+    return booktabs_table("ll" + "r" * len(table.sites), [head], rows, caption=caption, label="tab:frequency-distance")
 
 
 def _ci_tex(ci: str) -> str:
@@ -482,8 +524,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
     ]
     if ctx.inputs.warnings:
         # run warnings first and framed: they can change how every number below is read
-        L += ["", r"\begin{center}\fbox{\begin{minipage}{0.95\linewidth}",
-              r"\textbf{Run warnings (%d).}" % len(ctx.inputs.warnings), r"\begin{itemize}"]
+        L += [
+            "",
+            r"\begin{center}\fbox{\begin{minipage}{0.95\linewidth}",
+            r"\textbf{Run warnings (%d).}" % len(ctx.inputs.warnings),
+            r"\begin{itemize}",
+        ]
         L += [r"\item " + tex(w) for w in ctx.inputs.warnings]
         L += [r"\end{itemize}", r"\end{minipage}}\end{center}"]
     # page 1: the question, its answer, the headline table and the findings; the claim cards after
@@ -511,8 +557,7 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
         for f in figs:
             L += [
                 r"\begin{figure}[htbp]\centering",
-                r"\includegraphics[width=\linewidth,height=0.8\textheight,keepaspectratio]{figures/"
-                + f.name + ".pdf}",
+                r"\includegraphics[width=\linewidth,height=0.8\textheight,keepaspectratio]{figures/" + f.name + ".pdf}",
                 r"\caption{\textbf{" + tex(f.title) + ".} " + tex(f.caption) + "}",
                 r"\label{fig:" + slug(f.name) + "}",
                 r"\end{figure}",
@@ -522,38 +567,72 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
     if frequency:
         L += [r"\section{Token frequency and centroid distance}", frequency]
     if table_labels:
-        L += [r"\section{Tables}", r"Tables~" + ", ".join(r"\ref{%s}" % t for t in table_labels)
-              + " (also in \\texttt{tables.tex}, ready to \\texttt{\\textbackslash input} "
-              "into a paper).", r"\input{tables.tex}", r"\clearpage"]
+        L += [
+            r"\section{Tables}",
+            r"Tables~"
+            + ", ".join(r"\ref{%s}" % t for t in table_labels)
+            + " (also in \\texttt{tables.tex}, ready to \\texttt{\\textbackslash input} "
+            "into a paper).",
+            r"\input{tables.tex}",
+            r"\clearpage",
+        ]
 
     cards = ctx.inputs.concept_cards
     if cards:
         L += [r"\section{Concept cards}", r"\begin{itemize}"]
         for c in cards[:40]:
-            head = ", ".join(f"{name} {value}" for name, value in (
-                ("model", c.model), ("checkpoint", c.checkpoint), ("layer", c.layer), ("proxy", c.proxy),
-                ("rank", c.rank), ("direction", c.direction)) if value not in (None, ""))
+            head = ", ".join(
+                f"{name} {value}"
+                for name, value in (
+                    ("model", c.model),
+                    ("checkpoint", c.checkpoint),
+                    ("layer", c.layer),
+                    ("proxy", c.proxy),
+                    ("rank", c.rank),
+                    ("direction", c.direction),
+                )
+                if value not in (None, "")
+            )
             toks = ", ".join(r"\texttt{" + tex(t) + "}" for t in c.top_tokens[:20])
             ctxs = "; ".join("``" + tex(x) + "''" for x in c.contexts[:4])
-            L.append(r"\item \textbf{" + tex(head) + ".} Top tokens: " + (toks or "--")
-                     + (r". Contexts: " + ctxs if ctxs else "") + ".")
+            L.append(
+                r"\item \textbf{"
+                + tex(head)
+                + ".} Top tokens: "
+                + (toks or "--")
+                + (r". Contexts: " + ctxs if ctxs else "")
+                + "."
+            )
         L.append(r"\end{itemize}")
 
     fu = failed_units(ctx)
     if fu:
-        L += [r"\section{Failed units}", booktabs_table(
-            r"@{}llll>{\raggedright\arraybackslash}p{6.5cm}@{}",
-            [["Model", "Checkpoint", "Layer", "Site", "Reason"]],
-            [[tex(m), tex(ck), tex(layer), tex(site), f"{tex(reason)} ({n} rows)"]
-             for m, ck, layer, site, reason, n in fu], long=True)]
+        L += [
+            r"\section{Failed units}",
+            booktabs_table(
+                r"@{}llll>{\raggedright\arraybackslash}p{6.5cm}@{}",
+                [["Model", "Checkpoint", "Layer", "Site", "Reason"]],
+                [
+                    [tex(m), tex(ck), tex(layer), tex(site), f"{tex(reason)} ({n} rows)"]
+                    for m, ck, layer, site, reason, n in fu
+                ],
+                long=True,
+            ),
+        ]
 
     rows = settings_rows(ctx)
     if rows:
-        L += [r"\section{All settings}", r"{\footnotesize", booktabs_table(
-            r"@{}l>{\raggedright\arraybackslash}p{6cm}>{\raggedright\arraybackslash}p{7.5cm}@{}",
-            [["Source", "Key", "Value"]],
-            [[tex(s), r"\texttt{" + _breakable(k) + "}", _breakable(v)] for s, k, v in rows],
-            long=True) + "}"]
+        L += [
+            r"\section{All settings}",
+            r"{\footnotesize",
+            booktabs_table(
+                r"@{}l>{\raggedright\arraybackslash}p{6cm}>{\raggedright\arraybackslash}p{7.5cm}@{}",
+                [["Source", "Key", "Value"]],
+                [[tex(s), r"\texttt{" + _breakable(k) + "}", _breakable(v)] for s, k, v in rows],
+                long=True,
+            )
+            + "}",
+        ]
     L.append(r"\end{document}")
     return "\n".join(L) + "\n"
 
@@ -566,18 +645,23 @@ def _claims_tex(ctx: ReportContext) -> list[str]:
     if not claims:
         return []
     n_pass = sum(c.passed for c in claims)
-    L = ["", r"\subsection*{Claims: %d of %d passed}" % (n_pass, len(claims)),
-         r"{\small Each claim answers one of two questions: ``" + tex(QUESTIONS[SUBSPACES]) + "'' (the exact test, "
-         "conditional on the measured gradients) or ``" + tex(QUESTIONS[DOCUMENTS]) + "'' (the interval over "
-         "resampled documents).}", r"\begin{itemize}"]
+    L = [
+        "",
+        r"\subsection*{Claims: %d of %d passed}" % (n_pass, len(claims)),
+        r"{\small Each claim answers one of two questions: ``" + tex(QUESTIONS[SUBSPACES]) + "'' (the exact test, "
+        "conditional on the measured gradients) or ``" + tex(QUESTIONS[DOCUMENTS]) + "'' (the interval over "
+        "resampled documents).}",
+        r"\begin{itemize}",
+    ]
     for c in claims:
         verdict = "PASS" if c.passed else ("ERROR" if c.status == "error" else "FAIL")
         cid = r"\texttt{" + tex(c.id) + "} " if c.id else ""
         head = (r"\textbf{" + tex(c.interval) + "} " if c.interval_role == "decided" else "") + cid + tex(c.statement)
         lines = [head]
         if c.decision:
-            lines.append(r"\textit{Decided by the " + tex(c.decided_by or "recorded verdict") + ":} "
-                         + tex(c.decision) + ".")
+            lines.append(
+                r"\textit{Decided by the " + tex(c.decided_by or "recorded verdict") + ":} " + tex(c.decision) + "."
+            )
         if c.question:
             lines.append(r"\textit{Answers:} " + tex(c.question) + ".")
         if c.caveat:
@@ -609,7 +693,7 @@ def _log_excerpt(text: str) -> str:
     first = next((i for i, ln in enumerate(lines) if ln.startswith("!")), None)
     parts = []
     if first is not None:
-        parts.append("first error:\n" + "\n".join(lines[first:first + 6]))
+        parts.append("first error:\n" + "\n".join(lines[first : first + 6]))
     parts.append("log tail:\n" + "\n".join(lines[-25:]))
     return "\n".join(parts)
 
@@ -628,20 +712,27 @@ def compile_pdf(out_dir: Path, tex_name: str = "report.tex", timeout: float = 18
         for _ in range(2):
             try:
                 proc = subprocess.run(
-                    [exe, "-interaction=nonstopmode", "-halt-on-error", "-no-shell-escape",
-                     f"-output-directory={build}", tex_name],
-                    cwd=out_dir, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                    timeout=timeout, check=False,
+                    [
+                        exe,
+                        "-interaction=nonstopmode",
+                        "-halt-on-error",
+                        "-no-shell-escape",
+                        f"-output-directory={build}",
+                        tex_name,
+                    ],
+                    cwd=out_dir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=timeout,
+                    check=False,
                 )
             except subprocess.TimeoutExpired as e:
                 raise PdfLatexError(f"pdflatex timed out after {timeout:g} s") from e
             if proc.returncode != 0:
                 log = build / (Path(tex_name).stem + ".log")
-                text = (log.read_text(errors="replace") if log.exists()
-                        else proc.stdout.decode(errors="replace"))
-                raise PdfLatexError(
-                    f"pdflatex failed on {tex_name} (exit {proc.returncode}); "
-                    f"{_log_excerpt(text)}")
+                text = log.read_text(errors="replace") if log.exists() else proc.stdout.decode(errors="replace")
+                raise PdfLatexError(f"pdflatex failed on {tex_name} (exit {proc.returncode}); {_log_excerpt(text)}")
         pdf = build / (Path(tex_name).stem + ".pdf")
         if not pdf.exists():
             raise PdfLatexError("pdflatex produced no PDF")

@@ -25,9 +25,17 @@ def _line(row: Row) -> str:
     return " & ".join(row) + r" \\"
 
 
-def booktabs_table(colspec: str, head: Sequence[Row], body: Sequence[Row], *, caption: str = "",
-                   label: str = "", long: bool = False, fit_width: bool = True,
-                   preamble: Sequence[str] = (r"\centering\small",)) -> str:
+def booktabs_table(
+    colspec: str,
+    head: Sequence[Row],
+    body: Sequence[Row],
+    *,
+    caption: str = "",
+    label: str = "",
+    long: bool = False,
+    fit_width: bool = True,
+    preamble: Sequence[str] = (r"\centering\small",),
+) -> str:
     """A booktabs table: ``\\toprule``, ``head`` rows, ``\\midrule``, ``body`` rows, ``\\bottomrule``.
 
     ``long=False`` (default) gives a floating ``table`` (caption on top, optionally scaled to the
@@ -40,8 +48,7 @@ def booktabs_table(colspec: str, head: Sequence[Row], body: Sequence[Row], *, ca
         out = [r"\begin{longtable}{" + colspec + "}"]
         if caption:
             out.append(r"\caption{" + caption + "}" + (r"\label{" + label + "}" if label else "") + r" \\")
-        out += [r"\toprule", *lines_head, r"\midrule", r"\endhead", *lines_body, r"\bottomrule",
-                r"\end{longtable}"]
+        out += [r"\toprule", *lines_head, r"\midrule", r"\endhead", *lines_body, r"\bottomrule", r"\end{longtable}"]
         return "\n".join(out)
     out = [r"\begin{table}[htbp]", *preamble]
     if caption:
@@ -50,8 +57,15 @@ def booktabs_table(colspec: str, head: Sequence[Row], body: Sequence[Row], *, ca
         out.append(r"\label{" + label + "}")
     if fit_width:
         out.append(r"\begin{adjustbox}{max width=\linewidth}")
-    out += [r"\begin{tabular}{" + colspec + "}", r"\toprule", *lines_head, r"\midrule", *lines_body,
-            r"\bottomrule", r"\end{tabular}"]
+    out += [
+        r"\begin{tabular}{" + colspec + "}",
+        r"\toprule",
+        *lines_head,
+        r"\midrule",
+        *lines_body,
+        r"\bottomrule",
+        r"\end{tabular}",
+    ]
     if fit_width:
         out.append(r"\end{adjustbox}")
     out.append(r"\end{table}")

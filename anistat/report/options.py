@@ -6,12 +6,33 @@ from dataclasses import dataclass
 from typing import Literal
 
 DEFAULT_HTML_COLUMNS: tuple[str, ...] = (
-    "model", "checkpoint", "step", "phase", "layer", "site", "rank", "proxy", "control",
-    "metric", "estimate", "ci_low", "ci_high", "control_mean", "control_sd", "p_value",
-    "p_adjusted", "effect_size", "n_controls", "n_sequences", "status", "note",
+    "model",
+    "checkpoint",
+    "step",
+    "phase",
+    "layer",
+    "site",
+    "rank",
+    "proxy",
+    "control",
+    "metric",
+    "estimate",
+    "ci_low",
+    "ci_high",
+    "control_mean",
+    "control_sd",
+    "p_value",
+    "p_adjusted",
+    "effect_size",
+    "n_controls",
+    "n_sequences",
+    "status",
+    "note",
 )
 DEFAULT_TABLE_METRICS: tuple[str, ...] = (
-    "energy_ratio", "anisotropy_capture", "delta_isoscore_star",
+    "energy_ratio",
+    "anisotropy_capture",
+    "delta_isoscore_star",
 )
 
 
@@ -59,9 +80,7 @@ class ReportOptions:
         if not 1 <= int(self.precision) <= 8:
             raise ValueError(f"precision must be between 1 and 8, got {self.precision}")
         if self.table_checkpoints not in ("phase_last", "all"):
-            raise ValueError(
-                f"table_checkpoints must be 'phase_last' or 'all', got {self.table_checkpoints!r}"
-            )
+            raise ValueError(f"table_checkpoints must be 'phase_last' or 'all', got {self.table_checkpoints!r}")
         if not 40 <= int(self.figure_dpi) <= 400:
             raise ValueError(f"figure_dpi must be between 40 and 400, got {self.figure_dpi}")
         if int(self.max_panels) < 1:

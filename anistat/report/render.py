@@ -18,16 +18,22 @@ def figure_context(ctx: ReportContext) -> dict:
     for the captions — the run's own description (what its steps and phases are, the resampling
     unit of rows that do not record it)."""
     inputs, options = ctx.inputs, ctx.options
-    return {"proxy": ctx.proxy, "control": ctx.control, "max_panels": options.max_panels,
-            "ci_text": ctx.ci_text, "calibration": inputs.calibration,
-            "control_draws": inputs.control_draws, "null_checks": inputs.null_checks,
-            "step_word": "measured training steps" if ctx.run.measured_in_loop else "training steps",
-            "unit_noun": ctx.unit_noun,
-            "phase_rule": ctx.phase_rule(), "unit_hint": ctx.unit_hint()}
+    return {
+        "proxy": ctx.proxy,
+        "control": ctx.control,
+        "max_panels": options.max_panels,
+        "ci_text": ctx.ci_text,
+        "calibration": inputs.calibration,
+        "control_draws": inputs.control_draws,
+        "null_checks": inputs.null_checks,
+        "step_word": "measured training steps" if ctx.run.measured_in_loop else "training steps",
+        "unit_noun": ctx.unit_noun,
+        "phase_rule": ctx.phase_rule(),
+        "unit_hint": ctx.unit_hint(),
+    }
 
 
-def render_bundle(inputs: ReportInputs, out_dir: Path, *,
-                  options: ReportOptions | None = None) -> list[Path]:
+def render_bundle(inputs: ReportInputs, out_dir: Path, *, options: ReportOptions | None = None) -> list[Path]:
     """Write the report files of a bundle into ``out_dir`` (which must exist).
 
     Writes ``report.html`` (self-contained), ``tables.tex``, ``report.tex``,

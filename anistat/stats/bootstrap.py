@@ -146,9 +146,9 @@ def _block(rng: np.random.Generator, n_sequences: int, b: int, codes, members) -
     return w
 
 
-def iter_bootstrap_weights(n_sequences: int, n_resamples: int, seed: int = 0,
-                           group_ids=None, chunk_size: int = _BLOCK,
-                           dtype=np.float64) -> Iterator[np.ndarray]:
+def iter_bootstrap_weights(
+    n_sequences: int, n_resamples: int, seed: int = 0, group_ids=None, chunk_size: int = _BLOCK, dtype=np.float64
+) -> Iterator[np.ndarray]:
     """Yield the bootstrap weights matrix in row chunks of at most ``chunk_size`` rows.
 
     Examples
@@ -186,15 +186,17 @@ def iter_bootstrap_weights(n_sequences: int, n_resamples: int, seed: int = 0,
 @lru_cache(maxsize=8)
 def _cached_weights(n_sequences: int, n_resamples: int, seed: int, codes_key, dtype_str: str):
     codes = None if codes_key is None else np.frombuffer(codes_key, dtype=np.int64)
-    w = np.concatenate(list(iter_bootstrap_weights(n_sequences, n_resamples, seed, codes,
-                                                   chunk_size=max(n_resamples, 1))))
+    w = np.concatenate(
+        list(iter_bootstrap_weights(n_sequences, n_resamples, seed, codes, chunk_size=max(n_resamples, 1)))
+    )
     w = w.astype(np.dtype(dtype_str))
     w.setflags(write=False)
     return w
 
 
-def bootstrap_weights(n_sequences: int, n_resamples: int, seed: int = 0, group_ids=None,
-                      dtype=np.float64) -> np.ndarray:
+def bootstrap_weights(
+    n_sequences: int, n_resamples: int, seed: int = 0, group_ids=None, dtype=np.float64
+) -> np.ndarray:
     """The ``(B, S)`` matrix of sequence multiplicities (read-only, cached per arguments).
 
     Rows are ``Multinomial(S, uniform)`` counts (or hierarchical counts with ``group_ids``).
@@ -210,8 +212,7 @@ def bootstrap_weights(n_sequences: int, n_resamples: int, seed: int = 0, group_i
     s = check_positive_int(n_sequences, "n_sequences")
     codes = _group_codes(group_ids, s)
     key = None if codes is None else codes.tobytes()
-    return _cached_weights(s, check_positive_int(n_resamples, "n_resamples"), int(seed), key,
-                           np.dtype(dtype).str)
+    return _cached_weights(s, check_positive_int(n_resamples, "n_resamples"), int(seed), key, np.dtype(dtype).str)
 
 
 def jackknife_weights(n_sequences: int, group_ids=None) -> np.ndarray:
@@ -253,14 +254,16 @@ def ratio_se(weights, numerator, denominator) -> np.ndarray:
     num = np.asarray(numerator, dtype=np.float64).ravel()
     den = np.asarray(denominator, dtype=np.float64).ravel()
     if num.shape != den.shape or w.shape[1] != num.size:
-        raise ValueError(f"weights (B, S) and numerator/denominator (S,) do not match: "
-                         f"{w.shape}, {num.shape}, {den.shape}")
+        raise ValueError(
+            f"weights (B, S) and numerator/denominator (S,) do not match: {w.shape}, {num.shape}, {den.shape}"
+        )
     with np.errstate(invalid="ignore", divide="ignore"):
         theta0 = num.sum() / den.sum()
         e = num - theta0 * den
         sums = w @ np.stack([num, den, e * e, e * den, den * den], axis=1)
-        return _ratio_se_from_sums(sums[:, 1], sums[:, 0] / sums[:, 1] - theta0, sums[:, 2],
-                                   sums[:, 3], sums[:, 4], w.sum(axis=1))
+        return _ratio_se_from_sums(
+            sums[:, 1], sums[:, 0] / sums[:, 1] - theta0, sums[:, 2], sums[:, 3], sums[:, 4], w.sum(axis=1)
+        )
 
 
 def _ratio_se_from_sums(den_sum, delta, ee, ed, dd, n):
@@ -309,10 +312,19 @@ def expanded_pvalue(p_raw, n_units: int | None):
         return student_t.sf(ndtri(1.0 - p_raw) / np.sqrt(n / (n - 1.0)), n - 1.0)
 
 
-def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: float = 0.95,
-                       method: str = "bca", *, se=None,
-                       replicate_se=None, bca_fallback: str = "percentile", log_scale: bool = False,
-                       expand_units: int | None = None) -> BootstrapResult:
+def ci_from_replicates(
+    estimate: float,
+    replicates,
+    jackknife=None,
+    ci_level: float = 0.95,
+    method: str = "bca",
+    *,
+    se=None,
+    replicate_se=None,
+    bca_fallback: str = "percentile",
+    log_scale: bool = False,
+    expand_units: int | None = None,
+) -> BootstrapResult:
     """Confidence interval from bootstrap replicates (and jackknife values for BCa).
 
     ``bca_fallback`` (``percentile`` or ``basic``) is the interval BCa falls back to where it
@@ -367,8 +379,9 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
     if method == "studentized":
         interval, reason = _studentized(theta, reps, rep_se, float(se), levels, log_scale, notes)
         if interval is not None:
-            return BootstrapResult(theta, interval[0], interval[1], "studentized", "; ".join(notes), se_reps,
-                                   n_total, ci_level, bias)
+            return BootstrapResult(
+                theta, interval[0], interval[1], "studentized", "; ".join(notes), se_reps, n_total, ci_level, bias
+            )
         used = "percentile"
         notes.append(f"studentized fell back to percentile: {reason}")
         warnings.warn(notes[-1], DegenerateStatisticWarning, stacklevel=2)
@@ -385,8 +398,9 @@ def ci_from_replicates(estimate: float, replicates, jackknife=None, ci_level: fl
             notes.append("normal interval undefined (replicates without spread); no interval")
             return BootstrapResult(theta, np.nan, np.nan, "none", "; ".join(notes), se_reps, n_total, ci_level, bias)
         half = float(ndtri(1.0 - tail)) * se_reps
-        return BootstrapResult(theta, theta - half, theta + half, "normal", "; ".join(notes), se_reps, n_total,
-                               ci_level, bias)
+        return BootstrapResult(
+            theta, theta - half, theta + half, "normal", "; ".join(notes), se_reps, n_total, ci_level, bias
+        )
     lo, hi = np.quantile(reps, levels)
     if used == "basic":
         lo, hi = 2.0 * theta - hi, 2.0 * theta - lo
@@ -474,8 +488,15 @@ class StudentizedTest:
     note: str = ""
 
 
-def studentized_ratio_test(numerator, denominator, weights, *, null_value: float = 1.0,
-                           alternative: str = "greater", expand_units: int | None = None) -> StudentizedTest:
+def studentized_ratio_test(
+    numerator,
+    denominator,
+    weights,
+    *,
+    null_value: float = 1.0,
+    alternative: str = "greater",
+    expand_units: int | None = None,
+) -> StudentizedTest:
     """Bootstrap-t test that the population ratio ``E[Σ numerator] / E[Σ denominator]`` equals
     ``null_value``, on the log scale, with the delta-method SE of a ratio of sums
     (:func:`ratio_se`) for the estimate and every resample (rows of ``weights``).
@@ -509,8 +530,14 @@ def studentized_ratio_test(numerator, denominator, weights, *, null_value: float
         statistic = float((np.log(theta) - np.log(null_value)) / (se / theta))
     tstar = tstar[np.isfinite(tstar)]
     if not (np.isfinite(statistic) and tstar.size):
-        return StudentizedTest(statistic, np.nan, np.nan, b, alternative,
-                               "no test: the ratio or its standard error is not finite and positive")
+        return StudentizedTest(
+            statistic,
+            np.nan,
+            np.nan,
+            b,
+            alternative,
+            "no test: the ratio or its standard error is not finite and positive",
+        )
     upper = (1.0 + np.sum(tstar >= statistic)) / (1.0 + tstar.size)
     lower = (1.0 + np.sum(tstar <= statistic)) / (1.0 + tstar.size)
     if alternative == "greater":
@@ -528,17 +555,22 @@ def studentized_ratio_test(numerator, denominator, weights, *, null_value: float
 def _evaluate(statistic: Callable[[np.ndarray], np.ndarray], weights: np.ndarray) -> np.ndarray:
     out = np.asarray(statistic(weights), dtype=np.float64)
     if out.shape != (weights.shape[0],):
-        raise ValueError(f"statistic must map W {weights.shape} to shape ({weights.shape[0]},), "
-                         f"got {out.shape}")
+        raise ValueError(f"statistic must map W {weights.shape} to shape ({weights.shape[0]},), got {out.shape}")
     return out
 
 
-def sequence_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], n_sequences: int,
-                       n_resamples: int = 2000, seed: int = 0, ci_level: float = 0.95,
-                       method: str = "bca", group_ids=None,
-                       chunk_size: int = 512, *,
-                       standard_error: Callable[[np.ndarray], np.ndarray] | None = None
-                       ) -> BootstrapResult:
+def sequence_bootstrap(
+    statistic: Callable[[np.ndarray], np.ndarray],
+    n_sequences: int,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    ci_level: float = 0.95,
+    method: str = "bca",
+    group_ids=None,
+    chunk_size: int = 512,
+    *,
+    standard_error: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> BootstrapResult:
     """Bootstrap CI of ``statistic`` over sequences.
 
     ``statistic`` maps a weights matrix ``W (b, S)`` to ``(b,)``; it is called on chunks of at
@@ -574,19 +606,31 @@ def sequence_bootstrap(statistic: Callable[[np.ndarray], np.ndarray], n_sequence
     jack = None
     if method == "bca":
         jw = jackknife_weights(s, group_ids)
-        jack = np.concatenate([_evaluate(statistic, jw[i:i + chunk_size])
-                               for i in range(0, jw.shape[0], chunk_size)])
+        jack = np.concatenate([_evaluate(statistic, jw[i : i + chunk_size]) for i in range(0, jw.shape[0], chunk_size)])
     if method == "studentized":
-        return ci_from_replicates(estimate, reps, None, ci_level, method,
-                                  se=float(_evaluate(standard_error, ones)[0]),
-                                  replicate_se=np.concatenate(rep_se))
+        return ci_from_replicates(
+            estimate,
+            reps,
+            None,
+            ci_level,
+            method,
+            se=float(_evaluate(standard_error, ones)[0]),
+            replicate_se=np.concatenate(rep_se),
+        )
     return ci_from_replicates(estimate, reps, jack, ci_level, method)
 
 
-def sequence_bootstrap_columns(statistic: Callable[[np.ndarray], np.ndarray], n_sequences: int,
-                               n_resamples: int = 2000, seed: int = 0, ci_level: float = 0.95,
-                               method: str = "bca", group_ids=None,
-                               chunk_size: int = 512, bca_fallback: str = "percentile") -> list[BootstrapResult]:
+def sequence_bootstrap_columns(
+    statistic: Callable[[np.ndarray], np.ndarray],
+    n_sequences: int,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    ci_level: float = 0.95,
+    method: str = "bca",
+    group_ids=None,
+    chunk_size: int = 512,
+    bca_fallback: str = "percentile",
+) -> list[BootstrapResult]:
     """:func:`sequence_bootstrap` of several statistics that share one expensive step.
 
     ``statistic`` maps ``W (b, S)`` to ``(b, m)`` — m statistics computed from the same
@@ -614,17 +658,18 @@ def sequence_bootstrap_columns(statistic: Callable[[np.ndarray], np.ndarray], n_
     def evaluate(weights: np.ndarray) -> np.ndarray:
         out = np.asarray(statistic(weights), dtype=np.float64)
         if out.ndim != 2 or out.shape[0] != weights.shape[0]:
-            raise ValueError(f"statistic must map W {weights.shape} to shape ({weights.shape[0]}, m), "
-                             f"got {out.shape}")
+            raise ValueError(f"statistic must map W {weights.shape} to shape ({weights.shape[0]}, m), got {out.shape}")
         return out
 
     estimate = evaluate(np.ones((1, s)))[0]
-    reps = np.concatenate([evaluate(w) for w in iter_bootstrap_weights(s, n_resamples, seed, group_ids,
-                                                                       chunk_size)])
+    reps = np.concatenate([evaluate(w) for w in iter_bootstrap_weights(s, n_resamples, seed, group_ids, chunk_size)])
     jack = None
     if method == "bca":
         jw = jackknife_weights(s, group_ids)
-        jack = np.concatenate([evaluate(jw[i:i + chunk_size]) for i in range(0, jw.shape[0], chunk_size)])
-    return [ci_from_replicates(estimate[j], reps[:, j], None if jack is None else jack[:, j], ci_level, method,
-                               bca_fallback=bca_fallback)
-            for j in range(estimate.size)]
+        jack = np.concatenate([evaluate(jw[i : i + chunk_size]) for i in range(0, jw.shape[0], chunk_size)])
+    return [
+        ci_from_replicates(
+            estimate[j], reps[:, j], None if jack is None else jack[:, j], ci_level, method, bca_fallback=bca_fallback
+        )
+        for j in range(estimate.size)
+    ]

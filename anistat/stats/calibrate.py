@@ -200,31 +200,46 @@ def _simulate_one(rng, scenario, condition, cfg):
     # population targets for this fixed U
     e_pop = float(np.trace(u.T @ sigma @ u) / np.trace(sigma))
     truth = {"fraction": e_pop, "haar": e_pop / (k / d), "normal": e_pop / (k / (d - k) * (1.0 - e_pop))}
-    common = dict(rank=k, dim=d, null_fractions=null, observed_fraction=observed, n_bootstrap=cfg["n_bootstrap"],
-                  ci_level=cfg["ci_level"], ci_method=cfg["ci_method"], n_test_resamples=cfg["n_test_resamples"],
-                  # a fresh resampling stream per simulated study (one shared weights matrix would
-                  # bias every study's coverage the same way)
-                  seed=int(rng.integers(2**62)),
-                  # the intervals themselves at every study size, including those below the
-                  # analysis's MIN_RESAMPLING_UNITS (where a run withholds them)
-                  min_resampling_units=2)
-    out = {"p_exact": 0.0,
-           "p_exact_sequential": sequential_monte_carlo_pvalue(observed, null, cfg["stop_after"])[0]}
+    common = dict(
+        rank=k,
+        dim=d,
+        null_fractions=null,
+        observed_fraction=observed,
+        n_bootstrap=cfg["n_bootstrap"],
+        ci_level=cfg["ci_level"],
+        ci_method=cfg["ci_method"],
+        n_test_resamples=cfg["n_test_resamples"],
+        # a fresh resampling stream per simulated study (one shared weights matrix would
+        # bias every study's coverage the same way)
+        seed=int(rng.integers(2**62)),
+        # the intervals themselves at every study size, including those below the
+        # analysis's MIN_RESAMPLING_UNITS (where a run withholds them)
+        min_resampling_units=2,
+    )
+    out = {"p_exact": 0.0, "p_exact_sequential": sequential_monte_carlo_pvalue(observed, null, cfg["stop_after"])[0]}
     for kind in ("haar", "normal"):
         reference = expected_control_energy(kind, p_seq, t_seq, k, d)
         for unit, groups in (("document", doc_of_seq if clustered else None), ("sequence", None)):
             if unit == "sequence" and not clustered:
                 continue
-            res = analyze_energy(p_seq, t_seq, reference, group_ids=groups, control_kind=kind,
-                                 control_fractions=normal if kind == "normal" else None, **common)
+            res = analyze_energy(
+                p_seq,
+                t_seq,
+                reference,
+                group_ids=groups,
+                control_kind=kind,
+                control_fractions=normal if kind == "normal" else None,
+                **common,
+            )
             ratio, fraction = res["energy_ratio"], res["energy_fraction"]
             out[f"cover_ratio_{kind}_{unit}"] = float(ratio.ci_low <= truth[kind] <= ratio.ci_high)
             if kind == "haar":
                 out[f"cover_fraction_{unit}"] = float(fraction.ci_low <= e_pop <= fraction.ci_high)
                 out[f"p_data_{unit}"] = res.data_test.p_value
                 sums, _ = cluster_sums(np.stack([p_seq, reference], axis=1), groups)
-                out[f"p_sign_flip_{unit}"] = sign_flip_test(sums[:, 0] - sums[:, 1], cfg["n_test_resamples"],
-                                                            common["seed"]).p_value
+                out[f"p_sign_flip_{unit}"] = sign_flip_test(
+                    sums[:, 0] - sums[:, 1], cfg["n_test_resamples"], common["seed"]
+                ).p_value
             out["p_exact"] = res.p_value
     for unit in ("sequence",):
         if not clustered:  # sequences are the documents: the same analysis
@@ -256,10 +271,23 @@ def _haar_from(z):
     return q * np.sign(np.diagonal(r, axis1=-2, axis2=-1))[..., None, :]
 
 
-_COLS = ("p_exact", "p_exact_sequential", "p_paper_normal_20", "p_paper_normal_99", "p_paper_haar_20",
-         "p_data_document", "p_data_sequence", "p_sign_flip_document", "p_sign_flip_sequence",
-         "cover_fraction_document", "cover_ratio_haar_document", "cover_ratio_normal_document",
-         "cover_fraction_sequence", "cover_ratio_haar_sequence", "cover_ratio_normal_sequence")
+_COLS = (
+    "p_exact",
+    "p_exact_sequential",
+    "p_paper_normal_20",
+    "p_paper_normal_99",
+    "p_paper_haar_20",
+    "p_data_document",
+    "p_data_sequence",
+    "p_sign_flip_document",
+    "p_sign_flip_sequence",
+    "cover_fraction_document",
+    "cover_ratio_haar_document",
+    "cover_ratio_normal_document",
+    "cover_fraction_sequence",
+    "cover_ratio_haar_sequence",
+    "cover_ratio_normal_sequence",
+)
 
 
 def _run_block(args):
@@ -291,7 +319,7 @@ def goal_check(value: float, band: tuple[float, float], n: int) -> dict:
     centre, half = (low + high) / 2, (high - low) / 2
     se = float(np.sqrt(centre * (1 - centre) / max(int(n), 1)))
     margin = 1.96 * se
-    needed = int(np.ceil(1.96 ** 2 * centre * (1 - centre) / half ** 2))
+    needed = int(np.ceil(1.96**2 * centre * (1 - centre) / half**2))
     outside = max(low - value, value - high, 0.0) if np.isfinite(value) else np.inf
     if outside > margin:
         verdict = "NOT met"
@@ -299,8 +327,17 @@ def goal_check(value: float, band: tuple[float, float], n: int) -> dict:
         verdict = "unresolved"
     else:
         verdict = "met" if outside == 0 else "NOT met"
-    return {"value": value, "low": low, "high": high, "n": int(n), "se": se, "margin": margin, "needed": needed,
-            "verdict": verdict, "passed": verdict == "met"}
+    return {
+        "value": value,
+        "low": low,
+        "high": high,
+        "n": int(n),
+        "se": se,
+        "margin": margin,
+        "needed": needed,
+        "verdict": verdict,
+        "passed": verdict == "met",
+    }
 
 
 def describe_goal(name: str, check: dict) -> str:
@@ -308,8 +345,10 @@ def describe_goal(name: str, check: dict) -> str:
     band = f"[{check['low']:g}, {check['high']:g}]"
     measured = f"{check['value']:.4f} ± {check['margin']:.4f} at {check['n']} simulated studies"
     if check["verdict"] == "unresolved":
-        return (f"goal {name}: unresolved ({measured}: this Monte-Carlo error cannot resolve {band}; "
-                f"it needs at least {check['needed']})")
+        return (
+            f"goal {name}: unresolved ({measured}: this Monte-Carlo error cannot resolve {band}; "
+            f"it needs at least {check['needed']})"
+        )
     return f"goal {name}: {check['verdict']} ({measured}, goal {band})"
 
 
@@ -323,14 +362,34 @@ _P_COLUMNS = tuple(c for c in _COLS if c.startswith("p_"))
 _COVER_COLUMNS = tuple(c for c in _COLS if c.startswith("cover_"))
 
 
-def run_calibration(n_simulations: int = 2000, seed: int = 0, *, scenarios=SCENARIOS,
-                    planted_ratios=(1.0, 1.5, 2.0), n_documents: int = 60, coverage_documents=(),
-                    sequences_per_document: float = 4.0, dim: int = 24, rank: int = 3, tokens_per_sequence=(4, 16),
-                    within_correlation: float = 0.3, document_correlation: float = 0.3, topic_rank: int = 2,
-                    scale_sd: float = 0.25, skewed_document_sd: float = SKEWED_DOCUMENT_SD, n_null: int = 999, stop_after: int = 10, n_bootstrap: int = 1000,
-                    n_test_resamples: int = 999, alpha: float = 0.05, ci_level: float = 0.95,
-                    ci_method: str = "studentized", n_jobs: int = 1, keep_simulations: bool = False,
-                    n_permutations: int | None = None) -> CalibrationResult:
+def run_calibration(
+    n_simulations: int = 2000,
+    seed: int = 0,
+    *,
+    scenarios=SCENARIOS,
+    planted_ratios=(1.0, 1.5, 2.0),
+    n_documents: int = 60,
+    coverage_documents=(),
+    sequences_per_document: float = 4.0,
+    dim: int = 24,
+    rank: int = 3,
+    tokens_per_sequence=(4, 16),
+    within_correlation: float = 0.3,
+    document_correlation: float = 0.3,
+    topic_rank: int = 2,
+    scale_sd: float = 0.25,
+    skewed_document_sd: float = SKEWED_DOCUMENT_SD,
+    n_null: int = 999,
+    stop_after: int = 10,
+    n_bootstrap: int = 1000,
+    n_test_resamples: int = 999,
+    alpha: float = 0.05,
+    ci_level: float = 0.95,
+    ci_method: str = "studentized",
+    n_jobs: int = 1,
+    keep_simulations: bool = False,
+    n_permutations: int | None = None,
+) -> CalibrationResult:
     """Run the calibration study (see the module docstring). Deterministic given ``seed``;
     ``n_jobs > 1`` spreads simulations over processes with identical results. The goals are
     judged at ``n_documents``; ``coverage_documents`` (e.g. ``(30, 200)``) adds the same study
@@ -357,23 +416,45 @@ def run_calibration(n_simulations: int = 2000, seed: int = 0, *, scenarios=SCENA
     if not 2 * rank <= dim:
         raise ValueError("normal controls need 2 rank <= dim")
     sizes = [int(n_documents)] + [int(n) for n in coverage_documents if int(n) != int(n_documents)]
-    cfg = dict(n_simulations=int(n_simulations), seed=int(seed), scenarios=list(scenarios),
-               planted_ratios=list(planted_ratios), n_documents=int(n_documents), coverage_documents=sizes[1:],
-               sequences_per_document=float(sequences_per_document), dim=int(dim), rank=int(rank),
-               tokens_per_sequence=[int(x) for x in tokens_per_sequence],
-               within_correlation=float(within_correlation), document_correlation=float(document_correlation),
-               topic_rank=int(topic_rank), scale_sd=float(scale_sd), skewed_document_sd=float(skewed_document_sd),
-               n_null=int(n_null), stop_after=int(stop_after),
-               n_bootstrap=int(n_bootstrap), n_test_resamples=int(n_permutations or n_test_resamples),
-               alpha=float(alpha), ci_level=float(ci_level), ci_method=ci_method)
+    cfg = dict(
+        n_simulations=int(n_simulations),
+        seed=int(seed),
+        scenarios=list(scenarios),
+        planted_ratios=list(planted_ratios),
+        n_documents=int(n_documents),
+        coverage_documents=sizes[1:],
+        sequences_per_document=float(sequences_per_document),
+        dim=int(dim),
+        rank=int(rank),
+        tokens_per_sequence=[int(x) for x in tokens_per_sequence],
+        within_correlation=float(within_correlation),
+        document_correlation=float(document_correlation),
+        topic_rank=int(topic_rank),
+        scale_sd=float(scale_sd),
+        skewed_document_sd=float(skewed_document_sd),
+        n_null=int(n_null),
+        stop_after=int(stop_after),
+        n_bootstrap=int(n_bootstrap),
+        n_test_resamples=int(n_permutations or n_test_resamples),
+        alpha=float(alpha),
+        ci_level=float(ci_level),
+        ci_method=ci_method,
+    )
     t0 = time.perf_counter()
     results = {size: _simulate_all({**cfg, "n_documents": size}, scenarios, n_jobs) for size in sizes}
     rows, checks = _summarise(results, cfg, scenarios)
-    sims = ({f"{scenario}/{condition}": dict(zip(_COLS, results[sizes[0]][si, ci].T))
-             for si, scenario in enumerate(scenarios) for ci, condition in enumerate(_conditions(cfg))}
-            if keep_simulations else {})
-    return CalibrationResult(settings=cfg, conditions=tuple(rows), checks=checks,
-                             elapsed_s=float(time.perf_counter() - t0), simulations=sims)
+    sims = (
+        {
+            f"{scenario}/{condition}": dict(zip(_COLS, results[sizes[0]][si, ci].T))
+            for si, scenario in enumerate(scenarios)
+            for ci, condition in enumerate(_conditions(cfg))
+        }
+        if keep_simulations
+        else {}
+    )
+    return CalibrationResult(
+        settings=cfg, conditions=tuple(rows), checks=checks, elapsed_s=float(time.perf_counter() - t0), simulations=sims
+    )
 
 
 def _conditions(cfg) -> tuple:
@@ -383,9 +464,12 @@ def _conditions(cfg) -> tuple:
 def _simulate_all(cfg, scenarios, n_jobs) -> np.ndarray:
     """``(scenario, condition, simulation, column)`` results at ``cfg["n_documents"]``."""
     n_simulations, conditions, block = cfg["n_simulations"], _conditions(cfg), 50
-    tasks = [(si, ci, scenario, condition, list(range(a, min(a + block, n_simulations))), cfg)
-             for si, scenario in enumerate(scenarios) for ci, condition in enumerate(conditions)
-             for a in range(0, n_simulations, block)]
+    tasks = [
+        (si, ci, scenario, condition, list(range(a, min(a + block, n_simulations))), cfg)
+        for si, scenario in enumerate(scenarios)
+        for ci, condition in enumerate(conditions)
+        for a in range(0, n_simulations, block)
+    ]
     results = np.empty((len(scenarios), len(conditions), n_simulations, len(_COLS)))
     if n_jobs > 1:
         with ProcessPoolExecutor(max_workers=int(n_jobs)) as pool:
@@ -406,8 +490,12 @@ def _summarise(results: dict, cfg, scenarios) -> tuple[list[dict], dict]:
         for si, scenario in enumerate(scenarios):
             for ci, condition in enumerate(_conditions(cfg)):
                 r = dict(zip(_COLS, table[si, ci].T))
-                row = {"documents": size, "scenario": scenario, "condition": str(condition),
-                       "n_simulations": int(n_simulations)}
+                row = {
+                    "documents": size,
+                    "scenario": scenario,
+                    "condition": str(condition),
+                    "n_simulations": int(n_simulations),
+                }
                 for name in _P_COLUMNS:
                     row[f"rejection_{name[2:]}"], row[f"rejection_{name[2:]}_se"] = _rate(r[name] <= alpha)
                 for name in _COVER_COLUMNS:
@@ -416,22 +504,29 @@ def _summarise(results: dict, cfg, scenarios) -> tuple[list[dict], dict]:
                 if size != main:
                     continue
                 if condition == RANDOM_PROXY:
-                    for column, label in (("rejection_exact", "the exact test (all draws)"),
-                                          ("rejection_exact_sequential", "the exact test (sequential)")):
-                        checks[f"{scenario}: type-I error of {label}"] = goal_check(row[column], GOALS["type1"],
-                                                                                     n_simulations)
+                    for column, label in (
+                        ("rejection_exact", "the exact test (all draws)"),
+                        ("rejection_exact_sequential", "the exact test (sequential)"),
+                    ):
+                        checks[f"{scenario}: type-I error of {label}"] = goal_check(
+                            row[column], GOALS["type1"], n_simulations
+                        )
                 if condition == 1.0:
                     checks[f"{scenario}: type-I error of the data test"] = goal_check(
-                        row["rejection_data_document"], GOALS["type1"], n_simulations)
+                        row["rejection_data_document"], GOALS["type1"], n_simulations
+                    )
             cover = [row for row in rows if row["scenario"] == scenario and row["documents"] == main]
-            for name, label in (("coverage_fraction_document", "energy fraction"),
-                                ("coverage_ratio_haar_document", "energy ratio (haar)"),
-                                ("coverage_ratio_normal_document", "energy ratio (normal)")):
+            for name, label in (
+                ("coverage_fraction_document", "energy fraction"),
+                ("coverage_ratio_haar_document", "energy ratio (haar)"),
+                ("coverage_ratio_normal_document", "energy ratio (normal)"),
+            ):
                 if size != main:
                     continue
                 # the mean coverage over the scenario's conditions: len(cover) × n_simulations studies
                 checks[f"{scenario}: {cfg['ci_level']:.0%} CI coverage, {label}"] = goal_check(
-                    float(np.mean([c[name] for c in cover])), GOALS["coverage"], len(cover) * n_simulations)
+                    float(np.mean([c[name] for c in cover])), GOALS["coverage"], len(cover) * n_simulations
+                )
     return rows, checks
 
 
@@ -449,9 +544,12 @@ def _figure(result: CalibrationResult):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     null = frame[frame["condition"] == RANDOM_PROXY]
     ax = axes[0]
-    labels = {"rejection_exact": "exact (Haar MC)", "rejection_exact_sequential": "exact, sequential",
-              "rejection_paper_normal_20": "paper: 20 normal controls",
-              "rejection_paper_normal_99": "paper: 99 normal controls"}
+    labels = {
+        "rejection_exact": "exact (Haar MC)",
+        "rejection_exact_sequential": "exact, sequential",
+        "rejection_paper_normal_20": "paper: 20 normal controls",
+        "rejection_paper_normal_99": "paper: 99 normal controls",
+    }
     width = 0.8 / len(labels)
     x = np.arange(len(null))
     for i, (key, label) in enumerate(labels.items()):
@@ -463,10 +561,17 @@ def _figure(result: CalibrationResult):
     ax.legend(fontsize=7)
     ax = axes[1]
     for scenario, group in frame.groupby("scenario", sort=False):
-        ax.plot(group["condition"], group["coverage_ratio_normal_document"], marker="o", label=f"{scenario} (documents)")
+        ax.plot(
+            group["condition"], group["coverage_ratio_normal_document"], marker="o", label=f"{scenario} (documents)"
+        )
         if scenario == "clustered":
-            ax.plot(group["condition"], group["coverage_ratio_normal_sequence"], marker="x", ls=":",
-                    label="clustered (sequences, ignoring documents)")
+            ax.plot(
+                group["condition"],
+                group["coverage_ratio_normal_sequence"],
+                marker="x",
+                ls=":",
+                label="clustered (sequences, ignoring documents)",
+            )
     ax.axhspan(*GOALS["coverage"], color="grey", alpha=0.15)
     ax.set_xlabel("condition (random proxy or planted ratio)")
     ax.set_ylabel("CI coverage, energy ratio (normal)")
@@ -538,9 +643,12 @@ def write_calibration_report(result: CalibrationResult, out_dir, family=None) ->
 def _table(frame, cols) -> str:
     esc = html.escape
     head = "".join(f"<th>{esc(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(
-        f"<td>{esc(row[c] if isinstance(row[c], str) else format(row[c], '.4g'))}</td>" for c in cols) + "</tr>"
-                   for _, row in frame.iterrows())
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td>{esc(row[c] if isinstance(row[c], str) else format(row[c], '.4g'))}</td>" for c in cols)
+        + "</tr>"
+        for _, row in frame.iterrows()
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -550,26 +658,50 @@ def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
 
     esc = html.escape
     main = frame[frame["documents"] == result.settings["n_documents"]]
-    cols = ["scenario", "condition", "rejection_exact", "rejection_exact_sequential", "rejection_paper_normal_20",
-            "rejection_data_document", "rejection_sign_flip_document", "coverage_fraction_document",
-            "coverage_ratio_haar_document", "coverage_ratio_normal_document", "coverage_ratio_normal_sequence"]
-    by_size = frame.groupby(["documents", "scenario"], sort=False)[
-        ["coverage_ratio_normal_document", "coverage_ratio_haar_document"]].mean().reset_index()
+    cols = [
+        "scenario",
+        "condition",
+        "rejection_exact",
+        "rejection_exact_sequential",
+        "rejection_paper_normal_20",
+        "rejection_data_document",
+        "rejection_sign_flip_document",
+        "coverage_fraction_document",
+        "coverage_ratio_haar_document",
+        "coverage_ratio_normal_document",
+        "coverage_ratio_normal_sequence",
+    ]
+    by_size = (
+        frame.groupby(["documents", "scenario"], sort=False)[
+            ["coverage_ratio_normal_document", "coverage_ratio_haar_document"]
+        ]
+        .mean()
+        .reset_index()
+    )
     checks = "".join(
         f"<li>{esc(name)}: {esc(format(c['value'], '.4f'))} ± {esc(format(c['margin'], '.4f'))} "
         f"(goal [{c['low']}, {c['high']}]) — <b>{esc(c['verdict'])}</b>"
-        + (f" (needs ≥ {c['needed']} simulated studies)" if c["verdict"] == "unresolved" else "") + "</li>"
-        for name, c in result.checks.items())
+        + (f" (needs ≥ {c['needed']} simulated studies)" if c["verdict"] == "unresolved" else "")
+        + "</li>"
+        for name, c in result.checks.items()
+    )
     family_html = ""
     if family is not None:
-        family_html = ("<h2>Multiplicity with shared draws</h2><p>" + esc(
-            f"{family.settings['n_simulations']} simulated studies of {family.settings['n_units']} units "
-            f"({family.settings['n_effects']} planted in the design with effects), {family.settings['n_null']} "
-            f"Haar draws: Holm's family-wise error and BH's false discovery rate at "
-            f"alpha = {family.settings['alpha']:g}, with the draws shared by a study's units (as anistat runs "
-            "them) and with independent draws per unit.") + "</p>" + _table(pd.DataFrame(list(family.rows)), [
-                "condition", "stop_after", "fwer_holm", "fwer_holm_se", "fdr_bh", "fdr_bh_se",
-                "mean_discoveries_bh"]))
+        family_html = (
+            "<h2>Multiplicity with shared draws</h2><p>"
+            + esc(
+                f"{family.settings['n_simulations']} simulated studies of {family.settings['n_units']} units "
+                f"({family.settings['n_effects']} planted in the design with effects), {family.settings['n_null']} "
+                f"Haar draws: Holm's family-wise error and BH's false discovery rate at "
+                f"alpha = {family.settings['alpha']:g}, with the draws shared by a study's units (as anistat runs "
+                "them) and with independent draws per unit."
+            )
+            + "</p>"
+            + _table(
+                pd.DataFrame(list(family.rows)),
+                ["condition", "stop_after", "fwer_holm", "fwer_holm_se", "fdr_bh", "fdr_bh_se", "mean_discoveries_bh"],
+            )
+        )
     settings = esc(json.dumps(_jsonable(result.settings)))
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
@@ -584,5 +716,8 @@ def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
         f"<img alt='type-I error and coverage' src='data:image/png;base64,"
         f"{base64.b64encode(png).decode('ascii')}' style='max-width:100%'>"
         + _table(main, cols)
-        + "<h2>Coverage by number of documents</h2>" + _table(by_size, list(by_size.columns))
-        + family_html + f"<h2>Settings</h2><pre>{settings}</pre></body></html>")
+        + "<h2>Coverage by number of documents</h2>"
+        + _table(by_size, list(by_size.columns))
+        + family_html
+        + f"<h2>Settings</h2><pre>{settings}</pre></body></html>"
+    )

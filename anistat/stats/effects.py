@@ -129,8 +129,9 @@ def anisotropy_capture(fraction: ArrayLike, rank: int, dim: int, oracle_fraction
     return float(out) if out.ndim == 0 else out
 
 
-def per_sequence_differences(proxy_energy: ArrayLike, control_energy: ArrayLike,
-                             total_energy: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+def per_sequence_differences(
+    proxy_energy: ArrayLike, control_energy: ArrayLike, total_energy: ArrayLike
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-sequence ``d_s = (proxy_s - mean_j control_sj) / total_s`` and the validity mask.
 
     Sequences with ``total_s <= 0`` (no gradient energy) are invalid (NaN).

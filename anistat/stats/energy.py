@@ -92,8 +92,7 @@ from .effects import anisotropy_capture, hedges_correction
 from .interval_se import interval_implied_se, interval_log_scale
 from .montecarlo import monte_carlo_pvalue
 
-METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g",
-           "anisotropy_capture")
+METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture")
 #: Names of the tests behind ``p_value`` (the ``p_test`` column of the results).
 EXACT_TEST = "haar_monte_carlo"
 #: The data test of "this proxy's population ratio is 1" (hedges_g rows): the studentized
@@ -194,14 +193,28 @@ class EnergyAnalysis:
 
     def to_records(self) -> list[dict]:
         """One dict per metric with the results-table columns this layer knows."""
-        return [{"metric": m.metric, "estimate": m.estimate, "control_mean": m.control_mean,
-                 "control_sd": m.control_sd, "ci_low": m.ci_low, "ci_high": m.ci_high,
-                 "ci_method": m.ci_method, "p_value": m.p_value, "p_test": m.p_test,
-                 "p_value_paper": m.p_value_paper, "effect_size": m.effect_size,
-                 "effect_size_kind": m.effect_size_kind, "se": m.se,
-                 "n_controls": self.data_test.n_resamples if m.p_test == DATA_TEST else self.n_null,
-                 "n_sequences": self.n_sequences, "n_clusters": self.n_clusters, "note": m.note}
-                for m in self.metrics]
+        return [
+            {
+                "metric": m.metric,
+                "estimate": m.estimate,
+                "control_mean": m.control_mean,
+                "control_sd": m.control_sd,
+                "ci_low": m.ci_low,
+                "ci_high": m.ci_high,
+                "ci_method": m.ci_method,
+                "p_value": m.p_value,
+                "p_test": m.p_test,
+                "p_value_paper": m.p_value_paper,
+                "effect_size": m.effect_size,
+                "effect_size_kind": m.effect_size_kind,
+                "se": m.se,
+                "n_controls": self.data_test.n_resamples if m.p_test == DATA_TEST else self.n_null,
+                "n_sequences": self.n_sequences,
+                "n_clusters": self.n_clusters,
+                "note": m.note,
+            }
+            for m in self.metrics
+        ]
 
 
 def expected_control_energy(kind: str, proxy_energy, total_energy, rank: int, dim: int) -> np.ndarray:
@@ -294,9 +307,16 @@ class ControlMoments:
         return cls(mean, sd, f"{np.isfinite(np.asarray(fractions, dtype=float)).sum()} draws")
 
 
-def control_energy_moments(kind: str, rank: int, dim: int, trace: float, frobenius_sq: float,
-                           proxy_trace: float = 0.0, proxy_cross_sq: float = 0.0,
-                           proxy_block_sq: float = 0.0) -> ControlMoments:
+def control_energy_moments(
+    kind: str,
+    rank: int,
+    dim: int,
+    trace: float,
+    frobenius_sq: float,
+    proxy_trace: float = 0.0,
+    proxy_cross_sq: float = 0.0,
+    proxy_block_sq: float = 0.0,
+) -> ControlMoments:
     """Exact mean and sd of ``E(Q) = tr(QᵀMQ)/tr M`` over a Haar or ``normal`` control draw.
 
     For ``P`` a Haar rank-``k`` projection in ``m`` dimensions and symmetric ``A`` (``m × m``):
@@ -330,8 +350,14 @@ def control_energy_moments(kind: str, rank: int, dim: int, trace: float, frobeni
         whole = "the proxy's whole complement (k = d/2)" if kind == "normal" else "the whole space (k = d)"
         return ControlMoments(float(a_trace / trace), 0.0, f"closed form; the control is {whole}, sd exactly 0")
     mean = rank / m * a_trace / trace
-    variance = (2.0 * rank * (m - rank) / ((m - 1.0) * m * (m + 2.0))
-                * max(a_frob - a_trace * a_trace / m, 0.0) / (trace * trace))
+    variance = (
+        2.0
+        * rank
+        * (m - rank)
+        / ((m - 1.0) * m * (m + 2.0))
+        * max(a_frob - a_trace * a_trace / m, 0.0)
+        / (trace * trace)
+    )
     return ControlMoments(float(mean), float(np.sqrt(variance)), "closed form")
 
 
@@ -368,16 +394,32 @@ class _Units:
         return int(self.proxy.size)
 
 
-def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, dim: int,
-                   null_fractions=None, exact: ExactTestResult | None = None,
-                   control_fractions=None, control_moments: ControlMoments | None = None,
-                   paper_fractions=None, observed_fraction: float | None = None,
-                   n_paper_controls: int | None = None, group_ids=None,
-                   oracle_fraction: float | None = None, reference: str = "expected",
-                   control_kind: str = "haar", n_bootstrap: int = 2000, ci_level: float = 0.95,
-                   ci_method: str = "studentized", n_test_resamples: int | None = None,
-                   alternative: str = "greater", seed: int = 0,
-                   min_resampling_units: int = MIN_RESAMPLING_UNITS) -> EnergyAnalysis:
+def analyze_energy(
+    proxy_energy,
+    total_energy,
+    reference_energy,
+    *,
+    rank: int,
+    dim: int,
+    null_fractions=None,
+    exact: ExactTestResult | None = None,
+    control_fractions=None,
+    control_moments: ControlMoments | None = None,
+    paper_fractions=None,
+    observed_fraction: float | None = None,
+    n_paper_controls: int | None = None,
+    group_ids=None,
+    oracle_fraction: float | None = None,
+    reference: str = "expected",
+    control_kind: str = "haar",
+    n_bootstrap: int = 2000,
+    ci_level: float = 0.95,
+    ci_method: str = "studentized",
+    n_test_resamples: int | None = None,
+    alternative: str = "greater",
+    seed: int = 0,
+    min_resampling_units: int = MIN_RESAMPLING_UNITS,
+) -> EnergyAnalysis:
     """Exact test, CIs and effect sizes of one proxy against one control kind.
 
     Parameters
@@ -424,8 +466,21 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
     >>> ratio.estimate > 1
     True
     """
-    p, t, e, null = _checked_inputs(proxy_energy, total_energy, reference_energy, null_fractions, exact, rank, dim,
-                                    alternative, ci_level, n_bootstrap, ci_method, reference, min_resampling_units)
+    p, t, e, null = _checked_inputs(
+        proxy_energy,
+        total_energy,
+        reference_energy,
+        null_fractions,
+        exact,
+        rank,
+        dim,
+        alternative,
+        ci_level,
+        n_bootstrap,
+        ci_method,
+        reference,
+        min_resampling_units,
+    )
     units = _resampling_units(p, t, e, group_ids)
     draws = null if control_fractions is None else np.asarray(control_fractions, dtype=np.float64).ravel()
     control = control_moments if control_moments is not None else ControlMoments.of_draws(draws)
@@ -434,46 +489,98 @@ def analyze_energy(proxy_energy, total_energy, reference_energy, *, rank: int, d
     observed = fraction if observed_fraction is None else float(observed_fraction)
     if exact is None:
         exact = ExactTestResult(monte_carlo_pvalue(observed, null, alternative), int(null.size))
-    p_paper = (monte_carlo_pvalue(observed, paper[:n_paper_controls], alternative)
-               if n_paper_controls and paper.size else np.nan)
+    p_paper = (
+        monte_carlo_pvalue(observed, paper[:n_paper_controls], alternative)
+        if n_paper_controls and paper.size
+        else np.nan
+    )
     contribution = units.proxy - units.reference
     if units.n >= min_resampling_units:
         weights = bootstrap_weights(units.n, max(n_bootstrap, n_test_resamples or 0), seed)
         # the closed-form kinds share one data test: p = k/d·t (haar ratio 1) ⟺ normal ratio 1
         null_reference = rank / dim * units.total if reference == "expected" else units.reference
-        data_test = studentized_ratio_test(units.proxy, null_reference, weights, alternative=alternative,
-                                           expand_units=units.n)
+        data_test = studentized_ratio_test(
+            units.proxy, null_reference, weights, alternative=alternative, expand_units=units.n
+        )
         ci_f, ci_r = _ratio_intervals(units, weights, ci_level, ci_method)
         ci_f = _clipped(ci_f, 0.0, 1.0, "energy fraction")
         haar_bound = reference == "expected" and control_kind == "haar"
         ci_r = _clipped(ci_r, 0.0, dim / rank if haar_bound else np.inf, "energy ratio")
     else:
         weights = None
-        why = (f"intervals, their SEs and the data test withheld: {units.n} {units.name}, fewer than the "
-               f"{min_resampling_units} resampling units they need")
+        why = (
+            f"intervals, their SEs and the data test withheld: {units.n} {units.name}, fewer than the "
+            f"{min_resampling_units} resampling units they need"
+        )
         data_test = StudentizedTest(np.nan, np.nan, np.nan, 0, alternative, why)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = units.proxy.sum() / units.reference.sum()
-        ci_f, ci_r = (BootstrapResult(float(estimate), np.nan, np.nan, "none", why, np.nan, 0, ci_level)
-                      for estimate in (fraction, ratio))
-    rows = _metric_rows(units, control, exact, float(p_paper), ci_f, ci_r, weights, contribution, data_test,
-                        rank, dim, oracle_fraction, reference, control_kind, group_ids is not None, ci_level,
-                        draws.size if control.source != "closed form" else 0)
-    return EnergyAnalysis(tuple(rows), float(exact.p_value), float(p_paper), data_test, int(exact.n_draws),
-                          int(draws.size), int(p.size), units.n, int(rank), int(dim), int(n_bootstrap),
-                          float(ci_level), alternative, int(seed), exact.note)
+        ci_f, ci_r = (
+            BootstrapResult(float(estimate), np.nan, np.nan, "none", why, np.nan, 0, ci_level)
+            for estimate in (fraction, ratio)
+        )
+    rows = _metric_rows(
+        units,
+        control,
+        exact,
+        float(p_paper),
+        ci_f,
+        ci_r,
+        weights,
+        contribution,
+        data_test,
+        rank,
+        dim,
+        oracle_fraction,
+        reference,
+        control_kind,
+        group_ids is not None,
+        ci_level,
+        draws.size if control.source != "closed form" else 0,
+    )
+    return EnergyAnalysis(
+        tuple(rows),
+        float(exact.p_value),
+        float(p_paper),
+        data_test,
+        int(exact.n_draws),
+        int(draws.size),
+        int(p.size),
+        units.n,
+        int(rank),
+        int(dim),
+        int(n_bootstrap),
+        float(ci_level),
+        alternative,
+        int(seed),
+        exact.note,
+    )
 
 
-def _checked_inputs(proxy_energy, total_energy, reference_energy, null_fractions, exact, rank, dim, alternative,
-                    ci_level, n_bootstrap, ci_method, reference, min_resampling_units):
+def _checked_inputs(
+    proxy_energy,
+    total_energy,
+    reference_energy,
+    null_fractions,
+    exact,
+    rank,
+    dim,
+    alternative,
+    ci_level,
+    n_bootstrap,
+    ci_method,
+    reference,
+    min_resampling_units,
+):
     """Validate :func:`analyze_energy`'s inputs once (the core never re-checks them)."""
     p = as_1d_float(proxy_energy, "proxy_energy")
     t = as_1d_float(total_energy, "total_energy")
     e = as_1d_float(reference_energy, "reference_energy")
     s = p.size
     if t.size != s or e.size != s:
-        raise ValueError(f"proxy, total and reference energies must have the same shape (S,); got "
-                         f"{p.shape}, {t.shape}, {e.shape}")
+        raise ValueError(
+            f"proxy, total and reference energies must have the same shape (S,); got {p.shape}, {t.shape}, {e.shape}"
+        )
     if s < 2:
         raise ValueError(f"need at least 2 sequences, got S={s}")
     if (p < 0).any() or (t < 0).any() or (e < 0).any():
@@ -510,8 +617,12 @@ def _clipped(interval: BootstrapResult, low: float, high: float, what: str) -> B
     lo, hi = (float(np.clip(x, low, high)) for x in (interval.ci_low, interval.ci_high))
     if (lo == interval.ci_low or np.isnan(lo)) and (hi == interval.ci_high or np.isnan(hi)):
         return interval
-    return replace(interval, ci_low=lo, ci_high=hi,
-                   note=_join(interval.note, f"CI clipped to the {what}'s range [{low:g}, {high:g}]"))
+    return replace(
+        interval,
+        ci_low=lo,
+        ci_high=hi,
+        note=_join(interval.note, f"CI clipped to the {what}'s range [{low:g}, {high:g}]"),
+    )
 
 
 def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[BootstrapResult, BootstrapResult]:
@@ -526,43 +637,85 @@ def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[Boots
             jack = (jackknife @ numerator) / (jackknife @ denominator)
         extra: dict[str, Any] = {}
         if ci_method == "studentized":  # on the log scale, tails expanded for few units
-            extra = dict(se=float(ratio_se(ones, numerator, denominator)[0]),
-                         replicate_se=ratio_se(weights, numerator, denominator), log_scale=True,
-                         expand_units=units.n)
+            extra = dict(
+                se=float(ratio_se(ones, numerator, denominator)[0]),
+                replicate_se=ratio_se(weights, numerator, denominator),
+                log_scale=True,
+                expand_units=units.n,
+            )
         out.append(ci_from_replicates(estimate, replicates, jack, ci_level, ci_method, **extra))
     return out[0], out[1]
 
 
-def _metric_rows(units: _Units, control: ControlMoments, exact: ExactTestResult, p_paper: float,
-                 ci_f: BootstrapResult, ci_r: BootstrapResult, weights, contribution, data_test, rank, dim,
-                 oracle_fraction, reference, control_kind, by_document, ci_level, n_drawn) -> list[MetricResult]:
+def _metric_rows(
+    units: _Units,
+    control: ControlMoments,
+    exact: ExactTestResult,
+    p_paper: float,
+    ci_f: BootstrapResult,
+    ci_r: BootstrapResult,
+    weights,
+    contribution,
+    data_test,
+    rank,
+    dim,
+    oracle_fraction,
+    reference,
+    control_kind,
+    by_document,
+    ci_level,
+    n_drawn,
+) -> list[MetricResult]:
     """The six metric rows; every ``se`` is its interval's implied SE on its own row's scale
     (:mod:`.interval_se`; delta method for the transforms)."""
     fraction, ratio = ci_f.estimate, ci_r.estimate
-    se_f, se_r = (interval_implied_se(ci.estimate, ci.ci_low, ci.ci_high, ci_level,
-                                      log_scale=interval_log_scale(ci.method), fallback=ci.se) for ci in (ci_f, ci_r))
+    se_f, se_r = (
+        interval_implied_se(
+            ci.estimate, ci.ci_low, ci.ci_high, ci_level, log_scale=interval_log_scale(ci.method), fallback=ci.se
+        )
+        for ci in (ci_f, ci_r)
+    )
     mean, sd = control.mean, control.sd
     reference_fraction = units.reference.sum() / units.total.sum()
     units_note = f"{units.n} {units.name} resampled"
     if by_document and units.n < 20:
         units_note += " (few documents: CIs may undercover)"
-    kind_note = (f"expected {control_kind}-control energy (closed form)" if reference == "expected"
-                 else f"mean of the {n_drawn} drawn {control_kind} controls (conditional on the draw)")
+    kind_note = (
+        f"expected {control_kind}-control energy (closed form)"
+        if reference == "expected"
+        else f"mean of the {n_drawn} drawn {control_kind} controls (conditional on the draw)"
+    )
     moments_note = f"control mean and sd: {control.source}"
     with np.errstate(invalid="ignore", divide="ignore"):
         z = (fraction - mean) / sd if sd > 0 else np.nan
     z_note = f"z undefined: the {control_kind} control's sd is 0 (one possible control)" if sd == 0 else ""
     fraction_note = f"CI of E[Σ‖Uᵀg‖²]/E[Σ‖g‖²] for this proxy; {moments_note}"
     if oracle_fraction is not None and np.isfinite(oracle_fraction) and ci_f.ci_high > oracle_fraction:
-        fraction_note = _join(fraction_note, f"upper bound {ci_f.ci_high:.4g} passes the sample oracle fraction "
-                                             f"E*_k = {oracle_fraction:.4g}, which only estimates the population "
-                                             "ceiling (not clipped there)")
+        fraction_note = _join(
+            fraction_note,
+            f"upper bound {ci_f.ci_high:.4g} passes the sample oracle fraction "
+            f"E*_k = {oracle_fraction:.4g}, which only estimates the population "
+            "ceiling (not clipped there)",
+        )
 
     def row(metric, estimate, control_mean, control_sd, lo, hi, ci, note, se):
         # every energy row shares the exact test and carries z as its effect size
-        return MetricResult(metric, float(estimate), float(control_mean), float(control_sd), float(lo), float(hi),
-                            ci.method, _join(note, units_note, ci.note, exact.note, z_note), float(exact.p_value),
-                            EXACT_TEST, float(p_paper), float(z), "z", float(se))
+        return MetricResult(
+            metric,
+            float(estimate),
+            float(control_mean),
+            float(control_sd),
+            float(lo),
+            float(hi),
+            ci.method,
+            _join(note, units_note, ci.note, exact.note, z_note),
+            float(exact.p_value),
+            EXACT_TEST,
+            float(p_paper),
+            float(z),
+            "z",
+            float(se),
+        )
 
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio_mean, ratio_sd = mean / reference_fraction, sd / reference_fraction
@@ -575,47 +728,105 @@ def _metric_rows(units: _Units, control: ControlMoments, exact: ExactTestResult,
         z_scale = 1.0 / sd if sd > 0 else np.nan
     rows = [
         row("energy_fraction", fraction, mean, sd, ci_f.ci_low, ci_f.ci_high, ci_f, fraction_note, se_f),
-        row("energy_ratio", ratio, ratio_mean, ratio_sd, ci_r.ci_low, ci_r.ci_high, ci_r,
+        row(
+            "energy_ratio",
+            ratio,
+            ratio_mean,
+            ratio_sd,
+            ci_r.ci_low,
+            ci_r.ci_high,
+            ci_r,
             f"ratio to the {kind_note}; its CI is over data for this proxy, not a test against "
-            f"random subspaces (that is p_value); {moments_note}", se_r),
-        row("log2_energy_ratio", log2, log2_mean, log2_sd, log2_lo, log2_hi, ci_r,
+            f"random subspaces (that is p_value); {moments_note}",
+            se_r,
+        ),
+        row(
+            "log2_energy_ratio",
+            log2,
+            log2_mean,
+            log2_sd,
+            log2_lo,
+            log2_hi,
+            ci_r,
             "CI = log2 of the ratio CI; se by the delta method; control mean and sd by the delta method",
-            se_r / (ratio * np.log(2.0)) if ratio > 0 else np.nan),
-        row("z", (fraction - mean) * z_scale, 0.0 if sd > 0 else np.nan, 1.0 if sd > 0 else np.nan,
-            (ci_f.ci_low - mean) * z_scale, (ci_f.ci_high - mean) * z_scale, ci_f,
+            se_r / (ratio * np.log(2.0)) if ratio > 0 else np.nan,
+        ),
+        row(
+            "z",
+            (fraction - mean) * z_scale,
+            0.0 if sd > 0 else np.nan,
+            1.0 if sd > 0 else np.nan,
+            (ci_f.ci_low - mean) * z_scale,
+            (ci_f.ci_high - mean) * z_scale,
+            ci_f,
             f"z against the {control_kind} controls' mean and sd ({control.source}); CI maps the fraction CI with "
-            "them held fixed", se_f * z_scale),
+            "them held fixed",
+            se_f * z_scale,
+        ),
         _hedges_row(units, weights, contribution, data_test, ci_level, kind_note, units_note),
     ]
     rows.append(_capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction, exact, p_paper, z))
     return rows
 
 
-def _hedges_row(units: _Units, weights, contribution, data_test: StudentizedTest, ci_level, kind_note,
-                units_note) -> MetricResult:
+def _hedges_row(
+    units: _Units, weights, contribution, data_test: StudentizedTest, ci_level, kind_note, units_note
+) -> MetricResult:
     """Hedges' g of the per-unit contributions Σp − Σe, with a BCa CI and the data test."""
     ones = np.ones((1, units.n))
     g = float(_hedges_g(ones, contribution)[0]) if units.n > 2 else np.nan
     if weights is None:  # too few units: withheld (the reason is the data test's note)
-        return MetricResult("hedges_g", g, np.nan, np.nan, np.nan, np.nan, "none",
-                            _join(f"standardized mean of per-unit contributions Σp − Σe ({kind_note})", units_note,
-                                  data_test.note),
-                            np.nan, DATA_TEST, np.nan, g, "hedges_g", np.nan)
+        return MetricResult(
+            "hedges_g",
+            g,
+            np.nan,
+            np.nan,
+            np.nan,
+            np.nan,
+            "none",
+            _join(f"standardized mean of per-unit contributions Σp − Σe ({kind_note})", units_note, data_test.note),
+            np.nan,
+            DATA_TEST,
+            np.nan,
+            g,
+            "hedges_g",
+            np.nan,
+        )
     if units.n > 3:
         jackknife = 1.0 - np.eye(units.n)
-        interval = ci_from_replicates(g, _hedges_g(weights, contribution), _hedges_g(jackknife, contribution),
-                                      ci_level, "bca")
+        interval = ci_from_replicates(
+            g, _hedges_g(weights, contribution), _hedges_g(jackknife, contribution), ci_level, "bca"
+        )
     else:
-        interval = BootstrapResult(g, np.nan, np.nan, "none", "too few resampling units for a CI of g", np.nan, 0,
-                                   ci_level)
-    test_note = ("p: studentized bootstrap test of population ratio 1 (log scale, the energy ratio interval's "
-                 f"pivot, {data_test.n_resamples} resamples, tails expanded for {units.n} units)")
-    return MetricResult("hedges_g", g, np.nan, np.nan, interval.ci_low, interval.ci_high, interval.method,
-                        _join(f"standardized mean of per-unit contributions Σp − Σe ({kind_note})", units_note,
-                              interval.note, test_note, data_test.note),
-                        float(data_test.p_value), DATA_TEST, np.nan, g, "hedges_g",
-                        interval_implied_se(g, interval.ci_low, interval.ci_high, ci_level, log_scale=False,
-                                            fallback=interval.se))
+        interval = BootstrapResult(
+            g, np.nan, np.nan, "none", "too few resampling units for a CI of g", np.nan, 0, ci_level
+        )
+    test_note = (
+        "p: studentized bootstrap test of population ratio 1 (log scale, the energy ratio interval's "
+        f"pivot, {data_test.n_resamples} resamples, tails expanded for {units.n} units)"
+    )
+    return MetricResult(
+        "hedges_g",
+        g,
+        np.nan,
+        np.nan,
+        interval.ci_low,
+        interval.ci_high,
+        interval.method,
+        _join(
+            f"standardized mean of per-unit contributions Σp − Σe ({kind_note})",
+            units_note,
+            interval.note,
+            test_note,
+            data_test.note,
+        ),
+        float(data_test.p_value),
+        DATA_TEST,
+        np.nan,
+        g,
+        "hedges_g",
+        interval_implied_se(g, interval.ci_low, interval.ci_high, ci_level, log_scale=False, fallback=interval.se),
+    )
 
 
 def _capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction, exact, p_paper, z) -> MetricResult:
@@ -623,10 +834,26 @@ def _capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction
     clipped to the metric's range ``[capture(0), 1]``), the oracle held fixed."""
     base = rank / dim
     if oracle_fraction is None or not np.isfinite(oracle_fraction) or not oracle_fraction > base:
-        why = ("no oracle fraction given" if oracle_fraction is None or not np.isfinite(oracle_fraction)
-               else f"oracle fraction {oracle_fraction:.4g} <= k/d; capture undefined")
-        return MetricResult("anisotropy_capture", np.nan, np.nan, np.nan, np.nan, np.nan, "none", why,
-                            float(exact.p_value), EXACT_TEST, float(p_paper), float(z), "z")
+        why = (
+            "no oracle fraction given"
+            if oracle_fraction is None or not np.isfinite(oracle_fraction)
+            else f"oracle fraction {oracle_fraction:.4g} <= k/d; capture undefined"
+        )
+        return MetricResult(
+            "anisotropy_capture",
+            np.nan,
+            np.nan,
+            np.nan,
+            np.nan,
+            np.nan,
+            "none",
+            why,
+            float(exact.p_value),
+            EXACT_TEST,
+            float(p_paper),
+            float(z),
+            "z",
+        )
     span = oracle_fraction - base
 
     def capture(x):
@@ -635,9 +862,17 @@ def _capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction
     low_bound = capture(0.0)
     lo = float(np.clip(capture(ci_f.ci_low), low_bound, 1.0))
     hi = float(np.clip(capture(ci_f.ci_high), low_bound, 1.0))
-    return row("anisotropy_capture", capture(fraction), capture(mean), sd / span, lo, hi, ci_f,
-               "CI = affine map of the fraction CI with the oracle held fixed, clipped to [capture(0), 1]",
-               se_f / span)
+    return row(
+        "anisotropy_capture",
+        capture(fraction),
+        capture(mean),
+        sd / span,
+        lo,
+        hi,
+        ci_f,
+        "CI = affine map of the fraction CI with the oracle held fixed, clipped to [capture(0), 1]",
+        se_f / span,
+    )
 
 
 @dataclass(frozen=True)
@@ -663,8 +898,14 @@ class ControlComparison:
     p_value_paper: float = np.nan
 
 
-def analyze_metric_vs_controls(observed: float, control_values, alternative: str = "greater", *,
-                               null_values=None, n_paper_controls: int | None = None) -> ControlComparison:
+def analyze_metric_vs_controls(
+    observed: float,
+    control_values,
+    alternative: str = "greater",
+    *,
+    null_values=None,
+    n_paper_controls: int | None = None,
+) -> ControlComparison:
     """Compare a one-value-per-basis metric (e.g. ΔIsoScore*) with random subspaces.
 
     ``p_value``: Monte-Carlo p against ``null_values`` (Haar draws: exact under a random
@@ -689,7 +930,11 @@ def analyze_metric_vs_controls(observed: float, control_values, alternative: str
         z = (float(observed) - mean) / sd if sd > 0 else np.nan
     reference = cv if null_values is None else np.asarray(null_values, dtype=np.float64).ravel()
     p = monte_carlo_pvalue(float(observed), reference, alternative) if reference.size else np.nan
-    paper = (monte_carlo_pvalue(float(observed), cv[:n_paper_controls], alternative)
-             if n_paper_controls and cv.size else np.nan)
-    return ControlComparison(float(observed), mean, sd, float(z), float(p), int(reference.size), alternative,
-                             float(paper))
+    paper = (
+        monte_carlo_pvalue(float(observed), cv[:n_paper_controls], alternative)
+        if n_paper_controls and cv.size
+        else np.nan
+    )
+    return ControlComparison(
+        float(observed), mean, sd, float(z), float(p), int(reference.size), alternative, float(paper)
+    )

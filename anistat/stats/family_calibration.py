@@ -73,17 +73,26 @@ def _unit(rng, dim: int, rank: int, n_tokens: int, planted: float | None):
 def _pvalues(observed, eigenvalues, diagonals, stop_after, alternative="greater"):
     """Every unit's p-value against the given draws (``diagonals`` ``(n, d)``, or one per unit)."""
     shared = diagonals.ndim == 2
-    null = np.stack([(diagonals if shared else diagonals[u]) @ (lam / lam.sum())
-                     for u, lam in enumerate(eigenvalues)])
+    null = np.stack([(diagonals if shared else diagonals[u]) @ (lam / lam.sum()) for u, lam in enumerate(eigenvalues)])
     engine = SequentialMonteCarlo(observed, null.shape[1], stop_after, alternative)
     engine.update(null)
     return engine.p_values()
 
 
-def run_family_calibration(n_simulations: int = 2000, seed: int = 0, *, n_units: int = 48, dim: int = 24,
-                           rank: int = 3, n_tokens: int = 400, effect_share: float = 0.25,
-                           planted_ratio: float = 2.5, n_null: int = 1999, stop_after: int = 10,
-                           alpha: float = 0.05) -> FamilyCalibration:
+def run_family_calibration(
+    n_simulations: int = 2000,
+    seed: int = 0,
+    *,
+    n_units: int = 48,
+    dim: int = 24,
+    rank: int = 3,
+    n_tokens: int = 400,
+    effect_share: float = 0.25,
+    planted_ratio: float = 2.5,
+    n_null: int = 1999,
+    stop_after: int = 10,
+    alpha: float = 0.05,
+) -> FamilyCalibration:
     """Holm's family-wise error (all units null) and BH's false discovery rate (a share of planted
     units) with draws shared by the study's units, against independent draws per unit; with and
     without sequential stopping. Deterministic given ``seed``."""
@@ -115,12 +124,30 @@ def run_family_calibration(n_simulations: int = 2000, seed: int = 0, *, n_units:
     rows = []
     for (condition, stop), t in tallies.items():
         fwer, fdp = np.array(t["fwer"]), np.array(t["fdp"])
-        rows.append({"condition": condition, "stop_after": stop, "n_simulations": int(n_simulations),
-                     "fwer_holm": float(fwer.mean()), "fwer_holm_se": float(np.sqrt(fwer.mean() * (1 - fwer.mean())
-                                                                                  / fwer.size)),
-                     "fdr_bh": float(fdp.mean()), "fdr_bh_se": float(fdp.std(ddof=1) / np.sqrt(fdp.size)),
-                     "mean_discoveries_bh": float(np.mean(t["r"]))})
-    settings = dict(n_simulations=int(n_simulations), seed=int(seed), n_units=n_units, dim=dim, rank=rank,
-                    n_tokens=n_tokens, effect_share=effect_share, n_effects=n_effects, planted_ratio=planted_ratio,
-                    n_null=n_null, stop_after=stop_after, alpha=alpha)
+        rows.append(
+            {
+                "condition": condition,
+                "stop_after": stop,
+                "n_simulations": int(n_simulations),
+                "fwer_holm": float(fwer.mean()),
+                "fwer_holm_se": float(np.sqrt(fwer.mean() * (1 - fwer.mean()) / fwer.size)),
+                "fdr_bh": float(fdp.mean()),
+                "fdr_bh_se": float(fdp.std(ddof=1) / np.sqrt(fdp.size)),
+                "mean_discoveries_bh": float(np.mean(t["r"])),
+            }
+        )
+    settings = dict(
+        n_simulations=int(n_simulations),
+        seed=int(seed),
+        n_units=n_units,
+        dim=dim,
+        rank=rank,
+        n_tokens=n_tokens,
+        effect_share=effect_share,
+        n_effects=n_effects,
+        planted_ratio=planted_ratio,
+        n_null=n_null,
+        stop_after=stop_after,
+        alpha=alpha,
+    )
     return FamilyCalibration(settings, tuple(rows), time.perf_counter() - started)

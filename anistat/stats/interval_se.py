@@ -32,8 +32,9 @@ from scipy.special import ndtri
 from ._validation import check_ci_level
 
 
-def interval_implied_se(estimate: float, ci_low: float, ci_high: float, ci_level: float, *,
-                        log_scale: bool, fallback: float = float("nan")) -> float:
+def interval_implied_se(
+    estimate: float, ci_low: float, ci_high: float, ci_level: float, *, log_scale: bool, fallback: float = float("nan")
+) -> float:
     """The interval-implied SE of ``estimate`` on its own scale (module docstring).
 
     ``log_scale``: the interval was built on ``ln θ`` (the studentized ratio intervals), so the

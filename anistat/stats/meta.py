@@ -177,15 +177,25 @@ def reml_tau2(estimates, variances) -> float:
     upper = 10.0 * (float(np.var(y, ddof=1)) + float(v.max()))
     if upper <= 0:
         return 0.0
-    found = optimize.minimize_scalar(negative_restricted_loglik, bounds=(0.0, upper), method="bounded",
-                                     options={"xatol": 1e-12 * upper, "maxiter": 500})
+    found = optimize.minimize_scalar(
+        negative_restricted_loglik,
+        bounds=(0.0, upper),
+        method="bounded",
+        options={"xatol": 1e-12 * upper, "maxiter": 500},
+    )
     tau2 = float(found.x)
     # Brent never evaluates the bound itself: compare with the boundary solution tau2 = 0
     return 0.0 if negative_restricted_loglik(0.0) <= negative_restricted_loglik(tau2) else tau2
 
 
-def random_effects_meta(estimates, variances, method: str = "dl", ci_level: float = 0.95,
-                        interval: str = "wald", hksj_safeguard: bool = True) -> MetaResult:
+def random_effects_meta(
+    estimates,
+    variances,
+    method: str = "dl",
+    ci_level: float = 0.95,
+    interval: str = "wald",
+    hksj_safeguard: bool = True,
+) -> MetaResult:
     """Random-effects pooled estimate (NaN pairs are dropped); see the module docstring.
 
     ``hksj_safeguard`` (HKSJ only): scale factor ``max(1, s)``, so the interval is never narrower
@@ -210,8 +220,20 @@ def random_effects_meta(estimates, variances, method: str = "dl", ci_level: floa
     if k == 1:  # nothing to pool: the row's own normal interval
         se = float(np.sqrt(v[0]))
         zc = sps.norm.ppf(0.5 + ci_level / 2)
-        return MetaResult(float(y[0]), se, y[0] - zc * se, y[0] + zc * se, 0.0, 0.0, 0.0,
-                          float(2 * sps.norm.sf(abs(y[0]) / se)), 1, method, "wald", np.inf)
+        return MetaResult(
+            float(y[0]),
+            se,
+            y[0] - zc * se,
+            y[0] + zc * se,
+            0.0,
+            0.0,
+            0.0,
+            float(2 * sps.norm.sf(abs(y[0]) / se)),
+            1,
+            method,
+            "wald",
+            np.inf,
+        )
     if method == "reml":
         tau2 = reml_tau2(y, v)
         w_fixed = 1.0 / v
@@ -236,8 +258,22 @@ def random_effects_meta(estimates, variances, method: str = "dl", ci_level: floa
         se = float(1.0 / np.sqrt(w.sum()))
         crit = sps.norm.ppf(0.5 + ci_level / 2)
         p = float(2 * sps.norm.sf(abs(est) / se))
-    return MetaResult(est, se, est - crit * se, est + crit * se, tau2, float(i2), q, p, int(k), method, interval,
-                      df, scale, bool(raised))
+    return MetaResult(
+        est,
+        se,
+        est - crit * se,
+        est + crit * se,
+        tau2,
+        float(i2),
+        q,
+        p,
+        int(k),
+        method,
+        interval,
+        df,
+        scale,
+        bool(raised),
+    )
 
 
 def aggregate_clusters(estimates, variances, clusters, correlation: float = 1.0):
@@ -263,8 +299,9 @@ def aggregate_clusters(estimates, variances, clusters, correlation: float = 1.0)
     return np.asarray(means), np.asarray(variances_out), np.asarray(sizes), order
 
 
-def robust_meta(estimates, variances, clusters, ci_level: float = 0.95, small_sample: str = "CR2",
-                tau2: float | None = None) -> RobustMetaResult:
+def robust_meta(
+    estimates, variances, clusters, ci_level: float = 0.95, small_sample: str = "CR2", tau2: float | None = None
+) -> RobustMetaResult:
     """Robust variance estimation over dependent rows (module docstring).
 
     ``tau2``: between-cluster variance of the working weights; default the REML estimate of the
@@ -295,12 +332,12 @@ def robust_meta(estimates, variances, clusters, ci_level: float = 0.95, small_sa
     df = float(m - 1)
     crit = sps.t.ppf(0.5 + ci_level / 2, df)
     p = float(2 * sps.t.sf(abs(estimate) / se, df)) if se > 0 else (0.0 if estimate != 0 else 1.0)
-    return RobustMetaResult(estimate, se, estimate - crit * se, estimate + crit * se, p, float(tau2), int(y.size), m,
-                            df, small_sample)
+    return RobustMetaResult(
+        estimate, se, estimate - crit * se, estimate + crit * se, p, float(tau2), int(y.size), m, df, small_sample
+    )
 
 
-def trend_test(steps, estimates, variances=None, ci_level: float = 0.95,
-               early_fraction: float = 0.5) -> TrendResult:
+def trend_test(steps, estimates, variances=None, ci_level: float = 0.95, early_fraction: float = 0.5) -> TrendResult:
     """Linear trend of ``estimates`` over ``steps`` plus an early-vs-late difference test.
 
     Examples
@@ -347,5 +384,18 @@ def trend_test(steps, estimates, variances=None, ci_level: float = 0.95,
         em, lm = float((we * y[e]).sum() / we.sum()), float((wl * y[l_]).sum() / wl.sum())
         dse = float(np.sqrt(1 / we.sum() + 1 / wl.sum()))
         dp = float(2 * sps.norm.sf(abs(lm - em) / dse))
-    return TrendResult(slope, se, float(lo), float(hi), float(fit.pvalues[1]),
-                       float(fit.params[0]), int(n), em, lm, lm - em, dse, dp, v is not None)
+    return TrendResult(
+        slope,
+        se,
+        float(lo),
+        float(hi),
+        float(fit.pvalues[1]),
+        float(fit.params[0]),
+        int(n),
+        em,
+        lm,
+        lm - em,
+        dse,
+        dp,
+        v is not None,
+    )

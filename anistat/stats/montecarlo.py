@@ -186,4 +186,3 @@ def sequential_monte_carlo_pvalue(observed, null, stop_after: int, alternative: 
     engine.update(nul)
     p, used = engine.p_values(), engine.draws_used
     return (float(p[0]), int(used[0])) if scalar else (p, used)
-

@@ -32,8 +32,7 @@ from statsmodels.stats.multitest import multipletests
 from ._validation import check_choice
 
 METHODS = ("holm", "fdr_bh", "bonferroni")
-_NAMES = {"holm": "Holm", "fdr_bh": "Benjamini-Hochberg", "bonferroni": "Bonferroni",
-          "none": "uncorrected"}
+_NAMES = {"holm": "Holm", "fdr_bh": "Benjamini-Hochberg", "bonferroni": "Bonferroni", "none": "uncorrected"}
 
 
 def adjust_pvalues(p: ArrayLike, method: str = "holm") -> np.ndarray:
@@ -76,8 +75,13 @@ def _holm(p: np.ndarray) -> np.ndarray:
     return out
 
 
-def adjust_in_families(df: pd.DataFrame, family_columns: str | list[str] | None, method: str = "holm",
-                       p_column: str = "p_value", out_column: str = "p_adjusted") -> pd.DataFrame:
+def adjust_in_families(
+    df: pd.DataFrame,
+    family_columns: str | list[str] | None,
+    method: str = "holm",
+    p_column: str = "p_value",
+    out_column: str = "p_adjusted",
+) -> pd.DataFrame:
     """Return a copy of ``df`` with ``out_column`` = p-values adjusted within each family.
 
     ``family_columns``: list of column names defining a family (e.g. ``["model"]``), or an
@@ -134,8 +138,9 @@ def min_controls_needed(alpha: float = 0.05, n_tests: int = 1, method: str = "ho
     return max(n, 1)
 
 
-def resolution_warning(n_controls: int, alpha: float = 0.05, n_tests: int = 1,
-                       method: str = "holm", what: str = "controls") -> str | None:
+def resolution_warning(
+    n_controls: int, alpha: float = 0.05, n_tests: int = 1, method: str = "holm", what: str = "controls"
+) -> str | None:
     """A one-line warning when ``n_controls`` Monte-Carlo draws leave the floor above the
     corrected threshold of a single test (see the module docstring), else ``None``.
 
@@ -155,13 +160,19 @@ def resolution_warning(n_controls: int, alpha: float = 0.05, n_tests: int = 1,
     floor = 1.0 / (n + 1)
     m = int(n_tests)
     if method == "none":
-        return (f"{n} {what} give a p-value floor of 1/{n + 1} ≈ {floor:.3g}, above alpha={alpha:g}: no test can "
-                f"be significant; use ≥ {need}")
+        return (
+            f"{n} {what} give a p-value floor of 1/{n + 1} ≈ {floor:.3g}, above alpha={alpha:g}: no test can "
+            f"be significant; use ≥ {need}"
+        )
     family = f"{_NAMES[method]}-corrected family of {m} tests at alpha={alpha:g}"
     if method == "fdr_bh":
         at_least = math.ceil(floor * m / alpha - 1e-12)
-        return (f"{n} {what} give a p-value floor of 1/{n + 1} ≈ {floor:.3g}, above alpha/m = {alpha / m:.3g} for a "
-                f"{family}: a lone effect can never pass, and a rejection needs at least {at_least} tests at the "
-                f"floor; use ≥ {need}")
-    return (f"{n} {what} give a p-value floor of 1/{n + 1} ≈ {floor:.3g}, above alpha/m = {alpha / m:.3g}: no test "
-            f"of a {family} can be significant; use ≥ {need}")
+        return (
+            f"{n} {what} give a p-value floor of 1/{n + 1} ≈ {floor:.3g}, above alpha/m = {alpha / m:.3g} for a "
+            f"{family}: a lone effect can never pass, and a rejection needs at least {at_least} tests at the "
+            f"floor; use ≥ {need}"
+        )
+    return (
+        f"{n} {what} give a p-value floor of 1/{n + 1} ≈ {floor:.3g}, above alpha/m = {alpha / m:.3g}: no test "
+        f"of a {family} can be significant; use ≥ {need}"
+    )

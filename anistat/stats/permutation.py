@@ -103,8 +103,7 @@ def _pvalues(observed: np.ndarray, null: np.ndarray, alternative: str, exact: bo
     return np.minimum(1.0, 2.0 * np.minimum(p_greater, p_less))
 
 
-def sign_flip_pvalues(differences, n_permutations: int = 9999, seed: int = 0,
-                      alternative: str = "greater"):
+def sign_flip_pvalues(differences, n_permutations: int = 9999, seed: int = 0, alternative: str = "greater"):
     """Vectorised sign-flip test for ``m`` difference vectors at once.
 
     ``differences`` is ``(m, S)`` (same ``S`` for all rows, all finite). Returns
@@ -134,8 +133,9 @@ def sign_flip_pvalues(differences, n_permutations: int = 9999, seed: int = 0,
     return observed, p, signs.shape[0], exact
 
 
-def sign_flip_test(differences, n_permutations: int = 9999, seed: int = 0,
-                   alternative: str = "greater") -> PermutationResult:
+def sign_flip_test(
+    differences, n_permutations: int = 9999, seed: int = 0, alternative: str = "greater"
+) -> PermutationResult:
     """Paired sign-flip permutation test of ``mean(differences) = 0``.
 
     ``differences``: ``(S,)`` per-sequence paired differences (finite). See the module

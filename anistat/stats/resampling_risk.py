@@ -124,9 +124,19 @@ class RiskBoundedMonteCarlo:
     ``undecided``, interval NaN).
     """
 
-    def __init__(self, observed: ArrayLike, alpha: float, epsilon: float, n_max: int, method: str = "none",
-                 alternative: str = "greater", first_look: int = 16, *, n_split: int | None = None,
-                 stop_below: float | None = None) -> None:
+    def __init__(
+        self,
+        observed: ArrayLike,
+        alpha: float,
+        epsilon: float,
+        n_max: int,
+        method: str = "none",
+        alternative: str = "greater",
+        first_look: int = 16,
+        *,
+        n_split: int | None = None,
+        stop_below: float | None = None,
+    ) -> None:
         check_alternative(alternative)
         if alternative == "two-sided":
             raise ValueError("risk-bounded decisions need a one-sided alternative ('greater' or 'less')")
@@ -177,7 +187,7 @@ class RiskBoundedMonteCarlo:
             tests = np.flatnonzero(self.active)
             used = int(self.draws_used[tests].max())  # active tests have all used the same draws
             width = min(values.shape[1] - start, int(self.looks[self._next_look]) - used)
-            chunk = values[tests, start:start + width]
+            chunk = values[tests, start : start + width]
             observed = self.observed[tests, None]
             hits = (chunk >= observed) if self.alternative == "greater" else (chunk <= observed)
             counts = np.zeros(self.observed.size, dtype=np.int64)
@@ -227,8 +237,15 @@ class RiskBoundedMonteCarlo:
             return np.where(self.draws_used > 0, self.exceed / self.draws_used, np.nan)
 
 
-def risk_bounded_decisions(observed: ArrayLike, null: ArrayLike, alpha: float, epsilon: float, method: str = "none",
-                           alternative: str = "greater", first_look: int = 16) -> RiskBoundedMonteCarlo:
+def risk_bounded_decisions(
+    observed: ArrayLike,
+    null: ArrayLike,
+    alpha: float,
+    epsilon: float,
+    method: str = "none",
+    alternative: str = "greater",
+    first_look: int = 16,
+) -> RiskBoundedMonteCarlo:
     """:class:`RiskBoundedMonteCarlo` on a whole ``(m, n)`` array of null draws (``n`` the cap)."""
     nul = np.asarray(null, dtype=np.float64)
     engine = RiskBoundedMonteCarlo(observed, alpha, epsilon, nul.shape[1], method, alternative, first_look)

@@ -164,8 +164,16 @@ def ks_distance(p_values, grid: int | None) -> np.ndarray:
     return np.maximum(above, below)
 
 
-def p_value_uniformity(p_values, alpha: float = 0.05, *, n_draws: int | None = None, stop_after: int = 0,
-                       level: float = 0.05, n_simulations: int = 9999, seed: int = 0) -> UniformityCheck:
+def p_value_uniformity(
+    p_values,
+    alpha: float = 0.05,
+    *,
+    n_draws: int | None = None,
+    stop_after: int = 0,
+    level: float = 0.05,
+    n_simulations: int = 9999,
+    seed: int = 0,
+) -> UniformityCheck:
     """Null check of p-values that should follow a valid test's null law (module docstring).
 
     ``n_draws``: the Monte-Carlo draws behind each p-value, when the p-values should lie on the
@@ -208,10 +216,10 @@ def p_value_uniformity(p_values, alpha: float = 0.05, *, n_draws: int | None = N
         size = (min(chunk, n_simulations - start), p.size)
         if sequential:
             draws = sample_sequential_pvalues(n_draws, stop_after, size[0] * size[1], rng).reshape(size)
-            simulated[start:start + size[0]] = law_ks_distance(draws, law)
+            simulated[start : start + size[0]] = law_ks_distance(draws, law)
             continue
         draws = (rng.integers(1, grid + 1, size=size) / grid) if grid is not None else rng.uniform(size=size)
-        simulated[start:start + size[0]] = ks_distance(draws, grid)
+        simulated[start : start + size[0]] = ks_distance(draws, grid)
     uniformity_p = float((1 + np.count_nonzero(simulated >= observed - 1e-12)) / (1 + n_simulations))
     rate = hits / p.size
     if binomial_p < level and rate > expected:
@@ -222,6 +230,18 @@ def p_value_uniformity(p_values, alpha: float = 0.05, *, n_draws: int | None = N
         verdict = "not uniform"
     else:
         verdict = "calibrated"
-    return UniformityCheck(int(p.size), float(alpha), grid, float(expected), hits, float(rate),
-                           (float(interval.low), float(interval.high)), binomial_p, observed, uniformity_p,
-                           int(n_simulations), float(level), verdict)
+    return UniformityCheck(
+        int(p.size),
+        float(alpha),
+        grid,
+        float(expected),
+        hits,
+        float(rate),
+        (float(interval.low), float(interval.high)),
+        binomial_p,
+        observed,
+        uniformity_p,
+        int(n_simulations),
+        float(level),
+        verdict,
+    )
