@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._columns import RESULT_COLUMNS
 from .errors import AnistatInputError
 from .protocol import ClaimSpec, ModelSpec, Protocol, control_problem, fit_window_size
 
@@ -68,39 +69,6 @@ CORRELATION_METRICS = tuple(
     f"{kind}_logfreq_{definition}"
     for definition in ("distance", "mean_distance", "mean_norm")
     for kind in ("spearman", "pearson")
-)
-RESULT_COLUMNS = (  # = anistat.analyze.RESULT_COLUMNS (a test keeps them equal; analyze imports torch)
-    "model",
-    "objective",
-    "checkpoint",
-    "step",
-    "phase",
-    "layer",
-    "site",
-    "rank",
-    "dim",
-    "proxy",
-    "control",
-    "metric",
-    "estimate",
-    "control_mean",
-    "control_sd",
-    "ci_low",
-    "ci_high",
-    "ci_method",
-    "p_value",
-    "p_adjusted",
-    "p_test",
-    "p_value_paper",
-    "effect_size",
-    "effect_size_kind",
-    "se",
-    "n_controls",
-    "n_sequences",
-    "n_clusters",
-    "n_tokens",
-    "status",
-    "note",
 )
 FREQUENCY_ONLY_COLUMNS = ("bucket",)
 # Columns whose values the plan fixes (claims' `where` values on them are checked); the others

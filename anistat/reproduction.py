@@ -41,24 +41,10 @@ from typing import Any
 
 import pandas as pd
 
+from ._columns import RESULT_KEYS
 from .bundle import read_frequency, read_json_file, read_manifest, read_results
 from .errors import AnistatInputError
 
-#: The columns that identify a row of results.csv / frequency.csv.
-RESULT_KEYS = (
-    "model",
-    "objective",
-    "checkpoint",
-    "step",
-    "phase",
-    "layer",
-    "site",
-    "rank",
-    "dim",
-    "proxy",
-    "control",
-    "metric",
-)
 FREQUENCY_KEYS = (
     "model",
     "objective",

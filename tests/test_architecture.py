@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "seeding": 0,
     "runtime": 0,
     "_version": 0,
+    "_columns": 0,
     "geometry": 1,
     "stats": 1,
     "report": 1,  # pure libraries: nothing else from anistat

@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .. import _columns
 from ..collect import UnitArtifact
 from ..protocol import Protocol
 from ..seeding import derive_seed
@@ -74,39 +75,7 @@ __all__ = [
     "unit_rows",
 ]
 
-RESULT_COLUMNS = [
-    "model",
-    "objective",
-    "checkpoint",
-    "step",
-    "phase",
-    "layer",
-    "site",
-    "rank",
-    "dim",
-    "proxy",
-    "control",
-    "metric",
-    "estimate",
-    "control_mean",
-    "control_sd",
-    "ci_low",
-    "ci_high",
-    "ci_method",
-    "p_value",
-    "p_adjusted",
-    "p_test",
-    "p_value_paper",
-    "effect_size",
-    "effect_size_kind",
-    "se",
-    "n_controls",
-    "n_sequences",
-    "n_clusters",
-    "n_tokens",
-    "status",
-    "note",
-]
+RESULT_COLUMNS = list(_columns.RESULT_COLUMNS)  # a list: the decision columns are appended
 #: Columns added when `stats.resampling_risk` is set: the risk-bounded decision of the exact energy
 #: test in its family and the confidence-sequence interval of its ideal p-value.
 DECISION_COLUMNS = ["mc_decision", "mc_p_low", "mc_p_high"]
