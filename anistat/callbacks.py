@@ -205,6 +205,8 @@ class TrainingMeter:
         every step (`meter.step(i)` / `begin(i)`) and the schedule that ran is recorded in the
         manifest (first → last rate); without it the rate is recorded as "not known".
 
+    Notes
+    -----
     The manifest's model entry records the model's real configuration (`configuration`:
     :func:`model_configuration`) and the schedule that actually ran (`schedule`: steps seen,
     first and last step, the learning rate read from the optimiser and, under the Trainer,
