@@ -210,8 +210,8 @@ BUNDLE_KINDS: dict[str, tuple[str, ...]] = {
 }
 #: Directories anistat creates inside a bundle (and removes with it).
 BUNDLE_DIRS = ("figures",)
-#: Leftovers of an anistat write killed half-way: an atomic write's `.NAME.XXXX.tmp` and
-#: `anistat report`'s `.rerender.XXXX/` staging folder.
+#: Leftovers of an anistat write killed half-way: an atomic write's `.NAME.<random>.tmp` and
+#: `anistat report`'s `.rerender.<random>/` staging folder.
 _ANISTAT_LEFTOVER = re.compile(r"(.*/)?\.[^/]+\.[^/.]+\.tmp|\.rerender\.[^/]+(/.*)?")
 #: Unknown files named in the refusal (the count covers them all).
 FOREIGN_SHOWN = 3
