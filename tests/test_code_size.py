@@ -43,7 +43,6 @@ ALLOWED: dict[str, str] = {
     "anistat/rerender.py::rerender": "seam: the integrity check vs the rendering",
     "anistat/stats/calibrate.py::_simulate_one": "seam: the simulated study vs its tests and intervals",
     "anistat/stats/energy.py::analyze_energy": "seam: validation vs the interval and test computations",
-    "anistat/stats/energy.py::_metric_rows": "seam: one builder per metric row",
 }
 
 

@@ -689,14 +689,7 @@ def _metric_rows(
     with np.errstate(invalid="ignore", divide="ignore"):
         z = (fraction - mean) / sd if sd > 0 else np.nan
     z_note = f"z undefined: the {control_kind} control's sd is 0 (one possible control)" if sd == 0 else ""
-    fraction_note = f"CI of E[Σ‖Uᵀg‖²]/E[Σ‖g‖²] for this proxy; {moments_note}"
-    if oracle_fraction is not None and np.isfinite(oracle_fraction) and ci_f.ci_high > oracle_fraction:
-        fraction_note = _join(
-            fraction_note,
-            f"upper bound {ci_f.ci_high:.4g} passes the sample oracle fraction "
-            f"E*_k = {oracle_fraction:.4g}, which only estimates the population "
-            "ceiling (not clipped there)",
-        )
+    fraction_note = _fraction_note(ci_f, moments_note, oracle_fraction)
 
     def row(metric, estimate, control_mean, control_sd, lo, hi, ci, note, se):
         # every energy row shares the exact test and carries z as its effect size
@@ -717,6 +710,32 @@ def _metric_rows(
             float(se),
         )
 
+    rows = [
+        row("energy_fraction", fraction, mean, sd, ci_f.ci_low, ci_f.ci_high, ci_f, fraction_note, se_f),
+        *_ratio_rows(row, ratio, ci_r, se_r, mean, sd, reference_fraction, kind_note, moments_note),
+        _z_row(row, fraction, mean, sd, ci_f, se_f, control_kind, control.source),
+        _hedges_row(units, weights, contribution, data_test, ci_level, kind_note, units_note),
+    ]
+    rows.append(_capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction, exact, p_paper, z))
+    return rows
+
+
+def _fraction_note(ci_f: BootstrapResult, moments_note: str, oracle_fraction) -> str:
+    """The energy-fraction row's note, flagging an upper bound past the sample oracle fraction."""
+    fraction_note = f"CI of E[Σ‖Uᵀg‖²]/E[Σ‖g‖²] for this proxy; {moments_note}"
+    if oracle_fraction is not None and np.isfinite(oracle_fraction) and ci_f.ci_high > oracle_fraction:
+        fraction_note = _join(
+            fraction_note,
+            f"upper bound {ci_f.ci_high:.4g} passes the sample oracle fraction "
+            f"E*_k = {oracle_fraction:.4g}, which only estimates the population "
+            "ceiling (not clipped there)",
+        )
+    return fraction_note
+
+
+def _ratio_rows(row, ratio, ci_r, se_r, mean, sd, reference_fraction, kind_note, moments_note) -> list[MetricResult]:
+    """The energy-ratio row and its log2 row; the controls' ratio moments are the fraction's
+    divided by the reference fraction, their log2 moments by the delta method."""
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio_mean, ratio_sd = mean / reference_fraction, sd / reference_fraction
         log2 = float(np.log2(ratio)) if ratio > 0 else np.nan
@@ -725,9 +744,7 @@ def _metric_rows(
         # the controls' log2 ratio by the delta method (second order for the mean)
         log2_mean = np.log2(ratio_mean) - ratio_sd**2 / (2.0 * ratio_mean**2 * np.log(2.0))
         log2_sd = ratio_sd / (ratio_mean * np.log(2.0))
-        z_scale = 1.0 / sd if sd > 0 else np.nan
-    rows = [
-        row("energy_fraction", fraction, mean, sd, ci_f.ci_low, ci_f.ci_high, ci_f, fraction_note, se_f),
+    return [
         row(
             "energy_ratio",
             ratio,
@@ -751,22 +768,25 @@ def _metric_rows(
             "CI = log2 of the ratio CI; se by the delta method; control mean and sd by the delta method",
             se_r / (ratio * np.log(2.0)) if ratio > 0 else np.nan,
         ),
-        row(
-            "z",
-            (fraction - mean) * z_scale,
-            0.0 if sd > 0 else np.nan,
-            1.0 if sd > 0 else np.nan,
-            (ci_f.ci_low - mean) * z_scale,
-            (ci_f.ci_high - mean) * z_scale,
-            ci_f,
-            f"z against the {control_kind} controls' mean and sd ({control.source}); CI maps the fraction CI with "
-            "them held fixed",
-            se_f * z_scale,
-        ),
-        _hedges_row(units, weights, contribution, data_test, ci_level, kind_note, units_note),
     ]
-    rows.append(_capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction, exact, p_paper, z))
-    return rows
+
+
+def _z_row(row, fraction, mean, sd, ci_f, se_f, control_kind, control_source) -> MetricResult:
+    """z of the fraction against the controls' mean and sd; its CI maps the fraction CI."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z_scale = 1.0 / sd if sd > 0 else np.nan
+    return row(
+        "z",
+        (fraction - mean) * z_scale,
+        0.0 if sd > 0 else np.nan,
+        1.0 if sd > 0 else np.nan,
+        (ci_f.ci_low - mean) * z_scale,
+        (ci_f.ci_high - mean) * z_scale,
+        ci_f,
+        f"z against the {control_kind} controls' mean and sd ({control_source}); CI maps the fraction CI with "
+        "them held fixed",
+        se_f * z_scale,
+    )
 
 
 def _hedges_row(
