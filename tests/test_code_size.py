@@ -42,7 +42,6 @@ ALLOWED: dict[str, str] = {
     "anistat/report/latex.py::_metric_table": "seam: the column layout vs the body rows",
     "anistat/rerender.py::rerender": "seam: the integrity check vs the rendering",
     "anistat/stats/calibrate.py::_simulate_one": "seam: the simulated study vs its tests and intervals",
-    "anistat/stats/energy.py::analyze_energy": "seam: validation vs the interval and test computations",
 }
 
 
