@@ -29,7 +29,6 @@ ALLOWED: dict[str, str] = {
     # only shrinks.
     "anistat/analyze/nulls.py::_WidthRun": "seam: the energy tests vs the ΔIsoScore* tests",
     "anistat/callbacks.py::TrainingMeter.__init__": "seam: argument checks vs the protocol facts recorded",
-    "anistat/claims.py::pool_rows": "seam: the pooling unit's SE vs the meta-analysis call",
     "anistat/collect/collector.py::SiteAccumulator": "seam: gradient moments vs activation moments",
     "anistat/collect/collector.py::measure_checkpoint": "seam: the batch loop vs the units' finishing",
     "anistat/pipeline.py::collect_units": "seam: the cache look-up vs the measurement loop",
