@@ -37,7 +37,6 @@ ALLOWED: dict[str, str] = {
     "anistat/report/figures.py::fig_forest": "seam: the rows' layout vs one panel's drawing",
     "anistat/report/html.py::render_html": "seam: the plain values prepared vs the template call",
     "anistat/report/latex.py::_metric_table": "seam: the column layout vs the body rows",
-    "anistat/stats/calibrate.py::_simulate_one": "seam: the simulated study vs its tests and intervals",
 }
 
 
