@@ -27,7 +27,6 @@ ALLOWED: dict[str, str] = {
     # Over the limit once `ruff format` put one argument or item per line, or with the checks this
     # release added (degenerate data, risk-bounded decisions); each names its seam, and the list
     # only shrinks.
-    "anistat/analyze/nulls.py::_WidthRun": "seam: the energy tests vs the ΔIsoScore* tests",
     "anistat/callbacks.py::TrainingMeter.__init__": "seam: argument checks vs the protocol facts recorded",
     "anistat/collect/collector.py::SiteAccumulator": "seam: gradient moments vs activation moments",
     "anistat/collect/collector.py::measure_checkpoint": "seam: the batch loop vs the units' finishing",
