@@ -29,7 +29,6 @@ ALLOWED: dict[str, str] = {
     # only shrinks.
     "anistat/callbacks.py::TrainingMeter.__init__": "seam: argument checks vs the protocol facts recorded",
     "anistat/collect/collector.py::SiteAccumulator": "seam: gradient moments vs activation moments",
-    "anistat/collect/collector.py::measure_checkpoint": "seam: the batch loop vs the units' finishing",
     "anistat/report/_content.py::_proxies": "seam: what the proxies were fitted on vs the methods list",
     "anistat/report/_content.py::_statistics": "seam: the exact test's paragraph vs the intervals' paragraph",
     "anistat/report/claim_text.py::claim_reading": "seam: the deciding evidence vs the context interval",
