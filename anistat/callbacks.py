@@ -250,26 +250,13 @@ class TrainingMeter:
         #: the schedule settings a driver knows beyond the steps and rates measured here (the
         #: Trainer's max_steps, effective batch, scheduler, weight decay, warm-up)
         self.schedule_settings: dict[str, Any] = {}
-        self._steps_seen = 0
-        self._first_seen: int | None = None
-        self._last_seen: int | None = None
-        self._rates: list[float] = []  # the optimiser's learning rate at each step seen
         hidden_size, num_layers = model_sizes(model)
         self.measure_steps = sorted(set(int(s) for s in measure_steps))
         if not self.measure_steps:
             raise AnistatInputError("TrainingMeter: measure_steps is empty")
         self.fit_steps = sorted(set(int(s) for s in (fit_steps if fit_steps is not None else self.measure_steps[:1])))
         self.dropped_steps = self._reachable(max_steps, first_step)
-        facts: dict[str, Any] = {}
-        if hidden_size:
-            facts["hidden_size"] = hidden_size
-        if num_layers:
-            facts["num_layers"] = num_layers
-        for key in ("num_heads", "intermediate_size"):
-            if self.configuration[key] != NOT_KNOWN:
-                facts[key] = self.configuration[key]
-        if training:
-            facts["train"] = {**training, "checkpoints": self.measure_steps}
+        facts = self._model_facts(hidden_size, num_layers, training)
         self.training = dict(training or {})
         # who measures: the report's methods text names it (AnistatCallback sets its own name)
         self.driver = "TrainingMeter"
@@ -279,11 +266,7 @@ class TrainingMeter:
         self.units_dir = self.out.parent / f"{self.out.name}.units"
         self.keep_units = keep_units
         self._check_out(overwrite)
-        if self.fit_steps and self.measure_steps[0] < self.fit_steps[-1]:
-            raise AnistatInputError(
-                f"TrainingMeter: measured step {self.measure_steps[0]} comes before the last fit step "
-                f"{self.fit_steps[-1]}; proxies must be frozen before they are used"
-            )
+        self._check_fit_before_measure()
         if window < 1:
             raise AnistatInputError("TrainingMeter: window must be at least 1")
         self.window = window
@@ -296,17 +279,41 @@ class TrainingMeter:
         self.hidden_size = hidden_size
         self._check_sizes()
         self._check_claims()
-        if self._checkpointing():
-            raise AnistatInputError(
-                "TrainingMeter: gradient checkpointing is not supported (it re-runs the forward); "
-                "turn it off for the measured run"
-            )
+        self._check_no_checkpointing()
         self.device = next(model.parameters()).device
         self.token_counts = token_counts
         self._counts_given = token_counts is not None
         # per-batch statistics in float32 by default (halves the cost inside training; every
         # running sum stays float64, so per-unit relative error stays ~1e-7); exact=True: float64
         self.compute_dtype = torch.float64 if exact else torch.float32
+        self._init_measurement_state()
+        n_units = len(self.measure_steps)
+        self._n_early = fit_window_size(n_units, self.protocol.proxies.fit_window)
+        self._unit_index = {step: i for i, step in enumerate(self.measure_steps)}
+        if verbose:
+            print(self.describe(), file=sys.stderr)
+
+    def _model_facts(self, hidden_size, num_layers, training: dict[str, Any] | None) -> dict[str, Any]:
+        """The model facts the protocol records: the sizes that are known, and the training
+        settings with the measured steps as their checkpoints."""
+        facts: dict[str, Any] = {}
+        if hidden_size:
+            facts["hidden_size"] = hidden_size
+        if num_layers:
+            facts["num_layers"] = num_layers
+        for key in ("num_heads", "intermediate_size"):
+            if self.configuration[key] != NOT_KNOWN:
+                facts[key] = self.configuration[key]
+        if training:
+            facts["train"] = {**training, "checkpoints": self.measure_steps}
+        return facts
+
+    def _init_measurement_state(self) -> None:
+        """The state the training steps fill: nothing fitted, measured or open yet."""
+        self._steps_seen = 0
+        self._first_seen: int | None = None
+        self._last_seen: int | None = None
+        self._rates: list[float] = []  # the optimiser's learning rate at each step seen
         self._fit_rows: dict[str, list[torch.Tensor]] = {s.name: [] for s in self.sites}
         self._fit_ids: list[torch.Tensor] = []
         self.bases: dict[str, list[BasisSet]] | None = None
@@ -324,13 +331,8 @@ class TrainingMeter:
         self._inputs: list[torch.Tensor] = []
         self._current: int | None = None
         self._started_at = None
-        n_units = len(self.measure_steps)
-        self._n_early = fit_window_size(n_units, self.protocol.proxies.fit_window)
-        self._unit_index = {step: i for i, step in enumerate(self.measure_steps)}
         self._seen_length = 0
         self._fit_sequences = 0
-        if verbose:
-            print(self.describe(), file=sys.stderr)
 
     # -- checks before the first step ------------------------------------------------------------
     def _reachable(self, max_steps: int | None, first_step: int) -> list[int]:
@@ -398,6 +400,21 @@ class TrainingMeter:
         plan = row_plan(self.protocol, [planned])
         for index, claim in enumerate(self.protocol.claims):
             check_claim(index, claim, plan)
+
+    def _check_fit_before_measure(self) -> None:
+        """The proxies are frozen before they are used: no measured step before the last fit step."""
+        if self.fit_steps and self.measure_steps[0] < self.fit_steps[-1]:
+            raise AnistatInputError(
+                f"TrainingMeter: measured step {self.measure_steps[0]} comes before the last fit step "
+                f"{self.fit_steps[-1]}; proxies must be frozen before they are used"
+            )
+
+    def _check_no_checkpointing(self) -> None:
+        if self._checkpointing():
+            raise AnistatInputError(
+                "TrainingMeter: gradient checkpointing is not supported (it re-runs the forward); "
+                "turn it off for the measured run"
+            )
 
     def _checkpointing(self) -> bool:
         attribute = (

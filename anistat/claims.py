@@ -475,25 +475,7 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, level: floa
     spec = claim.meta
     level = ci_level if level is None else level
     log_scale = claim.metric in RATIO_METRICS
-    se, se_source = row_standard_errors(rows, ci_level, log_scale)
-    y = rows["estimate"].astype(float).to_numpy()
-    missing = [c for c in spec.cluster if c not in rows.columns]
-    if missing:
-        raise ValueError(f"meta.cluster names column(s) {missing} that the results do not have")
-    if log_scale:
-        thresholds = claim.threshold if isinstance(claim.threshold, list) else [claim.threshold]
-        if min(thresholds) <= 0:
-            raise ValueError(
-                f"{claim.metric} is a ratio, pooled on the log scale: its threshold must be positive, "
-                f"got {_threshold_text(claim)}"
-            )
-        with np.errstate(divide="ignore", invalid="ignore"):
-            y = np.where(y > 0, np.log(np.where(y > 0, y, 1.0)), np.nan)
-    clusters = rows[list(spec.cluster)].astype(str).agg("/".join, axis=1).to_numpy()
-    usable = np.isfinite(y) & np.isfinite(se) & (se > 0)
-    y, se, clusters = y[usable], se[usable], clusters[usable]
-    if y.size == 0:
-        raise ValueError("no selected row has a finite estimate and standard error to pool")
+    y, se, clusters, se_source = _pooling_units(rows, claim, ci_level, log_scale)
     by = "+".join(spec.cluster)
     n_clusters = len(set(clusters.tolist()))
     back = np.exp if log_scale else (lambda v: v)
@@ -507,32 +489,7 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, level: floa
         "scale": f"log (ln {claim.metric}; estimate and interval shown as ratios)" if log_scale else "the metric's own",
     }
     if spec.dependence == "robust":
-        if n_clusters < 2:
-            raise ValueError(
-                f"meta.dependence robust needs rows from at least 2 clusters ({by}); the claim selects "
-                f"{n_clusters} — use dependence: aggregate"
-            )
-        result = robust_meta(y, se**2, clusters, ci_level=level)
-        p = p_against_threshold(result.estimate, result.se, result.df, claim, transform)
-        fields.update(
-            meta_estimate=float(back(result.estimate)),
-            meta_se=result.se,
-            meta_ci_low=float(back(result.ci_low)),
-            meta_ci_high=float(back(result.ci_high)),
-            meta_ci_level=level,
-            p_vs_threshold=p,
-            p_null=_null_text(claim, log_scale, result.df),
-            tau2=result.tau2,
-            k=result.m,
-            df=result.df,
-            method=f"robust variance estimation ({result.small_sample})",
-            interval=f"t with {n_clusters - 1} df, CR2",
-            pooled=(
-                f"{y.size} rows in {n_clusters} clusters ({by}), correlated-effects working weights "
-                f"(REML tau2 of the cluster means), CR2 cluster-robust variance, t with "
-                f"{n_clusters - 1} df"
-            ),
-        )
+        fields.update(_robust_fields(y, se, clusters, by, n_clusters, claim, level, log_scale, back, transform))
         return fields
     if spec.dependence == "aggregate":
         y, variances, sizes, _ = aggregate_clusters(y, se**2, clusters, spec.within_correlation)
@@ -582,6 +539,69 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, level: floa
         pooled=f"{pooled}; {spec.method.upper()} random effects, {interval} interval",
     )
     return fields
+
+
+def _pooling_units(
+    rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, log_scale: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """The rows to pool: estimates (ln R for a ratio metric), their SEs recovered from the rows'
+    CIs, and cluster labels, keeping the rows with a finite estimate and a positive finite SE;
+    also the SEs' source. ValueError when the clusters or the threshold do not fit, or no row is left."""
+    spec = claim.meta
+    se, se_source = row_standard_errors(rows, ci_level, log_scale)
+    y = rows["estimate"].astype(float).to_numpy()
+    missing = [c for c in spec.cluster if c not in rows.columns]
+    if missing:
+        raise ValueError(f"meta.cluster names column(s) {missing} that the results do not have")
+    if log_scale:
+        thresholds = claim.threshold if isinstance(claim.threshold, list) else [claim.threshold]
+        if min(thresholds) <= 0:
+            raise ValueError(
+                f"{claim.metric} is a ratio, pooled on the log scale: its threshold must be positive, "
+                f"got {_threshold_text(claim)}"
+            )
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y = np.where(y > 0, np.log(np.where(y > 0, y, 1.0)), np.nan)
+    clusters = rows[list(spec.cluster)].astype(str).agg("/".join, axis=1).to_numpy()
+    usable = np.isfinite(y) & np.isfinite(se) & (se > 0)
+    y, se, clusters = y[usable], se[usable], clusters[usable]
+    if y.size == 0:
+        raise ValueError("no selected row has a finite estimate and standard error to pool")
+    return y, se, clusters, se_source
+
+
+def _robust_fields(
+    y, se, clusters, by: str, n_clusters: int, claim: ClaimSpec, level: float, log_scale: bool, back, transform
+) -> dict[str, Any]:
+    """The evidence fields of ``dependence: robust``: robust variance estimation over the clusters
+    (:func:`robust_meta`), its estimate and interval mapped back by ``back``; ValueError with
+    fewer than 2 clusters."""
+    if n_clusters < 2:
+        raise ValueError(
+            f"meta.dependence robust needs rows from at least 2 clusters ({by}); the claim selects "
+            f"{n_clusters} — use dependence: aggregate"
+        )
+    result = robust_meta(y, se**2, clusters, ci_level=level)
+    p = p_against_threshold(result.estimate, result.se, result.df, claim, transform)
+    return dict(
+        meta_estimate=float(back(result.estimate)),
+        meta_se=result.se,
+        meta_ci_low=float(back(result.ci_low)),
+        meta_ci_high=float(back(result.ci_high)),
+        meta_ci_level=level,
+        p_vs_threshold=p,
+        p_null=_null_text(claim, log_scale, result.df),
+        tau2=result.tau2,
+        k=result.m,
+        df=result.df,
+        method=f"robust variance estimation ({result.small_sample})",
+        interval=f"t with {n_clusters - 1} df, CR2",
+        pooled=(
+            f"{y.size} rows in {n_clusters} clusters ({by}), correlated-effects working weights "
+            f"(REML tau2 of the cluster means), CR2 cluster-robust variance, t with "
+            f"{n_clusters - 1} df"
+        ),
+    )
 
 
 def _null_text(claim: ClaimSpec, log_scale: bool, df: float) -> str:

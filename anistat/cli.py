@@ -17,11 +17,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import typer
 
 from .errors import AnistatError, AnistatInputError, IncompleteRun, RunInterrupted
+
+if TYPE_CHECKING:  # the CLI imports the statistics lazily
+    from .stats.calibrate import CalibrationResult
+    from .stats.family_calibration import FamilyCalibration
 
 app = typer.Typer(
     name="anistat",
@@ -234,7 +239,7 @@ def calibrate(
     CI coverage at several study sizes, power, and multiplicity with draws shared by many units."""
     from .bundle import check_destination, staged_bundle, write_json
     from .stats import run_calibration, write_calibration_report
-    from .stats.calibrate import SCENARIOS, describe_goal
+    from .stats.calibrate import SCENARIOS
     from .stats.family_calibration import run_family_calibration
 
     unknown = [s for s in scenario if s not in SCENARIOS]
@@ -268,6 +273,22 @@ def calibrate(
                 "family_simulations": family_simulations,
             },
         )
+    _echo_calibration_summary(result, family, scenario, n_documents, coverage_documents)
+    _echo(f"wrote {out}/")
+
+
+def _echo_calibration_summary(
+    result: CalibrationResult,
+    family: FamilyCalibration | None,
+    scenario: list[str],
+    n_documents: int,
+    coverage_documents: list[int],
+) -> None:
+    """The calibration's summary lines: the uninformative proxy's rejection rates at the goal
+    study size, the mean energy-ratio coverage per study size and scenario, each goal's verdict,
+    and the family-wise error rates with shared draws."""
+    from .stats.calibrate import describe_goal
+
     for row in result.conditions:
         if row["condition"] == "random" and row["documents"] == n_documents:
             # ± is the 95 % Monte-Carlo margin of each rate (1.96 binomial standard errors)
@@ -297,7 +318,6 @@ def calibrate(
                     f"{row['condition']}: {'FWER (Holm)' if fwer else 'FDR (BH)'} {value:.4f} ± {1.96 * se:.4f} "
                     f"(bound {family.settings['alpha']:g})"
                 )
-    _echo(f"wrote {out}/")
 
 
 @app.command()

@@ -50,7 +50,7 @@ from .collect.progress import bar
 from .data import load_corpus
 from .errors import AnistatInputError, CheckpointLoadError, RunInterrupted
 from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_variants
-from .models import ModelSeries, resolve_models
+from .models import Checkpoint, ModelSeries, resolve_models
 from .preflight import localized, preflight
 from .protocol import Protocol, control_problem, fit_window_size, load_protocol
 from .runtime import MAX_THREADS, ThreadChoice, cpu_threads, resolve_threads
@@ -360,19 +360,7 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
         spec = series.spec
         sites = sites_from_spec(series.checkpoints[0].load(), protocol.sites, spec.name)
         n_early = fit_window_size(len(series.checkpoints), protocol.proxies.fit_window)
-        keys = {
-            (i, site.name): UnitKey(
-                spec.name,
-                series.objective,
-                checkpoint.label,
-                checkpoint.step,
-                "early" if i < n_early else "late",
-                site.layer,
-                site.name,
-            )
-            for i, checkpoint in enumerate(series.checkpoints)
-            for site in sites
-        }
+        keys = _unit_keys(series, sites, n_early)
         cached = {k: units_dir / f"{key.id}.json" for k, key in keys.items()}
         bases, fit_info = None, {}
         model_started = time.perf_counter()
@@ -395,25 +383,14 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
             if refit != "frozen":
                 refitted, _ = fit_bases(series, sites, protocol, device, log, refit_at=i)
                 unit_bases = {name: bases[name] + refitted[name] for name in bases}
-            measured = measure_checkpoint(
-                checkpoint.load(),
-                keys={site.name: keys[(i, site.name)] for site in sites},
-                bases=unit_bases,
-                splits=series.splits,
-                objective=series.objective,
-                token_bucket=buckets,
-                n_buckets=protocol.data.n_frequency_buckets,
-                mlm_probability=protocol.data.mlm_probability,
-                seed=protocol.seed,
-                batch_size=protocol.data.batch_size,
-                device=device,
-                isoscore_c0=protocol.stats.isoscore_c0,
-                isoscore_zeta=protocol.stats.isoscore_zeta,
-                precision=spec.precision,
-                progress_label=f"{spec.name} {checkpoint.label}",
-                pair_budget_bytes=int(protocol.data.frequency_ci_memory_mb * 2**20),
-                type_budget_bytes=protocol.data.type_statistics_memory_mb * 2**20,
-                loss_reduction=protocol.data.loss_reduction,
+            measured = _measure_units(
+                protocol,
+                series,
+                checkpoint,
+                {site.name: keys[(i, site.name)] for site in sites},
+                unit_bases,
+                buckets,
+                device,
             )
             for site in sites:
                 if main:
@@ -428,35 +405,107 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
             )
         units_bar.close()
         if bases is not None:
-            for site in sites:
-                for basis_set in bases[site.name]:
-                    for card in basis_set.concept_cards:
-                        info["concept_cards"].append(
-                            {
-                                "model": spec.name,
-                                "layer": site.layer,
-                                "site": site.name,
-                                "proxy": basis_set.proxy,
-                                "rank": basis_set.rank,
-                                **card,
-                            }
-                        )
-        info["models"][spec.name] = {
-            **series.info,
-            "objective": series.objective,
-            "hidden_size": series.hidden_size,
-            "num_layers": series.num_layers,
-            "layers": sorted({s.layer for s in sites}),
-            "sites": [s.name for s in sites],
-            "precision": resolve_precision(device, spec.precision),
-            "checkpoints": [{"label": c.label, "step": c.step, "revision": c.revision} for c in series.checkpoints],
-            "tokenizer_vocab": series.splits.vocab_size,
-            **fit_info,
-            "proxy_refit": protocol.proxies.refit,
-            "seconds": round(time.perf_counter() - model_started, 3),
-        }
+            info["concept_cards"].extend(_concept_card_records(spec.name, sites, bases))
+        info["models"][spec.name] = _model_info(series, sites, protocol, device, fit_info, model_started)
         info["frequency"][spec.name] = series.splits.token_counts
     return artifacts, info
+
+
+def _unit_keys(series: ModelSeries, sites: list[Site], n_early: int) -> dict[tuple[int, str], UnitKey]:
+    """The key of every (checkpoint index, site name) unit of a model; the first `n_early`
+    checkpoints form the early window."""
+    spec = series.spec
+    return {
+        (i, site.name): UnitKey(
+            spec.name,
+            series.objective,
+            checkpoint.label,
+            checkpoint.step,
+            "early" if i < n_early else "late",
+            site.layer,
+            site.name,
+        )
+        for i, checkpoint in enumerate(series.checkpoints)
+        for site in sites
+    }
+
+
+def _measure_units(
+    protocol: Protocol,
+    series: ModelSeries,
+    checkpoint: Checkpoint,
+    keys: dict[str, UnitKey],
+    bases: dict[str, list[BasisSet]],
+    buckets: torch.Tensor,
+    device: torch.device,
+) -> dict[str, UnitArtifact]:
+    """Phase 2 for one checkpoint: every site's unit measured against its bases, with the
+    protocol's data and statistics settings."""
+    spec = series.spec
+    return measure_checkpoint(
+        checkpoint.load(),
+        keys=keys,
+        bases=bases,
+        splits=series.splits,
+        objective=series.objective,
+        token_bucket=buckets,
+        n_buckets=protocol.data.n_frequency_buckets,
+        mlm_probability=protocol.data.mlm_probability,
+        seed=protocol.seed,
+        batch_size=protocol.data.batch_size,
+        device=device,
+        isoscore_c0=protocol.stats.isoscore_c0,
+        isoscore_zeta=protocol.stats.isoscore_zeta,
+        precision=spec.precision,
+        progress_label=f"{spec.name} {checkpoint.label}",
+        pair_budget_bytes=int(protocol.data.frequency_ci_memory_mb * 2**20),
+        type_budget_bytes=protocol.data.type_statistics_memory_mb * 2**20,
+        loss_reduction=protocol.data.loss_reduction,
+    )
+
+
+def _concept_card_records(model: str, sites: list[Site], bases: dict[str, list[BasisSet]]) -> list[dict[str, Any]]:
+    """The manifest's concept cards of one model: every fitted basis set's cards, with their unit."""
+    return [
+        {
+            "model": model,
+            "layer": site.layer,
+            "site": site.name,
+            "proxy": basis_set.proxy,
+            "rank": basis_set.rank,
+            **card,
+        }
+        for site in sites
+        for basis_set in bases[site.name]
+        for card in basis_set.concept_cards
+    ]
+
+
+def _model_info(
+    series: ModelSeries,
+    sites: list[Site],
+    protocol: Protocol,
+    device: torch.device,
+    fit_info: dict[str, Any],
+    model_started: float,
+) -> dict[str, Any]:
+    """The manifest's record of one model: its series, sites, checkpoints, precision, the proxies'
+    fit and the seconds since `model_started`."""
+    spec = series.spec
+    return {
+        **series.info,
+        "objective": series.objective,
+        "hidden_size": series.hidden_size,
+        "num_layers": series.num_layers,
+        "layers": sorted({s.layer for s in sites}),
+        "sites": [s.name for s in sites],
+        "precision": resolve_precision(device, spec.precision),
+        "checkpoints": [{"label": c.label, "step": c.step, "revision": c.revision} for c in series.checkpoints],
+        "tokenizer_vocab": series.splits.vocab_size,
+        **fit_info,
+        "proxy_refit": protocol.proxies.refit,
+        "seconds": round(time.perf_counter() - model_started, 3),
+    }
 
 
 # ----------------------------------------------------------------------------------------------

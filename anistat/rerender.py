@@ -82,35 +82,9 @@ def rerender(
     started = time.perf_counter()
     bundle = Path(bundle)
     manifest = read_manifest(bundle)
-    # the rendered outputs are replaced whole (figures/ as a folder): a file the user put among
-    # them would be lost, so it is refused like `--overwrite` refuses one (anistat.bundle)
-    replaced = [name for name in foreign_files(bundle) if name.split("/", 1)[0] in RENDERED]
-    if replaced:
-        raise AnistatInputError(
-            foreign_files_message(str(bundle), replaced, "re-render the report over them").replace(
-                "choose another --out", "re-render a copy of the bundle"
-            )
-        )
-    problems = integrity_problems(bundle, manifest)
-    edits = [p for p in problems if not p.rendered and not p.accepted_at]
-    if edits and not allow_edited_data:
-        refuse_edited_data(bundle, edits)
+    edits = _checked_edits(bundle, manifest, allow_edited_data)
     contents = read_bundle(bundle)
-    overrides: dict = {"transpose_tables": transpose}
-    if not compile_pdf:
-        overrides["compile_pdf"] = False
-    if precision is not None:
-        overrides["precision"] = precision
-    if metrics:
-        wanted = tuple(m.strip() for m in metrics.split(",") if m.strip())
-        known = sorted({str(m) for m in contents.results["metric"].dropna()})
-        unknown = [m for m in wanted if m not in known]
-        if unknown or not wanted:
-            raise AnistatInputError(
-                f"--metrics: unknown metric(s) {', '.join(unknown) or '(none given)'}; "
-                f"this bundle has: {', '.join(known)}"
-            )
-        overrides["table_metrics"] = wanted
+    overrides = _report_overrides(contents, precision, metrics, transpose, compile_pdf)
     options = report_options(contents.protocol, **overrides)
     now = utc_now()
     new_manifest = dict(contents.manifest)
@@ -131,28 +105,10 @@ def rerender(
         + " …"
     )
     staging = Path(tempfile.mkdtemp(prefix=".rerender.", dir=bundle))
-    written, kept = [], []
     try:
         inputs = contents.report_inputs() if not edits else _with_manifest(contents, new_manifest)
         render_bundle(inputs, staging, options=options)
-        trash = staging / ".replaced"
-        trash.mkdir()
-        for name in RENDERED:
-            target, fresh = bundle / name, staging / name
-            if name == "report.pdf" and not fresh.exists():
-                # not recompiled (--no-pdf or no pdflatex): the earlier PDF stays, and the manifest says so
-                if target.is_file() and not target.is_symlink():
-                    kept.append(name)
-                continue
-            if fresh.is_file() and not target.is_dir():
-                os.replace(fresh, target)  # one atomic rename per file: never half a file
-                written.append(target)
-                continue
-            if target.exists() or target.is_symlink():
-                os.replace(target, trash / name)  # moved aside, removed with the staging dir
-            if fresh.exists():
-                os.replace(fresh, target)
-                written.append(target)
+        written, kept = _replace_rendered(bundle, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log(f"  rendered ({time.perf_counter() - started:.1f}s)")
@@ -168,6 +124,74 @@ def rerender(
     new_manifest["files"] = _digests_after(bundle, manifest)
     write_json(bundle / "manifest.json", new_manifest)
     return written
+
+
+def _checked_edits(bundle: Path, manifest: dict, allow_edited_data: bool) -> list[IntegrityProblem]:
+    """The integrity check, before the tables are read or anything is written: a file anistat did not write among
+    the rendered outputs is refused, and so are data files that differ from the manifest unless
+    ``allow_edited_data``; returns those edits (not yet recorded in the manifest)."""
+    # the rendered outputs are replaced whole (figures/ as a folder): a file the user put among
+    # them would be lost, so it is refused like `--overwrite` refuses one (anistat.bundle)
+    replaced = [name for name in foreign_files(bundle) if name.split("/", 1)[0] in RENDERED]
+    if replaced:
+        raise AnistatInputError(
+            foreign_files_message(str(bundle), replaced, "re-render the report over them").replace(
+                "choose another --out", "re-render a copy of the bundle"
+            )
+        )
+    problems = integrity_problems(bundle, manifest)
+    edits = [p for p in problems if not p.rendered and not p.accepted_at]
+    if edits and not allow_edited_data:
+        refuse_edited_data(bundle, edits)
+    return edits
+
+
+def _report_overrides(contents, precision: int | None, metrics: str | None, transpose: bool, compile_pdf: bool) -> dict:
+    """The protocol's report options overridden from the command line; ``metrics`` (comma-separated)
+    must name metrics of this bundle."""
+    overrides: dict = {"transpose_tables": transpose}
+    if not compile_pdf:
+        overrides["compile_pdf"] = False
+    if precision is not None:
+        overrides["precision"] = precision
+    if metrics:
+        wanted = tuple(m.strip() for m in metrics.split(",") if m.strip())
+        known = sorted({str(m) for m in contents.results["metric"].dropna()})
+        unknown = [m for m in wanted if m not in known]
+        if unknown or not wanted:
+            raise AnistatInputError(
+                f"--metrics: unknown metric(s) {', '.join(unknown) or '(none given)'}; "
+                f"this bundle has: {', '.join(known)}"
+            )
+        overrides["table_metrics"] = wanted
+    return overrides
+
+
+def _replace_rendered(bundle: Path, staging: Path) -> tuple[list[Path], list[str]]:
+    """Move the outputs rendered into `staging` over the bundle's, one atomic rename each (old
+    folders moved aside into the staging dir); returns the files written and the names kept
+    from an earlier rendering (a PDF not recompiled)."""
+    written: list[Path] = []
+    kept: list[str] = []
+    trash = staging / ".replaced"
+    trash.mkdir()
+    for name in RENDERED:
+        target, fresh = bundle / name, staging / name
+        if name == "report.pdf" and not fresh.exists():
+            # not recompiled (--no-pdf or no pdflatex): the earlier PDF stays, and the manifest says so
+            if target.is_file() and not target.is_symlink():
+                kept.append(name)
+            continue
+        if fresh.is_file() and not target.is_dir():
+            os.replace(fresh, target)  # one atomic rename per file: never half a file
+            written.append(target)
+            continue
+        if target.exists() or target.is_symlink():
+            os.replace(target, trash / name)  # moved aside, removed with the staging dir
+        if fresh.exists():
+            os.replace(fresh, target)
+            written.append(target)
+    return written, kept
 
 
 def _records(value) -> list:

@@ -135,6 +135,24 @@ def exact_tests(units: list[UnitSpectrum], options: NullOptions, seed_for_width,
     return ExactNulls(energy, delta, rec_e, rec_d, made)
 
 
+def _energy_risk(observed_e: list, options: NullOptions) -> RiskBoundedMonteCarlo | None:
+    """The risk-bounded decisions of the energy tests (``None`` without ``resampling_risk`` or
+    without energy tests): each test gets ``resampling_risk / risk_tests`` of the risk and stops as
+    rejected only below ``alpha / risk_tests``, where Holm, BH and Bonferroni all reject."""
+    if options.resampling_risk is None or not observed_e:
+        return None
+    return RiskBoundedMonteCarlo(
+        observed_e,
+        options.alpha,
+        options.resampling_risk,
+        options.n_max,
+        "none",
+        options.alternative,
+        n_split=options.risk_tests,
+        stop_below=options.alpha / options.risk_tests,
+    )
+
+
 class _WidthRun:
     """All tests of the units of one width, fed from one stream of Haar draws."""
 
@@ -162,18 +180,7 @@ class _WidthRun:
         observed_d = [units[i].delta_observed[key] for i, key in self.delta_tests]
         self.energy_mc = SequentialMonteCarlo(observed_e, options.n_max, options.stop_after, options.alternative)
         self.delta_mc = SequentialMonteCarlo(observed_d, options.n_max, options.stop_after, options.alternative)
-        self.energy_risk = None
-        if options.resampling_risk is not None and observed_e:
-            self.energy_risk = RiskBoundedMonteCarlo(
-                observed_e,
-                options.alpha,
-                options.resampling_risk,
-                options.n_max,
-                "none",
-                options.alternative,
-                n_split=options.risk_tests,
-                stop_below=options.alpha / options.risk_tests,
-            )
+        self.energy_risk = _energy_risk(observed_e, options)
         # float64 recomputation bands: the float32 error of a value is ~1e-6 of its magnitude, and
         # ΔIsoScore* is a difference of two IsoScores* (each in [0, 1]) whose errors add up
         self.energy_band = RELATIVE_BAND * np.abs(np.asarray(observed_e, dtype=float))

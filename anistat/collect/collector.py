@@ -946,29 +946,9 @@ def measure_checkpoint(
     n_seq, seq_len = inputs.shape
     targets_per_sequence = float(count_targets(labels, objective).sum()) / n_seq
     used = counted_positions(objective, seq_len)
-    dim = next(iter(bases.values()))[0].basis.shape[0]
-    typed_tokens = splits.test[:, :used]
-    type_plan = TypePlan.from_tokens(
-        typed_tokens,
-        (inputs[:, :used] == typed_tokens) if objective == "mlm" else None,
-        splits.vocab_size,
-        dim,
-        type_budget_bytes / len(order),
+    acc = _site_accumulators(
+        bases, order, splits, inputs, objective, used, n_buckets, device, compute, pair_budget_bytes, type_budget_bytes
     )
-    acc = {
-        k: SiteAccumulator(
-            bases[k],
-            dim=dim,
-            n_seq=n_seq,
-            n_buckets=n_buckets,
-            vocab_size=splits.vocab_size,
-            device=device,
-            dtype=compute,
-            pair_budget_bytes=pair_budget_bytes // len(order),
-            type_plan=type_plan,
-        )
-        for k in order
-    }
     bucket_of_token = token_bucket.to(device).clamp(min=0)  # unseen ids (-1) never occur in text
     scale = FP16_LOSS_SCALE if precision == "fp16" else 1.0
     starts = list(range(0, n_seq, batch_size))
@@ -1007,6 +987,46 @@ def measure_checkpoint(
         progress.set_postfix_str(f"{tokens_done / max(time.perf_counter() - clock, 1e-9):,.0f} tok/s", refresh=False)
     progress.close()
     return {k: _finish_site(acc[k], keys[k], splits, started, isoscore_c0, isoscore_zeta) for k in order}
+
+
+def _site_accumulators(
+    bases: dict,
+    order: list,
+    splits: Splits,
+    inputs: torch.Tensor,
+    objective: str,
+    used: int,
+    n_buckets: int,
+    device: torch.device,
+    compute: torch.dtype,
+    pair_budget_bytes: int,
+    type_budget_bytes: float,
+) -> dict:
+    """One :class:`SiteAccumulator` per site (in `order`), sharing one token-type plan of the test
+    split's first `used` positions; the pair and type memory budgets are split equally."""
+    dim = next(iter(bases.values()))[0].basis.shape[0]
+    typed_tokens = splits.test[:, :used]
+    type_plan = TypePlan.from_tokens(
+        typed_tokens,
+        (inputs[:, :used] == typed_tokens) if objective == "mlm" else None,
+        splits.vocab_size,
+        dim,
+        type_budget_bytes / len(order),
+    )
+    return {
+        k: SiteAccumulator(
+            bases[k],
+            dim=dim,
+            n_seq=inputs.shape[0],
+            n_buckets=n_buckets,
+            vocab_size=splits.vocab_size,
+            device=device,
+            dtype=compute,
+            pair_budget_bytes=pair_budget_bytes // len(order),
+            type_plan=type_plan,
+        )
+        for k in order
+    }
 
 
 def _frozen_on(model: torch.nn.Module, device: torch.device) -> None:

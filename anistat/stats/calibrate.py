@@ -150,44 +150,9 @@ def _population(rng, scenario, condition, d, k):
 
 
 def _simulate_one(rng, scenario, condition, cfg):
-    d, k, n_docs = cfg["dim"], cfg["rank"], cfg["n_documents"]
-    sigma, u = _population(rng, scenario, condition, d, k)
-    ev, vec = np.linalg.eigh(sigma)
-    root = (vec * np.sqrt(np.clip(ev, 0, None))) @ vec.T
-    clustered = scenario in DOCUMENT_SCENARIOS
-    per_doc = 1 + rng.poisson(cfg["sequences_per_document"] - 1, size=n_docs) if clustered else np.ones(n_docs, int)
-    doc_of_seq = np.repeat(np.arange(n_docs), per_doc)
-    s = doc_of_seq.size
-    tmin, tmax = cfg["tokens_per_sequence"]
-    length = rng.integers(tmin, tmax + 1, size=s)
-    m = cfg["topic_rank"]
-    rho_doc = cfg["document_correlation"] if clustered else 0.0
-    rho_seq = cfg["within_correlation"]
-    doc_topic = rng.standard_normal((n_docs, m, d)) / np.sqrt(m)
-    seq_topic = rng.standard_normal((s, m, d)) / np.sqrt(m)
-    z = np.sqrt(rho_seq) * (rng.standard_normal((s, tmax, m)) @ seq_topic)
-    z += np.sqrt(rho_doc) * (rng.standard_normal((s, tmax, m)) @ doc_topic[doc_of_seq])
-    z += np.sqrt(1.0 - rho_doc - rho_seq) * rng.standard_normal((s, tmax, d))
-    z *= (np.arange(tmax)[None, :] < length[:, None])[:, :, None]
-    scale = np.exp(cfg["scale_sd"] * rng.standard_normal(s))
-    if clustered:
-        document_sd = cfg.get("skewed_document_sd", SKEWED_DOCUMENT_SD) if scenario == "skewed" else cfg["scale_sd"]
-        scale *= np.exp(document_sd * rng.standard_normal(n_docs))[doc_of_seq]
-    if scenario == "hot":
-        tilted = _haar(rng, (), d, k) if condition == RANDOM_PROXY else u
-        hot_docs = np.arange(n_docs) < max(1, round(HOT_SHARE * n_docs))
-        (root_hot, sigma_hot), (root_cold, sigma_cold) = (_tilted(sigma, tilted, t) for t in (HOT_TILT, COLD_TILT))
-        hot = hot_docs[doc_of_seq]
-        scale = scale * np.where(hot, np.sqrt(HOT_ENERGY), 1.0)
-        zs = z * scale[:, None, None]
-        g = np.where(hot[:, None, None], zs @ root_hot, zs @ root_cold).reshape(-1, d)
-        w_hot = HOT_ENERGY * hot_docs.mean()
-        sigma = w_hot * sigma_hot + (1.0 - hot_docs.mean()) * sigma_cold  # the mixture's second moment
-    else:
-        g = (z * scale[:, None, None]).reshape(-1, d) @ root  # root symmetric
-    p_seq = ((g @ u) ** 2).sum(axis=1).reshape(s, tmax).sum(axis=1)
-    t_seq = (g * g).sum(axis=1).reshape(s, tmax).sum(axis=1)
-    second = g.T @ g
+    """One simulated study and the statistics engine's tests and intervals on it: a row of ``_COLS``."""
+    d, k = cfg["dim"], cfg["rank"]
+    p_seq, t_seq, second, sigma, u, doc_of_seq, clustered = _simulated_study(rng, scenario, condition, cfg)
     total = np.trace(second)
     observed = float(np.trace(u.T @ second @ u) / total)
     # the primary test's null: Haar draws on the same data; the paper's: normal draws in U's complement
@@ -252,6 +217,55 @@ def _simulate_one(rng, scenario, condition, cfg):
     out["p_paper_normal_99"] = monte_carlo_pvalue(observed, normal)
     out["p_paper_haar_20"] = monte_carlo_pvalue(observed, null[:20])
     return [out[c] for c in _COLS]
+
+
+def _simulated_study(rng, scenario, condition, cfg):
+    """One simulated study's data: token gradients of documents of sequences drawn from the
+    scenario's population (topics shared within a sequence and a document, per-sequence and
+    per-document energy scales, hot documents tilted towards a subspace), reduced to the
+    per-sequence proxy and total energies and the tokens' second moment.
+
+    Returns ``(p_seq, t_seq, second, sigma, u, doc_of_seq, clustered)``: ``sigma`` is the
+    population second moment (the hot mixture's in the ``hot`` scenario) and ``u`` the proxy."""
+    d, k, n_docs = cfg["dim"], cfg["rank"], cfg["n_documents"]
+    sigma, u = _population(rng, scenario, condition, d, k)
+    ev, vec = np.linalg.eigh(sigma)
+    root = (vec * np.sqrt(np.clip(ev, 0, None))) @ vec.T
+    clustered = scenario in DOCUMENT_SCENARIOS
+    per_doc = 1 + rng.poisson(cfg["sequences_per_document"] - 1, size=n_docs) if clustered else np.ones(n_docs, int)
+    doc_of_seq = np.repeat(np.arange(n_docs), per_doc)
+    s = doc_of_seq.size
+    tmin, tmax = cfg["tokens_per_sequence"]
+    length = rng.integers(tmin, tmax + 1, size=s)
+    m = cfg["topic_rank"]
+    rho_doc = cfg["document_correlation"] if clustered else 0.0
+    rho_seq = cfg["within_correlation"]
+    doc_topic = rng.standard_normal((n_docs, m, d)) / np.sqrt(m)
+    seq_topic = rng.standard_normal((s, m, d)) / np.sqrt(m)
+    z = np.sqrt(rho_seq) * (rng.standard_normal((s, tmax, m)) @ seq_topic)
+    z += np.sqrt(rho_doc) * (rng.standard_normal((s, tmax, m)) @ doc_topic[doc_of_seq])
+    z += np.sqrt(1.0 - rho_doc - rho_seq) * rng.standard_normal((s, tmax, d))
+    z *= (np.arange(tmax)[None, :] < length[:, None])[:, :, None]
+    scale = np.exp(cfg["scale_sd"] * rng.standard_normal(s))
+    if clustered:
+        document_sd = cfg.get("skewed_document_sd", SKEWED_DOCUMENT_SD) if scenario == "skewed" else cfg["scale_sd"]
+        scale *= np.exp(document_sd * rng.standard_normal(n_docs))[doc_of_seq]
+    if scenario == "hot":
+        tilted = _haar(rng, (), d, k) if condition == RANDOM_PROXY else u
+        hot_docs = np.arange(n_docs) < max(1, round(HOT_SHARE * n_docs))
+        (root_hot, sigma_hot), (root_cold, sigma_cold) = (_tilted(sigma, tilted, t) for t in (HOT_TILT, COLD_TILT))
+        hot = hot_docs[doc_of_seq]
+        scale = scale * np.where(hot, np.sqrt(HOT_ENERGY), 1.0)
+        zs = z * scale[:, None, None]
+        g = np.where(hot[:, None, None], zs @ root_hot, zs @ root_cold).reshape(-1, d)
+        w_hot = HOT_ENERGY * hot_docs.mean()
+        sigma = w_hot * sigma_hot + (1.0 - hot_docs.mean()) * sigma_cold  # the mixture's second moment
+    else:
+        g = (z * scale[:, None, None]).reshape(-1, d) @ root  # root symmetric
+    p_seq = ((g @ u) ** 2).sum(axis=1).reshape(s, tmax).sum(axis=1)
+    t_seq = (g * g).sum(axis=1).reshape(s, tmax).sum(axis=1)
+    second = g.T @ g
+    return p_seq, t_seq, second, sigma, u, doc_of_seq, clustered
 
 
 def _tilted(sigma, subspace, factor):

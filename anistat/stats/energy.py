@@ -466,59 +466,24 @@ def analyze_energy(
     >>> ratio.estimate > 1
     True
     """
-    p, t, e, null = _checked_inputs(
-        proxy_energy,
-        total_energy,
-        reference_energy,
-        null_fractions,
-        exact,
-        rank,
-        dim,
-        alternative,
-        ci_level,
-        n_bootstrap,
-        ci_method,
-        reference,
-        min_resampling_units,
-    )
+    p, t, e = _checked_energies(proxy_energy, total_energy, reference_energy)
+    null = _checked_null(null_fractions, exact)
+    _check_settings(rank, dim, alternative, ci_level, n_bootstrap, min_resampling_units, ci_method, reference)
     units = _resampling_units(p, t, e, group_ids)
     draws = null if control_fractions is None else np.asarray(control_fractions, dtype=np.float64).ravel()
     control = control_moments if control_moments is not None else ControlMoments.of_draws(draws)
     paper = draws if paper_fractions is None else np.asarray(paper_fractions, dtype=np.float64).ravel()
     fraction = units.proxy.sum() / units.total.sum()
     observed = fraction if observed_fraction is None else float(observed_fraction)
-    if exact is None:
-        exact = ExactTestResult(monte_carlo_pvalue(observed, null, alternative), int(null.size))
-    p_paper = (
-        monte_carlo_pvalue(observed, paper[:n_paper_controls], alternative)
-        if n_paper_controls and paper.size
-        else np.nan
-    )
-    contribution = units.proxy - units.reference
+    exact, p_paper = _exact_tests(observed, null, exact, paper, n_paper_controls, alternative)
     if units.n >= min_resampling_units:
         weights = bootstrap_weights(units.n, max(n_bootstrap, n_test_resamples or 0), seed)
-        # the closed-form kinds share one data test: p = k/d·t (haar ratio 1) ⟺ normal ratio 1
-        null_reference = rank / dim * units.total if reference == "expected" else units.reference
-        data_test = studentized_ratio_test(
-            units.proxy, null_reference, weights, alternative=alternative, expand_units=units.n
+        data_test, ci_f, ci_r = _resampled_tests(
+            units, weights, rank, dim, reference, control_kind, alternative, ci_level, ci_method
         )
-        ci_f, ci_r = _ratio_intervals(units, weights, ci_level, ci_method)
-        ci_f = _clipped(ci_f, 0.0, 1.0, "energy fraction")
-        haar_bound = reference == "expected" and control_kind == "haar"
-        ci_r = _clipped(ci_r, 0.0, dim / rank if haar_bound else np.inf, "energy ratio")
     else:
         weights = None
-        why = (
-            f"intervals, their SEs and the data test withheld: {units.n} {units.name}, fewer than the "
-            f"{min_resampling_units} resampling units they need"
-        )
-        data_test = StudentizedTest(np.nan, np.nan, np.nan, 0, alternative, why)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = units.proxy.sum() / units.reference.sum()
-        ci_f, ci_r = (
-            BootstrapResult(float(estimate), np.nan, np.nan, "none", why, np.nan, 0, ci_level)
-            for estimate in (fraction, ratio)
-        )
+        data_test, ci_f, ci_r = _withheld_tests(units, fraction, min_resampling_units, alternative, ci_level)
     rows = _metric_rows(
         units,
         control,
@@ -527,7 +492,6 @@ def analyze_energy(
         ci_f,
         ci_r,
         weights,
-        contribution,
         data_test,
         rank,
         dim,
@@ -557,22 +521,9 @@ def analyze_energy(
     )
 
 
-def _checked_inputs(
-    proxy_energy,
-    total_energy,
-    reference_energy,
-    null_fractions,
-    exact,
-    rank,
-    dim,
-    alternative,
-    ci_level,
-    n_bootstrap,
-    ci_method,
-    reference,
-    min_resampling_units,
-):
-    """Validate :func:`analyze_energy`'s inputs once (the core never re-checks them)."""
+def _checked_energies(proxy_energy, total_energy, reference_energy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`analyze_energy`'s per-sequence energies as ``(S,)`` arrays, validated once (the core
+    never re-checks them)."""
     p = as_1d_float(proxy_energy, "proxy_energy")
     t = as_1d_float(total_energy, "total_energy")
     e = as_1d_float(reference_energy, "reference_energy")
@@ -587,9 +538,19 @@ def _checked_inputs(
         raise ValueError("energies must be non-negative")
     if not t.sum() > 0:
         raise ValueError("total_energy sums to zero")
+    return p, t, e
+
+
+def _checked_null(null_fractions, exact) -> np.ndarray:
+    """The Haar null draws as a flat array (empty when absent), required unless ``exact`` is given."""
     null = np.empty(0) if null_fractions is None else np.asarray(null_fractions, dtype=np.float64).ravel()
     if exact is None and (null.size < 1 or not np.isfinite(null).all()):
         raise ValueError("null_fractions must be a non-empty array of finite values (or give `exact`)")
+    return null
+
+
+def _check_settings(rank, dim, alternative, ci_level, n_bootstrap, min_resampling_units, ci_method, reference) -> None:
+    """Check :func:`analyze_energy`'s scalar settings."""
     check_positive_int(rank, "rank")
     check_positive_int(dim, "dim")
     check_alternative(alternative)
@@ -598,7 +559,54 @@ def _checked_inputs(
     check_positive_int(min_resampling_units, "min_resampling_units", 2)
     check_choice("ci_method", ci_method, CI_METHODS)
     check_choice("reference", reference, REFERENCES)
-    return p, t, e, null
+
+
+def _exact_tests(observed, null, exact, paper, n_paper_controls, alternative) -> tuple[ExactTestResult, float]:
+    """The exact test (given, or the Monte-Carlo p against ``null``) and the paper's p against the
+    first ``n_paper_controls`` of ``paper`` (NaN without them)."""
+    if exact is None:
+        exact = ExactTestResult(monte_carlo_pvalue(observed, null, alternative), int(null.size))
+    p_paper = (
+        monte_carlo_pvalue(observed, paper[:n_paper_controls], alternative)
+        if n_paper_controls and paper.size
+        else np.nan
+    )
+    return exact, p_paper
+
+
+def _resampled_tests(
+    units: _Units, weights, rank, dim, reference, control_kind, alternative, ci_level, ci_method
+) -> tuple[StudentizedTest, BootstrapResult, BootstrapResult]:
+    """The data test and the fraction and ratio CIs over the bootstrap ``weights``, each CI
+    clipped to its parameter's range."""
+    # the closed-form kinds share one data test: p = k/d·t (haar ratio 1) ⟺ normal ratio 1
+    null_reference = rank / dim * units.total if reference == "expected" else units.reference
+    data_test = studentized_ratio_test(
+        units.proxy, null_reference, weights, alternative=alternative, expand_units=units.n
+    )
+    ci_f, ci_r = _ratio_intervals(units, weights, ci_level, ci_method)
+    ci_f = _clipped(ci_f, 0.0, 1.0, "energy fraction")
+    haar_bound = reference == "expected" and control_kind == "haar"
+    ci_r = _clipped(ci_r, 0.0, dim / rank if haar_bound else np.inf, "energy ratio")
+    return data_test, ci_f, ci_r
+
+
+def _withheld_tests(
+    units: _Units, fraction, min_resampling_units, alternative, ci_level
+) -> tuple[StudentizedTest, BootstrapResult, BootstrapResult]:
+    """Too few resampling units: the data test and both intervals NaN, the reason in their notes."""
+    why = (
+        f"intervals, their SEs and the data test withheld: {units.n} {units.name}, fewer than the "
+        f"{min_resampling_units} resampling units they need"
+    )
+    data_test = StudentizedTest(np.nan, np.nan, np.nan, 0, alternative, why)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = units.proxy.sum() / units.reference.sum()
+    ci_f, ci_r = (
+        BootstrapResult(float(estimate), np.nan, np.nan, "none", why, np.nan, 0, ci_level)
+        for estimate in (fraction, ratio)
+    )
+    return data_test, ci_f, ci_r
 
 
 def _resampling_units(p, t, e, group_ids) -> _Units:
@@ -655,7 +663,6 @@ def _metric_rows(
     ci_f: BootstrapResult,
     ci_r: BootstrapResult,
     weights,
-    contribution,
     data_test,
     rank,
     dim,
@@ -668,6 +675,7 @@ def _metric_rows(
 ) -> list[MetricResult]:
     """The six metric rows; every ``se`` is its interval's implied SE on its own row's scale
     (:mod:`.interval_se`; delta method for the transforms)."""
+    contribution = units.proxy - units.reference
     fraction, ratio = ci_f.estimate, ci_r.estimate
     se_f, se_r = (
         interval_implied_se(
@@ -689,14 +697,7 @@ def _metric_rows(
     with np.errstate(invalid="ignore", divide="ignore"):
         z = (fraction - mean) / sd if sd > 0 else np.nan
     z_note = f"z undefined: the {control_kind} control's sd is 0 (one possible control)" if sd == 0 else ""
-    fraction_note = f"CI of E[Σ‖Uᵀg‖²]/E[Σ‖g‖²] for this proxy; {moments_note}"
-    if oracle_fraction is not None and np.isfinite(oracle_fraction) and ci_f.ci_high > oracle_fraction:
-        fraction_note = _join(
-            fraction_note,
-            f"upper bound {ci_f.ci_high:.4g} passes the sample oracle fraction "
-            f"E*_k = {oracle_fraction:.4g}, which only estimates the population "
-            "ceiling (not clipped there)",
-        )
+    fraction_note = _fraction_note(ci_f, moments_note, oracle_fraction)
 
     def row(metric, estimate, control_mean, control_sd, lo, hi, ci, note, se):
         # every energy row shares the exact test and carries z as its effect size
@@ -717,6 +718,32 @@ def _metric_rows(
             float(se),
         )
 
+    rows = [
+        row("energy_fraction", fraction, mean, sd, ci_f.ci_low, ci_f.ci_high, ci_f, fraction_note, se_f),
+        *_ratio_rows(row, ratio, ci_r, se_r, mean, sd, reference_fraction, kind_note, moments_note),
+        _z_row(row, fraction, mean, sd, ci_f, se_f, control_kind, control.source),
+        _hedges_row(units, weights, contribution, data_test, ci_level, kind_note, units_note),
+    ]
+    rows.append(_capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction, exact, p_paper, z))
+    return rows
+
+
+def _fraction_note(ci_f: BootstrapResult, moments_note: str, oracle_fraction) -> str:
+    """The energy-fraction row's note, flagging an upper bound past the sample oracle fraction."""
+    fraction_note = f"CI of E[Σ‖Uᵀg‖²]/E[Σ‖g‖²] for this proxy; {moments_note}"
+    if oracle_fraction is not None and np.isfinite(oracle_fraction) and ci_f.ci_high > oracle_fraction:
+        fraction_note = _join(
+            fraction_note,
+            f"upper bound {ci_f.ci_high:.4g} passes the sample oracle fraction "
+            f"E*_k = {oracle_fraction:.4g}, which only estimates the population "
+            "ceiling (not clipped there)",
+        )
+    return fraction_note
+
+
+def _ratio_rows(row, ratio, ci_r, se_r, mean, sd, reference_fraction, kind_note, moments_note) -> list[MetricResult]:
+    """The energy-ratio row and its log2 row; the controls' ratio moments are the fraction's
+    divided by the reference fraction, their log2 moments by the delta method."""
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio_mean, ratio_sd = mean / reference_fraction, sd / reference_fraction
         log2 = float(np.log2(ratio)) if ratio > 0 else np.nan
@@ -725,9 +752,7 @@ def _metric_rows(
         # the controls' log2 ratio by the delta method (second order for the mean)
         log2_mean = np.log2(ratio_mean) - ratio_sd**2 / (2.0 * ratio_mean**2 * np.log(2.0))
         log2_sd = ratio_sd / (ratio_mean * np.log(2.0))
-        z_scale = 1.0 / sd if sd > 0 else np.nan
-    rows = [
-        row("energy_fraction", fraction, mean, sd, ci_f.ci_low, ci_f.ci_high, ci_f, fraction_note, se_f),
+    return [
         row(
             "energy_ratio",
             ratio,
@@ -751,22 +776,25 @@ def _metric_rows(
             "CI = log2 of the ratio CI; se by the delta method; control mean and sd by the delta method",
             se_r / (ratio * np.log(2.0)) if ratio > 0 else np.nan,
         ),
-        row(
-            "z",
-            (fraction - mean) * z_scale,
-            0.0 if sd > 0 else np.nan,
-            1.0 if sd > 0 else np.nan,
-            (ci_f.ci_low - mean) * z_scale,
-            (ci_f.ci_high - mean) * z_scale,
-            ci_f,
-            f"z against the {control_kind} controls' mean and sd ({control.source}); CI maps the fraction CI with "
-            "them held fixed",
-            se_f * z_scale,
-        ),
-        _hedges_row(units, weights, contribution, data_test, ci_level, kind_note, units_note),
     ]
-    rows.append(_capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction, exact, p_paper, z))
-    return rows
+
+
+def _z_row(row, fraction, mean, sd, ci_f, se_f, control_kind, control_source) -> MetricResult:
+    """z of the fraction against the controls' mean and sd; its CI maps the fraction CI."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z_scale = 1.0 / sd if sd > 0 else np.nan
+    return row(
+        "z",
+        (fraction - mean) * z_scale,
+        0.0 if sd > 0 else np.nan,
+        1.0 if sd > 0 else np.nan,
+        (ci_f.ci_low - mean) * z_scale,
+        (ci_f.ci_high - mean) * z_scale,
+        ci_f,
+        f"z against the {control_kind} controls' mean and sd ({control_source}); CI maps the fraction CI with "
+        "them held fixed",
+        se_f * z_scale,
+    )
 
 
 def _hedges_row(
