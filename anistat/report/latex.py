@@ -485,7 +485,28 @@ def _ci_tex(ci: str) -> str:
 
 
 def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels: list[str]) -> str:
-    L: list[str] = [
+    L = _preamble_tex(ctx)
+    L += _summary_tex(ctx)
+    L += _claims_tex(ctx)
+
+    L += ["", r"\section{Methods}"]
+    L += [p.to_latex() + "\n" for p in methods(ctx)]
+
+    L += _figures_tex(figs)
+    frequency = _frequency_tex(ctx)
+    if frequency:
+        L += [r"\section{Token frequency and centroid distance}", frequency]
+    L += _tables_section_tex(table_labels)
+    L += _concept_cards_tex(ctx)
+    L += _failed_units_tex(ctx)
+    L += _settings_tex(ctx)
+    L.append(r"\end{document}")
+    return "\n".join(L) + "\n"
+
+
+def _preamble_tex(ctx: ReportContext) -> list[str]:
+    """The document class, packages, title block and the opening of the Summary section."""
+    return [
         r"\documentclass[10pt,a4paper]{article}",
         r"\usepackage[T1]{fontenc}",
         r"\usepackage[utf8]{inputenc}",
@@ -522,6 +543,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
         r"\maketitle",
         r"\section{Summary}",
     ]
+
+
+def _summary_tex(ctx: ReportContext) -> list[str]:
+    """Page 1 before the claim cards: run warnings, the question, its answer, the headline table
+    and the findings."""
+    L: list[str] = []
     if ctx.inputs.warnings:
         # run warnings first and framed: they can change how every number below is read
         L += [
@@ -547,11 +574,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
         L += [r"\subsection*{Findings}", r"\begin{itemize}"]
         L += [r"\item " + tex(s) for s in findings]
         L.append(r"\end{itemize}")
-    L += _claims_tex(ctx)
+    return L
 
-    L += ["", r"\section{Methods}"]
-    L += [p.to_latex() + "\n" for p in methods(ctx)]
 
+def _figures_tex(figs: list[SavedFigure]) -> list[str]:
+    """The Figures section: one floating figure per saved figure, then a page break."""
+    L: list[str] = []
     if figs:
         L += [r"\section{Figures}"]
         for f in figs:
@@ -563,9 +591,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
                 r"\end{figure}",
             ]
         L.append(r"\clearpage")
-    frequency = _frequency_tex(ctx)
-    if frequency:
-        L += [r"\section{Token frequency and centroid distance}", frequency]
+    return L
+
+
+def _tables_section_tex(table_labels: list[str]) -> list[str]:
+    """The Tables section: references to the tables and the ``\\input`` of tables.tex."""
+    L: list[str] = []
     if table_labels:
         L += [
             r"\section{Tables}",
@@ -576,7 +607,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
             r"\input{tables.tex}",
             r"\clearpage",
         ]
+    return L
 
+
+def _concept_cards_tex(ctx: ReportContext) -> list[str]:
+    """The Concept cards section: the first 40 cards, each with its top tokens and contexts."""
+    L: list[str] = []
     cards = ctx.inputs.concept_cards
     if cards:
         L += [r"\section{Concept cards}", r"\begin{itemize}"]
@@ -604,7 +640,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
                 + "."
             )
         L.append(r"\end{itemize}")
+    return L
 
+
+def _failed_units_tex(ctx: ReportContext) -> list[str]:
+    """The Failed units section: one row per failed unit with its reason and row count."""
+    L: list[str] = []
     fu = failed_units(ctx)
     if fu:
         L += [
@@ -619,7 +660,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
                 long=True,
             ),
         ]
+    return L
 
+
+def _settings_tex(ctx: ReportContext) -> list[str]:
+    """The All settings section: every recorded setting as a source/key/value row."""
+    L: list[str] = []
     rows = settings_rows(ctx)
     if rows:
         L += [
@@ -633,8 +679,7 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
             )
             + "}",
         ]
-    L.append(r"\end{document}")
-    return "\n".join(L) + "\n"
+    return L
 
 
 def _claims_tex(ctx: ReportContext) -> list[str]:
