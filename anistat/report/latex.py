@@ -121,21 +121,7 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
     if not row_keys:
         return None
 
-    cells: dict[tuple[int, int], _Cell] = {}
-    for ri, (g, ck, loc, x) in enumerate(row_keys):
-        sub = d[(d[group] == g) & (d["checkpoint"] == ck) & (d["_loc"] == loc)]
-        sub = sub[sub["control"] == x] if transposed else sub[sub["rank"] == x]
-        for ci, y in enumerate(col_keys):
-            s = sub[sub["rank"] == y] if transposed else sub[sub["control"] == y]
-            if s.empty:
-                continue
-            r = s.iloc[0]
-            if r["status"] != "ok" or pd.isna(r["estimate"]):
-                cells[(ri, ci)] = _Cell(failed=True)
-                continue
-            cells[(ri, ci)] = _Cell(
-                ctx.fmt(r["estimate"]), ctx.fmt(r["ci_low"]), ctx.fmt(r["ci_high"]), ctx.mark(r[ctx.p_col])
-            )
+    cells = _metric_cells(ctx, d, group, row_keys, col_keys, transposed)
     has_ci = any(c.lo or c.hi for c in cells.values())
     has_mark = any(c.mark for c in cells.values())
 
@@ -161,6 +147,49 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
         return out
 
     body = _body(ctx, d, group, row_keys, transposed, row_cells)
+    return booktabs_table(
+        "".join(spec),
+        head,
+        body,
+        caption=_metric_caption(ctx, metric, d, has_control and not transposed, has_ci, has_mark),
+        label=f"tab:{slug(ctx.name)}-{slug(metric)}",
+        preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"),
+    )
+
+
+def _metric_cells(
+    ctx: ReportContext,
+    d: pd.DataFrame,
+    group: str,
+    row_keys: list[tuple[str, str, str, Any]],
+    col_keys: list[Any],
+    transposed: bool,
+) -> dict[tuple[int, int], _Cell]:
+    """(row, column) -> the formatted estimate, CI and test mark of that table cell; a failed unit
+    or a missing estimate gives a failed cell, an absent combination no cell."""
+    cells: dict[tuple[int, int], _Cell] = {}
+    for ri, (g, ck, loc, x) in enumerate(row_keys):
+        sub = d[(d[group] == g) & (d["checkpoint"] == ck) & (d["_loc"] == loc)]
+        sub = sub[sub["control"] == x] if transposed else sub[sub["rank"] == x]
+        for ci, y in enumerate(col_keys):
+            s = sub[sub["rank"] == y] if transposed else sub[sub["control"] == y]
+            if s.empty:
+                continue
+            r = s.iloc[0]
+            if r["status"] != "ok" or pd.isna(r["estimate"]):
+                cells[(ri, ci)] = _Cell(failed=True)
+                continue
+            cells[(ri, ci)] = _Cell(
+                ctx.fmt(r["estimate"]), ctx.fmt(r["ci_low"]), ctx.fmt(r["ci_high"]), ctx.mark(r[ctx.p_col])
+            )
+    return cells
+
+
+def _metric_caption(
+    ctx: ReportContext, metric: str, d: pd.DataFrame, per_control: bool, has_ci: bool, has_mark: bool
+) -> str:
+    """The caption of a metric's table: what is shown and when, the intervals, the marks' legend
+    and the protocol."""
     what = (
         "per checkpoint"
         if ctx.options.table_checkpoints == "all"
@@ -168,7 +197,7 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
     )
     mt = metric_tex(metric)
     cap = [mt[:1].upper() + mt[1:] if mt[:1].isalpha() else mt, f" of the {tex(ctx.proxy)} proxy {what}"]
-    if has_control and not transposed:
+    if per_control:
         cap.append(", against each control kind")
     cap.append(". ")
     if has_ci:
@@ -176,14 +205,7 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
     if has_mark:
         cap.append(tex(ctx.legend_text()) + ". ")
     cap.append(f"Protocol: {tex(ctx.name)}.")
-    return booktabs_table(
-        "".join(spec),
-        head,
-        body,
-        caption="".join(cap),
-        label=f"tab:{slug(ctx.name)}-{slug(metric)}",
-        preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"),
-    )
+    return "".join(cap)
 
 
 def _row_keys(d: pd.DataFrame, group: str, inner: list[Any], inner_col: str) -> list[tuple[str, str, str, Any]]:
