@@ -305,6 +305,51 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
     row_keys = _row_keys(d, group, ranks, "rank")
     if not row_keys:
         return None
+    value, means, shared = _once_cells(ctx, d, group, row_keys, controls)
+    has_ci = any(c.lo or c.hi for c in value.values())
+    has_mark = any(c.mark for c in means.values())
+    mark_value = shared and any(c.mark for c in value.values())
+    has_means = any(c.est for c in means.values())
+    fmt_value = _table_format([c.est for c in value.values()])
+    fmt_means = [_table_format([means[k].est for k in means if k[1] == ci]) for ci in range(len(controls))]
+    spec, width = _colspec([fmt_value], mark_value, has_ci, "r")
+    if has_means:
+        for f in fmt_means:
+            spec.append(f"S[table-format={f}]" if f else "c")
+            if has_mark:
+                spec.append(r"@{}l")
+    head = _once_head(ctx, group, controls, width, has_means, has_mark, mark_value, has_ci)
+
+    def row_cells(ri: int) -> list[str]:
+        out = _value_cells(value.get(ri), fmt_value, mark_value, has_ci, width)
+        if has_means and not (value.get(ri) and value[ri].failed):
+            for ci in range(len(controls)):
+                out += _value_cells(means.get((ri, ci)), fmt_means[ci], has_mark, False, 1 + has_mark)
+        elif has_means:
+            out += [""] * (len(controls) * (1 + has_mark))
+        return out
+
+    body = _body(ctx, d, group, row_keys, False, row_cells)
+    return booktabs_table(
+        "".join(spec),
+        head,
+        body,
+        caption=_once_caption(ctx, metric, d, has_means, has_ci, mark_value, has_mark),
+        label=f"tab:{slug(ctx.name)}-{slug(metric)}",
+        preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"),
+    )
+
+
+def _once_cells(
+    ctx: ReportContext,
+    d: pd.DataFrame,
+    group: str,
+    row_keys: list[tuple[str, str, str, Any]],
+    controls: list[str],
+) -> tuple[dict[int, _Cell], dict[tuple[int, int], _Cell], bool]:
+    """The cells of a control-independent metric's table: row -> the estimate with its CI,
+    (row, control) -> that control kind's mean, and whether the test marks are shared by the
+    control kinds (then they move onto the estimate)."""
     value: dict[int, _Cell] = {}
     means: dict[tuple[int, int], _Cell] = {}
     for ri, (g, ck, loc, k) in enumerate(row_keys):
@@ -330,18 +375,21 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
                 value[ri] = _Cell(cell.est, cell.lo, cell.hi, mark=marks[0])
         for key, cell in means.items():
             means[key] = _Cell(cell.est)
-    has_ci = any(c.lo or c.hi for c in value.values())
-    has_mark = any(c.mark for c in means.values())
-    mark_value = shared and any(c.mark for c in value.values())
-    has_means = any(c.est for c in means.values())
-    fmt_value = _table_format([c.est for c in value.values()])
-    fmt_means = [_table_format([means[k].est for k in means if k[1] == ci]) for ci in range(len(controls))]
-    spec, width = _colspec([fmt_value], mark_value, has_ci, "r")
-    if has_means:
-        for f in fmt_means:
-            spec.append(f"S[table-format={f}]" if f else "c")
-            if has_mark:
-                spec.append(r"@{}l")
+    return value, means, shared
+
+
+def _once_head(
+    ctx: ReportContext,
+    group: str,
+    controls: list[str],
+    width: int,
+    has_means: bool,
+    has_mark: bool,
+    mark_value: bool,
+    has_ci: bool,
+) -> list[Any]:
+    """The header of a control-independent metric's table: the proxy's column group, then one
+    column group per control kind's mean."""
     head_top = [tex(group.capitalize()), "Checkpoint", "Layer", "$k$"]
     names = ["Proxy"] + ([tex(c) + " controls (mean)" for c in controls] if has_means else [])
     top, rules, col = [], [], len(head_top) + 1
@@ -353,18 +401,13 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
     sub_heads = _sub_heads(ctx, 1, mark_value, has_ci)
     if has_means:
         sub_heads += _sub_heads(ctx, len(controls), has_mark, False, first="{Mean}")
-    head = [head_top + top, "".join(rules), [""] * len(head_top) + sub_heads]
+    return [head_top + top, "".join(rules), [""] * len(head_top) + sub_heads]
 
-    def row_cells(ri: int) -> list[str]:
-        out = _value_cells(value.get(ri), fmt_value, mark_value, has_ci, width)
-        if has_means and not (value.get(ri) and value[ri].failed):
-            for ci in range(len(controls)):
-                out += _value_cells(means.get((ri, ci)), fmt_means[ci], has_mark, False, 1 + has_mark)
-        elif has_means:
-            out += [""] * (len(controls) * (1 + has_mark))
-        return out
 
-    body = _body(ctx, d, group, row_keys, False, row_cells)
+def _once_caption(
+    ctx: ReportContext, metric: str, d: pd.DataFrame, has_means: bool, has_ci: bool, mark_value: bool, has_mark: bool
+) -> str:
+    """The caption of a control-independent metric's table, saying which test the marks are."""
     what = (
         "per checkpoint"
         if ctx.options.table_checkpoints == "all"
@@ -385,14 +428,7 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
     if has_mark:
         cap.append("Marks: the proxy against that control kind; " + tex(ctx.legend_text()) + ". ")
     cap.append(f"Protocol: {tex(ctx.name)}.")
-    return booktabs_table(
-        "".join(spec),
-        head,
-        body,
-        caption="".join(cap),
-        label=f"tab:{slug(ctx.name)}-{slug(metric)}",
-        preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"),
-    )
+    return "".join(cap)
 
 
 def render_tables(ctx: ReportContext) -> tuple[str, list[str]]:
