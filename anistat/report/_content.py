@@ -781,6 +781,32 @@ def _statistics(ctx: ReportContext) -> Para:
     ``n_clusters``: resampling units)."""
     run, df = ctx.run, ctx.main
     seg: list[Segment] = []
+    seg += _resampling_unit_segments(run, df)
+    tests = _distinct(df, "p_test")
+    seg += _p_value_segments(run, df, tests)
+    seg += _interval_segments(run, df)
+    if "haar_monte_carlo" in tests:
+        seg.append(
+            f"p_value and the intervals answer two questions: the exact test \u201c{QUESTIONS[SUBSPACES]}\u201d "
+            f"(conditional on the measured gradients; the stars), the intervals and the data test "
+            f"\u201c{QUESTIONS[DOCUMENTS]}\u201d (over resampled documents); each claim says which it "
+            "answers. "
+        )
+    if run.multiplicity == "none":
+        seg.append("p-values are not adjusted for multiplicity. ")
+    else:
+        seg.append(
+            f"Multiplicity: {MULTIPLICITY_NAMES.get(run.multiplicity, run.multiplicity)} "
+            f"correction over {FAMILY_TEXT.get(run.family, run.family)}, each distinct test counted "
+            "once. "
+        )
+    seg.append(f"Significance level \u03b1 = {run.alpha:g}; marks: {ctx.legend_text()}.")
+    return P(*seg, heading="Statistics")
+
+
+def _resampling_unit_segments(run: RunDescription, df: pd.DataFrame) -> list[Segment]:
+    """The sentence on the resampling unit: documents (with their count per unit) or sequences."""
+    seg: list[Segment] = []
     clusters = df["n_clusters"].dropna() if "n_clusters" in df.columns else pd.Series(dtype=float)
     sequences = df["n_sequences"].dropna() if "n_sequences" in df.columns else pd.Series(dtype=float)
     documents = (
@@ -798,7 +824,13 @@ def _statistics(ctx: ReportContext) -> Para:
             "The resampling unit is the sequence"
             f"{' (no two test sequences share a recorded document)' if run.resampling_unit == 'document' else ''}. "
         )
-    tests = _distinct(df, "p_test")
+    return seg
+
+
+def _p_value_segments(run: RunDescription, df: pd.DataFrame, tests: list[str]) -> list[Segment]:
+    """The sentences on the tests behind p_value (the exact Monte-Carlo test with its stopping and
+    risk-bounded decisions, or the control-draw test) and on the paper's p-value convention."""
+    seg: list[Segment] = []
     if tests:
         seg.append("p_value comes from " + _join([P_TEST_TEXT.get(t, t) for t in tests]) + ". ")
         if "haar_monte_carlo" in tests:
@@ -858,6 +890,13 @@ def _statistics(ctx: ReportContext) -> Para:
             "uninformative proxy too often under anisotropic gradients (0.078\u20130.089 at \u03b1 = 0.05 in "
             "anistat's calibration, benchmarks/README.md). "
         )
+    return seg
+
+
+def _interval_segments(run: RunDescription, df: pd.DataFrame) -> list[Segment]:
+    """The sentences on the data test and the confidence intervals: method, resamples, estimand
+    and the interval methods found in the results."""
+    seg: list[Segment] = []
     n_resamples = max(run.n_test_resamples_used or run.n_test_resamples, run.n_bootstrap)
     seg.append(
         "The data are tested (hedges_g rows) by a studentized bootstrap test that the proxy's population "
@@ -886,23 +925,7 @@ def _statistics(ctx: ReportContext) -> Para:
             + ", ".join(f"{m} ({n} rows)" for m, n in sorted(used.items(), key=lambda kv: (-kv[1], kv[0])))
         )
     seg.append(". ")
-    if "haar_monte_carlo" in tests:
-        seg.append(
-            f"p_value and the intervals answer two questions: the exact test \u201c{QUESTIONS[SUBSPACES]}\u201d "
-            f"(conditional on the measured gradients; the stars), the intervals and the data test "
-            f"\u201c{QUESTIONS[DOCUMENTS]}\u201d (over resampled documents); each claim says which it "
-            "answers. "
-        )
-    if run.multiplicity == "none":
-        seg.append("p-values are not adjusted for multiplicity. ")
-    else:
-        seg.append(
-            f"Multiplicity: {MULTIPLICITY_NAMES.get(run.multiplicity, run.multiplicity)} "
-            f"correction over {FAMILY_TEXT.get(run.family, run.family)}, each distinct test counted "
-            "once. "
-        )
-    seg.append(f"Significance level \u03b1 = {run.alpha:g}; marks: {ctx.legend_text()}.")
-    return P(*seg, heading="Statistics")
+    return seg
 
 
 def _software(ctx: ReportContext) -> Para:
