@@ -32,7 +32,6 @@ ALLOWED: dict[str, str] = {
     "anistat/collect/collector.py::SiteAccumulator": "seam: gradient moments vs activation moments",
     "anistat/collect/collector.py::measure_checkpoint": "seam: the batch loop vs the units' finishing",
     "anistat/pipeline.py::collect_units": "seam: the cache look-up vs the measurement loop",
-    "anistat/report/_content.py::_proxies": "seam: what the proxies were fitted on vs the methods list",
     "anistat/report/claim_text.py::claim_reading": "seam: the deciding evidence vs the context interval",
     "anistat/report/figures.py::fig_forest": "seam: the rows' layout vs one panel's drawing",
     "anistat/report/html.py::render_html": "seam: the plain values prepared vs the template call",
