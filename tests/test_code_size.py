@@ -34,7 +34,6 @@ ALLOWED: dict[str, str] = {
     "anistat/pipeline.py::collect_units": "seam: the cache look-up vs the measurement loop",
     "anistat/report/claim_text.py::claim_reading": "seam: the deciding evidence vs the context interval",
     "anistat/report/figures.py::fig_forest": "seam: the rows' layout vs one panel's drawing",
-    "anistat/report/html.py::render_html": "seam: the plain values prepared vs the template call",
     "anistat/rerender.py::rerender": "seam: the integrity check vs the rendering",
     "anistat/stats/calibrate.py::_simulate_one": "seam: the simulated study vs its tests and intervals",
     "anistat/stats/energy.py::analyze_energy": "seam: validation vs the interval and test computations",
