@@ -32,7 +32,6 @@ ALLOWED: dict[str, str] = {
     "anistat/collect/collector.py::SiteAccumulator": "seam: gradient moments vs activation moments",
     "anistat/collect/collector.py::measure_checkpoint": "seam: the batch loop vs the units' finishing",
     "anistat/pipeline.py::collect_units": "seam: the cache look-up vs the measurement loop",
-    "anistat/report/figures.py::fig_forest": "seam: the rows' layout vs one panel's drawing",
     "anistat/rerender.py::rerender": "seam: the integrity check vs the rendering",
     "anistat/stats/calibrate.py::_simulate_one": "seam: the simulated study vs its tests and intervals",
     "anistat/stats/energy.py::analyze_energy": "seam: validation vs the interval and test computations",

@@ -425,11 +425,46 @@ def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
     controls = ordered_by_first(data["control"])
     phases = [p for p in ordered_by_first(data["phase"])]
     ccol = control_colours(controls)
-    n_off = len(controls) * len(phases)
-    offsets = np.linspace(-0.3, 0.3, n_off) if n_off > 1 else np.zeros(1)
     fig = Figure(figsize=(7.2, 0.42 * len(items) + 1.4))
     ax = fig.subplots()
     logx = metric == "energy_ratio" and bool(data[["estimate", "ci_low"]].min(axis=None) > 0)
+    _forest_rows(ax, data, items, controls, phases, ccol)
+    prev = None
+    for yi, key in enumerate(items):
+        if prev is not None and key[0] != prev:
+            ax.axhline(yi - 0.5, color="0.6", lw=0.8)
+        prev = key[0]
+    ax.axvline(1.0 if metric == "energy_ratio" else 0.0, color="0.3", lw=0.9, ls=(0, (4, 3)))
+    ax.set_yticks(range(len(items)))
+    ax.set_yticklabels([_panel_title(k) for k in items])
+    ax.set_ylim(len(items) - 0.5, -0.5)
+    ax.grid(axis="y", visible=False)
+    if logx:
+        ax.set_xscale("log")
+        _plain_log_axis(ax, "x")
+    ax.set_xlabel(metric_label(metric) + (" (log scale)" if logx else ""))
+    handles = _forest_legend_handles(controls, phases, ccol, ctx.get("unit_noun", "checkpoint"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), frameon=False)
+    n_leg_rows = math.ceil(len(handles) / 4)
+    fig.tight_layout(rect=(0, min(0.4, (0.3 * n_leg_rows + 0.15) / fig.get_figheight()), 1, 1))
+    null = "0 (R = 1)" if metric != "energy_ratio" else "1"
+    bars = interval_phrase(data, ctx["ci_text"]) or "no interval (these rows carry none)"
+    cap = (
+        f"Forest plot of {metric_label(metric)} with {bars}, "
+        f"per model, layer and rank, at the last {ctx.get('unit_noun', 'checkpoint')} of each training phase "
+        f"({phase_last_text(data)}; open circles: early, filled squares: late), for each control kind. The dashed line marks "
+        f"no effect ({null})."
+    )
+    return FigureSpec("forest_effects", "Effect sizes across models, layers and ranks", cap + note, fig)
+
+
+def _forest_rows(
+    ax: Any, data: pd.DataFrame, items: list[tuple], controls: list[str], phases: list[str], ccol: dict[str, str]
+) -> None:
+    """One row per (model, location, rank): per control kind and phase, the estimate as the phase's
+    marker and its interval as a line in the control's colour, each pair offset within the row."""
+    n_off = len(controls) * len(phases)
+    offsets = np.linspace(-0.3, 0.3, n_off) if n_off > 1 else np.zeros(1)
     for yi, key in enumerate(items):
         sub = data[(data["model"] == key[0]) & (data["_loc"] == key[1]) & (data["rank"] == key[2])]
         j = 0
@@ -455,20 +490,10 @@ def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
                     markeredgewidth=1.3,
                     ls="none",
                 )
-    prev = None
-    for yi, key in enumerate(items):
-        if prev is not None and key[0] != prev:
-            ax.axhline(yi - 0.5, color="0.6", lw=0.8)
-        prev = key[0]
-    ax.axvline(1.0 if metric == "energy_ratio" else 0.0, color="0.3", lw=0.9, ls=(0, (4, 3)))
-    ax.set_yticks(range(len(items)))
-    ax.set_yticklabels([_panel_title(k) for k in items])
-    ax.set_ylim(len(items) - 0.5, -0.5)
-    ax.grid(axis="y", visible=False)
-    if logx:
-        ax.set_xscale("log")
-        _plain_log_axis(ax, "x")
-    ax.set_xlabel(metric_label(metric) + (" (log scale)" if logx else ""))
+
+
+def _forest_legend_handles(controls: list[str], phases: list[str], ccol: dict[str, str], unit_noun: str) -> list[Any]:
+    """The forest plot's legend: a line per control kind's colour, a marker per phase."""
     handles: list[Any] = [Line2D([], [], color=ccol[c], lw=2, label=f"control: {c}") for c in controls]
     for ph in phases:
         mk, face = PHASE_MARKERS.get(ph, ("D", None))
@@ -481,21 +506,10 @@ def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
                 ls="none",
                 ms=5.5,
                 markerfacecolor=face or "0.25",
-                label=f"{ph or 'all'} (last {ctx.get('unit_noun', 'checkpoint')})",
+                label=f"{ph or 'all'} (last {unit_noun})",
             )
         )
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), frameon=False)
-    n_leg_rows = math.ceil(len(handles) / 4)
-    fig.tight_layout(rect=(0, min(0.4, (0.3 * n_leg_rows + 0.15) / fig.get_figheight()), 1, 1))
-    null = "0 (R = 1)" if metric != "energy_ratio" else "1"
-    bars = interval_phrase(data, ctx["ci_text"]) or "no interval (these rows carry none)"
-    cap = (
-        f"Forest plot of {metric_label(metric)} with {bars}, "
-        f"per model, layer and rank, at the last {ctx.get('unit_noun', 'checkpoint')} of each training phase "
-        f"({phase_last_text(data)}; open circles: early, filled squares: late), for each control kind. The dashed line marks "
-        f"no effect ({null})."
-    )
-    return FigureSpec("forest_effects", "Effect sizes across models, layers and ranks", cap + note, fig)
+    return handles
 
 
 def _last_ckpt(data: pd.DataFrame) -> pd.DataFrame:
