@@ -560,42 +560,66 @@ def _proxies(ctx: ReportContext) -> Para:
     ranks = "{" + ", ".join(str(r) for r in run.ranks) + "}"
     cap = f"at most {run.max_fit_tokens} tokens per site"
     seg: list[Segment] = [f"Tangent proxies U (orthonormal d \u00d7 k bases) of rank k \u2208 {ranks}"]
-    clauses = []
     if run.measured_in_loop:
-        loop_fits = "; ".join(
-            f"{_steps_text(m.loop.fit_steps)}" + (f" of {m.name}" if len(run.models) > 1 else "") for m in run.models
-        )
-        if fitted:
-            clauses.append(
-                f"were fitted with {_join([PROXY_DESCRIPTIONS.get(m, m) for m in fitted])} on the "
-                f"activations of the training batches of {loop_fits} ({cap}, sampled evenly over the "
-                "fit steps), then frozen"
-            )
-        if drawn:
-            clauses.append(
-                f"{'and ' if fitted else ''}were drawn as {_join([DATA_FREE_PROXIES[m] for m in drawn])}"
-                " once, after the fit steps, then frozen"
-            )
-        seg.append(" " + " ".join(clauses) + ". ")
-        overlaps = [(m.name, sorted(set(m.loop.fit_steps) & set(m.loop.measured_steps))) for m in run.models]
-        for name, steps in overlaps:
-            if steps:
-                seg.append(
-                    f"Training {_steps_text(tuple(steps))} {'was' if len(steps) == 1 else 'were'} both fitted and "
-                    f"measured{f' ({name})' if len(run.models) > 1 else ''}: its gradients come from the "
-                    "batches whose activations fitted the proxy. "
-                )
-        seg.append("Gradients ")
-        seg.append(
-            M("<i>g<sub>i</sub></i> = \u2202<i>L</i>/\u2202<i>h<sub>i</sub></i>", r"$g_i = \partial L / \partial h_i$")
-        )
-        seg.append(
-            " of the loss the training loop optimised were read from each measured training step's own "
-            "backward pass (no extra forward or backward) at the same sites; the phase of a unit is its "
-            f"place among the measured steps (the first {run.fit_window * 100:g} % are early), not the "
-            "steps the proxies were fitted on."
-        )
+        seg += _loop_proxy_segments(run, fitted, drawn, cap)
         return P(*seg, heading="Proxies and gradients")
+    clauses = _checkpoint_proxy_clauses(run, fitted, drawn, cap)
+    seg.append(" " + " ".join(clauses) + ". Gradients ")
+    seg.append(
+        M("<i>g<sub>i</sub></i> = \u2202<i>L</i>/\u2202<i>h<sub>i</sub></i>", r"$g_i = \partial L / \partial h_i$")
+    )
+    seg.append(
+        " of the model's own training loss (next-token cross-entropy for CLM, masked-token "
+        "cross-entropy for MLM) were taken at the same sites on the test sequences."
+    )
+    return P(*seg, heading="Proxies and gradients")
+
+
+def _loop_proxy_segments(run: RunDescription, fitted: list[str], drawn: list[str], cap: str) -> list[Segment]:
+    """For a loop-measured model: the proxies fitted (or drawn) on the loop's fit steps, the steps
+    both fitted and measured, and the gradients read from the training steps' own backward pass."""
+    seg: list[Segment] = []
+    clauses = []
+    loop_fits = "; ".join(
+        f"{_steps_text(m.loop.fit_steps)}" + (f" of {m.name}" if len(run.models) > 1 else "") for m in run.models
+    )
+    if fitted:
+        clauses.append(
+            f"were fitted with {_join([PROXY_DESCRIPTIONS.get(m, m) for m in fitted])} on the "
+            f"activations of the training batches of {loop_fits} ({cap}, sampled evenly over the "
+            "fit steps), then frozen"
+        )
+    if drawn:
+        clauses.append(
+            f"{'and ' if fitted else ''}were drawn as {_join([DATA_FREE_PROXIES[m] for m in drawn])}"
+            " once, after the fit steps, then frozen"
+        )
+    seg.append(" " + " ".join(clauses) + ". ")
+    overlaps = [(m.name, sorted(set(m.loop.fit_steps) & set(m.loop.measured_steps))) for m in run.models]
+    for name, steps in overlaps:
+        if steps:
+            seg.append(
+                f"Training {_steps_text(tuple(steps))} {'was' if len(steps) == 1 else 'were'} both fitted and "
+                f"measured{f' ({name})' if len(run.models) > 1 else ''}: its gradients come from the "
+                "batches whose activations fitted the proxy. "
+            )
+    seg.append("Gradients ")
+    seg.append(
+        M("<i>g<sub>i</sub></i> = \u2202<i>L</i>/\u2202<i>h<sub>i</sub></i>", r"$g_i = \partial L / \partial h_i$")
+    )
+    seg.append(
+        " of the loss the training loop optimised were read from each measured training step's own "
+        "backward pass (no extra forward or backward) at the same sites; the phase of a unit is its "
+        f"place among the measured steps (the first {run.fit_window * 100:g} % are early), not the "
+        "steps the proxies were fitted on."
+    )
+    return seg
+
+
+def _checkpoint_proxy_clauses(run: RunDescription, fitted: list[str], drawn: list[str], cap: str) -> list[str]:
+    """For checkpoints: how the fitted and the drawn proxies came to be under `proxies.refit`
+    (frozen after the early phase, refitted per checkpoint, or both)."""
+    clauses = []
     window = f"the early-phase checkpoints (the earliest {run.fit_window * 100:g} %"
     refit = run.proxy_refit
     if fitted:
@@ -635,15 +659,7 @@ def _proxies(ctx: ReportContext) -> Para:
                 f"{', '.join(drawn)}) and anew at every checkpoint "
                 f"(labelled {', '.join(f'{m}@refit' for m in drawn)})"
             )
-    seg.append(" " + " ".join(clauses) + ". Gradients ")
-    seg.append(
-        M("<i>g<sub>i</sub></i> = \u2202<i>L</i>/\u2202<i>h<sub>i</sub></i>", r"$g_i = \partial L / \partial h_i$")
-    )
-    seg.append(
-        " of the model's own training loss (next-token cross-entropy for CLM, masked-token "
-        "cross-entropy for MLM) were taken at the same sites on the test sequences."
-    )
-    return P(*seg, heading="Proxies and gradients")
+    return clauses
 
 
 def _controls(ctx: ReportContext) -> Para:

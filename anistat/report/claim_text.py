@@ -164,15 +164,7 @@ def claim_reading(record: Mapping[str, Any], terms: Mapping[str, Any] | None = N
     tests = _tests(record, rows)
     test_name = " and ".join(TEST_NAMES.get(t, t) for t in tests) or "the rows' own test"
 
-    answers: list[str] = []
-    if "interval" in decided_by:
-        answers.append(DOCUMENTS)
-    if "test" in decided_by:
-        data_only = bool(tests) and all(t in DATA_TESTS for t in tests)
-        if data_only and DOCUMENTS not in answers:
-            answers.append(DOCUMENTS)
-        elif not data_only:
-            answers.insert(0, SUBSPACES)
+    answers = _answers(decided_by, tests)
     question = " and ".join(f"“{QUESTIONS[a]}” ({QUESTION_METHODS[a]})" for a in answers) or (
         "neither question: no test or interval decides, so the claim describes these data only"
         if decided_by == "point estimate"
@@ -193,22 +185,9 @@ def claim_reading(record: Mapping[str, Any], terms: Mapping[str, Any] | None = N
         if side
         else []
     )
-    context = ""
-    if role == "context":
-        of = str(interval.get("of") or "")
-        agreement = ""
-        if side and with_ci and not crossing:
-            agreement = (
-                f"; every selected row's {level_text} interval lies {side} ({len(with_ci)} of "
-                f"{len(with_ci)}), so the answer over new documents agrees"
-            )
-        context = (
-            f"Context — {_estimand(metric, rows)}: {level_text} interval "
-            f"[{_num(float(interval['low']))}, {_num(float(interval['high']))}]"
-            + (f" ({of})" if of else "")
-            + agreement
-            + f"; it bears on “{QUESTIONS[DOCUMENTS]}”, not what decided this claim."
-        )
+    context = (
+        _context_sentence(metric, rows, interval, level_text, side, with_ci, crossing) if role == "context" else ""
+    )
     caveat = ""
     if passed and "test" in decided_by and "interval" not in decided_by and crossing:
         caveat = (
@@ -225,6 +204,48 @@ def claim_reading(record: Mapping[str, Any], terms: Mapping[str, Any] | None = N
         "context": context,
         "caveat": caveat,
     }
+
+
+def _answers(decided_by: str, tests: list[str]) -> list[str]:
+    """The questions (keys of :data:`QUESTIONS`) a claim answers: over documents when an interval
+    decided it or the deciding test is a data test, among random subspaces when the exact test did."""
+    answers: list[str] = []
+    if "interval" in decided_by:
+        answers.append(DOCUMENTS)
+    if "test" in decided_by:
+        data_only = bool(tests) and all(t in DATA_TESTS for t in tests)
+        if data_only and DOCUMENTS not in answers:
+            answers.append(DOCUMENTS)
+        elif not data_only:
+            answers.insert(0, SUBSPACES)
+    return answers
+
+
+def _context_sentence(
+    metric: str,
+    rows: Sequence[Mapping[str, Any]],
+    interval: Mapping[str, Any],
+    level_text: str,
+    side: str,
+    with_ci: Sequence[Mapping[str, Any]],
+    crossing: Sequence[Mapping[str, Any]],
+) -> str:
+    """The labelled context sentence: the effect size's interval over documents, which did not
+    decide the claim, and whether every selected row's interval lies on the claimed side."""
+    of = str(interval.get("of") or "")
+    agreement = ""
+    if side and with_ci and not crossing:
+        agreement = (
+            f"; every selected row's {level_text} interval lies {side} ({len(with_ci)} of "
+            f"{len(with_ci)}), so the answer over new documents agrees"
+        )
+    return (
+        f"Context — {_estimand(metric, rows)}: {level_text} interval "
+        f"[{_num(float(interval['low']))}, {_num(float(interval['high']))}]"
+        + (f" ({of})" if of else "")
+        + agreement
+        + f"; it bears on “{QUESTIONS[DOCUMENTS]}”, not what decided this claim."
+    )
 
 
 def _decision(

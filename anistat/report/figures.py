@@ -316,64 +316,7 @@ def fig_null_distribution(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec |
         value_col = next(c for c in ("energy", "value", "estimate") if c in draws.columns)
     for ax, key in zip(axes, keys):
         sub = data[(data["model"] == key[0]) & (data["_loc"] == key[1]) & (data["rank"] == key[2])]
-        proxy_val = float(sub["estimate"].iloc[0])
-        lo_x, hi_x = proxy_val, proxy_val
-        z_texts: list[tuple[str, str]] = []
-        for c in controls:
-            s = sub[sub["control"] == c]
-            if s.empty:
-                continue
-            mu, sd = float(s["control_mean"].iloc[0]), float(s["control_sd"].iloc[0])
-            raw = None
-            if has_draws:
-                sel = (draws["model"].astype(str) == key[0]) & (draws["control"].astype(str) == c)
-                sel &= pd.to_numeric(draws["rank"], errors="coerce") == key[2]
-                if "layer" in draws.columns:
-                    sel &= draws["layer"].astype(str) == s["layer"].iloc[0]
-                if "checkpoint" in draws.columns:
-                    sel &= draws["checkpoint"].astype(str) == s["checkpoint"].iloc[0]
-                raw = pd.to_numeric(draws.loc[sel, value_col], errors="coerce").dropna()
-                raw = raw if len(raw) >= 2 else None
-            if raw is not None:
-                sns.histplot(
-                    x=raw.to_numpy(),
-                    ax=ax,
-                    color=ccol[c],
-                    stat="density",
-                    alpha=0.45,
-                    edgecolor="white",
-                    linewidth=0.4,
-                    bins=min(20, max(5, len(raw) // 2)),
-                )
-                lo_x, hi_x = min(lo_x, raw.min()), max(hi_x, raw.max())
-            elif sd > 0 and np.isfinite(mu):
-                xs = np.linspace(mu - 4 * sd, mu + 4 * sd, 200)
-                ys = np.exp(-0.5 * ((xs - mu) / sd) ** 2) / (sd * math.sqrt(2 * math.pi))
-                ax.fill_between(xs, ys, color=ccol[c], alpha=0.35, lw=0)
-                ax.plot(xs, ys, color=ccol[c], lw=1.2)
-                lo_x, hi_x = min(lo_x, mu - 4 * sd), max(hi_x, mu + 4 * sd)
-                z_texts.append((f"z({c}) = {(proxy_val - mu) / sd:.3g}", ccol[c]))
-        ax.axvline(proxy_val, color=PROXY_COLOUR, lw=2)
-        pad = 0.05 * (hi_x - lo_x if hi_x > lo_x else 1.0)
-        ax.set_xlim(max(0.0, lo_x - pad), hi_x + pad)
-        # Label z-scores beside the proxy line, on the side with room.
-        x0, x1 = ax.get_xlim()
-        right = (proxy_val - x0) / (x1 - x0 or 1.0) < 0.5
-        for i, (text, colour) in enumerate(z_texts):
-            ax.text(
-                proxy_val,
-                0.95 - 0.11 * i,
-                (" " + text) if right else (text + " "),
-                transform=ax.get_xaxis_transform(),
-                ha="left" if right else "right",
-                va="top",
-                fontsize=7.5,
-                color=colour,
-            )
-        ax.set_title(_panel_title(key))
-        ax.set_xlabel("energy fraction")
-        ax.set_ylabel("density")
-        ax.set_yticks([])
+        _null_panel(ax, key, sub, controls, ccol, draws if has_draws else None, value_col)
     handles: list[Any] = [Line2D([], [], color=PROXY_COLOUR, lw=2, label=f"proxy ({ctx['proxy']})")]
     handles += [Patch(color=ccol[c], alpha=0.5, label=f"control: {c}") for c in controls]
     _fig_legend(fig, handles)
@@ -392,6 +335,84 @@ def fig_null_distribution(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec |
         f"last {ctx.get('unit_noun', 'checkpoint')} of each model ({ckpts}). {how}"
     )
     return FigureSpec("null_distribution", "Control energies and the proxy", cap + note, fig)
+
+
+def _null_panel(
+    ax: Any,
+    key: tuple,
+    sub: pd.DataFrame,
+    controls: list[str],
+    ccol: dict[str, str],
+    draws: pd.DataFrame | None,
+    value_col: str | None,
+) -> None:
+    """One panel of the null-distribution figure: per control kind, the histogram of its raw draws
+    (when the bundle has them) or else the normal density of its recorded mean and SD with the
+    proxy's z-score, and the proxy's energy fraction as a vertical line."""
+    proxy_val = float(sub["estimate"].iloc[0])
+    lo_x, hi_x = proxy_val, proxy_val
+    z_texts: list[tuple[str, str]] = []
+    for c in controls:
+        s = sub[sub["control"] == c]
+        if s.empty:
+            continue
+        mu, sd = float(s["control_mean"].iloc[0]), float(s["control_sd"].iloc[0])
+        raw = None if draws is None else _control_draws(draws, value_col, key, c, s)
+        if raw is not None:
+            sns.histplot(
+                x=raw.to_numpy(),
+                ax=ax,
+                color=ccol[c],
+                stat="density",
+                alpha=0.45,
+                edgecolor="white",
+                linewidth=0.4,
+                bins=min(20, max(5, len(raw) // 2)),
+            )
+            lo_x, hi_x = min(lo_x, raw.min()), max(hi_x, raw.max())
+        elif sd > 0 and np.isfinite(mu):
+            xs = np.linspace(mu - 4 * sd, mu + 4 * sd, 200)
+            ys = np.exp(-0.5 * ((xs - mu) / sd) ** 2) / (sd * math.sqrt(2 * math.pi))
+            ax.fill_between(xs, ys, color=ccol[c], alpha=0.35, lw=0)
+            ax.plot(xs, ys, color=ccol[c], lw=1.2)
+            lo_x, hi_x = min(lo_x, mu - 4 * sd), max(hi_x, mu + 4 * sd)
+            z_texts.append((f"z({c}) = {(proxy_val - mu) / sd:.3g}", ccol[c]))
+    ax.axvline(proxy_val, color=PROXY_COLOUR, lw=2)
+    pad = 0.05 * (hi_x - lo_x if hi_x > lo_x else 1.0)
+    ax.set_xlim(max(0.0, lo_x - pad), hi_x + pad)
+    # Label z-scores beside the proxy line, on the side with room.
+    x0, x1 = ax.get_xlim()
+    right = (proxy_val - x0) / (x1 - x0 or 1.0) < 0.5
+    for i, (text, colour) in enumerate(z_texts):
+        ax.text(
+            proxy_val,
+            0.95 - 0.11 * i,
+            (" " + text) if right else (text + " "),
+            transform=ax.get_xaxis_transform(),
+            ha="left" if right else "right",
+            va="top",
+            fontsize=7.5,
+            color=colour,
+        )
+    ax.set_title(_panel_title(key))
+    ax.set_xlabel("energy fraction")
+    ax.set_ylabel("density")
+    ax.set_yticks([])
+
+
+def _control_draws(
+    draws: pd.DataFrame, value_col: str | None, key: tuple, control: str, s: pd.DataFrame
+) -> pd.Series | None:
+    """The raw control draws of one panel's (model, rank) and control kind, matched on layer and
+    checkpoint where the draws record them; None when fewer than two."""
+    sel = (draws["model"].astype(str) == key[0]) & (draws["control"].astype(str) == control)
+    sel &= pd.to_numeric(draws["rank"], errors="coerce") == key[2]
+    if "layer" in draws.columns:
+        sel &= draws["layer"].astype(str) == s["layer"].iloc[0]
+    if "checkpoint" in draws.columns:
+        sel &= draws["checkpoint"].astype(str) == s["checkpoint"].iloc[0]
+    raw = pd.to_numeric(draws.loc[sel, value_col], errors="coerce").dropna()
+    return raw if len(raw) >= 2 else None
 
 
 def phase_last_text(data: pd.DataFrame) -> str:
@@ -425,11 +446,46 @@ def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
     controls = ordered_by_first(data["control"])
     phases = [p for p in ordered_by_first(data["phase"])]
     ccol = control_colours(controls)
-    n_off = len(controls) * len(phases)
-    offsets = np.linspace(-0.3, 0.3, n_off) if n_off > 1 else np.zeros(1)
     fig = Figure(figsize=(7.2, 0.42 * len(items) + 1.4))
     ax = fig.subplots()
     logx = metric == "energy_ratio" and bool(data[["estimate", "ci_low"]].min(axis=None) > 0)
+    _forest_rows(ax, data, items, controls, phases, ccol)
+    prev = None
+    for yi, key in enumerate(items):
+        if prev is not None and key[0] != prev:
+            ax.axhline(yi - 0.5, color="0.6", lw=0.8)
+        prev = key[0]
+    ax.axvline(1.0 if metric == "energy_ratio" else 0.0, color="0.3", lw=0.9, ls=(0, (4, 3)))
+    ax.set_yticks(range(len(items)))
+    ax.set_yticklabels([_panel_title(k) for k in items])
+    ax.set_ylim(len(items) - 0.5, -0.5)
+    ax.grid(axis="y", visible=False)
+    if logx:
+        ax.set_xscale("log")
+        _plain_log_axis(ax, "x")
+    ax.set_xlabel(metric_label(metric) + (" (log scale)" if logx else ""))
+    handles = _forest_legend_handles(controls, phases, ccol, ctx.get("unit_noun", "checkpoint"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), frameon=False)
+    n_leg_rows = math.ceil(len(handles) / 4)
+    fig.tight_layout(rect=(0, min(0.4, (0.3 * n_leg_rows + 0.15) / fig.get_figheight()), 1, 1))
+    null = "0 (R = 1)" if metric != "energy_ratio" else "1"
+    bars = interval_phrase(data, ctx["ci_text"]) or "no interval (these rows carry none)"
+    cap = (
+        f"Forest plot of {metric_label(metric)} with {bars}, "
+        f"per model, layer and rank, at the last {ctx.get('unit_noun', 'checkpoint')} of each training phase "
+        f"({phase_last_text(data)}; open circles: early, filled squares: late), for each control kind. The dashed line marks "
+        f"no effect ({null})."
+    )
+    return FigureSpec("forest_effects", "Effect sizes across models, layers and ranks", cap + note, fig)
+
+
+def _forest_rows(
+    ax: Any, data: pd.DataFrame, items: list[tuple], controls: list[str], phases: list[str], ccol: dict[str, str]
+) -> None:
+    """One row per (model, location, rank): per control kind and phase, the estimate as the phase's
+    marker and its interval as a line in the control's colour, each pair offset within the row."""
+    n_off = len(controls) * len(phases)
+    offsets = np.linspace(-0.3, 0.3, n_off) if n_off > 1 else np.zeros(1)
     for yi, key in enumerate(items):
         sub = data[(data["model"] == key[0]) & (data["_loc"] == key[1]) & (data["rank"] == key[2])]
         j = 0
@@ -455,20 +511,10 @@ def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
                     markeredgewidth=1.3,
                     ls="none",
                 )
-    prev = None
-    for yi, key in enumerate(items):
-        if prev is not None and key[0] != prev:
-            ax.axhline(yi - 0.5, color="0.6", lw=0.8)
-        prev = key[0]
-    ax.axvline(1.0 if metric == "energy_ratio" else 0.0, color="0.3", lw=0.9, ls=(0, (4, 3)))
-    ax.set_yticks(range(len(items)))
-    ax.set_yticklabels([_panel_title(k) for k in items])
-    ax.set_ylim(len(items) - 0.5, -0.5)
-    ax.grid(axis="y", visible=False)
-    if logx:
-        ax.set_xscale("log")
-        _plain_log_axis(ax, "x")
-    ax.set_xlabel(metric_label(metric) + (" (log scale)" if logx else ""))
+
+
+def _forest_legend_handles(controls: list[str], phases: list[str], ccol: dict[str, str], unit_noun: str) -> list[Any]:
+    """The forest plot's legend: a line per control kind's colour, a marker per phase."""
     handles: list[Any] = [Line2D([], [], color=ccol[c], lw=2, label=f"control: {c}") for c in controls]
     for ph in phases:
         mk, face = PHASE_MARKERS.get(ph, ("D", None))
@@ -481,21 +527,10 @@ def fig_forest(df: pd.DataFrame, ctx: dict[str, Any]) -> FigureSpec | str:
                 ls="none",
                 ms=5.5,
                 markerfacecolor=face or "0.25",
-                label=f"{ph or 'all'} (last {ctx.get('unit_noun', 'checkpoint')})",
+                label=f"{ph or 'all'} (last {unit_noun})",
             )
         )
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), frameon=False)
-    n_leg_rows = math.ceil(len(handles) / 4)
-    fig.tight_layout(rect=(0, min(0.4, (0.3 * n_leg_rows + 0.15) / fig.get_figheight()), 1, 1))
-    null = "0 (R = 1)" if metric != "energy_ratio" else "1"
-    bars = interval_phrase(data, ctx["ci_text"]) or "no interval (these rows carry none)"
-    cap = (
-        f"Forest plot of {metric_label(metric)} with {bars}, "
-        f"per model, layer and rank, at the last {ctx.get('unit_noun', 'checkpoint')} of each training phase "
-        f"({phase_last_text(data)}; open circles: early, filled squares: late), for each control kind. The dashed line marks "
-        f"no effect ({null})."
-    )
-    return FigureSpec("forest_effects", "Effect sizes across models, layers and ranks", cap + note, fig)
+    return handles
 
 
 def _last_ckpt(data: pd.DataFrame) -> pd.DataFrame:

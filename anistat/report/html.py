@@ -25,6 +25,8 @@ from ._content import (
     FREQUENCY_CAPTION,
     QUESTION,
     UP,
+    FrequencyCorrelations,
+    Headline,
     ReportContext,
     answer,
     failed_units,
@@ -140,44 +142,20 @@ def _cards(ctx: ReportContext) -> list[dict[str, Any]]:
 
 
 def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[str, str]) -> str:
-    rec = ctx.record
-    sub = [f"protocol {ctx.name}"]
-    if rec.protocol_sha256:
-        sub.append(f"sha256 {rec.protocol_sha256[:12]}")
-    anistat_version = dict(rec.versions).get("anistat")
-    if anistat_version:
-        sub.append(f"anistat {anistat_version}")
-    sub.append(f"{ctx.n_units()} units, {ctx.n_result_rows} result rows")
-    if rec.finished_at:
-        sub.append(f"finished {rec.finished_at}")
-
+    subtitle = _subtitle(ctx)
     frequency = frequency_correlations(ctx)
     cards = _cards(ctx)
     fu = failed_units(ctx)
-    nav = [("summary", "Summary"), ("figures", "Figures")]
-    if frequency is not None:
-        nav.append(("frequency", "Frequency"))
-    if cards:
-        nav.append(("concepts", "Concept cards"))
-    nav += [("methods", "Methods"), ("results", "Results table")]
-    if fu:
-        nav.append(("failed", "Failed units"))
+    nav = _nav(frequency is not None, bool(cards), bool(fu))
     table = _results_table(ctx)
     claims = ctx.inputs.claims
     top = headline(ctx)
-    # the headline's phase header: one cell per phase naming the checkpoint its columns show
-    phases: list[tuple[str, str, int]] = []
-    for ph, ck, _rank in top.columns if top else []:
-        if phases and phases[-1][:2] == (ph, ck):
-            phases[-1] = (ph, ck, phases[-1][2] + 1)
-        else:
-            phases.append((ph, ck, 1))
     return (
         environment()
         .get_template("report.html.j2")
         .render(
             title=ctx.title,
-            subtitle=DOT.join(sub),
+            subtitle=subtitle,
             nav=nav,
             warnings=ctx.inputs.warnings,
             question=QUESTION,
@@ -188,7 +166,7 @@ def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[st
             claims_passed=sum(c.passed for c in claims),
             findings=summary_sentences(ctx),
             headline=top,
-            headline_phases=phases,
+            headline_phases=_headline_phases(top),
             proxy=ctx.proxy,
             control=ctx.control,
             ci_text=ctx.ci_text,
@@ -200,17 +178,7 @@ def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[st
             n_failed_groups=len(fu),
             figures=[_figure(f) for f in figs],
             skipped=[(k.replace("_", " "), v) for k, v in skipped.items()],
-            frequency=None
-            if frequency is None
-            else {
-                "caption": " ".join(
-                    filter(None, [FREQUENCY_CAPTION, frequency_interval_sentences(frequency.ci_methods)])
-                ),
-                "ci_methods": frequency.ci_methods,
-                "notes": frequency.notes,
-                "sites": frequency.sites,
-                "rows": frequency.rows,
-            },
+            frequency=_frequency_block(frequency),
             cards=cards,
             methods=methods(ctx),
             settings=settings_rows(ctx),
@@ -223,3 +191,57 @@ def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[st
             error_hook=asset("error-hook.js"),
         )
     )
+
+
+def _subtitle(ctx: ReportContext) -> str:
+    """The line under the title: protocol, its sha256, the anistat version, the size of the run
+    and when it finished."""
+    rec = ctx.record
+    sub = [f"protocol {ctx.name}"]
+    if rec.protocol_sha256:
+        sub.append(f"sha256 {rec.protocol_sha256[:12]}")
+    anistat_version = dict(rec.versions).get("anistat")
+    if anistat_version:
+        sub.append(f"anistat {anistat_version}")
+    sub.append(f"{ctx.n_units()} units, {ctx.n_result_rows} result rows")
+    if rec.finished_at:
+        sub.append(f"finished {rec.finished_at}")
+    return DOT.join(sub)
+
+
+def _nav(has_frequency: bool, has_cards: bool, has_failed: bool) -> list[tuple[str, str]]:
+    """(anchor, label) of the navigation bar's links, one per section the report shows."""
+    nav = [("summary", "Summary"), ("figures", "Figures")]
+    if has_frequency:
+        nav.append(("frequency", "Frequency"))
+    if has_cards:
+        nav.append(("concepts", "Concept cards"))
+    nav += [("methods", "Methods"), ("results", "Results table")]
+    if has_failed:
+        nav.append(("failed", "Failed units"))
+    return nav
+
+
+def _headline_phases(top: Headline | None) -> list[tuple[str, str, int]]:
+    """The headline's phase header: (phase, checkpoint, columns) per phase, one cell per phase
+    naming the checkpoint its columns show."""
+    phases: list[tuple[str, str, int]] = []
+    for ph, ck, _rank in top.columns if top else []:
+        if phases and phases[-1][:2] == (ph, ck):
+            phases[-1] = (ph, ck, phases[-1][2] + 1)
+        else:
+            phases.append((ph, ck, 1))
+    return phases
+
+
+def _frequency_block(frequency: FrequencyCorrelations | None) -> dict[str, Any] | None:
+    """The template's frequency section: caption, interval methods, notes, sites and rows."""
+    if frequency is None:
+        return None
+    return {
+        "caption": " ".join(filter(None, [FREQUENCY_CAPTION, frequency_interval_sentences(frequency.ci_methods)])),
+        "ci_methods": frequency.ci_methods,
+        "notes": frequency.notes,
+        "sites": frequency.sites,
+        "rows": frequency.rows,
+    }

@@ -121,21 +121,7 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
     if not row_keys:
         return None
 
-    cells: dict[tuple[int, int], _Cell] = {}
-    for ri, (g, ck, loc, x) in enumerate(row_keys):
-        sub = d[(d[group] == g) & (d["checkpoint"] == ck) & (d["_loc"] == loc)]
-        sub = sub[sub["control"] == x] if transposed else sub[sub["rank"] == x]
-        for ci, y in enumerate(col_keys):
-            s = sub[sub["rank"] == y] if transposed else sub[sub["control"] == y]
-            if s.empty:
-                continue
-            r = s.iloc[0]
-            if r["status"] != "ok" or pd.isna(r["estimate"]):
-                cells[(ri, ci)] = _Cell(failed=True)
-                continue
-            cells[(ri, ci)] = _Cell(
-                ctx.fmt(r["estimate"]), ctx.fmt(r["ci_low"]), ctx.fmt(r["ci_high"]), ctx.mark(r[ctx.p_col])
-            )
+    cells = _metric_cells(ctx, d, group, row_keys, col_keys, transposed)
     has_ci = any(c.lo or c.hi for c in cells.values())
     has_mark = any(c.mark for c in cells.values())
 
@@ -161,6 +147,49 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
         return out
 
     body = _body(ctx, d, group, row_keys, transposed, row_cells)
+    return booktabs_table(
+        "".join(spec),
+        head,
+        body,
+        caption=_metric_caption(ctx, metric, d, has_control and not transposed, has_ci, has_mark),
+        label=f"tab:{slug(ctx.name)}-{slug(metric)}",
+        preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"),
+    )
+
+
+def _metric_cells(
+    ctx: ReportContext,
+    d: pd.DataFrame,
+    group: str,
+    row_keys: list[tuple[str, str, str, Any]],
+    col_keys: list[Any],
+    transposed: bool,
+) -> dict[tuple[int, int], _Cell]:
+    """(row, column) -> the formatted estimate, CI and test mark of that table cell; a failed unit
+    or a missing estimate gives a failed cell, an absent combination no cell."""
+    cells: dict[tuple[int, int], _Cell] = {}
+    for ri, (g, ck, loc, x) in enumerate(row_keys):
+        sub = d[(d[group] == g) & (d["checkpoint"] == ck) & (d["_loc"] == loc)]
+        sub = sub[sub["control"] == x] if transposed else sub[sub["rank"] == x]
+        for ci, y in enumerate(col_keys):
+            s = sub[sub["rank"] == y] if transposed else sub[sub["control"] == y]
+            if s.empty:
+                continue
+            r = s.iloc[0]
+            if r["status"] != "ok" or pd.isna(r["estimate"]):
+                cells[(ri, ci)] = _Cell(failed=True)
+                continue
+            cells[(ri, ci)] = _Cell(
+                ctx.fmt(r["estimate"]), ctx.fmt(r["ci_low"]), ctx.fmt(r["ci_high"]), ctx.mark(r[ctx.p_col])
+            )
+    return cells
+
+
+def _metric_caption(
+    ctx: ReportContext, metric: str, d: pd.DataFrame, per_control: bool, has_ci: bool, has_mark: bool
+) -> str:
+    """The caption of a metric's table: what is shown and when, the intervals, the marks' legend
+    and the protocol."""
     what = (
         "per checkpoint"
         if ctx.options.table_checkpoints == "all"
@@ -168,7 +197,7 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
     )
     mt = metric_tex(metric)
     cap = [mt[:1].upper() + mt[1:] if mt[:1].isalpha() else mt, f" of the {tex(ctx.proxy)} proxy {what}"]
-    if has_control and not transposed:
+    if per_control:
         cap.append(", against each control kind")
     cap.append(". ")
     if has_ci:
@@ -176,14 +205,7 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
     if has_mark:
         cap.append(tex(ctx.legend_text()) + ". ")
     cap.append(f"Protocol: {tex(ctx.name)}.")
-    return booktabs_table(
-        "".join(spec),
-        head,
-        body,
-        caption="".join(cap),
-        label=f"tab:{slug(ctx.name)}-{slug(metric)}",
-        preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"),
-    )
+    return "".join(cap)
 
 
 def _row_keys(d: pd.DataFrame, group: str, inner: list[Any], inner_col: str) -> list[tuple[str, str, str, Any]]:
@@ -283,6 +305,51 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
     row_keys = _row_keys(d, group, ranks, "rank")
     if not row_keys:
         return None
+    value, means, shared = _once_cells(ctx, d, group, row_keys, controls)
+    has_ci = any(c.lo or c.hi for c in value.values())
+    has_mark = any(c.mark for c in means.values())
+    mark_value = shared and any(c.mark for c in value.values())
+    has_means = any(c.est for c in means.values())
+    fmt_value = _table_format([c.est for c in value.values()])
+    fmt_means = [_table_format([means[k].est for k in means if k[1] == ci]) for ci in range(len(controls))]
+    spec, width = _colspec([fmt_value], mark_value, has_ci, "r")
+    if has_means:
+        for f in fmt_means:
+            spec.append(f"S[table-format={f}]" if f else "c")
+            if has_mark:
+                spec.append(r"@{}l")
+    head = _once_head(ctx, group, controls, width, has_means, has_mark, mark_value, has_ci)
+
+    def row_cells(ri: int) -> list[str]:
+        out = _value_cells(value.get(ri), fmt_value, mark_value, has_ci, width)
+        if has_means and not (value.get(ri) and value[ri].failed):
+            for ci in range(len(controls)):
+                out += _value_cells(means.get((ri, ci)), fmt_means[ci], has_mark, False, 1 + has_mark)
+        elif has_means:
+            out += [""] * (len(controls) * (1 + has_mark))
+        return out
+
+    body = _body(ctx, d, group, row_keys, False, row_cells)
+    return booktabs_table(
+        "".join(spec),
+        head,
+        body,
+        caption=_once_caption(ctx, metric, d, has_means, has_ci, mark_value, has_mark),
+        label=f"tab:{slug(ctx.name)}-{slug(metric)}",
+        preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"),
+    )
+
+
+def _once_cells(
+    ctx: ReportContext,
+    d: pd.DataFrame,
+    group: str,
+    row_keys: list[tuple[str, str, str, Any]],
+    controls: list[str],
+) -> tuple[dict[int, _Cell], dict[tuple[int, int], _Cell], bool]:
+    """The cells of a control-independent metric's table: row -> the estimate with its CI,
+    (row, control) -> that control kind's mean, and whether the test marks are shared by the
+    control kinds (then they move onto the estimate)."""
     value: dict[int, _Cell] = {}
     means: dict[tuple[int, int], _Cell] = {}
     for ri, (g, ck, loc, k) in enumerate(row_keys):
@@ -308,18 +375,21 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
                 value[ri] = _Cell(cell.est, cell.lo, cell.hi, mark=marks[0])
         for key, cell in means.items():
             means[key] = _Cell(cell.est)
-    has_ci = any(c.lo or c.hi for c in value.values())
-    has_mark = any(c.mark for c in means.values())
-    mark_value = shared and any(c.mark for c in value.values())
-    has_means = any(c.est for c in means.values())
-    fmt_value = _table_format([c.est for c in value.values()])
-    fmt_means = [_table_format([means[k].est for k in means if k[1] == ci]) for ci in range(len(controls))]
-    spec, width = _colspec([fmt_value], mark_value, has_ci, "r")
-    if has_means:
-        for f in fmt_means:
-            spec.append(f"S[table-format={f}]" if f else "c")
-            if has_mark:
-                spec.append(r"@{}l")
+    return value, means, shared
+
+
+def _once_head(
+    ctx: ReportContext,
+    group: str,
+    controls: list[str],
+    width: int,
+    has_means: bool,
+    has_mark: bool,
+    mark_value: bool,
+    has_ci: bool,
+) -> list[Any]:
+    """The header of a control-independent metric's table: the proxy's column group, then one
+    column group per control kind's mean."""
     head_top = [tex(group.capitalize()), "Checkpoint", "Layer", "$k$"]
     names = ["Proxy"] + ([tex(c) + " controls (mean)" for c in controls] if has_means else [])
     top, rules, col = [], [], len(head_top) + 1
@@ -331,18 +401,13 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
     sub_heads = _sub_heads(ctx, 1, mark_value, has_ci)
     if has_means:
         sub_heads += _sub_heads(ctx, len(controls), has_mark, False, first="{Mean}")
-    head = [head_top + top, "".join(rules), [""] * len(head_top) + sub_heads]
+    return [head_top + top, "".join(rules), [""] * len(head_top) + sub_heads]
 
-    def row_cells(ri: int) -> list[str]:
-        out = _value_cells(value.get(ri), fmt_value, mark_value, has_ci, width)
-        if has_means and not (value.get(ri) and value[ri].failed):
-            for ci in range(len(controls)):
-                out += _value_cells(means.get((ri, ci)), fmt_means[ci], has_mark, False, 1 + has_mark)
-        elif has_means:
-            out += [""] * (len(controls) * (1 + has_mark))
-        return out
 
-    body = _body(ctx, d, group, row_keys, False, row_cells)
+def _once_caption(
+    ctx: ReportContext, metric: str, d: pd.DataFrame, has_means: bool, has_ci: bool, mark_value: bool, has_mark: bool
+) -> str:
+    """The caption of a control-independent metric's table, saying which test the marks are."""
     what = (
         "per checkpoint"
         if ctx.options.table_checkpoints == "all"
@@ -363,14 +428,7 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
     if has_mark:
         cap.append("Marks: the proxy against that control kind; " + tex(ctx.legend_text()) + ". ")
     cap.append(f"Protocol: {tex(ctx.name)}.")
-    return booktabs_table(
-        "".join(spec),
-        head,
-        body,
-        caption="".join(cap),
-        label=f"tab:{slug(ctx.name)}-{slug(metric)}",
-        preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"),
-    )
+    return "".join(cap)
 
 
 def render_tables(ctx: ReportContext) -> tuple[str, list[str]]:
@@ -485,7 +543,28 @@ def _ci_tex(ci: str) -> str:
 
 
 def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels: list[str]) -> str:
-    L: list[str] = [
+    L = _preamble_tex(ctx)
+    L += _summary_tex(ctx)
+    L += _claims_tex(ctx)
+
+    L += ["", r"\section{Methods}"]
+    L += [p.to_latex() + "\n" for p in methods(ctx)]
+
+    L += _figures_tex(figs)
+    frequency = _frequency_tex(ctx)
+    if frequency:
+        L += [r"\section{Token frequency and centroid distance}", frequency]
+    L += _tables_section_tex(table_labels)
+    L += _concept_cards_tex(ctx)
+    L += _failed_units_tex(ctx)
+    L += _settings_tex(ctx)
+    L.append(r"\end{document}")
+    return "\n".join(L) + "\n"
+
+
+def _preamble_tex(ctx: ReportContext) -> list[str]:
+    """The document class, packages, title block and the opening of the Summary section."""
+    return [
         r"\documentclass[10pt,a4paper]{article}",
         r"\usepackage[T1]{fontenc}",
         r"\usepackage[utf8]{inputenc}",
@@ -522,6 +601,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
         r"\maketitle",
         r"\section{Summary}",
     ]
+
+
+def _summary_tex(ctx: ReportContext) -> list[str]:
+    """Page 1 before the claim cards: run warnings, the question, its answer, the headline table
+    and the findings."""
+    L: list[str] = []
     if ctx.inputs.warnings:
         # run warnings first and framed: they can change how every number below is read
         L += [
@@ -547,11 +632,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
         L += [r"\subsection*{Findings}", r"\begin{itemize}"]
         L += [r"\item " + tex(s) for s in findings]
         L.append(r"\end{itemize}")
-    L += _claims_tex(ctx)
+    return L
 
-    L += ["", r"\section{Methods}"]
-    L += [p.to_latex() + "\n" for p in methods(ctx)]
 
+def _figures_tex(figs: list[SavedFigure]) -> list[str]:
+    """The Figures section: one floating figure per saved figure, then a page break."""
+    L: list[str] = []
     if figs:
         L += [r"\section{Figures}"]
         for f in figs:
@@ -563,9 +649,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
                 r"\end{figure}",
             ]
         L.append(r"\clearpage")
-    frequency = _frequency_tex(ctx)
-    if frequency:
-        L += [r"\section{Token frequency and centroid distance}", frequency]
+    return L
+
+
+def _tables_section_tex(table_labels: list[str]) -> list[str]:
+    """The Tables section: references to the tables and the ``\\input`` of tables.tex."""
+    L: list[str] = []
     if table_labels:
         L += [
             r"\section{Tables}",
@@ -576,7 +665,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
             r"\input{tables.tex}",
             r"\clearpage",
         ]
+    return L
 
+
+def _concept_cards_tex(ctx: ReportContext) -> list[str]:
+    """The Concept cards section: the first 40 cards, each with its top tokens and contexts."""
+    L: list[str] = []
     cards = ctx.inputs.concept_cards
     if cards:
         L += [r"\section{Concept cards}", r"\begin{itemize}"]
@@ -604,7 +698,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
                 + "."
             )
         L.append(r"\end{itemize}")
+    return L
 
+
+def _failed_units_tex(ctx: ReportContext) -> list[str]:
+    """The Failed units section: one row per failed unit with its reason and row count."""
+    L: list[str] = []
     fu = failed_units(ctx)
     if fu:
         L += [
@@ -619,7 +718,12 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
                 long=True,
             ),
         ]
+    return L
 
+
+def _settings_tex(ctx: ReportContext) -> list[str]:
+    """The All settings section: every recorded setting as a source/key/value row."""
+    L: list[str] = []
     rows = settings_rows(ctx)
     if rows:
         L += [
@@ -633,8 +737,7 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
             )
             + "}",
         ]
-    L.append(r"\end{document}")
-    return "\n".join(L) + "\n"
+    return L
 
 
 def _claims_tex(ctx: ReportContext) -> list[str]:
