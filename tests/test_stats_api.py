@@ -5,6 +5,7 @@ raised where its fallback happens."""
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
 import warnings
@@ -190,3 +191,41 @@ def test_the_examples_run_as_written(module_name):
 
     outcome = doctest.testmod(importlib.import_module(module_name), optionflags=doctest.ELLIPSIS, verbose=False)
     assert outcome.failed == 0, f"{outcome.failed} of {outcome.attempted} examples in {module_name} fail"
+
+
+#: The modules whose public names carry numpydoc Parameters and Returns/Attributes sections.
+NUMPYDOC_MODULES = ("anistat.stats.effects",)
+SECTION_ENTRY = re.compile(r"^(\w+)\s*:\s*\S", re.MULTILINE)
+
+
+def _numpydoc_section(doc: str, title: str) -> str | None:
+    """The body of the section `title` (up to the next underlined heading), or None if absent."""
+    match = re.search(rf"^{title}\n-+\n(.*?)(?=^\w[\w ]*\n-+\n|\Z)", doc, re.MULTILINE | re.DOTALL)
+    return None if match is None else match.group(1)
+
+
+def _numpydoc_documented() -> list[str]:
+    return [name for name in stats.__all__ if _documented(name) and getattr(stats, name).__module__ in NUMPYDOC_MODULES]
+
+
+@pytest.mark.parametrize("name", _numpydoc_documented())
+def test_every_public_statistic_documents_its_parameters_and_result(name):
+    """A function: Parameters (when it takes any) naming its signature, and Returns. A result
+    class: Parameters or Attributes naming its constructor's fields."""
+    value = getattr(stats, name)
+    doc = inspect.getdoc(value) or ""
+    signature = list(inspect.signature(value).parameters)
+    if inspect.isfunction(value):
+        listed, result = _numpydoc_section(doc, "Parameters"), _numpydoc_section(doc, "Returns")
+        assert result, f"anistat.stats.{name} has no Returns section"
+    else:
+        listed = _numpydoc_section(doc, "Parameters") or _numpydoc_section(doc, "Attributes")
+    if signature or not inspect.isfunction(value):
+        assert listed is not None, f"anistat.stats.{name} has no Parameters section"
+        assert SECTION_ENTRY.findall(listed) == signature, f"anistat.stats.{name}: documented != signature"
+
+
+def test_the_section_parser_reads_names_and_stops_at_the_next_section():
+    doc = "Sum.\n\nParameters\n----------\nx : float\n    One.\ny_2 : int\n\nReturns\n-------\nfloat\n    Sum.\n"
+    assert SECTION_ENTRY.findall(_numpydoc_section(doc, "Parameters")) == ["x", "y_2"]
+    assert _numpydoc_section(doc, "Attributes") is None

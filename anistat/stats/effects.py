@@ -29,6 +29,16 @@ from scipy.special import gammaln
 def hedges_correction(df: ArrayLike) -> np.ndarray | float:
     """Exact small-sample correction ``J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2))``.
 
+    Parameters
+    ----------
+    df : float or array_like
+        Degrees of freedom ``nu`` (``S - 1`` for ``S`` paired differences); NaN where ``df <= 1``.
+
+    Returns
+    -------
+    float or ndarray
+        ``J(df)``, a float for a scalar ``df``, else an array of ``df``'s shape.
+
     Examples
     --------
     >>> import numpy as np
@@ -46,6 +56,18 @@ def hedges_correction(df: ArrayLike) -> np.ndarray | float:
 def energy_ratio(proxy_fraction: float, control_fractions: ArrayLike) -> float:
     """``E(U) / mean_j E(Q_j)``.
 
+    Parameters
+    ----------
+    proxy_fraction : float
+        The proxy's energy fraction ``E(U)``.
+    control_fractions : array_like of shape (n,)
+        The controls' energy fractions ``E(Q_j)``.
+
+    Returns
+    -------
+    float
+        The ratio ``R`` (inf or NaN when the controls' mean is 0).
+
     Examples
     --------
     >>> import numpy as np
@@ -61,6 +83,18 @@ def energy_ratio(proxy_fraction: float, control_fractions: ArrayLike) -> float:
 def log2_energy_ratio(proxy_fraction: float, control_fractions: ArrayLike) -> float:
     """``log2(E(U) / mean_j E(Q_j))`` (NaN for a non-positive ratio).
 
+    Parameters
+    ----------
+    proxy_fraction : float
+        The proxy's energy fraction ``E(U)``.
+    control_fractions : array_like of shape (n,)
+        The controls' energy fractions ``E(Q_j)``.
+
+    Returns
+    -------
+    float
+        ``log2 R``; NaN when ``R <= 0``.
+
     Examples
     --------
     >>> import numpy as np
@@ -74,6 +108,18 @@ def log2_energy_ratio(proxy_fraction: float, control_fractions: ArrayLike) -> fl
 
 def z_score(observed: float, control_values: ArrayLike) -> float:
     """``(observed - mean(controls)) / sd(controls)`` with ``ddof=1`` (NaN if sd is 0).
+
+    Parameters
+    ----------
+    observed : float
+        The proxy's value.
+    control_values : array_like of shape (n,)
+        The controls' values; non-finite ones are dropped.
+
+    Returns
+    -------
+    float
+        The z-score; NaN with fewer than 2 finite controls or a zero sd.
 
     Examples
     --------
@@ -95,6 +141,16 @@ def z_score(observed: float, control_values: ArrayLike) -> float:
 def hedges_g_paired(differences: ArrayLike) -> float:
     """Hedges' ``g_z`` of paired differences: ``J(S-1) mean(d) / sd(d)`` (see module doc).
 
+    Parameters
+    ----------
+    differences : array_like of shape (S,)
+        Paired per-sequence differences ``d_s``; non-finite ones are dropped.
+
+    Returns
+    -------
+    float
+        ``g_z`` (sd with ``ddof=1``); NaN with fewer than 3 finite differences or a zero sd.
+
     Examples
     --------
     >>> import numpy as np
@@ -114,6 +170,23 @@ def hedges_g_paired(differences: ArrayLike) -> float:
 
 def anisotropy_capture(fraction: ArrayLike, rank: int, dim: int, oracle_fraction: float) -> np.ndarray | float:
     """``(E - k/d) / (E*_k - k/d)``; vectorised over ``fraction``; NaN if ``E*_k <= k/d``.
+
+    Parameters
+    ----------
+    fraction : float or array_like
+        Energy fraction(s) ``E`` of the basis.
+    rank : int
+        The rank ``k`` of the basis.
+    dim : int
+        The dimension ``d`` of the space; ``k/d`` is the isotropic baseline.
+    oracle_fraction : float
+        The oracle fraction ``E*_k`` (the best rank-``k`` capture).
+
+    Returns
+    -------
+    float or ndarray
+        The capture, 0 at the isotropic baseline and 1 at the oracle; a float for a scalar
+        ``fraction``, else an array of its shape.
 
     Examples
     --------
@@ -135,6 +208,22 @@ def per_sequence_differences(
     """Per-sequence ``d_s = (proxy_s - mean_j control_sj) / total_s`` and the validity mask.
 
     Sequences with ``total_s <= 0`` (no gradient energy) are invalid (NaN).
+
+    Parameters
+    ----------
+    proxy_energy : array_like of shape (S,)
+        Each sequence's gradient energy in the proxy subspace.
+    control_energy : array_like of shape (S, n)
+        Each sequence's gradient energy in each of the ``n`` control subspaces.
+    total_energy : array_like of shape (S,)
+        Each sequence's total gradient energy.
+
+    Returns
+    -------
+    differences : ndarray of shape (S,)
+        ``d_s``, NaN for an invalid sequence.
+    valid : ndarray of bool, shape (S,)
+        ``total_s > 0``.
 
     Examples
     --------
