@@ -38,8 +38,18 @@ _MAX_EXACT_S = 20  # 2**20 sign vectors at most
 class PermutationResult:
     """Result of :func:`sign_flip_test`.
 
-    ``statistic`` is the observed mean difference; ``n_permutations`` the number of sign
-    vectors actually used (``2**S`` in exact mode); ``exact`` whether they were enumerated.
+    Attributes
+    ----------
+    statistic : float
+        The observed mean difference ``T = mean_s d_s``.
+    p_value : float
+        The sign-flip p-value (exact or randomised convention, see the module).
+    n_permutations : int
+        The number of sign vectors actually used (``2**S`` in exact mode).
+    exact : bool
+        Whether all ``2**S`` sign vectors were enumerated.
+    alternative : {"greater", "less", "two-sided"}
+        The tail tested.
 
     Examples
     --------
@@ -76,6 +86,26 @@ def _sign_matrix(n_sequences: int, n_permutations: int, seed: int, exact: bool) 
 def sign_flip_null(n_sequences: int, n_permutations: int, seed: int = 0) -> tuple[np.ndarray, bool]:
     """The ``(B, S)`` sign matrix used by :func:`sign_flip_test` and whether it is exact.
 
+    Exact (all ``2**S`` sign vectors, row 0 the identity) when ``S <= 20`` and
+    ``2**S <= n_permutations``; otherwise ``n_permutations`` random sign vectors, cached per
+    ``(S, B, seed)``.
+
+    Parameters
+    ----------
+    n_sequences : int
+        The number of sequences ``S``.
+    n_permutations : int
+        The most sign vectors to use, ``B`` in randomised mode.
+    seed : int, default 0
+        Seed of the random sign vectors (unused in exact mode).
+
+    Returns
+    -------
+    signs : ndarray of shape (B, S)
+        Read-only matrix of ``+1.0`` / ``-1.0``.
+    exact : bool
+        Whether the rows enumerate all ``2**S`` sign vectors.
+
     Examples
     --------
     >>> import numpy as np
@@ -106,8 +136,29 @@ def _pvalues(observed: np.ndarray, null: np.ndarray, alternative: str, exact: bo
 def sign_flip_pvalues(differences, n_permutations: int = 9999, seed: int = 0, alternative: str = "greater"):
     """Vectorised sign-flip test for ``m`` difference vectors at once.
 
-    ``differences`` is ``(m, S)`` (same ``S`` for all rows, all finite). Returns
-    ``(statistics (m,), p_values (m,), n_used, exact)``. All rows share one sign matrix.
+    All rows share one sign matrix (:func:`sign_flip_null`).
+
+    Parameters
+    ----------
+    differences : array_like of shape (m, S)
+        ``m`` vectors of paired differences over the same ``S >= 1`` sequences, all finite.
+    n_permutations : int, default 9999
+        The most sign vectors to use (exact enumeration when ``2**S`` is no more).
+    seed : int, default 0
+        Seed of the random sign vectors.
+    alternative : {"greater", "less", "two-sided"}, default "greater"
+        ``"greater"`` counts ``T* >= T``, ``"less"`` ``T* <= T``; two-sided doubles the smaller.
+
+    Returns
+    -------
+    statistics : ndarray of shape (m,)
+        Each row's mean difference ``T``.
+    p_values : ndarray of shape (m,)
+        Each row's p-value.
+    n_used : int
+        The number of sign vectors used.
+    exact : bool
+        Whether the sign vectors were enumerated.
 
     Examples
     --------
@@ -138,8 +189,23 @@ def sign_flip_test(
 ) -> PermutationResult:
     """Paired sign-flip permutation test of ``mean(differences) = 0``.
 
-    ``differences``: ``(S,)`` per-sequence paired differences (finite). See the module
-    docstring for the exact/randomised p-value conventions.
+    See the module docstring for the exact/randomised p-value conventions.
+
+    Parameters
+    ----------
+    differences : array_like of shape (S,)
+        Per-sequence paired differences, finite, not empty.
+    n_permutations : int, default 9999
+        The most sign vectors to use (exact enumeration when ``2**S`` is no more).
+    seed : int, default 0
+        Seed of the random sign vectors.
+    alternative : {"greater", "less", "two-sided"}, default "greater"
+        The tail tested.
+
+    Returns
+    -------
+    PermutationResult
+        The statistic, p-value and the sign vectors' count and mode.
 
     Examples
     --------
