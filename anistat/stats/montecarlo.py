@@ -35,9 +35,24 @@ from ._validation import check_alternative
 def monte_carlo_pvalue(observed, null, alternative: str = "greater"):
     """Monte-Carlo p-value of ``observed`` against the control values ``null``.
 
-    Vectorised: ``observed`` has shape ``(...)`` and ``null`` shape ``(..., n)`` (broadcast
-    over the leading axes), e.g. ``observed (m,)`` and ``null (m, n)`` for ``m`` units at once.
-    Returns a Python float for scalar input, else an ndarray of shape ``(...)``.
+    Vectorised over the leading axes, e.g. ``observed (m,)`` and ``null (m, n)`` for ``m`` units
+    at once. ``p = (1 + #{q_j >= u}) / (1 + n)`` for ``"greater"`` (see the module).
+
+    Parameters
+    ----------
+    observed : float or array_like of shape (...)
+        The observed value(s) ``u``.
+    null : array_like of shape (..., n)
+        The control values ``q_j`` along the last axis, broadcast against ``observed``; NaN
+        controls are dropped.
+    alternative : {"greater", "less", "two-sided"}, default "greater"
+        ``"greater"`` counts ``q_j >= u``, ``"less"`` ``q_j <= u``; two-sided doubles the smaller.
+
+    Returns
+    -------
+    float or ndarray of shape (...)
+        A Python float for scalar input, else an array; NaN for a NaN observed value or no
+        finite control.
 
     Examples
     --------
@@ -74,6 +89,16 @@ def monte_carlo_pvalue(observed, null, alternative: str = "greater"):
 def min_attainable_pvalue(n_controls: int) -> float:
     """Smallest one-sided Monte-Carlo p-value with ``n_controls`` controls: ``1/(n+1)``.
 
+    Parameters
+    ----------
+    n_controls : int
+        The number of controls ``n``.
+
+    Returns
+    -------
+    float
+        ``1 / (n + 1)``.
+
     Examples
     --------
     >>> import numpy as np
@@ -87,11 +112,21 @@ def min_attainable_pvalue(n_controls: int) -> float:
 class SequentialMonteCarlo:
     """Monte-Carlo p-values of ``m`` tests read off one stream of null draws, each stopping on its own.
 
-    ``observed`` ``(m,)``; ``n_max`` the most draws any test uses; ``stop_after`` = ``h`` (0: no
-    stopping; ``two-sided`` tests never stop, both tails are counted). Feed the null values in
-    draw order with :meth:`update` (``(m, c)``, one column per draw, at most :attr:`remaining`
-    columns) while :attr:`active` has any test; read :meth:`p_values` and :attr:`draws_used`.
-    A NaN observed value gives a NaN p-value (the test is never active).
+    Feed the null values in draw order with :meth:`update` (``(m, c)``, one column per draw, at
+    most :attr:`remaining` columns) while :attr:`active` has any test; read :meth:`p_values` and
+    :attr:`draws_used`. A NaN observed value gives a NaN p-value (the test is never active).
+
+    Parameters
+    ----------
+    observed : array_like of shape (m,)
+        The observed values of the ``m`` tests.
+    n_max : int
+        The most draws any test uses (``n``), at least 1.
+    stop_after : int, default 0
+        ``h``: a test stops at its ``h``-th exceedance, ``p = h / L``; 0 turns stopping off.
+        ``two-sided`` tests never stop (both tails are counted).
+    alternative : {"greater", "less", "two-sided"}, default "greater"
+        The tail tested.
 
     Examples
     --------
@@ -167,7 +202,25 @@ class SequentialMonteCarlo:
 
 def sequential_monte_carlo_pvalue(observed, null, stop_after: int, alternative: str = "greater"):
     """:class:`SequentialMonteCarlo` on a whole ``(m, n)`` array of null draws (``observed`` ``(m,)``),
-    or a scalar observed value and ``(n,)`` draws. Returns ``(p_values, draws_used)``.
+    or a scalar observed value and ``(n,)`` draws.
+
+    Parameters
+    ----------
+    observed : float or array_like of shape (m,)
+        The observed value(s).
+    null : array_like of shape (m, n) or (n,)
+        The null draws in draw order along the last axis.
+    stop_after : int
+        ``h``, the exceedances that stop a test (0: no stopping).
+    alternative : {"greater", "less", "two-sided"}, default "greater"
+        The tail tested.
+
+    Returns
+    -------
+    p_values : float or ndarray of shape (m,)
+        ``h / L`` for a test that stopped at draw ``L``, else ``(1 + g) / (1 + n)``.
+    draws_used : int or ndarray of int, shape (m,)
+        The draws each test read (scalars for a scalar ``observed``).
 
     Examples
     --------
