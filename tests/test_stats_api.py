@@ -194,7 +194,12 @@ def test_the_examples_run_as_written(module_name):
 
 
 #: The modules whose public names carry numpydoc Parameters and Returns/Attributes sections.
-NUMPYDOC_MODULES = ("anistat.stats.effects", "anistat.stats.montecarlo", "anistat.stats.permutation")
+NUMPYDOC_MODULES = (
+    "anistat.stats.effects",
+    "anistat.stats.montecarlo",
+    "anistat.stats.multiplicity",
+    "anistat.stats.permutation",
+)
 SECTION_ENTRY = re.compile(r"^(\w+)\s*:\s*\S", re.MULTILINE)
 
 

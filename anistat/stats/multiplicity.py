@@ -38,6 +38,18 @@ _NAMES = {"holm": "Holm", "fdr_bh": "Benjamini-Hochberg", "bonferroni": "Bonferr
 def adjust_pvalues(p: ArrayLike, method: str = "holm") -> np.ndarray:
     """Adjusted p-values (same shape as ``p``); NaNs stay NaN and are not counted in ``m``.
 
+    Parameters
+    ----------
+    p : array_like
+        P-values in ``[0, 1]``, any shape; NaN for a missing test.
+    method : {"holm", "fdr_bh", "bonferroni"}, default "holm"
+        Holm's step-down, Benjamini–Hochberg FDR or Bonferroni (via statsmodels' formulas).
+
+    Returns
+    -------
+    ndarray
+        The adjusted p-values, of ``p``'s shape.
+
     Examples
     --------
     >>> import numpy as np
@@ -84,9 +96,26 @@ def adjust_in_families(
 ) -> pd.DataFrame:
     """Return a copy of ``df`` with ``out_column`` = p-values adjusted within each family.
 
-    ``family_columns``: list of column names defining a family (e.g. ``["model"]``), or an
-    empty list / ``None`` / ``"run"`` for one family made of all rows with a p-value. Rows with
-    NaN p-values (or a NaN family key) get NaN.
+    Rows with NaN p-values (or a NaN family key) get NaN.
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        The tests, one a row; left unchanged.
+    family_columns : str or list of str or None
+        Column name(s) defining a family (e.g. ``["model"]``), or an empty list / ``None`` /
+        ``"run"`` for one family made of all rows with a p-value.
+    method : {"holm", "fdr_bh", "bonferroni"}, default "holm"
+        The correction applied within each family (:func:`adjust_pvalues`).
+    p_column : str, default "p_value"
+        The column holding the p-values.
+    out_column : str, default "p_adjusted"
+        The column written with the adjusted p-values.
+
+    Returns
+    -------
+    pandas.DataFrame
+        A copy of ``df`` with ``out_column`` added (or replaced).
 
     Examples
     --------
@@ -126,6 +155,21 @@ def _threshold(alpha: float, n_tests: int, method: str) -> float:
 def min_controls_needed(alpha: float = 0.05, n_tests: int = 1, method: str = "holm") -> int:
     """Smallest ``n`` with ``1/(n+1) <= threshold`` (see module docstring): ``ceil(m/alpha) - 1``.
 
+    Parameters
+    ----------
+    alpha : float, default 0.05
+        The family-wise (or FDR) level, in ``(0, 1)``.
+    n_tests : int, default 1
+        The family's size ``m``, at least 1.
+    method : {"holm", "fdr_bh", "bonferroni", "none"}, default "holm"
+        The correction; the threshold is ``alpha/m``, or ``alpha`` for ``"none"``.
+
+    Returns
+    -------
+    int
+        The smallest number of Monte-Carlo draws ``n`` (at least 1) whose floor ``1/(n+1)``
+        is at most the threshold.
+
     Examples
     --------
     >>> import numpy as np
@@ -143,6 +187,25 @@ def resolution_warning(
 ) -> str | None:
     """A one-line warning when ``n_controls`` Monte-Carlo draws leave the floor above the
     corrected threshold of a single test (see the module docstring), else ``None``.
+
+    Parameters
+    ----------
+    n_controls : int
+        The Monte-Carlo draws ``n``; the p-value floor is ``1/(n+1)``.
+    alpha : float, default 0.05
+        The family-wise (or FDR) level, in ``(0, 1)``.
+    n_tests : int, default 1
+        The family's size ``m``.
+    method : {"holm", "fdr_bh", "bonferroni", "none"}, default "holm"
+        The correction.
+    what : str, default "controls"
+        The word naming the draws in the message.
+
+    Returns
+    -------
+    str or None
+        The warning, naming the floor, the threshold and the draws needed
+        (:func:`min_controls_needed`); ``None`` when ``n_controls`` suffice.
 
     Examples
     --------
