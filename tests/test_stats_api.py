@@ -199,6 +199,7 @@ NUMPYDOC_MODULES = (
     "anistat.stats.montecarlo",
     "anistat.stats.multiplicity",
     "anistat.stats.permutation",
+    "anistat.stats.uniformity",
 )
 SECTION_ENTRY = re.compile(r"^(\w+)\s*:\s*\S", re.MULTILINE)
 

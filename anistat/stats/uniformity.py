@@ -49,13 +49,36 @@ VERDICTS = ("calibrated", "anti-conservative", "conservative", "not uniform")
 class UniformityCheck:
     """How a set of p-values compares with a valid test's null law (see the module docstring).
 
-    ``grid`` is G when every p-value is a multiple of 1/G (a Monte-Carlo test with G − 1 draws),
-    None when they are treated as continuous; ``expected_rate`` = P(p ≤ ``alpha``) under that
-    law; ``rejection_rate`` = the observed share of p ≤ ``alpha`` and ``rate_ci`` its exact
-    (Clopper–Pearson) 95 % interval; ``binomial_p`` the exact two-sided binomial test of the
-    share against ``expected_rate``; ``uniformity_p`` the Monte-Carlo p-value of the KS distance
-    ``ks_distance`` against the uniform law on the grid (``n_simulations`` draws);
-    ``verdict`` one of :data:`VERDICTS` at ``level``; ``calibrated`` = verdict "calibrated".
+    Attributes
+    ----------
+    n : int
+        The number of finite p-values checked ``N``.
+    alpha : float
+        The level whose rejection share is tested.
+    grid : int or None
+        G when every p-value is a multiple of 1/G (a Monte-Carlo test with G − 1 draws), None
+        when they are treated as continuous (or follow a sequential test's law).
+    expected_rate : float
+        P(p ≤ ``alpha``) under the null law: ``floor(alpha·G)/G`` on a grid, else ``alpha``.
+    rejections : int
+        The number of p ≤ ``alpha``.
+    rejection_rate : float
+        The observed share of p ≤ ``alpha``.
+    rate_ci : tuple of (float, float)
+        Its exact (Clopper–Pearson) 95 % interval.
+    binomial_p : float
+        The exact two-sided binomial test of the share against ``expected_rate``.
+    ks_distance : float
+        The KS distance ``D`` of the p-values from the null law on the grid.
+    uniformity_p : float
+        Its Monte-Carlo p-value ``(1 + #{D* ≥ D})/(1 + B)``.
+    n_simulations : int
+        ``B``, the simulated samples behind ``uniformity_p``.
+    level : float
+        The level of both tests in the verdict.
+    verdict : {"calibrated", "anti-conservative", "conservative", "not uniform"}
+        One of :data:`VERDICTS` at ``level``; the property ``calibrated`` is verdict
+        "calibrated".
 
     Examples
     --------
@@ -137,6 +160,18 @@ def p_value_grid(p_values, n_draws: int | None) -> int | None:
     """G = ``n_draws`` + 1 when every p-value is a multiple of 1/G (a Monte-Carlo p-value with
     ``n_draws`` draws), else None (treated as continuous).
 
+    Parameters
+    ----------
+    p_values : array_like
+        The p-values.
+    n_draws : int or None
+        The Monte-Carlo draws behind each p-value; None (or < 1) for continuous p-values.
+
+    Returns
+    -------
+    int or None
+        ``G = n_draws + 1`` when every ``p·G`` is an integer ``>= 1`` (to ``1e-6·G``), else None.
+
     Examples
     --------
     >>> import numpy as np
@@ -176,9 +211,29 @@ def p_value_uniformity(
 ) -> UniformityCheck:
     """Null check of p-values that should follow a valid test's null law (module docstring).
 
-    ``n_draws``: the Monte-Carlo draws behind each p-value, when the p-values should lie on the
-    grid ``j/(n_draws + 1)``; p-values found off that grid are treated as continuous. With
-    ``stop_after > 0`` (and ``n_draws``) the law is that of the sequential test.
+    Parameters
+    ----------
+    p_values : array_like
+        The p-values, any shape; non-finite ones are dropped (at least one must be finite).
+    alpha : float, default 0.05
+        The level whose rejection share is tested, in ``(0, 1)``.
+    n_draws : int or None, default None
+        The Monte-Carlo draws behind each p-value, when the p-values should lie on the grid
+        ``j/(n_draws + 1)``; p-values found off that grid are treated as continuous.
+    stop_after : int, default 0
+        With ``stop_after > 0`` (and ``n_draws``) the law is that of the sequential test
+        stopping after ``stop_after`` exceedances.
+    level : float, default 0.05
+        The level of the binomial and uniformity tests behind the verdict, in ``(0, 1)``.
+    n_simulations : int, default 9999
+        ``B``, the samples of the null law behind the uniformity test's p-value.
+    seed : int, default 0
+        Seed of those samples (the verdict is reproducible).
+
+    Returns
+    -------
+    UniformityCheck
+        The rejection share, the KS distance, both tests' p-values and the verdict.
 
     Examples
     --------
