@@ -77,6 +77,37 @@ class MetaResult:
     estimate, its SE and interval, the between-study variance ``tau2``, ``I²``, Cochran's ``Q``
     with its p-value, and the ``method`` and ``interval`` used.
 
+    Attributes
+    ----------
+    estimate : float
+        The pooled estimate ``mu = Σ w* y / Σ w*``, ``w* = 1/(v + tau2)``.
+    se : float
+        Its standard error (Wald ``1/√Σw*``, or HKSJ's ``se_HK``).
+    ci_low : float
+        Lower end of the ``ci_level`` interval.
+    ci_high : float
+        Upper end of the ``ci_level`` interval.
+    tau2 : float
+        The between-row variance (truncated at 0).
+    i2 : float
+        ``I2 = max(0, (Q − (k−1)) / Q)``.
+    q : float
+        Cochran's ``Q``.
+    p_value : float
+        Two-sided p-value of ``mu = 0`` (normal for Wald, ``t_{k−1}`` for HKSJ).
+    k : int
+        The number of rows pooled (finite pairs).
+    method : {"dl", "pm", "reml"}
+        The ``tau2`` estimator.
+    interval : {"wald", "hksj"}
+        The interval used (``"wald"`` for a single row).
+    df : float
+        Degrees of freedom of the interval's t quantile (inf: normal).
+    hksj_scale : float
+        HKSJ's scale factor ``s = Σw*(y − mu)²/(k − 1)`` (NaN: not HKSJ).
+    safeguard_applied : bool
+        HKSJ: ``s < 1`` was raised to 1 (the Wald SE, with ``t_{k−1}``).
+
     Examples
     --------
     >>> import numpy as np
@@ -122,6 +153,35 @@ class RobustMetaResult:
 class TrendResult:
     """Weighted linear trend of estimates over training steps (:func:`trend_test`): the slope,
     its SE, interval and p-value, and the mean of the early and late steps.
+
+    Attributes
+    ----------
+    slope : float
+        The fitted ``b`` of ``estimate = a + b * step``.
+    slope_se : float
+        Its standard error (fixed scale with variances).
+    ci_low : float
+        Lower end of the slope's ``ci_level`` interval.
+    ci_high : float
+        Upper end of the slope's ``ci_level`` interval.
+    p_value : float
+        P-value of ``b = 0``.
+    intercept : float
+        The fitted ``a``.
+    n : int
+        The number of finite points used.
+    early_mean : float
+        Mean of the early steps (inverse-variance weighted with variances).
+    late_mean : float
+        Mean of the late steps (likewise).
+    difference : float
+        ``late_mean - early_mean``.
+    difference_se : float
+        Its standard error (NaN without variances and fewer than 2 points on a side).
+    difference_p_value : float
+        Two-sided p-value of the difference (z-test with variances, else Welch's t-test).
+    weighted : bool
+        Whether variances were given (WLS) or not (OLS).
 
     Examples
     --------
@@ -198,8 +258,27 @@ def random_effects_meta(
 ) -> MetaResult:
     """Random-effects pooled estimate (NaN pairs are dropped); see the module docstring.
 
-    ``hksj_safeguard`` (HKSJ only): scale factor ``max(1, s)``, so the interval is never narrower
-    than the Wald SE with the same ``t_{k−1}`` quantile (default); ``False``: untruncated.
+    Parameters
+    ----------
+    estimates : array_like of shape (k,)
+        The rows' estimates ``y_i``.
+    variances : array_like of shape (k,)
+        Their sampling variances ``v_i``.
+    method : {"dl", "pm", "reml"}, default "dl"
+        The ``tau2`` estimator: DerSimonian–Laird, Paule–Mandel or REML.
+    ci_level : float, default 0.95
+        Coverage of the interval.
+    interval : {"wald", "hksj"}, default "wald"
+        Wald ``mu ± z se`` or Hartung–Knapp–Sidik–Jonkman ``mu ± t_{k−1} se_HK``.
+    hksj_safeguard : bool, default True
+        HKSJ only: scale factor ``max(1, s)``, so the interval is never narrower than the Wald SE
+        with the same ``t_{k−1}`` quantile; ``False``: untruncated.
+
+    Returns
+    -------
+    MetaResult
+        The pooled estimate, interval, heterogeneity and the settings used; all NaN with no
+        finite row, the row's own normal interval with one.
 
     Examples
     --------
@@ -339,6 +418,26 @@ def robust_meta(
 
 def trend_test(steps, estimates, variances=None, ci_level: float = 0.95, early_fraction: float = 0.5) -> TrendResult:
     """Linear trend of ``estimates`` over ``steps`` plus an early-vs-late difference test.
+
+    Non-finite points are dropped; at least 3 must remain.
+
+    Parameters
+    ----------
+    steps : array_like of shape (n,)
+        The training steps.
+    estimates : array_like of shape (n,)
+        The estimate at each step.
+    variances : array_like of shape (n,), optional
+        Positive sampling variances: WLS with weights ``1/variance`` and fixed scale; None: OLS.
+    ci_level : float, default 0.95
+        Coverage of the slope's interval.
+    early_fraction : float, default 0.5
+        Share of the sorted steps counted as early (at least one step on each side).
+
+    Returns
+    -------
+    TrendResult
+        The slope with its SE, interval and p-value, and the early-vs-late difference test.
 
     Examples
     --------
