@@ -83,10 +83,27 @@ BCA_FALLBACKS = ("percentile", "basic")
 class BootstrapResult:
     """A bootstrap confidence interval.
 
-    ``se`` is the standard deviation of the replicates; ``method`` the method actually used: one
-    of :data:`METHODS` (``"bca"``, ``"percentile"``, ``"studentized"``, ``"basic"``, ``"normal"``),
-    the fallback where the requested one was undefined, or ``"none"`` when no interval exists;
-    ``note`` is empty or says why the requested method was not used / what was dropped; ``bias`` is the bootstrap bias estimate ``mean(replicates) - estimate``.
+    Attributes
+    ----------
+    estimate : float
+        The statistic on the full data.
+    ci_low : float
+        Lower end of the interval.
+    ci_high : float
+        Upper end of the interval.
+    method : {"bca", "percentile", "studentized", "basic", "normal", "none"}
+        The method actually used: one of :data:`METHODS`, the fallback where the requested one
+        was undefined, or ``"none"`` when no interval exists.
+    note : str
+        Empty, or why the requested method was not used / what was dropped.
+    se : float
+        The standard deviation of the replicates.
+    n_resamples : int
+        The number of bootstrap replicates.
+    ci_level : float
+        Coverage of the interval.
+    bias : float
+        The bootstrap bias estimate ``mean(replicates) - estimate``.
 
     Examples
     --------
@@ -151,6 +168,29 @@ def iter_bootstrap_weights(
 ) -> Iterator[np.ndarray]:
     """Yield the bootstrap weights matrix in row chunks of at most ``chunk_size`` rows.
 
+    The chunks stacked are :func:`bootstrap_weights` with the same arguments.
+
+    Parameters
+    ----------
+    n_sequences : int
+        The number of sequences ``S``.
+    n_resamples : int
+        The number of resamples ``B``.
+    seed : int, default 0
+        Seed of the resampling.
+    group_ids : array_like of shape (S,), optional
+        A group label per sequence (e.g. its document): whole groups are resampled, then
+        sequences within each drawn group (hierarchical counts); None: sequences are the unit.
+    chunk_size : int, default 256
+        The most rows per chunk.
+    dtype : numpy dtype, default numpy.float64
+        The chunks' dtype.
+
+    Returns
+    -------
+    Iterator[ndarray of shape (b, S)]
+        Chunks of multiplicities, ``b <= chunk_size`` rows each, ``B`` rows in all.
+
     Examples
     --------
     >>> import numpy as np
@@ -201,6 +241,25 @@ def bootstrap_weights(
 
     Rows are ``Multinomial(S, uniform)`` counts (or hierarchical counts with ``group_ids``).
 
+    Parameters
+    ----------
+    n_sequences : int
+        The number of sequences ``S``.
+    n_resamples : int
+        The number of resamples ``B``.
+    seed : int, default 0
+        Seed of the resampling.
+    group_ids : array_like of shape (S,), optional
+        A group label per sequence (e.g. its document): whole groups are resampled, then
+        sequences within each drawn group (hierarchical counts); None: sequences are the unit.
+    dtype : numpy dtype, default numpy.float64
+        The matrix's dtype.
+
+    Returns
+    -------
+    ndarray of shape (B, S)
+        Read-only multiplicities; each row sums to ``S``.
+
     Examples
     --------
     >>> import numpy as np
@@ -217,6 +276,19 @@ def bootstrap_weights(
 
 def jackknife_weights(n_sequences: int, group_ids=None) -> np.ndarray:
     """Leave-one-out weights: ``ones - eye`` (``(S, S)``) or leave-one-group-out ``(G, S)``.
+
+    Parameters
+    ----------
+    n_sequences : int
+        The number of sequences ``S``.
+    group_ids : array_like of shape (S,), optional
+        A group label per sequence (e.g. its document): one row leaves out each group;
+        None: one row leaves out each sequence.
+
+    Returns
+    -------
+    ndarray of shape (S, S) or (G, S)
+        0.0 for the left-out sequences, 1.0 elsewhere.
 
     Examples
     --------
@@ -241,6 +313,20 @@ def ratio_se(weights, numerator, denominator) -> np.ndarray:
     of a ratio estimator. Residuals are taken around the full-data ratio first (three matrix
     products, well conditioned), so the cost is ``O(B S)``. Rows with ``n_b <= 1`` or a zero
     denominator give NaN.
+
+    Parameters
+    ----------
+    weights : array_like of shape (B, S)
+        Multiplicities, one resample a row (a 1-D vector is one row).
+    numerator : array_like of shape (S,)
+        The per-sequence numerator terms.
+    denominator : array_like of shape (S,)
+        The per-sequence denominator terms.
+
+    Returns
+    -------
+    ndarray of shape (B,)
+        ``se_b`` per row.
 
     Examples
     --------
@@ -280,6 +366,18 @@ def expanded_tail(tail: float, n_units: int) -> float:
     the sampling one by ``sqrt((n − 1)/n)`` and a studentized statistic has ``t_{n−1}`` tails.
     ``a`` itself when ``n_units`` is None or below 3.
 
+    Parameters
+    ----------
+    tail : float
+        The nominal one-sided tail probability ``a``.
+    n_units : int
+        The number of resampling units ``n``.
+
+    Returns
+    -------
+    float
+        The bootstrap tail ``a'`` (smaller than ``a``).
+
     Examples
     --------
     >>> import numpy as np
@@ -296,6 +394,18 @@ def expanded_tail(tail: float, n_units: int) -> float:
 def expanded_pvalue(p_raw, n_units: int | None):
     """The nominal p-value whose expanded tail (:func:`expanded_tail`) is the bootstrap tail
     probability ``p_raw`` (the inverse map; monotone, and ``≥ p_raw`` for small p).
+
+    Parameters
+    ----------
+    p_raw : float or array_like
+        Bootstrap tail probabilities ``a'``.
+    n_units : int or None
+        The number of resampling units ``n``; None or below 3: no expansion.
+
+    Returns
+    -------
+    ndarray
+        The nominal p-values ``a``, of ``p_raw``'s shape (``p_raw`` itself without expansion).
 
     Examples
     --------
@@ -327,15 +437,37 @@ def ci_from_replicates(
 ) -> BootstrapResult:
     """Confidence interval from bootstrap replicates (and jackknife values for BCa).
 
-    ``bca_fallback`` (``percentile`` or ``basic``) is the interval BCa falls back to where it
-    is undefined.
+    Non-finite replicates are dropped (and counted in ``note``). See the module docstring for
+    the formulas and the fallback rules.
 
-    ``method="studentized"`` needs ``se`` (the estimate's standard error) and
-    ``replicate_se`` (one per replicate, same formula). With ``log_scale`` the pivot is
-    ``(log θ*_b − log θ) / (se*_b/θ*_b)`` and the interval ``θ·exp(−q·se/θ)`` (for positive
-    statistics such as ratios of positive sums); ``expand_units = n`` applies the small-sample
-    expansion of :func:`expanded_tail` to the tail levels. Non-finite replicates are dropped
-    (and counted in ``note``). See the module docstring for the formulas and the fallback rules.
+    Parameters
+    ----------
+    estimate : float
+        The statistic ``θ`` on the full data.
+    replicates : array_like of shape (B,)
+        The bootstrap replicates ``θ*_b``.
+    jackknife : array_like of shape (J,), optional
+        Leave-one-out (or leave-one-group-out) values, BCa's acceleration; needed for BCa.
+    ci_level : float, default 0.95
+        Coverage of the interval.
+    method : {"bca", "percentile", "studentized", "basic", "normal"}, default "bca"
+        The interval (one of :data:`METHODS`).
+    se : float, optional
+        ``method="studentized"``: the estimate's standard error.
+    replicate_se : array_like of shape (B,), optional
+        ``method="studentized"``: one standard error per replicate, same formula.
+    bca_fallback : {"percentile", "basic"}, default "percentile"
+        The interval BCa falls back to where it is undefined.
+    log_scale : bool, default False
+        Studentized on the log scale: the pivot is ``(log θ*_b − log θ) / (se*_b/θ*_b)`` and the
+        interval ``θ·exp(−q·se/θ)`` (for positive statistics such as ratios of positive sums).
+    expand_units : int, optional
+        ``n``: apply the small-sample expansion of :func:`expanded_tail` to the tail levels.
+
+    Returns
+    -------
+    BootstrapResult
+        The interval, the method actually used and why (``note``).
 
     Examples
     --------
@@ -469,6 +601,21 @@ class StudentizedTest:
     bootstrap tail ``(1 + #{t*_b beyond t})/(1 + B)``; ``p_value`` its small-sample expansion
     (:func:`expanded_pvalue`).
 
+    Attributes
+    ----------
+    statistic : float
+        ``t = (log θ̂ − log θ0)/(se/θ̂)``.
+    p_value : float
+        The p-value after the small-sample expansion (NaN when there is no test).
+    p_raw : float
+        The bootstrap tail ``(1 + #{t*_b beyond t})/(1 + B)`` (two-sided: doubled, at most 1).
+    n_resamples : int
+        The resamples with a finite ``t*_b``.
+    alternative : {"greater", "less", "two-sided"}
+        The tail tested.
+    note : str
+        Empty, or why there is no test.
+
     Examples
     --------
     >>> import numpy as np
@@ -505,6 +652,26 @@ def studentized_ratio_test(
     log_scale=True`` (same weights, same expansion), so the test rejects at level ``a``
     one-sided exactly when the one-sided ``1 − a`` bound excludes ``null_value``, up to the
     ``+1`` in the tail count. Exact for no law; its level is measured in ``anistat calibrate``.
+
+    Parameters
+    ----------
+    numerator : array_like of shape (S,)
+        The per-sequence numerator terms.
+    denominator : array_like of shape (S,)
+        The per-sequence denominator terms.
+    weights : array_like of shape (B, S)
+        The bootstrap multiplicities (:func:`bootstrap_weights`).
+    null_value : float, default 1.0
+        ``θ0``, the ratio under H0.
+    alternative : {"greater", "less", "two-sided"}, default "greater"
+        ``"greater"`` counts ``t*_b >= t``, ``"less"`` ``t*_b <= t``; two-sided doubles the smaller.
+    expand_units : int, optional
+        ``n`` for the small-sample expansion of the p-value (:func:`expanded_pvalue`); None: none.
+
+    Returns
+    -------
+    StudentizedTest
+        The statistic, the raw and expanded p-values.
 
     Examples
     --------
@@ -573,12 +740,36 @@ def sequence_bootstrap(
 ) -> BootstrapResult:
     """Bootstrap CI of ``statistic`` over sequences.
 
-    ``statistic`` maps a weights matrix ``W (b, S)`` to ``(b,)``; it is called on chunks of at
-    most ``chunk_size`` rows, on ``ones((1, S))`` for the estimate and (BCa only) on the
-    jackknife rows (``ones - eye``, or leave-one-group-out with ``group_ids``).
-    ``method="studentized"`` also needs ``standard_error`` (``W (b, S) -> (b,)``, the SE of the
-    statistic under weights ``W``, e.g. ``lambda w: ratio_se(w, num, den)``), evaluated on the
-    same rows.
+    Parameters
+    ----------
+    statistic : callable
+        Maps a weights matrix ``W (b, S)`` to ``(b,)``; called on chunks of at most
+        ``chunk_size`` rows, on ``ones((1, S))`` for the estimate and (BCa only) on the
+        jackknife rows (``ones - eye``, or leave-one-group-out with ``group_ids``).
+    n_sequences : int
+        The number of sequences ``S``.
+    n_resamples : int, default 2000
+        The number of resamples ``B``.
+    seed : int, default 0
+        Seed of the resampling (:func:`bootstrap_weights`).
+    ci_level : float, default 0.95
+        Coverage of the interval.
+    method : {"bca", "percentile", "studentized", "basic", "normal"}, default "bca"
+        The interval (:func:`ci_from_replicates`).
+    group_ids : array_like of shape (S,), optional
+        A group label per sequence (e.g. its document): whole groups are resampled, then
+        sequences within each drawn group (hierarchical counts); None: sequences are the unit.
+    chunk_size : int, default 512
+        The most weight rows per call of ``statistic``.
+    standard_error : callable, optional
+        ``method="studentized"`` only (then required): ``W (b, S) -> (b,)``, the SE of the
+        statistic under weights ``W`` (e.g. ``lambda w: ratio_se(w, num, den)``), evaluated on
+        the same rows.
+
+    Returns
+    -------
+    BootstrapResult
+        The interval from ``n_resamples`` replicates.
 
     Examples
     --------
@@ -633,11 +824,33 @@ def sequence_bootstrap_columns(
 ) -> list[BootstrapResult]:
     """:func:`sequence_bootstrap` of several statistics that share one expensive step.
 
-    ``statistic`` maps ``W (b, S)`` to ``(b, m)`` — m statistics computed from the same
-    resample (e.g. Spearman and Pearson correlations of one resampled table) — and one
-    :class:`BootstrapResult` per column comes back, each from the same resamples as
-    :func:`sequence_bootstrap` would draw. ``method`` is ``bca``, ``percentile``, ``basic`` or ``normal``
-    (a studentized interval needs a standard error per statistic).
+    Parameters
+    ----------
+    statistic : callable
+        Maps ``W (b, S)`` to ``(b, m)``: m statistics computed from the same resample (e.g.
+        Spearman and Pearson correlations of one resampled table).
+    n_sequences : int
+        The number of sequences ``S``.
+    n_resamples : int, default 2000
+        The number of resamples ``B``, the same as :func:`sequence_bootstrap` would draw.
+    seed : int, default 0
+        Seed of the resampling.
+    ci_level : float, default 0.95
+        Coverage of the intervals.
+    method : {"bca", "percentile", "basic", "normal"}, default "bca"
+        The interval (a studentized interval needs a standard error per statistic).
+    group_ids : array_like of shape (S,), optional
+        A group label per sequence (e.g. its document): whole groups are resampled, then
+        sequences within each drawn group (hierarchical counts); None: sequences are the unit.
+    chunk_size : int, default 512
+        The most weight rows per call of ``statistic``.
+    bca_fallback : {"percentile", "basic"}, default "percentile"
+        The interval BCa falls back to where it is undefined.
+
+    Returns
+    -------
+    list of BootstrapResult
+        One interval per column of ``statistic``'s output.
 
     Examples
     --------
