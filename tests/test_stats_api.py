@@ -196,6 +196,7 @@ def test_the_examples_run_as_written(module_name):
 #: The modules whose public names carry numpydoc Parameters and Returns/Attributes sections.
 NUMPYDOC_MODULES = (
     "anistat.stats.bootstrap",
+    "anistat.stats.calibrate",
     "anistat.stats.effects",
     "anistat.stats.meta",
     "anistat.stats.montecarlo",

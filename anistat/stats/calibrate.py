@@ -91,9 +91,20 @@ RANDOM_PROXY = "random"
 class CalibrationResult:
     """Summary of :func:`run_calibration`.
 
-    ``conditions``: one dict per (scenario, condition) with rates, binomial standard errors and
-    coverages. ``checks``: goal name -> :func:`goal_check`'s dict (value, band, Monte-Carlo margin,
-    verdict met / NOT met / unresolved) for every default method in every scenario.
+    Attributes
+    ----------
+    settings : dict
+        The study's settings (the arguments of :func:`run_calibration`, normalised).
+    conditions : tuple of dict
+        One dict per (scenario, condition) with rates, binomial standard errors and coverages.
+    checks : dict
+        Goal name -> :func:`goal_check`'s dict (value, band, Monte-Carlo margin, verdict met /
+        NOT met / unresolved) for every default method in every scenario.
+    elapsed_s : float
+        Wall-clock seconds of the study.
+    simulations : dict
+        ``"scenario/condition"`` -> the per-simulation columns, with ``keep_simulations``; else
+        empty.
 
     Examples
     --------
@@ -404,11 +415,67 @@ def run_calibration(
     keep_simulations: bool = False,
     n_permutations: int | None = None,
 ) -> CalibrationResult:
-    """Run the calibration study (see the module docstring). Deterministic given ``seed``;
-    ``n_jobs > 1`` spreads simulations over processes with identical results. The goals are
-    judged at ``n_documents``; ``coverage_documents`` (e.g. ``(30, 200)``) adds the same study
-    at other sizes, reported beside them (``n_permutations``: the earlier name of
-    ``n_test_resamples``).
+    """Run the calibration study (see the module docstring). Deterministic given ``seed``.
+
+    Parameters
+    ----------
+    n_simulations : int, default 2000
+        Simulated studies per (scenario, condition), at least 1.
+    seed : int, default 0
+        Seed of the whole study.
+    scenarios : sequence of {"isotropic", "anisotropic", "clustered", "skewed", "hot"}
+        The scenarios run (default: all of :data:`SCENARIOS`).
+    planted_ratios : sequence of float, default (1.0, 1.5, 2.0)
+        The planted population ratios ``ρ``, each in ``(0, dim/rank)``; the ``random`` condition
+        is always run.
+    n_documents : int, default 60
+        Documents per simulated study; the goals are judged at this size.
+    coverage_documents : sequence of int, default ()
+        Other study sizes (e.g. ``(30, 200)``) run the same way and reported beside them.
+    sequences_per_document : float, default 4.0
+        Mean sequences per document in the document scenarios (``1 + Poisson(mean − 1)``).
+    dim : int, default 24
+        The dimension ``d`` of the gradients.
+    rank : int, default 3
+        The rank ``k`` of the proxy (``2 k <= d``, for the normal controls).
+    tokens_per_sequence : tuple of (int, int), default (4, 16)
+        The least and most tokens of a sequence (uniform).
+    within_correlation : float, default 0.3
+        ``ρ_s``, the energy share of a sequence's own rank-``topic_rank`` topic.
+    document_correlation : float, default 0.3
+        ``ρ_d``, the energy share of the document's shared topic (document scenarios only).
+    topic_rank : int, default 2
+        The rank ``m`` of the topic subspaces.
+    scale_sd : float, default 0.25
+        Log-scale SD of the per-sequence (and, in ``clustered`` and ``hot``, per-document)
+        gradient scale.
+    skewed_document_sd : float, default SKEWED_DOCUMENT_SD
+        Log-scale SD of the per-document gradient scale in the ``skewed`` scenario.
+    n_null : int, default 999
+        Haar draws of the exact Monte-Carlo test.
+    stop_after : int, default 10
+        Exceedances that stop the sequential exact test (:class:`SequentialMonteCarlo`).
+    n_bootstrap : int, default 1000
+        Bootstrap resamples of the confidence intervals.
+    n_test_resamples : int, default 999
+        Resamples of the data test and of the sign-flip test beside it.
+    alpha : float, default 0.05
+        The level of the rejection rates.
+    ci_level : float, default 0.95
+        The intervals' nominal coverage.
+    ci_method : {"studentized", "bca", "percentile"}, default "studentized"
+        The interval method (one of the energy analysis' ``CI_METHODS``).
+    n_jobs : int, default 1
+        Processes; ``n_jobs > 1`` spreads simulations over processes with identical results.
+    keep_simulations : bool, default False
+        Keep the per-simulation columns in :attr:`CalibrationResult.simulations`.
+    n_permutations : int, optional
+        The earlier name of ``n_test_resamples`` (overrides it when given).
+
+    Returns
+    -------
+    CalibrationResult
+        The settings, the per-condition rates and coverages, and the goal checks.
 
     Examples
     --------
@@ -614,7 +681,21 @@ def write_calibration_report(result: CalibrationResult, out_dir, family=None) ->
     (and ``family.csv`` with the many-unit multiplicity study ``family``, a
     :class:`anistat.stats.family_calibration.FamilyCalibration`, when given).
 
-    Returns ``{kind: path}``. The HTML is self-contained (figure as base64 PNG, escaped text).
+    The HTML is self-contained (figure as base64 PNG, escaped text).
+
+    Parameters
+    ----------
+    result : CalibrationResult
+        The study to write (:func:`run_calibration`).
+    out_dir : str or path-like
+        The directory written into (created if missing).
+    family : FamilyCalibration, optional
+        The many-unit multiplicity study, written as ``family.csv`` and shown in the report.
+
+    Returns
+    -------
+    dict of str to str
+        ``{kind: path}`` of every file written.
 
     Examples
     --------
