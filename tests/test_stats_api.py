@@ -198,6 +198,7 @@ NUMPYDOC_MODULES = (
     "anistat.stats.bootstrap",
     "anistat.stats.calibrate",
     "anistat.stats.effects",
+    "anistat.stats.energy",
     "anistat.stats.meta",
     "anistat.stats.montecarlo",
     "anistat.stats.multiplicity",

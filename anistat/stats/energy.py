@@ -121,10 +121,37 @@ REFERENCES = ("expected", "drawn")
 class MetricResult:
     """One metric of one analysis (one row of the tidy results table).
 
-    ``control_mean`` / ``control_sd``: the same metric evaluated on the draws of the row's
-    control kind (mean, sd with ddof=1; NaN for ``hedges_g``). ``p_value`` comes from the test
-    named by ``p_test``; ``p_value_paper`` is the paper's convention (see the module
-    docstring). ``effect_size`` is of kind ``effect_size_kind`` (``z`` or ``hedges_g``).
+    Attributes
+    ----------
+    metric : str
+        The metric's name, one of :data:`METRICS`.
+    estimate : float
+        The metric's value for the proxy.
+    control_mean : float
+        The same metric evaluated on the draws of the row's control kind (mean; NaN for
+        ``hedges_g``).
+    control_sd : float
+        Their sd (ddof=1; NaN for ``hedges_g``).
+    ci_low : float
+        Lower end of the metric's interval.
+    ci_high : float
+        Upper end of the metric's interval.
+    ci_method : str
+        The interval method actually used.
+    note : str
+        What the interval and test condition on, and any fallback.
+    p_value : float
+        The p-value of the test named by ``p_test``.
+    p_test : str
+        :data:`EXACT_TEST` or :data:`DATA_TEST`.
+    p_value_paper : float
+        The paper's convention (see the module docstring).
+    effect_size : float
+        The effect size, of kind ``effect_size_kind``.
+    effect_size_kind : str
+        ``"z"`` or ``"hedges_g"``.
+    se : float
+        The estimate's standard error (NaN where none).
 
     Examples
     --------
@@ -157,6 +184,39 @@ class MetricResult:
 @dataclass(frozen=True)
 class EnergyAnalysis:
     """Result of :func:`analyze_energy`. ``analysis["energy_ratio"]`` gives a metric.
+
+    Attributes
+    ----------
+    metrics : tuple of MetricResult
+        One row per metric of :data:`METRICS` computed.
+    p_value : float
+        The exact Haar Monte-Carlo test's p-value.
+    p_value_paper : float
+        The paper's convention's p-value.
+    data_test : StudentizedTest
+        The studentized bootstrap test of ratio 1.
+    n_null : int
+        The draws of the exact test.
+    n_controls : int
+        The drawn control fractions behind the control moments.
+    n_sequences : int
+        The number of sequences ``S``.
+    n_clusters : int
+        The number of resampling units (documents, else sequences).
+    rank : int
+        The proxy's rank ``k``.
+    dim : int
+        The dimension ``d``.
+    n_bootstrap : int
+        Bootstrap resamples of the intervals.
+    ci_level : float
+        Coverage of the intervals.
+    alternative : {"greater", "less", "two-sided"}
+        The tail tested.
+    seed : int
+        Seed of the resampling.
+    note : str
+        The exact test's note.
 
     Examples
     --------
@@ -224,6 +284,24 @@ def expected_control_energy(kind: str, proxy_energy, total_energy, rank: int, di
     uniform in the complement of U, ``E[QQᵀ] = k/(d − k) · (I − UUᵀ)``, so
     ``E Σ‖Qᵀg‖² = k/(d − k) · (Σ‖g‖² − Σ‖Uᵀg‖²)``.
 
+    Parameters
+    ----------
+    kind : {"haar", "normal"}
+        The control kind (the other kinds have no closed form: use the drawn controls' mean).
+    proxy_energy : array_like of shape (S,)
+        Per-sequence energy in the proxy ``Σ‖Uᵀg‖²``.
+    total_energy : array_like of shape (S,)
+        Per-sequence total energy ``Σ‖g‖²``.
+    rank : int
+        The rank ``k``.
+    dim : int
+        The dimension ``d``.
+
+    Returns
+    -------
+    ndarray of shape (S,)
+        The expected control energy per sequence.
+
     Examples
     --------
     >>> import numpy as np
@@ -256,6 +334,20 @@ def cluster_sums(columns: np.ndarray, group_ids) -> tuple[np.ndarray, int]:
     """Sum the rows of ``columns`` (S, m) per group (documents) → ((G, m), G); rows as they
     are when ``group_ids`` is None.
 
+    Parameters
+    ----------
+    columns : ndarray of shape (S, m)
+        Per-sequence values.
+    group_ids : array_like of shape (S,) or None
+        The group (document) of each sequence; None: no grouping.
+
+    Returns
+    -------
+    sums : ndarray of shape (G, m)
+        Per-group sums, groups in sorted label order (``columns`` itself without groups).
+    n_units : int
+        ``G``, the number of groups (``S`` without groups).
+
     Examples
     --------
     >>> import numpy as np
@@ -287,6 +379,15 @@ class ControlMoments:
     """Mean and sd of a control kind's energy fraction ``E(Q)`` over its draw, and their source
     (``"closed form"`` or ``"N draws"``): the ``control_mean`` / ``control_sd`` of the energy
     rows and the scale of ``z``.
+
+    Attributes
+    ----------
+    mean : float
+        Mean of ``E(Q)``.
+    sd : float
+        Its sd.
+    source : str
+        ``"closed form"`` or ``"N draws"`` (with a note where the sd is exactly 0).
 
     Examples
     --------
@@ -324,10 +425,32 @@ def control_energy_moments(
     (tr A)²/m)``. Haar: ``A = M``, ``m = d``. ``normal`` (uniform in the complement of the proxy
     ``U``): ``A`` is ``M`` compressed to that complement, ``m = d − k``, with ``tr A = tr M −
     tr(UᵀMU)`` and ``tr A² = ‖M‖_F² − 2‖MU‖_F² + ‖UᵀMU‖_F²`` — the proxy's three traces
-    (``proxy_trace``, ``proxy_cross_sq``, ``proxy_block_sq``,
-    :func:`anistat.geometry.removal_traces`). ``trace`` = ``tr M``, ``frobenius_sq`` = ``‖M‖_F²``.
-    At ``m = k`` (``normal`` with ``k = d/2``) the control is the whole complement: mean
-    ``tr A / tr M = 1 − E(U)`` and sd exactly 0.
+    (:func:`anistat.geometry.removal_traces`). At ``m = k`` (``normal`` with ``k = d/2``) the
+    control is the whole complement: mean ``tr A / tr M = 1 − E(U)`` and sd exactly 0.
+
+    Parameters
+    ----------
+    kind : {"haar", "normal"}
+        The control kind.
+    rank : int
+        The rank ``k``.
+    dim : int
+        The dimension ``d``.
+    trace : float
+        ``tr M``.
+    frobenius_sq : float
+        ``‖M‖_F²``.
+    proxy_trace : float, default 0.0
+        ``normal`` only: ``tr(UᵀMU)``.
+    proxy_cross_sq : float, default 0.0
+        ``normal`` only: ``‖MU‖_F²``.
+    proxy_block_sq : float, default 0.0
+        ``normal`` only: ``‖UᵀMU‖_F²``.
+
+    Returns
+    -------
+    ControlMoments
+        The mean and sd, ``"closed form"``; NaN when ``tr M <= 0`` or ``m < k``.
 
     Examples
     --------
@@ -365,6 +488,15 @@ def control_energy_moments(
 class ExactTestResult:
     """The exact test of the energy fraction, computed elsewhere (e.g. from draws shared by many
     units, :mod:`anistat.analyze.nulls`): its p-value, the draws it used and a note.
+
+    Attributes
+    ----------
+    p_value : float
+        The exact test's p-value.
+    n_draws : int
+        The Haar draws it used.
+    note : str
+        Empty, or a note carried into :attr:`EnergyAnalysis.note`.
 
     Examples
     --------
@@ -424,32 +556,64 @@ def analyze_energy(
 
     Parameters
     ----------
-    proxy_energy, total_energy, reference_energy
-        ``(S,)`` per-sequence energies (finite, non-negative), ``S >= 2``;
-        ``reference_energy`` from :func:`expected_control_energy` or the drawn controls' mean.
-    exact, null_fractions
-        The exact test: its result (``exact``), or ``(n,)`` energy fractions of Haar draws on
-        the whole split from which the fixed-``n`` Monte-Carlo p-value is computed.
-    control_moments, control_fractions
-        The row's control distribution (``control_mean``, ``control_sd``, ``z``): exact moments
-        (:func:`control_energy_moments`), or the moments of ``(n_c,)`` drawn fractions
-        (default: ``null_fractions``).
-    paper_fractions, n_paper_controls
-        ``p_value_paper`` is the Monte-Carlo p against the first ``n_paper_controls`` of
-        ``paper_fractions`` (default: ``control_fractions``).
-    observed_fraction
+    proxy_energy : array_like of shape (S,)
+        Per-sequence energy in the proxy (finite, non-negative), ``S >= 2``.
+    total_energy : array_like of shape (S,)
+        Per-sequence total energy (finite, non-negative).
+    reference_energy : array_like of shape (S,)
+        Per-sequence control energy the ratio divides by: from :func:`expected_control_energy`
+        or the drawn controls' mean (finite, non-negative).
+    rank : int
+        The proxy's rank ``k``.
+    dim : int
+        The dimension ``d``.
+    null_fractions : array_like of shape (n,), optional
+        Energy fractions of Haar draws on the whole split, from which the fixed-``n``
+        Monte-Carlo p-value is computed (needed without ``exact``).
+    exact : ExactTestResult, optional
+        The exact test's result, computed elsewhere (instead of ``null_fractions``).
+    control_fractions : array_like of shape (n_c,), optional
+        Drawn control fractions whose moments give the row's control distribution
+        (``control_mean``, ``control_sd``, ``z``); default: ``null_fractions``.
+    control_moments : ControlMoments, optional
+        Exact moments (:func:`control_energy_moments`), used instead of ``control_fractions``.
+    paper_fractions : array_like, optional
+        ``p_value_paper`` is the Monte-Carlo p against the first ``n_paper_controls`` of these
+        (default: ``control_fractions``).
+    observed_fraction : float, optional
         ``E(U)`` evaluated like the draws (``tr(UᵀMU)/tr M``); defaults to ``Σp/Σt``.
-    group_ids
-        ``(S,)`` document ids: the resampling unit is then the document.
-    reference, control_kind
-        Labels for the notes: ``"expected"`` (closed form) or ``"drawn"``, and the kind.
-    n_test_resamples
+    n_paper_controls : int, optional
+        How many of ``paper_fractions`` the paper's p-value uses.
+    group_ids : array_like of shape (S,), optional
+        Document ids: the resampling unit is then the document.
+    oracle_fraction : float, optional
+        ``E*_k`` for the anisotropy capture row.
+    reference : {"expected", "drawn"}, default "expected"
+        Label for the notes: what ``reference_energy`` is (closed form or drawn controls).
+    control_kind : str, default "haar"
+        Label for the notes: the control kind.
+    n_bootstrap : int, default 2000
+        Bootstrap resamples of the intervals.
+    ci_level : float, default 0.95
+        Coverage of the intervals.
+    ci_method : {"bca", "percentile", "studentized"}, default "studentized"
+        The ratio estimands' interval method (:data:`CI_METHODS`).
+    n_test_resamples : int, optional
         Resamples for the data test (and, with ``n_bootstrap``, the CIs: both use the same
         ``max(n_bootstrap, n_test_resamples)`` resamples, so they agree).
-    min_resampling_units
+    alternative : {"greater", "less", "two-sided"}, default "greater"
+        The tail of every test.
+    seed : int, default 0
+        Seed of the resampling.
+    min_resampling_units : int, default MIN_RESAMPLING_UNITS
         Below this many resampling units the intervals, their SEs and the data test are NaN with
-        the reason in the note (default :data:`MIN_RESAMPLING_UNITS`; the calibration study
-        passes 2 to measure the intervals themselves at every study size).
+        the reason in the note (the calibration study passes 2 to measure the intervals
+        themselves at every study size).
+
+    Returns
+    -------
+    EnergyAnalysis
+        The tests and one :class:`MetricResult` per metric.
 
     See the module docstring for what every interval and test conditions on.
 
@@ -907,6 +1071,25 @@ def _capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction
 class ControlComparison:
     """Result of :func:`analyze_metric_vs_controls`.
 
+    Attributes
+    ----------
+    observed : float
+        The proxy's value.
+    control_mean : float
+        Mean of the finite control values.
+    control_sd : float
+        Their sd (ddof=1).
+    z : float
+        ``(observed − mean) / sd`` (NaN for a zero sd).
+    p_value : float
+        Monte-Carlo p against the null values (or the control values).
+    n_controls : int
+        The values behind ``p_value``.
+    alternative : {"greater", "less", "two-sided"}
+        The tail tested.
+    p_value_paper : float
+        Monte-Carlo p against the first ``n_paper_controls`` control values (NaN: none asked).
+
     Examples
     --------
     >>> import numpy as np
@@ -936,10 +1119,25 @@ def analyze_metric_vs_controls(
 ) -> ControlComparison:
     """Compare a one-value-per-basis metric (e.g. ΔIsoScore*) with random subspaces.
 
-    ``p_value``: Monte-Carlo p against ``null_values`` (Haar draws: exact under a random
-    proxy), or against ``control_values`` when no null is given. ``p_value_paper``: against the
-    first ``n_paper_controls`` control values. Control mean, sd (ddof=1, NaN dropped) and
-    ``z = (observed − mean) / sd`` describe ``control_values``.
+    Parameters
+    ----------
+    observed : float
+        The metric for the proxy.
+    control_values : array_like of shape (n,)
+        The metric for the controls; their mean, sd (ddof=1, NaN dropped) and
+        ``z = (observed − mean) / sd`` describe them.
+    alternative : {"greater", "less", "two-sided"}, default "greater"
+        The tail tested (:func:`monte_carlo_pvalue`).
+    null_values : array_like of shape (n_null,), optional
+        Haar draws: ``p_value`` against them is exact under a random proxy; default: the
+        control values.
+    n_paper_controls : int, optional
+        ``p_value_paper`` is against the first ``n_paper_controls`` control values.
+
+    Returns
+    -------
+    ControlComparison
+        The control moments, ``z`` and both p-values.
 
     Examples
     --------
