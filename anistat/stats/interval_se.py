@@ -37,9 +37,26 @@ def interval_implied_se(
 ) -> float:
     """The interval-implied SE of ``estimate`` on its own scale (module docstring).
 
-    ``log_scale``: the interval was built on ``ln θ`` (the studentized ratio intervals), so the
-    SE is ``θ̂ (ln hi − ln lo) / (2 z)``; else ``(hi − lo) / (2 z)``. ``fallback`` (e.g. the
-    replicates' SD) is returned when the interval cannot give an SE.
+    Parameters
+    ----------
+    estimate : float
+        The row's estimate ``θ̂``.
+    ci_low : float
+        Lower end of its interval.
+    ci_high : float
+        Upper end of its interval.
+    ci_level : float
+        The run's nominal coverage; ``z = Φ⁻¹((1 + ci_level)/2)``.
+    log_scale : bool
+        The interval was built on ``ln θ`` (the studentized ratio intervals), so the SE is
+        ``θ̂ (ln hi − ln lo) / (2 z)``; else ``(hi − lo) / (2 z)``.
+    fallback : float, default nan
+        Returned when the interval cannot give an SE (e.g. the replicates' SD).
+
+    Returns
+    -------
+    float
+        The interval-implied SE, or ``fallback``.
     """
     z = float(ndtri(0.5 + check_ci_level(ci_level) / 2.0))
     theta, low, high = float(estimate), float(ci_low), float(ci_high)
@@ -54,5 +71,16 @@ def interval_implied_se(
 
 def interval_log_scale(method: str) -> bool:
     """Whether an energy interval of this ``method`` was built on the log scale: the
-    studentized ratio intervals are (``anistat.stats.energy``), BCa and percentile are not."""
+    studentized ratio intervals are (``anistat.stats.energy``), BCa and percentile are not.
+
+    Parameters
+    ----------
+    method : str
+        The interval method actually used (:attr:`BootstrapResult.method`).
+
+    Returns
+    -------
+    bool
+        ``method == "studentized"``.
+    """
     return method == "studentized"
