@@ -58,7 +58,24 @@ FAMILY_METHODS = ("none", "holm", "fdr_bh", "bonferroni")
 def clopper_pearson(exceedances: ArrayLike, draws: ArrayLike, error: float) -> tuple[np.ndarray, np.ndarray]:
     """Two-sided Clopper–Pearson interval for a binomial proportion at total error ``error``:
     ``low = B⁻¹(error/2; X, n − X + 1)`` (0 when ``X = 0``), ``high = B⁻¹(1 − error/2; X + 1, n − X)``
-    (1 when ``X = n``)."""
+    (1 when ``X = n``).
+
+    Parameters
+    ----------
+    exceedances : array_like
+        ``X``, the exceedance counts.
+    draws : array_like
+        ``n``, the draws behind each count (broadcast against ``exceedances``).
+    error : float
+        The total error ``γ`` of the two-sided interval.
+
+    Returns
+    -------
+    low : ndarray
+        The lower ends.
+    high : ndarray
+        The upper ends.
+    """
     x = np.asarray(exceedances, dtype=np.float64)
     n = np.asarray(draws, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -69,7 +86,20 @@ def clopper_pearson(exceedances: ArrayLike, draws: ArrayLike, error: float) -> t
 
 def look_schedule(n_max: int, first_look: int = 16) -> np.ndarray:
     """Draw counts at which decisions are looked at: ``first_look · 2^j`` below ``n_max``, then
-    ``n_max``."""
+    ``n_max``.
+
+    Parameters
+    ----------
+    n_max : int
+        The last look, at least 1.
+    first_look : int, default 16
+        The first look ``n_1``, at least 1.
+
+    Returns
+    -------
+    ndarray of int64, shape (J,)
+        The draw counts of the ``J`` looks, increasing, the last ``n_max``.
+    """
     if n_max < 1 or first_look < 1:
         raise ValueError(f"n_max and first_look must be >= 1, got {n_max} and {first_look}")
     looks = []
@@ -83,7 +113,22 @@ def look_schedule(n_max: int, first_look: int = 16) -> np.ndarray:
 
 def family_rejections(p: ArrayLike, alpha: float, method: str) -> np.ndarray:
     """The rejection set of ``method`` at level ``alpha`` (``adjusted p < alpha``; ``none``:
-    ``p < alpha``) — monotone in ``p``."""
+    ``p < alpha``) — monotone in ``p``.
+
+    Parameters
+    ----------
+    p : array_like
+        The family's p-values (clipped to ``[0, 1]`` before adjusting).
+    alpha : float
+        The level.
+    method : {"none", "holm", "fdr_bh", "bonferroni"}
+        The procedure (:func:`anistat.stats.adjust_pvalues`; ``none``: uncorrected).
+
+    Returns
+    -------
+    ndarray of bool
+        Whether each test is rejected, of ``p``'s shape.
+    """
     p = np.asarray(p, dtype=np.float64)
     if method == "none":
         return p < alpha
@@ -94,7 +139,25 @@ def family_decisions(p_low: ArrayLike, p_high: ArrayLike, alpha: float, method: 
     """Decisions of a family whose ideal p-values lie in ``[p_low, p_high]`` (equal ends for a
     p-value known exactly): ``rejected`` where ``method`` rejects even the upper ends,
     ``not rejected`` where it rejects not even the lower ends, else ``undecided`` — right
-    whenever every interval covers its ideal p-value (the procedures are monotone)."""
+    whenever every interval covers its ideal p-value (the procedures are monotone).
+
+    Parameters
+    ----------
+    p_low : array_like
+        Lower ends of the ideal p-values' intervals.
+    p_high : array_like
+        Upper ends, of ``p_low``'s shape.
+    alpha : float
+        The level.
+    method : {"none", "holm", "fdr_bh", "bonferroni"}
+        The procedure the family is decided under.
+
+    Returns
+    -------
+    ndarray of object
+        ``"rejected"``, ``"not rejected"`` or ``"undecided"`` per test (``undecided`` for a NaN
+        lower end).
+    """
     low, high = np.asarray(p_low, dtype=np.float64), np.asarray(p_high, dtype=np.float64)
     sure = family_rejections(high, alpha, method)
     possible = family_rejections(low, alpha, method)
@@ -122,6 +185,29 @@ class RiskBoundedMonteCarlo:
     ``≥`` the observed value, ``less`` draws ``≤`` it (``two-sided`` is not supported: its ideal
     p-value is not a binomial proportion). A NaN observed value is never active (status
     ``undecided``, interval NaN).
+
+    Parameters
+    ----------
+    observed : array_like of shape (m,)
+        The observed values of the ``m`` tests.
+    alpha : float
+        The level, in ``(0, 1)``.
+    epsilon : float
+        ``ε``, the resampling risk bound, in ``(0, 1)``.
+    n_max : int
+        The most draws any test uses.
+    method : {"none", "holm", "fdr_bh", "bonferroni"}, default "none"
+        The procedure the family is decided under (``none``: each test on its own).
+    alternative : {"greater", "less"}, default "greater"
+        ``greater`` counts draws ``≥`` the observed value, ``less`` draws ``≤`` it.
+    first_look : int, default 16
+        The first look ``n_1`` (:func:`look_schedule`).
+    n_split : int, optional
+        Every test gets ``epsilon / n_split`` (at least the family's size); default: the number
+        of finite observed values under a multiplicity method, 1 under ``none``.
+    stop_below : float, optional
+        Under ``none``, a test stops as rejected only below this (e.g. ``alpha / m``); default
+        ``alpha``.
     """
 
     def __init__(
@@ -246,7 +332,31 @@ def risk_bounded_decisions(
     alternative: str = "greater",
     first_look: int = 16,
 ) -> RiskBoundedMonteCarlo:
-    """:class:`RiskBoundedMonteCarlo` on a whole ``(m, n)`` array of null draws (``n`` the cap)."""
+    """:class:`RiskBoundedMonteCarlo` on a whole ``(m, n)`` array of null draws (``n`` the cap).
+
+    Parameters
+    ----------
+    observed : array_like of shape (m,)
+        The observed values.
+    null : array_like of shape (m, n)
+        The null draws in draw order along axis 1.
+    alpha : float
+        The level.
+    epsilon : float
+        ``ε``, the resampling risk bound.
+    method : {"none", "holm", "fdr_bh", "bonferroni"}, default "none"
+        The procedure the family is decided under.
+    alternative : {"greater", "less"}, default "greater"
+        The tail tested.
+    first_look : int, default 16
+        The first look ``n_1``.
+
+    Returns
+    -------
+    RiskBoundedMonteCarlo
+        The engine after all draws: read :meth:`~RiskBoundedMonteCarlo.decisions`, ``p_low`` /
+        ``p_high`` and ``draws_used``.
+    """
     nul = np.asarray(null, dtype=np.float64)
     engine = RiskBoundedMonteCarlo(observed, alpha, epsilon, nul.shape[1], method, alternative, first_look)
     engine.update(nul)
