@@ -40,6 +40,25 @@ warnings.filterwarnings("ignore", category=DegenerateStatisticWarning)
 def check_choice(name: str, value: object, allowed: Collection[str]) -> str:
     """``value`` if it is one of ``allowed``, else ``ValueError`` naming ``name`` and the choices.
 
+    Parameters
+    ----------
+    name : str
+        The parameter's name, as the message shows it.
+    value : object
+        The value given; only a ``str`` among ``allowed`` passes.
+    allowed : collection of str
+        The choices, in the order the message lists them.
+
+    Returns
+    -------
+    str
+        ``value``.
+
+    Raises
+    ------
+    ValueError
+        ``"<name> must be one of '<a>', '<b>'; got <value!r>"``.
+
     Examples
     --------
     >>> check_choice("alternative", "less", ALTERNATIVES)
