@@ -33,7 +33,19 @@ from .multiplicity import adjust_pvalues
 @dataclass(frozen=True)
 class FamilyCalibration:
     """Result of :func:`run_family_calibration`: one dict per (draws, stopping) condition with
-    ``fwer_holm``, ``fdr_bh``, their standard errors and the mean number of discoveries."""
+    ``fwer_holm``, ``fdr_bh``, their standard errors and the mean number of discoveries.
+
+    Attributes
+    ----------
+    settings : dict
+        The study's settings (the arguments of :func:`run_family_calibration`, with ``n_effects``).
+    rows : tuple of dict
+        One dict per (draws, design, stopping) condition: ``condition``, ``stop_after``,
+        ``n_simulations``, ``fwer_holm``, ``fwer_holm_se``, ``fdr_bh``, ``fdr_bh_se``,
+        ``mean_discoveries_bh``.
+    elapsed_s : float
+        Wall-clock seconds of the study.
+    """
 
     settings: dict
     rows: tuple
@@ -95,7 +107,38 @@ def run_family_calibration(
 ) -> FamilyCalibration:
     """Holm's family-wise error (all units null) and BH's false discovery rate (a share of planted
     units) with draws shared by the study's units, against independent draws per unit; with and
-    without sequential stopping. Deterministic given ``seed``."""
+    without sequential stopping. Deterministic given ``seed``.
+
+    Parameters
+    ----------
+    n_simulations : int, default 2000
+        Simulated studies.
+    seed : int, default 0
+        Seed of the whole study.
+    n_units : int, default 48
+        Units (tests) per study, the family's size.
+    dim : int, default 24
+        The dimension ``d`` of the gradients.
+    rank : int, default 3
+        The proxies' rank ``k``.
+    n_tokens : int, default 400
+        Sampled gradients per unit.
+    effect_share : float, default 0.25
+        Share of units with a planted proxy in the "with effects" design, in ``[0, 1)``.
+    planted_ratio : float, default 2.5
+        The planted units' population energy ratio to the Haar expectation ``k/d``.
+    n_null : int, default 1999
+        Haar draws per exact test.
+    stop_after : int, default 10
+        Exceedances that stop the sequential test (each condition also runs with all draws).
+    alpha : float, default 0.05
+        The level of Holm and BH.
+
+    Returns
+    -------
+    FamilyCalibration
+        The family-wise error and false discovery rates per condition.
+    """
     if not 0 <= effect_share < 1:
         raise ValueError(f"effect_share must be in [0, 1), got {effect_share}")
     started = time.perf_counter()
