@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_callback import _batches, _tiny_gpt2, _Tokens  # the same tiny model and batches
 
 from anistat.callbacks import AnistatCallback, TrainingMeter
 from anistat.live import LiveMetrics, logger_publisher, scalar_name, top_eigenvalues
@@ -22,42 +23,6 @@ SETTINGS = {
 }
 SITES = ("residual.0", "mlp.0")
 METRICS = ("energy_fraction", "energy_over_k_d", "oracle_fraction", "energy_over_oracle")
-
-
-def _tiny_gpt2(seed: int = 0):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=48,
-        n_positions=16,
-        n_embd=16,
-        n_layer=2,
-        n_head=2,
-        n_inner=32,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    return GPT2LMHeadModel(config)
-
-
-def _batches(n: int, batch: int = 4, length: int = 12):
-    generator = torch.Generator().manual_seed(1)
-    return [torch.randint(0, 48, (batch, length), generator=generator) for _ in range(n)]
-
-
-class _Tokens(torch.utils.data.Dataset):
-    def __init__(self):
-        self.rows = torch.cat(_batches(6))
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, index):
-        return {"input_ids": self.rows[index], "labels": self.rows[index]}
 
 
 def _event_scalars(folder: Path) -> dict[str, dict[int, float]]:
