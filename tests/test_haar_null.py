@@ -116,7 +116,16 @@ def _units(d, ranks, n_units, seed, shift):
             delta = _delta(c, k, *_stream_values(c, k, 40, seed=998)[1:])
             energy_obs[("pca", k)] = float(np.quantile(e, rng.uniform(0, 1))) * (1 + shift[u % len(shift)])
             delta_obs[("pca", k)] = float(np.quantile(delta, rng.uniform(0, 1))) + shift[u % len(shift)]
-        units.append(UnitSpectrum(f"u{u}", d, m, energy_obs, c, delta_obs))
+        units.append(
+            UnitSpectrum(
+                unit_id=f"u{u}",
+                dim=d,
+                energy_eigenvalues=m,
+                energy_observed=energy_obs,
+                covariance_eigenvalues=c,
+                delta_observed=delta_obs,
+            )
+        )
     return units
 
 
@@ -161,8 +170,22 @@ def test_significant_units_are_decided_by_bounds_and_stop_is_cheap_for_large_p()
     m, c = _spectrum(d, 1, power=2.0), _spectrum(d, 2, power=2.0)
     top = {("pca", 4): float(m[:4].sum() / m.sum())}  # the oracle: beyond every draw
     delta_top = {("pca", 4): float(_delta(c, 4, c[:4].sum(), (c[:4] ** 2).sum(), (c[:4] ** 2).sum()))}
-    far = UnitSpectrum("far", d, m, top, c, delta_top)
-    bulk = UnitSpectrum("bulk", d, m, {("pca", 4): 4 / d * 0.98}, c, {("pca", 4): -1.0})
+    far = UnitSpectrum(
+        unit_id="far",
+        dim=d,
+        energy_eigenvalues=m,
+        energy_observed=top,
+        covariance_eigenvalues=c,
+        delta_observed=delta_top,
+    )
+    bulk = UnitSpectrum(
+        unit_id="bulk",
+        dim=d,
+        energy_eigenvalues=m,
+        energy_observed={("pca", 4): 4 / d * 0.98},
+        covariance_eigenvalues=c,
+        delta_observed={("pca", 4): -1.0},
+    )
     result = exact_tests(
         [far, bulk], NullOptions(n_max=999, stop_after=10, alternative="greater", c0=C0, zeta=ZETA), lambda dim: 3
     )

@@ -96,7 +96,7 @@ def frequency_buckets(counts: Any, n_buckets: int, *, by: Literal["types", "toke
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CentroidDistances:
     """Per token type (sorted by id): ``token_types`` (T,), ``n_occurrences`` (T,),
     ``mean_distance`` (T,) = mean over the type's occurrences of ‖a_i − c_t‖₂ with
@@ -149,7 +149,7 @@ def centroid_distances(activations: Any, token_ids: Any, *, min_occurrences: int
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TypeMeanGeometry:
     """Per token type (arrays of the vocabulary's length, NaN where a type has fewer than two
     occurrences): ``rms_spread``, ``mean_distance``, ``mean_norm`` (see
@@ -226,7 +226,7 @@ def type_mean_geometry(count: Any, vector_sum: Any, square_sum: Any, global_mean
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FrequencyCorrelation:
     """Correlation of ``log(count)`` with distance over ``n_types`` types."""
 
@@ -261,16 +261,22 @@ def log_frequency_correlation(counts: Any, distances: Any) -> FrequencyCorrelati
     n = int(ok.sum())
     if n < 3 or np.ptp(lc) == 0 or np.ptp(x) == 0:
         nan = float("nan")
-        return FrequencyCorrelation(nan, nan, nan, nan, n)
+        return FrequencyCorrelation(spearman_rho=nan, spearman_p=nan, pearson_r=nan, pearson_p=nan, n_types=n)
     sr = stats.spearmanr(lc, x)
     pr = stats.pearsonr(lc, x)
-    return FrequencyCorrelation(float(sr.statistic), float(sr.pvalue), float(pr.statistic), float(pr.pvalue), n)
+    return FrequencyCorrelation(
+        spearman_rho=float(sr.statistic),
+        spearman_p=float(sr.pvalue),
+        pearson_r=float(pr.statistic),
+        pearson_p=float(pr.pvalue),
+        n_types=n,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # resampling the centroid distance over sequences
 # ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SequenceTypeSums:
     """Activation sums per (sequence, token type) *pair*, one row per pair that occurs.
 

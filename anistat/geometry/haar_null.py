@@ -48,7 +48,7 @@ __all__ = ["CHUNK", "HaarChunk", "HaarDiagonalStream"]
 CHUNK = 128
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HaarChunk:
     """One chunk of draws: ``rows`` ``(c, K, d)`` orthonormal rows (rank ``k`` = the first ``k``
     rows) and ``diagonals[k]`` ``(c, d)`` = ``diag(P_k)`` of every draw, in the stream's dtype;
@@ -98,7 +98,7 @@ class HaarDiagonalStream:
         the first ``size`` of the full chunk)."""
         gaussians = self.gaussians(index)[:size]
         rows, diagonals = _orthonormal_rows(gaussians.to(device=self.device, dtype=self.dtype), self.ranks)
-        return HaarChunk(int(index), rows, diagonals, gaussians)
+        return HaarChunk(index=int(index), rows=rows, diagonals=diagonals, gaussians=gaussians)
 
     def rows(self, chunk: HaarChunk | int, draws) -> torch.Tensor:
         """Float64 orthonormal rows ``(len(draws), K, d)`` of the given draws of a chunk (or of

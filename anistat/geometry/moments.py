@@ -24,7 +24,7 @@ from ._util import as_float64, as_tensor
 __all__ = ["GradientMoments"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GradientMoments:
     """Streaming sufficient statistics of a point cloud (usually per-token gradients).
 

@@ -38,7 +38,7 @@ from .moments import GradientMoments
 __all__ = ["NullCheck", "haar_energy_moments", "haar_null_check", "haar_token_fraction_law"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NullCheck:
     """Observed control fractions vs the Haar closed form.
 
@@ -175,7 +175,18 @@ def haar_null_check(
         msg = "isotropic second moment: every fraction must equal k/m" + (
             "" if ok else f"; observed spread {obs_sd:.3g}"
         )
-        return NullCheck(mu, sd, obs_mean, obs_sd, z, ratio, ok, msg, n, band)
+        return NullCheck(
+            expected_mean=mu,
+            expected_sd=sd,
+            observed_mean=obs_mean,
+            observed_sd=obs_sd,
+            z_mean=z,
+            sd_ratio=ratio,
+            ok=ok,
+            message=msg,
+            n_controls=n,
+            sd_band=band,
+        )
     z = (obs_mean - mu) / (sd / math.sqrt(n))
     ratio = obs_sd / sd if n > 1 else float("nan")
     mean_ok = abs(z) < z_tol
@@ -193,4 +204,15 @@ def haar_null_check(
         parts.append(f"sd ratio {ratio:.3f} in [{band[0]:.3f}, {band[1]:.3f}]: {'ok' if sd_ok else 'FAIL'}")
     else:
         parts.append("sd not checked (fewer than 3 controls)")
-    return NullCheck(mu, sd, obs_mean, obs_sd, float(z), float(ratio), ok, "; ".join(parts), n, band)
+    return NullCheck(
+        expected_mean=mu,
+        expected_sd=sd,
+        observed_mean=obs_mean,
+        observed_sd=obs_sd,
+        z_mean=float(z),
+        sd_ratio=float(ratio),
+        ok=ok,
+        message="; ".join(parts),
+        n_controls=n,
+        sd_band=band,
+    )

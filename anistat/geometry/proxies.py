@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class Proxy:
     """A fitted rank-k proxy.
 

@@ -54,7 +54,7 @@ __all__ = [
 _CHUNK = 512
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SubspaceTraces:
     """``tr(QᵀSQ)``, ``‖SQ‖_F²`` and ``‖QᵀSQ‖_F²`` of ``n`` subspaces (each ``(n,)`` float64)."""
 
@@ -188,7 +188,7 @@ def random_subspace_traces(frames, ranks, n: int, seed: int, *, exclude=None) ->
     return [
         {
             k: SubspaceTraces(
-                *(np.concatenate([getattr(p, f) for p in chunks]) for f in ("trace", "trace_squared", "frobenius"))
+                **{f: np.concatenate([getattr(p, f) for p in chunks]) for f in ("trace", "trace_squared", "frobenius")}
             )
             for k, chunks in frame_parts.items()
         }
@@ -255,9 +255,9 @@ def subspace_traces(matrix, q: torch.Tensor) -> SubspaceTraces:
     sq = (torch.as_tensor(matrix).to(q.dtype) @ flat).reshape(d, n, k).permute(1, 0, 2)  # S Q per draw
     qsq = q.transpose(1, 2) @ sq
     return SubspaceTraces(
-        torch.diagonal(qsq, dim1=1, dim2=2).sum(-1).double().numpy(),
-        sq.square().sum(dim=(1, 2)).double().numpy(),
-        qsq.square().sum(dim=(1, 2)).double().numpy(),
+        trace=torch.diagonal(qsq, dim1=1, dim2=2).sum(-1).double().numpy(),
+        trace_squared=sq.square().sum(dim=(1, 2)).double().numpy(),
+        frobenius=qsq.square().sum(dim=(1, 2)).double().numpy(),
     )
 
 
@@ -326,7 +326,7 @@ def _block_traces(projected: torch.Tensor, projected_squared: torch.Tensor) -> S
     """From ``QᵀSQ`` and ``QᵀS²Q`` (``(n, k, k)``): ``tr(QᵀSQ)``, ``‖SQ‖_F² = tr(QᵀS²Q)``,
     ``‖QᵀSQ‖_F²``."""
     return SubspaceTraces(
-        torch.diagonal(projected, dim1=1, dim2=2).sum(-1).numpy(),
-        torch.diagonal(projected_squared, dim1=1, dim2=2).sum(-1).numpy(),
-        projected.square().sum(dim=(1, 2)).numpy(),
+        trace=torch.diagonal(projected, dim1=1, dim2=2).sum(-1).numpy(),
+        trace_squared=torch.diagonal(projected_squared, dim1=1, dim2=2).sum(-1).numpy(),
+        frobenius=projected.square().sum(dim=(1, 2)).numpy(),
     )

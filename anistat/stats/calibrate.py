@@ -87,7 +87,7 @@ SKEWED_DOCUMENT_SD = 0.75
 RANDOM_PROXY = "random"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CalibrationResult:
     """Summary of :func:`run_calibration`.
 

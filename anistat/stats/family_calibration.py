@@ -30,7 +30,7 @@ from .montecarlo import SequentialMonteCarlo
 from .multiplicity import adjust_pvalues
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FamilyCalibration:
     """Result of :func:`run_family_calibration`: one dict per (draws, stopping) condition with
     ``fwer_holm``, ``fdr_bh``, their standard errors and the mean number of discoveries.
@@ -193,4 +193,4 @@ def run_family_calibration(
         stop_after=stop_after,
         alpha=alpha,
     )
-    return FamilyCalibration(settings, tuple(rows), time.perf_counter() - started)
+    return FamilyCalibration(settings=settings, rows=tuple(rows), elapsed_s=time.perf_counter() - started)

@@ -71,7 +71,7 @@ META_INTERVALS = ("wald", "hksj")
 SMALL_SAMPLE_CORRECTIONS = ("CR2", "CR0")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MetaResult:
     """Random-effects pooled estimate of ``k`` estimates (:func:`random_effects_meta`): the
     estimate, its SE and interval, the between-study variance ``tau2``, ``I²``, Cochran's ``Q``
@@ -133,7 +133,7 @@ class MetaResult:
     safeguard_applied: bool = False  # HKSJ: s < 1 was raised to 1 (the Wald SE, with t_{k−1})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RobustMetaResult:
     """Robust-variance (cluster sandwich) pooled estimate; ``k`` rows in ``m`` clusters."""
 
@@ -149,7 +149,7 @@ class RobustMetaResult:
     small_sample: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrendResult:
     """Weighted linear trend of estimates over training steps (:func:`trend_test`): the slope,
     its SE, interval and p-value, and the mean of the early and late steps.
@@ -294,25 +294,8 @@ def random_effects_meta(
     check_choice("interval", interval, META_INTERVALS)
     _, y, v = _clean(estimates, variances)
     k = y.size
-    if k == 0:
-        return MetaResult(*(np.nan,) * 8, 0, method, interval, np.nan)
-    if k == 1:  # nothing to pool: the row's own normal interval
-        se = float(np.sqrt(v[0]))
-        zc = sps.norm.ppf(0.5 + ci_level / 2)
-        return MetaResult(
-            float(y[0]),
-            se,
-            y[0] - zc * se,
-            y[0] + zc * se,
-            0.0,
-            0.0,
-            0.0,
-            float(2 * sps.norm.sf(abs(y[0]) / se)),
-            1,
-            method,
-            "wald",
-            np.inf,
-        )
+    if k <= 1:  # nothing to pool
+        return _unpooled_meta(y, v, method, interval, ci_level)
     if method == "reml":
         tau2 = reml_tau2(y, v)
         w_fixed = 1.0 / v
@@ -338,20 +321,58 @@ def random_effects_meta(
         crit = sps.norm.ppf(0.5 + ci_level / 2)
         p = float(2 * sps.norm.sf(abs(est) / se))
     return MetaResult(
-        est,
-        se,
-        est - crit * se,
-        est + crit * se,
-        tau2,
-        float(i2),
-        q,
-        p,
-        int(k),
-        method,
-        interval,
-        df,
-        scale,
-        bool(raised),
+        estimate=est,
+        se=se,
+        ci_low=est - crit * se,
+        ci_high=est + crit * se,
+        tau2=tau2,
+        i2=float(i2),
+        q=q,
+        p_value=p,
+        k=int(k),
+        method=method,
+        interval=interval,
+        df=df,
+        hksj_scale=scale,
+        safeguard_applied=bool(raised),
+    )
+
+
+def _unpooled_meta(y: np.ndarray, v: np.ndarray, method: str, interval: str, ci_level: float) -> MetaResult:
+    """:func:`random_effects_meta` of fewer than 2 rows: all NaN for none; for one, the row's own
+    normal (Wald) interval."""
+    if y.size == 0:
+        nan = np.nan
+        return MetaResult(
+            estimate=nan,
+            se=nan,
+            ci_low=nan,
+            ci_high=nan,
+            tau2=nan,
+            i2=nan,
+            q=nan,
+            p_value=nan,
+            k=0,
+            method=method,
+            interval=interval,
+            df=nan,
+        )
+    # one row: its own normal interval
+    se = float(np.sqrt(v[0]))
+    zc = sps.norm.ppf(0.5 + ci_level / 2)
+    return MetaResult(
+        estimate=float(y[0]),
+        se=se,
+        ci_low=y[0] - zc * se,
+        ci_high=y[0] + zc * se,
+        tau2=0.0,
+        i2=0.0,
+        q=0.0,
+        p_value=float(2 * sps.norm.sf(abs(y[0]) / se)),
+        k=1,
+        method=method,
+        interval="wald",
+        df=np.inf,
     )
 
 
@@ -412,7 +433,16 @@ def robust_meta(
     crit = sps.t.ppf(0.5 + ci_level / 2, df)
     p = float(2 * sps.t.sf(abs(estimate) / se, df)) if se > 0 else (0.0 if estimate != 0 else 1.0)
     return RobustMetaResult(
-        estimate, se, estimate - crit * se, estimate + crit * se, p, float(tau2), int(y.size), m, df, small_sample
+        estimate=estimate,
+        se=se,
+        ci_low=estimate - crit * se,
+        ci_high=estimate + crit * se,
+        p_value=p,
+        tau2=float(tau2),
+        k=int(y.size),
+        m=m,
+        df=df,
+        small_sample=small_sample,
     )
 
 
@@ -484,17 +514,17 @@ def trend_test(steps, estimates, variances=None, ci_level: float = 0.95, early_f
         dse = float(np.sqrt(1 / we.sum() + 1 / wl.sum()))
         dp = float(2 * sps.norm.sf(abs(lm - em) / dse))
     return TrendResult(
-        slope,
-        se,
-        float(lo),
-        float(hi),
-        float(fit.pvalues[1]),
-        float(fit.params[0]),
-        int(n),
-        em,
-        lm,
-        lm - em,
-        dse,
-        dp,
-        v is not None,
+        slope=slope,
+        slope_se=se,
+        ci_low=float(lo),
+        ci_high=float(hi),
+        p_value=float(fit.pvalues[1]),
+        intercept=float(fit.params[0]),
+        n=int(n),
+        early_mean=em,
+        late_mean=lm,
+        difference=lm - em,
+        difference_se=dse,
+        difference_p_value=dp,
+        weighted=v is not None,
     )

@@ -34,7 +34,7 @@ _TOL = 100 * np.finfo(np.float64).eps
 _MAX_EXACT_S = 20  # 2**20 sign vectors at most
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PermutationResult:
     """Result of :func:`sign_flip_test`.
 
@@ -219,4 +219,10 @@ def sign_flip_test(
     if d.size < 1:
         raise ValueError("differences must not be empty")
     stat, p, n_used, exact = sign_flip_pvalues(d[None, :], n_permutations, seed, alternative)
-    return PermutationResult(float(stat[0]), float(p[0]), int(n_used), bool(exact), alternative)
+    return PermutationResult(
+        statistic=float(stat[0]),
+        p_value=float(p[0]),
+        n_permutations=int(n_used),
+        exact=bool(exact),
+        alternative=alternative,
+    )

@@ -45,7 +45,7 @@ import numpy as np
 VERDICTS = ("calibrated", "anti-conservative", "conservative", "not uniform")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class UniformityCheck:
     """How a set of p-values compares with a valid test's null law (see the module docstring).
 
@@ -286,17 +286,17 @@ def p_value_uniformity(
     else:
         verdict = "calibrated"
     return UniformityCheck(
-        int(p.size),
-        float(alpha),
-        grid,
-        float(expected),
-        hits,
-        float(rate),
-        (float(interval.low), float(interval.high)),
-        binomial_p,
-        observed,
-        uniformity_p,
-        int(n_simulations),
-        float(level),
-        verdict,
+        n=int(p.size),
+        alpha=float(alpha),
+        grid=grid,
+        expected_rate=float(expected),
+        rejections=hits,
+        rejection_rate=float(rate),
+        rate_ci=(float(interval.low), float(interval.high)),
+        binomial_p=binomial_p,
+        ks_distance=observed,
+        uniformity_p=uniformity_p,
+        n_simulations=int(n_simulations),
+        level=float(level),
+        verdict=verdict,
     )
