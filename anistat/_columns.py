@@ -43,4 +43,5 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "n_tokens",
     "status",
     "note",
+    "fallback",
 )

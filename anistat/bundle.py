@@ -641,7 +641,7 @@ def read_results(bundle: Path) -> pd.DataFrame:
     missing = {"model", "metric", "estimate"} - set(results.columns)
     if missing:
         raise AnistatInputError(f"{path}: missing column(s) {sorted(missing)}")
-    for column in ("ci_method", "note", "status", "p_test", "effect_size_kind"):  # analyze's text columns
+    for column in ("ci_method", "note", "fallback", "status", "p_test", "effect_size_kind"):  # analyze's text columns
         if column in results:
             results[column] = results[column].astype(object).fillna("").astype(str)
     for column in INTEGER_COLUMNS:

@@ -6,7 +6,9 @@ A page asks for a generated block with an HTML comment on a line of its own:
   model's JSON schema (`anistat.protocol.protocol_schema`);
 * ``<!-- generated: cli-reference -->`` — every command, argument and option of the typer app;
 * ``<!-- generated: error-index -->`` — every one-line error message anistat raises with literal
-  text (`AnistatInputError`, `AnistatError`, `IncompleteRun`), found by reading the source.
+  text (`AnistatInputError`, `AnistatError`, `IncompleteRun`), found by reading the source;
+* ``<!-- generated: fallback-codes -->`` — every code of the results' ``fallback`` column with its
+  meaning, from `anistat.stats.FALLBACK_CODES`.
 
 The functions are importable (``tests/test_docs.py`` uses `schema_fields`) and need only the
 repository on ``sys.path``.
@@ -279,6 +281,20 @@ def error_index_markdown() -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Fallback codes
+# ---------------------------------------------------------------------------------------------
+
+
+def fallback_codes_markdown() -> str:
+    """A table of every fallback code and its one-line meaning."""
+    from anistat.stats.fallbacks import FALLBACK_CODES
+
+    lines = ["| code | meaning |", "| --- | --- |"]
+    lines += [f"| `{code}` | {_cell(meaning)} |" for code, meaning in FALLBACK_CODES.items()]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
 # mkdocs entry point
 # ---------------------------------------------------------------------------------------------
 
@@ -286,6 +302,7 @@ GENERATORS = {
     "protocol-reference": protocol_reference_markdown,
     "cli-reference": cli_reference_markdown,
     "error-index": error_index_markdown,
+    "fallback-codes": fallback_codes_markdown,
 }
 
 

@@ -4,6 +4,9 @@ resampling units are too few, and a note beside every p-value that cannot be com
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 import yaml
@@ -11,15 +14,19 @@ from conftest import MINI_PROTOCOL
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from anistat import stats
 from anistat.analyze import analyze_units
 from anistat.collect import BasisColumn, UnitArtifact, UnitKey
 from anistat.protocol import Protocol
 from anistat.stats import (
+    FALLBACK_CODES,
     MIN_RESAMPLING_UNITS,
     analyze_energy,
     control_energy_moments,
     expected_control_energy,
+    fallbacks,
 )
+from anistat.stats.fallbacks import WITHHELD_FEW_UNITS
 
 
 def _protocol(ranks, kinds=("normal", "haar"), **stats) -> Protocol:
@@ -239,3 +246,92 @@ def test_degenerate_inputs_get_honest_rows(case, n_documents, seed):
             assert np.isnan(value) or low - 1e-12 <= value <= high + 1e-12, (row["metric"], column, value)
         if np.isnan(row["ci_low"]) or np.isnan(row["ci_high"]):
             assert "withheld" in row["note"] or "undefined" in row["note"] or row["ci_method"] == "none"
+    # the machine-readable code says what the note says, from the closed vocabulary only
+    codes = results["fallback"].str.split(";").explode()
+    assert set(codes[codes != ""]) <= set(FALLBACK_CODES)
+    withheld = ~failed & results["note"].str.contains("withheld")
+    assert results.loc[withheld, "fallback"].str.contains(WITHHELD_FEW_UNITS).all()
+
+
+# -- fallback codes ------------------------------------------------------------------------------
+
+
+def _codes(frame_or_result) -> set[str]:
+    """Every fallback code in a results table's column, or in one result's field."""
+    joined = frame_or_result["fallback"].tolist() if hasattr(frame_or_result, "columns") else [frame_or_result.fallback]
+    return {code for text in joined for code in text.split(";") if code}
+
+
+def _produced_codes() -> dict[str, set[str]]:
+    """Each degenerate input of this file and the fallback codes it produces (results rows through
+    `analyze_units`, or the statistics' own results where no unit can reach the case)."""
+    rng = np.random.default_rng(3)
+    p, t = _near_ceiling()
+    clipped = analyze_energy(p, t, expected_control_energy("haar", p, t, 2, 8), rank=2, dim=8,
+                             null_fractions=np.full(9, 0.25), seed=1)  # fmt: skip
+    t = rng.uniform(1.0, 2.0, 12)  # a proxy with no energy: the log-scale interval and test undefined
+    empty = analyze_energy(np.zeros(12), t, t / 4, rank=2, dim=8, null_fractions=np.full(9, 0.25), seed=1)
+    three = analyze_energy(t[:3] / 2, t[:3], t[:3] / 4, rank=2, dim=8, null_fractions=[0.2], min_resampling_units=2)
+    replicates = np.r_[rng.normal(1.0, 0.1, 40), np.nan]
+    return {
+        "2 documents": _codes(analyze_units([_artifact(s=6, n_documents=2)], _protocol([2]))),
+        "one document": _codes(analyze_units([_artifact(n_documents=1)], _protocol([2]))),
+        "normal control at k = d/2": _codes(
+            _rows(analyze_units([_artifact(d=8, ranks=(4,))], _protocol([4])), control="normal", metric="z")
+        ),
+        "d − k = 1": _codes(
+            _rows(
+                analyze_units([_artifact(d=6, ranks=(5,))], _protocol([5], kinds=["haar"])),
+                metric="delta_isoscore_star",
+            )
+        ),
+        "fraction near 1": _codes(clipped["energy_fraction"]) | _codes(clipped["anisotropy_capture"]),
+        "zero proxy energy": _codes(empty["energy_fraction"]) | _codes(empty["hedges_g"]),
+        "3 resampling units": _codes(three["hedges_g"]),
+        "a non-finite resample": _codes(stats.ci_from_replicates(1.0, replicates, method="percentile")),
+        "no finite resample": _codes(stats.ci_from_replicates(1.0, np.full(5, np.nan), method="percentile")),
+    }
+
+
+def test_each_fallback_code_is_produced_by_a_real_degenerate_input():
+    produced = _produced_codes()
+    expected = {
+        "2 documents": {WITHHELD_FEW_UNITS},
+        "one document": {fallbacks.SEQUENCES_RESAMPLED},
+        "normal control at k = d/2": {fallbacks.ZERO_CONTROL_SD},
+        "d − k = 1": {fallbacks.NO_EXACT_TEST},
+        "fraction near 1": {fallbacks.CI_CLIPPED, fallbacks.CAPTURE_UNDEFINED},
+        "zero proxy energy": {fallbacks.CI_METHOD_FALLBACK, fallbacks.NO_DATA_TEST},
+        "3 resampling units": {fallbacks.NO_INTERVAL},
+        "a non-finite resample": {fallbacks.RESAMPLES_DROPPED},
+        "no finite resample": {fallbacks.NO_INTERVAL},
+    }
+    for case, codes in expected.items():
+        assert codes <= produced[case], (case, produced[case])
+    assert set().union(*produced.values()) == set(FALLBACK_CODES)
+
+
+def test_a_healthy_unit_has_no_fallback_and_the_column_follows_the_note():
+    results = analyze_units([_artifact(s=40, n_documents=40)], _protocol([2]))
+    assert list(results.columns).index("fallback") == list(results.columns).index("note") + 1
+    quiet = results[~results["note"].str.contains("fell back|clipped|withheld|undefined|no p-value|dropped")]
+    assert len(quiet) and (quiet["fallback"] == "").all()
+    assert (_rows(results, metric="oracle_fraction")["fallback"] == "").all()
+
+
+def test_the_fallback_vocabulary_is_documented():
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    page = (docs / "results-columns.md").read_text(encoding="utf-8")
+    assert "<!-- generated: fallback-codes -->" in page and "| `fallback` |" in page
+    spec = importlib.util.spec_from_file_location("anistat_docs_hooks", docs / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    table = hooks.fallback_codes_markdown()
+    for code, meaning in FALLBACK_CODES.items():
+        assert f"| `{code}` | {meaning} |" in table
+    assert (
+        fallbacks.join_fallbacks("ci_clipped", "", "ci_method_fallback;ci_clipped") == "ci_clipped;ci_method_fallback"
+    )
+    with pytest.raises(ValueError, match="unknown fallback code 'clipped'"):
+        fallbacks.join_fallbacks("clipped")

@@ -234,3 +234,58 @@ def test_the_section_parser_reads_names_and_stops_at_the_next_section():
     doc = "Sum.\n\nParameters\n----------\nx : float\n    One.\ny_2 : int\n\nReturns\n-------\nfloat\n    Sum.\n"
     assert SECTION_ENTRY.findall(_numpydoc_section(doc, "Parameters")) == ["x", "y_2"]
     assert _numpydoc_section(doc, "Attributes") is None
+
+
+#: Dataclasses that are not results: updated in place by design, with the reason.
+MUTABLE_BY_DESIGN = {
+    "anistat.geometry.moments.GradientMoments": "a streaming accumulator: update and merge add to it in place",
+}
+
+
+def _public_dataclasses() -> list[type]:
+    """Every dataclass defined in a module of ``anistat.stats``, ``anistat.geometry`` or
+    ``anistat.analyze`` (their exported result types among them)."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    import anistat.analyze
+    import anistat.geometry
+
+    modules = [
+        importlib.import_module(info.name)
+        for package in (stats, anistat.geometry, anistat.analyze)
+        for info in pkgutil.iter_modules(package.__path__, package.__name__ + ".")
+    ] + [stats, anistat.geometry, anistat.analyze]
+    found = {
+        value
+        for module in modules
+        for value in vars(module).values()
+        if inspect.isclass(value) and value.__module__ == module.__name__ and dataclasses.is_dataclass(value)
+    }
+    return sorted(found, key=lambda cls: f"{cls.__module__}.{cls.__qualname__}")
+
+
+@pytest.mark.parametrize("cls", _public_dataclasses(), ids=lambda cls: cls.__qualname__)
+def test_every_result_type_is_frozen_and_keyword_only(cls):
+    import dataclasses
+
+    params = cls.__dataclass_params__
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    assert all(field.kw_only for field in dataclasses.fields(cls) if field.init), f"{name} takes positional fields"
+    assert all(
+        parameter.kind is inspect.Parameter.KEYWORD_ONLY for parameter in inspect.signature(cls).parameters.values()
+    )
+    if name not in MUTABLE_BY_DESIGN:
+        assert params.frozen, f"{name} is not frozen"
+
+
+def test_a_result_refuses_positional_fields_and_assignment():
+    import dataclasses
+
+    with pytest.raises(TypeError, match="positional argument"):
+        stats.ExactTestResult(0.01, 99)  # type: ignore[misc]
+    result = stats.ExactTestResult(p_value=0.01, n_draws=99)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.p_value = 0.5  # type: ignore[misc]
+    assert len(_public_dataclasses()) >= 25

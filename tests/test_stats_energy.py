@@ -216,7 +216,7 @@ def test_every_se_is_on_its_rows_scale_and_matches_its_interval():
         e,
         rank=4,
         dim=64,
-        exact=ExactTestResult(0.01, 999),
+        exact=ExactTestResult(p_value=0.01, n_draws=999),
         control_moments=moments,
         paper_fractions=null,
         oracle_fraction=0.4,

@@ -82,7 +82,7 @@ DECISION_COLUMNS = ["mc_decision", "mc_p_low", "mc_p_high"]
 DESCRIPTIVE_METRICS = ("isoscore", "isoscore_star", "participation_ratio", "effective_rank", "mean_cosine")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NullSettings:
     """Monte-Carlo sizes used for every unit of one analysis (recorded in results and manifest).
 
@@ -326,7 +326,7 @@ def _typed(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
         results = decide_with_bounded_risk(results, protocol)
     for column in ("step", "rank", "layer", "dim", "n_controls", "n_sequences", "n_clusters", "n_tokens"):
         results[column] = pd.array(results[column], dtype="Int64")
-    for column in ("ci_method", "note", "status", "p_test", "effect_size_kind"):
+    for column in ("ci_method", "note", "fallback", "status", "p_test", "effect_size_kind"):
         # object first: a column that is all NaN (every unit failed) is float64
         results[column] = results[column].astype(object).fillna("").astype(str)
     return results

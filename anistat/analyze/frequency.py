@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,7 @@ from ..geometry import ResampledTypeMeans, log_frequency_correlation, masked_cor
 from ..protocol import Protocol
 from ..seeding import derive_seed
 from ..stats import ExactTestResult, analyze_energy, expected_control_energy, sequence_bootstrap_columns
+from ..stats.fallbacks import NO_EXACT_TEST
 from .nulls import ExactNulls, UnitSpectrum
 from .units import exact_note, join_notes, proxy_groups, unit_columns
 
@@ -67,7 +69,14 @@ def bucket_spectra(artifact: UnitArtifact) -> list[UnitSpectrum]:
             basis = torch.as_tensor(artifact.proxy_bases[(proxy, rank)], dtype=torch.float64)
             observed[(proxy, rank)] = float(torch.trace(basis.T @ matrix @ basis)) / trace
         eigenvalues = torch.linalg.eigvalsh(matrix).clamp_min(0.0).numpy()
-        spectra.append(UnitSpectrum(bucket_id(artifact.key.id, bucket), artifact.dim, eigenvalues, observed))
+        spectra.append(
+            UnitSpectrum(
+                unit_id=bucket_id(artifact.key.id, bucket),
+                dim=artifact.dim,
+                energy_eigenvalues=eigenvalues,
+                energy_observed=observed,
+            )
+        )
     return spectra
 
 
@@ -141,9 +150,14 @@ def _bucket_rows(artifact: UnitArtifact, protocol: Protocol, nulls: ExactNulls) 
             proxy_energy = energy[:, artifact.columns_for(proxy, rank, "proxy")[0]]
             test = nulls.energy.get((bucket_id(artifact.key.id, bucket), proxy, rank))
             exact = (
-                ExactTestResult(test.p_value, test.n_draws, exact_note(test, None))
+                replace(test, note=exact_note(test, None))
                 if test is not None
-                else ExactTestResult(np.nan, 0, "no exact test: the unit has no per-bucket second moments")
+                else ExactTestResult(
+                    p_value=np.nan,
+                    n_draws=0,
+                    note="no exact test: the unit has no per-bucket second moments",
+                    fallback=NO_EXACT_TEST,
+                )
             )
             for control in protocol.controls.kinds:
                 if control in projected:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ..geometry import CHUNK, HaarDiagonalStream, isoscore_star_from_traces
-from ..stats import SequentialMonteCarlo
+from ..stats import ExactTestResult, SequentialMonteCarlo
 from ..stats.resampling_risk import RiskBoundedMonteCarlo
 
 #: Float32 draws within this relative distance of a test's observed value are recomputed in float64.
@@ -49,7 +49,7 @@ RELATIVE_BAND = 1e-4
 DELTA_BLOCK = 16
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class UnitSpectrum:
     """What the exact tests need of one unit (see the module docstring).
 
@@ -65,34 +65,20 @@ class UnitSpectrum:
     delta_observed: dict[tuple[str, int], float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class ExactTest:
-    """One test's p-value, the draws it used, and whether it stopped early (sequentially); with a
-    resampling risk (energy tests only), the confidence-sequence interval of its ideal p-value
-    and the draws that interval used."""
-
-    p_value: float
-    n_draws: int
-    stopped: bool
-    p_low: float = float("nan")
-    p_high: float = float("nan")
-    risk_draws: int = 0
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExactNulls:
     """Every unit's exact tests, keyed ``(unit_id, proxy, rank)``, and the first ``n_record``
     Haar draws' values per ``(unit_id, rank)`` (float64; the paper's convention for Haar
     controls and ΔIsoScore*'s control mean and sd)."""
 
-    energy: dict[tuple[str, str, int], ExactTest]
-    delta: dict[tuple[str, str, int], ExactTest]
+    energy: dict[tuple[str, str, int], ExactTestResult]
+    delta: dict[tuple[str, str, int], ExactTestResult]
     recorded_energy: dict[tuple[str, int], np.ndarray]
     recorded_delta: dict[tuple[str, int], np.ndarray]
     draws_made: dict[int, int]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NullOptions:
     """How the exact tests run: at most ``n_max`` draws, stopping after ``stop_after`` exceedances
     (0: never), the alternative, IsoScore*'s ``c0``/``zeta``, draws recorded for the paper's
@@ -132,7 +118,7 @@ def exact_tests(units: list[UnitSpectrum], options: NullOptions, seed_for_width,
         rec_e.update(run.recorded_energy)
         rec_d.update(run.recorded_delta)
         made[key] = run.drawn
-    return ExactNulls(energy, delta, rec_e, rec_d, made)
+    return ExactNulls(energy=energy, delta=delta, recorded_energy=rec_e, recorded_delta=rec_d, draws_made=made)
 
 
 def _energy_risk(observed_e: list, options: NullOptions) -> RiskBoundedMonteCarlo | None:
@@ -242,7 +228,9 @@ class _WidthRun:
     def _results(self, mc: SequentialMonteCarlo, tests) -> dict:
         p = mc.p_values()
         return {
-            (self.units[i].unit_id, *key): ExactTest(float(p[t]), int(mc.draws_used[t]), bool(mc.stopped[t]))
+            (self.units[i].unit_id, *key): ExactTestResult(
+                p_value=float(p[t]), n_draws=int(mc.draws_used[t]), stopped=bool(mc.stopped[t])
+            )
             for t, (i, key) in enumerate(tests)
         }
 

@@ -17,7 +17,7 @@ run's shared Haar draws (:mod:`anistat.analyze.nulls`); per control kind:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -47,7 +47,8 @@ from ..stats import (
     expected_control_energy,
     monte_carlo_pvalue,
 )
-from .nulls import ExactNulls, ExactTest, UnitSpectrum
+from ..stats.fallbacks import NO_EXACT_TEST, SEQUENCES_RESAMPLED, ZERO_CONTROL_SD, join_fallbacks
+from .nulls import ExactNulls, UnitSpectrum
 
 ENERGY_METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture")
 
@@ -142,7 +143,7 @@ def resampling_documents(artifact: UnitArtifact, protocol: Protocol) -> tuple[np
     return documents, ""
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Frame:
     """A symmetric PSD matrix of a unit (``M`` or ``C``) with its trace, ``‖·‖_F²`` and eigenvalues."""
 
@@ -156,14 +157,14 @@ class Frame:
         s = torch.as_tensor(matrix, dtype=torch.float64)
         s = 0.5 * (s + s.T)
         eigenvalues = torch.linalg.eigvalsh(s).clamp_min(0.0).numpy()
-        return cls(s, eigenvalues, float(torch.trace(s)), float(s.square().sum()))
+        return cls(matrix=s, eigenvalues=eigenvalues, trace=float(torch.trace(s)), frobenius=float(s.square().sum()))
 
     def traces(self, bases) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``tr(QᵀSQ)``, ``‖SQ‖_F²``, ``‖QᵀSQ‖_F²`` of a basis ``(d, k)`` or a stack ``(n, d, k)``."""
         return tuple(np.atleast_1d(x.numpy()) for x in removal_traces(self.matrix, torch.as_tensor(bases)))
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class PreparedUnit:
     """A unit ready for its rows: frames, the proxies' traces in them, the oracle, the exact tests' inputs."""
 
@@ -194,15 +195,23 @@ def prepare_unit(artifact: UnitArtifact, protocol: Protocol) -> PreparedUnit:
                 delta_from_traces(cov, rank, *in_c, stats.isoscore_c0, stats.isoscore_zeta)[0]
             )
     spectrum = UnitSpectrum(
-        artifact.key.id,
-        artifact.dim,
-        second.eigenvalues,
-        energy_observed,
-        cov.eigenvalues if delta_ok else None,
-        delta_observed,
+        unit_id=artifact.key.id,
+        dim=artifact.dim,
+        energy_eigenvalues=second.eigenvalues,
+        energy_observed=energy_observed,
+        covariance_eigenvalues=cov.eigenvalues if delta_ok else None,
+        delta_observed=delta_observed,
     )
     oracle = oracle_fractions_of_spectrum(torch.as_tensor(second.eigenvalues), ranks)
-    return PreparedUnit(artifact, second, cov, traces, oracle, delta_ok, spectrum)
+    return PreparedUnit(
+        artifact=artifact,
+        second_moment=second,
+        covariance=cov,
+        proxy_traces=traces,
+        oracle=oracle,
+        delta_ok=delta_ok,
+        spectrum=spectrum,
+    )
 
 
 def delta_from_traces(cov: Frame, rank: int, t1, t2, t3, c0: str, zeta: float) -> np.ndarray:
@@ -237,6 +246,7 @@ def rows_of_unit(unit: PreparedUnit, nulls: ExactNulls, protocol: Protocol, sett
     base = unit_columns(artifact)
     documents, warning = resampling_documents(artifact, protocol)
     notes = [warning] if warning else []
+    resampled = SEQUENCES_RESAMPLED if warning else ""  # documents asked for, sequences resampled
     rows = [
         {
             **base,
@@ -249,6 +259,7 @@ def rows_of_unit(unit: PreparedUnit, nulls: ExactNulls, protocol: Protocol, sett
             "n_controls": 0,
             "status": "ok",
             "note": "",
+            "fallback": "",
         }
         for rank, value in unit.oracle.items()
     ]
@@ -277,7 +288,7 @@ def rows_of_unit(unit: PreparedUnit, nulls: ExactNulls, protocol: Protocol, sett
                         f"risk-bounded decision: {test.risk_draws} Haar "
                         f"draws, ideal p in [{test.p_low:.4g}, {test.p_high:.4g}]",
                     )
-                rows.append({**group, **record})
+                rows.append({**group, **record, "fallback": join_fallbacks(resampled, record["fallback"])})
             rows.append(
                 {
                     **group,
@@ -299,7 +310,7 @@ def rows_of_unit(unit: PreparedUnit, nulls: ExactNulls, protocol: Protocol, sett
     return rows, notes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ControlDraws:
     """The drawn controls of one (unit, proxy, rank, kind): energy fractions (the paper's
     convention) and ΔIsoScore* values, and how many."""
@@ -317,11 +328,11 @@ def control_draws(
         columns = artifact.columns_for(proxy, rank, kind)
         total = artifact.total_energy.sum()
         energy = artifact.energy.sum(axis=1)[:, columns].sum(axis=0) / total
-        return ControlDraws(energy, np.asarray(artifact.delta_isoscore_star[columns], dtype=float))
+        return ControlDraws(energy=energy, delta=np.asarray(artifact.delta_isoscore_star[columns], dtype=float))
     if kind == "haar":
         key = (artifact.key.id, rank)
         return ControlDraws(
-            nulls.recorded_energy.get(key, np.empty(0)), nulls.recorded_delta.get(key, np.full(1, np.nan))
+            energy=nulls.recorded_energy.get(key, np.empty(0)), delta=nulls.recorded_delta.get(key, np.full(1, np.nan))
         )
     # normal: uniform in the proxy's complement, drawn explicitly (controls.n of them)
     q = complement_subspaces(
@@ -348,7 +359,7 @@ def control_draws(
         if unit.delta_ok
         else np.full(1, np.nan)
     )
-    return ControlDraws(energy, delta)
+    return ControlDraws(energy=energy, delta=delta)
 
 
 def energy_analysis(
@@ -393,7 +404,7 @@ def energy_analysis(
         reference,
         rank=rank,
         dim=dim,
-        exact=ExactTestResult(test.p_value, test.n_draws, exact_note(test, settings)),
+        exact=replace(test, note=exact_note(test, settings)),
         control_moments=moments,
         paper_fractions=controls.energy,
         observed_fraction=unit.spectrum.energy_observed[(proxy, rank)],
@@ -419,7 +430,7 @@ def delta_row(
     key = (unit.artifact.key.id, proxy, rank)
     dim = unit.artifact.dim
     observed = unit.spectrum.delta_observed.get((proxy, rank), np.nan)
-    test = nulls.delta.get(key, ExactTest(np.nan, 0, False))
+    test = nulls.delta.get(key, ExactTestResult(p_value=np.nan, n_draws=0, fallback=NO_EXACT_TEST))
     values = controls.delta[np.isfinite(controls.delta)]
     mean = float(values.mean()) if values.size else np.nan
     sd = float(values.std(ddof=1)) if values.size > 1 else np.nan
@@ -459,11 +470,14 @@ def delta_row(
         "effect_size_kind": "z",
         "n_controls": test.n_draws,
         "note": note,
+        "fallback": join_fallbacks(
+            ZERO_CONTROL_SD if whole_complement else "", "" if np.isfinite(test.p_value) else NO_EXACT_TEST
+        ),
         "_test": (unit.artifact.key.id, proxy, rank, "haar_monte_carlo_delta_isoscore_star"),
     }
 
 
-def exact_note(test: ExactTest, settings) -> str:
+def exact_note(test: ExactTestResult, settings) -> str:
     """How the exact test ended: stopped sequentially, or all n draws (and at its floor)."""
     if test.stopped:
         return f"exact test stopped after {test.n_draws} Haar draws (p = h/L, sequential)"

@@ -42,6 +42,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "n_tokens",
     "status",
     "note",
+    "fallback",
 )
 NUMERIC_COLUMNS: tuple[str, ...] = (
     "step",

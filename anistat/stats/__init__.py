@@ -58,6 +58,7 @@ from .energy import (
     control_energy_moments,
     expected_control_energy,
 )
+from .fallbacks import FALLBACK_CODES
 from .meta import MetaResult, TrendResult, random_effects_meta, trend_test
 from .montecarlo import SequentialMonteCarlo, min_attainable_pvalue, monte_carlo_pvalue, sequential_monte_carlo_pvalue
 from .multiplicity import adjust_in_families, adjust_pvalues, min_controls_needed, resolution_warning
@@ -78,6 +79,7 @@ __all__ = [
     "studentized_ratio_test",
     "ControlMoments",
     "ExactTestResult",
+    "FALLBACK_CODES",
     "control_energy_moments",
     "BootstrapResult",
     "CalibrationResult",

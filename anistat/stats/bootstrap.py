@@ -68,6 +68,7 @@ from scipy.special import ndtr, ndtri
 from scipy.stats import t as student_t
 
 from ._validation import DegenerateStatisticWarning, check_alternative, check_choice, check_ci_level, check_positive_int
+from .fallbacks import CI_METHOD_FALLBACK, NO_DATA_TEST, NO_INTERVAL, RESAMPLES_DROPPED, join_fallbacks
 
 _BLOCK = 256
 #: The confidence-interval methods of :func:`ci_from_replicates` (module docstring).
@@ -79,7 +80,7 @@ COLUMN_METHODS = tuple(method for method in METHODS if method != "studentized")
 BCA_FALLBACKS = ("percentile", "basic")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BootstrapResult:
     """A bootstrap confidence interval.
 
@@ -104,6 +105,9 @@ class BootstrapResult:
         Coverage of the interval.
     bias : float
         The bootstrap bias estimate ``mean(replicates) - estimate``.
+    fallback : str
+        Empty, or the :data:`anistat.stats.FALLBACK_CODES` behind ``note`` (``";"``-joined):
+        ``ci_method_fallback``, ``no_interval``, ``resamples_dropped``.
 
     Examples
     --------
@@ -125,6 +129,7 @@ class BootstrapResult:
     n_resamples: int
     ci_level: float = 0.95
     bias: float = float("nan")
+    fallback: str = ""
 
     @property
     def bias_in_se(self) -> float | None:
@@ -485,22 +490,29 @@ def ci_from_replicates(
     theta = float(estimate)
     reps = np.asarray(replicates, dtype=np.float64).ravel()
     n_total = reps.size
-    rep_se = None
-    if method == "studentized":
-        if se is None or replicate_se is None:
-            raise ValueError("method='studentized' needs se and replicate_se")
-        rep_se = np.asarray(replicate_se, dtype=np.float64).ravel()
-        if rep_se.shape != reps.shape:
-            raise ValueError(f"replicate_se must have shape {reps.shape}, got {rep_se.shape}")
+    rep_se = _checked_replicate_se(method, se, replicate_se, reps.shape)
     notes: list[str] = []
-    finite = np.isfinite(reps)
-    if not finite.all():
-        notes.append(f"{n_total - int(finite.sum())} of {n_total} resamples non-finite, dropped")
-        reps = reps[finite]
-        rep_se = None if rep_se is None else rep_se[finite]
+    codes: list[str] = []  # fallback codes, beside the notes
+
+    def result(low, high, used: str, spread: float, bias: float = np.nan) -> BootstrapResult:
+        return BootstrapResult(
+            estimate=theta,
+            ci_low=float(low),
+            ci_high=float(high),
+            method=used,
+            note="; ".join(notes),
+            se=spread,
+            n_resamples=n_total,
+            ci_level=ci_level,
+            bias=bias,
+            fallback=join_fallbacks(*codes),
+        )
+
+    reps, rep_se = _finite_replicates(reps, rep_se, notes, codes)
     if reps.size == 0 or not np.isfinite(theta):
         notes.append("estimate or all resamples non-finite; no interval")
-        return BootstrapResult(theta, np.nan, np.nan, "none", "; ".join(notes), np.nan, n_total, ci_level)
+        codes.append(NO_INTERVAL)
+        return result(np.nan, np.nan, "none", np.nan)
     tail = expanded_tail((1.0 - ci_level) / 2.0, expand_units)
     if expand_units is not None and expand_units >= 3:
         notes.append(f"tails expanded for {expand_units} resampling units (Hesterberg): {tail:.4f} per side")
@@ -511,11 +523,10 @@ def ci_from_replicates(
     if method == "studentized":
         interval, reason = _studentized(theta, reps, rep_se, float(se), levels, log_scale, notes)
         if interval is not None:
-            return BootstrapResult(
-                theta, interval[0], interval[1], "studentized", "; ".join(notes), se_reps, n_total, ci_level, bias
-            )
+            return result(interval[0], interval[1], "studentized", se_reps, bias)
         used = "percentile"
         notes.append(f"studentized fell back to percentile: {reason}")
+        codes.append(CI_METHOD_FALLBACK)
         warnings.warn(notes[-1], DegenerateStatisticWarning, stacklevel=2)
     if method == "bca":
         adjusted, reason = _bca_levels(theta, reps, jackknife, levels)
@@ -524,19 +535,43 @@ def ci_from_replicates(
         else:
             used = bca_fallback
             notes.append(f"BCa fell back to {bca_fallback}: {reason}")
+            codes.append(CI_METHOD_FALLBACK)
             warnings.warn(notes[-1], DegenerateStatisticWarning, stacklevel=2)
     if used == "normal":
         if not (np.isfinite(se_reps) and se_reps > 0):
             notes.append("normal interval undefined (replicates without spread); no interval")
-            return BootstrapResult(theta, np.nan, np.nan, "none", "; ".join(notes), se_reps, n_total, ci_level, bias)
+            codes.append(NO_INTERVAL)
+            return result(np.nan, np.nan, "none", se_reps, bias)
         half = float(ndtri(1.0 - tail)) * se_reps
-        return BootstrapResult(
-            theta, theta - half, theta + half, "normal", "; ".join(notes), se_reps, n_total, ci_level, bias
-        )
+        return result(theta - half, theta + half, "normal", se_reps, bias)
     lo, hi = np.quantile(reps, levels)
     if used == "basic":
         lo, hi = 2.0 * theta - hi, 2.0 * theta - lo
-    return BootstrapResult(theta, float(lo), float(hi), used, "; ".join(notes), se_reps, n_total, ci_level, bias)
+    return result(float(lo), float(hi), used, se_reps, bias)
+
+
+def _checked_replicate_se(method: str, se, replicate_se, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The replicates' standard errors as a flat array (bootstrap-t only; None otherwise)."""
+    if method != "studentized":
+        return None
+    if se is None or replicate_se is None:
+        raise ValueError("method='studentized' needs se and replicate_se")
+    rep_se = np.asarray(replicate_se, dtype=np.float64).ravel()
+    if rep_se.shape != shape:
+        raise ValueError(f"replicate_se must have shape {shape}, got {rep_se.shape}")
+    return rep_se
+
+
+def _finite_replicates(
+    reps: np.ndarray, rep_se: np.ndarray | None, notes: list[str], codes: list[str]
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The finite replicates (and their SEs); dropping any is said in ``notes`` and ``codes``."""
+    finite = np.isfinite(reps)
+    if finite.all():
+        return reps, rep_se
+    notes.append(f"{reps.size - int(finite.sum())} of {reps.size} resamples non-finite, dropped")
+    codes.append(RESAMPLES_DROPPED)
+    return reps[finite], None if rep_se is None else rep_se[finite]
 
 
 def _studentized(theta, reps, rep_se, se0, levels, log_scale, notes):
@@ -594,7 +629,7 @@ def _bca_levels(theta, reps, jackknife, levels):
     return adj, None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StudentizedTest:
     """A bootstrap-t test of ``H0: θ = θ0`` for a positive ratio ``θ``, the test dual to the
     studentized log-scale interval: ``statistic`` ``t = (log θ̂ − log θ0)/(se/θ̂)``; ``p_raw`` the
@@ -615,6 +650,8 @@ class StudentizedTest:
         The tail tested.
     note : str
         Empty, or why there is no test.
+    fallback : str
+        Empty, or the :data:`anistat.stats.FALLBACK_CODES` behind ``note`` (``no_data_test``).
 
     Examples
     --------
@@ -633,6 +670,7 @@ class StudentizedTest:
     n_resamples: int
     alternative: str
     note: str = ""
+    fallback: str = ""
 
 
 def studentized_ratio_test(
@@ -698,12 +736,13 @@ def studentized_ratio_test(
     tstar = tstar[np.isfinite(tstar)]
     if not (np.isfinite(statistic) and tstar.size):
         return StudentizedTest(
-            statistic,
-            np.nan,
-            np.nan,
-            b,
-            alternative,
-            "no test: the ratio or its standard error is not finite and positive",
+            statistic=statistic,
+            p_value=np.nan,
+            p_raw=np.nan,
+            n_resamples=b,
+            alternative=alternative,
+            note="no test: the ratio or its standard error is not finite and positive",
+            fallback=NO_DATA_TEST,
         )
     upper = (1.0 + np.sum(tstar >= statistic)) / (1.0 + tstar.size)
     lower = (1.0 + np.sum(tstar <= statistic)) / (1.0 + tstar.size)
@@ -716,7 +755,9 @@ def studentized_ratio_test(
     else:
         raw = float(min(1.0, 2.0 * min(upper, lower)))
         p = float(min(1.0, 2.0 * expanded_pvalue(min(upper, lower), expand_units)))
-    return StudentizedTest(statistic, min(p, 1.0), raw, int(tstar.size), alternative)
+    return StudentizedTest(
+        statistic=statistic, p_value=min(p, 1.0), p_raw=raw, n_resamples=int(tstar.size), alternative=alternative
+    )
 
 
 def _evaluate(statistic: Callable[[np.ndarray], np.ndarray], weights: np.ndarray) -> np.ndarray:

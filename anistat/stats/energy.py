@@ -89,6 +89,14 @@ from .bootstrap import (
     studentized_ratio_test,
 )
 from .effects import anisotropy_capture, hedges_correction
+from .fallbacks import (
+    CAPTURE_UNDEFINED,
+    CI_CLIPPED,
+    NO_INTERVAL,
+    WITHHELD_FEW_UNITS,
+    ZERO_CONTROL_SD,
+    join_fallbacks,
+)
 from .interval_se import interval_implied_se, interval_log_scale
 from .montecarlo import monte_carlo_pvalue
 
@@ -117,7 +125,7 @@ CI_METHODS = ("bca", "percentile", "studentized")
 REFERENCES = ("expected", "drawn")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MetricResult:
     """One metric of one analysis (one row of the tidy results table).
 
@@ -152,6 +160,8 @@ class MetricResult:
         ``"z"`` or ``"hedges_g"``.
     se : float
         The estimate's standard error (NaN where none).
+    fallback : str
+        Empty, or the :data:`FALLBACK_CODES` behind ``note`` (``";"``-joined).
 
     Examples
     --------
@@ -179,9 +189,10 @@ class MetricResult:
     effect_size: float
     effect_size_kind: str
     se: float = np.nan
+    fallback: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EnergyAnalysis:
     """Result of :func:`analyze_energy`. ``analysis["energy_ratio"]`` gives a metric.
 
@@ -217,6 +228,8 @@ class EnergyAnalysis:
         Seed of the resampling.
     note : str
         The exact test's note.
+    fallback : str
+        The exact test's :data:`FALLBACK_CODES` (empty, or ``"no_exact_test"``).
 
     Examples
     --------
@@ -244,6 +257,7 @@ class EnergyAnalysis:
     alternative: str
     seed: int
     note: str = ""
+    fallback: str = ""
 
     def __getitem__(self, name: str) -> MetricResult:
         for m in self.metrics:
@@ -272,6 +286,7 @@ class EnergyAnalysis:
                 "n_sequences": self.n_sequences,
                 "n_clusters": self.n_clusters,
                 "note": m.note,
+                "fallback": m.fallback,
             }
             for m in self.metrics
         ]
@@ -374,7 +389,7 @@ def _hedges_g(weights: np.ndarray, d: np.ndarray) -> np.ndarray:
         return hedges_correction(n - 1.0) * mean / np.sqrt(var)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ControlMoments:
     """Mean and sd of a control kind's energy fraction ``E(Q)`` over its draw, and their source
     (``"closed form"`` or ``"N draws"``): the ``control_mean`` / ``control_sd`` of the energy
@@ -405,7 +420,7 @@ class ControlMoments:
     @classmethod
     def of_draws(cls, fractions) -> ControlMoments:
         mean, sd = _mean_sd(np.asarray(fractions, dtype=np.float64).ravel())
-        return cls(mean, sd, f"{np.isfinite(np.asarray(fractions, dtype=float)).sum()} draws")
+        return cls(mean=mean, sd=sd, source=f"{np.isfinite(np.asarray(fractions, dtype=float)).sum()} draws")
 
 
 def control_energy_moments(
@@ -468,10 +483,12 @@ def control_energy_moments(
         a_trace = trace - proxy_trace
         a_frob = frobenius_sq - 2.0 * proxy_cross_sq + proxy_block_sq
     if not (trace > 0 and m >= rank):
-        return ControlMoments(np.nan, np.nan, "closed form")
+        return ControlMoments(mean=np.nan, sd=np.nan, source="closed form")
     if m == rank:  # the control is the whole space it is drawn in: one subspace, no spread
         whole = "the proxy's whole complement (k = d/2)" if kind == "normal" else "the whole space (k = d)"
-        return ControlMoments(float(a_trace / trace), 0.0, f"closed form; the control is {whole}, sd exactly 0")
+        return ControlMoments(
+            mean=float(a_trace / trace), sd=0.0, source=f"closed form; the control is {whole}, sd exactly 0"
+        )
     mean = rank / m * a_trace / trace
     variance = (
         2.0
@@ -481,38 +498,63 @@ def control_energy_moments(
         * max(a_frob - a_trace * a_trace / m, 0.0)
         / (trace * trace)
     )
-    return ControlMoments(float(mean), float(np.sqrt(variance)), "closed form")
+    return ControlMoments(mean=float(mean), sd=float(np.sqrt(variance)), source="closed form")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExactTestResult:
-    """The exact test of the energy fraction, computed elsewhere (e.g. from draws shared by many
-    units, :mod:`anistat.analyze.nulls`): its p-value, the draws it used and a note.
+    """One exact Monte-Carlo test against uniformly random (Haar) subspaces: its p-value, the
+    draws it used, whether it stopped early, and (with a bounded resampling risk) the
+    confidence-sequence interval of its ideal p-value.
+
+    Computed by :func:`analyze_energy` itself (the Monte-Carlo p against the ``null`` draws), or
+    elsewhere from draws shared by many units (:func:`anistat.analyze.nulls.exact_tests`) and
+    passed in.
 
     Attributes
     ----------
     p_value : float
-        The exact test's p-value.
+        The p-value: ``(1 + #{draws ≥ observed}) / (1 + n_draws)`` after all draws, or
+        ``h / L`` when the test stopped sequentially at its ``h``-th exceedance after ``L`` draws
+        (:class:`SequentialMonteCarlo`). NaN when no test was run.
     n_draws : int
         The Haar draws it used.
-    note : str
+    stopped : bool, default False
+        Whether it stopped sequentially before its ``n`` draws.
+    p_low : float, default nan
+        Lower end of the confidence-sequence interval of the ideal (infinite-draw) p-value of
+        the risk-bounded decision (:class:`anistat.stats.resampling_risk.RiskBoundedMonteCarlo`);
+        NaN without one.
+    p_high : float, default nan
+        Its upper end.
+    risk_draws : int, default 0
+        The draws that interval used.
+    note : str, default ""
         Empty, or a note carried into :attr:`EnergyAnalysis.note`.
+    fallback : str, default ""
+        Empty, or the code of :data:`FALLBACK_CODES` naming why there is no test
+        (``"no_exact_test"``).
 
     Examples
     --------
     >>> import numpy as np
     >>> from anistat import stats
     >>> result = stats.ExactTestResult(p_value=0.01, n_draws=99)
-    >>> result.p_value, result.n_draws, result.note
-    (0.01, 99, '')
+    >>> result.p_value, result.n_draws, result.stopped, result.note, result.fallback
+    (0.01, 99, False, '', '')
     """
 
     p_value: float
     n_draws: int
+    stopped: bool = False
+    p_low: float = float("nan")
+    p_high: float = float("nan")
+    risk_draws: int = 0
     note: str = ""
+    fallback: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Units:
     """Per-resampling-unit sums of proxy, total and reference energy."""
 
@@ -667,21 +709,22 @@ def analyze_energy(
         draws.size if control.source != "closed form" else 0,
     )
     return EnergyAnalysis(
-        tuple(rows),
-        float(exact.p_value),
-        float(p_paper),
-        data_test,
-        int(exact.n_draws),
-        int(draws.size),
-        int(p.size),
-        units.n,
-        int(rank),
-        int(dim),
-        int(n_bootstrap),
-        float(ci_level),
-        alternative,
-        int(seed),
-        exact.note,
+        metrics=tuple(rows),
+        p_value=float(exact.p_value),
+        p_value_paper=float(p_paper),
+        data_test=data_test,
+        n_null=int(exact.n_draws),
+        n_controls=int(draws.size),
+        n_sequences=int(p.size),
+        n_clusters=units.n,
+        rank=int(rank),
+        dim=int(dim),
+        n_bootstrap=int(n_bootstrap),
+        ci_level=float(ci_level),
+        alternative=alternative,
+        seed=int(seed),
+        note=exact.note,
+        fallback=exact.fallback,
     )
 
 
@@ -729,7 +772,7 @@ def _exact_tests(observed, null, exact, paper, n_paper_controls, alternative) ->
     """The exact test (given, or the Monte-Carlo p against ``null``) and the paper's p against the
     first ``n_paper_controls`` of ``paper`` (NaN without them)."""
     if exact is None:
-        exact = ExactTestResult(monte_carlo_pvalue(observed, null, alternative), int(null.size))
+        exact = ExactTestResult(p_value=monte_carlo_pvalue(observed, null, alternative), n_draws=int(null.size))
     p_paper = (
         monte_carlo_pvalue(observed, paper[:n_paper_controls], alternative)
         if n_paper_controls and paper.size
@@ -763,11 +806,29 @@ def _withheld_tests(
         f"intervals, their SEs and the data test withheld: {units.n} {units.name}, fewer than the "
         f"{min_resampling_units} resampling units they need"
     )
-    data_test = StudentizedTest(np.nan, np.nan, np.nan, 0, alternative, why)
+    data_test = StudentizedTest(
+        statistic=np.nan,
+        p_value=np.nan,
+        p_raw=np.nan,
+        n_resamples=0,
+        alternative=alternative,
+        note=why,
+        fallback=WITHHELD_FEW_UNITS,
+    )
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = units.proxy.sum() / units.reference.sum()
     ci_f, ci_r = (
-        BootstrapResult(float(estimate), np.nan, np.nan, "none", why, np.nan, 0, ci_level)
+        BootstrapResult(
+            estimate=float(estimate),
+            ci_low=np.nan,
+            ci_high=np.nan,
+            method="none",
+            note=why,
+            se=np.nan,
+            n_resamples=0,
+            ci_level=ci_level,
+            fallback=WITHHELD_FEW_UNITS,
+        )
         for estimate in (fraction, ratio)
     )
     return data_test, ci_f, ci_r
@@ -780,7 +841,7 @@ def _resampling_units(p, t, e, group_ids) -> _Units:
     name = "documents" if group_ids is not None else "sequences"
     if n_units < 2:
         raise ValueError(f"need at least 2 resampling units, got {n_units} {name}")
-    return _Units(sums[:, 0], sums[:, 1], sums[:, 2], name)
+    return _Units(proxy=sums[:, 0], total=sums[:, 1], reference=sums[:, 2], name=name)
 
 
 def _clipped(interval: BootstrapResult, low: float, high: float, what: str) -> BootstrapResult:
@@ -794,6 +855,7 @@ def _clipped(interval: BootstrapResult, low: float, high: float, what: str) -> B
         ci_low=lo,
         ci_high=hi,
         note=_join(interval.note, f"CI clipped to the {what}'s range [{low:g}, {high:g}]"),
+        fallback=join_fallbacks(interval.fallback, CI_CLIPPED),
     )
 
 
@@ -866,20 +928,21 @@ def _metric_rows(
     def row(metric, estimate, control_mean, control_sd, lo, hi, ci, note, se):
         # every energy row shares the exact test and carries z as its effect size
         return MetricResult(
-            metric,
-            float(estimate),
-            float(control_mean),
-            float(control_sd),
-            float(lo),
-            float(hi),
-            ci.method,
-            _join(note, units_note, ci.note, exact.note, z_note),
-            float(exact.p_value),
-            EXACT_TEST,
-            float(p_paper),
-            float(z),
-            "z",
-            float(se),
+            metric=metric,
+            estimate=float(estimate),
+            control_mean=float(control_mean),
+            control_sd=float(control_sd),
+            ci_low=float(lo),
+            ci_high=float(hi),
+            ci_method=ci.method,
+            note=_join(note, units_note, ci.note, exact.note, z_note),
+            p_value=float(exact.p_value),
+            p_test=EXACT_TEST,
+            p_value_paper=float(p_paper),
+            effect_size=float(z),
+            effect_size_kind="z",
+            se=float(se),
+            fallback=join_fallbacks(ci.fallback, exact.fallback, ZERO_CONTROL_SD if sd == 0 else ""),
         )
 
     rows = [
@@ -969,20 +1032,23 @@ def _hedges_row(
     g = float(_hedges_g(ones, contribution)[0]) if units.n > 2 else np.nan
     if weights is None:  # too few units: withheld (the reason is the data test's note)
         return MetricResult(
-            "hedges_g",
-            g,
-            np.nan,
-            np.nan,
-            np.nan,
-            np.nan,
-            "none",
-            _join(f"standardized mean of per-unit contributions Σp − Σe ({kind_note})", units_note, data_test.note),
-            np.nan,
-            DATA_TEST,
-            np.nan,
-            g,
-            "hedges_g",
-            np.nan,
+            metric="hedges_g",
+            estimate=g,
+            control_mean=np.nan,
+            control_sd=np.nan,
+            ci_low=np.nan,
+            ci_high=np.nan,
+            ci_method="none",
+            note=_join(
+                f"standardized mean of per-unit contributions Σp − Σe ({kind_note})", units_note, data_test.note
+            ),
+            p_value=np.nan,
+            p_test=DATA_TEST,
+            p_value_paper=np.nan,
+            effect_size=g,
+            effect_size_kind="hedges_g",
+            se=np.nan,
+            fallback=data_test.fallback,
         )
     if units.n > 3:
         jackknife = 1.0 - np.eye(units.n)
@@ -991,33 +1057,42 @@ def _hedges_row(
         )
     else:
         interval = BootstrapResult(
-            g, np.nan, np.nan, "none", "too few resampling units for a CI of g", np.nan, 0, ci_level
+            estimate=g,
+            ci_low=np.nan,
+            ci_high=np.nan,
+            method="none",
+            note="too few resampling units for a CI of g",
+            se=np.nan,
+            n_resamples=0,
+            ci_level=ci_level,
+            fallback=NO_INTERVAL,
         )
     test_note = (
         "p: studentized bootstrap test of population ratio 1 (log scale, the energy ratio interval's "
         f"pivot, {data_test.n_resamples} resamples, tails expanded for {units.n} units)"
     )
     return MetricResult(
-        "hedges_g",
-        g,
-        np.nan,
-        np.nan,
-        interval.ci_low,
-        interval.ci_high,
-        interval.method,
-        _join(
+        metric="hedges_g",
+        estimate=g,
+        control_mean=np.nan,
+        control_sd=np.nan,
+        ci_low=interval.ci_low,
+        ci_high=interval.ci_high,
+        ci_method=interval.method,
+        note=_join(
             f"standardized mean of per-unit contributions Σp − Σe ({kind_note})",
             units_note,
             interval.note,
             test_note,
             data_test.note,
         ),
-        float(data_test.p_value),
-        DATA_TEST,
-        np.nan,
-        g,
-        "hedges_g",
-        interval_implied_se(g, interval.ci_low, interval.ci_high, ci_level, log_scale=False, fallback=interval.se),
+        p_value=float(data_test.p_value),
+        p_test=DATA_TEST,
+        p_value_paper=np.nan,
+        effect_size=g,
+        effect_size_kind="hedges_g",
+        se=interval_implied_se(g, interval.ci_low, interval.ci_high, ci_level, log_scale=False, fallback=interval.se),
+        fallback=join_fallbacks(interval.fallback, data_test.fallback),
     )
 
 
@@ -1032,19 +1107,20 @@ def _capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction
             else f"oracle fraction {oracle_fraction:.4g} <= k/d; capture undefined"
         )
         return MetricResult(
-            "anisotropy_capture",
-            np.nan,
-            np.nan,
-            np.nan,
-            np.nan,
-            np.nan,
-            "none",
-            why,
-            float(exact.p_value),
-            EXACT_TEST,
-            float(p_paper),
-            float(z),
-            "z",
+            metric="anisotropy_capture",
+            estimate=np.nan,
+            control_mean=np.nan,
+            control_sd=np.nan,
+            ci_low=np.nan,
+            ci_high=np.nan,
+            ci_method="none",
+            note=why,
+            p_value=float(exact.p_value),
+            p_test=EXACT_TEST,
+            p_value_paper=float(p_paper),
+            effect_size=float(z),
+            effect_size_kind="z",
+            fallback=join_fallbacks(CAPTURE_UNDEFINED, exact.fallback),
         )
     span = oracle_fraction - base
 
@@ -1067,7 +1143,7 @@ def _capture_row(row, fraction, mean, sd, ci_f, se_f, rank, dim, oracle_fraction
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ControlComparison:
     """Result of :func:`analyze_metric_vs_controls`.
 
@@ -1162,5 +1238,12 @@ def analyze_metric_vs_controls(
         else np.nan
     )
     return ControlComparison(
-        float(observed), mean, sd, float(z), float(p), int(reference.size), alternative, float(paper)
+        observed=float(observed),
+        control_mean=mean,
+        control_sd=sd,
+        z=float(z),
+        p_value=float(p),
+        n_controls=int(reference.size),
+        alternative=alternative,
+        p_value_paper=float(paper),
     )
