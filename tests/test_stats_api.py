@@ -193,7 +193,8 @@ def test_the_examples_run_as_written(module_name):
     assert outcome.failed == 0, f"{outcome.failed} of {outcome.attempted} examples in {module_name} fail"
 
 
-SECTION_ENTRY = re.compile(r"^(\w+)\s*:\s*\S", re.MULTILINE)
+#: A numpydoc entry: its name (``**options`` read as ``options``), a colon and its type.
+SECTION_ENTRY = re.compile(r"^\*{0,2}(\w+)\s*:\s*\S", re.MULTILINE)
 
 
 def _numpydoc_section(doc: str, title: str) -> str | None:
@@ -230,9 +231,25 @@ def test_every_public_statistic_documents_its_parameters_and_result(name):
         assert SECTION_ENTRY.findall(listed) == signature, f"anistat.stats.{name}: documented != signature"
 
 
+@pytest.mark.parametrize("name", _geometry_functions())
+def test_every_public_geometry_function_documents_its_parameters_and_result(name):
+    """Parameters naming the signature in order, and Returns."""
+    import anistat.geometry as geometry
+
+    value = getattr(geometry, name)
+    doc = inspect.getdoc(value) or ""
+    listed, result = _numpydoc_section(doc, "Parameters"), _numpydoc_section(doc, "Returns")
+    assert result, f"anistat.geometry.{name} has no Returns section"
+    assert listed is not None, f"anistat.geometry.{name} has no Parameters section"
+    assert SECTION_ENTRY.findall(listed) == list(inspect.signature(value).parameters), (
+        f"anistat.geometry.{name}: documented != signature"
+    )
+
+
 def test_the_section_parser_reads_names_and_stops_at_the_next_section():
     doc = "Sum.\n\nParameters\n----------\nx : float\n    One.\ny_2 : int\n\nReturns\n-------\nfloat\n    Sum.\n"
     assert SECTION_ENTRY.findall(_numpydoc_section(doc, "Parameters")) == ["x", "y_2"]
+    assert SECTION_ENTRY.findall("x : float\n**options : Any\n    Passed on.\n") == ["x", "options"]
     assert _numpydoc_section(doc, "Attributes") is None
 
 

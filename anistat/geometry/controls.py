@@ -43,6 +43,18 @@ def principal_subspace(activations: Any, m: int) -> torch.Tensor:
     """Top-m principal directions (d, m) of the centred activations (float64, right singular
     vectors by decreasing singular value).
 
+    Parameters
+    ----------
+    activations : array_like of shape (N, d)
+        The activations.
+    m : int
+        The number of directions.
+
+    Returns
+    -------
+    Tensor of shape (d, m), float64
+        The top-m principal directions of the centred activations.
+
     Examples
     --------
     >>> import torch
@@ -74,6 +86,16 @@ def principal_subspace(activations: Any, m: int) -> torch.Tensor:
 def complement_basis(basis: Any) -> torch.Tensor:
     """An orthonormal basis (d, d − k) of the orthogonal complement of span(basis) (float64).
 
+    Parameters
+    ----------
+    basis : array_like of shape (d, k)
+        A basis of the subspace (orthonormality not required).
+
+    Returns
+    -------
+    Tensor of shape (d, d − k), float64
+        Orthonormal columns spanning the orthogonal complement of ``span(basis)``.
+
     Examples
     --------
     >>> import torch
@@ -101,6 +123,26 @@ def draw_controls(
 
     ``proxy_basis`` (d, k) fixes d, k, device and dtype (and the excluded span for ``normal``).
     ``activations`` (N, d) are required for ``pca_span`` and ``cov_matched``.
+
+    Parameters
+    ----------
+    kind : {"normal", "haar", "pca_span", "cov_matched"}
+        The control kind (:data:`CONTROL_KINDS`; see the module docstring).
+    proxy_basis : array_like of shape (d, k)
+        The proxy's orthonormal basis.
+    n : int
+        The number of controls.
+    seed : int
+        Seed of the CPU generator of the Gaussians.
+    activations : array_like of shape (N, d), optional
+        Required for ``pca_span`` and ``cov_matched``.
+    pca_span_dim : int, optional
+        ``m`` of ``pca_span`` (default ``min(4k, d)``; must exceed ``k``).
+
+    Returns
+    -------
+    Tensor of shape (n, d, k)
+        Orthonormal control bases, in ``proxy_basis``' dtype (at least float32) and device.
 
     Examples
     --------

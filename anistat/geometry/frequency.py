@@ -61,6 +61,20 @@ def frequency_buckets(counts: Any, n_buckets: int, *, by: Literal["types", "toke
     Ties: all types with the same count always land in the same bucket, so with heavy ties
     some buckets can be empty or larger than their quantile share.
 
+    Parameters
+    ----------
+    counts : array_like of shape (V,)
+        The corpus count of every token id.
+    n_buckets : int
+        The number of buckets.
+    by : {"types", "tokens"}, default "types"
+        Equal numbers of types, or equal corpus mass, per bucket.
+
+    Returns
+    -------
+    ndarray of shape (V,), int64
+        The bucket of every id (0 rarest), -1 for ids never seen.
+
     Examples
     --------
     >>> import torch
@@ -117,6 +131,20 @@ def centroid_distances(activations: Any, token_ids: Any, *, min_occurrences: int
     space, not squared).  Types with fewer than ``min_occurrences`` occurrences are left out
     of the per-type arrays (a singleton's distance is 0 by construction).  O(N d) with
     scatter-adds, on the activations' device; results as numpy.
+
+    Parameters
+    ----------
+    activations : array_like of shape (N, d)
+        One activation per token occurrence.
+    token_ids : array_like of shape (N,)
+        The token type of every row.
+    min_occurrences : int, default 2
+        Types seen fewer times are left out of the per-type arrays.
+
+    Returns
+    -------
+    CentroidDistances
+        Per type: ids, occurrence counts and mean distance; per row: its distance.
 
     Examples
     --------
@@ -187,6 +215,22 @@ def type_mean_geometry(count: Any, vector_sum: Any, square_sum: Any, global_mean
     that keeps sums only for some types passes the mean of every occurrence); by default μ is
     pooled over the rows given.
 
+    Parameters
+    ----------
+    count : array_like of shape (V,)
+        Occurrences ``n_t`` per type.
+    vector_sum : array_like of shape (V, d)
+        ``Σa`` per type.
+    square_sum : array_like of shape (V,)
+        ``Σ‖a‖²`` per type.
+    global_mean : array_like of shape (d,), optional
+        ``μ`` (default: pooled over the rows given).
+
+    Returns
+    -------
+    TypeMeanGeometry
+        ``rms_spread``, ``mean_distance``, ``mean_norm`` per type and ``global_mean``.
+
     Examples
     --------
     >>> import torch
@@ -242,6 +286,18 @@ def log_frequency_correlation(counts: Any, distances: Any) -> FrequencyCorrelati
     ``distances`` (aligned per type, e.g. corpus counts of ``CentroidDistances.token_types``
     against ``mean_distance``).  Pairs with count ≤ 0 or a non-finite value are dropped;
     fewer than 3 pairs (or a constant input) gives nan.
+
+    Parameters
+    ----------
+    counts : array_like of shape (T,)
+        Corpus counts per type.
+    distances : array_like of shape (T,)
+        The types' distances, aligned with ``counts``.
+
+    Returns
+    -------
+    FrequencyCorrelation
+        Spearman ρ, Pearson r, their two-sided p-values and the pairs used.
 
     Examples
     --------
@@ -305,6 +361,22 @@ def sequence_type_sums(
     """:class:`SequenceTypeSums` of plain rows: activations ``(N, d)``, token ids ``(N,)`` and
     the sequence of every row ``(N,)`` (``n_sequences`` defaults to ``max + 1``). Pairs come out
     sorted by (token type, sequence).
+
+    Parameters
+    ----------
+    activations : array_like of shape (N, d)
+        One activation per token occurrence.
+    token_ids : array_like of shape (N,)
+        The token type of every row.
+    sequence_ids : array_like of shape (N,)
+        The sequence of every row.
+    n_sequences : int, optional
+        The number of sequences (default ``max(sequence_ids) + 1``).
+
+    Returns
+    -------
+    SequenceTypeSums
+        One row per (sequence, type) pair that occurs.
 
     Examples
     --------
@@ -547,6 +619,20 @@ def masked_correlations(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
     within each row's subset by running counts over its tie groups; each row of ``y`` is sorted
     and its ties found by comparing neighbours.
 
+    Parameters
+    ----------
+    x : array_like of shape (T,)
+        The common variable (NaN where missing).
+    y : array_like of shape (b, T)
+        One variable per row (NaN where missing).
+
+    Returns
+    -------
+    spearman : ndarray of shape (b,)
+        Spearman ρ of ``x`` with each row.
+    pearson : ndarray of shape (b,)
+        Pearson r of ``x`` with each row.
+
     Examples
     --------
     >>> import torch
@@ -563,6 +649,18 @@ def masked_correlations_many(x: Any, ys: Any) -> list[tuple[np.ndarray, np.ndarr
     """:func:`masked_correlations` of ``x`` with each array of ``ys``. The ranks of ``x`` within
     each row's subset are computed once per distinct mask: the frequency analysis' definitions of
     a type's distance are defined on the same (type, resample) entries, so one ranking serves all.
+
+    Parameters
+    ----------
+    x : array_like of shape (T,)
+        The common variable (NaN where missing).
+    ys : sequence of array_like of shape (b, T)
+        The arrays to correlate with.
+
+    Returns
+    -------
+    list of tuple of ndarray
+        ``(spearman, pearson)`` of each array, as :func:`masked_correlations` returns them.
 
     Examples
     --------

@@ -78,14 +78,21 @@ def _second_moment_of(x: Any, name: str = "second_moment") -> torch.Tensor:
 def energy_fraction(gradients: Any, bases: Any) -> float | torch.Tensor:
     """Pooled energy fraction ``E(Q) = Σ_i ‖Qᵀ g_i‖² / Σ_i ‖g_i‖²``.
 
-    Parameters
-    ----------
-    gradients : (N, d)
-    bases : (d, k) orthonormal → returns a float; or (n, d, k) → float64 tensor (n,).
-
     Orthonormality of ``Q`` is assumed (not re-checked); with a non-orthonormal Q the value
     is ``‖GQ‖_F² / ‖G‖_F²``.  Returns ``nan`` (with a :class:`DegenerateMetricWarning`) when all
     gradients are zero.
+
+    Parameters
+    ----------
+    gradients : array_like of shape (N, d)
+        The gradients ``g_i``.
+    bases : array_like of shape (d, k) or (n, d, k)
+        Orthonormal bases ``Q``.
+
+    Returns
+    -------
+    float or Tensor of shape (n,), float64
+        ``E(Q)`` of the basis, or of each basis of the stack.
 
     Examples
     --------
@@ -113,6 +120,18 @@ def energy_fraction_from_moments(second_moment: Any, bases: Any) -> float | torc
     """``E(Q) = tr(Qᵀ M Q) / tr(M)`` with ``M = GᵀG`` (uncentred second moment, e.g.
     :attr:`GradientMoments.second_moment` or a :class:`GradientMoments`).  Equal to
     :func:`energy_fraction` on the same gradients.  (d, k) → float, (n, d, k) → tensor (n,).
+
+    Parameters
+    ----------
+    second_moment : GradientMoments or array_like of shape (d, d)
+        ``M = GᵀG`` (or the moments it is read from).
+    bases : array_like of shape (d, k) or (n, d, k)
+        Orthonormal bases.
+
+    Returns
+    -------
+    float or Tensor of shape (n,)
+        ``E(Q)`` of the basis, or of each basis of the stack (float64).
 
     Examples
     --------
@@ -145,6 +164,18 @@ def oracle_fraction(second_moment: Any, k: int) -> float:
     """Oracle ``E*_k`` = (sum of the k largest eigenvalues of ``M = GᵀG``) / tr(M): the largest
     energy fraction any rank-k subspace can capture (attained by the top-k eigenvectors).
 
+    Parameters
+    ----------
+    second_moment : GradientMoments or array_like of shape (d, d)
+        ``M = GᵀG``.
+    k : int
+        The rank.
+
+    Returns
+    -------
+    float
+        ``E*_k``.
+
     Examples
     --------
     >>> import torch
@@ -160,6 +191,18 @@ def oracle_fraction(second_moment: Any, k: int) -> float:
 def oracle_fractions(second_moment: Any, ranks: Any) -> dict[int, float]:
     """:func:`oracle_fraction` for several ranks from one eigen-decomposition of ``M``:
     ``{k: E*_k}``.  Empty ``ranks`` → ``{}`` (nothing is decomposed).
+
+    Parameters
+    ----------
+    second_moment : GradientMoments or array_like of shape (d, d)
+        ``M = GᵀG``.
+    ranks : iterable of int
+        The ranks.
+
+    Returns
+    -------
+    dict of int to float
+        ``{k: E*_k}``.
 
     Examples
     --------
@@ -181,6 +224,18 @@ def oracle_fractions_of_spectrum(eigenvalues: Any, ranks: Any) -> dict[int, floa
     :class:`~anistat.geometry.SpectralFrame`'s, which the analysis has already computed);
     negative rounding residue is clamped to 0. Zero trace → NaN with a
     :class:`DegenerateMetricWarning`.
+
+    Parameters
+    ----------
+    eigenvalues : array_like of shape (d,)
+        The eigenvalues of ``M``, ascending.
+    ranks : iterable of int
+        The ranks.
+
+    Returns
+    -------
+    dict of int to float
+        ``{k: E*_k}``.
 
     Examples
     --------
@@ -217,6 +272,24 @@ def anisotropy_capture(energy: Any, k: int, d: int, oracle: float, *, atol: floa
     is ``nan`` with a :class:`DegenerateMetricWarning`.
 
     ``energy`` may be a float (→ float), a numpy array (→ array) or a tensor (→ tensor).
+
+    Parameters
+    ----------
+    energy : float, ndarray or Tensor
+        The basis' energy fraction ``E`` (any shape).
+    k : int
+        The basis' rank.
+    d : int
+        The dimension.
+    oracle : float
+        The oracle fraction ``E*_k`` (:func:`oracle_fraction`).
+    atol : float, default 1e-12
+        ``|E*_k − k/d|`` at or below this is the degenerate (isotropic) case.
+
+    Returns
+    -------
+    float, ndarray or Tensor
+        ``(E − k/d) / (E*_k − k/d)``, the type of ``energy``; NaN in the degenerate case.
 
     Examples
     --------
@@ -263,6 +336,16 @@ def isoscore_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
     (absolute values as in the reference package, which uses singular values of the
     covariance).  ``nan`` for m = 1 or an all-zero spectrum.
 
+    Parameters
+    ----------
+    eigenvalues : Tensor of shape (..., m)
+        Covariance spectra.
+
+    Returns
+    -------
+    Tensor of shape (...)
+        The IsoScore of each spectrum (NaN for m = 1 or an all-zero spectrum).
+
     Examples
     --------
     >>> import torch
@@ -280,6 +363,20 @@ def isoscore_from_trace_frobenius(trace: Any, frobenius_sq: Any, m: int) -> torc
 
     Exact for positive semi-definite C (then Σ|λ| = tr C); see the derivation above
     :func:`isoscore_from_eigenvalues`.
+
+    Parameters
+    ----------
+    trace : array_like
+        ``tr C``.
+    frobenius_sq : array_like
+        ``‖C‖_F²``.
+    m : int
+        The matrix's size.
+
+    Returns
+    -------
+    Tensor
+        ``(PR − 1)/(m − 1)``, broadcast over the inputs.
 
     Examples
     --------
@@ -315,6 +412,26 @@ def shrunk_trace_frobenius(
         ‖S‖_F² = (1 − ζ)² ‖C‖_F² + 2 ζ (1 − ζ) c tr C + ζ² c² m,
 
     with ``c = 1`` for ``C0 = "identity"`` and ``c = tr(C)/m`` for ``"scaled_identity"``.
+
+    Parameters
+    ----------
+    trace : array_like
+        ``tr C``.
+    frobenius_sq : array_like
+        ``‖C‖_F²``.
+    m : int
+        The matrix's size.
+    C0 : {"identity", "scaled_identity"}
+        The scalar shrinkage target.
+    zeta : float
+        The shrinkage weight ``ζ``.
+
+    Returns
+    -------
+    trace : Tensor
+        ``tr S``.
+    frobenius_sq : Tensor
+        ``‖S‖_F²``.
 
     Examples
     --------
@@ -362,6 +479,16 @@ def isoscore_from_cov(cov: Any) -> float:
     (:func:`participation_ratio_from_cov`) therefore carry the same information: one is an
     affine function of the other, ``IsoScore = (PR − 1)/(d − 1)``.
 
+    Parameters
+    ----------
+    cov : array_like of shape (d, d)
+        A covariance (PSD).
+
+    Returns
+    -------
+    float
+        ``(PR − 1)/(d − 1)``.
+
     Examples
     --------
     >>> import torch
@@ -379,6 +506,16 @@ def isoscore(points: Any) -> float:
     ``IsoScore.IsoScore.IsoScore``: covariance via ``torch.cov`` (centred, unbiased), then
     :func:`isoscore_from_cov` (closed form, no eigen-decomposition).  1 = isotropic, 0 = all
     variance on one axis.
+
+    Parameters
+    ----------
+    points : array_like of shape (n_samples, dim)
+        The point cloud.
+
+    Returns
+    -------
+    float
+        The IsoScore, in ``[0, 1]``.
 
     Examples
     --------
@@ -428,6 +565,20 @@ def isoscore_star_from_cov(cov: Any, C0: C0Spec = "scaled_identity", zeta: float
     singular-value definition differs from the trace form, so that case takes the general
     path (the spectrum of S).
 
+    Parameters
+    ----------
+    cov : array_like of shape (d, d)
+        The covariance.
+    C0 : {"scaled_identity", "identity"} or array_like of shape (d, d), default "scaled_identity"
+        The shrinkage target.
+    zeta : float, default 0.1
+        The shrinkage weight ``ζ``.
+
+    Returns
+    -------
+    float
+        IsoScore of ``(1 − ζ)·cov + ζ·C0``.
+
     Examples
     --------
     >>> import torch
@@ -451,6 +602,20 @@ def isoscore_star(points: Any, C0: C0Spec = "scaled_identity", zeta: float = DEF
     via ``torch.cov`` (unbiased), shrunk ``(1 − ζ)C + ζC0``, then IsoScore of the spectrum.
     ``C0`` may also be ``"identity"`` or ``"scaled_identity"`` (see
     :func:`isoscore_star_from_cov`).
+
+    Parameters
+    ----------
+    points : array_like of shape (n_samples, dim)
+        The point cloud.
+    C0 : {"scaled_identity", "identity"} or array_like of shape (dim, dim), default "scaled_identity"
+        The shrinkage target.
+    zeta : float, default 0.1
+        The shrinkage weight ``ζ``.
+
+    Returns
+    -------
+    float
+        IsoScore* of the points.
 
     Examples
     --------
@@ -478,6 +643,22 @@ def removal_traces(matrix: torch.Tensor, bases: torch.Tensor) -> tuple[torch.Ten
     ``‖PSP‖_F² = ‖S‖_F² − 2‖SQ‖_F² + ‖QᵀSQ‖_F²`` (expand ``PSP = S − SQQᵀ − QQᵀS +
     Q(QᵀSQ)Qᵀ`` and use ``QᵀQ = I``).  One (d, k) basis gives 0-d tensors.  See
     :func:`removal_traces_in_eigenbasis` for O(dk²).
+
+    Parameters
+    ----------
+    matrix : Tensor of shape (d, d)
+        The symmetric matrix ``S``.
+    bases : Tensor of shape (n, d, k) or (d, k)
+        Orthonormal bases.
+
+    Returns
+    -------
+    trace : Tensor of shape (n,) (0-d for one basis), float64
+        ``tr(QᵀSQ)``.
+    cross_sq : Tensor of shape (n,) (0-d for one basis), float64
+        ``‖SQ‖_F²``.
+    block_sq : Tensor of shape (n,) (0-d for one basis), float64
+        ``‖QᵀSQ‖_F²``.
 
     Examples
     --------
@@ -513,6 +694,22 @@ def removal_traces_in_eigenbasis(eigenvalues: Any, bases: Any) -> tuple[torch.Te
     the bases' device.  Feed them to :func:`delta_isoscore_star_from_traces` with
     ``trace = Σλ`` and ``frobenius_sq = Σλ²``.  Use it for many Monte-Carlo draws: a Haar draw
     can be made directly in eigenbasis coordinates (Haar measure is rotation invariant).
+
+    Parameters
+    ----------
+    eigenvalues : array_like of shape (d,)
+        The eigenvalues ``λ`` of ``S``.
+    bases : array_like of shape (n, d, k) or (d, k)
+        Orthonormal bases in ``S``'s eigenbasis (``VᵀQ``).
+
+    Returns
+    -------
+    trace : Tensor of shape (n,) (0-d for one basis), float64
+        ``tr(QᵀSQ)``.
+    cross_sq : Tensor of shape (n,) (0-d for one basis), float64
+        ``‖SQ‖_F²``.
+    block_sq : Tensor of shape (n,) (0-d for one basis), float64
+        ``‖QᵀSQ‖_F²``.
 
     Examples
     --------
@@ -557,6 +754,32 @@ def delta_isoscore_star_from_traces(
     Precision: ``‖PSP‖_F²`` is a difference of terms up to ``‖S‖_F²``; it loses
     ``log10(‖S‖_F²/‖PSP‖_F²)`` of float64's ~16 digits (irrelevant unless Q removes nearly all
     of S's Frobenius mass — :func:`delta_isoscore_star` recomputes such bases directly).
+
+    Parameters
+    ----------
+    trace : array_like
+        ``tr S`` of the d × d matrix.
+    frobenius_sq : array_like
+        ``‖S‖_F²``.
+    removed_trace : array_like
+        ``tr(QᵀSQ)`` per basis.
+    removed_cross_sq : array_like
+        ``‖SQ‖_F²`` per basis.
+    removed_block_sq : array_like
+        ``‖QᵀSQ‖_F²`` per basis.
+    dim : int
+        The dimension ``d``.
+    rank : int
+        The bases' rank ``k`` (``d − k >= 2``).
+    C0 : {"scaled_identity", "identity"} or None, default "scaled_identity"
+        The scalar shrinkage target; None when ``S`` is already shrunk.
+    zeta : float, default 0.1
+        The shrinkage weight ``ζ``.
+
+    Returns
+    -------
+    Tensor, float64
+        ΔIsoScore* per basis (broadcast shape of the ``removed_*`` inputs).
 
     Examples
     --------
@@ -618,8 +841,21 @@ def delta_isoscore_star(
 
     Parameters
     ----------
-    moments : GradientMoments (its unbiased covariance is used) or a (d, d) covariance.
-    bases : (d, k) → float, or (n, d, k) → float64 tensor (n,) (chunked to bound memory).
+    moments : GradientMoments or array_like of shape (d, d)
+        The moments (their unbiased covariance is used) or a covariance ``C``.
+    bases : array_like of shape (d, k) or (n, d, k)
+        Orthonormal bases ``Q`` (``d − k >= 2``).
+    C0 : {"scaled_identity", "identity"} or array_like of shape (d, d), default "scaled_identity"
+        The shrinkage target.
+    zeta : float, default 0.1
+        The shrinkage weight ``ζ``.
+    chunk_size : int, optional
+        Bases per chunk of a stack (None: chosen to bound memory).
+
+    Returns
+    -------
+    float or Tensor of shape (n,), float64
+        ΔIsoScore* of the basis, or of each basis of the stack.
 
     Examples
     --------
@@ -683,6 +919,16 @@ def mean_cosine(points: Any) -> float:
     ``(‖Σ u_i‖² − N) / (N(N − 1))``.  Zero rows (cosine undefined) are dropped; fewer than two
     non-zero rows gives ``nan`` with a warning.
 
+    Parameters
+    ----------
+    points : array_like of shape (N, d)
+        The (uncentred) points.
+
+    Returns
+    -------
+    float
+        The mean cosine over distinct pairs of non-zero rows.
+
     Examples
     --------
     >>> import torch
@@ -710,6 +956,16 @@ def participation_ratio_from_cov(matrix: Any) -> float:
     ``IsoScore = (PR − 1)/(d − 1)`` (:func:`isoscore_from_cov`), so a gradient IsoScore and a
     gradient participation ratio are one measurement on two scales.
 
+    Parameters
+    ----------
+    matrix : array_like of shape (d, d)
+        A symmetric PSD matrix.
+
+    Returns
+    -------
+    float
+        ``tr(C)² / ‖C‖_F²``.
+
     Examples
     --------
     >>> import torch
@@ -730,6 +986,18 @@ def participation_ratio(points: Any, *, center: bool = True) -> float:
     """Participation ratio ``(Σλ)² / Σλ²`` of the eigenvalues λ of the covariance of
     ``points`` (``center=True``, default) or of the uncentred second moment ``XᵀX``
     (``center=False``).  λ are covariance eigenvalues (= σ²/(N−1) of the centred data).
+
+    Parameters
+    ----------
+    points : array_like of shape (N, d)
+        The point cloud.
+    center : bool, default True
+        Use the covariance (False: the uncentred second moment).
+
+    Returns
+    -------
+    float
+        ``(Σλ)² / Σλ²``.
 
     Examples
     --------
@@ -761,6 +1029,18 @@ def effective_rank(points: Any, *, center: bool = True) -> float:
     Note σ (not λ = σ²): it equals :func:`effective_rank_from_cov` of the covariance
     (resp. of ``XᵀX``).
 
+    Parameters
+    ----------
+    points : array_like of shape (N, d)
+        The point cloud.
+    center : bool, default True
+        Centre the points first (False: the raw matrix).
+
+    Returns
+    -------
+    float
+        ``exp(H(p))``, between 1 and ``min(N, d)``.
+
     Examples
     --------
     >>> import torch
@@ -776,6 +1056,16 @@ def effective_rank(points: Any, *, center: bool = True) -> float:
 
 def effective_rank_from_eigenvalues(eigenvalues: Any) -> float:
     """:func:`effective_rank_from_cov` from the matrix's eigenvalues (when they are at hand).
+
+    Parameters
+    ----------
+    eigenvalues : array_like of shape (d,)
+        The matrix's eigenvalues.
+
+    Returns
+    -------
+    float
+        The Roy–Vetterli effective rank.
 
     Examples
     --------
@@ -793,6 +1083,16 @@ def effective_rank_from_cov(matrix: Any) -> float:
     the underlying data are ``σ_i ∝ √λ_i(C)``, so ``p_i = √λ_i / Σ√λ_j`` and the result is
     ``exp(H(p))``; consistent with :func:`effective_rank` on the points (the 1/(N−1) factor
     cancels).
+
+    Parameters
+    ----------
+    matrix : array_like of shape (d, d)
+        A covariance or second moment (symmetric PSD).
+
+    Returns
+    -------
+    float
+        The Roy–Vetterli effective rank.
 
     Examples
     --------

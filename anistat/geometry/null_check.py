@@ -62,6 +62,18 @@ def haar_token_fraction_law(k: int, d: int) -> Any:
     """Frozen ``scipy.stats.beta(k/2, (d − k)/2)``: the law of ``‖Qᵀg‖²/‖g‖²`` for one fixed
     non-zero g and a Haar rank-k Q in R^d.
 
+    Parameters
+    ----------
+    k : int
+        The rank (``1 <= k < d``).
+    d : int
+        The dimension.
+
+    Returns
+    -------
+    scipy.stats frozen distribution
+        ``beta(k/2, (d − k)/2)``.
+
     Examples
     --------
     >>> import torch
@@ -78,6 +90,22 @@ def haar_token_fraction_law(k: int, d: int) -> Any:
 def haar_energy_moments(second_moment: Any, k: int, *, within: Any = None) -> tuple[float, float]:
     """(mean, sd) of the pooled fraction ``tr(QᵀMQ)/tr(M)`` for Haar rank-k Q — in R^d, or in
     span(``within``) when an orthonormal (d, m) basis is given (see module docstring).
+
+    Parameters
+    ----------
+    second_moment : array_like of shape (d, d)
+        ``M`` (symmetric PSD).
+    k : int
+        The rank of the Haar subspaces.
+    within : array_like of shape (d, m), optional
+        An orthonormal basis the Haar law is restricted to (None: all of R^d).
+
+    Returns
+    -------
+    mean : float
+        Mean of ``tr(QᵀMQ)/tr(M)``.
+    sd : float
+        Its standard deviation.
 
     Examples
     --------
@@ -142,6 +170,30 @@ def haar_null_check(
 
     ``d`` is the ambient dimension (checked against M); ``within`` (d, m) restricts the Haar
     law to a subspace (``normal`` controls: :func:`~.controls.complement_basis` of the proxy).
+
+    Parameters
+    ----------
+    control_fractions : array_like of shape (n,)
+        The Haar controls' pooled energy fractions.
+    k : int
+        Their rank.
+    d : int
+        The ambient dimension (checked against ``second_moment``).
+    second_moment : array_like of shape (d, d)
+        ``M``.
+    within : array_like of shape (d, m), optional
+        The subspace the controls were drawn in (None: all of R^d).
+    z_tol : float, default 4.0
+        The largest ``|z_mean|`` that passes.
+    alpha : float, default 1e-4
+        Level of the sd ratio's chi-square band.
+    kurtosis_slack : float, default 2.0
+        Divides the band's degrees of freedom (allows excess kurtosis).
+
+    Returns
+    -------
+    NullCheck
+        The observed and expected moments, ``z_mean``, ``sd_ratio`` and the verdict.
 
     Examples
     --------

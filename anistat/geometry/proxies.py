@@ -112,6 +112,16 @@ PROXY_METHODS: dict[str, type[ProxyMethod]] = {}
 def register_proxy(name: str) -> Callable[[type[ProxyMethod]], type[ProxyMethod]]:
     """Class decorator registering a :class:`ProxyMethod` subclass under ``name``.
 
+    Parameters
+    ----------
+    name : str
+        The name the method is registered under.
+
+    Returns
+    -------
+    callable
+        The decorator (it returns the class, with ``name`` set).
+
     Examples
     --------
     >>> import torch
@@ -144,6 +154,24 @@ def fit_proxy(activations: Any, method: str, rank: int, seed: int = 0, **options
     completed with seeded random orthonormal directions and ``info["completed_dims"]`` says
     how many.  ``options`` go to the method's constructor (unknown ones raise ``ValueError``).
 
+    Parameters
+    ----------
+    activations : array_like of shape (N, d)
+        The activations to fit on.
+    method : str
+        A registered method's name.
+    rank : int
+        The proxy's rank ``k`` (``1 <= k < d``).
+    seed : int, default 0
+        Seed of the method's randomness and of any completing directions.
+    **options : Any
+        Passed to the method's constructor.
+
+    Returns
+    -------
+    Proxy
+        The fitted basis with its reconstruction error and diagnostics.
+
     Examples
     --------
     >>> import torch
@@ -162,6 +190,24 @@ def fit_proxies(activations: Any, method: str, ranks, seeds: dict[int, int], **o
     """:func:`fit_proxy` at several ranks of the same activations (``seeds[rank]`` per rank),
     validating once and letting the method share work across ranks (pca decomposes once: its
     rank-k proxy is the first k directions of the largest rank's, exactly).
+
+    Parameters
+    ----------
+    activations : array_like of shape (N, d)
+        The activations to fit on.
+    method : str
+        A registered method's name.
+    ranks : iterable of int
+        The ranks (each ``1 <= rank < d``).
+    seeds : dict of int to int
+        The seed of each rank.
+    **options : Any
+        Passed to the method's constructor.
+
+    Returns
+    -------
+    dict of int to Proxy
+        The proxy of each rank.
 
     Examples
     --------
@@ -204,6 +250,16 @@ def fit_proxies(activations: Any, method: str, ranks, seeds: dict[int, int], **o
 def center_default(method: str) -> bool | None:
     """A registered method's default centring (None when it has no ``center`` option).
 
+    Parameters
+    ----------
+    method : str
+        A registered proxy method's name.
+
+    Returns
+    -------
+    bool or None
+        The default of its ``center`` option; None when it has none.
+
     Examples
     --------
     >>> import torch
@@ -222,6 +278,18 @@ def proxy_variants(method: str, center: bool | str | None = None) -> list[tuple[
     ``center``: None (the method's default), True / False, or ``"both"`` (the default variant
     and the other one). The default variant is labelled by the method name alone; the other
     by ``METHOD@centred`` or ``METHOD@uncentred``, so results never mix the two.
+
+    Parameters
+    ----------
+    method : str
+        A registered method's name.
+    center : bool or "both" or None, default None
+        The centring asked for (None: the method's default).
+
+    Returns
+    -------
+    list of tuple of (str, dict)
+        ``(label, fit options)`` per variant.
 
     Examples
     --------
@@ -324,6 +392,20 @@ def project(activations: Any, basis: Any, *, center: Any = None) -> torch.Tensor
     """Coordinates ``(A − c) B`` (N, k) of activations on a basis; ``center`` is an optional
     (d,) offset (e.g. the fit-split mean for PCA-style concept scores).
 
+    Parameters
+    ----------
+    activations : array_like of shape (N, d)
+        The activations.
+    basis : array_like of shape (d, k)
+        The basis.
+    center : array_like of shape (d,), optional
+        An offset subtracted first.
+
+    Returns
+    -------
+    Tensor of shape (N, k)
+        ``(A − c) B``.
+
     Examples
     --------
     >>> import torch
@@ -346,6 +428,20 @@ def top_activating(scores: Any, m: int, *, absolute: bool = False) -> torch.Tens
     indices by decreasing ``scores[:, j]`` (by decreasing ``|scores[:, j]|`` with
     ``absolute=True``; PCA / ICA axes have arbitrary sign, NMF codes do not).  Ties keep the
     lower index first.
+
+    Parameters
+    ----------
+    scores : array_like of shape (N, r)
+        Projections of N activations onto r directions.
+    m : int
+        Rows to list per direction.
+    absolute : bool, default False
+        Rank by ``|score|``.
+
+    Returns
+    -------
+    Tensor of shape (r, min(m, N)), int64
+        Row indices by decreasing score, per direction.
 
     Examples
     --------

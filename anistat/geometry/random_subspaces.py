@@ -141,6 +141,24 @@ def random_subspace_traces(frames, ranks, n: int, seed: int, *, exclude=None) ->
     ``exclude=U`` each frame projects ``Vᵀ U`` out of ``Z``. Gaussians come from numpy's PCG64
     seeded with ``seed``, in chunks of fixed size (device- and memory-independent).
 
+    Parameters
+    ----------
+    frames : sequence of SpectralFrame
+        The diagonalised matrices to evaluate the draws in.
+    ranks : iterable of int
+        The ranks.
+    n : int
+        The number of draws.
+    seed : int
+        Seed of numpy's PCG64 generator of the Gaussians.
+    exclude : array_like of shape (d, k), optional
+        An orthonormal basis the draws are projected away from (the ``normal`` control).
+
+    Returns
+    -------
+    list of dict of int to SubspaceTraces
+        Per frame, the traces of every rank's ``n`` draws.
+
     Examples
     --------
     >>> import torch
@@ -207,6 +225,22 @@ def complement_subspaces(basis, n: int, seed: int, *, dtype: torch.dtype = torch
     ill-conditioned for Cholesky (likeliest at ``k = d/2``, where the complement has only ``k``
     dimensions) is orthonormalised by Householder QR of the same columns (the same span).
 
+    Parameters
+    ----------
+    basis : array_like of shape (d, k)
+        The orthonormal basis ``U`` whose complement the draws lie in (``2k <= d``).
+    n : int
+        The number of draws.
+    seed : int
+        Seed of the CPU generator of the Gaussians.
+    dtype : torch.dtype, default torch.float32
+        The draws' dtype.
+
+    Returns
+    -------
+    Tensor of shape (n, d, k)
+        Orthonormal bases of the drawn subspaces, on ``basis``' device.
+
     Examples
     --------
     >>> import torch
@@ -241,6 +275,18 @@ def subspace_traces(matrix, q: torch.Tensor) -> SubspaceTraces:
     in the symmetric ``d × d`` ``matrix`` S, in ``q``'s dtype: S multiplies all bases in one
     ``d × d · d × nk`` product.
 
+    Parameters
+    ----------
+    matrix : array_like of shape (d, d)
+        The symmetric matrix ``S``.
+    q : Tensor of shape (n, d, k)
+        Orthonormal bases.
+
+    Returns
+    -------
+    SubspaceTraces
+        ``tr(QᵀSQ)``, ``‖SQ‖_F²`` and ``‖QᵀSQ‖_F²`` per basis.
+
     Examples
     --------
     >>> import torch
@@ -269,6 +315,24 @@ def complement_subspace_traces(
     ``dtype`` (float32 by default: these draws serve the paper's convention and descriptive
     control statistics, not the exact test).
 
+    Parameters
+    ----------
+    matrices : sequence of array_like of shape (d, d)
+        Symmetric matrices to evaluate the draws in.
+    basis : array_like of shape (d, k)
+        The orthonormal proxy basis ``U`` whose complement the draws lie in.
+    n : int
+        The number of draws.
+    seed : int
+        Seed of the draws (as in :func:`complement_subspaces`).
+    dtype : torch.dtype, default torch.float32
+        The dtype of the draws and of the traces' arithmetic.
+
+    Returns
+    -------
+    list of SubspaceTraces
+        One per matrix, each with ``(n,)`` arrays.
+
     Examples
     --------
     >>> import torch
@@ -287,6 +351,24 @@ def complement_subspace_traces(
 def isoscore_star_from_traces(trace, frobenius, dim: int, c0: str, zeta: float):
     """IsoScore* of a covariance known by its trace ``T`` and ``‖C‖_F²`` in ``dim`` coordinates,
     for a scalar shrinkage target (see the module docstring for the formula).
+
+    Parameters
+    ----------
+    trace : array_like
+        ``tr C``.
+    frobenius : array_like
+        ``‖C‖_F²``.
+    dim : int
+        The number of coordinates (at least 2).
+    c0 : {"identity", "scaled_identity"}
+        The scalar shrinkage target.
+    zeta : float
+        The shrinkage weight ``ζ``.
+
+    Returns
+    -------
+    ndarray, float64
+        IsoScore* (the broadcast shape of ``trace`` and ``frobenius``; NaN where ``‖S‖_F² = 0``).
 
     Examples
     --------
