@@ -246,6 +246,25 @@ def test_every_public_geometry_function_documents_its_parameters_and_result(name
     )
 
 
+def _geometry_result_types() -> list[str]:
+    import dataclasses
+
+    import anistat.geometry as geometry
+
+    return [name for name in geometry.__all__ if dataclasses.is_dataclass(getattr(geometry, name))]
+
+
+@pytest.mark.parametrize("name", _geometry_result_types())
+def test_every_public_geometry_result_type_documents_its_fields(name):
+    """Attributes naming the constructor's fields, in order."""
+    import anistat.geometry as geometry
+
+    value = getattr(geometry, name)
+    listed = _numpydoc_section(inspect.getdoc(value) or "", "Attributes")
+    assert listed is not None, f"anistat.geometry.{name} has no Attributes section"
+    assert SECTION_ENTRY.findall(listed) == list(inspect.signature(value).parameters), name
+
+
 def test_the_section_parser_reads_names_and_stops_at_the_next_section():
     doc = "Sum.\n\nParameters\n----------\nx : float\n    One.\ny_2 : int\n\nReturns\n-------\nfloat\n    Sum.\n"
     assert SECTION_ENTRY.findall(_numpydoc_section(doc, "Parameters")) == ["x", "y_2"]

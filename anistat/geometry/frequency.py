@@ -115,7 +115,19 @@ class CentroidDistances:
     """Per token type (sorted by id): ``token_types`` (T,), ``n_occurrences`` (T,),
     ``mean_distance`` (T,) = mean over the type's occurrences of ‖a_i − c_t‖₂ with
     ``c_t`` the mean activation of the type; ``token_distance`` (N,) = ‖a_i − c_{t(i)}‖₂ for
-    every input row (before any ``min_occurrences`` filter)."""
+    every input row (before any ``min_occurrences`` filter).
+
+    Attributes
+    ----------
+    token_types : ndarray of shape (T,)
+        The types kept, sorted by id.
+    n_occurrences : ndarray of shape (T,)
+        Their occurrences.
+    mean_distance : ndarray of shape (T,)
+        Mean ‖a_i − c_t‖₂ over each type's occurrences.
+    token_distance : ndarray of shape (N,)
+        ‖a_i − c_{t(i)}‖₂ of every input row.
+    """
 
     token_types: np.ndarray
     n_occurrences: np.ndarray
@@ -181,7 +193,19 @@ def centroid_distances(activations: Any, token_ids: Any, *, min_occurrences: int
 class TypeMeanGeometry:
     """Per token type (arrays of the vocabulary's length, NaN where a type has fewer than two
     occurrences): ``rms_spread``, ``mean_distance``, ``mean_norm`` (see
-    :func:`type_mean_geometry`) and the ``global_mean`` (d,) they refer to."""
+    :func:`type_mean_geometry`) and the ``global_mean`` (d,) they refer to.
+
+    Attributes
+    ----------
+    rms_spread : ndarray of shape (V,)
+        Bessel-corrected RMS distance of each type's occurrences to its centroid.
+    mean_distance : ndarray of shape (V,)
+        Debiased distance of each type's mean from ``global_mean``.
+    mean_norm : ndarray of shape (V,)
+        Debiased norm of each type's mean.
+    global_mean : ndarray of shape (d,)
+        The token-weighted global mean ``μ``.
+    """
 
     rms_spread: np.ndarray
     mean_distance: np.ndarray
@@ -272,7 +296,21 @@ def type_mean_geometry(count: Any, vector_sum: Any, square_sum: Any, global_mean
 
 @dataclass(frozen=True, kw_only=True)
 class FrequencyCorrelation:
-    """Correlation of ``log(count)`` with distance over ``n_types`` types."""
+    """Correlation of ``log(count)`` with distance over ``n_types`` types.
+
+    Attributes
+    ----------
+    spearman_rho : float
+        Spearman ρ of ``log(count)`` with distance.
+    spearman_p : float
+        Its two-sided p-value.
+    pearson_r : float
+        Pearson r of ``log(count)`` with distance.
+    pearson_p : float
+        Its two-sided p-value.
+    n_types : int
+        The types (pairs) used.
+    """
 
     spearman_rho: float
     spearman_p: float
@@ -341,7 +379,23 @@ class SequenceTypeSums:
     with multiplicities ``w_s`` multiplies each pair's sums by ``w_s``, so every type's centroid
     and RMS distance under any resample follow from these rows (see
     :class:`ResampledCentroidDistance`). Memory is ``P·(d + 4)`` numbers with ``P`` at most the
-    number of tokens."""
+    number of tokens.
+
+    Attributes
+    ----------
+    sequence : ndarray of shape (P,), int64
+        The pair's sequence, in ``[0, n_sequences)``.
+    token_type : ndarray of shape (P,), int64
+        The pair's token type.
+    count : ndarray of shape (P,), float64
+        ``n_st``.
+    square_sum : ndarray of shape (P,), float64
+        ``Σ_i ‖a_i‖²``.
+    vector_sum : ndarray of shape (P, d), float64
+        ``Σ_i a_i``.
+    n_sequences : int
+        The number of sequences.
+    """
 
     sequence: np.ndarray  # (P,) int64, in [0, n_sequences)
     token_type: np.ndarray  # (P,) int64

@@ -52,7 +52,19 @@ CHUNK = 128
 class HaarChunk:
     """One chunk of draws: ``rows`` ``(c, K, d)`` orthonormal rows (rank ``k`` = the first ``k``
     rows) and ``diagonals[k]`` ``(c, d)`` = ``diag(P_k)`` of every draw, in the stream's dtype;
-    ``gaussians`` the CPU float32 ``Zᵀ`` they come from (for :meth:`HaarDiagonalStream.rows`)."""
+    ``gaussians`` the CPU float32 ``Zᵀ`` they come from (for :meth:`HaarDiagonalStream.rows`).
+
+    Attributes
+    ----------
+    index : int
+        The chunk's position in the stream (0, 1, …).
+    rows : Tensor of shape (c, K, d)
+        Orthonormal rows of each draw (rank ``k``: the first ``k``).
+    diagonals : dict of int to Tensor of shape (c, d)
+        ``diag(P_k)`` of every draw, per rank ``k``.
+    gaussians : Tensor
+        The CPU float32 ``Zᵀ`` the draws come from.
+    """
 
     index: int
     rows: torch.Tensor

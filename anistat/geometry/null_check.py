@@ -44,7 +44,31 @@ class NullCheck:
 
     ``z_mean = (observed_mean − expected_mean) / (expected_sd / √n)``;
     ``sd_ratio = observed_sd / expected_sd``; ``ok`` when |z_mean| < ``z_tol`` and the sd ratio
-    lies in the chi-square band (see :func:`haar_null_check`)."""
+    lies in the chi-square band (see :func:`haar_null_check`).
+
+    Attributes
+    ----------
+    expected_mean : float
+        The Haar closed-form mean of the pooled fraction.
+    expected_sd : float
+        Its closed-form sd.
+    observed_mean : float
+        The controls' mean.
+    observed_sd : float
+        Their sd (ddof=1).
+    z_mean : float
+        ``(observed_mean − expected_mean) / (expected_sd / √n)``.
+    sd_ratio : float
+        ``observed_sd / expected_sd``.
+    ok : bool
+        Whether both checks pass.
+    message : str
+        Each check's outcome in words.
+    n_controls : int, default 0
+        The controls checked.
+    sd_band : tuple of float, default (nan, nan)
+        The band ``sd_ratio`` must lie in (NaN: not checked).
+    """
 
     expected_mean: float
     expected_sd: float

@@ -56,7 +56,17 @@ _CHUNK = 512
 
 @dataclass(frozen=True, kw_only=True)
 class SubspaceTraces:
-    """``tr(QᵀSQ)``, ``‖SQ‖_F²`` and ``‖QᵀSQ‖_F²`` of ``n`` subspaces (each ``(n,)`` float64)."""
+    """``tr(QᵀSQ)``, ``‖SQ‖_F²`` and ``‖QᵀSQ‖_F²`` of ``n`` subspaces (each ``(n,)`` float64).
+
+    Attributes
+    ----------
+    trace : ndarray of shape (n,)
+        ``tr(QᵀSQ)``.
+    trace_squared : ndarray of shape (n,)
+        ``‖SQ‖_F²``.
+    frobenius : ndarray of shape (n,)
+        ``‖QᵀSQ‖_F²``.
+    """
 
     trace: np.ndarray
     trace_squared: np.ndarray
