@@ -114,8 +114,9 @@ def test_the_site_builds_strictly_with_every_page_of_the_nav(site):
         built = site / ("index.html" if page == "index.md" else page.removesuffix(".md") + "/index.html")
         assert built.is_file(), f"{page} was not built"
     # the generated blocks were filled in, not left as markers
-    for page in ("protocol-reference", "cli", "troubleshooting"):
+    for page in ("protocol-reference", "cli", "troubleshooting", "results-columns"):
         assert "<!-- generated: " not in (site / page / "index.html").read_text(encoding="utf-8")
+    assert "<code>withheld_few_units</code>" in (site / "results-columns" / "index.html").read_text(encoding="utf-8")
     # the headline figure from the shipped bundle is served, not copied into docs/
     assert (site / "assets" / "energy_ratio_trajectory.png").is_file()
     assert not list(DOCS.rglob("*.png"))
