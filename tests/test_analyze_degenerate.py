@@ -290,6 +290,11 @@ def _produced_codes() -> dict[str, set[str]]:
         "3 resampling units": _codes(three["hedges_g"]),
         "a non-finite resample": _codes(stats.ci_from_replicates(1.0, replicates, method="percentile")),
         "no finite resample": _codes(stats.ci_from_replicates(1.0, np.full(5, np.nan), method="percentile")),
+        "a zero-SE resample (bootstrap-t)": _codes(
+            stats.ci_from_replicates(
+                1.0, replicates[:40], method="studentized", se=0.1, replicate_se=np.r_[np.full(39, 0.1), 0.0]
+            )
+        ),
     }
 
 
@@ -305,6 +310,7 @@ def test_each_fallback_code_is_produced_by_a_real_degenerate_input():
         "3 resampling units": {fallbacks.NO_INTERVAL},
         "a non-finite resample": {fallbacks.RESAMPLES_DROPPED},
         "no finite resample": {fallbacks.NO_INTERVAL},
+        "a zero-SE resample (bootstrap-t)": {fallbacks.RESAMPLES_DROPPED},
     }
     for case, codes in expected.items():
         assert codes <= produced[case], (case, produced[case])

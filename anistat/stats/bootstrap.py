@@ -521,7 +521,7 @@ def ci_from_replicates(
     bias = float(reps.mean() - theta)
     used = method
     if method == "studentized":
-        interval, reason = _studentized(theta, reps, rep_se, float(se), levels, log_scale, notes)
+        interval, reason = _studentized(theta, reps, rep_se, float(se), levels, log_scale, notes, codes)
         if interval is not None:
             return result(interval[0], interval[1], "studentized", se_reps, bias)
         used = "percentile"
@@ -574,7 +574,7 @@ def _finite_replicates(
     return reps[finite], None if rep_se is None else rep_se[finite]
 
 
-def _studentized(theta, reps, rep_se, se0, levels, log_scale, notes):
+def _studentized(theta, reps, rep_se, se0, levels, log_scale, notes, codes):
     """Bootstrap-t endpoints ``((lo, hi), None)``, or ``(None, reason)`` when undefined."""
     if log_scale:
         if not theta > 0:
@@ -593,6 +593,7 @@ def _studentized(theta, reps, rep_se, se0, levels, log_scale, notes):
         return None, "fewer than 2 finite studentized resamples"
     if not ok.all():
         notes.append(f"{int((~ok).sum())} resamples with zero or non-finite SE left out of the studentized quantiles")
+        codes.append(RESAMPLES_DROPPED)
     q_high, q_low = np.quantile(tstar[ok], levels[::-1])
     if log_scale:
         return (float(theta * np.exp(-q_high * scale)), float(theta * np.exp(-q_low * scale))), None

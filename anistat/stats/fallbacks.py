@@ -14,7 +14,8 @@ CI_METHOD_FALLBACK = "ci_method_fallback"
 #: No interval: the estimate or every resample is non-finite, the replicates have no spread, or
 #: the resampling units are too few for this interval; ``ci_low``/``ci_high`` are NaN.
 NO_INTERVAL = "no_interval"
-#: Some bootstrap resamples were non-finite and were left out of the interval.
+#: Some bootstrap resamples were non-finite (or, for bootstrap-t, had a zero or non-finite SE)
+#: and were left out of the interval.
 RESAMPLES_DROPPED = "resamples_dropped"
 #: The interval passed its parameter's range and was clipped to it.
 CI_CLIPPED = "ci_clipped"
@@ -38,7 +39,7 @@ SEQUENCES_RESAMPLED = "sequences_resampled"
 FALLBACK_CODES: dict[str, str] = {
     CI_METHOD_FALLBACK: "the requested interval method was undefined; ci_method names the one used",
     NO_INTERVAL: "no interval could be computed (non-finite or spread-free resamples, or too few units)",
-    RESAMPLES_DROPPED: "some bootstrap resamples were non-finite and left out",
+    RESAMPLES_DROPPED: "some bootstrap resamples were non-finite (bootstrap-t: or had a zero SE) and left out",
     CI_CLIPPED: "the interval passed its parameter's range and was clipped to it",
     WITHHELD_FEW_UNITS: "too few resampling units: intervals, their SEs and the data test withheld",
     NO_DATA_TEST: "the data test is undefined (ratio or its SE not finite and positive)",
