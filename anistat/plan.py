@@ -35,14 +35,16 @@ Formulas (``t_{q,ν}``: Student quantile; ``Φ``: normal cdf; ``a = α/m``):
   (statsmodels ``TTestPower`` with effect size ``log R / τ``).
 * exact test: it rejects when ``F̂`` exceeds the ``1 − a`` quantile ``q`` of the Haar null of the
   unit's own data (the energy fraction of a uniformly random rank-``k`` subspace). That null does
-  not shrink with ``n``: its spread is set by ``d``, ``k`` and the gradients' spectrum
+  not shrink like ``1/√n``: its spread is set by ``d``, ``k`` and the gradients' spectrum
   (``Var = 2k(d−k)/((d−1)d(d+2)) · (d Σw² − 1)``, ``w = λ/Σλ``,
   :func:`anistat.stats.control_energy_moments`). ``q`` is the quantile of the Beta law with the
   null's mean ``k/d`` and this variance: exact when the gradients' second moment has rank one
   (``PR = 1/Σw² = 1``, the null ``Beta(k/2, (d−k)/2)``), degenerate at ``k/d`` for isotropic
   gradients (``PR = d``: every subspace captures ``k/d``), a moment match between. Power ``Φ(√n (log(R k/d) − log q)/τ)``:
   it tends to 1 only when ``R k/d > q`` — below ``R = q d/k`` no number of documents makes the
-  exact test reject, and the plan says so.
+  exact test reject, and the plan says so. The spectrum is the pilot's sample one; a larger study's
+  is less noisy and its null narrower (the plan is conservative there), a smaller one's wider, so
+  the exact test is never planned below the pilot's size.
 
 How far to trust it
 -------------------
@@ -67,11 +69,14 @@ import numpy as np
 from scipy import stats as sps
 
 from .errors import AnistatInputError
+from .stats import MIN_RESAMPLING_UNITS
 
 #: Multiplicity corrections the plan knows (the protocol's ``stats.multiplicity``).
 CORRECTIONS = ("holm", "fdr_bh", "bonferroni", "none")
 #: Largest document count the planner searches (beyond it the target is reported unreachable).
 MAX_DOCUMENTS = 10_000_000
+#: Most bootstrap resamples the planned data test may need (see :func:`documents_for_data_test`).
+MAX_TEST_RESAMPLES = 100_000
 #: Probability with which the Monte-Carlo exact test rejects a test whose ideal p-value is half
 #: the corrected threshold (see :func:`null_draws_needed`).
 DRAWS_RESOLUTION = 0.99
@@ -136,6 +141,14 @@ class UnitLaw:
         The documents ``τ`` was estimated from (None: ``τ`` taken as known).
     sequences_per_document : float
         Test sequences per document (turns documents into ``data.n_test_sequences``).
+    null_documents : int or None
+        The documents whose sample second moment ``null_sd`` was measured on (a pilot's): the null
+        is wider in smaller studies (fewer tokens, a noisier spectrum), so the exact test is never
+        planned below this size without ``tokens_per_document``. None: ``null_sd`` holds at
+        every size.
+    tokens_per_document : float or None
+        Tokens per document: with ``null_documents``, the null's SD at another size follows from
+        the spectrum's sampling noise (:func:`null_sd_at`).
     """
 
     model: str
@@ -146,6 +159,8 @@ class UnitLaw:
     null_sd: float
     pilot_documents: int | None = None
     sequences_per_document: float = 1.0
+    null_documents: int | None = None
+    tokens_per_document: float | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +187,7 @@ class PlanRow:
     documents_exact_test_upper: int | None
     test_sequences: int | None
     null_draws: int
+    test_resamples: int
 
 
 # ---------------------------------------------------------------------------------- formulas
@@ -235,6 +251,26 @@ def haar_null_quantile(rank: int, dim: int, null_sd: float, tail: float) -> floa
     return float(sps.beta.isf(tail, mean * total, (1.0 - mean) * total))
 
 
+def null_sd_at(law: UnitLaw, n: int | None) -> float:
+    """The Haar null's SD in a study of ``n`` documents (None: infinitely many).
+
+    The null's variance is ``c (Σŵ² − 1/d)``, ``c = 2k(d−k)/((d−1)d(d+2))``, with ``Σŵ²`` the
+    concentration of the *sample* spectrum, which ``N`` i.i.d. tokens inflate:
+    ``E Σŵ² ≈ Σw² + (1 − Σw²)/N``. A pilot's ``null_sd`` at ``N_p = tokens_per_document ·
+    null_documents`` tokens gives the population's ``Σw² = (Σŵ²_p − 1/N_p)/(1 − 1/N_p)`` (at
+    least ``1/d``), and the study's at ``N = tokens_per_document · n``. Without the token count
+    ``null_sd`` is returned as it is."""
+    if law.tokens_per_document is None or law.null_documents is None:
+        return law.null_sd
+    d, k = law.dim, law.rank
+    scale = 2.0 * k * (d - k) / ((d - 1.0) * d * (d + 2.0))
+    pilot_tokens = law.tokens_per_document * law.null_documents
+    sampled = law.null_sd**2 / scale + 1.0 / d
+    population = max((sampled - 1.0 / pilot_tokens) / (1.0 - 1.0 / pilot_tokens), 1.0 / d)
+    at_n = population if n is None else population + (1.0 - population) / (law.tokens_per_document * n)
+    return float(math.sqrt(scale * max(at_n - 1.0 / d, 0.0)))
+
+
 def exact_test_power(n: int, tau: float, ratio: float, rank: int, dim: int, null_quantile: float) -> float:
     """Power ``Φ(√n (log(R k/d) − log q)/τ)`` of the exact test with ``n`` documents (``q``: the
     null's quantile at the threshold, :func:`haar_null_quantile`)."""
@@ -257,7 +293,9 @@ def smallest_n(meets, low: int = 2, high: int = MAX_DOCUMENTS) -> int | None:
 
 
 def documents_for_half_width(tau: float, ratio: float, half_width: float, ci_level: float = 0.95) -> int | None:
-    """Documents for a CI half-width of at most ``half_width`` at ``R`` (:func:`ci_half_width`).
+    """Documents for a CI half-width of at most ``half_width`` at ``R`` (:func:`ci_half_width`),
+    at least :data:`anistat.stats.MIN_RESAMPLING_UNITS` (below it the analysis withholds the
+    interval and the data test).
 
     Examples
     --------
@@ -265,22 +303,34 @@ def documents_for_half_width(tau: float, ratio: float, half_width: float, ci_lev
     >>> documents_for_half_width(0.5, 1.25, 0.1), documents_for_half_width(0.5, 1.25, 0.05)
     (153, 603)
     """
-    return smallest_n(lambda n: ci_half_width(n, tau, ratio, ci_level) <= half_width)
+    return smallest_n(lambda n: ci_half_width(n, tau, ratio, ci_level) <= half_width, MIN_RESAMPLING_UNITS)
 
 
 def documents_for_data_test(tau: float, ratio: float, power: float, threshold: float) -> int | None:
-    """Documents for the data test to reach ``power`` at ``threshold`` (:func:`data_test_power`)."""
-    return smallest_n(lambda n: data_test_power(n, tau, ratio, threshold) >= power)
+    """Documents for the data test to reach ``power`` at ``threshold`` (:func:`data_test_power`),
+    at least :data:`anistat.stats.MIN_RESAMPLING_UNITS`, and enough that at most
+    :data:`MAX_TEST_RESAMPLES` bootstrap resamples resolve its expanded tail
+    (:func:`data_test_resamples`: with few documents a small threshold needs a far smaller tail)."""
+    return smallest_n(
+        lambda n: (
+            data_test_power(n, tau, ratio, threshold) >= power
+            and data_test_resamples(threshold, n) <= MAX_TEST_RESAMPLES
+        ),
+        MIN_RESAMPLING_UNITS,
+    )
 
 
 def documents_for_exact_test(
-    tau: float, ratio: float, power: float, rank: int, dim: int, null_quantile: float
+    tau: float, ratio: float, power: float, rank: int, dim: int, null_quantile, least: int = 2
 ) -> int | None:
-    """Documents for the exact test to reach ``power`` (:func:`exact_test_power`); None when
-    ``R k/d`` does not exceed the null quantile (no study size reaches it)."""
-    if ratio * rank / dim <= null_quantile:
+    """Documents (at least ``least``) for the exact test to reach ``power``
+    (:func:`exact_test_power`); ``null_quantile`` is the null's quantile, or a function of the
+    documents giving it (it falls as the sample spectrum settles). None when ``R k/d`` does not
+    exceed the quantile even with the most documents searched."""
+    quantile_at = null_quantile if callable(null_quantile) else (lambda n: null_quantile)
+    if ratio * rank / dim <= quantile_at(MAX_DOCUMENTS):
         return None
-    return smallest_n(lambda n: exact_test_power(n, tau, ratio, rank, dim, null_quantile) >= power)
+    return smallest_n(lambda n: exact_test_power(n, tau, ratio, rank, dim, quantile_at(n)) >= power, max(least, 2))
 
 
 def null_draws_needed(threshold: float, resolution: float = DRAWS_RESOLUTION) -> int:
@@ -314,6 +364,24 @@ def null_draws_needed(threshold: float, resolution: float = DRAWS_RESOLUTION) ->
     return max(found or 10_000_000, 99)
 
 
+def data_test_resamples(threshold: float, documents: int | None) -> int:
+    """Bootstrap resamples for the data test at ``documents``: it compares its expanded p-value
+    (:func:`anistat.stats.expanded_pvalue`) with the threshold, so the raw bootstrap tail must
+    resolve ``expanded_tail(threshold, n)`` — smaller than the threshold at few documents —
+    exactly as the Haar draws resolve the threshold (:func:`null_draws_needed`).
+
+    Examples
+    --------
+    >>> from anistat.plan import data_test_resamples
+    >>> data_test_resamples(0.005, 10) > data_test_resamples(0.005, 1000) >= data_test_resamples(0.005, None)
+    True
+    """
+    from .stats import expanded_tail
+
+    tail = threshold if documents is None else expanded_tail(threshold, documents)
+    return null_draws_needed(tail)
+
+
 def upper_relative_sd(tau: float, pilot_documents: int | None, confidence: float) -> float | None:
     """``τ_U = τ √((n−1)/χ²_{1−c, n−1})``: the upper ``c`` confidence limit of ``τ`` from a pilot
     of ``n`` documents (None without a pilot size)."""
@@ -328,7 +396,11 @@ def plan_unit(law: UnitLaw, targets: PlanTargets) -> dict[str, Any]:
     """The plan of one unit: documents for each target (point and upper variance limit), the
     null's quantile and the ratio the exact test needs."""
     threshold = targets.threshold
-    quantile = haar_null_quantile(law.rank, law.dim, law.null_sd, threshold)
+    quantile = haar_null_quantile(law.rank, law.dim, null_sd_at(law, None), threshold)
+
+    def quantile_at(n: int) -> float:
+        return haar_null_quantile(law.rank, law.dim, null_sd_at(law, n), threshold)
+
     upper = upper_relative_sd(law.relative_sd, law.pilot_documents, targets.variance_confidence)
 
     def documents(tau: float | None) -> tuple[int | None, int | None, int | None]:
@@ -340,7 +412,9 @@ def plan_unit(law: UnitLaw, targets: PlanTargets) -> dict[str, Any]:
             else None
         )
         data = documents_for_data_test(tau, targets.ratio, targets.power, threshold)
-        exact = documents_for_exact_test(tau, targets.ratio, targets.power, law.rank, law.dim, quantile)
+        # without a token count the pilot's null is only known to hold (conservatively) from its size up
+        least = (law.null_documents or 2) if law.tokens_per_document is None else 2
+        exact = documents_for_exact_test(tau, targets.ratio, targets.power, law.rank, law.dim, quantile_at, least)
         return width, data, exact
 
     point, high = documents(law.relative_sd), documents(upper)
@@ -398,21 +472,27 @@ def plan_rows(laws: Sequence[UnitLaw], targets: PlanTargets, use_upper: bool = F
                 documents_exact_test_upper=high[2],
                 test_sequences=math.ceil(max(wanted) * spd) if wanted else None,
                 null_draws=draws,
+                test_resamples=data_test_resamples(targets.threshold, chosen[1]),
             )
         )
     return rows
 
 
 # ------------------------------------------------------------------------- pilot bundles
-def family_size_of(results, protocol) -> int:
-    """``m`` of the pilot's largest multiplicity family, counted like the analysis does: per
-    unit (checkpoint × site) and (proxy, rank) the exact energy test, the exact ΔIsoScore* test
-    and the data tests (one for the closed-form control kinds together, one per projected kind);
-    summed over the run (``family: run``/``claim``) or the largest model's (``family: model``)."""
+def family_size_of(results, protocol, manifest: dict | None = None) -> int:
+    """``m`` of the pilot's largest multiplicity family: the analysis' own count when the manifest
+    records it (``null_settings.n_tests``), else counted the same way from the results: per unit
+    (checkpoint × site) and (proxy, rank) the exact energy test, the exact ΔIsoScore* test and the
+    data tests (one for the closed-form control kinds together, one per projected kind); summed
+    over the run (``family: run``/``claim``) or the largest model's (``family: model``)."""
+    recorded = (manifest or {}).get("null_settings", {}).get("n_tests")
+    if isinstance(recorded, int) and recorded >= 1:
+        return recorded
     kinds = set(protocol.controls.kinds)
     projected = kinds & set(protocol.projected_control_kinds)
     per_group = 2 + len(projected) + (1 if kinds - projected else 0)
     rows = results[results["status"].astype(str) == "ok"] if "status" in results else results
+    rows = rows[rows["metric"] == "energy_fraction"]
     groups = rows[["model", "checkpoint", "site", "proxy", "rank"]].drop_duplicates()
     per_model = groups.groupby("model", sort=False).size() * per_group
     if per_model.empty:
@@ -455,6 +535,8 @@ def laws_from_results(results) -> list[UnitLaw]:
                 null_sd=null_sd,
                 pilot_documents=documents,
                 sequences_per_document=float(row["n_sequences"]) / documents,
+                null_documents=documents,
+                tokens_per_document=float(row["n_tokens"]) / documents if _present(row.get("n_tokens")) else None,
             )
         )
     return laws
@@ -555,15 +637,22 @@ def assumptions(targets: PlanTargets, source: str) -> list[str]:
         f"Per-document law: {source}; the same relative SD tau at the stated ratio, independent documents, "
         "and log R̂ approximately normal (delta method for a ratio of means).",
         "Data test: power of the one-sample t-test with effect size log R / tau (n − 1 degrees of freedom), "
-        "the law the studentized bootstrap test's small-sample expansion approximates.",
+        "the law the studentized bootstrap test's small-sample expansion approximates; with few documents the "
+        f"expanded tail at a small threshold needs more than {MAX_TEST_RESAMPLES:,} resamples, so the count is "
+        "raised until it does not.",
         "Exact test: rejects when the energy fraction exceeds the Haar null's quantile at the threshold; that "
-        "null does not narrow with more documents, so below the ratio 'exact_ratio_needed' no study size "
-        "reaches the power (empty count). The quantile is a Beta moment match to the null's mean and SD.",
+        "null is set by d, k and the gradients' spectrum, not by the number of documents, so below the ratio "
+        "'exact_ratio_needed' no study size reaches the power (empty count). The quantile is a Beta moment match to the null's mean and SD, "
+        "measured on the pilot's gradients and carried to the planned size through the sample spectrum's noise "
+        "(about (1 − Σw²)/N for N i.i.d. tokens; without a token count the pilot's null is kept and the exact "
+        "test is not planned below the pilot's size). Half-width and data test: at least "
+        f"{MIN_RESAMPLING_UNITS} documents (fewer and the analysis withholds them).",
         f"Trust: tau estimated from a pilot of n documents is uncertain ((n − 1) tau_hat²/tau² ≈ chi-square, n − 1 "
         f"df); the *_upper columns plan at its upper {targets.variance_confidence:g} confidence limit. Each unit "
         "kind takes its hardest unit (largest tau and null quantile).",
         f"Haar draws: enough that a test whose ideal p-value is half the threshold is rejected with probability "
-        f"{DRAWS_RESOLUTION:g} (the floor 1/(n + 1) alone would let one unlucky draw decide).",
+        f"{DRAWS_RESOLUTION:g} (the floor 1/(n + 1) alone would let one unlucky draw decide); bootstrap "
+        "resamples of the data test likewise for its expanded tail at the planned documents.",
     ]
 
 
@@ -664,6 +753,8 @@ def planned_protocol(protocol, rows: Sequence[PlanRow]) -> tuple[str, int | None
         data["data"]["n_test_sequences"] = int(max(sequences, 2))
     draws = max(row.null_draws for row in rows) if rows else 9999
     data["stats"]["n_null_draws"] = int(min(max(draws, 99), 10_000_000))
+    resamples = max(row.test_resamples for row in rows) if rows else data["stats"]["n_test_resamples"]
+    data["stats"]["n_test_resamples"] = int(min(max(resamples, data["stats"]["n_test_resamples"]), 1_000_000))
     parse_protocol(data, "the planned protocol")
     header = (
         f"# planned by `anistat plan` from the pilot protocol '{protocol.name}': "
@@ -753,7 +844,7 @@ def plan_from_bundle(bundle: Path, given: dict[str, Any], use_upper: bool = Fals
         ratio=1.0,
         alpha=stats.alpha,
         multiplicity=stats.multiplicity,
-        family_size=family_size_of(pilot.results, pilot.protocol),
+        family_size=family_size_of(pilot.results, pilot.protocol, pilot.manifest),
         ci_level=stats.ci_level,
     )
     targets = with_targets(defaults, **given)
