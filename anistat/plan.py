@@ -43,8 +43,8 @@ Formulas (``t_{q,ν}``: Student quantile; ``Φ``: normal cdf; ``a = α/m``):
   gradients (``PR = d``: every subspace captures ``k/d``), a moment match between. Power ``Φ(√n (log(R k/d) − log q)/τ)``:
   it tends to 1 only when ``R k/d > q`` — below ``R = q d/k`` no number of documents makes the
   exact test reject, and the plan says so. The spectrum is the pilot's sample one; a larger study's
-  is less noisy and its null narrower (the plan is conservative there), a smaller one's wider, so
-  the exact test is never planned below the pilot's size.
+  is less noisy and its null narrower (:func:`null_sd_at` carries it up; conservative, as tokens
+  are dependent), a smaller one's wider, so the exact test is never planned below the pilot's size.
 
 How far to trust it
 -------------------
@@ -144,8 +144,7 @@ class UnitLaw:
     null_documents : int or None
         The documents whose sample second moment ``null_sd`` was measured on (a pilot's): the null
         is wider in smaller studies (fewer tokens, a noisier spectrum), so the exact test is never
-        planned below this size without ``tokens_per_document``. None: ``null_sd`` holds at
-        every size.
+        planned below this size. None: ``null_sd`` holds at every size.
     tokens_per_document : float or None
         Tokens per document: with ``null_documents``, the null's SD at another size follows from
         the spectrum's sampling noise (:func:`null_sd_at`).
@@ -412,8 +411,10 @@ def plan_unit(law: UnitLaw, targets: PlanTargets) -> dict[str, Any]:
             else None
         )
         data = documents_for_data_test(tau, targets.ratio, targets.power, threshold)
-        # without a token count the pilot's null is only known to hold (conservatively) from its size up
-        least = (law.null_documents or 2) if law.tokens_per_document is None else 2
+        # the null is carried up from the pilot's size, never down: i.i.d. tokens understate the
+        # noise of a smaller sample's spectrum (tokens of a sequence are dependent), so below the
+        # pilot the carried null would be too narrow and the plan optimistic
+        least = law.null_documents or 2
         exact = documents_for_exact_test(tau, targets.ratio, targets.power, law.rank, law.dim, quantile_at, least)
         return width, data, exact
 
@@ -639,13 +640,14 @@ def assumptions(targets: PlanTargets, source: str) -> list[str]:
         "Data test: power of the one-sample t-test with effect size log R / tau (n − 1 degrees of freedom), "
         "the law the studentized bootstrap test's small-sample expansion approximates; with few documents the "
         f"expanded tail at a small threshold needs more than {MAX_TEST_RESAMPLES:,} resamples, so the count is "
-        "raised until it does not.",
+        "raised until it does not. Below about 30 documents the bootstrap's own tails are heavier than t's and "
+        "the achieved power fell short of the plan in simulation (docs/plan.md): read the upper-limit column.",
         "Exact test: rejects when the energy fraction exceeds the Haar null's quantile at the threshold; that "
         "null is set by d, k and the gradients' spectrum, not by the number of documents, so below the ratio "
         "'exact_ratio_needed' no study size reaches the power (empty count). The quantile is a Beta moment match to the null's mean and SD, "
         "measured on the pilot's gradients and carried to the planned size through the sample spectrum's noise "
-        "(about (1 − Σw²)/N for N i.i.d. tokens; without a token count the pilot's null is kept and the exact "
-        "test is not planned below the pilot's size). Half-width and data test: at least "
+        "(about (1 − Σw²)/N for N i.i.d. tokens; dependent tokens make this conservative above the pilot's size, "
+        "so the exact test is never planned below it). Half-width and data test: at least "
         f"{MIN_RESAMPLING_UNITS} documents (fewer and the analysis withholds them).",
         f"Trust: tau estimated from a pilot of n documents is uncertain ((n − 1) tau_hat²/tau² ≈ chi-square, n − 1 "
         f"df); the *_upper columns plan at its upper {targets.variance_confidence:g} confidence limit. Each unit "
@@ -669,7 +671,10 @@ def table_cells(row: PlanRow) -> list[str]:
         str(row.rank),
         str(row.dim),
         f"{row.relative_sd:.3g}{upper}",
-        _count(row.documents_half_width) + _upper(row.documents_half_width_upper, row.relative_sd_upper),
+        # a half-width is always reachable with enough documents: no count means it was not asked
+        "not asked"
+        if row.documents_half_width is None
+        else _count(row.documents_half_width) + _upper(row.documents_half_width_upper, row.relative_sd_upper),
         _count(row.documents_data_test) + _upper(row.documents_data_test_upper, row.relative_sd_upper),
         _count(row.documents_exact_test) + _upper(row.documents_exact_test_upper, row.relative_sd_upper),
         f"{row.exact_ratio_needed:.3g}",
