@@ -339,9 +339,10 @@ def null_draws_needed(threshold: float, resolution: float = DRAWS_RESOLUTION) ->
     exceedances ``g ≤ ⌊threshold (n + 1)⌋ − 1``; so ``n ≥ 1/threshold − 1`` is needed for any
     rejection (the floor, :func:`anistat.stats.min_controls_needed`). At the floor a test whose
     ideal p-value is far below the threshold still fails whenever one draw exceeds it, so the
-    plan asks more: the smallest ``n`` with which a test of ideal p-value ``threshold/2`` is
-    rejected with probability ``resolution``: ``P(Binomial(n, threshold/2) ≤ ⌊threshold(n+1)⌋ − 1)
-    ≥ resolution`` (about ``20/threshold`` at 0.99). With sequential stopping after ``h``
+    plan asks more: an ``n`` with which a test of ideal p-value ``threshold/2`` is rejected with
+    probability ``resolution``: ``P(Binomial(n, threshold/2) ≤ ⌊threshold(n+1)⌋ − 1) ≥ resolution``
+    (about ``20/threshold`` at 0.99; found by bisection — the condition is a sawtooth in ``n``, so
+    the ``n`` found meets it but a few fewer draws may too). With sequential stopping after ``h``
     exceedances (``stats.null_stop_exceedances``) a stopped test has ``p = h/L ≥ h/n``; when
     ``n < h/threshold`` no stopped test can reject and the sequential test rejects exactly what
     the ``n``-draw test rejects (a test below the threshold never stops), so the draws planned

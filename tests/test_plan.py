@@ -134,7 +134,7 @@ def test_plan_from_the_pilot_bundle_end_to_end(mini_bundle, tmp_path):
     out = tmp_path / "plan"
     done = _cli(str(mini_bundle), "--ratio", "1.5", "--half-width", "0.2", "--out", str(out))
     assert done.returncode == 0, done.stderr
-    assert "docs: data test" in done.stdout and "What" not in done.stderr
+    assert "docs: data test" in done.stdout and done.stderr == ""
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "plan.csv", "plan.html", "protocol.yaml"]
     rows = _rows(out / "plan.csv")
     assert list(rows[0]) == list(plan.PLAN_COLUMNS)
@@ -209,3 +209,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in done.stderr
     assert not out.exists()
+
+
+def test_plan_html_escapes_every_value():
+    law = plan.UnitLaw("<b>m&n</b>", 'site"x', 4, 32, 0.4, 0.02)
+    targets = plan.PlanTargets(ratio=1.25)
+    rows = plan.plan_rows([law], targets)
+    html = plan.plan_html(rows, targets, ["a <script>note</script>"], "t<i>")
+    assert "<b>m" not in html and "&lt;b&gt;m&amp;n&lt;/b&gt;" in html and "site&quot;x" in html
+    assert "<script>" not in html and "<i>" not in html
+    assert "not asked" in html  # no half-width target: the column says so, not "unreachable"
