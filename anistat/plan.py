@@ -641,7 +641,7 @@ def assumptions(targets: PlanTargets, source: str) -> list[str]:
         "Data test: power of the one-sample t-test with effect size log R / tau (n − 1 degrees of freedom), "
         "the law the studentized bootstrap test's small-sample expansion approximates; with few documents the "
         f"expanded tail at a small threshold needs more than {MAX_TEST_RESAMPLES:,} resamples, so the count is "
-        "raised until it does not. Below about 30 documents the bootstrap's own tails are heavier than t's and "
+        "raised until it does not. Below about 50 documents the bootstrap's own tails are heavier than t's and "
         "the achieved power fell short of the plan in simulation (docs/plan.md): read the upper-limit column.",
         "Exact test: rejects when the energy fraction exceeds the Haar null's quantile at the threshold; that "
         "null is set by d, k and the gradients' spectrum, not by the number of documents, so below the ratio "

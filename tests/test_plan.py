@@ -219,3 +219,29 @@ def test_plan_html_escapes_every_value():
     assert "<b>m" not in html and "&lt;b&gt;m&amp;n&lt;/b&gt;" in html and "site&quot;x" in html
     assert "<script>" not in html and "<i>" not in html
     assert "not asked" in html  # no half-width target: the column says so, not "unreachable"
+
+
+def test_each_unit_kind_is_planned_for_its_hardest_unit_read_off_the_pilot(mini_bundle):
+    """τ = √n · se / estimate of each unit's haar energy_fraction row; a kind takes the largest."""
+    pilot = read_bundle(mini_bundle)
+    laws = plan.laws_from_results(pilot.results)
+    fractions = pilot.results[(pilot.results["metric"] == "energy_fraction") & (pilot.results["control"] == "haar")]
+    expected = np.sqrt(fractions["n_clusters"].astype(float)) * fractions["se"] / fractions["estimate"]
+    assert sorted(law.relative_sd for law in laws) == pytest.approx(sorted(expected))
+    rows = plan.plan_rows(laws, plan.PlanTargets(ratio=1.5, family_size=48))
+    for row in rows:
+        kind = fractions[(fractions["model"] == row.model) & (fractions["rank"] == row.rank)]
+        assert row.relative_sd == pytest.approx(float(expected[kind.index].max()))
+        assert row.units == len(kind)
+
+
+def test_conservative_sizes_at_the_upper_limit_and_the_exact_test_not_below_the_pilot():
+    law = plan.UnitLaw("m", "residual", 4, 32, 0.3, 0.01, pilot_documents=12, null_documents=12)
+    targets = plan.PlanTargets(ratio=1.5, half_width=0.1)
+    (point,) = plan.plan_rows([law], targets)
+    (upper,) = plan.plan_rows([law], targets, use_upper=True)
+    assert point.test_sequences == point.documents_half_width
+    assert upper.test_sequences == upper.documents_half_width_upper > point.test_sequences
+    # a narrow null: the exact test alone would need 2 documents, but the pilot's null holds from 12 up
+    assert plan.documents_for_exact_test(0.3, 1.5, 0.8, 4, 32, point.null_quantile) < 12
+    assert point.documents_exact_test == 12
