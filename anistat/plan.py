@@ -859,7 +859,8 @@ def plan_from_bundle(bundle: Path, given: dict[str, Any], use_upper: bool = Fals
     if not laws:
         raise AnistatInputError(
             f"{bundle}: no energy_fraction row with a standard error (every unit failed, or the pilot had "
-            "fewer than 2 documents per unit); run a larger pilot"
+            f"fewer than {MIN_RESAMPLING_UNITS} documents per unit, below which the analysis withholds it); "
+            "run a larger pilot"
         )
     fewest = min(law.pilot_documents or 0 for law in laws)
     source = f"estimated from the pilot {Path(bundle).name} (at least {fewest} documents per unit)"

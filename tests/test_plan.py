@@ -245,3 +245,18 @@ def test_conservative_sizes_at_the_upper_limit_and_the_exact_test_not_below_the_
     # a narrow null: the exact test alone would need 2 documents, but the pilot's null holds from 12 up
     assert plan.documents_for_exact_test(0.3, 1.5, 0.8, 4, 32, point.null_quantile) < 12
     assert point.documents_exact_test == 12
+
+
+def test_a_pilot_without_standard_errors_is_refused_in_one_line(mini_bundle, tmp_path):
+    import shutil
+
+    import pandas as pd
+
+    pilot = tmp_path / "pilot"
+    shutil.copytree(mini_bundle, pilot)
+    results = pd.read_csv(pilot / "results.csv")
+    results["se"] = float("nan")  # what a pilot below MIN_RESAMPLING_UNITS documents holds
+    results.to_csv(pilot / "results.csv", index=False)
+    done = _cli(str(pilot), "--ratio", "1.2", "--out", str(tmp_path / "plan"))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "run a larger pilot" in done.stderr and not (tmp_path / "plan").exists()
