@@ -208,6 +208,90 @@ def report(
 
 
 @app.command()
+def plan(
+    bundle: Path | None = typer.Argument(None, help="Pilot bundle: a small `anistat run` of the protocol to plan."),
+    out: Path = typer.Option(Path("reports/plan"), "--out", "-o", help="Output directory."),
+    ratio: float = typer.Option(
+        ..., "--ratio", help="The effect to plan for: population energy ratio to the Haar expectation k/d (> 1)."
+    ),
+    half_width: float | None = typer.Option(
+        None, "--half-width", help="Target half-width of the energy ratio's CI (ratio scale)."
+    ),
+    power: float = typer.Option(0.8, "--power", help="Target power of the data test and of the exact test."),
+    alpha: float | None = typer.Option(None, "--alpha", help="Family level (default: the pilot's, else 0.05)."),
+    multiplicity: str | None = typer.Option(
+        None, "--multiplicity", help="holm, fdr_bh, bonferroni or none (default: the pilot's, else holm)."
+    ),
+    family_size: int | None = typer.Option(
+        None, "--family-size", help="Tests in the family, m (default: the pilot's tests, else the ranks)."
+    ),
+    dim: int | None = typer.Option(None, "--dim", help="Stated inputs: hidden width d."),
+    rank: list[int] = typer.Option([], "--rank", help="Stated inputs: rank k (repeatable)."),
+    relative_sd: float | None = typer.Option(
+        None, "--relative-sd", help="Stated inputs: per-document relative SD tau of the energy fraction."
+    ),
+    cv_proxy: float | None = typer.Option(None, "--cv-proxy", help="Stated inputs: CV of per-document proxy energy."),
+    cv_total: float | None = typer.Option(None, "--cv-total", help="Stated inputs: CV of per-document total energy."),
+    correlation: float = typer.Option(0.0, "--correlation", help="Stated inputs: correlation of the two energies."),
+    participation_ratio: float | None = typer.Option(
+        None, "--participation-ratio", help="Stated inputs: gradients' (Σλ)²/Σλ² (default d: isotropic)."
+    ),
+    pilot_documents: int | None = typer.Option(
+        None, "--pilot-documents", help="Stated inputs: documents the law was estimated from (upper limit)."
+    ),
+    sequences_per_document: float = typer.Option(1.0, "--sequences-per-document", help="Stated inputs."),
+    variance_confidence: float = typer.Option(
+        0.8, "--variance-confidence", help="Confidence of the upper limit of the pilot's variance."
+    ),
+    conservative: bool = typer.Option(
+        False, "--conservative", help="Size the protocol at the upper limit of the pilot's variance."
+    ),
+) -> None:
+    """Plan a study: documents (test sequences) for a CI half-width and for the power of the data
+    test and of the exact test at the family's corrected threshold, per unit kind, and the Haar
+    draws; writes plan.csv, plan.html and (from a pilot bundle) a ready-to-run protocol.yaml."""
+    from .bundle import check_destination
+    from .plan import StatedInputs, plan_from_bundle, plan_from_inputs, terminal_table, write_plan
+
+    given = dict(
+        ratio=ratio,
+        half_width=half_width,
+        power=power,
+        alpha=alpha,
+        multiplicity=multiplicity,
+        family_size=family_size,
+        variance_confidence=variance_confidence,
+    )
+    stated = dim is not None or bool(rank) or relative_sd is not None or cv_proxy is not None
+    if (bundle is None) == (not stated):
+        raise AnistatInputError("give a pilot BUNDLE or stated inputs (--dim, --rank, --relative-sd), not both")
+    check_destination(out)
+    if bundle is not None:
+        result = plan_from_bundle(bundle, given, conservative)
+    else:
+        if dim is None:
+            raise AnistatInputError("stated inputs need --dim (the hidden width)")
+        inputs = StatedInputs(
+            dim,
+            tuple(rank),
+            relative_sd,
+            cv_proxy,
+            cv_total,
+            correlation,
+            participation_ratio,
+            pilot_documents,
+            sequences_per_document,
+        )
+        result = plan_from_inputs(inputs, given, conservative)
+    written = write_plan(out, result.rows, result.targets, result.notes, result.protocol)
+    _echo(terminal_table(result.rows))
+    _echo("(in parentheses: at the upper confidence limit of the per-document variance; — : not reachable)")
+    for note in result.notes:
+        _echo(f"- {note}")
+    _echo(f"wrote {out}/ ({', '.join(written)})")
+
+
+@app.command()
 def calibrate(
     out: Path = typer.Option(Path("reports/calibration"), "--out", "-o", help="Output directory."),
     n_simulations: int = typer.Option(

@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "rerender": 8,
     "verify": 8,
     "reproduction": 8,
+    "plan": 8,  # study planning: stats formulas over a pilot read through bundle
     "replicate": 9,
     "callbacks": 9,
     "cli": 10,

@@ -1,0 +1,262 @@
+"""`anistat plan`: its formulas against closed forms, statsmodels and scipy, and the command end to
+end on a real pilot bundle and on stated inputs (the ≥ 500-study validation is
+benchmarks/bench_plan.py)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+from statsmodels.stats.power import NormalIndPower, TTestPower
+
+from anistat import plan
+from anistat.bundle import read_bundle
+from anistat.stats import control_energy_moments, expanded_tail, min_controls_needed
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "anistat", "plan", *args], capture_output=True, text=True, timeout=300)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as stream:
+        return list(csv.DictReader(stream))
+
+
+# ------------------------------------------------------------------------- closed forms
+def test_half_width_scales_as_one_over_root_n():
+    """Half the width needs about four times the documents (exactly 4 in the normal limit)."""
+    tau, ratio = 0.6, 1.25
+    n1 = plan.documents_for_half_width(tau, ratio, 0.04)
+    n2 = plan.documents_for_half_width(tau, ratio, 0.02)
+    assert 3.9 < n2 / n1 < 4.1
+    # the normal-limit closed form n = (z τ / asinh(w/R))²
+    z = sps.norm.ppf(0.975)
+    assert abs(n2 - (z * tau / math.asinh(0.02 / ratio)) ** 2) / n2 < 0.01
+    # and it is the smallest n that meets the target
+    assert plan.ci_half_width(n2, tau, ratio) <= 0.02 < plan.ci_half_width(n2 - 1, tau, ratio)
+
+
+def test_data_test_power_is_statsmodels_one_sample_t_power():
+    tau, ratio, threshold = 0.5, 1.2, 0.01
+    effect = math.log(ratio) / tau
+    for n in (12, 40, 150):
+        expected = TTestPower().power(effect_size=effect, nobs=n, alpha=threshold, alternative="larger")
+        assert plan.data_test_power(n, tau, ratio, threshold) == pytest.approx(expected, abs=1e-9)
+    n = plan.documents_for_data_test(tau, ratio, 0.8, 0.05)
+    solved = TTestPower().solve_power(effect_size=effect, alpha=0.05, power=0.8, alternative="larger")
+    assert n == math.ceil(solved)
+
+
+def test_exact_test_power_is_a_one_sided_normal_power():
+    """Φ(√n log(F/q)/τ): statsmodels' one-sample normal power with effect log(F/q)/τ (at alpha 0.5,
+    where the critical value is 0: the null quantile q already holds the threshold)."""
+    tau, ratio, rank, dim, q = 0.4, 1.5, 4, 32, 0.16
+    effect = math.log(ratio * rank / dim / q) / tau
+    for n in (5, 30):
+        expected = NormalIndPower().power(effect, nobs1=n, alpha=0.5, ratio=0, alternative="larger")
+        assert plan.exact_test_power(n, tau, ratio, rank, dim, q) == pytest.approx(expected, abs=1e-9)
+    # below the reachable ratio no study size reaches any power
+    assert plan.documents_for_exact_test(tau, 1.2, 0.8, rank, dim, q) is None
+    assert plan.documents_for_exact_test(tau, ratio, 0.8, rank, dim, q) is not None
+
+
+def test_haar_null_quantile_is_the_beta_law_for_a_rank_one_moment_and_kd_for_isotropic():
+    for rank, dim in ((1, 8), (3, 24)):
+        sd = control_energy_moments("haar", rank, dim, 1.0, 1.0).sd
+        exact = sps.beta.isf(0.001, rank / 2, (dim - rank) / 2)
+        assert plan.haar_null_quantile(rank, dim, sd, 0.001) == pytest.approx(exact, rel=1e-9)
+    isotropic = control_energy_moments("haar", 4, 32, 1.0, 1.0 / 32).sd
+    assert plan.haar_null_quantile(4, 32, isotropic, 0.001) == pytest.approx(4 / 32)
+
+
+def test_haar_null_quantile_against_haar_draws():
+    """The Beta moment match against the tail of real Haar draws in an anisotropic spectrum."""
+    rng = np.random.default_rng(0)
+    dim, rank = 16, 2
+    lam = 1.0 / np.arange(1, dim + 1)
+    w = lam / lam.sum()
+    z = rng.standard_normal((40_000, dim, rank))
+    q, _ = np.linalg.qr(z)
+    fractions = (q**2).sum(axis=2) @ w
+    sd = control_energy_moments("haar", rank, dim, 1.0, float((w * w).sum())).sd
+    assert fractions.std() == pytest.approx(sd, rel=0.02)
+    for tail in (0.05, 0.01):
+        assert plan.haar_null_quantile(rank, dim, sd, tail) == pytest.approx(np.quantile(fractions, 1 - tail), rel=0.06)
+
+
+def test_null_draws_resolve_half_the_threshold():
+    for threshold in (0.05, 0.005, 0.05 / 48):
+        n = plan.null_draws_needed(threshold)
+        assert n >= min_controls_needed(threshold, 1, "none")
+        allowed = math.floor(threshold * (n + 1) + 1e-12) - 1
+        assert sps.binom.cdf(allowed, n, threshold / 2) >= plan.DRAWS_RESOLUTION
+        before = n - 1
+        allowed = math.floor(threshold * (before + 1) + 1e-12) - 1
+        assert allowed < 0 or sps.binom.cdf(allowed, before, threshold / 2) < plan.DRAWS_RESOLUTION
+    # the data test's resamples resolve its expanded tail, smaller than the threshold at few documents
+    assert plan.data_test_resamples(0.005, 20) == plan.null_draws_needed(expanded_tail(0.005, 20))
+
+
+def test_upper_limit_of_the_pilot_variance_is_chi_square():
+    tau, n, c = 0.5, 16, 0.8
+    upper = plan.upper_relative_sd(tau, n, c)
+    assert upper**2 == pytest.approx((n - 1) * tau**2 / sps.chi2.ppf(1 - c, n - 1))
+    assert upper > tau and plan.upper_relative_sd(tau, 200, c) < upper
+    assert plan.upper_relative_sd(tau, None, c) is None
+
+
+def test_relative_sd_is_the_ratio_of_means_delta_method():
+    rng = np.random.default_rng(1)
+    t = rng.gamma(4.0, 1.0, 200_000)
+    p = 0.1 * t * rng.lognormal(0.0, 0.3, t.size)
+    cv_p, cv_t = p.std() / p.mean(), t.std() / t.mean()
+    rho = np.corrcoef(p, t)[0, 1]
+    direct = np.std(p / p.mean() - t / t.mean())
+    assert plan.relative_sd(cv_p, cv_t, rho) == pytest.approx(direct, rel=1e-6)
+
+
+def test_null_sd_carried_to_another_size_is_the_pilot_sd_at_the_pilot_size():
+    law = plan.UnitLaw("m", "residual", 4, 32, 0.4, 0.03, 20, 1.0, null_documents=20, tokens_per_document=10.0)
+    assert plan.null_sd_at(law, 20) == pytest.approx(0.03)
+    assert plan.null_sd_at(law, 200) < 0.03 and plan.null_sd_at(law, None) < plan.null_sd_at(law, 200)
+    assert plan.null_sd_at(plan.UnitLaw("m", "r", 4, 32, 0.4, 0.03), 5) == 0.03
+
+
+# ------------------------------------------------------------------------- the command
+def test_plan_from_the_pilot_bundle_end_to_end(mini_bundle, tmp_path):
+    out = tmp_path / "plan"
+    done = _cli(str(mini_bundle), "--ratio", "1.5", "--half-width", "0.2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "docs: data test" in done.stdout and done.stderr == ""
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "plan.csv", "plan.html", "protocol.yaml"]
+    rows = _rows(out / "plan.csv")
+    assert list(rows[0]) == list(plan.PLAN_COLUMNS)
+    pilot = read_bundle(mini_bundle)
+    kinds = pilot.results[pilot.results["metric"] == "energy_fraction"][["model", "rank"]].drop_duplicates()
+    assert len(rows) == len(kinds)  # one site kind (residual) per model
+    # the corrected threshold is alpha over the family the pilot's analysis recorded
+    m = pilot.manifest["null_settings"]["n_tests"]
+    assert float(rows[0]["threshold"]) == pytest.approx(pilot.protocol.stats.alpha / m)
+    for row in rows:
+        assert int(row["documents_half_width_upper"]) >= int(row["documents_half_width"]) >= 10
+        assert int(row["documents_data_test"]) >= 10
+    html = (out / "plan.html").read_text()
+    assert '<section id="plan">' in html and "<script" not in html and "What the plan assumes" in html
+    validated = subprocess.run(
+        [sys.executable, "-m", "anistat", "validate", str(out / "protocol.yaml")], capture_output=True, text=True
+    )
+    assert validated.returncode == 0, validated.stderr
+    import yaml
+
+    planned = yaml.safe_load((out / "protocol.yaml").read_text())
+    assert planned["data"]["n_test_sequences"] == max(int(r["test_sequences"]) for r in rows)
+    assert planned["stats"]["n_null_draws"] == int(rows[0]["null_draws"])
+    assert planned["models"] == pilot.protocol.normalised()["models"]
+    # planning again into the same folder replaces anistat's own files
+    again = _cli(str(mini_bundle), "--ratio", "1.25", "--out", str(out))
+    assert again.returncode == 0, again.stderr
+
+
+def test_plan_refuses_a_folder_with_files_it_did_not_write(mini_bundle, tmp_path):
+    out = tmp_path / "plan"
+    assert _cli(str(mini_bundle), "--ratio", "1.5", "--out", str(out)).returncode == 0
+    notes = out / "my-notes.txt"
+    notes.write_text("mine")
+    done = _cli(str(mini_bundle), "--ratio", "1.5", "--out", str(out))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "my-notes.txt" in done.stderr and notes.read_text() == "mine"
+
+
+def test_plan_from_stated_inputs(tmp_path):
+    out = tmp_path / "stated"
+    done = _cli(
+        "--dim", "768", "--rank", "8", "--rank", "32", "--cv-proxy", "0.7", "--cv-total", "0.5",
+        "--correlation", "0.6", "--participation-ratio", "40", "--pilot-documents", "30",
+        "--ratio", "1.25", "--half-width", "0.05", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = _rows(out / "plan.csv")
+    assert [r["rank"] for r in rows] == ["8", "32"]
+    tau = plan.relative_sd(0.7, 0.5, 0.6)
+    assert float(rows[0]["relative_sd"]) == pytest.approx(tau)
+    assert int(rows[0]["documents_half_width"]) == plan.documents_for_half_width(tau, 1.25, 0.05)
+    assert float(rows[0]["threshold"]) == pytest.approx(0.05 / 2)  # Holm over the two ranks
+    assert not (out / "protocol.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["/nonexistent/pilot", "--ratio", "1.2"], "no such bundle"),
+        (["--dim", "16", "--rank", "20", "--relative-sd", "0.5", "--ratio", "1.2"], "--rank 20"),
+        (["--dim", "16", "--rank", "2", "--relative-sd", "0.5", "--ratio", "0.9"], "--ratio must be above 1"),
+        (["--dim", "16", "--rank", "2", "--ratio", "1.2"], "per-document law"),
+        (["--ratio", "1.2"], "not both"),
+        (["--dim", "16", "--rank", "2", "--relative-sd", "0.5", "--ratio", "1.2", "--multiplicity", "sidak"], "sidak"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
+    out = tmp_path / "plan"
+    done = _cli(*args, "--out", str(out))
+    assert done.returncode == 2, done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+def test_plan_html_escapes_every_value():
+    law = plan.UnitLaw("<b>m&n</b>", 'site"x', 4, 32, 0.4, 0.02)
+    targets = plan.PlanTargets(ratio=1.25)
+    rows = plan.plan_rows([law], targets)
+    html = plan.plan_html(rows, targets, ["a <script>note</script>"], "t<i>")
+    assert "<b>m" not in html and "&lt;b&gt;m&amp;n&lt;/b&gt;" in html and "site&quot;x" in html
+    assert "<script>" not in html and "<i>" not in html
+    assert "not asked" in html  # no half-width target: the column says so, not "unreachable"
+
+
+def test_each_unit_kind_is_planned_for_its_hardest_unit_read_off_the_pilot(mini_bundle):
+    """τ = √n · se / estimate of each unit's haar energy_fraction row; a kind takes the largest."""
+    pilot = read_bundle(mini_bundle)
+    laws = plan.laws_from_results(pilot.results)
+    fractions = pilot.results[(pilot.results["metric"] == "energy_fraction") & (pilot.results["control"] == "haar")]
+    expected = np.sqrt(fractions["n_clusters"].astype(float)) * fractions["se"] / fractions["estimate"]
+    assert sorted(law.relative_sd for law in laws) == pytest.approx(sorted(expected))
+    rows = plan.plan_rows(laws, plan.PlanTargets(ratio=1.5, family_size=48))
+    for row in rows:
+        kind = fractions[(fractions["model"] == row.model) & (fractions["rank"] == row.rank)]
+        assert row.relative_sd == pytest.approx(float(expected[kind.index].max()))
+        assert row.units == len(kind)
+
+
+def test_conservative_sizes_at_the_upper_limit_and_the_exact_test_not_below_the_pilot():
+    law = plan.UnitLaw("m", "residual", 4, 32, 0.3, 0.01, pilot_documents=12, null_documents=12)
+    targets = plan.PlanTargets(ratio=1.5, half_width=0.1)
+    (point,) = plan.plan_rows([law], targets)
+    (upper,) = plan.plan_rows([law], targets, use_upper=True)
+    assert point.test_sequences == point.documents_half_width
+    assert upper.test_sequences == upper.documents_half_width_upper > point.test_sequences
+    # a narrow null: the exact test alone would need 2 documents, but the pilot's null holds from 12 up
+    assert plan.documents_for_exact_test(0.3, 1.5, 0.8, 4, 32, point.null_quantile) < 12
+    assert point.documents_exact_test == 12
+
+
+def test_a_pilot_without_standard_errors_is_refused_in_one_line(mini_bundle, tmp_path):
+    import shutil
+
+    import pandas as pd
+
+    pilot = tmp_path / "pilot"
+    shutil.copytree(mini_bundle, pilot)
+    results = pd.read_csv(pilot / "results.csv")
+    results["se"] = float("nan")  # what a pilot below MIN_RESAMPLING_UNITS documents holds
+    results.to_csv(pilot / "results.csv", index=False)
+    done = _cli(str(pilot), "--ratio", "1.2", "--out", str(tmp_path / "plan"))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "run a larger pilot" in done.stderr and not (tmp_path / "plan").exists()
