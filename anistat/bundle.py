@@ -32,9 +32,10 @@ import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -681,10 +682,19 @@ def read_json_file(path: Path, default: Any = None) -> Any:
 
 
 @dataclass(frozen=True)
-class BundleContents:
-    """A bundle as read back: manifest, typed protocol, tables, recorded claims, concept cards."""
+class Bundle:
+    """A bundle read once: what `anistat verify`, `diff`, `compare`, `report` and `verify
+    --against` all take (:meth:`load`).
+
+    ``kind`` is the key that marks the manifest (``anistat_bundle``; "" when none does);
+    ``manifest`` the manifest as written; ``protocol`` the typed protocol it records;
+    ``results`` results.csv as :func:`read_results` reads it; ``frequency`` frequency.csv (empty
+    when absent); ``claims`` the records of claims.json ([] when absent); ``concept_cards`` those
+    of concept_cards.json. :attr:`integrity` (every file against the manifest's sha256) is
+    computed once, on first use, or by :meth:`load` when it is given a ``check``."""
 
     path: Path
+    kind: str
     manifest: dict[str, Any]
     protocol: Protocol
     results: pd.DataFrame
@@ -692,38 +702,83 @@ class BundleContents:
     claims: list[dict]
     concept_cards: list[dict]
 
-    def report_inputs(self) -> ReportInputs:
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        check: Callable[[Path, dict[str, Any], tuple[IntegrityProblem, ...]], None] | None = None,
+    ) -> Bundle:
+        """Read the bundle at ``path``: the manifest, then (``check`` given) the integrity data,
+        handed to ``check`` before any table is read — `anistat report` refuses edited data
+        there, so an edited table is refused, never parsed — then the typed protocol, the tables,
+        the claims and the concept cards. Every problem is one :class:`AnistatInputError` line."""
+        from .protocol import parse_protocol
+
+        path = Path(path)
+        manifest = read_manifest(path)
+        integrity = None
+        if check is not None:
+            integrity = tuple(integrity_problems(path, manifest))
+            check(path, manifest, integrity)
+        results, frequency = read_results(path), read_frequency(path)
+        protocol = parse_protocol(manifest.get("protocol"), f"{path}/manifest.json:protocol")
+        claims = read_json_file(path / "claims.json", [])
+        if not (isinstance(claims, list) and all(isinstance(c, dict) for c in claims)):
+            raise AnistatInputError(f"{path / 'claims.json'}: expected a JSON list of claim records")
+        cards = read_json_file(path / "concept_cards.json", [])
+        if not (isinstance(cards, list) and all(isinstance(c, dict) for c in cards)):
+            raise AnistatInputError(f"{path / 'concept_cards.json'}: expected a JSON list of concept cards")
+        kind = next((k for k in BUNDLE_KINDS if k in manifest), "")
+        bundle = cls(path, kind, manifest, protocol, results, frequency, claims, cards)
+        if integrity is not None:  # computed before the tables were read: kept, not recomputed
+            bundle.__dict__["integrity"] = integrity
+        return bundle
+
+    @cached_property
+    def integrity(self) -> tuple[IntegrityProblem, ...]:
+        """Every file of the bundle against the sha256 its manifest records (:func:`integrity_problems`)."""
+        return tuple(integrity_problems(self.path, self.manifest))
+
+    @property
+    def files_recorded(self) -> int:
+        """How many files the manifest records a sha256 for."""
+        recorded = self.manifest.get("files")
+        return len(recorded) if isinstance(recorded, dict) else 0
+
+    @property
+    def has_claims_file(self) -> bool:
+        return (self.path / "claims.json").is_file()
+
+    def report_inputs(self, manifest: Mapping[str, Any] | None = None) -> ReportInputs:
+        """The report's typed inputs from this bundle (``manifest``: an updated manifest in place
+        of the one read, e.g. with the edit `anistat report --allow-edited-data` records)."""
         return report_inputs(
             self.protocol,
             self.results,
-            self.manifest,
+            self.manifest if manifest is None else manifest,
             frequency=self.frequency,
             claims=self.claims,
             concept_cards=self.concept_cards,
         )
 
+    def run_result(self) -> RunResult:
+        """The same :class:`RunResult` that `anistat.run` returned when it wrote this bundle."""
+        return RunResult(out=self.path, results=self.results, manifest=self.manifest, claims=self.claims)
 
-def read_bundle(bundle: Path) -> BundleContents:
-    """Read every table and record of a bundle (no model, nothing recomputed)."""
-    from .protocol import parse_protocol
 
-    bundle = Path(bundle)
-    manifest = read_manifest(bundle)
-    results, frequency = read_results(bundle), read_frequency(bundle)
-    protocol = parse_protocol(manifest.get("protocol"), f"{bundle}/manifest.json:protocol")
-    claims = read_json_file(bundle / "claims.json", [])
-    if not (isinstance(claims, list) and all(isinstance(c, dict) for c in claims)):
-        raise AnistatInputError(f"{bundle / 'claims.json'}: expected a JSON list of claim records")
-    cards = read_json_file(bundle / "concept_cards.json", [])
-    if not (isinstance(cards, list) and all(isinstance(c, dict) for c in cards)):
-        raise AnistatInputError(f"{bundle / 'concept_cards.json'}: expected a JSON list of concept cards")
-    return BundleContents(bundle, manifest, protocol, results, frequency, claims, cards)
+#: The name :func:`read_bundle`'s callers know the loaded bundle by.
+BundleContents = Bundle
+
+
+def read_bundle(bundle: str | Path) -> Bundle:
+    """Read every table and record of a bundle (no model, nothing recomputed): :meth:`Bundle.load`."""
+    return Bundle.load(bundle)
 
 
 def load_bundle(bundle: str | Path) -> RunResult:
     """A written bundle as the :class:`RunResult` that `anistat.run` returned when it wrote it."""
-    contents = read_bundle(Path(bundle))
-    return RunResult(out=contents.path, results=contents.results, manifest=contents.manifest, claims=contents.claims)
+    return Bundle.load(bundle).run_result()
 
 
 # ----------------------------------------------------------------------------------------------
