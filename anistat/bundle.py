@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat val
     import pandas as pd
 
     from .protocol import Protocol
-    from .report import ReportInputs, ReportOptions
+    from .report import ConceptCard, ModelDescription, ReportInputs, ReportOptions, RunDescription, RunRecord
     from .report.inputs import LoopDescription, NullCheckSummary
     from .runtime import ThreadChoice
 
@@ -923,23 +923,54 @@ def report_inputs(
 ) -> ReportInputs:
     """The report's typed inputs from the typed protocol, the written tables and the manifest.
 
-    Run warnings come from the manifest's ``warnings`` (written by :func:`publish_bundle`)."""
+    Run warnings come from the manifest's ``warnings`` (written by :func:`publish_bundle`); the
+    refit − frozen contrast (``anistat.staleness.refit_contrast``) from the results when the run
+    has both frozen and refitted proxies."""
     import pandas as pd
 
-    from .protocol import fit_window_size
-    from .report import ConceptCard, ModelDescription, ReportInputs, RunDescription, RunRecord
+    from .report import ReportInputs
     from .report.inputs import claim_outcome
+    from .staleness import refit_contrast_table
 
-    corpus_info = manifest.get("corpus") if isinstance(manifest.get("corpus"), Mapping) else {}
-    models_info = manifest.get("models") if isinstance(manifest.get("models"), Mapping) else {}
+    null_settings = _mapping(manifest.get("null_settings"))
+    return ReportInputs(
+        results=results,
+        run=_run_description(protocol, manifest),
+        record=_run_record(manifest),
+        frequency=frequency if frequency is not None else pd.DataFrame(),
+        warnings=_report_warnings(manifest),
+        claims=tuple(claim_outcome(c) for c in claims),
+        concept_cards=_concept_cards(concept_cards),
+        null_checks=null_check_summaries(
+            results,
+            protocol.stats.alpha,
+            protocol.controls.n,
+            stop_after=int(null_settings.get("stop_after") or 0),
+            shared_draws=null_settings.get("null_draws", "shared") == "shared",
+        ),
+        refit_contrast=refit_contrast_table(results),
+    )
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """A manifest field that should be a mapping ({} when it is anything else: hand-edited, absent)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _model_descriptions(protocol: Protocol, manifest: Mapping[str, Any]) -> tuple[ModelDescription, ...]:
+    """Each model as the protocol declares it, with its checkpoints (for a model measured in its
+    own training loop, the measured steps the manifest records) and its early phase."""
+    from .protocol import fit_window_size
+    from .report import ModelDescription
+
+    corpus_info, models_info = _mapping(manifest.get("corpus")), _mapping(manifest.get("models"))
     models = []
     for m in protocol.models:
         checkpoints = _checkpoints(m)
         kind = MODEL_KIND[m.source]
         if isinstance(kind, dict):
             kind = kind[m.architecture]
-        info = models_info.get(m.name) if isinstance(models_info.get(m.name), Mapping) else {}
-        loop = _loop_description(info, corpus_info) if m.source == "external" else None
+        loop = _loop_description(_mapping(models_info.get(m.name)), corpus_info) if m.source == "external" else None
         if loop is not None:
             checkpoints = tuple(f"step{s}" for s in loop.measured_steps)
         n_early = fit_window_size(len(checkpoints), protocol.proxies.fit_window) if checkpoints else 0
@@ -955,6 +986,14 @@ def report_inputs(
                 loop=loop,
             )
         )
+    return tuple(models)
+
+
+def _run_description(protocol: Protocol, manifest: Mapping[str, Any]) -> RunDescription:
+    """Every protocol setting the report states, typed, with the analysis' Monte-Carlo sizes
+    from the manifest's ``null_settings``."""
+    from .report import RunDescription
+
     sites = protocol.sites
     site_selection = (
         ", ".join(sites.names)
@@ -962,11 +1001,13 @@ def report_inputs(
         else f"{sites.kind if isinstance(sites.kind, str) else ', '.join(sites.kind)} at layers "
         f"{sites.layers if isinstance(sites.layers, str) else ', '.join(map(str, sites.layers))}"
     )
+    corpus_info = _mapping(manifest.get("corpus"))
     corpus = CORPUS_TEXT[protocol.data.source]
     if corpus_info.get("documents"):
         corpus += f", {corpus_info['documents']} documents"
-    null_settings = manifest.get("null_settings") if isinstance(manifest.get("null_settings"), Mapping) else {}
-    run = RunDescription(
+    null_settings = _mapping(manifest.get("null_settings"))
+    stats = protocol.stats
+    return RunDescription(
         name=protocol.name,
         title=protocol.title,
         description=protocol.description,
@@ -975,7 +1016,7 @@ def report_inputs(
         seq_len=protocol.data.seq_len,
         n_fit_sequences=protocol.data.n_fit_sequences,
         n_test_sequences=protocol.data.n_test_sequences,
-        models=tuple(models),
+        models=_model_descriptions(protocol, manifest),
         site_selection=site_selection,
         proxy_methods=tuple(protocol.proxies.methods),
         ranks=tuple(protocol.proxies.ranks),
@@ -984,30 +1025,36 @@ def report_inputs(
         control_kinds=tuple(protocol.controls.kinds),
         n_controls=protocol.controls.n,
         pca_span_dim=protocol.controls.pca_span_dim,
-        alpha=protocol.stats.alpha,
-        ci_level=protocol.stats.ci_level,
-        ci_method=protocol.stats.ci_method,
-        n_bootstrap=protocol.stats.n_bootstrap,
-        n_test_resamples=protocol.stats.n_test_resamples,
-        alternative=protocol.stats.alternative,
-        multiplicity=protocol.stats.multiplicity,
-        family=protocol.stats.family,
-        isoscore_c0=protocol.stats.isoscore_c0,
-        isoscore_zeta=protocol.stats.isoscore_zeta,
+        alpha=stats.alpha,
+        ci_level=stats.ci_level,
+        ci_method=stats.ci_method,
+        n_bootstrap=stats.n_bootstrap,
+        n_test_resamples=stats.n_test_resamples,
+        alternative=stats.alternative,
+        multiplicity=stats.multiplicity,
+        family=stats.family,
+        isoscore_c0=stats.isoscore_c0,
+        isoscore_zeta=stats.isoscore_zeta,
         report_precision=protocol.report.precision,
         settings=_settings_rows(protocol, manifest),
-        energy_ratio_reference=protocol.stats.energy_ratio_reference,
-        resampling_unit=protocol.stats.resampling_unit,
+        energy_ratio_reference=stats.energy_ratio_reference,
+        resampling_unit=stats.resampling_unit,
         n_null_draws=_int_or_none(null_settings.get("n_null_draws")),
         n_test_resamples_used=_int_or_none(null_settings.get("n_test_resamples")),
         null_stop_exceedances=int(null_settings.get("stop_after") or 0),
-        null_draws_auto=protocol.stats.n_null_draws == "auto",
+        null_draws_auto=stats.n_null_draws == "auto",
         resampling_risk=null_settings.get("resampling_risk"),
         proxy_refit=protocol.proxies.refit,
     )
-    versions = manifest.get("versions") if isinstance(manifest.get("versions"), Mapping) else {}
+
+
+def _run_record(manifest: Mapping[str, Any]) -> RunRecord:
+    """Where, when and with what the run ran (the manifest's fields)."""
+    from .report import RunRecord
+
+    versions = _mapping(manifest.get("versions"))
     units = manifest.get("units") if isinstance(manifest.get("units"), list) else []
-    record = RunRecord(
+    return RunRecord(
         protocol_sha256=str(manifest.get("protocol_sha256") or ""),
         versions=tuple((str(k), str(v)) for k, v in versions.items()),
         device=str(manifest.get("device") or ""),
@@ -1020,6 +1067,11 @@ def report_inputs(
         ),
         failed_units=int(manifest.get("failed_units") or 0),
     )
+
+
+def _report_warnings(manifest: Mapping[str, Any]) -> tuple[str, ...]:
+    """The run's warnings as the manifest records them, then one per data edit that `anistat
+    report --allow-edited-data` accepted (the report must say it shows edited data)."""
     recorded_warnings = manifest.get("warnings")
     warnings = (
         list(recorded_warnings)
@@ -1045,8 +1097,14 @@ def report_inputs(
                 f"re-rendered from the edited data with `anistat report --allow-edited-data` at "
                 f"{edit.get('accepted_at')}, and `anistat verify` reports the difference"
             )
-    outcomes = tuple(claim_outcome(c) for c in claims)
-    cards = tuple(
+    return tuple(str(w) for w in warnings)
+
+
+def _concept_cards(records: Sequence[Mapping[str, Any]]) -> tuple[ConceptCard, ...]:
+    """concept_cards.json's records as typed cards."""
+    from .report import ConceptCard
+
+    return tuple(
         ConceptCard(
             model=str(c.get("model", "")),
             checkpoint=str(c.get("checkpoint", "") or ""),
@@ -1058,23 +1116,7 @@ def report_inputs(
             top_tokens=tuple(str(t) for t in c.get("top_tokens") or ()),
             contexts=tuple(str(x) for x in c.get("contexts") or ()),
         )
-        for c in concept_cards
-    )
-    return ReportInputs(
-        results=results,
-        run=run,
-        record=record,
-        frequency=frequency if frequency is not None else pd.DataFrame(),
-        warnings=tuple(str(w) for w in warnings),
-        claims=outcomes,
-        concept_cards=cards,
-        null_checks=null_check_summaries(
-            results,
-            protocol.stats.alpha,
-            protocol.controls.n,
-            stop_after=int(null_settings.get("stop_after") or 0),
-            shared_draws=null_settings.get("null_draws", "shared") == "shared",
-        ),
+        for c in records
     )
 
 
