@@ -4,8 +4,10 @@
   (`pipeline.run`) and runs measured elsewhere (`anistat.finalize.finalize_bundle`, the Trainer
   callback) both call it: results.csv/.parquet, frequency.csv, concept_cards.json, claims.json,
   the report files and manifest.json, atomically.
-* :func:`read_bundle` reads a bundle back (manifest, typed protocol, tables, claims, cards);
-  :func:`load_bundle` returns the same :class:`RunResult` as `anistat.run`.
+* :meth:`Bundle.load` reads a bundle back once into one typed :class:`Bundle` (manifest, typed
+  protocol, tables, claims, cards, integrity data) — what `verify`, `diff`, `compare`, `report`
+  and `verify --against` take; :func:`read_bundle` returns it and :func:`load_bundle` the same
+  :class:`RunResult` as `anistat.run`.
 * :func:`report_inputs` is the adapter from the typed protocol, tables and manifest to the
   report's frozen :class:`~anistat.report.ReportInputs`.
 * every file is written atomically through ``anistat.atomic`` (the one atomic-file helper).

@@ -5,6 +5,9 @@ window) and for the proxy refitted on that checkpoint's own fit split (`pca@refi
 contrast at a checkpoint is `refit − frozen` of one metric for the same model, site, rank and
 control kind: near 0 late in training means the early proxy still spans what a fresh one would
 (the late weakening is real); a large positive gap means the frozen proxy went stale.
+
+The report shows :func:`refit_contrast_table` (``anistat.bundle.report_inputs`` puts it in
+``ReportInputs.refit_contrast``; ``anistat.report.refit`` renders it).
 """
 
 from __future__ import annotations
