@@ -47,7 +47,9 @@ def refit_contrast_table(results: pd.DataFrame) -> pd.DataFrame:
     phase, one row per pair. The proxy's energy fraction does not depend on the control kind, so
     rows that repeat across control kinds (same pair, same numbers) are shown once, without the
     ``control`` column; where the numbers do differ by control kind, every row is kept with it.
-    Empty when the results hold no frozen/refitted pair."""
+    Empty when the results hold no frozen/refitted pair (or lack the columns that would pair them)."""
+    if not {"metric", "proxy", "phase", "estimate"} <= set(results.columns):
+        return pd.DataFrame(columns=[*KEYS, "proxy", "frozen", "refit", "difference", "ratio"])
     table = refit_contrast(results)
     if table.empty or "control" not in table.columns:
         return table

@@ -174,4 +174,5 @@ def test_the_shown_table_collapses_control_kinds_only_when_their_numbers_agree()
     assert list(kept["control"]) == ["normal", "haar"]
     assert kept.equals(refit_contrast(differ))
     assert refit_contrast_table(agree[agree["proxy"] == "pca"]).empty
+    assert refit_contrast_table(pd.DataFrame(columns=["model", "metric", "estimate"])).empty
     assert set(KEYS) - {"control"} <= set(shown.columns)
