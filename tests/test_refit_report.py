@@ -82,6 +82,7 @@ def _section(html: str) -> _RefitTable:
     return parser
 
 
+@pytest.mark.slow
 def test_the_report_shows_refit_contrast_numbers(refit_bundle):
     results = Bundle.load(refit_bundle).results
     expected = refit_contrast(results)  # one row per pair and control kind
@@ -113,6 +114,7 @@ def test_the_report_shows_refit_contrast_numbers(refit_bundle):
     assert "went stale" in html
 
 
+@pytest.mark.slow
 def test_report_tex_has_the_same_table(refit_bundle):
     tex = (refit_bundle / "report.tex").read_text(encoding="utf-8")
     assert r"\section{Frozen against refitted proxies}" in tex and r"\label{tab:refit-contrast}" in tex
@@ -126,6 +128,7 @@ def test_report_tex_has_the_same_table(refit_bundle):
         assert cells[5:] == [r"\num{" + fmt_num(row[c], 3) + "}" for c in NUMBERS]
 
 
+@pytest.mark.slow
 def test_no_section_without_refitted_proxies_and_text_is_escaped(refit_bundle, tmp_path):
     bundle = Bundle.load(refit_bundle)
     options = ReportOptions(figures=False, compile_pdf=False)
