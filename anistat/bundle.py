@@ -4,8 +4,10 @@
   (`pipeline.run`) and runs measured elsewhere (`anistat.finalize.finalize_bundle`, the Trainer
   callback) both call it: results.csv/.parquet, frequency.csv, concept_cards.json, claims.json,
   the report files and manifest.json, atomically.
-* :func:`read_bundle` reads a bundle back (manifest, typed protocol, tables, claims, cards);
-  :func:`load_bundle` returns the same :class:`RunResult` as `anistat.run`.
+* :meth:`Bundle.load` reads a bundle back once into one typed :class:`Bundle` (manifest, typed
+  protocol, tables, claims, cards, integrity data) — what `verify`, `diff`, `compare`, `report`
+  and `verify --against` take; :func:`read_bundle` returns it and :func:`load_bundle` the same
+  :class:`RunResult` as `anistat.run`.
 * :func:`report_inputs` is the adapter from the typed protocol, tables and manifest to the
   report's frozen :class:`~anistat.report.ReportInputs`.
 * every file is written atomically through ``anistat.atomic`` (the one atomic-file helper).
@@ -32,9 +34,10 @@ import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +49,7 @@ if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat val
     import pandas as pd
 
     from .protocol import Protocol
-    from .report import ReportInputs, ReportOptions
+    from .report import ConceptCard, ModelDescription, ReportInputs, ReportOptions, RunDescription, RunRecord
     from .report.inputs import LoopDescription, NullCheckSummary
     from .runtime import ThreadChoice
 
@@ -681,10 +684,19 @@ def read_json_file(path: Path, default: Any = None) -> Any:
 
 
 @dataclass(frozen=True)
-class BundleContents:
-    """A bundle as read back: manifest, typed protocol, tables, recorded claims, concept cards."""
+class Bundle:
+    """A bundle read once: what `anistat verify`, `diff`, `compare`, `report` and `verify
+    --against` all take (:meth:`load`).
+
+    ``kind`` is the key that marks the manifest (``anistat_bundle``; "" when none does);
+    ``manifest`` the manifest as written; ``protocol`` the typed protocol it records;
+    ``results`` results.csv as :func:`read_results` reads it; ``frequency`` frequency.csv (empty
+    when absent); ``claims`` the records of claims.json ([] when absent); ``concept_cards`` those
+    of concept_cards.json. :attr:`integrity` (every file against the manifest's sha256) is
+    computed once, on first use, or by :meth:`load` when it is given a ``check``."""
 
     path: Path
+    kind: str
     manifest: dict[str, Any]
     protocol: Protocol
     results: pd.DataFrame
@@ -692,38 +704,83 @@ class BundleContents:
     claims: list[dict]
     concept_cards: list[dict]
 
-    def report_inputs(self) -> ReportInputs:
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        check: Callable[[Path, dict[str, Any], tuple[IntegrityProblem, ...]], None] | None = None,
+    ) -> Bundle:
+        """Read the bundle at ``path``: the manifest, then (``check`` given) the integrity data,
+        handed to ``check`` before any table is read — `anistat report` refuses edited data
+        there, so an edited table is refused, never parsed — then the typed protocol, the tables,
+        the claims and the concept cards. Every problem is one :class:`AnistatInputError` line."""
+        from .protocol import parse_protocol
+
+        path = Path(path)
+        manifest = read_manifest(path)
+        integrity = None
+        if check is not None:
+            integrity = tuple(integrity_problems(path, manifest))
+            check(path, manifest, integrity)
+        results, frequency = read_results(path), read_frequency(path)
+        protocol = parse_protocol(manifest.get("protocol"), f"{path}/manifest.json:protocol")
+        claims = read_json_file(path / "claims.json", [])
+        if not (isinstance(claims, list) and all(isinstance(c, dict) for c in claims)):
+            raise AnistatInputError(f"{path / 'claims.json'}: expected a JSON list of claim records")
+        cards = read_json_file(path / "concept_cards.json", [])
+        if not (isinstance(cards, list) and all(isinstance(c, dict) for c in cards)):
+            raise AnistatInputError(f"{path / 'concept_cards.json'}: expected a JSON list of concept cards")
+        kind = next((k for k in BUNDLE_KINDS if k in manifest), "")
+        bundle = cls(path, kind, manifest, protocol, results, frequency, claims, cards)
+        if integrity is not None:  # computed before the tables were read: kept, not recomputed
+            bundle.__dict__["integrity"] = integrity
+        return bundle
+
+    @cached_property
+    def integrity(self) -> tuple[IntegrityProblem, ...]:
+        """Every file of the bundle against the sha256 its manifest records (:func:`integrity_problems`)."""
+        return tuple(integrity_problems(self.path, self.manifest))
+
+    @property
+    def files_recorded(self) -> int:
+        """How many files the manifest records a sha256 for."""
+        recorded = self.manifest.get("files")
+        return len(recorded) if isinstance(recorded, dict) else 0
+
+    @property
+    def has_claims_file(self) -> bool:
+        return (self.path / "claims.json").is_file()
+
+    def report_inputs(self, manifest: Mapping[str, Any] | None = None) -> ReportInputs:
+        """The report's typed inputs from this bundle (``manifest``: an updated manifest in place
+        of the one read, e.g. with the edit `anistat report --allow-edited-data` records)."""
         return report_inputs(
             self.protocol,
             self.results,
-            self.manifest,
+            self.manifest if manifest is None else manifest,
             frequency=self.frequency,
             claims=self.claims,
             concept_cards=self.concept_cards,
         )
 
+    def run_result(self) -> RunResult:
+        """The same :class:`RunResult` that `anistat.run` returned when it wrote this bundle."""
+        return RunResult(out=self.path, results=self.results, manifest=self.manifest, claims=self.claims)
 
-def read_bundle(bundle: Path) -> BundleContents:
-    """Read every table and record of a bundle (no model, nothing recomputed)."""
-    from .protocol import parse_protocol
 
-    bundle = Path(bundle)
-    manifest = read_manifest(bundle)
-    results, frequency = read_results(bundle), read_frequency(bundle)
-    protocol = parse_protocol(manifest.get("protocol"), f"{bundle}/manifest.json:protocol")
-    claims = read_json_file(bundle / "claims.json", [])
-    if not (isinstance(claims, list) and all(isinstance(c, dict) for c in claims)):
-        raise AnistatInputError(f"{bundle / 'claims.json'}: expected a JSON list of claim records")
-    cards = read_json_file(bundle / "concept_cards.json", [])
-    if not (isinstance(cards, list) and all(isinstance(c, dict) for c in cards)):
-        raise AnistatInputError(f"{bundle / 'concept_cards.json'}: expected a JSON list of concept cards")
-    return BundleContents(bundle, manifest, protocol, results, frequency, claims, cards)
+#: The name :func:`read_bundle`'s callers know the loaded bundle by.
+BundleContents = Bundle
+
+
+def read_bundle(bundle: str | Path) -> Bundle:
+    """Read every table and record of a bundle (no model, nothing recomputed): :meth:`Bundle.load`."""
+    return Bundle.load(bundle)
 
 
 def load_bundle(bundle: str | Path) -> RunResult:
     """A written bundle as the :class:`RunResult` that `anistat.run` returned when it wrote it."""
-    contents = read_bundle(Path(bundle))
-    return RunResult(out=contents.path, results=contents.results, manifest=contents.manifest, claims=contents.claims)
+    return Bundle.load(bundle).run_result()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -868,23 +925,54 @@ def report_inputs(
 ) -> ReportInputs:
     """The report's typed inputs from the typed protocol, the written tables and the manifest.
 
-    Run warnings come from the manifest's ``warnings`` (written by :func:`publish_bundle`)."""
+    Run warnings come from the manifest's ``warnings`` (written by :func:`publish_bundle`); the
+    refit − frozen contrast (``anistat.staleness.refit_contrast``) from the results when the run
+    has both frozen and refitted proxies."""
     import pandas as pd
 
-    from .protocol import fit_window_size
-    from .report import ConceptCard, ModelDescription, ReportInputs, RunDescription, RunRecord
+    from .report import ReportInputs
     from .report.inputs import claim_outcome
+    from .staleness import refit_contrast_table
 
-    corpus_info = manifest.get("corpus") if isinstance(manifest.get("corpus"), Mapping) else {}
-    models_info = manifest.get("models") if isinstance(manifest.get("models"), Mapping) else {}
+    null_settings = _mapping(manifest.get("null_settings"))
+    return ReportInputs(
+        results=results,
+        run=_run_description(protocol, manifest),
+        record=_run_record(manifest),
+        frequency=frequency if frequency is not None else pd.DataFrame(),
+        warnings=_report_warnings(manifest),
+        claims=tuple(claim_outcome(c) for c in claims),
+        concept_cards=_concept_cards(concept_cards),
+        null_checks=null_check_summaries(
+            results,
+            protocol.stats.alpha,
+            protocol.controls.n,
+            stop_after=int(null_settings.get("stop_after") or 0),
+            shared_draws=null_settings.get("null_draws", "shared") == "shared",
+        ),
+        refit_contrast=refit_contrast_table(results),
+    )
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """A manifest field that should be a mapping ({} when it is anything else: hand-edited, absent)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _model_descriptions(protocol: Protocol, manifest: Mapping[str, Any]) -> tuple[ModelDescription, ...]:
+    """Each model as the protocol declares it, with its checkpoints (for a model measured in its
+    own training loop, the measured steps the manifest records) and its early phase."""
+    from .protocol import fit_window_size
+    from .report import ModelDescription
+
+    corpus_info, models_info = _mapping(manifest.get("corpus")), _mapping(manifest.get("models"))
     models = []
     for m in protocol.models:
         checkpoints = _checkpoints(m)
         kind = MODEL_KIND[m.source]
         if isinstance(kind, dict):
             kind = kind[m.architecture]
-        info = models_info.get(m.name) if isinstance(models_info.get(m.name), Mapping) else {}
-        loop = _loop_description(info, corpus_info) if m.source == "external" else None
+        loop = _loop_description(_mapping(models_info.get(m.name)), corpus_info) if m.source == "external" else None
         if loop is not None:
             checkpoints = tuple(f"step{s}" for s in loop.measured_steps)
         n_early = fit_window_size(len(checkpoints), protocol.proxies.fit_window) if checkpoints else 0
@@ -900,6 +988,14 @@ def report_inputs(
                 loop=loop,
             )
         )
+    return tuple(models)
+
+
+def _run_description(protocol: Protocol, manifest: Mapping[str, Any]) -> RunDescription:
+    """Every protocol setting the report states, typed, with the analysis' Monte-Carlo sizes
+    from the manifest's ``null_settings``."""
+    from .report import RunDescription
+
     sites = protocol.sites
     site_selection = (
         ", ".join(sites.names)
@@ -907,11 +1003,13 @@ def report_inputs(
         else f"{sites.kind if isinstance(sites.kind, str) else ', '.join(sites.kind)} at layers "
         f"{sites.layers if isinstance(sites.layers, str) else ', '.join(map(str, sites.layers))}"
     )
+    corpus_info = _mapping(manifest.get("corpus"))
     corpus = CORPUS_TEXT[protocol.data.source]
     if corpus_info.get("documents"):
         corpus += f", {corpus_info['documents']} documents"
-    null_settings = manifest.get("null_settings") if isinstance(manifest.get("null_settings"), Mapping) else {}
-    run = RunDescription(
+    null_settings = _mapping(manifest.get("null_settings"))
+    stats = protocol.stats
+    return RunDescription(
         name=protocol.name,
         title=protocol.title,
         description=protocol.description,
@@ -920,7 +1018,7 @@ def report_inputs(
         seq_len=protocol.data.seq_len,
         n_fit_sequences=protocol.data.n_fit_sequences,
         n_test_sequences=protocol.data.n_test_sequences,
-        models=tuple(models),
+        models=_model_descriptions(protocol, manifest),
         site_selection=site_selection,
         proxy_methods=tuple(protocol.proxies.methods),
         ranks=tuple(protocol.proxies.ranks),
@@ -929,30 +1027,36 @@ def report_inputs(
         control_kinds=tuple(protocol.controls.kinds),
         n_controls=protocol.controls.n,
         pca_span_dim=protocol.controls.pca_span_dim,
-        alpha=protocol.stats.alpha,
-        ci_level=protocol.stats.ci_level,
-        ci_method=protocol.stats.ci_method,
-        n_bootstrap=protocol.stats.n_bootstrap,
-        n_test_resamples=protocol.stats.n_test_resamples,
-        alternative=protocol.stats.alternative,
-        multiplicity=protocol.stats.multiplicity,
-        family=protocol.stats.family,
-        isoscore_c0=protocol.stats.isoscore_c0,
-        isoscore_zeta=protocol.stats.isoscore_zeta,
+        alpha=stats.alpha,
+        ci_level=stats.ci_level,
+        ci_method=stats.ci_method,
+        n_bootstrap=stats.n_bootstrap,
+        n_test_resamples=stats.n_test_resamples,
+        alternative=stats.alternative,
+        multiplicity=stats.multiplicity,
+        family=stats.family,
+        isoscore_c0=stats.isoscore_c0,
+        isoscore_zeta=stats.isoscore_zeta,
         report_precision=protocol.report.precision,
         settings=_settings_rows(protocol, manifest),
-        energy_ratio_reference=protocol.stats.energy_ratio_reference,
-        resampling_unit=protocol.stats.resampling_unit,
+        energy_ratio_reference=stats.energy_ratio_reference,
+        resampling_unit=stats.resampling_unit,
         n_null_draws=_int_or_none(null_settings.get("n_null_draws")),
         n_test_resamples_used=_int_or_none(null_settings.get("n_test_resamples")),
         null_stop_exceedances=int(null_settings.get("stop_after") or 0),
-        null_draws_auto=protocol.stats.n_null_draws == "auto",
+        null_draws_auto=stats.n_null_draws == "auto",
         resampling_risk=null_settings.get("resampling_risk"),
         proxy_refit=protocol.proxies.refit,
     )
-    versions = manifest.get("versions") if isinstance(manifest.get("versions"), Mapping) else {}
+
+
+def _run_record(manifest: Mapping[str, Any]) -> RunRecord:
+    """Where, when and with what the run ran (the manifest's fields)."""
+    from .report import RunRecord
+
+    versions = _mapping(manifest.get("versions"))
     units = manifest.get("units") if isinstance(manifest.get("units"), list) else []
-    record = RunRecord(
+    return RunRecord(
         protocol_sha256=str(manifest.get("protocol_sha256") or ""),
         versions=tuple((str(k), str(v)) for k, v in versions.items()),
         device=str(manifest.get("device") or ""),
@@ -965,6 +1069,11 @@ def report_inputs(
         ),
         failed_units=int(manifest.get("failed_units") or 0),
     )
+
+
+def _report_warnings(manifest: Mapping[str, Any]) -> tuple[str, ...]:
+    """The run's warnings as the manifest records them, then one per data edit that `anistat
+    report --allow-edited-data` accepted (the report must say it shows edited data)."""
     recorded_warnings = manifest.get("warnings")
     warnings = (
         list(recorded_warnings)
@@ -990,8 +1099,14 @@ def report_inputs(
                 f"re-rendered from the edited data with `anistat report --allow-edited-data` at "
                 f"{edit.get('accepted_at')}, and `anistat verify` reports the difference"
             )
-    outcomes = tuple(claim_outcome(c) for c in claims)
-    cards = tuple(
+    return tuple(str(w) for w in warnings)
+
+
+def _concept_cards(records: Sequence[Mapping[str, Any]]) -> tuple[ConceptCard, ...]:
+    """concept_cards.json's records as typed cards."""
+    from .report import ConceptCard
+
+    return tuple(
         ConceptCard(
             model=str(c.get("model", "")),
             checkpoint=str(c.get("checkpoint", "") or ""),
@@ -1003,23 +1118,7 @@ def report_inputs(
             top_tokens=tuple(str(t) for t in c.get("top_tokens") or ()),
             contexts=tuple(str(x) for x in c.get("contexts") or ()),
         )
-        for c in concept_cards
-    )
-    return ReportInputs(
-        results=results,
-        run=run,
-        record=record,
-        frequency=frequency if frequency is not None else pd.DataFrame(),
-        warnings=tuple(str(w) for w in warnings),
-        claims=outcomes,
-        concept_cards=cards,
-        null_checks=null_check_summaries(
-            results,
-            protocol.stats.alpha,
-            protocol.controls.n,
-            stop_after=int(null_settings.get("stop_after") or 0),
-            shared_draws=null_settings.get("null_draws", "shared") == "shared",
-        ),
+        for c in records
     )
 
 

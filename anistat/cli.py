@@ -465,15 +465,14 @@ def verify(
         if not check.ok:
             raise typer.Exit(1)
         return
-    from .bundle import read_manifest, read_results
+    from .bundle import Bundle
     from .protocol import load_protocol
     from .replicate import replicate
 
     # check both inputs before a (possibly long) re-run, so a typo costs milliseconds
     load_protocol(target)
-    read_manifest(against)
-    read_results(against)
-    outcome = replicate(target, against, out=out, log=None if quiet else _echo, overwrite=overwrite)
+    original = Bundle.load(against)
+    outcome = replicate(target, original, out=out, log=None if quiet else _echo, overwrite=overwrite)
     for claim in outcome.claims:
         _echo(
             f"claim {claim['id']}: original {str(claim['original']).upper()}, replication "
@@ -502,9 +501,10 @@ def diff(
     must be equal, continuous numbers within --relative of their scale, Monte-Carlo p-values and
     control statistics within two of their Monte-Carlo standard errors (see docs/reproducibility.md).
     Exit 0 reproduced, 1 differences beyond the tolerance, 2 bad input."""
+    from .bundle import Bundle
     from .reproduction import Tolerance, compare_reproduction
 
-    check = compare_reproduction(original, rerun, Tolerance(relative=relative))
+    check = compare_reproduction(Bundle.load(original), Bundle.load(rerun), Tolerance(relative=relative))
     for note in check.notes:
         _echo(f"note: {note}")
     for difference in check.differences[:show]:

@@ -6,16 +6,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bundle import check_destination, staged_bundle
+from .bundle import Bundle, check_destination, staged_bundle
 from .errors import AnistatInputError
+from .report.comparison import ComparisonInputs
 from .verify import (
     compare_claims,
     compare_results,
-    ensure_bundle,
     environment_differences,
-    load_bundle_results,
+    reevaluated_claims,
     summarise,
-    verify_bundle,
     write_comparison,
 )
 
@@ -32,52 +31,62 @@ class ReplicationOutcome:
         return all(c["agree"] and c["replication"] == "pass" for c in self.claims)
 
 
+def _bundle_at(path: Path) -> None:
+    """The one-line refusal of a folder that is not a bundle, before any work."""
+    if not (path / "manifest.json").is_file():
+        raise AnistatInputError(f"{path}: not an anistat bundle (no manifest.json)")
+
+
 def compare_bundles(
-    original: Path, replication: Path, *, out: Path | None = None, tolerance: float = 0.25
+    original: Bundle | Path, replication: Bundle | Path, *, out: Path | None = None, tolerance: float = 0.25
 ) -> tuple[Path, dict, list[dict]]:
-    """Replication report for two existing bundles; returns (report directory, summary, claims
-    compared claim by claim)."""
-    ensure_bundle(original)
-    ensure_bundle(replication)
-    out = out or Path("reports") / f"compare-{original.name}-vs-{replication.name}"
+    """Replication report for two existing bundles (a path is read with :meth:`Bundle.load`,
+    after the destination is checked); returns (report directory, summary, claims compared
+    claim by claim)."""
+    for given in (original, replication):
+        if not isinstance(given, Bundle):
+            _bundle_at(given)
+    paths = [b.path if isinstance(b, Bundle) else b for b in (original, replication)]
+    out = out or Path("reports") / f"compare-{paths[0].name}-vs-{paths[1].name}"
     check_destination(out)  # before any work: a folder that cannot be replaced is said at once
-    results_a, manifest_a = load_bundle_results(original)
-    results_b, manifest_b = load_bundle_results(replication)
-    comparison = compare_results(results_a, results_b, tolerance=tolerance)
+    a, b = (given if isinstance(given, Bundle) else Bundle.load(given) for given in (original, replication))
+    comparison = compare_results(a.results, b.results, tolerance=tolerance)
     if comparison.empty:
         raise AnistatInputError(
-            f"{original} and {replication} have no result row in common (same model, checkpoint, site, rank, "
+            f"{a.path} and {b.path} have no result row in common (same model, checkpoint, site, rank, "
             "proxy, control and metric, with an estimate in both); compare two bundles of the same protocol"
         )
-    claims = compare_claims(verify_bundle(original).claims, verify_bundle(replication).claims)
+    claims = compare_claims(reevaluated_claims(a), reevaluated_claims(b))
     summary = summarise(comparison)
+    inputs = ComparisonInputs(
+        comparison=comparison,
+        claims=tuple(claims),
+        environment=tuple(environment_differences(a.manifest, b.manifest)),
+        summary=summary,
+        titles=(str(a.path), str(b.path)),
+    )
     with staged_bundle(out) as staging:
-        write_comparison(
-            staging,
-            comparison,
-            claims,
-            environment_differences(manifest_a, manifest_b),
-            summary,
-            (str(original), str(replication)),
-        )
+        write_comparison(staging, inputs)
         (staging / "manifest.json").write_text('{"anistat_comparison": 1}\n')
     return out, summary, claims
 
 
 def replicate(
     protocol_path: Path,
-    original: Path,
+    original: Bundle | Path,
     *,
     out: Path | None = None,
     log: Callable[[str], None] | None = None,
     overwrite: bool = False,
 ) -> ReplicationOutcome:
-    """`anistat verify PROTOCOL --against BUNDLE`: re-run, then compare with the original.
-    An existing re-run bundle at `out` is replaced only with `overwrite=True`."""
+    """`anistat verify PROTOCOL --against BUNDLE`: re-run, then compare with the original (read
+    once, before the re-run, when given as a path). An existing re-run bundle at `out` is
+    replaced only with `overwrite=True`."""
     from .pipeline import run
     from .protocol import load_protocol
 
-    ensure_bundle(original)
+    if not isinstance(original, Bundle):
+        original = Bundle.load(original)
     protocol = load_protocol(protocol_path)
     replication_out = out or Path("reports") / f"{protocol.name}-replication"
     report_dir = replication_out.parent / f"{replication_out.name}-comparison"

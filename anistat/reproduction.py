@@ -42,7 +42,7 @@ from typing import Any
 import pandas as pd
 
 from ._columns import RESULT_KEYS
-from .bundle import read_frequency, read_json_file, read_manifest, read_results
+from .bundle import Bundle
 from .errors import AnistatInputError
 
 FREQUENCY_KEYS = (
@@ -291,12 +291,15 @@ def _compare_table(
             # anything else (e.g. `note`, free text with rounded numbers) is not compared
 
 
-def compare_reproduction(original: Path, rerun: Path, tolerance: Tolerance = DEFAULT_TOLERANCE) -> ReproductionCheck:
-    """Compare a rerun's bundle with the original's (see the module docstring)."""
-    original, rerun = Path(original), Path(rerun)
-    manifests = [read_manifest(original), read_manifest(rerun)]
+def compare_reproduction(
+    original: Bundle | Path, rerun: Bundle | Path, tolerance: Tolerance = DEFAULT_TOLERANCE
+) -> ReproductionCheck:
+    """Compare a rerun's bundle with the original's (see the module docstring); a path is read
+    with :meth:`anistat.bundle.Bundle.load`."""
+    bundles = [b if isinstance(b, Bundle) else Bundle.load(b) for b in (original, rerun)]
     comparer = _Comparer(tolerance)
     notes: list[str] = []
+    manifests = [b.manifest for b in bundles]
     comparer.exact(
         "manifest", "", "protocol_sha256", manifests[0].get("protocol_sha256"), manifests[1].get("protocol_sha256")
     )
@@ -310,13 +313,13 @@ def compare_reproduction(original: Path, rerun: Path, tolerance: Tolerance = DEF
     _compare_table(
         comparer,
         "results.csv",
-        read_results(original),
-        read_results(rerun),
+        bundles[0].results,
+        bundles[1].results,
         RESULT_KEYS,
         n_paper_controls=n_paper_controls,
         default_draws=n_permutations,
     )
-    frequency = [read_frequency(original), read_frequency(rerun)]
+    frequency = [b.frequency for b in bundles]
     if frequency[0].empty != frequency[1].empty:
         comparer.compared += 1
         comparer.differences.append(
@@ -338,12 +341,12 @@ def compare_reproduction(original: Path, rerun: Path, tolerance: Tolerance = DEF
             n_paper_controls=n_paper_controls,
             default_draws=n_permutations,
         )
-    claims = [_claim_verdicts(original), _claim_verdicts(rerun)]
+    claims = [_claim_verdicts(b) for b in bundles]
     for claim_id in sorted(set(claims[0]) | set(claims[1])):
         comparer.exact("claims.json", claim_id, "status", claims[0].get(claim_id), claims[1].get(claim_id))
     return ReproductionCheck(
-        original,
-        rerun,
+        bundles[0].path,
+        bundles[1].path,
         tolerance,
         comparer.compared,
         comparer.identical,
@@ -353,8 +356,5 @@ def compare_reproduction(original: Path, rerun: Path, tolerance: Tolerance = DEF
     )
 
 
-def _claim_verdicts(bundle: Path) -> dict[str, str]:
-    claims = read_json_file(bundle / "claims.json", default=[])
-    if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
-        raise AnistatInputError(f"{bundle / 'claims.json'}: expected a list of claims")
-    return {str(c.get("id")): str(c.get("status")) for c in claims}
+def _claim_verdicts(bundle: Bundle) -> dict[str, str]:
+    return {str(c.get("id")): str(c.get("status")) for c in bundle.claims}

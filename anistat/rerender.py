@@ -1,6 +1,6 @@
 """`anistat report BUNDLE`: re-render every report output from the bundle's tables alone.
 
-Reads the bundle with `anistat.bundle.read_bundle` (results.csv, frequency.csv, manifest.json,
+Reads the bundle once into an `anistat.bundle.Bundle` (results.csv, frequency.csv, manifest.json,
 claims.json, concept_cards.json) and renders from the same typed `ReportInputs` as `anistat run`;
 no model is loaded and nothing is recomputed. The rendered files replace the old ones
 atomically (rendered into a temporary directory first).
@@ -30,14 +30,12 @@ import tempfile
 from pathlib import Path
 
 from .bundle import (
+    Bundle,
     IntegrityProblem,
     file_digests,
     foreign_files,
     foreign_files_message,
-    integrity_problems,
     is_rendered,
-    read_bundle,
-    read_manifest,
     report_options,
     utc_now,
     write_json,
@@ -60,7 +58,7 @@ def refuse_edited_data(bundle: Path, problems: list[IntegrityProblem]) -> None:
 
 
 def rerender(
-    bundle: Path,
+    bundle: Bundle | Path,
     *,
     precision: int | None = None,
     metrics: str | None = None,
@@ -71,6 +69,7 @@ def rerender(
 ) -> list[Path]:
     """Re-render every report output of `bundle` in place (see module docstring); `log` gets
     one line before and one after rendering (the figures and the PDF take most of the time).
+    A path is read with :meth:`Bundle.load`, the integrity check before the tables.
 
     Raises AnistatInputError (exit 2) when a data file differs from the manifest and
     ``allow_edited_data`` is False — before anything is written."""
@@ -80,14 +79,20 @@ def rerender(
 
     log = log or (lambda message: None)
     started = time.perf_counter()
-    bundle = Path(bundle)
-    manifest = read_manifest(bundle)
-    edits = _checked_edits(bundle, manifest, allow_edited_data)
-    contents = read_bundle(bundle)
-    overrides = _report_overrides(contents, precision, metrics, transpose, compile_pdf)
-    options = report_options(contents.protocol, **overrides)
+    found: list[IntegrityProblem] = []
+
+    def check(path: Path, manifest: dict, problems: tuple[IntegrityProblem, ...]) -> None:
+        found.extend(_checked_edits(path, problems, allow_edited_data))
+
+    if isinstance(bundle, Bundle):
+        check(bundle.path, bundle.manifest, bundle.integrity)
+    else:
+        bundle = Bundle.load(bundle, check=check)
+    edits, manifest = found, bundle.manifest
+    overrides = _report_overrides(bundle, precision, metrics, transpose, compile_pdf)
+    options = report_options(bundle.protocol, **overrides)
     now = utc_now()
-    new_manifest = dict(contents.manifest)
+    new_manifest = dict(manifest)
     if edits:  # allowed: the report must say it was rendered from data edited after the run
         new_manifest["edited_data"] = _records(new_manifest.get("edited_data")) + [
             {
@@ -100,15 +105,13 @@ def rerender(
             for p in edits
         ]
     log(
-        f"re-rendering {bundle}: {len(contents.results)} result rows → figures, report.html, tables.tex, report.tex"
-        + (", report.pdf" if options.compile_pdf is not False else "")
-        + " …"
+        f"re-rendering {bundle.path}: {len(bundle.results)} result rows → figures, report.html, tables.tex, "
+        "report.tex" + (", report.pdf" if options.compile_pdf is not False else "") + " …"
     )
-    staging = Path(tempfile.mkdtemp(prefix=".rerender.", dir=bundle))
+    staging = Path(tempfile.mkdtemp(prefix=".rerender.", dir=bundle.path))
     try:
-        inputs = contents.report_inputs() if not edits else _with_manifest(contents, new_manifest)
-        render_bundle(inputs, staging, options=options)
-        written, kept = _replace_rendered(bundle, staging)
+        render_bundle(bundle.report_inputs(new_manifest if edits else None), staging, options=options)
+        written, kept = _replace_rendered(bundle.path, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log(f"  rendered ({time.perf_counter() - started:.1f}s)")
@@ -121,12 +124,14 @@ def rerender(
             **({"edited_data": [p.name for p in edits]} if edits else {}),
         }
     ]
-    new_manifest["files"] = _digests_after(bundle, manifest)
-    write_json(bundle / "manifest.json", new_manifest)
+    new_manifest["files"] = _digests_after(bundle.path, manifest)
+    write_json(bundle.path / "manifest.json", new_manifest)
     return written
 
 
-def _checked_edits(bundle: Path, manifest: dict, allow_edited_data: bool) -> list[IntegrityProblem]:
+def _checked_edits(
+    bundle: Path, problems: tuple[IntegrityProblem, ...], allow_edited_data: bool
+) -> list[IntegrityProblem]:
     """The integrity check, before the tables are read or anything is written: a file anistat did not write among
     the rendered outputs is refused, and so are data files that differ from the manifest unless
     ``allow_edited_data``; returns those edits (not yet recorded in the manifest)."""
@@ -139,14 +144,15 @@ def _checked_edits(bundle: Path, manifest: dict, allow_edited_data: bool) -> lis
                 "choose another --out", "re-render a copy of the bundle"
             )
         )
-    problems = integrity_problems(bundle, manifest)
     edits = [p for p in problems if not p.rendered and not p.accepted_at]
     if edits and not allow_edited_data:
         refuse_edited_data(bundle, edits)
     return edits
 
 
-def _report_overrides(contents, precision: int | None, metrics: str | None, transpose: bool, compile_pdf: bool) -> dict:
+def _report_overrides(
+    bundle: Bundle, precision: int | None, metrics: str | None, transpose: bool, compile_pdf: bool
+) -> dict:
     """The protocol's report options overridden from the command line; ``metrics`` (comma-separated)
     must name metrics of this bundle."""
     overrides: dict = {"transpose_tables": transpose}
@@ -156,7 +162,7 @@ def _report_overrides(contents, precision: int | None, metrics: str | None, tran
         overrides["precision"] = precision
     if metrics:
         wanted = tuple(m.strip() for m in metrics.split(",") if m.strip())
-        known = sorted({str(m) for m in contents.results["metric"].dropna()})
+        known = sorted({str(m) for m in bundle.results["metric"].dropna()})
         unknown = [m for m in wanted if m not in known]
         if unknown or not wanted:
             raise AnistatInputError(
@@ -197,20 +203,6 @@ def _replace_rendered(bundle: Path, staging: Path) -> tuple[list[Path], list[str
 def _records(value) -> list:
     """A manifest list this module appends to (anything else — a hand-edited value — starts anew)."""
     return list(value) if isinstance(value, list) else []
-
-
-def _with_manifest(contents, manifest: dict):
-    """The report inputs of `contents` with an updated manifest (the edit notice)."""
-    from .bundle import report_inputs
-
-    return report_inputs(
-        contents.protocol,
-        contents.results,
-        manifest,
-        frequency=contents.frequency,
-        claims=contents.claims,
-        concept_cards=contents.concept_cards,
-    )
 
 
 def _digests_after(bundle: Path, manifest: dict) -> dict[str, str]:

@@ -10,7 +10,10 @@
   in both (same model, checkpoint, site, rank, proxy, control, metric), the difference of the
   estimates with a CI (normal approximation from both CIs), sign agreement (same side of the
   null value: 1 for ratios, 0 otherwise), CI overlap, and agreement within a tolerance.
-* `write_comparison(...)` — `comparison.csv`, `comparison.html`, `comparison.tex`.
+* `write_comparison(out, inputs)` — `comparison.csv`, `comparison.json`, and the HTML and LaTeX
+  rendered by `anistat.report.comparison` from the typed `ComparisonInputs`.
+
+Every function reads a bundle through one `anistat.bundle.Bundle` (loaded once).
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from .bundle import integrity_problems, read_bundle, read_manifest, read_results, utc_now
+from .bundle import Bundle, utc_now
 from .claims import evaluate_claims
 from .errors import AnistatInputError
 from .protocol import ClaimSpec, format_validation_error, read_yaml
-from .report.escape import tex
+from .report.comparison import ComparisonInputs, render_comparison_html, render_comparison_tex
 
 KEY_COLUMNS = ["model", "checkpoint", "site", "rank", "proxy", "control", "metric"]
 RATIO_METRICS = {"energy_ratio"}
@@ -76,27 +79,21 @@ class BundleCheck:
         }
 
 
-def check_integrity(bundle: Path, manifest: dict[str, Any]) -> list[str]:
-    """Every recorded file's sha256 against the manifest, as one line per problem
-    (``anistat.bundle.integrity_problems``)."""
-    return [str(problem) for problem in integrity_problems(bundle, manifest)]
-
-
 #: Numbers of results.parquet and results.csv agree to this relative tolerance (the CSV holds
 #: ten significant digits: ``float_format="%.10g"``).
 COPY_RELATIVE_TOLERANCE = 1e-8
 
 
-def results_copy_problems(bundle: Path, csv: pd.DataFrame) -> list[str]:
-    """results.parquet against results.csv (``csv`` as :func:`anistat.bundle.read_results` read
-    it): the same columns in the same order, the same rows, numbers equal to
+def results_copy_problems(bundle: Bundle) -> list[str]:
+    """The bundle's results.parquet against its results.csv (``bundle.results``, as
+    :func:`anistat.bundle.read_results` read it): the same columns in the same order, the same rows, numbers equal to
     :data:`COPY_RELATIVE_TOLERANCE` (NaN matching NaN), text exactly. One line naming the first
     difference (column, row and both values); [] when they agree or there is no parquet copy.
 
     The sha256 digests catch an edited file; this catches a file edited *with* its digest, so a
     careless edit of one copy of the results cannot pass `anistat verify` while the other copy
     still holds the run's numbers."""
-    path = bundle / "results.parquet"
+    path, csv = bundle.path / "results.parquet", bundle.results
     if not path.is_file():
         return []
     try:
@@ -216,41 +213,49 @@ def check_claims_against_table(
 
 
 def verify_bundle(
-    bundle: Path, claims: tuple[ClaimSpec, ...] | None = None, claims_source: str | None = None
+    bundle: Bundle | Path, claims: tuple[ClaimSpec, ...] | None = None, claims_source: str | None = None
 ) -> BundleCheck:
     """Integrity, then claims: the bundle's own (`claims=None`) or the given ones, evaluated
     against the bundle's tables without re-running anything (then claims.json, which records
-    the protocol's claims, is not compared)."""
+    the protocol's claims, is not compared). A path is read with :meth:`Bundle.load`."""
     from .claims import claim_table
 
-    contents = read_bundle(bundle)
-    problems = check_integrity(bundle, contents.manifest) + results_copy_problems(bundle, contents.results)
-    recorded_files = contents.manifest.get("files")
-    files_checked = len(recorded_files) if isinstance(recorded_files, dict) else 0
+    if not isinstance(bundle, Bundle):
+        bundle = Bundle.load(bundle)
+    problems = [str(problem) for problem in bundle.integrity] + results_copy_problems(bundle)
     if claims is not None:
         source = claims_source or "the given claims"
-        check_claims_against_table(claims, claim_table(contents.results, contents.frequency), source)
-        evaluated = evaluate_claims(contents.results, claims, contents.frequency, stats=contents.protocol.stats)
+        check_claims_against_table(claims, claim_table(bundle.results, bundle.frequency), source)
+        evaluated = evaluate_claims(bundle.results, claims, bundle.frequency, stats=bundle.protocol.stats)
         return BundleCheck(
-            bundle, not problems, problems, evaluated, [], claims_source=source, files_checked=files_checked
+            bundle.path,
+            not problems,
+            problems,
+            evaluated,
+            [],
+            claims_source=source,
+            files_checked=bundle.files_recorded,
         )
-    claims = evaluate_claims(
-        contents.results, contents.protocol.claims, contents.frequency, stats=contents.protocol.stats
-    )
-    recorded = contents.claims
-    if recorded or (bundle / "claims.json").is_file():
-        if [c.get("id") for c in recorded] != [c["id"] for c in claims]:
+    claims_now = reevaluated_claims(bundle)
+    recorded = bundle.claims
+    if recorded or bundle.has_claims_file:
+        if [c.get("id") for c in recorded] != [c["id"] for c in claims_now]:
             problems.append(
                 f"claims.json: records claims {[c.get('id') for c in recorded]} but the protocol's are "
-                f"{[c['id'] for c in claims]}"
+                f"{[c['id'] for c in claims_now]}"
             )
-        for old, new in zip(recorded, claims):
+        for old, new in zip(recorded, claims_now):
             if old.get("passed") != new["passed"] or old.get("status") != new["status"]:
                 problems.append(
                     f"claims.json: claim '{new['id']}' recorded as {old.get('status')} "
                     f"but re-evaluates from results.csv as {new['status']}"
                 )
-    return BundleCheck(bundle, not problems, problems, claims, recorded, files_checked=files_checked)
+    return BundleCheck(bundle.path, not problems, problems, claims_now, recorded, files_checked=bundle.files_recorded)
+
+
+def reevaluated_claims(bundle: Bundle) -> list[dict[str, Any]]:
+    """The protocol's claims evaluated afresh against the bundle's tables (claims.json's records)."""
+    return evaluate_claims(bundle.results, bundle.protocol.claims, bundle.frequency, stats=bundle.protocol.stats)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,24 +360,18 @@ def summarise(comparison: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def write_comparison(
-    out: Path,
-    comparison: pd.DataFrame,
-    claims: list[dict],
-    environment: list[dict],
-    summary: dict,
-    titles: tuple[str, str],
-) -> list[Path]:
-    """comparison.csv / .json / .html / .tex into `out` (an existing directory)."""
-    comparison.to_csv(out / "comparison.csv", index=False, float_format="%.10g", lineterminator="\n")
+def write_comparison(out: Path, inputs: ComparisonInputs) -> list[Path]:
+    """comparison.csv / .json / .html / .tex into `out` (an existing directory); the HTML and the
+    LaTeX are rendered by :mod:`anistat.report.comparison`."""
+    inputs.comparison.to_csv(out / "comparison.csv", index=False, float_format="%.10g", lineterminator="\n")
     (out / "comparison.json").write_text(
         json.dumps(
             {
-                "original": titles[0],
-                "replication": titles[1],
-                "summary": summary,
-                "claims": claims,
-                "environment": environment,
+                "original": inputs.titles[0],
+                "replication": inputs.titles[1],
+                "summary": dict(inputs.summary),
+                "claims": [dict(c) for c in inputs.claims],
+                "environment": [dict(r) for r in inputs.environment],
                 "written_at": utc_now(),
             },
             indent=2,
@@ -380,95 +379,6 @@ def write_comparison(
         )
         + "\n"
     )
-    (out / "comparison.html").write_text(_comparison_html(comparison, claims, environment, summary, titles))
-    (out / "comparison.tex").write_text(_comparison_tex(comparison, summary, titles))
+    (out / "comparison.html").write_text(render_comparison_html(inputs))
+    (out / "comparison.tex").write_text(render_comparison_tex(inputs))
     return [out / n for n in ("comparison.csv", "comparison.json", "comparison.html", "comparison.tex")]
-
-
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    if isinstance(value, (bool, np.bool_)):
-        return "yes" if value else "no"
-    if isinstance(value, (float, np.floating)):
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
-HEADLINE_COLUMNS = (
-    "model",
-    "checkpoint",
-    "site",
-    "rank",
-    "control",
-    "estimate_original",
-    "estimate_replication",
-    "difference",
-    "difference_ci_low",
-    "difference_ci_high",
-    "sign_agrees",
-    "ci_overlap",
-    "within_tolerance",
-)
-
-
-def _comparison_html(
-    comparison: pd.DataFrame, claims: list[dict], environment: list[dict], summary: dict, titles: tuple[str, str]
-) -> str:
-    """comparison.html from the autoescaping template ``templates/comparison.html.j2``."""
-    from .report.html import environment as templates
-
-    headline = comparison[comparison["metric"] == "energy_ratio"]
-    rows = [[_fmt(row[c]) for c in HEADLINE_COLUMNS] for _, row in headline.iterrows()]
-    return (
-        templates()
-        .get_template("comparison.html.j2")
-        .render(
-            titles=titles,
-            summary=[(k.replace("_", " "), _fmt(v)) for k, v in summary.items()],
-            claims=claims,
-            rows=rows,
-            environment=environment,
-        )
-    )
-
-
-def _comparison_tex(comparison: pd.DataFrame, summary: dict, titles: tuple[str, str]) -> str:
-    from .report.latex_table import booktabs_table
-
-    headline = comparison[comparison["metric"] == "energy_ratio"]
-    body = []
-    for _, row in headline.iterrows():
-        agree = r"$\checkmark$" if row["sign_agrees"] and row["ci_overlap"] else "--"
-        body.append(
-            [
-                tex(row["model"]),
-                tex(row["checkpoint"]),
-                tex(row["site"]),
-                tex(row["rank"]),
-                tex(_fmt(row["estimate_original"])),
-                tex(_fmt(row["estimate_replication"])),
-                f"{tex(_fmt(row['difference']))} [{tex(_fmt(row['difference_ci_low']))}, "
-                f"{tex(_fmt(row['difference_ci_high']))}]",
-                agree,
-            ]
-        )
-    head = [[r"Model", "Checkpoint", "Site", "$k$", "Original", "Replication", r"$\Delta$ [95\% CI]", "Agree"]]
-    caption = (
-        r"Replication of " + tex(titles[0]) + " by " + tex(titles[1]) + r": energy ratios, original vs replication."
-    )
-    return (
-        "% anistat replication table (requires booktabs, amssymb, adjustbox)\n"
-        + booktabs_table("lllrrrrc", head, body, caption=caption, label="tab:anistat-replication")
-        + "\n"
-    )
-
-
-def load_bundle_results(bundle: Path) -> tuple[pd.DataFrame, dict]:
-    manifest = read_manifest(bundle)
-    return read_results(bundle), manifest
-
-
-def ensure_bundle(path: Path) -> None:
-    if not (path / "manifest.json").is_file():
-        raise AnistatInputError(f"{path}: not an anistat bundle (no manifest.json)")

@@ -6,7 +6,8 @@ This package imports nothing from the rest of anistat. Its one input is a frozen
 run warnings, claims, concept cards), built by ``anistat.bundle.report_inputs``. HTML goes
 through the jinja2 templates in ``anistat/templates/`` (autoescaped), LaTeX tables through
 :func:`~anistat.report.latex_table.booktabs_table`, and every user string through one escaping
-function per target (:mod:`anistat.report.escape`).
+function per target (:mod:`anistat.report.escape`). The replication comparison's HTML and LaTeX
+are rendered here too (:mod:`anistat.report.comparison`, from a frozen ``ComparisonInputs``).
 """
 
 from .escape import esc, tex

@@ -41,6 +41,7 @@ from ._content import (
 from ._data import BUCKET_COLUMNS, fmt_p, ordered_by_first
 from .claim_text import QUESTIONS
 from .figures import SavedFigure
+from .refit import REFIT_HEADING, REFIT_TEXT, RefitSection, refit_section
 
 #: The package's template folder (declared as package data in pyproject.toml).
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -146,7 +147,8 @@ def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[st
     frequency = frequency_correlations(ctx)
     cards = _cards(ctx)
     fu = failed_units(ctx)
-    nav = _nav(frequency is not None, bool(cards), bool(fu))
+    refit = refit_section(ctx)
+    nav = _nav(frequency is not None, bool(cards), bool(fu), refit is not None)
     table = _results_table(ctx)
     claims = ctx.inputs.claims
     top = headline(ctx)
@@ -179,6 +181,7 @@ def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[st
             figures=[_figure(f) for f in figs],
             skipped=[(k.replace("_", " "), v) for k, v in skipped.items()],
             frequency=_frequency_block(frequency),
+            refit=_refit_block(refit),
             cards=cards,
             methods=methods(ctx),
             settings=settings_rows(ctx),
@@ -209,11 +212,13 @@ def _subtitle(ctx: ReportContext) -> str:
     return DOT.join(sub)
 
 
-def _nav(has_frequency: bool, has_cards: bool, has_failed: bool) -> list[tuple[str, str]]:
+def _nav(has_frequency: bool, has_cards: bool, has_failed: bool, has_refit: bool) -> list[tuple[str, str]]:
     """(anchor, label) of the navigation bar's links, one per section the report shows."""
     nav = [("summary", "Summary"), ("figures", "Figures")]
     if has_frequency:
         nav.append(("frequency", "Frequency"))
+    if has_refit:
+        nav.append(("refit", "Frozen vs refit"))
     if has_cards:
         nav.append(("concepts", "Concept cards"))
     nav += [("methods", "Methods"), ("results", "Results table")]
@@ -244,4 +249,18 @@ def _frequency_block(frequency: FrequencyCorrelations | None) -> dict[str, Any] 
         "notes": frequency.notes,
         "sites": frequency.sites,
         "rows": frequency.rows,
+    }
+
+
+def _refit_block(section: RefitSection | None) -> dict[str, Any] | None:
+    """The template's refit − frozen section: heading, meaning, range, header and rows (each cell
+    its text and, for a number, the unrounded value as a ``data-value`` attribute)."""
+    if section is None:
+        return None
+    return {
+        "heading": REFIT_HEADING,
+        "text": REFIT_TEXT,
+        "summary": section.summary,
+        "headers": list(zip(section.headers, section.numeric)),
+        "rows": [[(text, "" if number is None else repr(number)) for text, number in row] for row in section.rows],
     }

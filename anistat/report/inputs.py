@@ -239,7 +239,12 @@ class ReportInputs:
     ``frequency`` the rows of ``frequency.csv`` (empty when the run has none); ``warnings`` the
     run's warnings as recorded in the manifest, shown prominently in every output.
     ``calibration`` and ``control_draws`` are optional extra figure data; ``null_checks`` the
-    run's own null check when it measured an uninformative (``random``) proxy.
+    run's own null check when it measured an uninformative (``random``) proxy; ``refit_contrast``
+    the late-phase refit − frozen contrast of the proxies' energy fraction when the run has both
+    frozen and refitted proxies (``anistat.staleness.refit_contrast_table``: columns ``model``,
+    ``checkpoint``, ``site``, ``rank``, ``proxy`` — the frozen label —, ``frozen``, ``refit``,
+    ``difference``, ``ratio``, and ``control`` where the numbers differ by control kind; empty
+    otherwise).
     """
 
     results: pd.DataFrame
@@ -252,6 +257,7 @@ class ReportInputs:
     calibration: pd.DataFrame | None = None
     control_draws: pd.DataFrame | None = None
     null_checks: tuple[NullCheckSummary, ...] = ()
+    refit_contrast: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def __post_init__(self) -> None:
         if not isinstance(self.results, pd.DataFrame):

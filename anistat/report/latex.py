@@ -42,6 +42,7 @@ from .claim_text import DOCUMENTS, QUESTIONS, SUBSPACES
 from .escape import tex, tex_num
 from .figures import SavedFigure
 from .latex_table import ADDSPACE, MIDRULE, booktabs_table
+from .refit import refit_tex
 
 PACKAGES_NOTE = r"% Requires: \usepackage{booktabs,siunitx,multirow,adjustbox}" "\n"
 
@@ -554,6 +555,7 @@ def render_report_tex(ctx: ReportContext, figs: list[SavedFigure], table_labels:
     frequency = _frequency_tex(ctx)
     if frequency:
         L += [r"\section{Token frequency and centroid distance}", frequency]
+    L += refit_tex(ctx)
     L += _tables_section_tex(table_labels)
     L += _concept_cards_tex(ctx)
     L += _failed_units_tex(ctx)
