@@ -25,7 +25,7 @@ much (:class:`Tolerance`; docs/reproducibility.md gives the measurements behind 
   draws beyond the observed statistic, so where draws are dense (p ≈ 0.5) a rounding-level
   move of the statistic moves the count by a few draws: ``|Δp| ≤ 2·√(p(1 − p)/N) + 2/N`` with
   ``N`` = the row's draws + 1 (`n_controls`; `controls.n` for `p_value_paper`;
-  `stats.n_permutations` for frequency.csv's sign-flip p-values); `control_mean` / `control_sd`
+  `stats.n_test_resamples` for rows that do not record their draws); `control_mean` / `control_sd`
   (the mean and SD of the row's drawn controls, whose directions follow the gradient moments'
   eigenvectors) by ``2·control_sd/√controls.n`` beyond the relative rule.
 
@@ -139,8 +139,9 @@ class ReproductionCheck:
 
 
 def _protocol_settings(manifest: dict) -> tuple[int, int]:
-    """(controls.n, stats.n_permutations) of a manifest's protocol (the Monte-Carlo sizes the
-    results table does not carry per row)."""
+    """(controls.n, stats.n_test_resamples) of a manifest's protocol (the Monte-Carlo sizes the
+    results table does not carry per row). A manifest written before the setting's rename
+    carries it as ``n_permutations``; the protocol reads either name."""
 
     def section(parent: dict, key: str) -> dict:  # a missing or malformed section reads as empty
         value = parent.get(key)
@@ -148,13 +149,14 @@ def _protocol_settings(manifest: dict) -> tuple[int, int]:
 
     protocol = section(manifest, "protocol")
     controls, stats = section(protocol, "controls"), section(protocol, "stats")
-    n_controls, n_permutations = controls.get("n", 20), stats.get("n_permutations", 2000)
-    valid = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (n_controls, n_permutations))
+    n_controls = controls.get("n", 20)
+    n_resamples = stats.get("n_test_resamples", stats.get("n_permutations", 2000))
+    valid = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (n_controls, n_resamples))
     if not valid:
         raise AnistatInputError(
-            "manifest.json: protocol.controls.n and protocol.stats.n_permutations must be positive integers"
+            "manifest.json: protocol.controls.n and protocol.stats.n_test_resamples must be positive integers"
         )
-    return n_controls, n_permutations
+    return n_controls, n_resamples
 
 
 def _missing(value: Any) -> bool:
@@ -303,7 +305,7 @@ def compare_reproduction(
     comparer.exact(
         "manifest", "", "protocol_sha256", manifests[0].get("protocol_sha256"), manifests[1].get("protocol_sha256")
     )
-    n_paper_controls, n_permutations = _protocol_settings(manifests[0])
+    n_paper_controls, n_resamples = _protocol_settings(manifests[0])
     versions = [m.get("versions", {}) if isinstance(m.get("versions"), dict) else {} for m in manifests]
     changed = sorted(k for k in set(versions[0]) | set(versions[1]) if versions[0].get(k) != versions[1].get(k))
     if changed:
@@ -317,7 +319,7 @@ def compare_reproduction(
         bundles[1].results,
         RESULT_KEYS,
         n_paper_controls=n_paper_controls,
-        default_draws=n_permutations,
+        default_draws=n_resamples,
     )
     frequency = [b.frequency for b in bundles]
     if frequency[0].empty != frequency[1].empty:
@@ -339,7 +341,7 @@ def compare_reproduction(
             frequency[1],
             FREQUENCY_KEYS,
             n_paper_controls=n_paper_controls,
-            default_draws=n_permutations,
+            default_draws=n_resamples,
         )
     claims = [_claim_verdicts(b) for b in bundles]
     for claim_id in sorted(set(claims[0]) | set(claims[1])):

@@ -246,3 +246,16 @@ def test_text_where_a_number_belongs_is_a_difference_not_a_crash(bundles, tmp_pa
     assert code == 1 and err == "", err
     differs = [line for line in out.splitlines() if line.startswith("differs:")]
     assert len(differs) == 1 and "metric=energy_ratio: estimate" in differs[0] and differs[0].endswith("vs 'abc'")
+
+
+def test_monte_carlo_sizes_read_from_the_manifests_protocol():
+    """The tolerance of a p-value whose row records no draws uses the protocol's data-test
+    resamples, under its current name or the one manifests were written with before."""
+    from anistat.errors import AnistatInputError
+    from anistat.reproduction import _protocol_settings
+
+    assert _protocol_settings({"protocol": {"controls": {"n": 30}, "stats": {"n_test_resamples": 4999}}}) == (30, 4999)
+    assert _protocol_settings({"protocol": {"stats": {"n_permutations": 199}}}) == (20, 199)
+    assert _protocol_settings({}) == (20, 2000)
+    with pytest.raises(AnistatInputError, match="n_test_resamples"):
+        _protocol_settings({"protocol": {"stats": {"n_test_resamples": 0}}})
