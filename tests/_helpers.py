@@ -109,3 +109,18 @@ def measure_arguments(splits, **changes: Any) -> dict[str, Any]:
         "isoscore_zeta": 0.1,
         **changes,
     }
+
+
+def add_corpus(accumulator, rng, ids, activations, **options: Any) -> None:
+    """All of `ids` (n_seq, length) with their `activations` as one batch at row 0 of a
+    `SiteAccumulator`: standard normal gradients drawn from `rng`, one frequency bucket;
+    `options` (e.g. ``type_mask``) go to `SiteAccumulator.add`."""
+    n_seq, length = ids.shape
+    accumulator.add(
+        torch.as_tensor(rng.normal(size=(n_seq, length, accumulator.dim))),
+        torch.as_tensor(activations),
+        torch.as_tensor(ids),
+        torch.ones(n_seq, length, 1),
+        start=0,
+        **options,
+    )

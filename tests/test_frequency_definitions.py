@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _helpers import measure_arguments
+from _helpers import add_corpus, measure_arguments
 
 from anistat.collect import BasisSet, SiteAccumulator, UnitKey, measure_checkpoint
 from anistat.collect.collector import model_inputs
@@ -115,14 +115,7 @@ def test_accumulator_type_mask_selects_positions():
         device=torch.device("cpu"),
         pair_budget_bytes=2**20,
     )
-    accumulator.add(
-        torch.as_tensor(rng.normal(size=(n_seq, length, dim))),
-        torch.as_tensor(activations),
-        torch.as_tensor(ids),
-        torch.ones(n_seq, length, 1),
-        start=0,
-        type_mask=torch.as_tensor(mask),
-    )
+    add_corpus(accumulator, rng, ids, activations, type_mask=torch.as_tensor(mask))
     artifact = accumulator.finish(
         UnitKey("m", "mlm", "c", 0, "early", 0, "residual.0"),
         sequence_documents=np.arange(n_seq),
@@ -193,13 +186,7 @@ def test_frequency_rows_name_every_definition_with_a_ci():
         device=torch.device("cpu"),
         pair_budget_bytes=2**22,
     )
-    accumulator.add(
-        torch.as_tensor(rng.normal(size=(n_seq, length, dim))),
-        torch.as_tensor(activations),
-        torch.as_tensor(ids),
-        torch.ones(n_seq, length, 1),
-        start=0,
-    )
+    add_corpus(accumulator, rng, ids, activations)
     artifact = accumulator.finish(
         UnitKey("m", "clm", "c", 0, "early", 0, "residual.0"),
         sequence_documents=np.arange(n_seq),

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _helpers import SETTINGS, batches, tiny_gpt2, tiny_trainer  # noqa: E402
 from test_report_inputs import FAST, methods_text, plan_results, quickstart_manifest  # noqa: E402
 
+from anistat.analyze import FREQUENCY_COLUMNS  # noqa: E402
 from anistat.bundle import read_bundle, report_inputs  # noqa: E402
 from anistat.protocol import load_protocol, parse_protocol  # noqa: E402
 from anistat.report._content import ReportContext, methods  # noqa: E402
@@ -208,31 +209,7 @@ def caption_results(protocol) -> tuple[pd.DataFrame, pd.DataFrame]:
         ],
         ignore_index=True,
     )
-    return results, frequency[
-        [
-            "model",
-            "objective",
-            "checkpoint",
-            "step",
-            "phase",
-            "layer",
-            "site",
-            "dim",
-            "n_sequences",
-            "n_tokens",
-            "proxy",
-            "rank",
-            "control",
-            "bucket",
-            "metric",
-            "estimate",
-            "ci_low",
-            "ci_high",
-            "ci_method",
-            "p_value",
-            "note",
-        ]
-    ]
+    return results, frequency.reindex(columns=FREQUENCY_COLUMNS)  # in frequency.csv's columns
 
 
 @pytest.mark.slow
