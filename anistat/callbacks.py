@@ -664,15 +664,14 @@ def _remove_saved_units(units_dir: Path, artifacts: list[UnitArtifact]) -> None:
         units_dir.rmdir()
 
 
+# The meter drives; its parts live above, one section per seam: planning (`_reachable_steps` and
+# the `_check_*` functions before the first step, `_UnitWindows`: which unit a step belongs to,
+# `_ScheduleRecord`: the steps and learning rates seen), the hooks of one step (`_StepCapture`),
+# fitting (`_FitSample`, `_frequency_table`, `_fit_site`), the open unit's statistics
+# (`_OpenUnit`) and finalisation (`_write_bundle`: `_manifest_record` → `finalize_bundle`, then
+# `_remove_saved_units`).
 class TrainingMeter:
     """Measure true gradients at chosen steps of any PyTorch training loop (see module docstring).
-
-    The meter drives; its parts live beside it in this module, one section per seam: planning
-    (`_reachable_steps` and the `_check_*` functions before the first step, `_UnitWindows`:
-    which unit a step belongs to, `_ScheduleRecord`: the steps and learning rates seen), the
-    hooks of one step (`_StepCapture`), fitting (`_FitSample`, `_frequency_table`, `_fit_site`),
-    the open unit's statistics (`_OpenUnit`) and finalisation (`_write_bundle`:
-    `_manifest_record` → `finalize_bundle`, then `_remove_saved_units`).
 
     Parameters
     ----------

@@ -729,10 +729,10 @@ class SiteAccumulator:
     """Per-sequence sufficient statistics of one site, streamed batch by batch.
 
     A batch is checked (finite), projected on every basis, and handed to four parts: the
-    per-sequence energies (`_SequenceEnergies`: `total`, `energy`, `n_tokens`), the moments
-    (`_MomentSums`: `grad`, `act`, `bucket_outers`, `grad_unit`, `act_unit`), the per-type sums
-    (`_TypeTable`: `types`) and the per-(sequence, type) sums (`_PairTable`: `pairs`); `finish`
-    turns them into the unit's artifact.
+    per-sequence energies (`sequences`, a `_SequenceEnergies`), the moments (`moments`, a
+    `_MomentSums`; `grad`, `act` and `bucket_outers` read them complete), the per-type sums
+    (`types`, a `_TypeTable`) and the per-(sequence, type) sums (`pairs`, a `_PairTable`);
+    `finish` turns them into the unit's artifact.
 
     With `n_seq` given, rows are preallocated (post-hoc collection: row s is test sequence s, so
     sharded ranks fill disjoint rows); with `n_seq=None` rows are appended as batches arrive
@@ -846,26 +846,11 @@ class SiteAccumulator:
         if self.pairs.note:
             return None
         self.sequences.settle()
-        return self.pairs.take(int(self.total.shape[0]))
+        return self.pairs.take(int(self.sequences.total.shape[0]))
 
     @property
     def n_sequences(self) -> int:
         return self.sequences.n_sequences
-
-    @property
-    def total(self) -> torch.Tensor:
-        """(sequences, buckets): Σ‖g_i‖² per sequence and bucket (`_SequenceEnergies`)."""
-        return self.sequences.total
-
-    @property
-    def energy(self) -> torch.Tensor:
-        """(sequences, buckets, bases): Σ‖Bᵀg_i‖² per sequence, bucket and basis."""
-        return self.sequences.energy
-
-    @property
-    def n_tokens(self) -> torch.Tensor:
-        """(sequences,): evaluated tokens per sequence."""
-        return self.sequences.n_tokens
 
     def all_reduce(self) -> None:
         """Sum every statistic over torchrun ranks (rows are disjoint per rank)."""
@@ -897,16 +882,6 @@ class SiteAccumulator:
         """``(n_buckets, d, d)``: the gradients' second moment per frequency bucket."""
         self.moments.complete()
         return self.moments.bucket_outers
-
-    @property
-    def grad_unit(self) -> torch.Tensor:
-        """Σ g_i/‖g_i‖ over the evaluated rows so far."""
-        return self.moments.grad_unit
-
-    @property
-    def act_unit(self) -> torch.Tensor:
-        """Σ a_i/‖a_i‖ over the rows so far."""
-        return self.moments.act_unit
 
     def finish(
         self,
@@ -943,7 +918,7 @@ class SiteAccumulator:
             key=key,
             dim=dim,
             bases=descriptors,
-            n_tokens=self.n_tokens.cpu().numpy(),
+            n_tokens=self.sequences.n_tokens.cpu().numpy(),
             sequence_documents=np.asarray(sequence_documents, dtype=np.int64),
             seconds=seconds,
             extra=extra,
@@ -951,7 +926,7 @@ class SiteAccumulator:
         if self.failure:
             return _failed_artifact(
                 f"{self.failure} at {key.site}",
-                int(self.total.shape[0]),
+                int(self.sequences.total.shape[0]),
                 self.n_buckets,
                 len(descriptors),
                 self.vocab_size,
@@ -967,8 +942,8 @@ class SiteAccumulator:
         count, types = self.types.geometry()
         return UnitArtifact(
             **kwargs,
-            total_energy=_to_numpy(self.total),
-            energy=_to_numpy(self.energy),
+            total_energy=_to_numpy(self.sequences.total),
+            energy=_to_numpy(self.sequences.energy),
             delta_isoscore_star=delta,
             # per-bucket moments in float32, as stored: a fresh run and a resumed one read the same matrix
             gradient_moments={
@@ -976,8 +951,8 @@ class SiteAccumulator:
                 "bucket_outer": _to_numpy(self.moments.bucket_outers).astype(np.float32),
             },
             activation_moments=_moments_dict(self.moments.act),
-            gradient_unit_sum=_to_numpy(self.grad_unit),
-            activation_unit_sum=_to_numpy(self.act_unit),
+            gradient_unit_sum=_to_numpy(self.moments.grad_unit),
+            activation_unit_sum=_to_numpy(self.moments.act_unit),
             type_count=_to_numpy(count).astype(np.int64),
             type_rms_distance=types.rms_spread,
             type_mean_distance=types.mean_distance,
