@@ -70,12 +70,12 @@ import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from .collect import BasisSet, SiteAccumulator, UnitKey, probe, sites_from_spec
+from .collect import BasisSet, Site, SiteAccumulator, UnitArtifact, UnitKey, probe, sites_from_spec
 from .errors import AnistatInputError, AnistatWarning
 from .finalize import finalize_bundle
 from .geometry import draw_controls, fit_proxy, frequency_buckets
@@ -83,6 +83,9 @@ from .live import LiveMetrics, Publish, find_trainer, logger_publisher
 from .models import infer_objective
 from .protocol import Protocol, control_problem, fit_window_size, load_protocol, parse_protocol
 from .seeding import derive_seed
+
+if TYPE_CHECKING:
+    from .bundle import RunResult
 
 
 def model_sizes(model: torch.nn.Module) -> tuple[int | None, int | None]:
@@ -171,6 +174,502 @@ def _external_protocol(
     return parse_protocol(data, "TrainingMeter protocol")
 
 
+# ----------------------------------------------------------------------------------------------
+# planning: which steps are fitted and measured, checked before the first step
+# ----------------------------------------------------------------------------------------------
+def _reachable_steps(
+    measure_steps: list[int], fit_steps: list[int], max_steps: int | None, first_step: int
+) -> tuple[list[int], list[int]]:
+    """(measured steps kept, measured steps dropped): the measured steps outside the training
+    run's steps [first_step, max_steps) are dropped with an `AnistatWarning`; an unreachable fit
+    step, or no reachable measured step, is an error."""
+    end = max_steps if max_steps is not None and max_steps > 0 else None
+    outside = [s for s in measure_steps if s < first_step or (end is not None and s >= end)]
+    span = f"steps {first_step}…{end - 1}" if end is not None else f"steps from {first_step}"
+    if len(outside) == len(measure_steps):
+        raise AnistatInputError(
+            f"TrainingMeter: no measured step is reached: measure_steps {measure_steps} "
+            f"all lie outside the training run's {span}"
+        )
+    late_fit = [s for s in fit_steps if s < first_step or (end is not None and s >= end)]
+    if late_fit:
+        raise AnistatInputError(
+            f"TrainingMeter: fit step(s) {late_fit} lie outside the training run's {span}; "
+            "the proxies could not be fitted"
+        )
+    if outside:
+        warnings.warn(
+            AnistatWarning(
+                f"TrainingMeter: measured step(s) {outside} lie outside the training run's {span} and will not be "
+                f"measured; measuring {len(measure_steps) - len(outside)} step(s)"
+            ),
+            stacklevel=3,  # the caller of TrainingMeter(...)
+        )
+        return [s for s in measure_steps if s not in outside], outside
+    return measure_steps, outside
+
+
+def _check_fit_before_measure(measure_steps: list[int], fit_steps: list[int]) -> None:
+    """The proxies are frozen before they are used: no measured step before the last fit step."""
+    if fit_steps and measure_steps[0] < fit_steps[-1]:
+        raise AnistatInputError(
+            f"TrainingMeter: measured step {measure_steps[0]} comes before the last fit step "
+            f"{fit_steps[-1]}; proxies must be frozen before they are used"
+        )
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """`out` may receive a bundle: no foreign folder there, and no bundle unless `overwrite`."""
+    from .bundle import check_destination
+
+    check_destination(out)
+    if not overwrite and (out / "manifest.json").is_file():
+        raise AnistatInputError(
+            f"TrainingMeter: out {out}: a bundle already exists there; pass "
+            "overwrite=True to replace it, or choose another out"
+        )
+
+
+def _model_facts(
+    configuration: dict[str, Any],
+    hidden_size: int | None,
+    num_layers: int | None,
+    training: dict[str, Any] | None,
+    measure_steps: list[int],
+) -> dict[str, Any]:
+    """The model facts the protocol records: the sizes that are known, and the training
+    settings with the measured steps as their checkpoints."""
+    facts: dict[str, Any] = {}
+    if hidden_size:
+        facts["hidden_size"] = hidden_size
+    if num_layers:
+        facts["num_layers"] = num_layers
+    for key in ("num_heads", "intermediate_size"):
+        if configuration[key] != NOT_KNOWN:
+            facts[key] = configuration[key]
+    if training:
+        facts["train"] = {**training, "checkpoints": measure_steps}
+    return facts
+
+
+def _check_sizes(protocol: Protocol, name: str, hidden_size: int | None, sites: list[Site]) -> None:
+    """Ranks and control kinds against d, before training (module sites, whose width is known
+    only once the model runs, are checked when the proxies are fitted)."""
+    if hidden_size is None or not any(s.kind != "module" for s in sites):
+        return
+    problem = control_problem(protocol.controls, protocol.proxies.ranks, hidden_size)
+    if problem:
+        raise AnistatInputError(f"TrainingMeter: models.{name}: {problem}")
+
+
+def _check_claims(
+    protocol: Protocol, name: str, objective: str, hidden_size: int | None, sites: list[Site], measure_steps: list[int]
+) -> None:
+    """The protocol's claims against the units the meter will write (as `anistat validate`)."""
+    if not protocol.claims:
+        return
+    from .preflight import PlannedModel, PlannedSite, check_claim, row_plan
+
+    planned = PlannedModel(
+        name,
+        "external",
+        objective,
+        hidden_size,
+        None,
+        tuple((f"step{s}", s) for s in measure_steps),
+        tuple(PlannedSite(s.name, s.layer, hidden_size if s.kind != "module" else None) for s in sites),
+    )
+    plan = row_plan(protocol, [planned])
+    for index, claim in enumerate(protocol.claims):
+        check_claim(index, claim, plan)
+
+
+def _checkpointing(model: torch.nn.Module) -> bool:
+    """Whether gradient (activation) checkpointing is on: its recomputed forward would create new probes."""
+    attribute = (
+        "is_activation_checkpointing"
+        if hasattr(type(model), "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
+    return bool(getattr(model, attribute, False))
+
+
+def _check_no_checkpointing(model: torch.nn.Module) -> None:
+    if _checkpointing(model):
+        raise AnistatInputError(
+            "TrainingMeter: gradient checkpointing is not supported (it re-runs the forward); "
+            "turn it off for the measured run"
+        )
+
+
+def _description(meter: TrainingMeter) -> str:
+    """`TrainingMeter.describe`: the model, sites, proxies, controls, fit and measured steps, `out`."""
+    p = meter.protocol
+    sites = ", ".join(s.name for s in meter.sites)
+    steps = ", ".join(map(str, meter.measure_steps[:8])) + (", …" if len(meter.measure_steps) > 8 else "")
+    window = f" (windows of {meter.window} steps)" if meter.window > 1 else ""
+    fits = ", ".join(map(str, meter.fit_steps))
+    return (
+        f"anistat: measuring '{meter.name}' (d={meter.hidden_size or '?'}) at {sites}; proxies "
+        f"{'/'.join(p.proxies.methods)} rank {'/'.join(map(str, p.proxies.ranks))} fitted on training "
+        f"step{'s' if len(meter.fit_steps) > 1 else ''} {fits}; controls: {', '.join(p.controls.kinds)} "
+        f"({p.controls.n} per kind); measured steps {steps}{window} → {meter.out}"
+    )
+
+
+class _UnitWindows:
+    """Which unit a training step belongs to: unit `step{s}` pools the steps s … s+w−1 of a
+    measured step s (`window` w); the first `fit_window` share of the units is `early`, the rest
+    `late` (as in `anistat run`)."""
+
+    def __init__(self, measure_steps: list[int], window: int, fit_window: float):
+        self.measure_steps, self.window = measure_steps, window
+        self.n_early = fit_window_size(len(measure_steps), fit_window)
+        self.index = {step: i for i, step in enumerate(measure_steps)}
+
+    def start(self, step: int) -> int | None:
+        """The measured step whose window contains `step`, if any."""
+        for start in self.measure_steps:
+            if start <= step < start + self.window:
+                return start
+        return None
+
+    def phase(self, start: int) -> str:
+        return "early" if self.index[start] < self.n_early else "late"
+
+
+class _ScheduleRecord:
+    """The schedule as the meter sees it run: the training steps it is called on (counted once
+    each, however often a driver calls `begin`) and the optimiser's learning rate at each."""
+
+    def __init__(self) -> None:
+        self.steps_seen = 0
+        self.first: int | None = None
+        self.last: int | None = None
+        self.rates: list[float] = []
+
+    def see(self, step: int, optimizer: torch.optim.Optimizer | None) -> None:
+        if step != self.last:
+            self.steps_seen += 1
+            self.first = step if self.first is None else self.first
+            self.last = step
+            if optimizer is not None and optimizer.param_groups:
+                self.rates.append(float(optimizer.param_groups[0]["lr"]))
+
+    def as_dict(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """The manifest's `schedule`: steps seen, first and last, the learning rate's first, last,
+        min and max ("not known" without an optimiser), then the driver's `settings`."""
+        rates = self.rates
+        if rates:
+            rate: Any = {"first": rates[0], "last": rates[-1], "min": min(rates), "max": max(rates)}
+        else:
+            rate = NOT_KNOWN
+        return {
+            "steps_seen": self.steps_seen,
+            "first_step": self.first,
+            "last_step": self.last,
+            "learning_rate": rate,
+            "learning_rate_source": (
+                "read from the optimiser at every step seen"
+                if rates
+                else "no optimiser given (TrainingMeter(optimizer=...))"
+            ),
+            "scheduler": NOT_KNOWN,
+            **settings,
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+# hooks: what one training step's forwards and backward leave behind
+# ----------------------------------------------------------------------------------------------
+class _StepCapture:
+    """The hooks of one training step, from `TrainingMeter.begin` to `close`: the additive probes
+    (`anistat.collect.probe`, accumulated over the step's forwards for gradient accumulation) at
+    every site — activations, and with `measure` the δ whose `.grad` the step's own backward
+    fills with ∂L/∂h — and each forward's input ids, from a forward pre-hook on the model."""
+
+    def __init__(self, model: torch.nn.Module, sites: list[Site], step: int, *, fit: bool, measure: bool):
+        self.step, self.fit, self.measure = step, fit, measure
+        self.inputs: list[torch.Tensor | None] = []
+        self._stack = contextlib.ExitStack()
+        self.record = self._stack.enter_context(
+            probe(model, {s.name: s for s in sites}, gradients=measure, accumulate=True)
+        )
+        handle = model.register_forward_pre_hook(self._grab_inputs, with_kwargs=True)
+        self._stack.callback(handle.remove)
+
+    def _grab_inputs(self, module, args, kwargs) -> None:
+        if self.measure and not torch.is_grad_enabled():
+            return  # not a training forward (pairs with the probe's accumulated records)
+        ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
+        self.inputs.append(ids.detach() if isinstance(ids, torch.Tensor) else None)
+
+    def close(self) -> None:
+        """Remove the probes and the pre-hook (the record and the inputs stay readable)."""
+        self._stack.close()
+
+    def forward(
+        self, forward: int, sites: list[Site], device: torch.device
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
+        """One forward's ∂L/∂h and activations at every site, and its input ids (batch, length;
+        zeros where the pre-hook did not see them). An error when the backward missed a site."""
+        grads = {}
+        for site in sites:
+            delta = self.record.all_deltas[site.name][forward]
+            if delta.grad is None:
+                raise AnistatInputError(
+                    f"TrainingMeter: no gradient reached {site.name} on step {self.step} — call loss.backward() "
+                    "inside the measured step"
+                )
+            grads[site.name] = delta.grad
+        activations = {site.name: self.record.all_activations[site.name][forward] for site in sites}
+        batch, length = activations[sites[0].name].shape[:2]
+        ids = self.inputs[forward] if forward < len(self.inputs) else None
+        if ids is None or ids.shape[:2] != (batch, length):
+            ids = torch.zeros(batch, length, dtype=torch.long, device=device)
+        return grads, activations, ids
+
+    def release(self, forward: int, sites: list[Site]) -> None:
+        """Drop one forward's ∂L/∂h once it is in the statistics."""
+        for site in sites:
+            self.record.all_deltas[site.name][forward].grad = None
+
+
+# ----------------------------------------------------------------------------------------------
+# fitting: the fit steps' activations → frozen proxies and controls
+# ----------------------------------------------------------------------------------------------
+class _FitSample:
+    """The fit steps' activations: per site a seeded share of each step's token rows (at most
+    `proxies.max_fit_tokens` over all fit steps), the input ids seen (for the token counts) and
+    the number of fit sequences."""
+
+    def __init__(self, sites: list[Site]):
+        self.rows: dict[str, list[torch.Tensor]] = {s.name: [] for s in sites}
+        self.ids: list[torch.Tensor] = []
+        self.sequences = 0
+
+    def add(self, capture: _StepCapture, sites: list[Site], per_step: int, seed: int) -> None:
+        """Keep `per_step` rows per site of the step's activations, drawn with `seed`."""
+        generator = torch.Generator().manual_seed(seed)
+        ids = [i for i in capture.inputs]
+        self.sequences += sum(int(a.shape[0]) for a in capture.record.all_activations[sites[0].name])
+        for site in sites:
+            rows = torch.cat([a.reshape(-1, a.shape[-1]) for a in capture.record.all_activations[site.name]])
+            rows = rows.float().cpu()
+            keep = torch.randperm(rows.shape[0], generator=generator)[:per_step].sort().values
+            self.rows[site.name].append(rows[keep])
+        if ids and all(i is not None for i in ids):
+            self.ids.extend(i.reshape(-1).cpu() for i in ids)
+
+    def release(self) -> None:
+        """Let go of the rows and ids once the proxies are fitted (the sequence count stays)."""
+        self.rows = {name: [] for name in self.rows}
+        self.ids = []
+
+
+def _frequency_table(
+    token_counts: np.ndarray | None, seen: torch.Tensor, vocab_size: int, n_buckets: int
+) -> tuple[int, np.ndarray | None, int, torch.Tensor]:
+    """(vocabulary size, token counts, number of buckets, bucket of each token id) from the
+    caller's counts, else the counts of the ids `seen` on the fit steps; one bucket when neither
+    is known. The vocabulary grows to cover every id seen."""
+    vocab_size = max(vocab_size, int(seen.max()) + 1 if seen.numel() else 1)
+    counts = token_counts
+    if counts is None:
+        counts = np.bincount(seen.numpy(), minlength=vocab_size) if seen.numel() else None
+    if counts is None:
+        return vocab_size, None, 1, torch.zeros(vocab_size, dtype=torch.long)
+    counts = np.asarray(counts, dtype=np.int64)
+    return vocab_size, counts, n_buckets, torch.as_tensor(frequency_buckets(counts, n_buckets)).clamp(min=0)
+
+
+def _fit_site(protocol: Protocol, name: str, site: Site, sample: torch.Tensor) -> list[BasisSet]:
+    """The frozen proxies of one site (every method × rank) and their projected controls,
+    each drawn with its own derived seed (as `anistat run`)."""
+    seed = protocol.seed
+    dim = sample.shape[1]
+    problem = control_problem(protocol.controls, protocol.proxies.ranks, dim)
+    if problem:
+        raise AnistatInputError(f"TrainingMeter: site {site.name} (dimension {dim}): {problem}")
+    sets = []
+    for method in protocol.proxies.methods:
+        for rank in protocol.proxies.ranks:
+            proxy = fit_proxy(sample, method, rank, seed=derive_seed(seed, name, site.name, method, rank, "proxy"))
+            controls = {
+                kind: draw_controls(
+                    kind,
+                    proxy.basis,
+                    protocol.controls.n,
+                    seed=derive_seed(seed, name, site.name, method, rank, kind),
+                    activations=sample,
+                    pca_span_dim=protocol.controls.pca_span_dim,
+                )
+                for kind in protocol.projected_control_kinds
+            }
+            sets.append(BasisSet(method, rank, proxy.basis, controls, proxy.reconstruction_error))
+    return sets
+
+
+# ----------------------------------------------------------------------------------------------
+# measuring: the open unit's per-sequence statistics
+# ----------------------------------------------------------------------------------------------
+class _OpenUnit:
+    """The unit being measured — the window of steps starting at `start` — with one
+    `SiteAccumulator` per site, the sequences it holds and the batches it skipped."""
+
+    def __init__(
+        self,
+        start: int,
+        bases: dict[str, list[BasisSet]],
+        *,
+        n_buckets: int,
+        vocab_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        pair_budget_bytes: int,
+    ):
+        self.start = start
+        self.sequences: list[int] = []
+        self.skipped = 0
+        self.started = time.perf_counter()
+        # rows are appended as the training batches come (n_seq=None)
+        self.accumulators = {
+            site: SiteAccumulator(
+                site_bases,
+                dim=site_bases[0].basis.shape[0],
+                n_seq=None,
+                n_buckets=n_buckets,
+                vocab_size=vocab_size,
+                device=device,
+                dtype=dtype,
+                pair_budget_bytes=pair_budget_bytes,
+            )
+            for site, site_bases in bases.items()
+        }
+
+    def add(
+        self,
+        grads: dict[str, torch.Tensor],
+        activations: dict[str, torch.Tensor],
+        ids: torch.Tensor,
+        onehot: torch.Tensor,
+        used: int,
+        step: int,
+    ) -> None:
+        """One forward's batch at every site: its first `used` positions (CLM: the last position
+        predicts nothing)."""
+        for name, accumulator in self.accumulators.items():
+            accumulator.add(grads[name][:, :used], activations[name][:, :used], ids, onehot, where=f"step {step}")
+
+    def live_moments(self) -> dict[str, torch.Tensor]:
+        """Σ g gᵀ so far of every site that has gradients and no failure (for `anistat.live`)."""
+        return {
+            name: accumulator.grad.outer
+            for name, accumulator in self.accumulators.items()
+            if accumulator.grad.count > 0 and accumulator.grad.outer is not None and not accumulator.failure
+        }
+
+    def finish(self, key: UnitKey, protocol: Protocol, window: int) -> UnitArtifact:
+        """The artifact of one site (`key.site`)."""
+        return self.accumulators[key.site].finish(
+            key,
+            sequence_documents=np.asarray(self.sequences, dtype=np.int64),
+            seconds=time.perf_counter() - self.started,
+            isoscore_c0=protocol.stats.isoscore_c0,
+            isoscore_zeta=protocol.stats.isoscore_zeta,
+            extra={"source": "training", "window": window, "skipped_batches": self.skipped},
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# finalisation: the measured units → finalize_bundle, with the record of what was measured
+# ----------------------------------------------------------------------------------------------
+#: What the manifest says of the protocol's `data` settings under a training loop.
+_DATA_NOTE = (
+    "the training loop's own batches were measured; the protocol's data settings (source, seq_len, "
+    "n_fit_sequences, n_test_sequences, vocab_size, batch_size) were not used"
+)
+
+
+def _manifest_record(meter: TrainingMeter) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest's model entry (the model's real configuration, the steps measured and the
+    schedule that ran) and corpus entry (the training batches: sequence length and counts seen)."""
+    first_site = meter.sites[0].name
+    measured = sorted({a.key.step for a in meter.artifacts if a.key.site == first_site and a.key.step is not None})
+    models = {
+        meter.name: {
+            "source": "external",
+            "objective": meter.objective,
+            "model_class": type(meter.model).__name__,
+            "hidden_size": meter.hidden_size,
+            "num_layers": model_sizes(meter.model)[1],
+            "sites": [s.name for s in meter.sites],
+            "fit_steps": meter.fit_steps,
+            "measure_steps": meter.measure_steps,
+            "measured_steps": measured,
+            "unreached_steps": sorted(set(meter.measure_steps) - set(measured)),
+            "dropped_steps": meter.dropped_steps,
+            "window": meter.window,
+            "driver": meter.driver,
+            "training": meter.training,
+            "configuration": meter.configuration,
+            "schedule": meter.schedule(),
+            "data": _DATA_NOTE,
+        }
+    }
+    corpus = {
+        "name": "training batches",
+        "sha256": None,
+        "documents": None,
+        "note": _DATA_NOTE,
+        "sequence_length": meter._seen_length,
+        "fit_sequences": meter._fit_sample.sequences,
+        "measured_sequences": meter._sequence_counter,
+        "token_counts": "given by the caller" if meter._counts_given else "counted on the fit steps' batches",
+    }
+    return models, corpus
+
+
+def _write_bundle(meter: TrainingMeter) -> RunResult:
+    """The meter's units → `finalize_bundle` at `meter.out`, with the manifest's record of what
+    was measured; then the saved unit files are removed (unless `keep_units`)."""
+    models, corpus = _manifest_record(meter)
+    result = finalize_bundle(
+        meter.artifacts,
+        meter.protocol,
+        meter.out,
+        token_counts={meter.name: meter.token_counts} if meter.token_counts is not None else None,
+        models=models,
+        device=str(meter.device),
+        started_at=meter._started_at,
+        corpus=corpus,
+    )
+    if not meter.keep_units:
+        _remove_saved_units(meter.units_dir, meter.artifacts)
+    return result
+
+
+def _remove_saved_units(units_dir: Path, artifacts: list[UnitArtifact]) -> None:
+    """Delete the unit files a meter saved (`<id>.json` + its arrays) and then the folder if it
+    is empty: never a file it did not write (the folder's name is chosen from `out`, and a
+    user's folder of that name keeps its own files)."""
+    from .collect.artifact import _arrays_path
+
+    for artifact in artifacts:
+        meta = units_dir / f"{artifact.key.id}.json"
+        for path in (meta, _arrays_path(meta)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    with contextlib.suppress(OSError):
+        units_dir.rmdir()
+
+
+# The meter drives; its parts live above, one section per seam: planning (`_reachable_steps` and
+# the `_check_*` functions before the first step, `_UnitWindows`: which unit a step belongs to,
+# `_ScheduleRecord`: the steps and learning rates seen), the hooks of one step (`_StepCapture`),
+# fitting (`_FitSample`, `_frequency_table`, `_fit_site`), the open unit's statistics
+# (`_OpenUnit`) and finalisation (`_write_bundle`: `_manifest_record` → `finalize_bundle`, then
+# `_remove_saved_units`).
 class TrainingMeter:
     """Measure true gradients at chosen steps of any PyTorch training loop (see module docstring).
 
@@ -255,8 +754,10 @@ class TrainingMeter:
         if not self.measure_steps:
             raise AnistatInputError("TrainingMeter: measure_steps is empty")
         self.fit_steps = sorted(set(int(s) for s in (fit_steps if fit_steps is not None else self.measure_steps[:1])))
-        self.dropped_steps = self._reachable(max_steps, first_step)
-        facts = self._model_facts(hidden_size, num_layers, training)
+        self.measure_steps, self.dropped_steps = _reachable_steps(
+            self.measure_steps, self.fit_steps, max_steps, first_step
+        )
+        facts = _model_facts(self.configuration, hidden_size, num_layers, training, self.measure_steps)
         self.training = dict(training or {})
         # who measures: the report's methods text names it (AnistatCallback sets its own name)
         self.driver = "TrainingMeter"
@@ -265,8 +766,8 @@ class TrainingMeter:
         self.out = Path(out)
         self.units_dir = self.out.parent / f"{self.out.name}.units"
         self.keep_units = keep_units
-        self._check_out(overwrite)
-        self._check_fit_before_measure()
+        _check_out(self.out, overwrite)
+        _check_fit_before_measure(self.measure_steps, self.fit_steps)
         if window < 1:
             raise AnistatInputError("TrainingMeter: window must be at least 1")
         self.window = window
@@ -277,9 +778,9 @@ class TrainingMeter:
         self.vocab_size = int(getattr(config, "vocab_size", 0) or 0)
         self.sites = sites_from_spec(model, self.protocol.sites, self.name)
         self.hidden_size = hidden_size
-        self._check_sizes()
-        self._check_claims()
-        self._check_no_checkpointing()
+        _check_sizes(self.protocol, self.name, hidden_size, self.sites)
+        _check_claims(self.protocol, self.name, self.objective, hidden_size, self.sites, self.measure_steps)
+        _check_no_checkpointing(model)
         self.device = next(model.parameters()).device
         self.token_counts = token_counts
         self._counts_given = token_counts is not None
@@ -287,246 +788,70 @@ class TrainingMeter:
         # running sum stays float64, so per-unit relative error stays ~1e-7); exact=True: float64
         self.compute_dtype = torch.float64 if exact else torch.float32
         self._init_measurement_state()
-        n_units = len(self.measure_steps)
-        self._n_early = fit_window_size(n_units, self.protocol.proxies.fit_window)
-        self._unit_index = {step: i for i, step in enumerate(self.measure_steps)}
+        self._windows = _UnitWindows(self.measure_steps, self.window, self.protocol.proxies.fit_window)
         if verbose:
             print(self.describe(), file=sys.stderr)
 
-    def _model_facts(self, hidden_size, num_layers, training: dict[str, Any] | None) -> dict[str, Any]:
-        """The model facts the protocol records: the sizes that are known, and the training
-        settings with the measured steps as their checkpoints."""
-        facts: dict[str, Any] = {}
-        if hidden_size:
-            facts["hidden_size"] = hidden_size
-        if num_layers:
-            facts["num_layers"] = num_layers
-        for key in ("num_heads", "intermediate_size"):
-            if self.configuration[key] != NOT_KNOWN:
-                facts[key] = self.configuration[key]
-        if training:
-            facts["train"] = {**training, "checkpoints": self.measure_steps}
-        return facts
-
     def _init_measurement_state(self) -> None:
         """The state the training steps fill: nothing fitted, measured or open yet."""
-        self._steps_seen = 0
-        self._first_seen: int | None = None
-        self._last_seen: int | None = None
-        self._rates: list[float] = []  # the optimiser's learning rate at each step seen
-        self._fit_rows: dict[str, list[torch.Tensor]] = {s.name: [] for s in self.sites}
-        self._fit_ids: list[torch.Tensor] = []
+        self._schedule = _ScheduleRecord()
+        self._fit_sample = _FitSample(self.sites)
         self.bases: dict[str, list[BasisSet]] | None = None
         self.buckets: torch.Tensor | None = None
         self.n_buckets = 1
-        self.artifacts = []
+        self.artifacts: list[UnitArtifact] = []
         self.concept_cards: list[dict] = []
-        self._open: dict[str, SiteAccumulator] | None = None
-        self._open_step: int | None = None
-        self._open_sequences: list[int] = []
-        self._skipped = 0
+        self._open: _OpenUnit | None = None
         self._sequence_counter = 0
-        self._stack: contextlib.ExitStack | None = None
-        self._record = None
-        self._inputs: list[torch.Tensor] = []
-        self._current: int | None = None
+        self._capture: _StepCapture | None = None
         self._started_at = None
         self._seen_length = 0
-        self._fit_sequences = 0
-
-    # -- checks before the first step ------------------------------------------------------------
-    def _reachable(self, max_steps: int | None, first_step: int) -> list[int]:
-        """Drop measured steps outside [first_step, max_steps) (warned); an unreachable fit step
-        or no reachable measured step is an error. Returns the dropped steps."""
-        end = max_steps if max_steps is not None and max_steps > 0 else None
-        outside = [s for s in self.measure_steps if s < first_step or (end is not None and s >= end)]
-        span = f"steps {first_step}…{end - 1}" if end is not None else f"steps from {first_step}"
-        if len(outside) == len(self.measure_steps):
-            raise AnistatInputError(
-                f"TrainingMeter: no measured step is reached: measure_steps {self.measure_steps} "
-                f"all lie outside the training run's {span}"
-            )
-        late_fit = [s for s in self.fit_steps if s < first_step or (end is not None and s >= end)]
-        if late_fit:
-            raise AnistatInputError(
-                f"TrainingMeter: fit step(s) {late_fit} lie outside the training run's {span}; "
-                "the proxies could not be fitted"
-            )
-        if outside:
-            warnings.warn(
-                AnistatWarning(
-                    f"TrainingMeter: measured step(s) {outside} lie outside the training run's {span} and will not be "
-                    f"measured; measuring {len(self.measure_steps) - len(outside)} step(s)"
-                ),
-                stacklevel=3,
-            )
-            self.measure_steps = [s for s in self.measure_steps if s not in outside]
-        return outside
-
-    def _check_out(self, overwrite: bool) -> None:
-        from .bundle import check_destination
-
-        check_destination(self.out)
-        if not overwrite and (self.out / "manifest.json").is_file():
-            raise AnistatInputError(
-                f"TrainingMeter: out {self.out}: a bundle already exists there; pass "
-                "overwrite=True to replace it, or choose another out"
-            )
-
-    def _check_sizes(self) -> None:
-        """Ranks and control kinds against d, before training (module sites, whose width is known
-        only once the model runs, are checked when the proxies are fitted)."""
-        if self.hidden_size is None or not any(s.kind != "module" for s in self.sites):
-            return
-        problem = control_problem(self.protocol.controls, self.protocol.proxies.ranks, self.hidden_size)
-        if problem:
-            raise AnistatInputError(f"TrainingMeter: models.{self.name}: {problem}")
-
-    def _check_claims(self) -> None:
-        """The protocol's claims against the units this meter will write (as `anistat validate`)."""
-        if not self.protocol.claims:
-            return
-        from .preflight import PlannedModel, PlannedSite, check_claim, row_plan
-
-        planned = PlannedModel(
-            self.name,
-            "external",
-            self.objective,
-            self.hidden_size,
-            None,
-            tuple((f"step{s}", s) for s in self.measure_steps),
-            tuple(PlannedSite(s.name, s.layer, self.hidden_size if s.kind != "module" else None) for s in self.sites),
-        )
-        plan = row_plan(self.protocol, [planned])
-        for index, claim in enumerate(self.protocol.claims):
-            check_claim(index, claim, plan)
-
-    def _check_fit_before_measure(self) -> None:
-        """The proxies are frozen before they are used: no measured step before the last fit step."""
-        if self.fit_steps and self.measure_steps[0] < self.fit_steps[-1]:
-            raise AnistatInputError(
-                f"TrainingMeter: measured step {self.measure_steps[0]} comes before the last fit step "
-                f"{self.fit_steps[-1]}; proxies must be frozen before they are used"
-            )
-
-    def _check_no_checkpointing(self) -> None:
-        if self._checkpointing():
-            raise AnistatInputError(
-                "TrainingMeter: gradient checkpointing is not supported (it re-runs the forward); "
-                "turn it off for the measured run"
-            )
-
-    def _checkpointing(self) -> bool:
-        attribute = (
-            "is_activation_checkpointing"
-            if hasattr(type(self.model), "is_activation_checkpointing")
-            else "is_gradient_checkpointing"
-        )
-        return bool(getattr(self.model, attribute, False))
 
     def describe(self) -> str:
         """One line: what will be measured, where, and where the bundle goes."""
-        p = self.protocol
-        sites = ", ".join(s.name for s in self.sites)
-        steps = ", ".join(map(str, self.measure_steps[:8])) + (", …" if len(self.measure_steps) > 8 else "")
-        window = f" (windows of {self.window} steps)" if self.window > 1 else ""
-        fits = ", ".join(map(str, self.fit_steps))
-        return (
-            f"anistat: measuring '{self.name}' (d={self.hidden_size or '?'}) at {sites}; proxies "
-            f"{'/'.join(p.proxies.methods)} rank {'/'.join(map(str, p.proxies.ranks))} fitted on training "
-            f"step{'s' if len(self.fit_steps) > 1 else ''} {fits}; controls: {', '.join(p.controls.kinds)} "
-            f"({p.controls.n} per kind); measured steps {steps}{window} → {self.out}"
-        )
+        return _description(self)
 
     def schedule(self) -> dict[str, Any]:
         """The schedule that actually ran, as far as the meter saw it: the training steps it was
         called on, the learning rate read from the optimiser at each ("not known" without
         `optimizer=`), and the driver's settings (`schedule_settings`)."""
-        rates = self._rates
-        if rates:
-            rate: Any = {"first": rates[0], "last": rates[-1], "min": min(rates), "max": max(rates)}
-        else:
-            rate = NOT_KNOWN
-        return {
-            "steps_seen": self._steps_seen,
-            "first_step": self._first_seen,
-            "last_step": self._last_seen,
-            "learning_rate": rate,
-            "learning_rate_source": (
-                "read from the optimiser at every step seen"
-                if rates
-                else "no optimiser given (TrainingMeter(optimizer=...))"
-            ),
-            "scheduler": NOT_KNOWN,
-            **self.schedule_settings,
-        }
-
-    # -- which steps ----------------------------------------------------------------------------
-    def _unit_start(self, step: int) -> int | None:
-        """The measured step whose window contains `step`, if any."""
-        for start in self.measure_steps:
-            if start <= step < start + self.window:
-                return start
-        return None
+        return self._schedule.as_dict(self.schedule_settings)
 
     # -- per step -------------------------------------------------------------------------------
     def begin(self, step: int) -> None:
         """Install the probes for training step `step` (no-op on steps that are not measured); the
         step and the optimiser's learning rate are recorded for the schedule."""
-        if self._stack is not None:
+        if self._capture is not None:
             self.end()
-        if step != self._last_seen:
-            self._steps_seen += 1
-            self._first_seen = step if self._first_seen is None else self._first_seen
-            self._last_seen = step
-            if self.optimizer is not None and self.optimizer.param_groups:
-                self._rates.append(float(self.optimizer.param_groups[0]["lr"]))
+        self._schedule.see(step, self.optimizer)
         fit = step in self.fit_steps and self.bases is None
-        measure = self._unit_start(step) is not None
+        measure = self._windows.start(step) is not None
         if not (fit or measure):
             return
-        if self._checkpointing():  # switched on after the meter was made
+        if _checkpointing(self.model):  # switched on after the meter was made
             raise AnistatInputError("TrainingMeter: gradient checkpointing is not supported (it re-runs the forward)")
         if self._started_at is None:
             from .bundle import utc_now
 
             self._started_at = utc_now()
-        self._current = step
-        self._inputs = []
-        stack = contextlib.ExitStack()
-        self._record = stack.enter_context(
-            probe(self.model, {s.name: s for s in self.sites}, gradients=measure, accumulate=True)
-        )
-
-        def grab_inputs(module, args, kwargs):
-            if measure and not torch.is_grad_enabled():
-                return  # not a training forward (pairs with the probe's accumulated records)
-            ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
-            self._inputs.append(ids.detach() if isinstance(ids, torch.Tensor) else None)
-
-        handle = self.model.register_forward_pre_hook(grab_inputs, with_kwargs=True)
-        stack.callback(handle.remove)
-        self._stack = stack
-        self._fit_now, self._measure_now = fit, measure
+        self._capture = _StepCapture(self.model, self.sites, step, fit=fit, measure=measure)
 
     def end(self) -> None:
         """After the step's backward: read ∂L/∂h, update the statistics, remove the probes."""
-        if self._stack is None:
+        if self._capture is None:
             return
-        stack, record, step = self._stack, self._record, self._current
-        self._stack = self._record = None
-        stack.close()
-        try:
-            if self._fit_now:
-                self._add_fit(record)
-                if step == self.fit_steps[-1]:
-                    self._fit()
-            if self._measure_now:
-                if self.bases is None:
-                    self._fit()
-                self._add_measure(record, step)
-        finally:
-            self._inputs = []
+        capture, self._capture = self._capture, None
+        capture.close()
+        if capture.fit:
+            per_step = math.ceil(self.protocol.proxies.max_fit_tokens / max(1, len(self.fit_steps)))
+            seed = derive_seed(self.protocol.seed, self.name, capture.step, "fit")
+            self._fit_sample.add(capture, self.sites, per_step, seed)
+            if capture.step == self.fit_steps[-1]:
+                self._fit()
+        if capture.measure:
+            if self.bases is None:
+                self._fit()
+            self._add_measure(capture)
 
     @contextlib.contextmanager
     def step(self, step: int):
@@ -535,123 +860,59 @@ class TrainingMeter:
         try:
             yield self
         except BaseException:
-            if self._stack is not None:
-                self._stack.close()
-                self._stack = self._record = None
+            if self._capture is not None:
+                self._capture.close()
+                self._capture = None
             raise
         self.end()
 
     # -- fitting --------------------------------------------------------------------------------
-    def _add_fit(self, record) -> None:
-        cap = self.protocol.proxies.max_fit_tokens
-        per_step = math.ceil(cap / max(1, len(self.fit_steps)))
-        generator = torch.Generator().manual_seed(derive_seed(self.protocol.seed, self.name, self._current, "fit"))
-        ids = [i for i in self._inputs]
-        self._fit_sequences += sum(int(a.shape[0]) for a in record.all_activations[self.sites[0].name])
-        for site in self.sites:
-            rows = torch.cat([a.reshape(-1, a.shape[-1]) for a in record.all_activations[site.name]]).float().cpu()
-            keep = torch.randperm(rows.shape[0], generator=generator)[:per_step].sort().values
-            self._fit_rows[site.name].append(rows[keep])
-        if ids and all(i is not None for i in ids):
-            self._fit_ids.extend(i.reshape(-1).cpu() for i in ids)
-
     def _fit(self) -> None:
-        protocol, seed = self.protocol, self.protocol.seed
-        if not any(self._fit_rows[s.name] for s in self.sites):
+        """Freeze the proxies and controls of every site, and the token frequency buckets."""
+        sample = self._fit_sample
+        if not any(sample.rows[s.name] for s in self.sites):
             raise AnistatInputError("TrainingMeter: no activations were seen on the fit steps (did the model run?)")
-        seen = torch.cat(self._fit_ids) if self._fit_ids else torch.zeros(0, dtype=torch.long)
-        self.vocab_size = max(self.vocab_size, int(seen.max()) + 1 if seen.numel() else 1)
-        counts = self.token_counts
-        if counts is None:
-            counts = np.bincount(seen.numpy(), minlength=self.vocab_size) if seen.numel() else None
-        if counts is not None:
-            self.token_counts = np.asarray(counts, dtype=np.int64)
-            self.n_buckets = protocol.data.n_frequency_buckets
-            self.buckets = torch.as_tensor(frequency_buckets(self.token_counts, self.n_buckets)).clamp(min=0)
-        else:
-            self.n_buckets, self.buckets = 1, torch.zeros(self.vocab_size, dtype=torch.long)
+        seen = torch.cat(sample.ids) if sample.ids else torch.zeros(0, dtype=torch.long)
+        self.vocab_size, self.token_counts, self.n_buckets, self.buckets = _frequency_table(
+            self.token_counts, seen, self.vocab_size, self.protocol.data.n_frequency_buckets
+        )
         self.bases = {}
         for site in self.sites:
-            sample = torch.cat(self._fit_rows[site.name])
-            dim = sample.shape[1]
-            problem = control_problem(protocol.controls, protocol.proxies.ranks, dim)
-            if problem:
-                raise AnistatInputError(f"TrainingMeter: site {site.name} (dimension {dim}): {problem}")
-            sets = []
-            for method in protocol.proxies.methods:
-                for rank in protocol.proxies.ranks:
-                    proxy = fit_proxy(
-                        sample, method, rank, seed=derive_seed(seed, self.name, site.name, method, rank, "proxy")
-                    )
-                    controls = {
-                        kind: draw_controls(
-                            kind,
-                            proxy.basis,
-                            protocol.controls.n,
-                            seed=derive_seed(seed, self.name, site.name, method, rank, kind),
-                            activations=sample,
-                            pca_span_dim=protocol.controls.pca_span_dim,
-                        )
-                        for kind in protocol.projected_control_kinds
-                    }
-                    sets.append(BasisSet(method, rank, proxy.basis, controls, proxy.reconstruction_error))
-            self.bases[site.name] = sets
-        self._fit_rows = {s.name: [] for s in self.sites}
-        self._fit_ids = []
+            self.bases[site.name] = _fit_site(self.protocol, self.name, site, torch.cat(sample.rows[site.name]))
+        sample.release()
 
     # -- measuring ------------------------------------------------------------------------------
-    def _add_measure(self, record, step: int) -> None:
-        start = self._unit_start(step)
-        if self._open is not None and self._open_step != start:
+    def _add_measure(self, capture: _StepCapture) -> None:
+        """Add the step's forwards to the open unit (opening it, or closing the previous one, as
+        the step's window says); batches whose gradients are not finite are skipped and counted."""
+        step, record = capture.step, capture.record
+        start = self._windows.start(step)
+        if self._open is not None and self._open.start != start:
             self._close_unit()
         if self._open is None:
-            self._open_step, self._open_sequences, self._skipped = start, [], 0
-            self._open_started = time.perf_counter()
-            self._open = {
-                s.name: SiteAccumulator(
-                    self.bases[s.name],
-                    dim=self.bases[s.name][0].basis.shape[0],
-                    n_seq=None,
-                    n_buckets=self.n_buckets,
-                    vocab_size=self.vocab_size,
-                    device=self.device,
-                    dtype=self.compute_dtype,
-                    pair_budget_bytes=int(self.protocol.data.frequency_ci_memory_mb * 2**20) // len(self.sites),
-                )
-                for s in self.sites
-            }
-        n_forwards = len(record.all_deltas[self.sites[0].name])
-        for f in range(n_forwards):
-            grads = {}
-            for site in self.sites:
-                delta = record.all_deltas[site.name][f]
-                if delta.grad is None:
-                    raise AnistatInputError(
-                        f"TrainingMeter: no gradient reached {site.name} on step {step} — call loss.backward() "
-                        "inside the measured step"
-                    )
-                grads[site.name] = delta.grad
+            self._open = _OpenUnit(
+                start,
+                self.bases,
+                n_buckets=self.n_buckets,
+                vocab_size=self.vocab_size,
+                device=self.device,
+                dtype=self.compute_dtype,
+                pair_budget_bytes=int(self.protocol.data.frequency_ci_memory_mb * 2**20) // len(self.sites),
+            )
+        for f in range(len(record.all_deltas[self.sites[0].name])):
+            grads, activations, ids = capture.forward(f, self.sites, self.device)
             if not all(bool(torch.isfinite(g.sum())) for g in grads.values()):  # NaN/Inf propagate into the sum
-                self._skipped += 1
+                self._open.skipped += 1
                 continue
-            ids = self._inputs[f] if f < len(self._inputs) else None
-            first = record.all_activations[self.sites[0].name][f]
-            batch, length = first.shape[0], first.shape[1]
+            batch, length = ids.shape[:2]
             self._seen_length = max(self._seen_length, int(length))
-            if ids is None or ids.shape[:2] != (batch, length):
-                ids = torch.zeros(batch, length, dtype=torch.long, device=self.device)
             used = length - 1 if self.objective == "clm" else length
             ids = ids[:, :used].to(self.device).clamp(0, self.vocab_size - 1)
             onehot = torch.nn.functional.one_hot(self.buckets.to(self.device)[ids], self.n_buckets)
-            for site in self.sites:
-                activation = record.all_activations[site.name][f]
-                self._open[site.name].add(
-                    grads[site.name][:, :used], activation[:, :used], ids, onehot, where=f"step {step}"
-                )
-            self._open_sequences.extend(range(self._sequence_counter, self._sequence_counter + batch))
+            self._open.add(grads, activations, ids, onehot, used, step)
+            self._open.sequences.extend(range(self._sequence_counter, self._sequence_counter + batch))
             self._sequence_counter += batch
-            for site in self.sites:
-                record.all_deltas[site.name][f].grad = None
+            capture.release(f, self.sites)
         self._publish_live(step)
         if step == start + self.window - 1:
             self._close_unit()
@@ -663,104 +924,29 @@ class TrainingMeter:
         if self._live is None:
             self._live = LiveMetrics(self.bases, self.publish_live, oracle_every=self.live_oracle_every)
         self._live.publish = self.publish_live
-        moments = {
-            name: accumulator.grad.outer
-            for name, accumulator in self._open.items()
-            if accumulator.grad.count > 0 and accumulator.grad.outer is not None and not accumulator.failure
-        }
-        self._live(moments, step)
+        self._live(self._open.live_moments(), step)
 
     def _close_unit(self) -> None:
-        start = self._open_step
-        index = self._unit_index[start]
-        phase = "early" if index < self._n_early else "late"
+        """Finish the open unit: one artifact per site, saved to `<out>.units/` as it is made."""
+        start = self._open.start
+        phase = self._windows.phase(start)
         for site in self.sites:
             key = UnitKey(self.name, self.objective, f"step{start}", start, phase, site.layer, site.name)
-            artifact = self._open[site.name].finish(
-                key,
-                sequence_documents=np.asarray(self._open_sequences, dtype=np.int64),
-                seconds=time.perf_counter() - self._open_started,
-                isoscore_c0=self.protocol.stats.isoscore_c0,
-                isoscore_zeta=self.protocol.stats.isoscore_zeta,
-                extra={"source": "training", "window": self.window, "skipped_batches": self._skipped},
-            )
+            artifact = self._open.finish(key, self.protocol, self.window)
             artifact.save(self.units_dir)
             self.artifacts.append(artifact)
         self._open = None
 
-    def close(self):
+    # -- finalisation ---------------------------------------------------------------------------
+    def close(self) -> RunResult:
         """Finish the open unit and write the bundle at `out`; returns the `RunResult`."""
-        if self._stack is not None:
+        if self._capture is not None:
             self.end()
         if self._open is not None:
             self._close_unit()
         if not self.artifacts:
             raise AnistatInputError("TrainingMeter: no measured step was reached; nothing to write")
-        measured = sorted({a.key.step for a in self.artifacts if a.key.site == self.sites[0].name})
-        n_sequences = self._sequence_counter
-        data_note = (
-            "the training loop's own batches were measured; the protocol's data settings (source, seq_len, "
-            "n_fit_sequences, n_test_sequences, vocab_size, batch_size) were not used"
-        )
-        models = {
-            self.name: {
-                "source": "external",
-                "objective": self.objective,
-                "model_class": type(self.model).__name__,
-                "hidden_size": self.hidden_size,
-                "num_layers": model_sizes(self.model)[1],
-                "sites": [s.name for s in self.sites],
-                "fit_steps": self.fit_steps,
-                "measure_steps": self.measure_steps,
-                "measured_steps": measured,
-                "unreached_steps": sorted(set(self.measure_steps) - set(measured)),
-                "dropped_steps": self.dropped_steps,
-                "window": self.window,
-                "driver": self.driver,
-                "training": self.training,
-                "configuration": self.configuration,
-                "schedule": self.schedule(),
-                "data": data_note,
-            }
-        }
-        counts = {self.name: self.token_counts} if self.token_counts is not None else None
-        corpus = {
-            "name": "training batches",
-            "sha256": None,
-            "documents": None,
-            "note": data_note,
-            "sequence_length": self._seen_length,
-            "fit_sequences": self._fit_sequences,
-            "measured_sequences": n_sequences,
-            "token_counts": "given by the caller" if self._counts_given else "counted on the fit steps' batches",
-        }
-        result = finalize_bundle(
-            self.artifacts,
-            self.protocol,
-            self.out,
-            token_counts=counts,
-            models=models,
-            device=str(self.device),
-            started_at=self._started_at,
-            corpus=corpus,
-        )
-        if not self.keep_units:
-            self._remove_saved_units()
-        return result
-
-    def _remove_saved_units(self) -> None:
-        """Delete the unit files this meter saved (`<id>.json` + its arrays) and then the folder
-        if it is empty: never a file it did not write (the folder's name is chosen from `out`, and
-        a user's folder of that name keeps its own files)."""
-        from .collect.artifact import _arrays_path
-
-        for artifact in self.artifacts:
-            meta = self.units_dir / f"{artifact.key.id}.json"
-            for path in (meta, _arrays_path(meta)):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-        with contextlib.suppress(OSError):
-            self.units_dir.rmdir()
+        return _write_bundle(self)
 
 
 def _trainer_callback_base():

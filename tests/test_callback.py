@@ -9,62 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _helpers import SETTINGS, batches, tiny_gpt2, tiny_trainer
 
 from anistat.callbacks import AnistatCallback, TrainingMeter
 from anistat.errors import AnistatInputError
 from anistat.finalize import finalize_bundle, load_units
 
-SETTINGS = dict(
-    sites={"kind": ["residual", "mlp"], "layers": [0]},
-    proxies={"ranks": [2], "max_fit_tokens": 80},
-    controls={"kinds": ["normal"], "n": 4},
-    stats={"n_bootstrap": 20, "n_permutations": 20},
-)
-
-
-def _tiny_gpt2(seed: int = 0):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=48,
-        n_positions=16,
-        n_embd=16,
-        n_layer=2,
-        n_head=2,
-        n_inner=32,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    return GPT2LMHeadModel(config)
-
-
-def _batches(n: int, batch: int = 4, length: int = 12):
-    generator = torch.Generator().manual_seed(1)
-    return [torch.randint(0, 48, (batch, length), generator=generator) for _ in range(n)]
-
-
-class _Tokens(torch.utils.data.Dataset):
-    """The training batches of `_batches(6)` as a Trainer dataset (labels = inputs)."""
-
-    def __init__(self):
-        self.rows = torch.cat(_batches(6))
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, index):
-        return {"input_ids": self.rows[index], "labels": self.rows[index]}
-
 
 @pytest.mark.slow
 def test_plain_meter_piggybacks_on_the_training_backward(tmp_path: Path):
-    model = _tiny_gpt2()
+    model = tiny_gpt2()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
-    batches = _batches(5)
+    steps = batches(5)
     meter = TrainingMeter(
         model,
         out=tmp_path / "bundle",
@@ -78,7 +34,7 @@ def test_plain_meter_piggybacks_on_the_training_backward(tmp_path: Path):
     forwards = {"n": 0}
     model.register_forward_pre_hook(lambda *a: forwards.__setitem__("n", forwards["n"] + 1))
     expected = {}
-    for step, batch in enumerate(batches):
+    for step, batch in enumerate(steps):
         if step in (1, 2):  # reference ∂L/∂h for the first unit, taken independently
             reference = model.transformer.h[0]
             captured = {}
@@ -92,7 +48,7 @@ def test_plain_meter_piggybacks_on_the_training_backward(tmp_path: Path):
             loss.backward()
         optimiser.step()
         optimiser.zero_grad()
-    assert forwards["n"] == len(batches)  # one forward per step: no extra pass
+    assert forwards["n"] == len(steps)  # one forward per step: no extra pass
     result = meter.close()
     units = {(a.key.checkpoint, a.key.site): a for a in meter.artifacts}
     assert sorted(units) == [("step1", "mlp.0"), ("step1", "residual.0"), ("step3", "mlp.0"), ("step3", "residual.0")]
@@ -113,35 +69,17 @@ def test_plain_meter_piggybacks_on_the_training_backward(tmp_path: Path):
 
 def test_meter_refuses_measuring_before_fitting(tmp_path: Path):
     with pytest.raises(AnistatInputError, match="frozen"):
-        TrainingMeter(_tiny_gpt2(), out=tmp_path / "x", fit_steps=[5], measure_steps=[2], **SETTINGS)
+        TrainingMeter(tiny_gpt2(), out=tmp_path / "x", fit_steps=[5], measure_steps=[2], **SETTINGS)
 
 
 @pytest.mark.slow
 def test_trainer_callback_writes_a_bundle_that_report_accepts(tmp_path: Path):
-    pytest.importorskip("accelerate")  # transformers' Trainer needs it
-    from transformers import Trainer, TrainingArguments
-
     from anistat.cli import main
 
     callback = AnistatCallback(
         out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained", **SETTINGS
     )
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "trainer"),
-        per_device_train_batch_size=4,
-        max_steps=5,
-        gradient_accumulation_steps=2,
-        learning_rate=1e-2,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        seed=0,
-    )
-    trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(), callbacks=[callback])
-    trainer.train()
+    tiny_trainer(tmp_path, [callback], gradient_accumulation_steps=2).train()
     assert not (tmp_path / "bundle.units").exists()  # cleaned up once the bundle is written
     artifacts = callback.meter.artifacts
     assert sorted({a.key.checkpoint for a in artifacts}) == ["step0", "step2", "step4"]
@@ -166,34 +104,13 @@ def test_trainer_callback_writes_a_bundle_that_report_accepts(tmp_path: Path):
 # ----------------------------------------------------------------------------------------------
 # AnistatCallback: everything is checked in on_train_begin, before the first optimiser step
 # ----------------------------------------------------------------------------------------------
-def _trainer(tmp_path: Path, callback, max_steps: int = 5, extra_callbacks=(), **arguments):
-    pytest.importorskip("accelerate")  # transformers' Trainer needs it
-    from transformers import Trainer, TrainingArguments
-
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "trainer"),
-        per_device_train_batch_size=4,
-        max_steps=max_steps,
-        learning_rate=1e-2,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        seed=0,
-        **arguments,
-    )
-    return Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(), callbacks=[callback, *extra_callbacks])
-
-
 def _settings(**changes):
     return {**SETTINGS, **changes}
 
 
 def _rejected_at_begin(tmp_path: Path, callback, *needles: str, **arguments) -> None:
     """trainer.train() raises before the first step: no weight changed, nothing written."""
-    trainer = _trainer(tmp_path, callback, **arguments)
+    trainer = tiny_trainer(tmp_path, [callback], **arguments)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     with pytest.raises(AnistatInputError) as raised:
         trainer.train()
@@ -226,7 +143,7 @@ def test_callback_measure_steps_beyond_max_steps(tmp_path: Path):
 def test_meter_fit_steps_before_a_resumed_runs_first_step(tmp_path: Path):
     with pytest.raises(AnistatInputError, match=r"fit step\(s\) \[0\] lie outside the training run's steps 3…9"):
         TrainingMeter(
-            _tiny_gpt2(), out=tmp_path / "x", fit_steps=[0], measure_steps=[4], max_steps=10, first_step=3, **SETTINGS
+            tiny_gpt2(), out=tmp_path / "x", fit_steps=[0], measure_steps=[4], max_steps=10, first_step=3, **SETTINGS
         )
 
 
@@ -234,7 +151,7 @@ def test_callback_warns_at_begin_about_unreachable_steps_and_records_them(tmp_pa
     from anistat.errors import AnistatWarning
 
     callback = AnistatCallback(out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 3, 8], **SETTINGS)
-    trainer = _trainer(tmp_path, callback)
+    trainer = tiny_trainer(tmp_path, [callback])
     with pytest.warns(AnistatWarning, match=r"measured step\(s\) \[8\] lie outside the training run's steps 0…4"):
         trainer.train()
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
@@ -254,7 +171,7 @@ def test_callback_checks_claims_and_destination_at_begin(tmp_path: Path):
     (tmp_path / "bundle").mkdir()
     (tmp_path / "bundle" / "manifest.json").write_text("{}")
     callback = AnistatCallback(out=tmp_path / "bundle", measure_steps=[0, 2], **SETTINGS)
-    trainer = _trainer(tmp_path, callback)
+    trainer = tiny_trainer(tmp_path, [callback])
     with pytest.raises(AnistatInputError, match="a bundle already exists there; pass overwrite=True"):
         trainer.train()
     assert trainer.state.global_step == 0
@@ -272,7 +189,7 @@ def test_callback_never_raises_at_train_end(tmp_path: Path):
             control.should_training_stop = True
 
     callback = AnistatCallback(out=tmp_path / "bundle", fit_steps=[0], measure_steps=[3], **SETTINGS)
-    trainer = _trainer(tmp_path, callback, extra_callbacks=[StopAfterFirstStep()])
+    trainer = tiny_trainer(tmp_path, [callback, StopAfterFirstStep()])
     with pytest.warns(AnistatWarning, match="no bundle was written: TrainingMeter: no measured step was reached"):
         trainer.train()
     assert trainer.state.global_step == 1 and callback.result is None
@@ -285,23 +202,7 @@ def test_callback_never_raises_at_train_end(tmp_path: Path):
 # the record: the model's real configuration and the schedule that actually ran
 # ----------------------------------------------------------------------------------------------
 def _four_head_gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=48,
-        n_positions=16,
-        n_embd=16,
-        n_layer=3,
-        n_head=4,
-        n_inner=24,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    return GPT2LMHeadModel(config).float()
+    return tiny_gpt2(layers=3, heads=4, inner=24)
 
 
 REAL_CONFIGURATION = {
@@ -343,7 +244,7 @@ def test_meter_records_the_real_model_and_the_schedule_that_ran(tmp_path: Path, 
     start = capsys.readouterr().err
     assert "fitted on training steps 0, 1; controls: normal (4 per kind); measured steps 1, 3" in start
     rates = []
-    for step, batch in enumerate(_batches(6)):
+    for step, batch in enumerate(batches(6)):
         rates.append(optimiser.param_groups[0]["lr"])
         with meter.step(step):
             model(input_ids=batch, labels=batch).loss.backward()
@@ -375,7 +276,7 @@ def test_meter_without_an_optimiser_says_the_rate_is_not_known(tmp_path: Path):
     meter = TrainingMeter(
         model, out=tmp_path / "bundle", fit_steps=[0], measure_steps=[1], name="plain", verbose=False, **SETTINGS
     )
-    for step, batch in enumerate(_batches(2)):
+    for step, batch in enumerate(batches(2)):
         with meter.step(step):
             model(input_ids=batch, labels=batch).loss.backward()
         model.zero_grad()
@@ -386,36 +287,23 @@ def test_meter_without_an_optimiser_says_the_rate_is_not_known(tmp_path: Path):
 
 
 def test_trainer_run_records_the_real_model_and_its_schedule(tmp_path: Path):
-    pytest.importorskip("accelerate")  # transformers' Trainer needs it
-    from transformers import Trainer, TrainingArguments
-
     callback = AnistatCallback(
         out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained", verbose=False, **SETTINGS
     )
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "trainer"),
-        per_device_train_batch_size=4,
-        max_steps=5,
-        gradient_accumulation_steps=2,
-        learning_rate=1e-2,
-        weight_decay=0.05,
-        lr_scheduler_type="linear",
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        seed=0,
-    )
-    model = _four_head_gpt2()
     rates = []
 
     class Rates(__import__("transformers").TrainerCallback):
         def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
             rates.append(optimizer.param_groups[0]["lr"])
 
-    trainer = Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=[callback, Rates()])
+    trainer = tiny_trainer(
+        tmp_path,
+        [callback, Rates()],
+        model=_four_head_gpt2(),
+        gradient_accumulation_steps=2,
+        weight_decay=0.05,
+        lr_scheduler_type="linear",
+    )
     trainer.train()
     assert callback.error is None, callback.error
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())

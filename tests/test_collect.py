@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _helpers import measure_arguments
 
 from anistat.collect import BasisSet, UnitKey, measure_checkpoint, residual_probe
 from anistat.collect.collector import model_inputs
@@ -70,22 +71,9 @@ def test_streamed_energies_equal_brute_force(architecture, splits):
     controls = {"normal": draw_controls("normal", proxy.basis, 5, seed=1)}
     bases = {layer: [BasisSet("pca", rank, proxy.basis, controls)]}
     key = UnitKey("m", objective, "c", 0, "early", layer, f"residual.{layer}")
-    buckets = torch.zeros(splits.vocab_size, dtype=torch.long)
-    common = dict(
-        keys={layer: key},
-        bases=bases,
-        splits=splits,
-        objective=objective,
-        token_bucket=buckets,
-        n_buckets=1,
-        mlm_probability=0.15,
-        seed=0,
-        device=torch.device("cpu"),
-        isoscore_c0="scaled_identity",
-        isoscore_zeta=0.1,
-    )
-    artifact = measure_checkpoint(model, batch_size=3, **common)[layer]
-    again = measure_checkpoint(model, batch_size=7, **common)[layer]
+    common = dict(keys={layer: key}, bases=bases, objective=objective)
+    artifact = measure_checkpoint(model, **measure_arguments(splits, batch_size=3, **common))[layer]
+    again = measure_checkpoint(model, **measure_arguments(splits, batch_size=7, **common))[layer]
     # batching changes only float32 rounding of the per-batch products (sums are float64)
     np.testing.assert_allclose(artifact.energy, again.energy, rtol=1e-6)
 
@@ -127,20 +115,6 @@ def test_nan_gradients_fail_the_unit_not_the_run(splits):
         for layer in (0, 1)
     }
     keys = {layer: UnitKey("m", objective, "c", 0, "early", layer, f"residual.{layer}") for layer in (0, 1)}
-    artifacts = measure_checkpoint(
-        model,
-        keys=keys,
-        bases=bases,
-        splits=splits,
-        objective=objective,
-        token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long),
-        n_buckets=1,
-        mlm_probability=0.15,
-        seed=0,
-        batch_size=4,
-        device=torch.device("cpu"),
-        isoscore_c0="scaled_identity",
-        isoscore_zeta=0.1,
-    )
+    artifacts = measure_checkpoint(model, **measure_arguments(splits, keys=keys, bases=bases, objective=objective))
     assert all(a.status == "failed" for a in artifacts.values())
     assert "non-finite" in artifacts[1].note

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from _helpers import measure_arguments
 
 from anistat.analyze import frequency_rows
 from anistat.collect import BasisSet, SiteAccumulator, TypePlan, UnitKey, measure_checkpoint
@@ -193,22 +194,8 @@ def test_reruns_are_byte_identical_on_cpu(tmp_path):
     model, splits, bases, keys = _small_run()
     saved = []
     for run in range(2):
-        artifacts = measure_checkpoint(
-            model,
-            keys=keys,
-            bases=bases,
-            splits=splits,
-            objective="clm",
-            token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long),
-            n_buckets=1,
-            mlm_probability=0.15,
-            seed=0,
-            batch_size=4,
-            device=torch.device("cpu"),
-            isoscore_c0="scaled_identity",
-            isoscore_zeta=0.1,
-            pair_budget_bytes=2**20,
-        )
+        arguments = measure_arguments(splits, keys=keys, bases=bases, objective="clm", pair_budget_bytes=2**20)
+        artifacts = measure_checkpoint(model, **arguments)
         files = []
         for artifact in artifacts.values():
             meta = dataclasses.replace(artifact, seconds=0.0).save(tmp_path / f"run{run}")
@@ -250,20 +237,7 @@ def test_a_type_budget_bounds_the_tables_and_changes_no_kept_value():
     """Post hoc with a budget for two types per site: the kept types' statistics equal the unlimited run's (the global mean
     still pools every occurrence), every other type is NaN, and the counts stay complete."""
     model, splits, bases, keys = _small_run()
-    common = dict(
-        keys=keys,
-        bases=bases,
-        splits=splits,
-        objective="clm",
-        token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long),
-        n_buckets=1,
-        mlm_probability=0.15,
-        seed=0,
-        batch_size=4,
-        device=torch.device("cpu"),
-        isoscore_c0="scaled_identity",
-        isoscore_zeta=0.1,
-    )
+    common = measure_arguments(splits, keys=keys, bases=bases, objective="clm")
     full = measure_checkpoint(model, **common)
     dim, n_kept = 32, 4
     limited = measure_checkpoint(model, **common, type_budget_bytes=len(keys) * n_kept * (dim + 3) * 8)

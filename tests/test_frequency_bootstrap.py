@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _helpers import add_corpus
 from scipy import stats
 
 from anistat.analyze import frequency_rows
@@ -252,13 +253,7 @@ def test_over_budget_reports_the_need_and_analysis_keeps_the_estimate():
     n_seq, length, dim, vocab = 8, 10, 6, 20
     ids, activations, _ = _corpus(rng, n_seq, length, vocab, dim)
     accumulator = _accumulator(dim, n_seq, vocab, budget=1000)  # bytes: two pairs' worth
-    accumulator.add(
-        torch.as_tensor(rng.normal(size=(n_seq, length, dim))),
-        torch.as_tensor(activations),
-        torch.as_tensor(ids),
-        torch.ones(n_seq, length, 1),
-        start=0,
-    )
+    add_corpus(accumulator, rng, ids, activations)
     key = UnitKey("m", "clm", "step0", 0, "early", 0, "residual.0")
     artifact = accumulator.finish(
         key, sequence_documents=np.arange(n_seq), seconds=0.0, isoscore_c0="scaled_identity", isoscore_zeta=0.1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _helpers import add_corpus, measure_arguments
 
 from anistat.collect import BasisSet, SiteAccumulator, UnitKey, measure_checkpoint
 from anistat.collect.collector import model_inputs
@@ -84,22 +85,11 @@ def test_mlm_type_statistics_leave_corrupted_inputs_out():
     ).eval()
     proxy = fit_proxy(torch.randn(100, 16, generator=torch.Generator().manual_seed(0)), "pca", 2)
     bases = {0: [BasisSet("pca", 2, proxy.basis, {"haar": draw_controls("haar", proxy.basis, 3, seed=1)})]}
-    artifact = measure_checkpoint(
-        model,
-        keys={0: UnitKey("e", "mlm", "c", 0, "early", 0, "residual.0")},
-        bases=bases,
-        splits=splits,
-        objective="mlm",
-        token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long),
-        n_buckets=1,
-        mlm_probability=0.3,
-        seed=0,
-        batch_size=4,
-        device=torch.device("cpu"),
-        isoscore_c0="scaled_identity",
-        isoscore_zeta=0.1,
-        pair_budget_bytes=2**24,
-    )[0]
+    key = UnitKey("e", "mlm", "c", 0, "early", 0, "residual.0")
+    arguments = measure_arguments(
+        splits, keys={0: key}, bases=bases, objective="mlm", mlm_probability=0.3, pair_budget_bytes=2**24
+    )
+    artifact = measure_checkpoint(model, **arguments)[0]
     inputs, _ = model_inputs(splits.test, splits, "mlm", 0.3, 0, "test")
     shown = inputs == splits.test
     assert not shown.all()
@@ -125,14 +115,7 @@ def test_accumulator_type_mask_selects_positions():
         device=torch.device("cpu"),
         pair_budget_bytes=2**20,
     )
-    accumulator.add(
-        torch.as_tensor(rng.normal(size=(n_seq, length, dim))),
-        torch.as_tensor(activations),
-        torch.as_tensor(ids),
-        torch.ones(n_seq, length, 1),
-        start=0,
-        type_mask=torch.as_tensor(mask),
-    )
+    add_corpus(accumulator, rng, ids, activations, type_mask=torch.as_tensor(mask))
     artifact = accumulator.finish(
         UnitKey("m", "mlm", "c", 0, "early", 0, "residual.0"),
         sequence_documents=np.arange(n_seq),
@@ -203,13 +186,7 @@ def test_frequency_rows_name_every_definition_with_a_ci():
         device=torch.device("cpu"),
         pair_budget_bytes=2**22,
     )
-    accumulator.add(
-        torch.as_tensor(rng.normal(size=(n_seq, length, dim))),
-        torch.as_tensor(activations),
-        torch.as_tensor(ids),
-        torch.ones(n_seq, length, 1),
-        start=0,
-    )
+    add_corpus(accumulator, rng, ids, activations)
     artifact = accumulator.finish(
         UnitKey("m", "clm", "c", 0, "early", 0, "residual.0"),
         sequence_documents=np.arange(n_seq),

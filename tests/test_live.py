@@ -10,17 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_callback import _batches, _tiny_gpt2, _Tokens  # the same tiny model and batches
+from _helpers import SETTINGS as METER_SETTINGS
+from _helpers import batches, tiny_gpt2, tiny_trainer
 
 from anistat.callbacks import AnistatCallback, TrainingMeter
 from anistat.live import LiveMetrics, logger_publisher, scalar_name, top_eigenvalues
 
-SETTINGS = {
-    "sites": {"kind": ["residual", "mlp"], "layers": [0]},
-    "proxies": {"ranks": [2, 3], "max_fit_tokens": 80},
-    "controls": {"kinds": ["normal"], "n": 4},
-    "stats": {"n_bootstrap": 20, "n_permutations": 20},
-}
+SETTINGS = {**METER_SETTINGS, "proxies": {"ranks": [2, 3], "max_fit_tokens": 80}}  # two ranks
 SITES = ("residual.0", "mlp.0")
 METRICS = ("energy_fraction", "energy_over_k_d", "oracle_fraction", "energy_over_oracle")
 
@@ -41,7 +37,7 @@ def _event_scalars(folder: Path) -> dict[str, dict[int, float]]:
 
 
 def _plain_loop(out: Path, logger=None, steps: int = 5, window: int = 1):
-    model = _tiny_gpt2()
+    model = tiny_gpt2()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
     meter = TrainingMeter(
         model,
@@ -54,7 +50,7 @@ def _plain_loop(out: Path, logger=None, steps: int = 5, window: int = 1):
         logger=logger,
         **SETTINGS,
     )
-    for step, batch in enumerate(_batches(steps)):
+    for step, batch in enumerate(batches(steps)):
         with meter.step(step):
             model(input_ids=batch, labels=batch).loss.backward()
         optimiser.step()
@@ -116,9 +112,6 @@ def test_live_metrics_leave_the_bundle_byte_identical(tmp_path: Path, window: in
 
 
 def _train(folder: Path, *, live: bool = True, report_to: tuple[str, ...] = ()):
-    pytest.importorskip("accelerate")  # transformers' Trainer needs it
-    from transformers import Trainer, TrainingArguments
-
     callback = AnistatCallback(
         out=folder / "bundle",
         fit_steps=[0],
@@ -128,20 +121,7 @@ def _train(folder: Path, *, live: bool = True, report_to: tuple[str, ...] = ()):
         verbose=False,
         **SETTINGS,
     )
-    args = TrainingArguments(
-        output_dir=str(folder / "trainer"),
-        per_device_train_batch_size=4,
-        max_steps=5,
-        learning_rate=1e-2,
-        report_to=list(report_to),
-        save_strategy="no",
-        logging_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        seed=0,
-    )
-    trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(), callbacks=[callback])
+    trainer = tiny_trainer(folder, [callback], report_to=list(report_to))
     trainer.train()
     assert callback.error is None
     return trainer

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _helpers import measure_arguments
 
 from anistat.collect import BasisSet, UnitKey, measure_checkpoint
 from anistat.collect.collector import model_inputs
@@ -99,20 +100,8 @@ def test_measured_energies_reweight_by_masked_tokens(splits):
     dim, rank, layer = 16, 3, 0
     proxy = fit_proxy(torch.randn(200, dim, generator=torch.Generator().manual_seed(0)), "pca", rank, seed=0)
     bases = {layer: [BasisSet("pca", rank, proxy.basis, {"haar": draw_controls("haar", proxy.basis, 4, seed=1)})]}
-    common = dict(
-        keys={layer: UnitKey("m", "mlm", "c", 0, "early", layer, f"residual.{layer}")},
-        bases=bases,
-        splits=splits,
-        objective="mlm",
-        token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long),
-        n_buckets=1,
-        mlm_probability=0.3,
-        seed=0,
-        batch_size=4,
-        device=torch.device("cpu"),
-        isoscore_c0="scaled_identity",
-        isoscore_zeta=0.1,
-    )
+    key = UnitKey("m", "mlm", "c", 0, "early", layer, f"residual.{layer}")
+    common = measure_arguments(splits, keys={layer: key}, bases=bases, objective="mlm", mlm_probability=0.3)
     per_sequence = measure_checkpoint(model, loss_reduction="per_sequence_mean", **common)[layer]
     global_mean = measure_checkpoint(model, loss_reduction="global_mean", **common)[layer]
     _, labels = model_inputs(splits.test, splits, "mlm", 0.3, 0, "test")

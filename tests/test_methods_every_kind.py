@@ -23,9 +23,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_callback import SETTINGS, _batches, _tiny_gpt2, _Tokens  # noqa: E402
+from _helpers import SETTINGS, batches, tiny_gpt2, tiny_trainer  # noqa: E402
 from test_report_inputs import FAST, methods_text, plan_results, quickstart_manifest  # noqa: E402
 
+from anistat.analyze import FREQUENCY_COLUMNS  # noqa: E402
 from anistat.bundle import read_bundle, report_inputs  # noqa: E402
 from anistat.protocol import load_protocol, parse_protocol  # noqa: E402
 from anistat.report._content import ReportContext, methods  # noqa: E402
@@ -111,7 +112,7 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
     were used; 'early' is the first 30 % of the measured steps."""
     from anistat.callbacks import TrainingMeter
 
-    model = _tiny_gpt2()
+    model = tiny_gpt2()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
     meter = TrainingMeter(
         model,
@@ -124,7 +125,7 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
         **SETTINGS,
     )
     # 6 sequences a step: 12 per unit of 2 steps, enough resampling units for intervals
-    for step, batch in enumerate(_batches(5, batch=6)):
+    for step, batch in enumerate(batches(5, batch=6)):
         with meter.step(step):
             model(input_ids=batch, labels=batch).loss.backward()
         optimiser.step()
@@ -156,29 +157,12 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
 
 @pytest.mark.slow
 def test_trainer_callback_methods_text_describes_the_trainer_run(tmp_path):
-    pytest.importorskip("accelerate")  # transformers' Trainer needs it
-    from transformers import Trainer, TrainingArguments
-
     from anistat.callbacks import AnistatCallback
 
     callback = AnistatCallback(
         out=tmp_path / "bundle", fit_steps=[0], measure_steps=[0, 2, 4], name="trained", verbose=False, **SETTINGS
     )
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "trainer"),
-        per_device_train_batch_size=4,
-        max_steps=5,
-        gradient_accumulation_steps=2,
-        learning_rate=1e-2,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        seed=0,
-    )
-    Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens(), callbacks=[callback]).train()
+    tiny_trainer(tmp_path, [callback], gradient_accumulation_steps=2).train()
     assert callback.error is None, callback.error
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     assert manifest["models"]["trained"]["driver"] == "AnistatCallback"
@@ -225,31 +209,7 @@ def caption_results(protocol) -> tuple[pd.DataFrame, pd.DataFrame]:
         ],
         ignore_index=True,
     )
-    return results, frequency[
-        [
-            "model",
-            "objective",
-            "checkpoint",
-            "step",
-            "phase",
-            "layer",
-            "site",
-            "dim",
-            "n_sequences",
-            "n_tokens",
-            "proxy",
-            "rank",
-            "control",
-            "bucket",
-            "metric",
-            "estimate",
-            "ci_low",
-            "ci_high",
-            "ci_method",
-            "p_value",
-            "note",
-        ]
-    ]
+    return results, frequency.reindex(columns=FREQUENCY_COLUMNS)  # in frequency.csv's columns
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from test_bad_input_helpers import build_tiny_gpt2, corpus_text
 
+from anistat._columns import RESULT_KEYS
 from anistat.cli import main
 from anistat.preflight import preflight, row_plan
 from anistat.protocol import load_protocol, parse_protocol
@@ -212,21 +213,7 @@ def test_the_plan_is_exactly_the_rows_a_run_writes(tmp_path, monkeypatch):
     path.write_text(MINI_PROTOCOL)
     protocol = load_protocol(path)
     result = run(protocol, tmp_path / "out")
-    keys = [
-        "model",
-        "objective",
-        "checkpoint",
-        "step",
-        "phase",
-        "layer",
-        "site",
-        "rank",
-        "dim",
-        "proxy",
-        "control",
-        "metric",
-        "bucket",
-    ]
+    keys = [*RESULT_KEYS, "bucket"]  # a row's identity in results.csv and frequency.csv
 
     def as_keys(frame: pd.DataFrame) -> set[tuple]:
         frame = frame.assign(**({} if "bucket" in frame else {"bucket": ""}))

@@ -585,8 +585,154 @@ class _PairTable:
         ]
 
 
+class _SequenceEnergies:
+    """Per sequence s and frequency bucket b: ``total[s, b]`` = Σ‖g_i‖², ``energy[s, b, B]`` =
+    Σ‖Bᵀg_i‖² for every basis B (the proxy and each projected control), and ``n_tokens[s]``, the
+    evaluated tokens (float64 sums; counts int64).
+
+    With `n_seq` given the rows are preallocated (post hoc: row s is test sequence s, so sharded
+    ranks fill disjoint rows); with `n_seq=None` each batch's rows are appended as it comes
+    (inside training) and joined by `settle`."""
+
+    def __init__(self, n_seq: int | None, n_buckets: int, n_bases: int, device: torch.device):
+        self.growing = n_seq is None
+        rows = 0 if n_seq is None else n_seq
+        f64: dict[str, Any] = dict(dtype=torch.float64, device=device)
+        self.total = torch.zeros(rows, n_buckets, **f64)
+        self.energy = torch.zeros(rows, n_buckets, n_bases, **f64)
+        self.n_tokens = torch.zeros(rows, dtype=torch.int64, device=device)
+        self._chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def n_sequences(self) -> int:
+        return int(self.total.shape[0]) + sum(int(c[0].shape[0]) for c in self._chunks)
+
+    def add(
+        self,
+        start: int | None,
+        squared: torch.Tensor,
+        grad_sq: torch.Tensor,
+        onehot: torch.Tensor,
+        evaluated: torch.Tensor,
+        shape: tuple[int, int],
+    ) -> int | None:
+        """One batch of `shape` (B, T): per row ‖Bᵀg_i‖² (N, n_bases) and ‖g_i‖² (N,), the bucket
+        one-hot (N, K) and which rows are evaluated; `start`: its first sequence (post hoc, where
+        it is required). Returns the batch's first row."""
+        batch, length = shape
+        energy = torch.einsum(
+            "btn,btk->bkn", squared.reshape(batch, length, -1), onehot.reshape(batch, length, -1)
+        ).double()
+        total = torch.einsum("bt,btk->bk", grad_sq.reshape(batch, length), onehot.reshape(batch, length, -1)).double()
+        count = evaluated.reshape(batch, length).sum(dim=1)
+        first_row = self.n_sequences if self.growing else start
+        if self.growing:
+            self._chunks.append((total, energy, count))
+        else:
+            stop = start + batch
+            self.energy[start:stop] += energy
+            self.total[start:stop] += total
+            self.n_tokens[start:stop] += count
+        return first_row
+
+    def settle(self) -> None:
+        """Join the appended batches into `total`, `energy` and `n_tokens`."""
+        if self._chunks:
+            self.total = torch.cat([self.total] + [c[0] for c in self._chunks])
+            self.energy = torch.cat([self.energy] + [c[1] for c in self._chunks])
+            self.n_tokens = torch.cat([self.n_tokens] + [c[2] for c in self._chunks])
+            self._chunks = []
+
+    def all_reduce(self) -> None:
+        """Sum over torchrun ranks (their rows are disjoint)."""
+        self.settle()
+        for tensor in (self.total, self.energy, self.n_tokens):
+            distributed.all_reduce_sum_(tensor)
+
+
+class _MomentSums:
+    """The running moments of one site's two clouds — the evaluated gradient rows (`grad`) and
+    every activation row (`act`): count, Σx and Σxxᵀ (`geometry.GradientMoments` views into
+    float64 blocks), the gradients' Σggᵀ per frequency bucket (`bucket_outers`; the whole split's
+    Σggᵀ is their sum, so it costs no extra product) and the sums of unit vectors Σx/‖x‖
+    (`grad_unit`, `act_unit`).
+
+    Each batch's Σxxᵀ is taken about the batch's own mean (`_add_second_moment_`), so a large
+    mean never costs float32 digits. On CPU only the upper triangles are accumulated
+    (`add_gram_`); `complete` mirrors them (and sums the buckets into the gradients' Σggᵀ) before
+    anything reads the moments."""
+
+    def __init__(self, dim: int, n_buckets: int, device: torch.device):
+        f64: dict[str, Any] = dict(dtype=torch.float64, device=device)
+        # both clouds' running sums in one (2, ...) block, so a batch updates them with one
+        # batched operation each; `grad` and `act` are views into it
+        self.sums = torch.zeros(2, dim, **f64)
+        self.outers = torch.zeros(2, dim, dim, **f64)
+        self.bucket_outers = torch.zeros(n_buckets, dim, dim, **f64)
+        self._complete = True  # no triangle added since the last mirroring
+        self.upper_only = device.type == "cpu"
+        self.grad = GradientMoments(count=0, sum=self.sums[0], outer=self.outers[0])
+        self.act = GradientMoments(count=0, sum=self.sums[1], outer=self.outers[1])
+        self.grad_unit = torch.zeros(dim, **f64)
+        self.act_unit = torch.zeros(dim, **f64)
+
+    def add(
+        self,
+        flat_grad: torch.Tensor,
+        flat_act: torch.Tensor,
+        act64: torch.Tensor,
+        act_sq: torch.Tensor,
+        grad_norm: torch.Tensor,
+        bucket: torch.Tensor,
+        evaluated: torch.Tensor,
+        n_evaluated: int,
+        sums: torch.Tensor,
+    ) -> None:
+        """One batch's rows (N, d): gradients and activations in the compute dtype, activations in
+        float64 with their squared norms, the gradients' norms, each row's frequency bucket,
+        which rows are evaluated (and how many), and `sums` = (Σg, Σa) (2, d) float64."""
+        self._complete = False
+        _add_second_moment_(self.outers[1:], flat_act, sums[1], upper_only=self.upper_only)
+        _add_bucket_moments_(self.bucket_outers, flat_grad, bucket, evaluated, upper_only=self.upper_only)
+        self.sums += sums
+        self.grad.count += n_evaluated
+        self.act.count += flat_act.shape[0]
+        inverse_norm = torch.where(evaluated, 1.0 / grad_norm.clamp(min=1e-30), torch.zeros_like(grad_norm))
+        self.grad_unit += inverse_norm @ flat_grad  # Σ g_i/‖g_i‖ over evaluated rows
+        act_norm = act_sq.sqrt()
+        act_scale = torch.where(act_norm > 0, 1.0 / act_norm.clamp(min=1e-300), torch.zeros_like(act_norm))
+        self.act_unit += act_scale @ act64  # Σ a_i/‖a_i‖ (zero rows add nothing)
+
+    def complete(self) -> None:
+        """Mirror the accumulated upper triangles of every Σxxᵀ into the lower ones, and set the
+        gradients' Σggᵀ to the sum of the buckets' (idempotent; nothing to do until more is added)."""
+        if self._complete:
+            return
+        self._complete = True
+        if self.upper_only:
+            for stack in (self.outers, self.bucket_outers):
+                upper = torch.triu(stack)
+                stack.copy_(upper + torch.triu(upper, diagonal=1).transpose(1, 2))
+        torch.sum(self.bucket_outers, dim=0, out=self.outers[0])
+
+    def all_reduce(self) -> None:
+        """Sum the moments over torchrun ranks (completed first, so every rank adds whole matrices)."""
+        self.complete()
+        for tensor in (self.sums, self.outers, self.bucket_outers, self.grad_unit, self.act_unit):
+            distributed.all_reduce_sum_(tensor)
+        counts = torch.tensor([self.grad.count, self.act.count], dtype=torch.int64, device=self.sums.device)
+        distributed.all_reduce_sum_(counts)
+        self.grad.count, self.act.count = int(counts[0]), int(counts[1])
+
+
 class SiteAccumulator:
     """Per-sequence sufficient statistics of one site, streamed batch by batch.
+
+    A batch is checked (finite), projected on every basis, and handed to four parts: the
+    per-sequence energies (`sequences`, a `_SequenceEnergies`), the moments (`moments`, a
+    `_MomentSums`; `grad`, `act` and `bucket_outers` read them complete), the per-type sums
+    (`types`, a `_TypeTable`) and the per-(sequence, type) sums (`pairs`, a `_PairTable`);
+    `finish` turns them into the unit's artifact.
 
     With `n_seq` given, rows are preallocated (post-hoc collection: row s is test sequence s, so
     sharded ranks fill disjoint rows); with `n_seq=None` rows are appended as batches arrive
@@ -625,29 +771,10 @@ class SiteAccumulator:
         self.dtype = dtype or compute_dtype(device)
         self.bases = bases
         self.stacked, self.indicator, self.descriptors = _basis_table(bases, dim, device, self.dtype)
-        n_bases = len(self.descriptors)
         self.growing = n_seq is None
-        rows = 0 if n_seq is None else n_seq
-        f64: dict[str, Any] = dict(dtype=torch.float64, device=device)
-        self.total = torch.zeros(rows, n_buckets, **f64)
-        self.energy = torch.zeros(rows, n_buckets, n_bases, **f64)
-        self.n_tokens = torch.zeros(rows, dtype=torch.int64, device=device)
-        self._chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        # both clouds' running sums in one (2, ...) float64 block, so a batch updates them with
-        # one batched operation each; `grad` and `act` are views into it
-        self._sums = torch.zeros(2, dim, **f64)
-        self._outers = torch.zeros(2, dim, dim, **f64)
-        # the gradients' second moment per frequency bucket, Σ_{i∈b} g gᵀ (a bucket's exact test
-        # reads its spectrum); the whole split's is their sum, so this costs no extra product
-        self._bucket_outers = torch.zeros(n_buckets, dim, dim, **f64)
-        self._outers_complete = True  # no triangle added since the last mirroring
-        # on CPU only the upper triangle is accumulated (`add_gram_`); `_complete_outers` mirrors
-        # it before anything reads the moments (`grad` / `act` do it on access)
-        self._upper_only = device.type == "cpu"
-        self._grad = GradientMoments(count=0, sum=self._sums[0], outer=self._outers[0])
-        self._act = GradientMoments(count=0, sum=self._sums[1], outer=self._outers[1])
-        self.grad_unit = torch.zeros(dim, **f64)
-        self.act_unit = torch.zeros(dim, **f64)
+        self.sequences = _SequenceEnergies(n_seq, n_buckets, len(self.descriptors), device)
+        # the gradients' per-bucket Σggᵀ is what a bucket's exact test reads (its spectrum)
+        self.moments = _MomentSums(dim, n_buckets, device)
         self.types = _TypeTable(vocab_size, dim, device, type_plan)
         self.pairs = _PairTable(dim, device, pair_budget_bytes)
         self.failure = ""
@@ -694,35 +821,11 @@ class SiteAccumulator:
         onehot = bucket_onehot.reshape(n_rows, -1).to(self.dtype)
         squared = (flat_grad @ self.stacked).square() @ self.indicator  # (N, n_bases) ‖Qᵀg_i‖²
         batch, length = grad.shape[0], grad.shape[1]
-        energy = torch.einsum(
-            "btn,btk->bkn", squared.reshape(batch, length, -1), onehot.reshape(batch, length, -1)
-        ).double()
-        total = torch.einsum("bt,btk->bk", grad_sq.reshape(batch, length), onehot.reshape(batch, length, -1)).double()
-        count = evaluated.reshape(batch, length).sum(dim=1)
-        first_row = self.n_sequences if self.growing else start
-        if self.growing:
-            self._chunks.append((total, energy, count))
-        else:
-            stop = start + batch
-            self.energy[start:stop] += energy
-            self.total[start:stop] += total
-            self.n_tokens[start:stop] += count
+        first_row = self.sequences.add(start, squared, grad_sq, onehot, evaluated, (batch, length))
         # moments: Σx in float64; Σxxᵀ of the activations and, per frequency bucket, of the
         # evaluated gradient rows, each about its own batch mean (`_add_second_moment_`)
         sums = torch.stack([flat_grad.sum(0, dtype=torch.float64), act64.sum(0)])  # (2, d) Σg, Σa
-        self._outers_complete = False
-        _add_second_moment_(self._outers[1:], flat_act, sums[1], upper_only=self._upper_only)
-        _add_bucket_moments_(
-            self._bucket_outers, flat_grad, onehot.argmax(dim=1), evaluated, upper_only=self._upper_only
-        )
-        self._sums += sums
-        self._grad.count += n_eval
-        self._act.count += n_rows
-        inverse_norm = torch.where(evaluated, 1.0 / grad_norm.clamp(min=1e-30), torch.zeros_like(grad_norm))
-        self.grad_unit += inverse_norm @ flat_grad  # Σ g_i/‖g_i‖ over evaluated rows
-        act_norm = act_sq.sqrt()
-        act_scale = torch.where(act_norm > 0, 1.0 / act_norm.clamp(min=1e-300), torch.zeros_like(act_norm))
-        self.act_unit += act_scale @ act64  # Σ a_i/‖a_i‖ (zero rows add nothing)
+        self.moments.add(flat_grad, flat_act, act64, act_sq, grad_norm, onehot.argmax(dim=1), evaluated, n_eval, sums)
         flat_ids = token_ids.reshape(-1).to(self.device)
         rows = torch.arange(first_row, first_row + batch, device=self.device).repeat_interleave(length)
         type_act, type_sq, type_sum = act64, act_sq, sums[1]
@@ -742,76 +845,43 @@ class SiteAccumulator:
         """The kept per-(sequence, type) sums (`_PairTable.take`); None when not kept."""
         if self.pairs.note:
             return None
-        self._settle()
-        return self.pairs.take(int(self.total.shape[0]))
+        self.sequences.settle()
+        return self.pairs.take(int(self.sequences.total.shape[0]))
 
     @property
     def n_sequences(self) -> int:
-        return int(self.total.shape[0]) + sum(int(c[0].shape[0]) for c in self._chunks)
-
-    def _settle(self) -> None:
-        if self._chunks:
-            self.total = torch.cat([self.total] + [c[0] for c in self._chunks])
-            self.energy = torch.cat([self.energy] + [c[1] for c in self._chunks])
-            self.n_tokens = torch.cat([self.n_tokens] + [c[2] for c in self._chunks])
-            self._chunks = []
+        return self.sequences.n_sequences
 
     def all_reduce(self) -> None:
         """Sum every statistic over torchrun ranks (rows are disjoint per rank)."""
         if not distributed.active():
             return
-        self._settle()
-        self._complete_outers()
         failed = torch.tensor([1 if self.failure else 0], dtype=torch.int64, device=self.device)
         distributed.all_reduce_max_(failed)
         if failed.item() and not self.failure:
             self.failure = "non-finite gradients or activations on another rank"
-        for tensor in (
-            self.total,
-            self.energy,
-            self.n_tokens,
-            self._sums,
-            self._outers,
-            self._bucket_outers,
-            self.grad_unit,
-            self.act_unit,
-        ):
-            distributed.all_reduce_sum_(tensor)
+        self.sequences.all_reduce()
+        self.moments.all_reduce()
         self.types.all_reduce()
-        counts = torch.tensor([self._grad.count, self._act.count], dtype=torch.int64, device=self.device)
-        distributed.all_reduce_sum_(counts)
-        self._grad.count, self._act.count = int(counts[0]), int(counts[1])
         self.pairs.all_reduce()
 
     @property
     def grad(self) -> GradientMoments:
         """The gradient moments so far (evaluated rows), complete at any point of the stream."""
-        self._complete_outers()
-        return self._grad
+        self.moments.complete()
+        return self.moments.grad
 
     @property
     def act(self) -> GradientMoments:
         """The activation moments so far, complete at any point of the stream."""
-        self._complete_outers()
-        return self._act
-
-    def _complete_outers(self) -> None:
-        """Mirror the accumulated upper triangles of every Σxxᵀ into the lower ones, and set the
-        gradients' Σggᵀ to the sum of the buckets' (idempotent; nothing to do until more is added)."""
-        if self._outers_complete:
-            return
-        self._outers_complete = True
-        if self._upper_only:
-            for stack in (self._outers, self._bucket_outers):
-                upper = torch.triu(stack)
-                stack.copy_(upper + torch.triu(upper, diagonal=1).transpose(1, 2))
-        torch.sum(self._bucket_outers, dim=0, out=self._outers[0])
+        self.moments.complete()
+        return self.moments.act
 
     @property
     def bucket_outers(self) -> torch.Tensor:
         """``(n_buckets, d, d)``: the gradients' second moment per frequency bucket."""
-        self._complete_outers()
-        return self._bucket_outers
+        self.moments.complete()
+        return self.moments.bucket_outers
 
     def finish(
         self,
@@ -823,28 +893,22 @@ class SiteAccumulator:
         isoscore_zeta: float,
         extra: dict | None = None,
     ) -> UnitArtifact:
+        """The unit's artifact (single-threaded on CPU, `_single_threaded`); a failed artifact
+        when a batch was not finite (`failure`)."""
         with _single_threaded(self.device):
-            return self._finish(
-                key,
-                sequence_documents=sequence_documents,
-                seconds=seconds,
-                isoscore_c0=isoscore_c0,
-                isoscore_zeta=isoscore_zeta,
-                extra=extra,
-            )
+            return self._finish(key, sequence_documents, seconds, isoscore_c0, isoscore_zeta, extra)
 
     def _finish(
         self,
         key: UnitKey,
-        *,
         sequence_documents: np.ndarray,
         seconds: float,
         isoscore_c0: str,
         isoscore_zeta: float,
-        extra: dict | None = None,
+        extra: dict | None,
     ) -> UnitArtifact:
-        self._settle()
-        self._complete_outers()
+        self.sequences.settle()
+        self.moments.complete()
         dim, descriptors = self.dim, self.descriptors
         extra = dict(extra or {})
         plan = self.types.plan
@@ -854,7 +918,7 @@ class SiteAccumulator:
             key=key,
             dim=dim,
             bases=descriptors,
-            n_tokens=self.n_tokens.cpu().numpy(),
+            n_tokens=self.sequences.n_tokens.cpu().numpy(),
             sequence_documents=np.asarray(sequence_documents, dtype=np.int64),
             seconds=seconds,
             extra=extra,
@@ -862,22 +926,14 @@ class SiteAccumulator:
         if self.failure:
             return _failed_artifact(
                 f"{self.failure} at {key.site}",
-                int(self.total.shape[0]),
+                int(self.sequences.total.shape[0]),
                 self.n_buckets,
                 len(descriptors),
                 self.vocab_size,
                 **kwargs,
             )
-        moments = self._grad
-        delta = np.full(len(descriptors), np.nan)
-        if self.bases and dim - max(bs.rank for bs in self.bases) >= 2:
-            covariance = moments.covariance()  # once per unit; ΔIsoScore* is O(d²k) per basis from it
-            for basis_set in self.bases:
-                index = [
-                    i for i, b in enumerate(descriptors) if b.proxy == basis_set.proxy and b.rank == basis_set.rank
-                ]
-                stack = torch.cat([basis_set.basis.unsqueeze(0)] + list(basis_set.controls.values())).to(self.device)
-                delta[index] = _to_numpy(delta_isoscore_star(covariance, stack, C0=isoscore_c0, zeta=isoscore_zeta))
+        moments = self.moments.grad
+        delta = _delta_isoscore_star(self.bases, descriptors, moments, dim, self.device, isoscore_c0, isoscore_zeta)
         # per type: Bessel-corrected RMS spread around its centroid (unbiased for the type's
         # variance whatever its count, see geometry.ResampledCentroidDistance), and the debiased
         # distance of its centroid from the global mean and norm (geometry.type_mean_geometry),
@@ -886,17 +942,17 @@ class SiteAccumulator:
         count, types = self.types.geometry()
         return UnitArtifact(
             **kwargs,
-            total_energy=_to_numpy(self.total),
-            energy=_to_numpy(self.energy),
+            total_energy=_to_numpy(self.sequences.total),
+            energy=_to_numpy(self.sequences.energy),
             delta_isoscore_star=delta,
             # per-bucket moments in float32, as stored: a fresh run and a resumed one read the same matrix
             gradient_moments={
                 **_moments_dict(moments),
-                "bucket_outer": _to_numpy(self._bucket_outers).astype(np.float32),
+                "bucket_outer": _to_numpy(self.moments.bucket_outers).astype(np.float32),
             },
-            activation_moments=_moments_dict(self._act),
-            gradient_unit_sum=_to_numpy(self.grad_unit),
-            activation_unit_sum=_to_numpy(self.act_unit),
+            activation_moments=_moments_dict(self.moments.act),
+            gradient_unit_sum=_to_numpy(self.moments.grad_unit),
+            activation_unit_sum=_to_numpy(self.moments.act_unit),
             type_count=_to_numpy(count).astype(np.int64),
             type_rms_distance=types.rms_spread,
             type_mean_distance=types.mean_distance,
@@ -905,6 +961,27 @@ class SiteAccumulator:
             pair_note=self.pair_note,
             proxy_bases={(bs.proxy, bs.rank): _to_numpy(bs.basis) for bs in self.bases},
         )
+
+
+def _delta_isoscore_star(
+    bases: list[BasisSet],
+    descriptors: list[BasisColumn],
+    moments: GradientMoments,
+    dim: int,
+    device: torch.device,
+    isoscore_c0: str,
+    isoscore_zeta: float,
+) -> np.ndarray:
+    """ΔIsoScore* of every projected basis (`descriptors` order) from the unit's gradient
+    covariance; NaN where a rank leaves fewer than 2 dimensions in the complement."""
+    delta = np.full(len(descriptors), np.nan)
+    if bases and dim - max(bs.rank for bs in bases) >= 2:
+        covariance = moments.covariance()  # once per unit; ΔIsoScore* is O(d²k) per basis from it
+        for basis_set in bases:
+            index = [i for i, b in enumerate(descriptors) if b.proxy == basis_set.proxy and b.rank == basis_set.rank]
+            stack = torch.cat([basis_set.basis.unsqueeze(0)] + list(basis_set.controls.values())).to(device)
+            delta[index] = _to_numpy(delta_isoscore_star(covariance, stack, C0=isoscore_c0, zeta=isoscore_zeta))
+    return delta
 
 
 def measure_checkpoint(
