@@ -450,6 +450,8 @@ class _FitSample:
 
     def add(self, capture: _StepCapture, sites: list[Site], per_step: int, seed: int) -> None:
         """Keep `per_step` rows per site of the step's activations, drawn with `seed`."""
+        if not capture.record.all_activations[sites[0].name]:
+            return  # the step ran no forward through the model: nothing to keep (`_fit` says so if no step did)
         generator = torch.Generator().manual_seed(seed)
         ids = [i for i in capture.inputs]
         self.sequences += sum(int(a.shape[0]) for a in capture.record.all_activations[sites[0].name])
@@ -929,6 +931,19 @@ class TrainingMeter:
     def _close_unit(self) -> None:
         """Finish the open unit: one artifact per site, saved to `<out>.units/` as it is made."""
         start = self._open.start
+        if len(self._open.sequences) < 2:
+            # a unit needs two sequences for its moments; a window whose batches were all skipped
+            # (non-finite gradients) or never ran a forward is left out, and training goes on
+            warnings.warn(
+                AnistatWarning(
+                    f"TrainingMeter: the unit at step {start} has {len(self._open.sequences)} finite sequence(s) "
+                    f"({self._open.skipped} batch(es) skipped for non-finite gradients); it needs at least 2 "
+                    "and is left out of the bundle"
+                ),
+                stacklevel=3,
+            )
+            self._open = None
+            return
         phase = self._windows.phase(start)
         for site in self.sites:
             key = UnitKey(self.name, self.objective, f"step{start}", start, phase, site.layer, site.name)

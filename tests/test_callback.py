@@ -323,3 +323,27 @@ def test_trainer_run_records_the_real_model_and_its_schedule(tmp_path: Path):
         "learning rate 0.01 → 0.002 (linear), weight decay 0.05, 0 warm-up steps; model GPT2LMHeadModel: "
         "3 blocks, 4 attention heads"
     ) in text
+
+
+def test_meter_leaves_out_a_unit_whose_batches_were_all_non_finite(tmp_path: Path):
+    """A window whose gradients were all NaN (e.g. an AMP overflow) is left out with a warning,
+    training goes on, and the bundle holds the other units; a fit step that ran no forward
+    contributes nothing instead of failing."""
+    from anistat.errors import AnistatWarning
+
+    model = tiny_gpt2()
+    steps = batches(4)
+    meter = TrainingMeter(model, out=tmp_path / "bundle", fit_steps=[0, 1], measure_steps=[2, 3], **SETTINGS)
+    with meter.step(0):  # a fit step without a forward (e.g. a skipped batch)
+        pass
+    warning = r"unit at step 2 has 0 finite sequence\(s\) \(1 batch\(es\) skipped for non-finite gradients\)"
+    with pytest.warns(AnistatWarning, match=warning):
+        for step in (1, 2, 3):
+            batch = steps[step]
+            with meter.step(step):
+                loss = model(input_ids=batch, labels=batch).loss
+                (loss * float("nan") if step == 2 else loss).backward()
+            model.zero_grad()
+    result = meter.close()
+    assert sorted({a.key.checkpoint for a in meter.artifacts}) == ["step3"]
+    assert (result.results["status"] == "ok").all()
