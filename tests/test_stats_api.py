@@ -83,6 +83,9 @@ TYPOS = {
     "random_effects_meta(method)": (lambda: stats.random_effects_meta([1, 2], [1, 1], method="REML"), "method"),
     "random_effects_meta(interval)": (lambda: stats.random_effects_meta([1, 2], [1, 1], interval="HKSJ"), "interval"),
     "run_calibration(ci_method)": (lambda: stats.run_calibration(1, ci_method="normal"), "ci_method"),
+    "ratio_interval(method)": (lambda: stats.ratio_interval(P, E, "bca", W), "method"),
+    "ratio_el_interval(adjustment)": (lambda: stats.ratio_el_interval(P, E, adjustment="bartlett"), "adjustment"),
+    "ratio_el_statistic(adjustment)": (lambda: stats.ratio_el_statistic(P, E, 1.0, "AEL"), "adjustment"),
 }
 
 
