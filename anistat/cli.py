@@ -215,10 +215,10 @@ def calibrate(
     ),
     seed: int = typer.Option(0, min=0, help="Seed of the simulation."),
     scenario: list[str] = typer.Option(
-        ["isotropic", "anisotropic", "clustered", "skewed", "hot"],
+        ["isotropic", "anisotropic", "clustered", "skewed", "heavy", "hot"],
         "--scenario",
         help="Scenarios (repeatable): isotropic, anisotropic, clustered, skewed "
-        "(document energies lognormal, σ = 1.5), hot (10 % documents with 5× "
+        "(document energies lognormal, σ = 1.5), heavy (σ = 2.5), hot (10 % documents with 5× "
         "energy, concentrated in the proxy's span).",
     ),
     n_documents: int = typer.Option(60, min=3, max=100_000, help="Documents per simulated study (the goals)."),

@@ -172,3 +172,35 @@ def test_hot_documents_mixture_keeps_the_population_ratio_at_one():
         n_null=59,
     ).conditions
     assert [row["condition"] for row in rows] == ["random", "1.0"]
+
+
+def test_heavy_scenario_is_skewed_with_a_heavier_tail_and_the_methods_sit_side_by_side():
+    """`heavy` is `skewed` with its own document log-SD (equal settings: the same studies); every
+    study carries each ratio-interval method's coverage, the analysis' interval among them
+    (`studentized_log` is the haar document interval, study for study), and its Kish n_eff."""
+    from anistat.stats import calibrate
+    from anistat.stats.calibrate import concentration_rows
+    from anistat.stats.ratio_intervals import RATIO_INTERVAL_METHODS
+
+    kwargs = dict(
+        n_simulations=6, seed=3, planted_ratios=(1.0,), n_documents=12, n_bootstrap=60, n_test_resamples=59, n_null=59
+    )
+    skewed = run_calibration(scenarios=("skewed",), skewed_document_sd=1.25, keep_simulations=True, **kwargs)
+    heavy = run_calibration(scenarios=("heavy",), keep_simulations=True, **kwargs)
+    strip = lambda rows: [{k: v for k, v in row.items() if k != "scenario"} for row in rows]  # noqa: E731
+    assert strip(heavy.conditions) == strip(skewed.conditions)
+    for condition in ("random", "1.0"):
+        sims = heavy.simulations[f"heavy/{condition}"]
+        np.testing.assert_array_equal(sims["cover_method_studentized_log"], sims["cover_ratio_haar_document"])
+        assert ((sims["n_eff"] >= 1) & (sims["n_eff"] <= 12)).all()
+    row = heavy.conditions[0]
+    assert all(0.0 <= row[f"coverage_method_{m}"] <= 1.0 for m in RATIO_INTERVAL_METHODS)
+    # every study falls in one n_eff level; the data test is counted at ratio 1 only
+    assert sum(r["studies"] for r in heavy.concentration) == 12
+    assert sum(r["data_test_studies"] for r in heavy.concentration) == 6
+    table = np.zeros((1, 2, 3, len(calibrate._COLS)))
+    table[..., calibrate._COLS.index("n_eff")] = [[1.5, 4.0, 4.5], [4.2, 200.0, 2.5]]
+    table[..., calibrate._COLS.index("p_data_document")] = [[1.0, 1.0, 1.0], [0.01, 0.5, 0.5]]
+    rows = {r["n_eff_low"]: r for r in concentration_rows([table], ("random", 1.0), 0.05)}
+    assert {low: r["studies"] for low, r in rows.items()} == {1.0: 1, 2.0: 1, 3.0: 3, 120.0: 1}
+    assert rows[3.0]["data_test_studies"] == 1 and rows[3.0]["rejection_data"] == 1.0
