@@ -231,7 +231,10 @@ def calibrate(
         max=1_000_000,
         help="Simulated many-unit studies for Holm's FWER and BH's FDR with shared draws (0: skip).",
     ),
-    ci_method: str = typer.Option("studentized", help="CI method: studentized, bca or percentile."),
+    ci_method: str = typer.Option(
+        "studentized",
+        help="CI method: studentized, bca, percentile, bca_log, variance_stabilised, el, adjusted_el or balanced_el.",
+    ),
     jobs: int = typer.Option(1, min=1, max=256, help="Worker processes (results do not depend on it)."),
 ) -> None:
     """Simulation study of the statistics engine under realistic nulls: type-I error of the exact
@@ -245,8 +248,10 @@ def calibrate(
     unknown = [s for s in scenario if s not in SCENARIOS]
     if unknown:
         raise AnistatInputError(f"--scenario must be among {', '.join(SCENARIOS)}, got '{unknown[0]}'")
-    if ci_method not in ("studentized", "bca", "percentile"):
-        raise AnistatInputError(f"--ci-method must be studentized, bca or percentile, got '{ci_method}'")
+    from .stats.energy import CI_METHODS
+
+    if ci_method not in CI_METHODS:
+        raise AnistatInputError(f"--ci-method must be one of {', '.join(CI_METHODS)}, got '{ci_method}'")
     if any(n < 3 for n in coverage_documents):
         raise AnistatInputError("--coverage-documents must be at least 3")
     check_destination(out)  # before the simulation: a folder that cannot be replaced is said at once

@@ -399,11 +399,14 @@ class StatsSpec(StrictModel):
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
     n_bootstrap: int = Field(1000, ge=10, le=1_000_000)
     ci_level: float = Field(0.95, gt=0.5, lt=1.0)
-    ci_method: Literal["percentile", "bca", "studentized"] = Field(
+    ci_method: Literal[
+        "percentile", "bca", "studentized", "bca_log", "variance_stabilised", "el", "adjusted_el", "balanced_el"
+    ] = Field(
         "studentized",
         description="Bootstrap CI over the resampling units (documents, else sequences): studentized (bootstrap-t; "
         "0.937-0.940 at 60 documents in `anistat calibrate`, 0.945 at 100 sequences), bca (0.93 at 100 sequences, "
-        "0.94 at 400), or percentile. The "
+        "0.94 at 400), or percentile; or a ratio-of-means interval (anistat.stats.ratio_interval): bca_log, "
+        "variance_stabilised, el, adjusted_el, balanced_el (coverage side by side in benchmarks/README.md). The "
         "frequency/centroid-distance correlations use the normal interval (estimate +- z bootstrap SEs) unless "
         "this is percentile (benchmarks/README.md: normal covers 0.94 at 100 sequences and 0.95 at 300).",
     )

@@ -152,3 +152,35 @@ def test_kish_effective_size_closed_forms():
     w = np.array([5.0, 1.0, 1.0, 1.0])
     assert stats.kish_effective_size(w) == pytest.approx(64.0 / 28.0)
     assert np.isnan(stats.kish_effective_size([0.0, 0.0]))
+
+
+@pytest.mark.parametrize("method", ["bca_log", "variance_stabilised", "el", "adjusted_el", "balanced_el"])
+def test_the_analysis_offers_each_ratio_method_on_its_resampling_units(method):
+    """`analyze_energy(ci_method=...)`: the energy ratio's interval is the method's interval of the
+    per-document sums (the analysis' resamples, tails expanded for the documents), its `se` the
+    interval's implied SE on the log scale."""
+    rng = np.random.default_rng(4)
+    documents = np.repeat(np.arange(20), 3)
+    total = rng.lognormal(0, 0.8, 60)
+    proxy = total * rng.uniform(0.1, 0.3, 60)
+    reference = 2 / 16 * total
+    analysis = stats.analyze_energy(
+        proxy,
+        total,
+        reference,
+        rank=2,
+        dim=16,
+        null_fractions=rng.uniform(0.05, 0.2, 99),
+        group_ids=documents,
+        n_bootstrap=300,
+        ci_method=method,
+        seed=3,
+    )
+    ratio = analysis["energy_ratio"]
+    sums, n = stats.cluster_sums(np.stack([proxy, reference], axis=1), documents)
+    weights = stats.bootstrap_weights(n, 300, seed=3)
+    expected = stats.ratio_interval(sums[:, 0], sums[:, 1], method, weights, expand_units=n)
+    assert ratio.ci_method == method
+    assert (ratio.ci_low, ratio.ci_high) == pytest.approx((expected.ci_low, min(expected.ci_high, 8.0)))
+    z = ndtri(0.975)
+    assert ratio.se == pytest.approx(ratio.estimate * np.log(ratio.ci_high / ratio.ci_low) / (2 * z))
