@@ -71,6 +71,28 @@ BOOTSTRAP_RATIO_METHODS = RATIO_INTERVAL_METHODS[:3]
 EL_ADJUSTMENTS = ("none", "adjusted", "balanced")
 #: Emerson & Owen's (2009) recommended scale ``s`` of the balanced augmentation.
 BALANCED_EL_SCALE = 1.9
+#: ``(n_eff_low, n_eff_high, coverage, data_test_level)`` per Kish ``n_eff`` level: the analysis'
+#: 95 % energy-ratio interval's coverage and the data test's rejection rate at α = 0.05 and ratio 1,
+#: PROVISIONAL
+CONCENTRATION_CALIBRATION: tuple[tuple[float, float, float, float], ...] = (
+    (1.0, 2.0, 0.80, 0.10),
+    (2.0, 3.0, 0.85, 0.09),
+    (3.0, 5.0, 0.88, 0.08),
+    (5.0, 7.0, 0.90, 0.07),
+    (7.0, 10.0, 0.92, 0.065),
+    (10.0, 15.0, 0.935, 0.06),
+    (15.0, 20.0, 0.94, 0.055),
+    (20.0, 30.0, 0.945, 0.05),
+    (30.0, 40.0, 0.95, 0.05),
+    (40.0, 60.0, 0.95, 0.05),
+    (60.0, 80.0, 0.95, 0.05),
+    (80.0, 120.0, 0.95, 0.05),
+    (120.0, np.inf, 0.95, 0.05),
+)
+#: Below this ``n_eff`` the measured coverage leaves [0.93, 0.97] (a level's lower edge).
+CONCENTRATED_COVERAGE_N_EFF = 10.0
+#: Below this ``n_eff`` the data test's measured level leaves [0.04, 0.06].
+CONCENTRATED_DATA_TEST_N_EFF = 10.0
 _METHOD_ADJUSTMENT = {"el": "none", "adjusted_el": "adjusted", "balanced_el": "balanced"}
 
 
@@ -205,18 +227,18 @@ def ratio_el_statistic(
 
 
 def _el_end(
-    stat: Callable[[float], float], estimate: float, critical: float, upward: bool, limit: float
+    stat: Callable[[float], float], estimate: float, critical: float, upward: bool, limit: float, first_step: float
 ) -> tuple[float, bool]:
-    """The θ beyond ``estimate`` where ``stat(θ)`` first reaches ``critical`` (geometric search
-    in ``ln θ``, then Brent's root), or ``(limit, False)`` when it never does."""
-    step, previous = 1.0 + 1e-3, estimate
-    for _ in range(80):
+    """The θ beyond ``estimate`` where ``stat(θ)`` first reaches ``critical``, or ``(limit, False)``
+    when it never does: steps ``θ̂·s, θ̂·s², θ̂·s⁴, …`` (down: ``θ̂/s, …``) from ``s = first_step``
+    (the Wald end, so the first step usually brackets the root), then Brent's root."""
+    step, previous = max(float(first_step), 1.0 + 1e-6), estimate
+    for _ in range(64):
         candidate = estimate * step if upward else estimate / step
-        value = stat(candidate)
-        if value >= critical:
+        if stat(candidate) >= critical:
             lo, hi = sorted((previous, candidate))
-            return float(brentq(lambda t: min(stat(t), 1e300) - critical, lo, hi, xtol=1e-12 * estimate)), True
-        previous, step = candidate, step * step if step < 4.0 else step * 2.0
+            return float(brentq(lambda t: min(stat(t), 1e300) - critical, lo, hi, xtol=1e-10 * estimate)), True
+        previous, step = candidate, step * step
         if step > 1e12:
             break
     return limit, False
@@ -268,8 +290,11 @@ def ratio_el_interval(
     def stat(theta: float) -> float:
         return ratio_el_statistic(p, e, theta, adjustment)
 
-    low, low_found = _el_end(stat, estimate, critical, upward=False, limit=0.0)
-    high, high_found = _el_end(stat, estimate, critical, upward=True, limit=np.inf)
+    with np.errstate(invalid="ignore", divide="ignore"):  # the Wald end on the log scale: the first step
+        first = float(np.exp(np.sqrt(critical) * ratio_se(np.ones((1, p.size)), p, e)[0] / estimate))
+    first = first if np.isfinite(first) else 1.0 + 1e-3
+    low, low_found = _el_end(stat, estimate, critical, upward=False, limit=0.0, first_step=first)
+    high, high_found = _el_end(stat, estimate, critical, upward=True, limit=np.inf, first_step=first)
     unbounded = [side for side, found in (("lower", low_found), ("upper", high_found)) if not found]
     note = ""
     if unbounded:
@@ -394,6 +419,49 @@ def ratio_interval(
         return RatioInterval(estimate, float(np.exp(r.ci_low)), float(np.exp(r.ci_high)), method, r.note)
     tail = expanded_tail((1.0 - ci_level) / 2.0, expand_units) if expand_units else (1.0 - ci_level) / 2.0
     return _variance_stabilised(estimate, replicates, ratio_se(w, p, e), np.array([tail, 1.0 - tail]))
+
+
+def calibrated_concentration(n_eff: float) -> dict | None:
+    """What `anistat calibrate` measured at a Kish ``n_eff`` level: the analysis' 95 % energy-ratio
+    interval's coverage and the data test's level at α = 0.05 (:data:`CONCENTRATION_CALIBRATION`),
+    and whether ``n_eff`` lies below the level where either leaves its band
+    (:data:`CONCENTRATED_COVERAGE_N_EFF`, :data:`CONCENTRATED_DATA_TEST_N_EFF`).
+
+    Parameters
+    ----------
+    n_eff : float
+        Kish's effective number of resampling units (:func:`kish_effective_size`).
+
+    Returns
+    -------
+    dict or None
+        ``n_eff_low``, ``n_eff_high`` (the level), ``coverage``, ``data_test`` (measured there),
+        ``coverage_off`` and ``data_test_off`` (``n_eff`` below the thresholds); None for a
+        non-finite ``n_eff``.
+
+    Examples
+    --------
+    >>> from anistat import stats
+    >>> level = stats.calibrated_concentration(2.5)
+    >>> level["n_eff_low"], level["coverage_off"]
+    (2.0, True)
+    >>> stats.calibrated_concentration(500.0)["coverage_off"]
+    False
+    """
+    value = float(n_eff)
+    if not np.isfinite(value):
+        return None
+    for low, high, coverage, data_test in CONCENTRATION_CALIBRATION:
+        if low <= value < high:
+            return {
+                "n_eff_low": low,
+                "n_eff_high": high,
+                "coverage": coverage,
+                "data_test": data_test,
+                "coverage_off": value < CONCENTRATED_COVERAGE_N_EFF,
+                "data_test_off": value < CONCENTRATED_DATA_TEST_N_EFF,
+            }
+    return None
 
 
 def kish_effective_size(weights: ArrayLike) -> float:
