@@ -68,6 +68,7 @@ from .permutation import PermutationResult, sign_flip_null, sign_flip_pvalues, s
 from .ratio_intervals import (
     RATIO_INTERVAL_METHODS,
     RatioInterval,
+    calibrated_concentration,
     empirical_likelihood_statistic,
     kish_effective_size,
     ratio_el_interval,
@@ -137,6 +138,7 @@ __all__ = [
     "z_score",
     "RATIO_INTERVAL_METHODS",
     "RatioInterval",
+    "calibrated_concentration",
     "empirical_likelihood_statistic",
     "kish_effective_size",
     "ratio_el_interval",

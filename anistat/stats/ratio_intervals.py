@@ -71,28 +71,54 @@ BOOTSTRAP_RATIO_METHODS = RATIO_INTERVAL_METHODS[:3]
 EL_ADJUSTMENTS = ("none", "adjusted", "balanced")
 #: Emerson & Owen's (2009) recommended scale ``s`` of the balanced augmentation.
 BALANCED_EL_SCALE = 1.9
-#: ``(n_eff_low, n_eff_high, coverage, data_test_level)`` per Kish ``n_eff`` level: the analysis'
-#: 95 % energy-ratio interval's coverage and the data test's rejection rate at α = 0.05 and ratio 1,
-#: PROVISIONAL
-CONCENTRATION_CALIBRATION: tuple[tuple[float, float, float, float], ...] = (
-    (1.0, 2.0, 0.80, 0.10),
-    (2.0, 3.0, 0.85, 0.09),
-    (3.0, 5.0, 0.88, 0.08),
-    (5.0, 7.0, 0.90, 0.07),
-    (7.0, 10.0, 0.92, 0.065),
-    (10.0, 15.0, 0.935, 0.06),
-    (15.0, 20.0, 0.94, 0.055),
-    (20.0, 30.0, 0.945, 0.05),
-    (30.0, 40.0, 0.95, 0.05),
-    (40.0, 60.0, 0.95, 0.05),
-    (60.0, 80.0, 0.95, 0.05),
-    (80.0, 120.0, 0.95, 0.05),
-    (120.0, np.inf, 0.95, 0.05),
+#: The Kish ``n_eff`` levels ``[low, high)`` of :data:`CONCENTRATION_COVERAGE`.
+CONCENTRATION_LEVELS: tuple[tuple[float, float], ...] = (
+    (1.0, 2.0),
+    (2.0, 3.0),
+    (3.0, 5.0),
+    (5.0, 7.0),
+    (7.0, 10.0),
+    (10.0, 15.0),
+    (15.0, 20.0),
+    (20.0, 30.0),
+    (30.0, 40.0),
+    (40.0, 60.0),
+    (60.0, 80.0),
+    (80.0, 120.0),
+    (120.0, float("inf")),
 )
-#: Below this ``n_eff`` the measured coverage leaves [0.93, 0.97] (a level's lower edge).
-CONCENTRATED_COVERAGE_N_EFF = 10.0
-#: Below this ``n_eff`` the data test's measured level leaves [0.04, 0.06].
-CONCENTRATED_DATA_TEST_N_EFF = 10.0
+#: Coverage of each method's 95 % energy-ratio (haar) interval per :data:`CONCENTRATION_LEVELS`
+#: level, measured by ``benchmarks/bench_ratio_intervals.py --studies 400`` (``anistat calibrate``'s
+#: six scenarios, the random proxy and a planted ratio of 1, at 30, 60 and 200 documents: 14 400
+#: studies; 297 to 2 047 per level, binomial SE 0.005–0.03; benchmarks/README.md).
+CONCENTRATION_COVERAGE: dict[str, tuple[float, ...]] = {
+    "studentized_log": (0.586, 0.854, 0.899, 0.926, 0.929, 0.945, 0.943, 0.956, 0.943, 0.959, 0.981, 0.952, 0.954),
+    "bca_log": (0.906, 0.862, 0.847, 0.892, 0.888, 0.908, 0.908, 0.926, 0.920, 0.931, 0.967, 0.943, 0.947),
+    "variance_stabilised": (0.306, 0.459, 0.621, 0.750, 0.800, 0.868, 0.897, 0.924, 0.923, 0.935, 0.972, 0.944, 0.951),
+    "el": (0.448, 0.635, 0.739, 0.846, 0.852, 0.901, 0.905, 0.919, 0.925, 0.939, 0.976, 0.951, 0.953),
+    "adjusted_el": (0.660, 0.721, 0.784, 0.870, 0.874, 0.913, 0.918, 0.938, 0.933, 0.946, 0.979, 0.956, 0.954),
+    "balanced_el": (0.976, 0.964, 0.934, 0.941, 0.925, 0.940, 0.934, 0.948, 0.936, 0.950, 0.979, 0.957, 0.953),
+}
+#: The data test's rejection rate at α = 0.05 and a planted ratio of 1 per level (the same run;
+#: 150 to 1 024 studies per level). The 60–80 level is mostly the ``hot`` scenario at 200 documents.
+CONCENTRATION_DATA_TEST: tuple[float, ...] = (
+    0.320,
+    0.131,
+    0.081,
+    0.074,
+    0.070,
+    0.041,
+    0.048,
+    0.049,
+    0.047,
+    0.050,
+    0.005,
+    0.033,
+    0.036,
+)
+#: The bands: coverage below 0.93 (undercoverage; over-coverage is conservative) and a data-test
+#: level above 0.06 (liberal) are what the diagnostic warns about.
+COVERAGE_FLOOR, DATA_TEST_CEILING = 0.93, 0.06
 _METHOD_ADJUSTMENT = {"el": "none", "adjusted_el": "adjusted", "balanced_el": "balanced"}
 
 
@@ -421,45 +447,64 @@ def ratio_interval(
     return _variance_stabilised(estimate, replicates, ratio_se(w, p, e), np.array([tail, 1.0 - tail]))
 
 
-def calibrated_concentration(n_eff: float) -> dict | None:
-    """What `anistat calibrate` measured at a Kish ``n_eff`` level: the analysis' 95 % energy-ratio
-    interval's coverage and the data test's level at α = 0.05 (:data:`CONCENTRATION_CALIBRATION`),
-    and whether ``n_eff`` lies below the level where either leaves its band
-    (:data:`CONCENTRATED_COVERAGE_N_EFF`, :data:`CONCENTRATED_DATA_TEST_N_EFF`).
+def _threshold(values: tuple[float, ...], outside: Callable[[float], bool]) -> float:
+    """The upper edge of the highest level whose value is ``outside`` its band (1.0: none is)."""
+    edges = [high for (_, high), value in zip(CONCENTRATION_LEVELS, values, strict=True) if outside(value)]
+    return float(max(edges, default=1.0))
+
+
+def calibrated_concentration(n_eff: float, method: str = "balanced_el") -> dict[str, float | bool] | None:
+    """What `anistat calibrate` measured at a Kish ``n_eff`` level for one interval method.
+
+    The thresholds are read off the measured table: ``coverage_below`` is the upper edge of the
+    highest level where the method's 95 % coverage fell below :data:`COVERAGE_FLOOR`
+    (:data:`CONCENTRATION_COVERAGE`), ``data_test_below`` that of the highest level where the data
+    test's level rose above :data:`DATA_TEST_CEILING` (:data:`CONCENTRATION_DATA_TEST`); a row
+    with ``n_eff`` below a threshold is flagged (both 10 documents for ``balanced_el`` and
+    ``studentized_log``; levels above hold their band or err on the conservative side).
 
     Parameters
     ----------
     n_eff : float
         Kish's effective number of resampling units (:func:`kish_effective_size`).
+    method : str, default "balanced_el"
+        A key of :data:`CONCENTRATION_COVERAGE` (the analysis' ``studentized`` is
+        ``studentized_log``).
 
     Returns
     -------
     dict or None
-        ``n_eff_low``, ``n_eff_high`` (the level), ``coverage``, ``data_test`` (measured there),
-        ``coverage_off`` and ``data_test_off`` (``n_eff`` below the thresholds); None for a
-        non-finite ``n_eff``.
+        ``n_eff_low``, ``n_eff_high`` (the level), ``coverage`` and ``data_test`` (measured there),
+        ``coverage_below`` and ``data_test_below`` (the thresholds), ``coverage_off`` and
+        ``data_test_off`` (``n_eff`` below them); None for a non-finite ``n_eff`` or a method
+        without calibration.
 
     Examples
     --------
     >>> from anistat import stats
     >>> level = stats.calibrated_concentration(2.5)
-    >>> level["n_eff_low"], level["coverage_off"]
-    (2.0, True)
+    >>> level["n_eff_low"], level["coverage"], level["coverage_off"], level["coverage_below"]
+    (2.0, 0.964, True, 10.0)
     >>> stats.calibrated_concentration(500.0)["coverage_off"]
     False
     """
     value = float(n_eff)
-    if not np.isfinite(value):
+    if not np.isfinite(value) or method not in CONCENTRATION_COVERAGE:
         return None
-    for low, high, coverage, data_test in CONCENTRATION_CALIBRATION:
+    coverage = CONCENTRATION_COVERAGE[method]
+    coverage_below = _threshold(coverage, lambda c: c < COVERAGE_FLOOR)
+    data_test_below = _threshold(CONCENTRATION_DATA_TEST, lambda p: p > DATA_TEST_CEILING)
+    for index, (low, high) in enumerate(CONCENTRATION_LEVELS):
         if low <= value < high:
             return {
                 "n_eff_low": low,
                 "n_eff_high": high,
-                "coverage": coverage,
-                "data_test": data_test,
-                "coverage_off": value < CONCENTRATED_COVERAGE_N_EFF,
-                "data_test_off": value < CONCENTRATED_DATA_TEST_N_EFF,
+                "coverage": coverage[index],
+                "data_test": CONCENTRATION_DATA_TEST[index],
+                "coverage_below": coverage_below,
+                "data_test_below": data_test_below,
+                "coverage_off": value < coverage_below,
+                "data_test_off": value < data_test_below,
             }
     return None
 
