@@ -76,7 +76,7 @@ def test_calibration_validates():
     with pytest.raises(ValueError):
         run_calibration(n_simulations=5, planted_ratios=(9.0,))
     with pytest.raises(ValueError):
-        run_calibration(n_simulations=5, scenarios=("heavy",))
+        run_calibration(n_simulations=5, scenarios=("pareto",))
     with pytest.raises(ValueError):
         run_calibration(n_simulations=5, ci_method="basic")
 
@@ -177,7 +177,7 @@ def test_hot_documents_mixture_keeps_the_population_ratio_at_one():
 def test_heavy_scenario_is_skewed_with_a_heavier_tail_and_the_methods_sit_side_by_side():
     """`heavy` is `skewed` with its own document log-SD (equal settings: the same studies); every
     study carries each ratio-interval method's coverage, the analysis' interval among them
-    (`studentized_log` is the haar document interval, study for study), and its Kish n_eff."""
+    (`balanced_el`, the default, is the haar document interval, study for study), and its Kish n_eff."""
     from anistat.stats import calibrate
     from anistat.stats.calibrate import concentration_rows
     from anistat.stats.ratio_intervals import RATIO_INTERVAL_METHODS
@@ -191,7 +191,7 @@ def test_heavy_scenario_is_skewed_with_a_heavier_tail_and_the_methods_sit_side_b
     assert strip(heavy.conditions) == strip(skewed.conditions)
     for condition in ("random", "1.0"):
         sims = heavy.simulations[f"heavy/{condition}"]
-        np.testing.assert_array_equal(sims["cover_method_studentized_log"], sims["cover_ratio_haar_document"])
+        np.testing.assert_array_equal(sims["cover_method_balanced_el"], sims["cover_ratio_haar_document"])
         assert ((sims["n_eff"] >= 1) & (sims["n_eff"] <= 12)).all()
     row = heavy.conditions[0]
     assert all(0.0 <= row[f"coverage_method_{m}"] <= 1.0 for m in RATIO_INTERVAL_METHODS)

@@ -462,7 +462,7 @@ def run_calibration(
     n_test_resamples: int = 999,
     alpha: float = 0.05,
     ci_level: float = 0.95,
-    ci_method: str = "studentized",
+    ci_method: str = "balanced_el",
     n_jobs: int = 1,
     keep_simulations: bool = False,
     n_permutations: int | None = None,
@@ -517,8 +517,9 @@ def run_calibration(
         The level of the rejection rates.
     ci_level : float, default 0.95
         The intervals' nominal coverage.
-    ci_method : {"studentized", "bca", "percentile"}, default "studentized"
-        The interval method (one of the energy analysis' ``CI_METHODS``).
+    ci_method : str, default "balanced_el"
+        The analysis' interval method (one of the energy analysis' ``CI_METHODS``; the default is
+        the analysis' default).
     n_jobs : int, default 1
         Processes; ``n_jobs > 1`` spreads simulations over processes with identical results.
     keep_simulations : bool, default False
