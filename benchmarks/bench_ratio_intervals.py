@@ -16,8 +16,8 @@ Usage: ``python benchmarks/bench_ratio_intervals.py [--studies 250] [--out /tmp/
 energies of 32 tokens per sequence in d = 768 with a rank-8 proxy; 128 sequences in 32 documents,
 as ``bench_stats.py`` part B, and 96 sequences each its own document, the paper's test split),
 2 000 resamples: the median process CPU time of ``analyze_energy`` (data test, fraction and ratio
-intervals: today's analysis of one row group) and of each method's interval alone, side by side
-in one run.
+intervals: the analysis of one row group) with the studentized and the balanced-EL interval, and
+of each method's interval alone, side by side in one run.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def interval_cost() -> dict:
         reference = 8 / 768 * total
         null = rng.uniform(0.0, 0.02, 999)
 
-        def analysis(proxy=proxy, total=total, reference=reference, documents=documents, null=null):
+        def analysis(method, proxy=proxy, total=total, reference=reference, documents=documents, null=null):
             analyze_energy(
                 proxy,
                 total,
@@ -77,11 +77,12 @@ def interval_cost() -> dict:
                 n_bootstrap=1000,
                 n_test_resamples=2000,
                 seed=1,
+                ci_method=method,
             )
 
         sums, n = cluster_sums(np.stack([proxy, reference], axis=1), documents)
         weights = bootstrap_weights(n, 2000, seed=1)
-        row = {"analyze_energy": _cpu_median(analysis)}
+        row = {f"analyze_energy ({m})": _cpu_median(lambda m=m: analysis(m)) for m in ("studentized", "balanced_el")}
         for method in RATIO_INTERVAL_METHODS:
             row[method] = _cpu_median(
                 lambda method=method, sums=sums, weights=weights, n=n: ratio_interval(
