@@ -292,7 +292,10 @@ def _echo_calibration_summary(
     """The calibration's summary lines: the uninformative proxy's rejection rates at the goal
     study size, the mean energy-ratio coverage per study size and scenario, each goal's verdict,
     and the family-wise error rates with shared draws."""
+    import numpy as np
+
     from .stats.calibrate import describe_goal
+    from .stats.ratio_intervals import RATIO_INTERVAL_METHODS
 
     for row in result.conditions:
         if row["condition"] == "random" and row["documents"] == n_documents:
@@ -304,14 +307,18 @@ def _echo_calibration_summary(
                 f"(20) {row['rejection_paper_normal_20']:.4f} ± {1.96 * row['rejection_paper_normal_20_se']:.4f}"
                 " (not exact)"
             )
-    for size in coverage_documents:
+    for size in dict.fromkeys([n_documents, *coverage_documents]):
         rows = [r for r in result.conditions if r["documents"] == size]
         for name in scenario:
             mean = float(
                 sum(r["coverage_ratio_normal_document"] for r in rows if r["scenario"] == name)
                 / max(1, sum(r["scenario"] == name for r in rows))
             )
-            _echo(f"{name}, {size} documents: mean coverage of the energy ratio (normal) {mean:.4f}")
+            methods = ", ".join(
+                f"{method} {np.mean([r[f'coverage_method_{method}'] for r in rows if r['scenario'] == name]):.3f}"
+                for method in RATIO_INTERVAL_METHODS
+            )
+            _echo(f"{name}, {size} documents: mean coverage of the energy ratio (normal) {mean:.4f}; haar: {methods}")
     for name, check in result.checks.items():
         _echo(describe_goal(name, check))
     if family is not None:

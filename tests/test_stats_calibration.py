@@ -204,3 +204,27 @@ def test_heavy_scenario_is_skewed_with_a_heavier_tail_and_the_methods_sit_side_b
     rows = {r["n_eff_low"]: r for r in concentration_rows([table], ("random", 1.0), 0.05)}
     assert {low: r["studies"] for low, r in rows.items()} == {1.0: 1, 2.0: 1, 3.0: 3, 120.0: 1}
     assert rows[3.0]["data_test_studies"] == 1 and rows[3.0]["rejection_data"] == 1.0
+
+
+def test_calibrate_reports_every_interval_method_and_the_n_eff_levels_end_to_end(tmp_path):
+    """`anistat calibrate --scenario heavy`: the terminal names each method's coverage per study
+    size and scenario, calibration.json carries the n_eff levels (every study in one), and the page
+    shows both tables."""
+    import subprocess
+    import sys
+
+    from anistat.stats.ratio_intervals import RATIO_INTERVAL_METHODS
+
+    done = subprocess.run(
+        [sys.executable, "-m", "anistat", "calibrate", "--out", str(tmp_path / "c"), "--n-simulations", "10",
+         "--scenario", "heavy", "--n-documents", "12", "--coverage-documents", "12", "--family-simulations", "0"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    line = next(row for row in done.stdout.splitlines() if row.startswith("heavy, 12 documents:"))
+    assert all(f"{method} " in line for method in RATIO_INTERVAL_METHODS), line
+    payload = json.loads((tmp_path / "c" / "calibration.json").read_text())
+    assert sum(row["studies"] for row in payload["concentration"]) == 10 * 4  # random + three planted ratios
+    assert payload["settings"]["ci_method"] == "balanced_el" and payload["settings"]["heavy_document_sd"] == 1.25
+    page = (tmp_path / "c" / "calibration.html").read_text(encoding="utf-8")
+    assert "coverage_method_balanced_el" in page and "by effective number of documents" in page

@@ -885,7 +885,12 @@ def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
     ]
     by_size = (
         frame.groupby(["documents", "scenario"], sort=False)[
-            ["coverage_ratio_normal_document", "coverage_ratio_haar_document"]
+            [
+                "coverage_ratio_normal_document",
+                "coverage_ratio_haar_document",
+                *(f"coverage_method_{m}" for m in RATIO_INTERVAL_METHODS),
+                "n_eff_median",
+            ]
         ]
         .mean()
         .reset_index()
@@ -928,8 +933,12 @@ def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
         f"<img alt='type-I error and coverage' src='data:image/png;base64,"
         f"{base64.b64encode(png).decode('ascii')}' style='max-width:100%'>"
         + _table(main, cols)
-        + "<h2>Coverage by number of documents</h2>"
+        + "<h2>Coverage by number of documents</h2><p>The analysis' interval against the ratio to the "
+        "normal and the haar control, then every ratio-interval method on the same documents and resamples "
+        "(haar ratio, mean over conditions), and the median Kish n_eff.</p>"
         + _table(by_size, list(by_size.columns))
+        + "<h2>Coverage and the data test by effective number of documents</h2>"
+        + _table(pd.DataFrame(list(result.concentration)), list(pd.DataFrame(list(result.concentration)).columns))
         + family_html
         + f"<h2>Settings</h2><pre>{settings}</pre></body></html>"
     )
