@@ -580,23 +580,26 @@ def run_calibration(
     t0 = time.perf_counter()
     results = {size: _simulate_all({**cfg, "n_documents": size}, scenarios, n_jobs) for size in sizes}
     rows, checks = _summarise(results, cfg, scenarios)
-    sims = (
-        {
-            f"{scenario}/{condition}": dict(zip(_COLS, results[sizes[0]][si, ci].T))
-            for si, scenario in enumerate(scenarios)
-            for ci, condition in enumerate(_conditions(cfg))
-        }
-        if keep_simulations
-        else {}
-    )
+    sims = _kept_simulations(results[sizes[0]], scenarios, cfg) if keep_simulations else {}
+    concentration = tuple(concentration_rows(list(results.values()), _conditions(cfg), float(alpha)))
+    elapsed = float(time.perf_counter() - t0)
     return CalibrationResult(
         settings=cfg,
         conditions=tuple(rows),
         checks=checks,
-        elapsed_s=float(time.perf_counter() - t0),
+        elapsed_s=elapsed,
         simulations=sims,
-        concentration=tuple(concentration_rows(list(results.values()), _conditions(cfg), float(alpha))),
+        concentration=concentration,
     )
+
+
+def _kept_simulations(table: np.ndarray, scenarios, cfg) -> dict:
+    """``"scenario/condition"`` -> the per-simulation columns of one study size."""
+    return {
+        f"{scenario}/{condition}": dict(zip(_COLS, table[si, ci].T))
+        for si, scenario in enumerate(scenarios)
+        for ci, condition in enumerate(_conditions(cfg))
+    }
 
 
 def concentration_rows(tables, conditions, alpha: float) -> list[dict]:
