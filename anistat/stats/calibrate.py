@@ -20,10 +20,10 @@ Synthetic per-token gradients (numpy), in three scenarios:
   scale ``c_doc`` is lognormal with log-SD ``skewed_document_sd`` (default
   :data:`SKEWED_DOCUMENT_SD` = 0.75, so its energy ``c_doc²`` is lognormal with σ = 1.5) instead
   of ``scale_sd``: a few documents carry most of the energy. Measured at 60 documents (200
-  studies per condition, benchmarks/README.md): 95 % coverage of the energy-ratio interval 0.917
-  and the data test's level 0.06 (an independent audit of this law: 0.926 and 0.061); with
-  gradient log-SD 1.5 (energy σ = 3) 0.83 and 0.11 — the default interval does not hold its
-  level under such skew.
+  studies per condition, benchmarks/README.md): 95 % coverage of the studentized energy-ratio
+  interval 0.917 and the data test's level 0.06 (an independent audit of this law: 0.926 and
+  0.061); with gradient log-SD 1.5 (energy σ = 3) 0.83 and 0.11. The interval methods side by
+  side under this and the other laws: ``benchmarks/bench_ratio_intervals.py``.
 * ``heavy``       — ``skewed`` with document gradient log-SD :data:`HEAVY_DOCUMENT_SD` = 1.25
   (energy lognormal with σ = 2.5): ``E[c⁴]/E[c²]² = e^{σ²} ≈ 518`` against ≈ 9.5 at σ = 1.5, so
   even at 200 documents one or two documents usually hold most of the energy (Kish's effective

@@ -47,8 +47,10 @@ the closed-form references, ``P − k/(d−k)(T − P) = d/(d−k) · (P − k/d
 normal contributions are proportional, so both kinds give the same g and the same test.
 
 CI methods: ``studentized`` (bootstrap-t with the delta-method SE of a ratio of sums,
-:func:`.bootstrap.ratio_se`; holds its level from ~100 heterogeneous units, see
-``benchmarks/README.md``), ``bca`` or ``percentile``; ``hedges_g`` always uses BCa.
+:func:`.bootstrap.ratio_se`; this function's default), ``bca`` or ``percentile``, and the
+ratio-of-means intervals of :mod:`.ratio_intervals` (:data:`RATIO_CI_METHODS`), among them
+``balanced_el``, the protocol's default, chosen by coverage over every ``anistat calibrate``
+scenario (``benchmarks/README.md``); ``hedges_g`` always uses BCa.
 ``log2_energy_ratio`` is the log2 of the ratio interval; ``z`` and ``anisotropy_capture``
 are monotone maps of the fraction interval with the control distribution / oracle held
 fixed, and the capture interval is clipped to the metric's range ``[−(k/d)/(E*−k/d), 1]``
