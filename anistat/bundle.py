@@ -551,9 +551,9 @@ def concentration_warnings(results: pd.DataFrame) -> list[str]:
         below = flagged[0][2][f"{aspect}_below"]
         out.append(
             f"{len(flagged)} unit(s) have their energy concentrated in few resampling units, where `anistat "
-            f"calibrate` measured the {what} outside {band} (n_eff below {below:g}): {shown}{more} — read their "
+            f"calibrate` found the {what} outside {band} (n_eff below {below:g}): {shown}{more} — read their "
             + ("intervals" if aspect == "coverage" else "data tests (hedges_g p-values)")
-            + " as approximate, or measure more documents"
+            + " as approximate, or add documents"
         )
     return out
 
