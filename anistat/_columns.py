@@ -40,6 +40,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "n_controls",
     "n_sequences",
     "n_clusters",
+    "n_eff",
     "n_tokens",
     "status",
     "note",

@@ -517,6 +517,50 @@ def few_resampling_units_warnings(results: pd.DataFrame) -> list[str]:
     ]
 
 
+def concentration_warnings(results: pd.DataFrame) -> list[str]:
+    """Run-level warnings naming the units whose energy is concentrated in so few documents that
+    their Kish ``n_eff`` (the ``n_eff`` column of their energy rows) lies below the level where
+    `anistat calibrate` measured their interval method's coverage under 0.93, or the data test's
+    level over 0.06 (:func:`anistat.stats.ratio_intervals.calibrated_concentration`), each quoting
+    the measured value at its level; [] when there is none. Units whose intervals are withheld
+    (fewer than :data:`MIN_RESAMPLING_UNITS` resampling units) are left to
+    :func:`few_resampling_units_warnings`."""
+    import pandas as pd
+
+    from .stats.energy import MIN_RESAMPLING_UNITS
+    from .stats.ratio_intervals import calibrated_concentration
+
+    needed = {"model", "checkpoint", "site", "metric", "n_clusters", "n_eff", "ci_method"}
+    if results.empty or not needed <= set(results.columns):
+        return []
+    rows = results[results["metric"] == "energy_ratio"]
+    rows = rows[pd.to_numeric(rows["n_clusters"], errors="coerce") >= MIN_RESAMPLING_UNITS]
+    n_eff = pd.to_numeric(rows["n_eff"], errors="coerce")
+    keys = [rows["model"], rows["checkpoint"], rows["site"]]
+    units = n_eff.groupby(keys, sort=False, dropna=False).min().dropna()
+    methods = rows["ci_method"].astype(str).replace({"studentized": "studentized_log"})
+    method_of = methods.groupby(keys, sort=False, dropna=False).first()
+    out = []
+    for aspect, what in (("coverage", "coverage of the 95 % energy-ratio interval"), ("data_test", "data-test level")):
+        flagged = [(key, value, calibrated_concentration(value, method_of[key])) for key, value in units.items()]
+        flagged = [(key, value, level) for key, value, level in flagged if level is not None and level[f"{aspect}_off"]]
+        if not flagged:
+            continue
+        shown = ", ".join(
+            f"{m} {c} {s} (n_eff {value:.1f}: {what} {level[aspect]:.3f})" for (m, c, s), value, level in flagged[:3]
+        )
+        more = f", … ({len(flagged)} units)" if len(flagged) > 3 else ""
+        band = "[0.93, 0.97]" if aspect == "coverage" else "[0.04, 0.06] at α = 0.05"
+        below = flagged[0][2][f"{aspect}_below"]
+        out.append(
+            f"{len(flagged)} unit(s) have their energy concentrated in few resampling units, where `anistat "
+            f"calibrate` found the {what} outside {band} (n_eff below {below:g}): {shown}{more} — read their "
+            + ("intervals" if aspect == "coverage" else "data tests (hedges_g p-values)")
+            + " as approximate, or add documents"
+        )
+    return out
+
+
 def unit_records(artifacts: Sequence[Any]) -> tuple[dict[str, Any], ...]:
     """Manifest records of measured units (anything with ``key.id``, ``status``, ``note``, ``seconds``)."""
     return tuple(

@@ -299,10 +299,10 @@ def calibrate(
     ),
     seed: int = typer.Option(0, min=0, help="Seed of the simulation."),
     scenario: list[str] = typer.Option(
-        ["isotropic", "anisotropic", "clustered", "skewed", "hot"],
+        ["isotropic", "anisotropic", "clustered", "skewed", "heavy", "hot"],
         "--scenario",
         help="Scenarios (repeatable): isotropic, anisotropic, clustered, skewed "
-        "(document energies lognormal, σ = 1.5), hot (10 % documents with 5× "
+        "(document energies lognormal, σ = 1.5), heavy (σ = 2.5), hot (10 % documents with 5× "
         "energy, concentrated in the proxy's span).",
     ),
     n_documents: int = typer.Option(60, min=3, max=100_000, help="Documents per simulated study (the goals)."),
@@ -315,7 +315,10 @@ def calibrate(
         max=1_000_000,
         help="Simulated many-unit studies for Holm's FWER and BH's FDR with shared draws (0: skip).",
     ),
-    ci_method: str = typer.Option("studentized", help="CI method: studentized, bca or percentile."),
+    ci_method: str = typer.Option(
+        "balanced_el",
+        help="CI method: studentized, bca, percentile, bca_log, variance_stabilised, el, adjusted_el or balanced_el.",
+    ),
     jobs: int = typer.Option(1, min=1, max=256, help="Worker processes (results do not depend on it)."),
 ) -> None:
     """Simulation study of the statistics engine under realistic nulls: type-I error of the exact
@@ -329,8 +332,10 @@ def calibrate(
     unknown = [s for s in scenario if s not in SCENARIOS]
     if unknown:
         raise AnistatInputError(f"--scenario must be among {', '.join(SCENARIOS)}, got '{unknown[0]}'")
-    if ci_method not in ("studentized", "bca", "percentile"):
-        raise AnistatInputError(f"--ci-method must be studentized, bca or percentile, got '{ci_method}'")
+    from .stats.energy import CI_METHODS
+
+    if ci_method not in CI_METHODS:
+        raise AnistatInputError(f"--ci-method must be one of {', '.join(CI_METHODS)}, got '{ci_method}'")
     if any(n < 3 for n in coverage_documents):
         raise AnistatInputError("--coverage-documents must be at least 3")
     check_destination(out)  # before the simulation: a folder that cannot be replaced is said at once
@@ -371,7 +376,10 @@ def _echo_calibration_summary(
     """The calibration's summary lines: the uninformative proxy's rejection rates at the goal
     study size, the mean energy-ratio coverage per study size and scenario, each goal's verdict,
     and the family-wise error rates with shared draws."""
+    import numpy as np
+
     from .stats.calibrate import describe_goal
+    from .stats.ratio_intervals import RATIO_INTERVAL_METHODS
 
     for row in result.conditions:
         if row["condition"] == "random" and row["documents"] == n_documents:
@@ -383,14 +391,18 @@ def _echo_calibration_summary(
                 f"(20) {row['rejection_paper_normal_20']:.4f} ± {1.96 * row['rejection_paper_normal_20_se']:.4f}"
                 " (not exact)"
             )
-    for size in coverage_documents:
+    for size in dict.fromkeys([n_documents, *coverage_documents]):
         rows = [r for r in result.conditions if r["documents"] == size]
         for name in scenario:
             mean = float(
                 sum(r["coverage_ratio_normal_document"] for r in rows if r["scenario"] == name)
                 / max(1, sum(r["scenario"] == name for r in rows))
             )
-            _echo(f"{name}, {size} documents: mean coverage of the energy ratio (normal) {mean:.4f}")
+            methods = ", ".join(
+                f"{method} {np.mean([r[f'coverage_method_{method}'] for r in rows if r['scenario'] == name]):.3f}"
+                for method in RATIO_INTERVAL_METHODS
+            )
+            _echo(f"{name}, {size} documents: mean coverage of the energy ratio (normal) {mean:.4f}; haar: {methods}")
     for name, check in result.checks.items():
         _echo(describe_goal(name, check))
     if family is not None:

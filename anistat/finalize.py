@@ -42,6 +42,7 @@ def finalize_bundle(
     from .bundle import (
         RunFacts,
         check_destination,
+        concentration_warnings,
         few_resampling_units_warnings,
         publish_bundle,
         unit_records,
@@ -68,7 +69,11 @@ def finalize_bundle(
         corpus=corpus or {"name": "external", "sha256": None, "documents": None},
         models=models or {},
         units=unit_records(artifacts),
-        warnings=(*results.attrs.get("warnings", []), *few_resampling_units_warnings(results)),
+        warnings=(
+            *results.attrs.get("warnings", []),
+            *few_resampling_units_warnings(results),
+            *concentration_warnings(results),
+        ),
         null_settings=dict(results.attrs.get("null_settings", {})),
     )
     return publish_bundle(Path(out), protocol, results, frequency, claims, list(concept_cards or []), facts)

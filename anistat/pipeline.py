@@ -23,6 +23,7 @@ from .bundle import (
     RunFacts,
     RunResult,
     check_destination,
+    concentration_warnings,
     few_resampling_units_warnings,
     publish_bundle,
     unit_records,
@@ -636,7 +637,7 @@ def _collect_analyse_publish(
         if user_error is None:
             raise
         raise user_error from error
-    few_units = few_resampling_units_warnings(results)
+    few_units = [*few_resampling_units_warnings(results), *concentration_warnings(results)]
     for warning in [*results.attrs.get("warnings", []), *few_units]:
         log(f"warning: {warning}")
     claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)

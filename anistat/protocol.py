@@ -399,11 +399,15 @@ class StatsSpec(StrictModel):
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
     n_bootstrap: int = Field(1000, ge=10, le=1_000_000)
     ci_level: float = Field(0.95, gt=0.5, lt=1.0)
-    ci_method: Literal["percentile", "bca", "studentized"] = Field(
-        "studentized",
-        description="Bootstrap CI over the resampling units (documents, else sequences): studentized (bootstrap-t; "
-        "0.937-0.940 at 60 documents in `anistat calibrate`, 0.945 at 100 sequences), bca (0.93 at 100 sequences, "
-        "0.94 at 400), or percentile. The "
+    ci_method: Literal[
+        "percentile", "bca", "studentized", "bca_log", "variance_stabilised", "el", "adjusted_el", "balanced_el"
+    ] = Field(
+        "balanced_el",
+        description="The energy estimands' CI over the resampling units (documents, else sequences): balanced_el "
+        "(balanced augmented empirical likelihood of a ratio of means, Emerson & Owen 2009; 95 % coverage "
+        "0.927-0.955 at 60 documents over `anistat calibrate`'s scenarios but the heaviest), studentized (log-scale "
+        "bootstrap-t, the data test's own pivot; 0.875-0.974), bca, percentile, or bca_log, variance_stabilised, "
+        "el, adjusted_el (side by side in benchmarks/README.md). The "
         "frequency/centroid-distance correlations use the normal interval (estimate +- z bootstrap SEs) unless "
         "this is percentile (benchmarks/README.md: normal covers 0.94 at 100 sequences and 0.95 at 300).",
     )

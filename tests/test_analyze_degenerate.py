@@ -273,6 +273,7 @@ def _produced_codes() -> dict[str, set[str]]:
     empty = analyze_energy(np.zeros(12), t, t / 4, rank=2, dim=8, null_fractions=np.full(9, 0.25), seed=1)
     three = analyze_energy(t[:3] / 2, t[:3], t[:3] / 4, rank=2, dim=8, null_fractions=[0.2], min_resampling_units=2)
     replicates = np.r_[rng.normal(1.0, 0.1, 40), np.nan]
+    dominant = np.r_[100.0, np.ones(11)]  # Kish n_eff ≈ 1.2: the EL statistic cannot reach its χ² quantile
     return {
         "2 documents": _codes(analyze_units([_artifact(s=6, n_documents=2)], _protocol([2]))),
         "one document": _codes(analyze_units([_artifact(n_documents=1)], _protocol([2]))),
@@ -290,6 +291,9 @@ def _produced_codes() -> dict[str, set[str]]:
         "3 resampling units": _codes(three["hedges_g"]),
         "a non-finite resample": _codes(stats.ci_from_replicates(1.0, replicates, method="percentile")),
         "no finite resample": _codes(stats.ci_from_replicates(1.0, np.full(5, np.nan), method="percentile")),
+        "one dominant document (balanced EL)": _codes(
+            stats.ratio_el_interval(dominant * np.r_[0.5, np.full(11, 0.1)], dominant, 0.95, "balanced")
+        ),
         "a zero-SE resample (bootstrap-t)": _codes(
             stats.ci_from_replicates(
                 1.0, replicates[:40], method="studentized", se=0.1, replicate_se=np.r_[np.full(39, 0.1), 0.0]
@@ -311,6 +315,7 @@ def test_each_fallback_code_is_produced_by_a_real_degenerate_input():
         "a non-finite resample": {fallbacks.RESAMPLES_DROPPED},
         "no finite resample": {fallbacks.NO_INTERVAL},
         "a zero-SE resample (bootstrap-t)": {fallbacks.RESAMPLES_DROPPED},
+        "one dominant document (balanced EL)": {fallbacks.CI_UNBOUNDED},
     }
     for case, codes in expected.items():
         assert codes <= produced[case], (case, produced[case])

@@ -14,7 +14,7 @@ from statsmodels.stats.meta_analysis import combine_effects
 from anistat.claims import pool_rows
 from anistat.protocol import ClaimSpec
 from anistat.stats import analyze_energy, expected_control_energy
-from anistat.stats.interval_se import interval_implied_se
+from anistat.stats.interval_se import interval_implied_se, interval_log_scale
 
 Z95 = float(sps.norm.ppf(0.975))
 
@@ -179,7 +179,7 @@ def test_real_run_rows_se_within_2x_of_their_interval(tmp_path):
         & (results["metric"] != "anisotropy_capture")
     ]  # capture's interval is clipped
     assert len(rows) > 0
-    log = rows["metric"].isin(["energy_ratio", "energy_fraction"]) & (rows["ci_method"] == "studentized")
+    log = rows["metric"].isin(["energy_ratio", "energy_fraction"]) & rows["ci_method"].map(interval_log_scale)
     est, low, high = (rows[c].astype(float).to_numpy() for c in ("estimate", "ci_low", "ci_high"))
     se = rows["se"].astype(float).to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):

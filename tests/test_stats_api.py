@@ -83,6 +83,9 @@ TYPOS = {
     "random_effects_meta(method)": (lambda: stats.random_effects_meta([1, 2], [1, 1], method="REML"), "method"),
     "random_effects_meta(interval)": (lambda: stats.random_effects_meta([1, 2], [1, 1], interval="HKSJ"), "interval"),
     "run_calibration(ci_method)": (lambda: stats.run_calibration(1, ci_method="normal"), "ci_method"),
+    "ratio_interval(method)": (lambda: stats.ratio_interval(P, E, "bca", W), "method"),
+    "ratio_el_interval(adjustment)": (lambda: stats.ratio_el_interval(P, E, adjustment="bartlett"), "adjustment"),
+    "ratio_el_statistic(adjustment)": (lambda: stats.ratio_el_statistic(P, E, 1.0, "AEL"), "adjustment"),
 }
 
 
@@ -102,7 +105,8 @@ def test_check_choice_returns_the_value_and_names_every_choice():
 def test_the_allowed_values_are_the_modules_constants():
     assert stats.sequence_bootstrap_columns.__module__ == "anistat.stats.bootstrap"
     assert set(bootstrap.COLUMN_METHODS) == set(bootstrap.METHODS) - {"studentized"}
-    assert set(energy.CI_METHODS) <= set(bootstrap.METHODS)
+    assert set(energy.CI_METHODS) <= set(bootstrap.METHODS) | set(energy.RATIO_CI_METHODS)
+    assert set(energy.RATIO_CI_METHODS) < set(stats.RATIO_INTERVAL_METHODS)
     assert energy.CLOSED_FORM_KINDS == ("haar", "normal")
     assert meta.SMALL_SAMPLE_CORRECTIONS == ("CR2", "CR0")
     assert multiplicity.METHODS == ("holm", "fdr_bh", "bonferroni")

@@ -76,7 +76,7 @@ def test_calibration_validates():
     with pytest.raises(ValueError):
         run_calibration(n_simulations=5, planted_ratios=(9.0,))
     with pytest.raises(ValueError):
-        run_calibration(n_simulations=5, scenarios=("heavy",))
+        run_calibration(n_simulations=5, scenarios=("pareto",))
     with pytest.raises(ValueError):
         run_calibration(n_simulations=5, ci_method="basic")
 
@@ -172,3 +172,59 @@ def test_hot_documents_mixture_keeps_the_population_ratio_at_one():
         n_null=59,
     ).conditions
     assert [row["condition"] for row in rows] == ["random", "1.0"]
+
+
+def test_heavy_scenario_is_skewed_with_a_heavier_tail_and_the_methods_sit_side_by_side():
+    """`heavy` is `skewed` with its own document log-SD (equal settings: the same studies); every
+    study carries each ratio-interval method's coverage, the analysis' interval among them
+    (`balanced_el`, the default, is the haar document interval, study for study), and its Kish n_eff."""
+    from anistat.stats import calibrate
+    from anistat.stats.calibrate import concentration_rows
+    from anistat.stats.ratio_intervals import RATIO_INTERVAL_METHODS
+
+    kwargs = dict(
+        n_simulations=6, seed=3, planted_ratios=(1.0,), n_documents=12, n_bootstrap=60, n_test_resamples=59, n_null=59
+    )
+    skewed = run_calibration(scenarios=("skewed",), skewed_document_sd=1.25, keep_simulations=True, **kwargs)
+    heavy = run_calibration(scenarios=("heavy",), keep_simulations=True, **kwargs)
+    strip = lambda rows: [{k: v for k, v in row.items() if k != "scenario"} for row in rows]  # noqa: E731
+    assert strip(heavy.conditions) == strip(skewed.conditions)
+    for condition in ("random", "1.0"):
+        sims = heavy.simulations[f"heavy/{condition}"]
+        np.testing.assert_array_equal(sims["cover_method_balanced_el"], sims["cover_ratio_haar_document"])
+        assert ((sims["n_eff"] >= 1) & (sims["n_eff"] <= 12)).all()
+    row = heavy.conditions[0]
+    assert all(0.0 <= row[f"coverage_method_{m}"] <= 1.0 for m in RATIO_INTERVAL_METHODS)
+    # every study falls in one n_eff level; the data test is counted at ratio 1 only
+    assert sum(r["studies"] for r in heavy.concentration) == 12
+    assert sum(r["data_test_studies"] for r in heavy.concentration) == 6
+    table = np.zeros((1, 2, 3, len(calibrate._COLS)))
+    table[..., calibrate._COLS.index("n_eff")] = [[1.5, 4.0, 4.5], [4.2, 200.0, 2.5]]
+    table[..., calibrate._COLS.index("p_data_document")] = [[1.0, 1.0, 1.0], [0.01, 0.5, 0.5]]
+    rows = {r["n_eff_low"]: r for r in concentration_rows([table], ("random", 1.0), 0.05)}
+    assert {low: r["studies"] for low, r in rows.items()} == {1.0: 1, 2.0: 1, 3.0: 3, 120.0: 1}
+    assert rows[3.0]["data_test_studies"] == 1 and rows[3.0]["rejection_data"] == 1.0
+
+
+def test_calibrate_reports_every_interval_method_and_the_n_eff_levels_end_to_end(tmp_path):
+    """`anistat calibrate --scenario heavy`: the terminal names each method's coverage per study
+    size and scenario, calibration.json carries the n_eff levels (every study in one), and the page
+    shows both tables."""
+    import subprocess
+    import sys
+
+    from anistat.stats.ratio_intervals import RATIO_INTERVAL_METHODS
+
+    done = subprocess.run(
+        [sys.executable, "-m", "anistat", "calibrate", "--out", str(tmp_path / "c"), "--n-simulations", "10",
+         "--scenario", "heavy", "--n-documents", "12", "--coverage-documents", "12", "--family-simulations", "0"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    line = next(row for row in done.stdout.splitlines() if row.startswith("heavy, 12 documents:"))
+    assert all(f"{method} " in line for method in RATIO_INTERVAL_METHODS), line
+    payload = json.loads((tmp_path / "c" / "calibration.json").read_text())
+    assert sum(row["studies"] for row in payload["concentration"]) == 10 * 4  # random + three planted ratios
+    assert payload["settings"]["ci_method"] == "balanced_el" and payload["settings"]["heavy_document_sd"] == 1.25
+    page = (tmp_path / "c" / "calibration.html").read_text(encoding="utf-8")
+    assert "coverage_method_balanced_el" in page and "by effective number of documents" in page

@@ -43,8 +43,10 @@ from ..stats import (
     ControlMoments,
     ExactTestResult,
     analyze_energy,
+    cluster_sums,
     control_energy_moments,
     expected_control_energy,
+    kish_effective_size,
     monte_carlo_pvalue,
 )
 from ..stats.fallbacks import NO_EXACT_TEST, SEQUENCES_RESAMPLED, ZERO_CONTROL_SD, join_fallbacks
@@ -239,6 +241,18 @@ def failed_rows(artifact: UnitArtifact, protocol: Protocol) -> list[dict]:
     ]
 
 
+def effective_resampling_units(artifact: UnitArtifact, documents) -> float:
+    """Kish's effective number of resampling units ``(Σ T_u)²/Σ T_u²`` of the per-unit total
+    energies ``T_u`` (documents when ``documents`` is given, else sequences).
+
+    The weights are the total energies because every energy estimate is a ratio of sums, an
+    energy-weighted mean of the units' own ratios (``Σp/Σt = Σ_u (t_u/Σt)·(p_u/t_u)``; the haar
+    reference is ``k/d·t``): a unit's share of the total energy is its weight in every interval of
+    the row group, so ``n_eff`` is how many equally weighted units the intervals rest on."""
+    sums, _ = cluster_sums(artifact.total_energy.sum(axis=1)[:, None], documents)
+    return kish_effective_size(sums[:, 0])
+
+
 def rows_of_unit(unit: PreparedUnit, nulls: ExactNulls, protocol: Protocol, settings) -> tuple[list[dict], list[str]]:
     """All rows of one unit (and its warnings): the oracle, then per (proxy, rank) and control kind
     the energy rows of `analyze_energy` and the ΔIsoScore* row, then the descriptive metrics."""
@@ -247,6 +261,7 @@ def rows_of_unit(unit: PreparedUnit, nulls: ExactNulls, protocol: Protocol, sett
     documents, warning = resampling_documents(artifact, protocol)
     notes = [warning] if warning else []
     resampled = SEQUENCES_RESAMPLED if warning else ""  # documents asked for, sequences resampled
+    n_eff = effective_resampling_units(artifact, documents)
     rows = [
         {
             **base,
@@ -288,7 +303,9 @@ def rows_of_unit(unit: PreparedUnit, nulls: ExactNulls, protocol: Protocol, sett
                         f"risk-bounded decision: {test.risk_draws} Haar "
                         f"draws, ideal p in [{test.p_low:.4g}, {test.p_high:.4g}]",
                     )
-                rows.append({**group, **record, "fallback": join_fallbacks(resampled, record["fallback"])})
+                rows.append(
+                    {**group, **record, "fallback": join_fallbacks(resampled, record["fallback"]), "n_eff": n_eff}
+                )
             rows.append(
                 {
                     **group,

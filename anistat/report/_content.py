@@ -909,26 +909,41 @@ def _p_value_segments(run: RunDescription, df: pd.DataFrame, tests: list[str]) -
     return seg
 
 
+#: How the methods text names each interval method of the energy estimands.
+RATIO_METHOD_SENTENCES = {
+    "studentized": "studentized: bootstrap-t on the log scale with the delta-method SE of a ratio of sums, tails "
+    "expanded for the number of resampling units",
+    "balanced_el": "balanced augmented empirical likelihood (Emerson & Owen 2009) of the ratio of means",
+    "adjusted_el": "adjusted empirical likelihood (Chen, Variyath & Abraham 2008) of the ratio of means",
+    "el": "empirical likelihood of the ratio of means",
+    "bca_log": "BCa on the log scale, tails expanded for the number of resampling units",
+    "variance_stabilised": "variance-stabilised bootstrap-t (Tibshirani 1988), tails expanded for the number of "
+    "resampling units",
+}
+
+
 def _interval_segments(run: RunDescription, df: pd.DataFrame) -> list[Segment]:
     """The sentences on the data test and the confidence intervals: method, resamples, estimand
     and the interval methods found in the results."""
     seg: list[Segment] = []
     n_resamples = max(run.n_test_resamples_used or run.n_test_resamples, run.n_bootstrap)
+    dual = run.ci_method == "studentized"
     seg.append(
         "The data are tested (hedges_g rows) by a studentized bootstrap test that the proxy's population "
-        "energy ratio is 1, conditional on the proxy: the pivot of the energy ratio's interval "
-        f"(log scale, {n_resamples} resamples, tails expanded for the number of resampling units; "
-        f"alternative: {run.alternative}), so test and interval agree. "
+        "energy ratio is 1, conditional on the proxy: "
+        + ("the pivot of the energy ratio's interval (log scale, " if dual else "the log-scale bootstrap-t pivot (")
+        + f"{n_resamples} resamples, tails expanded for the number of resampling units; "
+        f"alternative: {run.alternative})" + (", so test and interval agree. " if dual else ". ")
     )
-    method = (
-        "studentized: bootstrap-t on the log scale with the delta-method SE of a ratio of sums, tails "
-        "expanded for the number of resampling units"
-        if run.ci_method == "studentized"
-        else run.ci_method
-    )
+    method = RATIO_METHOD_SENTENCES.get(run.ci_method, run.ci_method)
     seg.append(
-        f"Confidence intervals ({run.ci_level * 100:g} %, {method}; {n_resamples} "
-        "bootstrap resamples of the resampling units, the data test's) describe effect sizes over data sampling "
+        f"Confidence intervals ({run.ci_level * 100:g} %, {method}"
+        + (
+            " over the resampling units, without resampling"
+            if run.ci_method in ("el", "adjusted_el", "balanced_el")
+            else f"; {n_resamples} bootstrap resamples of the resampling units, the data test's"
+        )
+        + ") describe effect sizes over data sampling "
         "for the fixed proxy: the energy ratio's interval covers the proxy's expected energy over "
         "the expected control energy; it is not a test against random subspaces (a fixed random "
         "subspace has a true ratio different from 1), which is what p_value is for. The note "

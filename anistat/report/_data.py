@@ -39,6 +39,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "effect_size",
     "n_controls",
     "n_sequences",
+    "n_eff",
     "n_tokens",
     "status",
     "note",
@@ -58,6 +59,7 @@ NUMERIC_COLUMNS: tuple[str, ...] = (
     "effect_size",
     "n_controls",
     "n_sequences",
+    "n_eff",
     "n_tokens",
 )
 STRING_COLUMNS: tuple[str, ...] = tuple(c for c in RESULT_COLUMNS if c not in NUMERIC_COLUMNS)
@@ -307,6 +309,11 @@ CI_METHOD_TEXT: dict[str, str] = {
     "percentile": "percentile bootstrap",
     "basic": "basic bootstrap",
     "normal": "normal bootstrap (estimate \u00b1 z \u00d7 bootstrap SE)",
+    "bca_log": "BCa bootstrap on the log scale",
+    "variance_stabilised": "variance-stabilised bootstrap-t",
+    "el": "empirical likelihood",
+    "adjusted_el": "adjusted empirical likelihood",
+    "balanced_el": "balanced augmented empirical likelihood",
 }
 
 

@@ -10,6 +10,9 @@ Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights 
   (:func:`sequence_bootstrap_columns` for several statistics from one resample).
 * :func:`adjust_pvalues`, :func:`adjust_in_families`, :func:`min_controls_needed`,
   :func:`resolution_warning`.
+* :func:`ratio_interval` (bootstrap-t, BCa and variance-stabilised on the log scale; plain,
+  adjusted and balanced augmented empirical likelihood) for a ratio of means under skew, and
+  :func:`kish_effective_size`, how concentrated the units' energies are.
 * :func:`random_effects_meta`, :func:`trend_test`.
 * :func:`run_calibration`, :func:`write_calibration_report`; :func:`p_value_uniformity` (a run's
   own null check, on the p-values' own grid).
@@ -63,6 +66,16 @@ from .meta import MetaResult, TrendResult, random_effects_meta, trend_test
 from .montecarlo import SequentialMonteCarlo, min_attainable_pvalue, monte_carlo_pvalue, sequential_monte_carlo_pvalue
 from .multiplicity import adjust_in_families, adjust_pvalues, min_controls_needed, resolution_warning
 from .permutation import PermutationResult, sign_flip_null, sign_flip_pvalues, sign_flip_test
+from .ratio_intervals import (
+    RATIO_INTERVAL_METHODS,
+    RatioInterval,
+    calibrated_concentration,
+    empirical_likelihood_statistic,
+    kish_effective_size,
+    ratio_el_interval,
+    ratio_el_statistic,
+    ratio_interval,
+)
 from .uniformity import UniformityCheck, p_value_grid, p_value_uniformity
 
 __all__ = [
@@ -125,4 +138,12 @@ __all__ = [
     "trend_test",
     "write_calibration_report",
     "z_score",
+    "RATIO_INTERVAL_METHODS",
+    "RatioInterval",
+    "calibrated_concentration",
+    "empirical_likelihood_statistic",
+    "kish_effective_size",
+    "ratio_el_interval",
+    "ratio_el_statistic",
+    "ratio_interval",
 ]

@@ -20,10 +20,22 @@ Synthetic per-token gradients (numpy), in three scenarios:
   scale ``c_doc`` is lognormal with log-SD ``skewed_document_sd`` (default
   :data:`SKEWED_DOCUMENT_SD` = 0.75, so its energy ``c_doc²`` is lognormal with σ = 1.5) instead
   of ``scale_sd``: a few documents carry most of the energy. Measured at 60 documents (200
-  studies per condition, benchmarks/README.md): 95 % coverage of the energy-ratio interval 0.917
-  and the data test's level 0.06 (an independent audit of this law: 0.926 and 0.061); with
-  gradient log-SD 1.5 (energy σ = 3) 0.83 and 0.11 — the default interval does not hold its
-  level under such skew.
+  studies per condition, benchmarks/README.md): 95 % coverage of the studentized energy-ratio
+  interval 0.917 and the data test's level 0.06 (an independent audit of this law: 0.926 and
+  0.061); with gradient log-SD 1.5 (energy σ = 3) 0.83 and 0.11. The interval methods side by
+  side under this and the other laws: ``benchmarks/bench_ratio_intervals.py``.
+* ``heavy``       — ``skewed`` with document gradient log-SD :data:`HEAVY_DOCUMENT_SD` = 1.25
+  (energy lognormal with σ = 2.5): ``E[c⁴]/E[c²]² = e^{σ²} ≈ 518`` against ≈ 9.5 at σ = 1.5, so
+  even at 200 documents one or two documents usually hold most of the energy (Kish's effective
+  number of documents is typically below 10). The same family as ``skewed`` with only the tail
+  weight changed: the stress case where no interval of a ratio of means can hold its level and
+  the per-row concentration diagnostic must say so.
+
+Beside the analysis' own interval every study also computes the energy ratio's (haar, document
+unit) interval by each of :data:`anistat.stats.ratio_intervals.RATIO_INTERVAL_METHODS` on the same
+per-document sums and resamples (columns ``cover_method_<name>``), and Kish's effective number of
+documents ``n_eff = (Σ T_u)²/Σ T_u²`` of the per-document total energies ``T_u``; coverage and the
+data test's level by ``n_eff`` level are :func:`concentration_rows`.
 
 Tokens: ``g_i = c_doc c_seq L (√ρ_d B_docᵀ f_i + √ρ_s B_seqᵀ f'_i + √(1 − ρ_d − ρ_s) e_i)``
 with ``LLᵀ = Σ``, ``B`` rows i.i.d. ``N(0, 1/m)`` (so ``E BᵀB = I`` and the population second
@@ -69,20 +81,27 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ._validation import check_choice
+from .bootstrap import bootstrap_weights
 from .energy import CI_METHODS, analyze_energy, cluster_sums, expected_control_energy
 from .montecarlo import monte_carlo_pvalue, sequential_monte_carlo_pvalue
 from .permutation import sign_flip_test
+from .ratio_intervals import BOOTSTRAP_RATIO_METHODS, RATIO_INTERVAL_METHODS, kish_effective_size, ratio_interval
 
 GOALS = {"type1": (0.04, 0.06), "coverage": (0.94, 0.96)}
-SCENARIOS = ("isotropic", "anisotropic", "clustered", "skewed", "hot")
+SCENARIOS = ("isotropic", "anisotropic", "clustered", "skewed", "heavy", "hot")
 #: Scenarios whose sequences are cut from shared documents.
-DOCUMENT_SCENARIOS = ("clustered", "skewed", "hot")
+DOCUMENT_SCENARIOS = ("clustered", "skewed", "heavy", "hot")
 #: ``hot``: the share of hot documents, their energy multiple, and the factors by which hot and
 #: other documents scale the energy in the tilted subspace (at a planted ratio of 1 and k/d = 1/8:
 #: shares 0.30 and 0.028, energy-weighted mixture exactly k/d).
 HOT_SHARE, HOT_ENERGY, HOT_TILT, COLD_TILT = 0.1, 5.0, 3.0, 0.2
 #: Log-scale SD of the per-document gradient scale in the ``skewed`` scenario (energy: twice this).
 SKEWED_DOCUMENT_SD = 0.75
+#: Log-scale SD of the per-document gradient scale in the ``heavy`` scenario (energy σ = 2.5).
+HEAVY_DOCUMENT_SD = 1.25
+#: Kish effective-document levels (lower edges) by which coverage and the data test's level are
+#: reported (:func:`concentration_rows`).
+N_EFF_EDGES = (1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 80.0, 120.0)
 #: Scenario-independent condition names besides planted ratios.
 RANDOM_PROXY = "random"
 
@@ -105,6 +124,9 @@ class CalibrationResult:
     simulations : dict
         ``"scenario/condition"`` -> the per-simulation columns, with ``keep_simulations``; else
         empty.
+    concentration : tuple of dict
+        Coverage of every ratio-interval method and the data test's level by Kish ``n_eff``
+        level, pooled over scenarios, conditions and study sizes (:func:`concentration_rows`).
 
     Examples
     --------
@@ -120,6 +142,7 @@ class CalibrationResult:
     checks: dict
     elapsed_s: float
     simulations: dict = field(default_factory=dict, repr=False)
+    concentration: tuple = ()
 
     def to_frame(self):
         import pandas as pd
@@ -224,6 +247,7 @@ def _simulate_one(rng, scenario, condition, cfg):
             out[f"cover_fraction_{unit}"] = out["cover_fraction_document"]
             out[f"p_sign_flip_{unit}"] = out["p_sign_flip_document"]
             out[f"p_data_{unit}"] = out["p_data_document"]
+    out.update(_interval_methods(p_seq, t_seq, doc_of_seq if clustered else None, truth["haar"], k, d, common))
     out["p_paper_normal_20"] = monte_carlo_pvalue(observed, normal[:20])
     out["p_paper_normal_99"] = monte_carlo_pvalue(observed, normal)
     out["p_paper_haar_20"] = monte_carlo_pvalue(observed, null[:20])
@@ -259,7 +283,10 @@ def _simulated_study(rng, scenario, condition, cfg):
     z *= (np.arange(tmax)[None, :] < length[:, None])[:, :, None]
     scale = np.exp(cfg["scale_sd"] * rng.standard_normal(s))
     if clustered:
-        document_sd = cfg.get("skewed_document_sd", SKEWED_DOCUMENT_SD) if scenario == "skewed" else cfg["scale_sd"]
+        document_sd = {
+            "skewed": cfg.get("skewed_document_sd", SKEWED_DOCUMENT_SD),
+            "heavy": cfg.get("heavy_document_sd", HEAVY_DOCUMENT_SD),
+        }.get(scenario, cfg["scale_sd"])
         scale *= np.exp(document_sd * rng.standard_normal(n_docs))[doc_of_seq]
     if scenario == "hot":
         tilted = _haar(rng, (), d, k) if condition == RANDOM_PROXY else u
@@ -277,6 +304,28 @@ def _simulated_study(rng, scenario, condition, cfg):
     t_seq = (g * g).sum(axis=1).reshape(s, tmax).sum(axis=1)
     second = g.T @ g
     return p_seq, t_seq, second, sigma, u, doc_of_seq, clustered
+
+
+def _interval_methods(p_seq, t_seq, groups, truth, k, d, common) -> dict:
+    """Coverage of the haar energy ratio ``truth`` by every ratio-interval method on the study's
+    resampling units (the analysis' resamples, tails expanded as it does), and the units' Kish
+    ``n_eff`` of their total energies."""
+    sums, n_units = cluster_sums(np.stack([p_seq, k / d * t_seq, t_seq], axis=1), groups)
+    weights = bootstrap_weights(n_units, max(common["n_bootstrap"], common["n_test_resamples"]), common["seed"])
+    out = {"n_eff": kish_effective_size(sums[:, 2])}
+    for method in RATIO_INTERVAL_METHODS:
+        bootstrap = method in BOOTSTRAP_RATIO_METHODS
+        interval = ratio_interval(
+            sums[:, 0],
+            sums[:, 1],
+            method,
+            weights if bootstrap else None,
+            common["ci_level"],
+            expand_units=n_units if bootstrap else None,
+        )
+        low, high = interval.ci_low, min(interval.ci_high, d / k)  # the haar ratio's range [0, d/k]
+        out[f"cover_method_{method}"] = float(low <= truth <= high)
+    return out
 
 
 def _tilted(sigma, subspace, factor):
@@ -312,6 +361,8 @@ _COLS = (
     "cover_fraction_sequence",
     "cover_ratio_haar_sequence",
     "cover_ratio_normal_sequence",
+    *(f"cover_method_{method}" for method in RATIO_INTERVAL_METHODS),
+    "n_eff",
 )
 
 
@@ -404,13 +455,14 @@ def run_calibration(
     topic_rank: int = 2,
     scale_sd: float = 0.25,
     skewed_document_sd: float = SKEWED_DOCUMENT_SD,
+    heavy_document_sd: float = HEAVY_DOCUMENT_SD,
     n_null: int = 999,
     stop_after: int = 10,
     n_bootstrap: int = 1000,
     n_test_resamples: int = 999,
     alpha: float = 0.05,
     ci_level: float = 0.95,
-    ci_method: str = "studentized",
+    ci_method: str = "balanced_el",
     n_jobs: int = 1,
     keep_simulations: bool = False,
     n_permutations: int | None = None,
@@ -423,7 +475,7 @@ def run_calibration(
         Simulated studies per (scenario, condition), at least 1.
     seed : int, default 0
         Seed of the whole study.
-    scenarios : sequence of {"isotropic", "anisotropic", "clustered", "skewed", "hot"}
+    scenarios : sequence of {"isotropic", "anisotropic", "clustered", "skewed", "heavy", "hot"}
         The scenarios run (default: all of :data:`SCENARIOS`).
     planted_ratios : sequence of float, default (1.0, 1.5, 2.0)
         The planted population ratios ``ρ``, each in ``(0, dim/rank)``; the ``random`` condition
@@ -451,6 +503,8 @@ def run_calibration(
         gradient scale.
     skewed_document_sd : float, default SKEWED_DOCUMENT_SD
         Log-scale SD of the per-document gradient scale in the ``skewed`` scenario.
+    heavy_document_sd : float, default HEAVY_DOCUMENT_SD
+        Log-scale SD of the per-document gradient scale in the ``heavy`` scenario.
     n_null : int, default 999
         Haar draws of the exact Monte-Carlo test.
     stop_after : int, default 10
@@ -463,8 +517,9 @@ def run_calibration(
         The level of the rejection rates.
     ci_level : float, default 0.95
         The intervals' nominal coverage.
-    ci_method : {"studentized", "bca", "percentile"}, default "studentized"
-        The interval method (one of the energy analysis' ``CI_METHODS``).
+    ci_method : str, default "balanced_el"
+        The analysis' interval method (one of the energy analysis' ``CI_METHODS``; the default is
+        the analysis' default).
     n_jobs : int, default 1
         Processes; ``n_jobs > 1`` spreads simulations over processes with identical results.
     keep_simulations : bool, default False
@@ -513,6 +568,7 @@ def run_calibration(
         topic_rank=int(topic_rank),
         scale_sd=float(scale_sd),
         skewed_document_sd=float(skewed_document_sd),
+        heavy_document_sd=float(heavy_document_sd),
         n_null=int(n_null),
         stop_after=int(stop_after),
         n_bootstrap=int(n_bootstrap),
@@ -524,18 +580,81 @@ def run_calibration(
     t0 = time.perf_counter()
     results = {size: _simulate_all({**cfg, "n_documents": size}, scenarios, n_jobs) for size in sizes}
     rows, checks = _summarise(results, cfg, scenarios)
-    sims = (
-        {
-            f"{scenario}/{condition}": dict(zip(_COLS, results[sizes[0]][si, ci].T))
-            for si, scenario in enumerate(scenarios)
-            for ci, condition in enumerate(_conditions(cfg))
-        }
-        if keep_simulations
-        else {}
-    )
+    sims = _kept_simulations(results[sizes[0]], scenarios, cfg) if keep_simulations else {}
+    concentration = tuple(concentration_rows(list(results.values()), _conditions(cfg), float(alpha)))
+    elapsed = float(time.perf_counter() - t0)
     return CalibrationResult(
-        settings=cfg, conditions=tuple(rows), checks=checks, elapsed_s=float(time.perf_counter() - t0), simulations=sims
+        settings=cfg,
+        conditions=tuple(rows),
+        checks=checks,
+        elapsed_s=elapsed,
+        simulations=sims,
+        concentration=concentration,
     )
+
+
+def _kept_simulations(table: np.ndarray, scenarios, cfg) -> dict:
+    """``"scenario/condition"`` -> the per-simulation columns of one study size."""
+    return {
+        f"{scenario}/{condition}": dict(zip(_COLS, table[si, ci].T))
+        for si, scenario in enumerate(scenarios)
+        for ci, condition in enumerate(_conditions(cfg))
+    }
+
+
+def concentration_rows(tables, conditions, alpha: float) -> list[dict]:
+    """Coverage and the data test's level by Kish's effective number of documents.
+
+    Every simulated study (of every scenario, condition and size in ``tables``) falls in the
+    ``n_eff`` level ``[N_EFF_EDGES[i], N_EFF_EDGES[i + 1])``; per level: the studies, each
+    ratio-interval method's coverage (``coverage_<method>``, ``_se`` its binomial SE) and, from
+    the studies at a planted ratio of 1 (the data test's null), its rejection rate at ``alpha``.
+
+    Parameters
+    ----------
+    tables : sequence of ndarray
+        ``(scenario, condition, simulation, column)`` arrays of :data:`_COLS` columns.
+    conditions : sequence
+        The conditions of the tables' second axis.
+    alpha : float
+        The data test's level.
+
+    Returns
+    -------
+    list of dict
+        One row per level with any study.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat.stats import calibrate
+    >>> table = np.zeros((1, 1, 4, len(calibrate._COLS)))
+    >>> table[..., calibrate._COLS.index("n_eff")] = [3.0, 5.5, 6.0, 50.0]
+    >>> [r["studies"] for r in calibrate.concentration_rows([table], (1.0,), 0.05)]
+    [1, 2, 1]
+    """
+    n_eff_at, p_at = _COLS.index("n_eff"), _COLS.index("p_data_document")
+    flat = np.concatenate([t.reshape(-1, len(_COLS)) for t in tables])
+    null = np.concatenate(
+        [np.broadcast_to(np.array([c == 1.0 for c in conditions])[None, :, None], t.shape[:3]).ravel() for t in tables]
+    )
+    edges = np.array([*N_EFF_EDGES, np.inf])
+    rows = []
+    for low, high in zip(edges[:-1], edges[1:], strict=True):
+        inside = (flat[:, n_eff_at] >= low) & (flat[:, n_eff_at] < high)
+        if not inside.any():
+            continue
+        row = {"n_eff_low": float(low), "n_eff_high": float(high), "studies": int(inside.sum())}
+        for method in RATIO_INTERVAL_METHODS:
+            values = flat[inside, _COLS.index(f"cover_method_{method}")]
+            row[f"coverage_{method}"], row[f"coverage_{method}_se"] = _rate(values)
+        tested = inside & null
+        row["data_test_studies"] = int(tested.sum())
+        row["rejection_data"], row["rejection_data_se"] = (
+            _rate(flat[tested, p_at] <= alpha) if tested.any() else (np.nan, np.nan)
+        )
+        rows.append(row)
+    return rows
 
 
 def _conditions(cfg) -> tuple:
@@ -581,6 +700,7 @@ def _summarise(results: dict, cfg, scenarios) -> tuple[list[dict], dict]:
                     row[f"rejection_{name[2:]}"], row[f"rejection_{name[2:]}_se"] = _rate(r[name] <= alpha)
                 for name in _COVER_COLUMNS:
                     row[f"coverage_{name[6:]}"], row[f"coverage_{name[6:]}_se"] = _rate(r[name])
+                row["n_eff_median"] = float(np.median(r["n_eff"]))
                 rows.append(row)
                 if size != main:
                     continue
@@ -768,7 +888,12 @@ def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
     ]
     by_size = (
         frame.groupby(["documents", "scenario"], sort=False)[
-            ["coverage_ratio_normal_document", "coverage_ratio_haar_document"]
+            [
+                "coverage_ratio_normal_document",
+                "coverage_ratio_haar_document",
+                *(f"coverage_method_{m}" for m in RATIO_INTERVAL_METHODS),
+                "n_eff_median",
+            ]
         ]
         .mean()
         .reset_index()
@@ -811,8 +936,12 @@ def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
         f"<img alt='type-I error and coverage' src='data:image/png;base64,"
         f"{base64.b64encode(png).decode('ascii')}' style='max-width:100%'>"
         + _table(main, cols)
-        + "<h2>Coverage by number of documents</h2>"
+        + "<h2>Coverage by number of documents</h2><p>The analysis' interval against the ratio to the "
+        "normal and the haar control, then every ratio-interval method on the same documents and resamples "
+        "(haar ratio, mean over conditions), and the median Kish n_eff.</p>"
         + _table(by_size, list(by_size.columns))
+        + "<h2>Coverage and the data test by effective number of documents</h2>"
+        + _table(pd.DataFrame(list(result.concentration)), list(pd.DataFrame(list(result.concentration)).columns))
         + family_html
         + f"<h2>Settings</h2><pre>{settings}</pre></body></html>"
     )

@@ -47,8 +47,10 @@ the closed-form references, ``P − k/(d−k)(T − P) = d/(d−k) · (P − k/d
 normal contributions are proportional, so both kinds give the same g and the same test.
 
 CI methods: ``studentized`` (bootstrap-t with the delta-method SE of a ratio of sums,
-:func:`.bootstrap.ratio_se`; holds its level from ~100 heterogeneous units, see
-``benchmarks/README.md``), ``bca`` or ``percentile``; ``hedges_g`` always uses BCa.
+:func:`.bootstrap.ratio_se`; this function's default), ``bca`` or ``percentile``, and the
+ratio-of-means intervals of :mod:`.ratio_intervals` (:data:`RATIO_CI_METHODS`), among them
+``balanced_el``, the protocol's default, chosen by coverage over every ``anistat calibrate``
+scenario (``benchmarks/README.md``); ``hedges_g`` always uses BCa.
 ``log2_energy_ratio`` is the log2 of the ratio interval; ``z`` and ``anisotropy_capture``
 are monotone maps of the fraction interval with the control distribution / oracle held
 fixed, and the capture interval is clipped to the metric's range ``[−(k/d)/(E*−k/d), 1]``
@@ -99,6 +101,7 @@ from .fallbacks import (
 )
 from .interval_se import interval_implied_se, interval_log_scale
 from .montecarlo import monte_carlo_pvalue
+from .ratio_intervals import RATIO_INTERVAL_METHODS, ratio_interval
 
 METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture")
 #: Names of the tests behind ``p_value`` (the ``p_test`` column of the results).
@@ -118,9 +121,12 @@ CLOSED_FORM_KINDS = ("haar", "normal")
 #: covers 0.275–0.355 of the time (``benchmarks/README.md``, "The fewest resampling units for an
 #: interval").
 MIN_RESAMPLING_UNITS = 10
-#: The interval methods `analyze_energy` offers for its ratio estimands (a subset of
-#: ``bootstrap.METHODS``: the ones measured for these ratios in ``anistat calibrate``).
-CI_METHODS = ("bca", "percentile", "studentized")
+#: The ratio-of-means intervals of :mod:`.ratio_intervals` offered besides them (``studentized`` is
+#: that module's ``studentized_log``).
+RATIO_CI_METHODS = tuple(m for m in RATIO_INTERVAL_METHODS if m != "studentized_log")
+#: The interval methods `analyze_energy` offers for its ratio estimands: ``bootstrap.METHODS``'s
+#: measured for these ratios in ``anistat calibrate``, and :data:`RATIO_CI_METHODS`.
+CI_METHODS = ("bca", "percentile", "studentized", *RATIO_CI_METHODS)
 #: What the energy ratio divides by: the controls' closed-form expected energy, or the drawn controls'.
 REFERENCES = ("expected", "drawn")
 
@@ -638,8 +644,10 @@ def analyze_energy(
         Bootstrap resamples of the intervals.
     ci_level : float, default 0.95
         Coverage of the intervals.
-    ci_method : {"bca", "percentile", "studentized"}, default "studentized"
-        The ratio estimands' interval method (:data:`CI_METHODS`).
+    ci_method : {"bca", "percentile", "studentized", "bca_log", "variance_stabilised", "el", "adjusted_el", \
+"balanced_el"}, default "studentized"
+        The ratio estimands' interval method (:data:`CI_METHODS`; the last five:
+        :func:`anistat.stats.ratio_interval`).
     n_test_resamples : int, optional
         Resamples for the data test (and, with ``n_bootstrap``, the CIs: both use the same
         ``max(n_bootstrap, n_test_resamples)`` resamples, so they agree).
@@ -869,6 +877,11 @@ def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[Boots
             estimate = numerator.sum() / denominator.sum()
             replicates = (weights @ numerator) / (weights @ denominator)
             jack = (jackknife @ numerator) / (jackknife @ denominator)
+        if ci_method in RATIO_CI_METHODS:
+            out.append(
+                _ratio_method_interval(numerator, denominator, estimate, replicates, weights, ci_level, ci_method)
+            )
+            continue
         extra: dict[str, Any] = {}
         if ci_method == "studentized":  # on the log scale, tails expanded for few units
             extra = dict(
@@ -879,6 +892,25 @@ def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[Boots
             )
         out.append(ci_from_replicates(estimate, replicates, jack, ci_level, ci_method, **extra))
     return out[0], out[1]
+
+
+def _ratio_method_interval(numerator, denominator, estimate, replicates, weights, ci_level, method) -> BootstrapResult:
+    """A :func:`ratio_interval` of ``Σ numerator/Σ denominator`` as a :class:`BootstrapResult` (the
+    replicates' SD and bias beside it), tails expanded for the number of units."""
+    interval = ratio_interval(numerator, denominator, method, weights, ci_level, expand_units=numerator.size)
+    finite = replicates[np.isfinite(replicates)]
+    return BootstrapResult(
+        estimate=float(estimate),
+        ci_low=float(interval.ci_low),
+        ci_high=float(interval.ci_high),
+        method=method,
+        note=interval.note,
+        se=float(finite.std(ddof=1)) if finite.size > 1 else np.nan,
+        n_resamples=int(replicates.size),
+        ci_level=ci_level,
+        bias=float(finite.mean() - estimate) if finite.size else np.nan,
+        fallback=interval.fallback,
+    )
 
 
 def _metric_rows(

@@ -14,6 +14,9 @@ CI_METHOD_FALLBACK = "ci_method_fallback"
 #: No interval: the estimate or every resample is non-finite, the replicates have no spread, or
 #: the resampling units are too few for this interval; ``ci_low``/``ci_high`` are NaN.
 NO_INTERVAL = "no_interval"
+#: An end of the interval is infinite: the method cannot bound it with these data (empirical
+#: likelihood with very few effective documents, whose statistic stays below the χ² quantile).
+CI_UNBOUNDED = "ci_unbounded"
 #: Some bootstrap resamples were non-finite (or, for bootstrap-t, had a zero or non-finite SE)
 #: and were left out of the interval.
 RESAMPLES_DROPPED = "resamples_dropped"
@@ -39,6 +42,7 @@ SEQUENCES_RESAMPLED = "sequences_resampled"
 FALLBACK_CODES: dict[str, str] = {
     CI_METHOD_FALLBACK: "the requested interval method was undefined; ci_method names the one used",
     NO_INTERVAL: "no interval could be computed (non-finite or spread-free resamples, or too few units)",
+    CI_UNBOUNDED: "an end of the interval is infinite: the method cannot bound it with these data",
     RESAMPLES_DROPPED: "some bootstrap resamples were non-finite (bootstrap-t: or had a zero SE) and left out",
     CI_CLIPPED: "the interval passed its parameter's range and was clipped to it",
     WITHHELD_FEW_UNITS: "too few resampling units: intervals, their SEs and the data test withheld",

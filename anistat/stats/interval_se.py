@@ -69,9 +69,15 @@ def interval_implied_se(
     return float((high - low) / (2.0 * z))
 
 
+#: The energy interval methods built for a positive ratio, whose SE is read on the log scale: the
+#: studentized (log-scale bootstrap-t) and the ratio-of-means intervals of :mod:`.ratio_intervals`.
+LOG_SCALE_METHODS = ("studentized", "bca_log", "variance_stabilised", "el", "adjusted_el", "balanced_el")
+
+
 def interval_log_scale(method: str) -> bool:
-    """Whether an energy interval of this ``method`` was built on the log scale: the
-    studentized ratio intervals are (``anistat.stats.energy``), BCa and percentile are not.
+    """Whether an energy interval of this ``method`` is read on the log scale: the studentized
+    ratio intervals (``anistat.stats.energy``) and the ratio-of-means intervals are, BCa and
+    percentile are not.
 
     Parameters
     ----------
@@ -81,6 +87,6 @@ def interval_log_scale(method: str) -> bool:
     Returns
     -------
     bool
-        ``method == "studentized"``.
+        ``method in LOG_SCALE_METHODS``.
     """
-    return method == "studentized"
+    return method in LOG_SCALE_METHODS

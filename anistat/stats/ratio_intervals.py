@@ -1,0 +1,585 @@
+"""Confidence intervals for a ratio of means ``θ = E[p] / E[e]`` over resampling units, for
+skewed, concentrated data (the energy ratio ``Σp/Σe`` with per-document sums ``p_u``, ``e_u``).
+
+Every method sees the per-unit numerator ``p_u`` and denominator ``e_u`` (``n`` units); the
+bootstrap ones also the multiplicities ``W (B, n)`` (:func:`anistat.stats.bootstrap_weights`).
+Two families:
+
+**Bootstrap** (tails expanded for ``n`` units, Hesterberg 2015, when ``expand_units`` is given):
+
+* ``studentized_log`` — bootstrap-t on the log scale with the delta-method SE of a ratio of sums
+  (:func:`anistat.stats.ratio_se`): ``t*_b = (ln θ*_b − ln θ̂)/(se*_b/θ*_b)``, interval
+  ``θ̂·exp(−q_{1−α/2}(t*)·se/θ̂), θ̂·exp(−q_{α/2}(t*)·se/θ̂)`` (Davison & Hinkley 1997, eq. 5.7);
+  the analysis' ``studentized`` interval.
+* ``bca_log`` — BCa (Efron 1987) of ``ln θ`` (replicates ``ln θ*_b``, jackknife ``ln θ_(i)``),
+  exponentiated. BCa's quantiles are invariant under a monotone map; the log scale changes
+  only the jackknife estimate of the acceleration.
+* ``variance_stabilised`` — Tibshirani's (1988) variance-stabilised bootstrap-t: fit the SE as a
+  smooth function of the statistic, ``se(θ) = c·θ^β`` (least squares of ``ln se*_b`` on
+  ``ln θ*_b``), take the stabilising map ``g(θ) = ∫ dθ/se(θ)`` (``θ^{1−β}/(c(1−β))``, or
+  ``ln θ / c`` at ``β = 1``), on which the SE is constant, and invert the bootstrap-t of
+  ``g``: ``[g⁻¹(g(θ̂) − q_{1−α/2}), g⁻¹(g(θ̂) − q_{α/2})]`` with ``q`` the quantiles of
+  ``g(θ*_b) − g(θ̂)``. Tibshirani estimates ``se*_b`` with an inner bootstrap (B₁ = 100 outer,
+  B₂ = 25 inner resamples); for a ratio of sums the delta-method SE of each replicate
+  (:func:`anistat.stats.ratio_se`) takes its place, so the cost is the plain bootstrap's and the
+  same resamples serve steps 1 and 3. ``β = 1`` is the log-scale bootstrap-t with a constant
+  relative SE.
+
+**Empirical likelihood** (Owen 1988, 2001 §3.5 for estimating equations) of the estimating
+function ``z_u(θ) = p_u − θ e_u`` (``E z(θ) = 0`` exactly at the population ratio):
+``−2 ln R(θ) = 2 Σ_u ln(1 + λ z_u)`` with ``λ`` solving ``Σ_u z_u/(1 + λ z_u) = 0``, and the
+interval ``{θ : −2 ln R(θ) ≤ χ²₁(1 − α)}`` (Wilks). No resampling.
+
+* ``el`` — plain EL. ``R(θ) = 0`` outside ``(min p_u/e_u, max p_u/e_u)``, so the interval never
+  leaves the range of the units' own ratios (its known undercoverage in small samples).
+* ``adjusted_el`` — Chen, Variyath & Abraham (2008, J. Comput. Graph. Stat. 17: 426–443): one
+  pseudo-unit ``z_{n+1} = −a_n z̄`` with ``a_n = max(1, ln(n)/2)``, so ``R(θ) > 0`` for every θ.
+* ``balanced_el`` — Emerson & Owen (2009, Electron. J. Stat. 3: 1161–1192), balanced augmented
+  EL in one dimension: two pseudo-units ``z_{n+1} = −s·sd(z)·u`` and
+  ``z_{n+2} = 2 z̄ + s·sd(z)·u`` with ``u = sign(z̄)`` and ``s = 1.9`` (their recommendation),
+  which keep the mean ``z̄`` and pull the statistic towards the χ² law in small samples.
+
+The adjusted statistics are bounded in θ; where ``−2 ln R`` never reaches the χ² quantile on one
+side, that end is the parameter's range bound (0 or ∞), with a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.optimize import brentq
+from scipy.stats import chi2
+
+from ._validation import check_choice, check_ci_level
+from .bootstrap import ci_from_replicates, expanded_tail, ratio_se
+from .fallbacks import CI_UNBOUNDED, NO_INTERVAL
+
+#: The interval methods of :func:`ratio_interval`, bootstrap ones first.
+RATIO_INTERVAL_METHODS = (
+    "studentized_log",
+    "bca_log",
+    "variance_stabilised",
+    "el",
+    "adjusted_el",
+    "balanced_el",
+)
+#: The methods that need bootstrap weights.
+BOOTSTRAP_RATIO_METHODS = RATIO_INTERVAL_METHODS[:3]
+#: The empirical-likelihood adjustments of :func:`ratio_el_statistic`.
+EL_ADJUSTMENTS = ("none", "adjusted", "balanced")
+#: Emerson & Owen's (2009) recommended scale ``s`` of the balanced augmentation.
+BALANCED_EL_SCALE = 1.9
+#: The Kish ``n_eff`` levels ``[low, high)`` of :data:`CONCENTRATION_COVERAGE`.
+CONCENTRATION_LEVELS: tuple[tuple[float, float], ...] = (
+    (1.0, 2.0),
+    (2.0, 3.0),
+    (3.0, 5.0),
+    (5.0, 7.0),
+    (7.0, 10.0),
+    (10.0, 15.0),
+    (15.0, 20.0),
+    (20.0, 30.0),
+    (30.0, 40.0),
+    (40.0, 60.0),
+    (60.0, 80.0),
+    (80.0, 120.0),
+    (120.0, float("inf")),
+)
+#: Coverage of each method's 95 % energy-ratio (haar) interval per :data:`CONCENTRATION_LEVELS`
+#: level, measured by ``benchmarks/bench_ratio_intervals.py --studies 400`` (``anistat calibrate``'s
+#: six scenarios, the random proxy and a planted ratio of 1, at 30, 60 and 200 documents: 14 400
+#: studies; 297 to 2 047 per level, binomial SE 0.005–0.03; benchmarks/README.md).
+CONCENTRATION_COVERAGE: dict[str, tuple[float, ...]] = {
+    "studentized_log": (0.586, 0.854, 0.899, 0.926, 0.929, 0.945, 0.943, 0.956, 0.943, 0.959, 0.981, 0.952, 0.954),
+    "bca_log": (0.906, 0.862, 0.847, 0.892, 0.888, 0.908, 0.908, 0.926, 0.920, 0.931, 0.967, 0.943, 0.947),
+    "variance_stabilised": (0.306, 0.459, 0.621, 0.750, 0.800, 0.868, 0.897, 0.924, 0.923, 0.935, 0.972, 0.944, 0.951),
+    "el": (0.448, 0.635, 0.739, 0.846, 0.852, 0.901, 0.905, 0.919, 0.925, 0.939, 0.976, 0.951, 0.953),
+    "adjusted_el": (0.660, 0.721, 0.784, 0.870, 0.874, 0.913, 0.918, 0.938, 0.933, 0.946, 0.979, 0.956, 0.954),
+    "balanced_el": (0.976, 0.964, 0.934, 0.941, 0.925, 0.940, 0.934, 0.948, 0.936, 0.950, 0.979, 0.957, 0.953),
+}
+#: The data test's rejection rate at α = 0.05 and a planted ratio of 1 per level (the same run;
+#: 150 to 1 024 studies per level). The 60–80 level is mostly the ``hot`` scenario at 200 documents.
+CONCENTRATION_DATA_TEST: tuple[float, ...] = (
+    0.320,
+    0.131,
+    0.081,
+    0.074,
+    0.070,
+    0.041,
+    0.048,
+    0.049,
+    0.047,
+    0.050,
+    0.005,
+    0.033,
+    0.036,
+)
+#: The bands: coverage below 0.93 (undercoverage; over-coverage is conservative) and a data-test
+#: level above 0.06 (liberal) are what the diagnostic warns about.
+COVERAGE_FLOOR, DATA_TEST_CEILING = 0.93, 0.06
+_METHOD_ADJUSTMENT = {"el": "none", "adjusted_el": "adjusted", "balanced_el": "balanced"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RatioInterval:
+    """A confidence interval for a ratio of means.
+
+    Attributes
+    ----------
+    estimate : float
+        ``θ̂ = Σp/Σe``.
+    ci_low : float
+        Lower end (NaN when undefined).
+    ci_high : float
+        Upper end (``inf`` where the method cannot bound it; NaN when undefined).
+    method : str
+        One of :data:`RATIO_INTERVAL_METHODS`.
+    note : str
+        Empty, or what limited the interval.
+    fallback : str
+        Empty, or the codes of :mod:`anistat.stats.fallbacks` the note describes.
+
+    Examples
+    --------
+    >>> from anistat import stats
+    >>> r = stats.RatioInterval(estimate=2.0, ci_low=1.5, ci_high=2.8, method='el')
+    >>> r.ci_low < r.estimate < r.ci_high
+    True
+    """
+
+    estimate: float
+    ci_low: float
+    ci_high: float
+    method: str
+    note: str = ""
+    fallback: str = ""
+
+
+def empirical_likelihood_statistic(z: ArrayLike) -> float:
+    """``−2 ln R`` of the hypothesis ``E z = 0`` for one-dimensional data (Owen 2001, ch. 2).
+
+    ``R = max{Π n w_i : w_i ≥ 0, Σ w_i = 1, Σ w_i z_i = 0} = Π 1/(1 + λ z_i)`` with ``λ`` the root
+    of ``Σ z_i/(1 + λ z_i) = 0`` on ``(−1/max z, −1/min z)``, where every ``1 + λ z_i > 0``;
+    ``inf`` when 0 is not strictly inside ``(min z, max z)``.
+
+    Parameters
+    ----------
+    z : array_like of shape (n,)
+        The values whose mean is hypothesised to be 0.
+
+    Returns
+    -------
+    float
+        ``2 Σ ln(1 + λ z_i)`` (0 when ``mean(z) = 0``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> z = np.array([-1.0, 0.5, 2.0, 1.5])
+    >>> round(stats.empirical_likelihood_statistic(z), 4)
+    1.5764
+    >>> stats.empirical_likelihood_statistic(np.array([1.0, 2.0]))
+    inf
+    """
+    z = np.asarray(z, dtype=np.float64).ravel()
+    low, high = float(z.min()), float(z.max())
+    if not (low < 0.0 < high):
+        return float("inf")
+    scale = max(-low, high)
+    z = z / scale  # λ is scale-free after this, so the bracket is well conditioned
+    mean = float(z.mean())
+    if mean == 0.0:
+        return 0.0
+    shrink = 1.0 - 1e-12
+    lam_low, lam_high = -shrink / z.max(), -shrink / z.min()
+
+    def score(lam: float) -> float:
+        return float(np.sum(z / (1.0 + lam * z)))
+
+    lam = brentq(score, lam_low, lam_high, xtol=1e-14, rtol=1e-12, maxiter=200)
+    return float(2.0 * np.sum(np.log1p(lam * z)))
+
+
+def _augmented(z: np.ndarray, adjustment: str) -> np.ndarray:
+    """The estimating-function values with the adjustment's pseudo-units appended."""
+    n, mean = z.size, float(z.mean())
+    if adjustment == "adjusted":
+        return np.append(z, -max(1.0, np.log(n) / 2.0) * mean)
+    if adjustment == "balanced":
+        shift = BALANCED_EL_SCALE * float(z.std(ddof=1)) * float(np.sign(mean))
+        return np.append(z, [-shift, 2.0 * mean + shift])
+    return z
+
+
+def ratio_el_statistic(
+    numerator: ArrayLike, denominator: ArrayLike, theta: float, adjustment: str = "adjusted"
+) -> float:
+    """``−2 ln R(θ)`` of the ratio of means ``E[p]/E[e] = θ``, from ``z_u = p_u − θ e_u``.
+
+    Parameters
+    ----------
+    numerator : array_like of shape (n,)
+        ``p_u`` per unit.
+    denominator : array_like of shape (n,)
+        ``e_u`` per unit.
+    theta : float
+        The hypothesised ratio.
+    adjustment : {"none", "adjusted", "balanced"}, default "adjusted"
+        Plain EL, Chen et al.'s (2008) adjusted EL or Emerson & Owen's (2009) balanced augmented
+        EL (module docstring).
+
+    Returns
+    -------
+    float
+        The statistic (χ²₁ under the hypothesis, asymptotically; ``inf`` where plain EL is 0).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> p, e = np.array([1.0, 2.0, 4.0, 3.0]), np.array([1.0, 1.0, 2.0, 2.0])
+    >>> stats.ratio_el_statistic(p, e, p.sum() / e.sum())
+    0.0
+    >>> round(stats.ratio_el_statistic(p, e, 1.6, 'none'), 4), round(stats.ratio_el_statistic(p, e, 1.6), 4)
+    (0.1392, 0.0771)
+    """
+    check_choice("adjustment", adjustment, EL_ADJUSTMENTS)
+    p = np.asarray(numerator, dtype=np.float64).ravel()
+    e = np.asarray(denominator, dtype=np.float64).ravel()
+    z = (p - float(theta) * e) / float(np.mean(e))
+    if abs(float(z.mean())) <= 1e-14 * float(np.abs(z).max(initial=0.0)):
+        return 0.0
+    return empirical_likelihood_statistic(_augmented(z, adjustment))
+
+
+def _el_end(
+    stat: Callable[[float], float], estimate: float, critical: float, upward: bool, limit: float, first_step: float
+) -> tuple[float, bool]:
+    """The θ beyond ``estimate`` where ``stat(θ)`` first reaches ``critical``, or ``(limit, False)``
+    when it never does: steps ``θ̂·s, θ̂·s², θ̂·s⁴, …`` (down: ``θ̂/s, …``) from ``s = first_step``
+    (the Wald end, so the first step usually brackets the root), then Brent's root."""
+    step, previous = max(float(first_step), 1.0 + 1e-6), estimate
+    for _ in range(64):
+        candidate = estimate * step if upward else estimate / step
+        if stat(candidate) >= critical:
+            lo, hi = sorted((previous, candidate))
+            return float(brentq(lambda t: min(stat(t), 1e300) - critical, lo, hi, xtol=1e-10 * estimate)), True
+        previous, step = candidate, step * step
+        if step > 1e12:
+            break
+    return limit, False
+
+
+def ratio_el_interval(
+    numerator: ArrayLike, denominator: ArrayLike, ci_level: float = 0.95, adjustment: str = "adjusted"
+) -> RatioInterval:
+    """Empirical-likelihood interval ``{θ : −2 ln R(θ) ≤ χ²₁(ci_level)}`` for ``E[p]/E[e]``.
+
+    Parameters
+    ----------
+    numerator : array_like of shape (n,)
+        ``p_u`` per unit (non-negative).
+    denominator : array_like of shape (n,)
+        ``e_u`` per unit (positive sum).
+    ci_level : float, default 0.95
+        Coverage of the interval.
+    adjustment : {"none", "adjusted", "balanced"}, default "adjusted"
+        Plain, adjusted (Chen et al. 2008) or balanced augmented (Emerson & Owen 2009) EL.
+
+    Returns
+    -------
+    RatioInterval
+        The interval (an end the statistic never reaches is 0 or ``inf``, with a note).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(0)
+    >>> e = rng.uniform(1, 2, 40)
+    >>> p = 2 * e * rng.uniform(0.5, 1.5, 40)
+    >>> r = stats.ratio_el_interval(p, e, 0.95, 'none')
+    >>> r.ci_low < r.estimate < r.ci_high, r.method
+    (True, 'el')
+    """
+    check_ci_level(ci_level)
+    check_choice("adjustment", adjustment, EL_ADJUSTMENTS)
+    method = {v: k for k, v in _METHOD_ADJUSTMENT.items()}[adjustment]
+    p = np.asarray(numerator, dtype=np.float64).ravel()
+    e = np.asarray(denominator, dtype=np.float64).ravel()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        estimate = float(p.sum() / e.sum())
+    if not (np.isfinite(estimate) and estimate > 0 and p.size >= 2):
+        return RatioInterval(
+            estimate=estimate,
+            ci_low=np.nan,
+            ci_high=np.nan,
+            method=method,
+            note="no interval: the ratio is not finite and positive",
+            fallback=NO_INTERVAL,
+        )
+    critical = float(chi2.ppf(ci_level, 1))
+
+    def stat(theta: float) -> float:
+        return ratio_el_statistic(p, e, theta, adjustment)
+
+    with np.errstate(invalid="ignore", divide="ignore"):  # the Wald end on the log scale: the first step
+        first = float(np.exp(np.sqrt(critical) * ratio_se(np.ones((1, p.size)), p, e)[0] / estimate))
+    first = first if np.isfinite(first) else 1.0 + 1e-3
+    low, low_found = _el_end(stat, estimate, critical, upward=False, limit=0.0, first_step=first)
+    high, high_found = _el_end(stat, estimate, critical, upward=True, limit=np.inf, first_step=first)
+    unbounded = [side for side, found in (("lower", low_found), ("upper", high_found)) if not found]
+    note = ""
+    if unbounded:
+        note = f"the EL statistic stays below the χ² quantile {critical:.3g}: {' and '.join(unbounded)} end unbounded"
+    return RatioInterval(
+        estimate=estimate,
+        ci_low=low,
+        ci_high=high,
+        method=method,
+        note=note,
+        fallback=CI_UNBOUNDED if unbounded else "",
+    )
+
+
+_Map = Callable[[ArrayLike], np.ndarray]
+
+
+def _stabilising_map(replicates: np.ndarray, replicate_se: np.ndarray) -> tuple[_Map, _Map, float] | None:
+    """``(g, g⁻¹, β)`` of the power-law fit ``se = c θ^β`` (module docstring), or None."""
+    ok = np.isfinite(replicates) & np.isfinite(replicate_se) & (replicates > 0) & (replicate_se > 0)
+    if ok.sum() < 3 or np.ptp(np.log(replicates[ok])) == 0:
+        return None
+    beta, log_c = np.polyfit(np.log(replicates[ok]), np.log(replicate_se[ok]), 1)
+    c = float(np.exp(log_c))
+    if abs(1.0 - beta) < 1e-6:
+        return (lambda x: np.log(x) / c), (lambda y: np.exp(c * np.asarray(y, dtype=np.float64))), float(beta)
+    power = 1.0 - beta
+
+    def inverse(y: ArrayLike) -> np.ndarray:
+        base = c * power * np.asarray(y, dtype=np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = np.where(base > 0, base ** (1.0 / power), 0.0 if power > 0 else np.inf)
+        return out
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (lambda x: np.asarray(x, dtype=np.float64) ** power / (c * power)), inverse, float(beta)
+
+
+def _variance_stabilised(
+    estimate: float, replicates: np.ndarray, replicate_se: np.ndarray, levels: np.ndarray
+) -> RatioInterval:
+    fitted = _stabilising_map(replicates, replicate_se)
+    if fitted is None:
+        return RatioInterval(
+            estimate=estimate,
+            ci_low=np.nan,
+            ci_high=np.nan,
+            method="variance_stabilised",
+            note="no interval: SE fit undefined",
+            fallback=NO_INTERVAL,
+        )
+    g, g_inverse, beta = fitted
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pivots = g(replicates) - g(estimate)
+    pivots = pivots[np.isfinite(pivots)]
+    q_low, q_high = np.quantile(pivots, levels)
+    centre = float(g(estimate))
+    low, high = (float(g_inverse(centre - q)) for q in (q_high, q_low))
+    return RatioInterval(
+        estimate=estimate, ci_low=low, ci_high=high, method="variance_stabilised", note=f"se ∝ θ^{beta:.2f}"
+    )
+
+
+def ratio_interval(
+    numerator: ArrayLike,
+    denominator: ArrayLike,
+    method: str,
+    weights: ArrayLike | None = None,
+    ci_level: float = 0.95,
+    expand_units: int | None = None,
+) -> RatioInterval:
+    """A confidence interval for ``E[p]/E[e]`` by one of :data:`RATIO_INTERVAL_METHODS`.
+
+    Parameters
+    ----------
+    numerator : array_like of shape (n,)
+        ``p_u`` per resampling unit (non-negative).
+    denominator : array_like of shape (n,)
+        ``e_u`` per resampling unit (positive sum).
+    method : {"studentized_log", "bca_log", "variance_stabilised", "el", "adjusted_el", "balanced_el"}
+        The interval (module docstring).
+    weights : array_like of shape (B, n), optional
+        Bootstrap multiplicities; required by the bootstrap methods.
+    ci_level : float, default 0.95
+        Coverage of the interval.
+    expand_units : int, optional
+        Bootstrap methods: expand the tails for this many units (:func:`expanded_tail`).
+
+    Returns
+    -------
+    RatioInterval
+        The interval and what limited it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> rng = np.random.default_rng(1)
+    >>> e = rng.lognormal(0, 1, 50)
+    >>> p = 0.5 * e * rng.uniform(0.5, 1.5, 50)
+    >>> w = stats.bootstrap_weights(50, 400, seed=3)
+    >>> ends = {m: stats.ratio_interval(p, e, m, w) for m in stats.RATIO_INTERVAL_METHODS}
+    >>> all(r.ci_low < r.estimate < r.ci_high for r in ends.values())
+    True
+    """
+    check_choice("method", method, RATIO_INTERVAL_METHODS)
+    check_ci_level(ci_level)
+    if method in _METHOD_ADJUSTMENT:
+        return ratio_el_interval(numerator, denominator, ci_level, _METHOD_ADJUSTMENT[method])
+    if weights is None:
+        raise ValueError(f"method={method!r} needs bootstrap weights")
+    p = np.asarray(numerator, dtype=np.float64).ravel()
+    e = np.asarray(denominator, dtype=np.float64).ravel()
+    w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        estimate = float(p.sum() / e.sum())
+        replicates = (w @ p) / (w @ e)
+    if not (np.isfinite(estimate) and estimate > 0):
+        return RatioInterval(
+            estimate=estimate,
+            ci_low=np.nan,
+            ci_high=np.nan,
+            method=method,
+            note="no interval: the ratio is not finite and positive",
+            fallback=NO_INTERVAL,
+        )
+    if method == "studentized_log":
+        r = ci_from_replicates(
+            estimate,
+            replicates,
+            method="studentized",
+            se=float(ratio_se(np.ones((1, p.size)), p, e)[0]),
+            replicate_se=ratio_se(w, p, e),
+            log_scale=True,
+            expand_units=expand_units,
+        )
+        return RatioInterval(
+            estimate=estimate, ci_low=r.ci_low, ci_high=r.ci_high, method=method, note=r.note, fallback=r.fallback
+        )
+    if method == "bca_log":
+        jackknife = 1.0 - np.eye(p.size)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            jack = np.log((jackknife @ p) / (jackknife @ e))
+            r = ci_from_replicates(
+                np.log(estimate), np.log(replicates), jack, ci_level, "bca", expand_units=expand_units
+            )
+        return RatioInterval(
+            estimate=estimate,
+            ci_low=float(np.exp(r.ci_low)),
+            ci_high=float(np.exp(r.ci_high)),
+            method=method,
+            note=r.note,
+            fallback=r.fallback,
+        )
+    tail = expanded_tail((1.0 - ci_level) / 2.0, expand_units) if expand_units else (1.0 - ci_level) / 2.0
+    return _variance_stabilised(estimate, replicates, ratio_se(w, p, e), np.array([tail, 1.0 - tail]))
+
+
+def _threshold(values: tuple[float, ...], outside: Callable[[float], bool]) -> float:
+    """The upper edge of the highest level whose value is ``outside`` its band (1.0: none is)."""
+    edges = [high for (_, high), value in zip(CONCENTRATION_LEVELS, values, strict=True) if outside(value)]
+    return float(max(edges, default=1.0))
+
+
+def calibrated_concentration(n_eff: float, method: str = "balanced_el") -> dict[str, float | bool] | None:
+    """What `anistat calibrate` measured at a Kish ``n_eff`` level for one interval method.
+
+    The thresholds are read off the measured table: ``coverage_below`` is the upper edge of the
+    highest level where the method's 95 % coverage fell below :data:`COVERAGE_FLOOR`
+    (:data:`CONCENTRATION_COVERAGE`), ``data_test_below`` that of the highest level where the data
+    test's level rose above :data:`DATA_TEST_CEILING` (:data:`CONCENTRATION_DATA_TEST`); a row
+    with ``n_eff`` below a threshold is flagged (both 10 documents for ``balanced_el`` and
+    ``studentized_log``; levels above hold their band or err on the conservative side).
+
+    Parameters
+    ----------
+    n_eff : float
+        Kish's effective number of resampling units (:func:`kish_effective_size`).
+    method : str, default "balanced_el"
+        A key of :data:`CONCENTRATION_COVERAGE` (the analysis' ``studentized`` is
+        ``studentized_log``).
+
+    Returns
+    -------
+    dict or None
+        ``n_eff_low``, ``n_eff_high`` (the level), ``coverage`` and ``data_test`` (measured there),
+        ``coverage_below`` and ``data_test_below`` (the thresholds), ``coverage_off`` and
+        ``data_test_off`` (``n_eff`` below them); None for a non-finite ``n_eff`` or a method
+        without calibration.
+
+    Examples
+    --------
+    >>> from anistat import stats
+    >>> level = stats.calibrated_concentration(2.5)
+    >>> level["n_eff_low"], level["coverage"], level["coverage_off"], level["coverage_below"]
+    (2.0, 0.964, True, 10.0)
+    >>> stats.calibrated_concentration(500.0)["coverage_off"]
+    False
+    """
+    value = float(n_eff)
+    if not np.isfinite(value) or method not in CONCENTRATION_COVERAGE:
+        return None
+    coverage = CONCENTRATION_COVERAGE[method]
+    coverage_below = _threshold(coverage, lambda c: c < COVERAGE_FLOOR)
+    data_test_below = _threshold(CONCENTRATION_DATA_TEST, lambda p: p > DATA_TEST_CEILING)
+    for index, (low, high) in enumerate(CONCENTRATION_LEVELS):
+        if low <= value < high:
+            return {
+                "n_eff_low": low,
+                "n_eff_high": high,
+                "coverage": coverage[index],
+                "data_test": CONCENTRATION_DATA_TEST[index],
+                "coverage_below": coverage_below,
+                "data_test_below": data_test_below,
+                "coverage_off": value < coverage_below,
+                "data_test_off": value < data_test_below,
+            }
+    return None
+
+
+def kish_effective_size(weights: ArrayLike) -> float:
+    """Kish's (1965) effective sample size ``n_eff = (Σ w)² / Σ w²`` of non-negative weights.
+
+    For a ratio of sums ``Σp/Σe = Σ_u (e_u/Σe)·(p_u/e_u)`` the estimate is an ``e``-weighted mean
+    of the units' own ratios, so with ``w_u = e_u`` (a unit's energy) ``n_eff`` is the number of
+    equally weighted units that would give that weighted mean the same variance: ``n`` for equal
+    energies, near 1 when one unit holds most of the energy.
+
+    Parameters
+    ----------
+    weights : array_like of shape (n,)
+        Non-negative weights (per-unit energies).
+
+    Returns
+    -------
+    float
+        ``n_eff`` in ``[1, n]`` (NaN when the weights sum to 0).
+
+    Examples
+    --------
+    >>> from anistat import stats
+    >>> stats.kish_effective_size([1.0, 1.0, 1.0, 1.0])
+    4.0
+    >>> stats.kish_effective_size([9.0, 1.0, 1.0, 1.0])
+    1.7142857142857142
+    """
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    square = float(np.sum(w * w))
+    if not square > 0:
+        return float("nan")
+    return float(np.sum(w) ** 2 / square)

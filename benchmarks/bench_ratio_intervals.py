@@ -1,0 +1,149 @@
+"""Coverage of the energy-ratio interval methods side by side, over every calibration scenario.
+
+Runs :func:`anistat.stats.run_calibration` over all scenarios (``isotropic``, ``anisotropic``,
+``clustered``, ``skewed``, ``heavy``, ``hot``) with the uninformative proxy and a planted ratio
+of 1, at 30, 60 and 200 documents. Every simulated study computes the haar energy ratio's 95 %
+interval by each method of :data:`anistat.stats.ratio_intervals.RATIO_INTERVAL_METHODS` on the
+same per-document sums and resamples. Printed: coverage per scenario × documents × method (the
+mean over the two conditions, ``2·studies`` studies per cell, ± one binomial Monte-Carlo SE), the
+data test's level at ratio 1, and coverage and data-test level by Kish's effective number of
+documents (pooled over scenarios, conditions and sizes).
+
+Usage: ``python benchmarks/bench_ratio_intervals.py [--studies 250] [--out /tmp/ratio.json]``
+(one process; about 0.1–0.3 s per study on one core).
+
+``--cost``: instead, the cost of each method per row group at the d = 768 shape (per-sequence
+energies of 32 tokens per sequence in d = 768 with a rank-8 proxy; 128 sequences in 32 documents,
+as ``bench_stats.py`` part B, and 96 sequences each its own document, the paper's test split),
+2 000 resamples: the median process CPU time of ``analyze_energy`` (data test, fraction and ratio
+intervals: the analysis of one row group) with the studentized and the balanced-EL interval, and
+of each method's interval alone, side by side in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from anistat.stats.calibrate import SCENARIOS, _jsonable, run_calibration
+from anistat.stats.ratio_intervals import RATIO_INTERVAL_METHODS
+
+
+def _energies(rng: np.random.Generator, sequences: int, d: int = 768, k: int = 8, tokens: int = 32):
+    """Per-sequence proxy and total energies of anisotropic gradients (λ_j ∝ 1/j) with lognormal
+    sequence scales, as ``bench_stats.py`` makes them."""
+    u = np.linalg.qr(rng.standard_normal((d, k)))[0]
+    z = rng.standard_normal((sequences, 1, d)) * 0.7 + rng.standard_normal((sequences, tokens, d))
+    z *= np.exp(0.25 * rng.standard_normal(sequences))[:, None, None]
+    g = (z / np.arange(1, d + 1)).reshape(-1, d)
+    proxy = ((g @ u) ** 2).sum(axis=1).reshape(sequences, tokens).sum(axis=1)
+    total = (g * g).sum(axis=1).reshape(sequences, tokens).sum(axis=1)
+    return proxy, total
+
+
+def _cpu_median(call, repeats: int = 7) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        call()
+        times.append(time.process_time() - start)
+    return float(np.median(times))
+
+
+def interval_cost() -> dict:
+    """Median CPU seconds of today's row-group analysis and of each interval method alone."""
+    from anistat.stats import analyze_energy, bootstrap_weights, cluster_sums, ratio_interval
+
+    rng = np.random.default_rng(0)
+    out = {}
+    for label, sequences, per_document in (("128 sequences in 32 documents", 128, 4), ("96 sequences", 96, 1)):
+        proxy, total = _energies(rng, sequences)
+        documents = np.repeat(np.arange(sequences // per_document), per_document)
+        reference = 8 / 768 * total
+        null = rng.uniform(0.0, 0.02, 999)
+
+        def analysis(method, proxy=proxy, total=total, reference=reference, documents=documents, null=null):
+            analyze_energy(
+                proxy,
+                total,
+                reference,
+                rank=8,
+                dim=768,
+                null_fractions=null,
+                group_ids=documents,
+                n_bootstrap=1000,
+                n_test_resamples=2000,
+                seed=1,
+                ci_method=method,
+            )
+
+        sums, n = cluster_sums(np.stack([proxy, reference], axis=1), documents)
+        weights = bootstrap_weights(n, 2000, seed=1)
+        row = {f"analyze_energy ({m})": _cpu_median(lambda m=m: analysis(m)) for m in ("studentized", "balanced_el")}
+        for method in RATIO_INTERVAL_METHODS:
+            row[method] = _cpu_median(
+                lambda method=method, sums=sums, weights=weights, n=n: ratio_interval(
+                    sums[:, 0], sums[:, 1], method, weights, expand_units=n
+                )
+            )
+        out[label] = row
+        print(label + ": " + ", ".join(f"{name} {1e3 * value:.2f} ms" for name, value in row.items()))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--studies", type=int, default=250, help="simulated studies per scenario, condition, size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n-null", type=int, default=199, help="Haar draws of the exact test (not studied here)")
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--planted", type=float, nargs="+", default=[1.0], help="planted ratios besides random")
+    parser.add_argument("--documents", type=int, nargs="+", default=[60, 30, 200], help="study sizes")
+    parser.add_argument("--cost", action="store_true", help="time the methods at the d = 768 shape instead")
+    args = parser.parse_args()
+    if args.cost:
+        interval_cost()
+        return
+    t0 = time.perf_counter()
+    result = run_calibration(
+        args.studies,
+        seed=args.seed,
+        scenarios=SCENARIOS,
+        planted_ratios=tuple(args.planted),
+        n_documents=args.documents[0],
+        coverage_documents=tuple(args.documents[1:]),
+        n_null=args.n_null,
+    )
+    frame = result.to_frame()
+    print(f"{args.studies} studies per scenario, condition and size; {time.perf_counter() - t0:.0f} s")
+    header = ["scenario", "documents", "n_eff (median)", *RATIO_INTERVAL_METHODS, "data test at ratio 1"]
+    print(" | ".join(header))
+    for (scenario, size), group in frame.groupby(["scenario", "documents"], sort=False):
+        cells = []
+        for method in RATIO_INTERVAL_METHODS:
+            value = float(group[f"coverage_method_{method}"].mean())
+            se = float(np.sqrt(value * (1 - value) / (len(group) * args.studies)))
+            cells.append(f"{value:.3f} ± {se:.3f}")
+        null = group[group["condition"] == "1.0"]
+        data = (
+            f"{null['rejection_data_document'].iloc[0]:.3f} ± {null['rejection_data_document_se'].iloc[0]:.3f}"
+            if len(null)
+            else "—"
+        )
+        print(" | ".join([scenario, str(size), f"{group['n_eff_median'].median():.1f}", *cells, data]))
+    print("by n_eff: low | high | studies | " + " | ".join(RATIO_INTERVAL_METHODS) + " | data test (studies)")
+    for row in result.concentration:
+        cells = [f"{row[f'coverage_{m}']:.3f} ± {row[f'coverage_{m}_se']:.3f}" for m in RATIO_INTERVAL_METHODS]
+        data = f"{row['rejection_data']:.3f} ± {row['rejection_data_se']:.3f} ({row['data_test_studies']})"
+        print(" | ".join([f"{row['n_eff_low']:g}", f"{row['n_eff_high']:g}", str(row["studies"]), *cells, data]))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            payload = {"conditions": list(result.conditions), "concentration": list(result.concentration)}
+            json.dump(_jsonable({**payload, "settings": result.settings}), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

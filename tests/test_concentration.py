@@ -1,0 +1,118 @@
+"""The per-row concentration diagnostic: Kish's effective number of documents on every energy row
+(equal to a direct computation from the per-document energies), and the run warning that quotes
+the calibrated coverage at that level, in the manifest and the report."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_analyze_degenerate import _protocol
+from test_bad_input_helpers import no_figures
+
+from anistat.analyze import analyze_units
+from anistat.bundle import concentration_warnings
+from anistat.collect import BasisColumn, UnitArtifact, UnitKey
+from anistat.stats.ratio_intervals import (
+    CONCENTRATION_COVERAGE,
+    CONCENTRATION_DATA_TEST,
+    CONCENTRATION_LEVELS,
+    calibrated_concentration,
+)
+
+ENERGY = ["energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture"]
+
+
+def _unit(hot_scale: float, seed: int = 0, s: int = 48, t: int = 6, d: int = 8, n_documents: int = 16):
+    """A unit as the collector measures it, with the gradients of document 0 scaled by `hot_scale`
+    (its energy by hot_scale²): one hot document among `n_documents`."""
+    rng = np.random.default_rng(seed)
+    documents = np.arange(s) % n_documents
+    grads = rng.standard_normal((s, t, d)) / np.arange(1, d + 1)
+    grads *= np.where(documents == 0, hot_scale, 1.0)[:, None, None]
+    u = np.linalg.qr(rng.standard_normal((d, 2)))[0]
+    flat, acts = grads.reshape(-1, d), rng.standard_normal((s * t, d))
+
+    def moments(x):
+        return {"count": x.shape[0], "sum": x.sum(0), "outer": x.T @ x}
+
+    unit = UnitArtifact(
+        key=UnitKey("m", "clm", "step0", 0, "early", seed, f"residual.{seed}"),
+        dim=d,
+        bases=[BasisColumn("pca", 2, "proxy", -1)],
+        n_tokens=np.full(s, t),
+        sequence_documents=documents,
+        total_energy=(grads**2).sum(axis=(1, 2))[:, None],
+        energy=((grads @ u) ** 2).sum(axis=(1, 2))[:, None, None],
+        delta_isoscore_star=np.zeros(1),
+        gradient_moments=moments(flat),
+        activation_moments=moments(acts),
+        gradient_unit_sum=flat.sum(0),
+        activation_unit_sum=acts.sum(0),
+        type_count=np.zeros(5, dtype=np.int64),
+        type_rms_distance=np.full(5, np.nan),
+        proxy_bases={("pca", 2): u},
+    )
+    per_document = np.bincount(documents, weights=unit.total_energy[:, 0])
+    return unit, per_document.sum() ** 2 / (per_document**2).sum()
+
+
+def test_every_energy_row_carries_the_kish_effective_number_of_documents():
+    unit, expected = _unit(hot_scale=6.0)
+    results = analyze_units([unit], _protocol([2]))
+    energy = results[results["metric"].isin(ENERGY)]
+    assert len(energy) == 12 and energy["n_eff"].to_numpy() == pytest.approx(np.full(12, expected))
+    assert 1.0 < expected < 4.0  # one document of 36× energy among 16: about 2.5 effective documents
+    others = results[~results["metric"].isin(ENERGY)]
+    assert others["n_eff"].isna().all()
+
+
+def test_a_concentrated_unit_is_warned_about_with_the_calibrated_coverage():
+    hot, n_eff = _unit(hot_scale=6.0, seed=0)
+    flat, flat_n_eff = _unit(hot_scale=1.0, seed=1)
+    level = calibrated_concentration(n_eff, "balanced_el")
+    assert n_eff < level["coverage_below"] <= flat_n_eff
+    results = analyze_units([hot, flat], _protocol([2]))
+    assert set(results.loc[results["metric"] == "energy_ratio", "ci_method"]) == {"balanced_el"}  # the default
+    warnings = concentration_warnings(results)
+    coverage = [w for w in warnings if "coverage" in w]
+    assert len(coverage) == 1
+    assert coverage[0].startswith("1 unit(s) have their energy concentrated")
+    assert f"m step0 residual.0 (n_eff {n_eff:.1f}: coverage of the 95 % energy-ratio interval" in coverage[0]
+    assert f"{level['coverage']:.3f}" in coverage[0] and "residual.1" not in coverage[0]
+    assert concentration_warnings(analyze_units([flat], _protocol([2]))) == []
+
+
+def test_the_thresholds_are_read_off_the_measured_table():
+    """Levels tile [1, ∞); the coverage threshold is the upper edge of the highest level whose
+    coverage fell below 0.93 (every level above it covers at least 0.93), likewise the data test's
+    above 0.06; for the default interval both are 10 documents."""
+    assert CONCENTRATION_LEVELS[0][0] == 1.0 and CONCENTRATION_LEVELS[-1][1] == np.inf
+    assert all(a[1] == b[0] for a, b in zip(CONCENTRATION_LEVELS, CONCENTRATION_LEVELS[1:]))
+    for method, coverage in CONCENTRATION_COVERAGE.items():
+        assert len(coverage) == len(CONCENTRATION_LEVELS)
+        below = calibrated_concentration(1.5, method)["coverage_below"]
+        assert all(c >= 0.93 for (low, _), c in zip(CONCENTRATION_LEVELS, coverage) if low >= below)
+        assert any(c < 0.93 for (_, high), c in zip(CONCENTRATION_LEVELS, coverage) if high == below)
+    default = calibrated_concentration(9.9, "balanced_el")
+    assert (default["coverage_below"], default["data_test_below"]) == (10.0, 10.0)
+    assert default["coverage_off"] and not calibrated_concentration(10.0, "balanced_el")["coverage_off"]
+    assert all(p <= 0.06 for (low, _), p in zip(CONCENTRATION_LEVELS, CONCENTRATION_DATA_TEST) if low >= 10.0)
+    assert calibrated_concentration(float("nan")) is None and calibrated_concentration(5.0, "bca") is None
+
+
+def test_the_warning_reaches_the_manifest_and_the_report(tmp_path, monkeypatch):
+    from anistat.finalize import finalize_bundle
+
+    no_figures(monkeypatch)
+    hot, _ = _unit(hot_scale=6.0)
+    result = finalize_bundle([hot], _protocol([2]), tmp_path / "bundle")
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    warned = [w for w in manifest["warnings"] if "energy concentrated in few resampling units" in w]
+    assert warned and result.manifest["warnings"] == manifest["warnings"]
+    assert "energy concentrated in few resampling units" in (tmp_path / "bundle" / "report.html").read_text()
+    # at about 2 effective documents the balanced EL statistic never reaches its χ² quantile above the
+    # estimate: the ratio to the normal control (range [0, ∞)) is unbounded above, and the bundle keeps it
+    ratio = result.results[(result.results["metric"] == "energy_ratio") & (result.results["control"] == "normal")]
+    assert np.isinf(ratio["ci_high"].astype(float)).all() and np.isfinite(ratio["ci_low"].astype(float)).all()

@@ -1,0 +1,186 @@
+"""Intervals for a ratio of means (anistat.stats.ratio_intervals) against direct computations,
+closed forms and a small coverage check on a well-behaved law."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+from scipy.special import ndtri
+from scipy.stats import chi2
+
+from anistat import stats
+from anistat.stats.ratio_intervals import _augmented, _stabilising_map
+
+
+def _el_by_optimisation(z: np.ndarray) -> float:
+    """−2 ln R for E z = 0 by maximising Σ ln(n w_i) over the simplex under Σ w_i z_i = 0 directly."""
+    n = z.size
+    result = minimize(
+        lambda w: -np.sum(np.log(n * w)),
+        np.full(n, 1.0 / n),
+        constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1.0}, {"type": "eq", "fun": lambda w: w @ z}],
+        bounds=[(1e-9, 1.0)] * n,
+        method="SLSQP",
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
+    assert result.success
+    return float(-2.0 * -result.fun)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_empirical_likelihood_of_a_mean_equals_the_constrained_maximum(seed):
+    z = np.random.default_rng(seed).normal(0.3, 1.0, 9)
+    assert stats.empirical_likelihood_statistic(z) == pytest.approx(_el_by_optimisation(z), rel=1e-5)
+
+
+def test_empirical_likelihood_is_infinite_outside_the_hull_and_zero_at_the_mean():
+    assert stats.empirical_likelihood_statistic([1.0, 2.0, 3.0]) == np.inf
+    assert stats.empirical_likelihood_statistic([-1.0, 1.0]) == 0.0
+
+
+def test_the_ratio_statistic_is_the_mean_statistic_of_the_estimating_function_and_scale_free():
+    rng = np.random.default_rng(3)
+    e = rng.uniform(1, 3, 15)
+    p = 0.7 * e + rng.normal(0, 0.2, 15)
+    theta = 0.75
+    direct = stats.empirical_likelihood_statistic(p - theta * e)
+    assert stats.ratio_el_statistic(p, e, theta, "none") == pytest.approx(direct, rel=1e-10)
+    # θ is a ratio, so scaling p and e by the same factor leaves R(θ) unchanged
+    assert stats.ratio_el_statistic(1e6 * p, 1e6 * e, theta, "adjusted") == pytest.approx(
+        stats.ratio_el_statistic(p, e, theta, "adjusted"), rel=1e-9
+    )
+
+
+def test_the_adjustments_add_their_published_pseudo_units():
+    z = np.array([-0.5, 0.2, 1.4, 0.9, 0.1, -0.3, 0.6])
+    n, mean = z.size, z.mean()
+    adjusted = _augmented(z, "adjusted")
+    assert adjusted[-1] == pytest.approx(-max(1.0, np.log(n) / 2) * mean)
+    balanced = _augmented(z, "balanced")
+    # two points, the mean kept (Emerson & Owen's balance), the first at −1.9·sd on the side opposite z̄
+    assert balanced.size == n + 2 and balanced.mean() == pytest.approx(mean)
+    assert balanced[-2] == pytest.approx(-1.9 * z.std(ddof=1))
+
+
+def test_adjusted_statistics_are_finite_where_plain_el_is_not():
+    p, e = np.array([1.0, 2.0, 4.0, 3.0]), np.array([1.0, 1.0, 2.0, 2.0])  # unit ratios 1, 2, 2, 1.5
+    assert stats.ratio_el_statistic(p, e, 2.5, "none") == np.inf
+    for adjustment in ("adjusted", "balanced"):
+        assert np.isfinite(stats.ratio_el_statistic(p, e, 2.5, adjustment))
+
+
+@pytest.mark.parametrize("method", ["el", "adjusted_el", "balanced_el"])
+def test_el_ends_are_where_the_statistic_meets_the_chi2_quantile(method):
+    rng = np.random.default_rng(5)
+    e = rng.lognormal(0, 0.5, 30)
+    p = 0.4 * e * rng.uniform(0.5, 1.5, 30)
+    interval = stats.ratio_interval(p, e, method, ci_level=0.9)
+    adjustment = {"el": "none", "adjusted_el": "adjusted", "balanced_el": "balanced"}[method]
+    for end in (interval.ci_low, interval.ci_high):
+        assert stats.ratio_el_statistic(p, e, end, adjustment) == pytest.approx(chi2.ppf(0.9, 1), rel=1e-6)
+    assert interval.ci_low < interval.estimate < interval.ci_high and interval.note == ""
+
+
+def test_el_agrees_with_the_delta_method_interval_in_a_large_sample():
+    """Wilks: at n = 3000 on a light-tailed law the EL interval is the Wald interval of the ratio
+    with its delta-method SE, to first order."""
+    rng = np.random.default_rng(7)
+    e = rng.uniform(1, 2, 3000)
+    p = 0.5 * e + rng.normal(0, 0.1, 3000)
+    theta = p.sum() / e.sum()
+    se = float(stats.ratio_se(np.ones((1, 3000)), p, e)[0])
+    interval = stats.ratio_interval(p, e, "el")
+    z = ndtri(0.975)
+    assert interval.ci_low == pytest.approx(theta - z * se, rel=2e-3)
+    assert interval.ci_high == pytest.approx(theta + z * se, rel=2e-3)
+
+
+def test_the_stabilising_map_recovers_a_power_law_and_has_unit_slope_per_se():
+    theta = np.linspace(0.5, 2.0, 50)
+    se = 0.3 * theta**0.4
+    g, g_inverse, beta = _stabilising_map(theta, se)
+    assert beta == pytest.approx(0.4)
+    x, h = 1.3, 1e-6
+    assert (g(x + h) - g(x - h)) / (2 * h) == pytest.approx(1.0 / (0.3 * x**0.4), rel=1e-6)
+    assert float(g_inverse(g(x))) == pytest.approx(x)
+
+
+def test_the_log_scale_bootstrap_t_is_the_analysis_interval():
+    rng = np.random.default_rng(11)
+    e = rng.lognormal(0, 1, 25)
+    p = 0.3 * e * rng.uniform(0.2, 1.8, 25)
+    w = stats.bootstrap_weights(25, 300, seed=2)
+    mine = stats.ratio_interval(p, e, "studentized_log", w, expand_units=25)
+    analysis = stats.ci_from_replicates(
+        p.sum() / e.sum(),
+        (w @ p) / (w @ e),
+        method="studentized",
+        se=float(stats.ratio_se(np.ones((1, 25)), p, e)[0]),
+        replicate_se=stats.ratio_se(w, p, e),
+        log_scale=True,
+        expand_units=25,
+    )
+    assert (mine.ci_low, mine.ci_high) == (analysis.ci_low, analysis.ci_high)
+
+
+def test_every_method_covers_about_its_level_on_a_light_tailed_law():
+    """60 units, ratio 0.5 with uniform energies: each method's 90 % interval covers in
+    [0.80, 0.98] of 100 samples (a binomial 99.9 % band around 0.9); a wrong quantile or scale
+    lands near 0.6 or at 1.0."""
+    rng = np.random.default_rng(2024)
+    hits = {m: 0 for m in stats.RATIO_INTERVAL_METHODS}
+    weights = stats.bootstrap_weights(60, 200, seed=1)
+    for _ in range(100):
+        e = rng.uniform(1, 2, 60)
+        p = 0.5 * e + rng.normal(0, 0.15, 60) * e
+        for method in hits:
+            r = stats.ratio_interval(p, e, method, weights, ci_level=0.9)
+            hits[method] += r.ci_low <= 0.5 <= r.ci_high
+    coverage = {m: h / 100 for m, h in hits.items()}
+    assert all(0.80 <= c <= 0.98 for c in coverage.values()), coverage
+
+
+def test_bootstrap_methods_need_weights():
+    with pytest.raises(ValueError, match="needs bootstrap weights"):
+        stats.ratio_interval([1.0, 2.0], [1.0, 1.0], "bca_log")
+
+
+def test_kish_effective_size_closed_forms():
+    assert stats.kish_effective_size(np.full(7, 3.0)) == pytest.approx(7.0)
+    assert stats.kish_effective_size([1.0, 0.0, 0.0]) == 1.0
+    w = np.array([5.0, 1.0, 1.0, 1.0])
+    assert stats.kish_effective_size(w) == pytest.approx(64.0 / 28.0)
+    assert np.isnan(stats.kish_effective_size([0.0, 0.0]))
+
+
+@pytest.mark.parametrize("method", ["bca_log", "variance_stabilised", "el", "adjusted_el", "balanced_el"])
+def test_the_analysis_offers_each_ratio_method_on_its_resampling_units(method):
+    """`analyze_energy(ci_method=...)`: the energy ratio's interval is the method's interval of the
+    per-document sums (the analysis' resamples, tails expanded for the documents), its `se` the
+    interval's implied SE on the log scale."""
+    rng = np.random.default_rng(4)
+    documents = np.repeat(np.arange(20), 3)
+    total = rng.lognormal(0, 0.8, 60)
+    proxy = total * rng.uniform(0.1, 0.3, 60)
+    reference = 2 / 16 * total
+    analysis = stats.analyze_energy(
+        proxy,
+        total,
+        reference,
+        rank=2,
+        dim=16,
+        null_fractions=rng.uniform(0.05, 0.2, 99),
+        group_ids=documents,
+        n_bootstrap=300,
+        ci_method=method,
+        seed=3,
+    )
+    ratio = analysis["energy_ratio"]
+    sums, n = stats.cluster_sums(np.stack([proxy, reference], axis=1), documents)
+    weights = stats.bootstrap_weights(n, 300, seed=3)
+    expected = stats.ratio_interval(sums[:, 0], sums[:, 1], method, weights, expand_units=n)
+    assert ratio.ci_method == method
+    assert (ratio.ci_low, ratio.ci_high) == pytest.approx((expected.ci_low, min(expected.ci_high, 8.0)))
+    z = ndtri(0.975)
+    assert ratio.se == pytest.approx(ratio.estimate * np.log(ratio.ci_high / ratio.ci_low) / (2 * z))
