@@ -225,6 +225,8 @@ class NullCheckSummary:
     """The p-values come from the sequential exact test (their law is simulated, not a grid)."""
     shared_draws: bool = False
     """The tests read Haar draws shared by the units of a width: dependent p-values."""
+    seed: int | None = None
+    """The run's seed (one run: one seed behind the verdict)."""
 
     @property
     def calibrated(self) -> bool:

@@ -27,12 +27,23 @@ exceedance probability ``u`` is uniform, each draw exceeds it independently with
 ``u`` (:func:`sample_sequential_pvalues`) — and both tests are run against that law
 (``expected_rate`` = its ``P(p ≤ alpha)``, the KS distance from its CDF).
 
-**Verdict** (at ``level``, default 0.05): ``anti-conservative`` when the rejection share is
-significantly above ``expected_rate``, ``conservative`` when significantly below, else ``not
-uniform`` when the uniformity test rejects, else ``calibrated``. Only ``calibrated`` reads
-"consistent with a calibrated test": a rejected uniformity can never be called consistent.
-Both tests treat the p-values as independent; tests that share a checkpoint's gradients or the
-analysis' Haar draws are not, so the verdict is approximate (the report says so).
+**Verdict** (at ``level``, default 0.05): the two tests are one family, decided by Holm's
+procedure — the smaller p-value is compared with ``level/2``, and only when it rejects the larger
+one with ``level`` — so a calibrated test is called NOT calibrated with probability at most
+``level`` (each test at ``level`` on its own would make that up to ``2·level``: about 0.09 for 192
+independent p-values of the sequential law, ``benchmarks/README.md``). ``anti-conservative`` when
+the rejection share is rejected and above ``expected_rate``, ``conservative`` when rejected and
+below, else ``not uniform`` when the uniformity test is rejected, else ``calibrated``. Only
+``calibrated`` reads "consistent with a calibrated test": a rejected test can never be called
+consistent.
+
+**Independence.** Both tests, and the reference law, take the p-values as independent draws of
+one law. For Monte-Carlo tests of uninformative proxies that holds *given the data* when every
+test has its own random proxy and its own stream of null draws (``stats.null_draws: per_test``):
+each p-value is then a function of its proxy and its stream only, which are independent of each
+other and of the other tests' (the data enter only as the fixed spectrum against which both are
+measured). Draws shared by the units of a width, or nested ranks of one stream, make the tests
+dependent, and the verdict approximate (the report says so).
 """
 
 from __future__ import annotations
@@ -75,7 +86,7 @@ class UniformityCheck:
     n_simulations : int
         ``B``, the simulated samples behind ``uniformity_p``.
     level : float
-        The level of both tests in the verdict.
+        The family-wise level of the verdict (Holm over its two tests).
     verdict : {"calibrated", "anti-conservative", "conservative", "not uniform"}
         One of :data:`VERDICTS` at ``level``; the property ``calibrated`` is verdict
         "calibrated".
@@ -129,6 +140,23 @@ def sample_sequential_pvalues(n_draws: int, stop_after: int, size: int, rng) -> 
     if pending.size:  # pragma: no cover - needs u with P(G < h) below ~1e-300
         out[pending] = h / (n + 1.0)
     return out
+
+
+def holm_rejections(p_values, level: float) -> tuple[bool, ...]:
+    """Holm's step-down decisions at family-wise level ``level``: the ``i``-th smallest p-value
+    (``i = 1 … m``) is rejected when it and every smaller one lie below ``level/(m − i + 1)``.
+
+    >>> from anistat.stats.uniformity import holm_rejections
+    >>> holm_rejections((0.03, 0.04), 0.05), holm_rejections((0.02, 0.04), 0.05)
+    ((False, False), (True, True))
+    """
+    p = np.asarray(p_values, dtype=np.float64)
+    rejected = np.zeros(p.size, dtype=bool)
+    for step, index in enumerate(np.argsort(p, kind="stable")):
+        if not p[index] < level / (p.size - step):
+            break
+        rejected[index] = True
+    return tuple(bool(r) for r in rejected)
 
 
 class _Law:
@@ -222,9 +250,11 @@ def p_value_uniformity(
         ``j/(n_draws + 1)``; p-values found off that grid are treated as continuous.
     stop_after : int, default 0
         With ``stop_after > 0`` (and ``n_draws``) the law is that of the sequential test
-        stopping after ``stop_after`` exceedances.
+        stopping after ``stop_after`` exceedances; ``n_draws`` is then its cap ``n`` (the run's
+        ``n_null_draws``), not the draws the tests happened to use.
     level : float, default 0.05
-        The level of the binomial and uniformity tests behind the verdict, in ``(0, 1)``.
+        The family-wise level of the verdict (Holm over the binomial and uniformity tests), in
+        ``(0, 1)``.
     n_simulations : int, default 9999
         ``B``, the samples of the null law behind the uniformity test's p-value.
     seed : int, default 0
@@ -277,11 +307,12 @@ def p_value_uniformity(
         simulated[start : start + size[0]] = ks_distance(draws, grid)
     uniformity_p = float((1 + np.count_nonzero(simulated >= observed - 1e-12)) / (1 + n_simulations))
     rate = hits / p.size
-    if binomial_p < level and rate > expected:
+    share_rejected, uniformity_rejected = holm_rejections((binomial_p, uniformity_p), level)
+    if share_rejected and rate > expected:
         verdict = "anti-conservative"
-    elif binomial_p < level:
+    elif share_rejected:
         verdict = "conservative"
-    elif uniformity_p < level:
+    elif uniformity_rejected:
         verdict = "not uniform"
     else:
         verdict = "calibrated"
