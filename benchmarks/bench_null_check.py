@@ -88,6 +88,7 @@ def describe(p: np.ndarray, n_draws: int | None, stop_after: int) -> dict:
     check = p_value_uniformity(p, ALPHA, n_draws=n_draws, stop_after=stop_after, level=LEVEL)
     return {
         "tests": int(p.size),
+        "p_eq_1": float((p == 1.0).mean()),
         "p_le_0.05": float((p <= 0.05 + 1e-12).mean()),
         "expected_p_le_0.05": check.expected_rate,
         "p_le_0.5": float((p <= 0.5 + 1e-12).mean()),

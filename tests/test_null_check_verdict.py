@@ -22,8 +22,10 @@ from anistat.protocol import load_protocol  # noqa: E402
 from anistat.report._content import ReportContext, null_check_sentences  # noqa: E402
 from anistat.stats import p_value_grid, p_value_uniformity  # noqa: E402
 from anistat.stats.uniformity import (  # noqa: E402
+    _Law,
     holm_rejections,
     ks_distance,
+    law_ks_distance,
     sample_sequential_pvalues,
 )
 
@@ -226,22 +228,39 @@ def test_each_test_at_the_level_would_reject_where_holm_does_not():
     assert holm_rejections((0.02, 0.3), 0.05) == (True, False)
 
 
-def test_the_verdicts_p_values_are_uniform_on_simulated_null_families():
+def test_the_verdict_holds_its_level_on_simulated_null_families():
     """Families of independent p-values drawn from the sequential exact test's law (h = 10, n =
-    11,519: the null-check protocol's settings): the KS test against the simulated law gives
-    uniform p-values (its reference reproduces the family's law), and 'calibrated' stands in at
-    least 1 − level of them up to the Monte-Carlo margin."""
+    11,519: the null-check protocol's settings): the KS test against the simulated law is valid
+    (its Monte-Carlo p-value of a discrete statistic is at most uniform: P(p ≤ a) ≤ a up to the
+    margin), and 'NOT calibrated' is said in at most a level's share of them."""
     rng = np.random.default_rng(11)
     checks = [
         p_value_uniformity(
             sample_sequential_pvalues(11519, 10, 96, rng), n_draws=11519, stop_after=10, n_simulations=199, seed=i
         )
-        for i in range(60)
+        for i in range(80)
     ]
     uniformity = np.array([c.uniformity_p for c in checks])
-    assert sps.kstest(uniformity, "uniform").pvalue > 0.001
+    for a in (0.1, 0.25, 0.5):
+        assert (uniformity <= a).sum() <= sps.binom.ppf(0.999, uniformity.size, a)
     alarms = sum(not c.calibrated for c in checks)
     assert alarms <= sps.binom.ppf(0.999, len(checks), 0.05)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_distance_from_a_discrete_law_is_the_supremum_with_ties(seed):
+    """Brute force: |F_N − F| at every atom and just below it. The sequential law's atoms (p = 1
+    has mass 1/(h + 1)) put ties in every sample; a tied block's own mass is no distance."""
+    rng = np.random.default_rng(seed)
+    law = _Law(sample_sequential_pvalues(40, 3, 2000, rng))
+    sample = sample_sequential_pvalues(40, 3, int(rng.integers(5, 60)), rng)
+    assert np.mean(sample == 1.0) > 0 or seed  # ties at p = 1 in most samples
+    atoms = np.unique(np.r_[law.sorted, sample])
+    xs = np.r_[atoms, atoms - 1e-12, 0.0, 2.0]
+    empirical = np.array([(sample <= x).mean() for x in xs])
+    assert law_ks_distance(sample, law) == pytest.approx(np.abs(empirical - law.cdf(xs)).max(), abs=1e-12)
+    # a sample that is the law itself is at distance 0, however many ties it holds
+    assert law_ks_distance(law.sorted, law) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_a_planted_liberal_test_is_caught_against_the_sequential_law():

@@ -173,15 +173,22 @@ class _Law:
 
 
 def law_ks_distance(p_values, law: _Law) -> np.ndarray:
-    """KS distance of each row of ``p_values`` (…, N) from ``law``: on each interval between
-    consecutive sorted values the empirical CDF is constant and the law's CDF monotone, so the
-    supremum is at a value or just below the next one (exact for any law)."""
+    """KS distance ``sup_x |F_N(x) − F(x)|`` of each row of ``p_values`` (…, N) from ``law``.
+
+    On each interval between consecutive sorted values the empirical CDF ``F_N`` is constant and
+    the law's CDF ``F`` non-decreasing, so ``sup (F_N − F)`` is reached at a value, ``max_i i/N −
+    F(p_(i))``, and ``sup (F − F_N)`` just below one, ``max_i F(p_(i)−) − (i − 1)/N``. Both are
+    exact with ties (a discrete law's atoms, such as the sequential test's ``p = 1``): in a block
+    of equal values the first maximum is reached at the block's last index, where ``i/N`` is
+    ``F_N`` at the value, and the second at its first, where ``(i − 1)/N`` is ``F_N`` just below
+    it. (Absolute values of both terms at every index would count a tied block's own mass as a
+    distance: about ``P(p = 1) = 1/(h + 1)`` for every sample of the sequential law.)"""
     p = np.sort(np.asarray(p_values, dtype=np.float64), axis=-1)
     n = p.shape[-1]
     i = np.arange(1, n + 1, dtype=np.float64)
-    at = np.abs(i / n - law.cdf(p))
-    before = np.abs((i - 1) / n - law.below(p))  # just below each value, the ECDF is (i − 1)/N
-    return np.maximum(at.max(axis=-1), before.max(axis=-1))
+    above = (i / n - law.cdf(p)).max(axis=-1)
+    below = (law.below(p) - (i - 1) / n).max(axis=-1)
+    return np.maximum(above, below)
 
 
 def p_value_grid(p_values, n_draws: int | None) -> int | None:
