@@ -256,7 +256,7 @@ def test_the_distance_from_a_discrete_law_is_the_supremum_with_ties(seed):
     sample = sample_sequential_pvalues(40, 3, int(rng.integers(5, 60)), rng)
     assert np.mean(sample == 1.0) > 0 or seed  # ties at p = 1 in most samples
     atoms = np.unique(np.r_[law.sorted, sample])
-    xs = np.r_[atoms, atoms - 1e-12, 0.0, 2.0]
+    xs = np.r_[atoms, atoms * (1 - 1e-6), 0.0, 2.0]  # at and just below every atom
     empirical = np.array([(sample <= x).mean() for x in xs])
     assert law_ks_distance(sample, law) == pytest.approx(np.abs(empirical - law.cdf(xs)).max(), abs=1e-12)
     # a sample that is the law itself is at distance 0, however many ties it holds
@@ -288,3 +288,17 @@ def test_the_sequential_law_has_the_runs_cap_not_the_most_draws_a_test_used():
     assert "192 tests of one run, seed 3" in verdict_sentence(checks[0])
     without_cap = null_check_summaries(results, 0.05, 20, stop_after=10)[0]
     assert without_cap.expected_rate == pytest.approx(1 / 21, abs=0.0005)
+
+
+def test_p_values_read_back_from_results_csv_sit_on_the_laws_atoms():
+    """results.csv keeps 10 significant digits (10/11 is written 0.9090909091): read back, the
+    p-values are judged exactly as the run's own (a value just above its atom would move the
+    atom's whole mass, 0.076 for 10/11, into the distance)."""
+    rng = np.random.default_rng(13)
+    p = sample_sequential_pvalues(11519, 10, 192, rng)
+    written = np.array([float(f"{v:.10g}") for v in p])
+    assert np.any(written != p)
+    exact = p_value_uniformity(p, n_draws=11519, stop_after=10, n_simulations=199, seed=1)
+    read_back = p_value_uniformity(written, n_draws=11519, stop_after=10, n_simulations=199, seed=1)
+    assert read_back.ks_distance == pytest.approx(exact.ks_distance, abs=1e-12)
+    assert read_back.uniformity_p == exact.uniformity_p

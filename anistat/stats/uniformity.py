@@ -159,17 +159,25 @@ def holm_rejections(p_values, level: float) -> tuple[bool, ...]:
     return tuple(bool(r) for r in rejected)
 
 
+#: Relative tolerance within which a p-value is one of the law's atoms. A p-value read back from
+#: results.csv keeps 10 significant digits (``0.9090909091`` for 10/11), so an exact comparison
+#: would put it just above its own atom; the sequential law's atoms ``h/L`` and ``(1 + g)/(1 + n)``
+#: lie at least ~1/(n + 1) apart (relative), far beyond this.
+ATOM_TOLERANCE = 1e-9
+
+
 class _Law:
-    """A discrete null law known by a large sample: ``cdf(x)`` = P(X ≤ x), ``below(x)`` = P(X < x)."""
+    """A discrete null law known by a large sample: ``cdf(x)`` = P(X ≤ x), ``below(x)`` = P(X < x),
+    values within :data:`ATOM_TOLERANCE` (relative) of an atom counted as that atom."""
 
     def __init__(self, sample: np.ndarray) -> None:
         self.sorted = np.sort(sample)
 
     def cdf(self, x):
-        return np.searchsorted(self.sorted, x, side="right") / self.sorted.size
+        return np.searchsorted(self.sorted, np.asarray(x) * (1 + ATOM_TOLERANCE), side="right") / self.sorted.size
 
     def below(self, x):
-        return np.searchsorted(self.sorted, x, side="left") / self.sorted.size
+        return np.searchsorted(self.sorted, np.asarray(x) * (1 - ATOM_TOLERANCE), side="left") / self.sorted.size
 
 
 def law_ks_distance(p_values, law: _Law) -> np.ndarray:
