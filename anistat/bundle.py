@@ -949,6 +949,7 @@ def report_inputs(
         null_draws_auto=protocol.stats.n_null_draws == "auto",
         resampling_risk=null_settings.get("resampling_risk"),
         proxy_refit=protocol.proxies.refit,
+        null_draws=str(null_settings.get("null_draws") or protocol.stats.null_draws),
     )
     versions = manifest.get("versions") if isinstance(manifest.get("versions"), Mapping) else {}
     units = manifest.get("units") if isinstance(manifest.get("units"), list) else []

@@ -121,6 +121,8 @@ class RunDescription:
     resampling_risk: float | None = None
     """``stats.resampling_risk``: the bound ε of the risk-bounded decisions (``mc_decision``; None: off)."""
     proxy_refit: str = "frozen"
+    null_draws: str = "shared"
+    """``stats.null_draws``: one stream of Haar draws per width (``shared``) or per test (``per_test``)."""
 
     @property
     def measured_in_loop(self) -> bool:
