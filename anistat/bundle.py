@@ -993,6 +993,8 @@ def report_inputs(
             protocol.controls.n,
             stop_after=int(null_settings.get("stop_after") or 0),
             shared_draws=null_settings.get("null_draws", "shared") == "shared",
+            n_null_draws=_int_or_none(null_settings.get("n_null_draws")),
+            seed=protocol.seed,
         ),
         refit_contrast=refit_contrast_table(results),
     )
@@ -1091,6 +1093,7 @@ def _run_description(protocol: Protocol, manifest: Mapping[str, Any]) -> RunDesc
         null_draws_auto=stats.n_null_draws == "auto",
         resampling_risk=null_settings.get("resampling_risk"),
         proxy_refit=protocol.proxies.refit,
+        null_draws=str(null_settings.get("null_draws") or protocol.stats.null_draws),
     )
 
 
@@ -1284,6 +1287,8 @@ def null_check_summaries(
     *,
     stop_after: int = 0,
     shared_draws: bool = False,
+    n_null_draws: int | None = None,
+    seed: int | None = None,
 ) -> tuple[NullCheckSummary, ...]:
     """The run's own null check: with an uninformative (``random``) proxy every null is true, so
     the exact test's p-values (one per unit × rank, from the ``energy_fraction`` rows) must
@@ -1292,7 +1297,10 @@ def null_check_summaries(
     the grid of the protocol's ``n_paper_controls`` controls) are checked beside them. Proxies are
     recognised by label: ``random`` and its variants (``random@refit``). ``shared_draws``: the
     exact tests read draws shared by the units of a width, so their p-values are dependent and
-    the verdict (which assumes independence) is approximate."""
+    the verdict (which assumes independence) is approximate. ``n_null_draws``: the run's cap on
+    Haar draws, the sequential law's ``n`` (without it, the most draws a test used, which is
+    below the cap whenever every test stopped early). ``seed``: the run's seed, stated with the
+    verdict."""
     from .report.inputs import NullCheckSummary
     from .stats import p_value_uniformity
 
@@ -1307,8 +1315,8 @@ def null_check_summaries(
         first_kind = exact["control"].iloc[0]
         exact = exact[exact["control"] == first_kind]
         draws = exact["n_controls"].dropna().astype(int).unique() if "n_controls" in exact else []
-        if stop_after and len(draws):  # sequential: the draws used vary; the law has the largest n
-            checks.append(("exact", exact["p_value"], int(max(draws)), stop_after))
+        if stop_after and len(draws):  # sequential: the draws used vary; the law has the run's cap n
+            checks.append(("exact", exact["p_value"], n_null_draws or int(max(draws)), stop_after))
         else:
             checks.append(("exact", exact["p_value"], int(draws[0]) if len(draws) == 1 else None, 0))
     if "p_value_paper" in rows.columns:
@@ -1335,6 +1343,7 @@ def null_check_summaries(
                 check.verdict,
                 sequential=bool(stop),
                 shared_draws=shared_draws and test == "exact",
+                seed=seed,
             )
         )
     return tuple(out)

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as sps
+from statsmodels.stats.multitest import multipletests
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_report_inputs import FAST, plan_results, quickstart_manifest  # noqa: E402
@@ -20,7 +21,13 @@ from anistat.bundle import null_check_summaries, report_inputs  # noqa: E402
 from anistat.protocol import load_protocol  # noqa: E402
 from anistat.report._content import ReportContext, null_check_sentences  # noqa: E402
 from anistat.stats import p_value_grid, p_value_uniformity  # noqa: E402
-from anistat.stats.uniformity import ks_distance  # noqa: E402
+from anistat.stats.uniformity import (  # noqa: E402
+    _Law,
+    holm_rejections,
+    ks_distance,
+    law_ks_distance,
+    sample_sequential_pvalues,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSISTENT = "consistent with a calibrated test"
@@ -64,7 +71,7 @@ def test_anti_conservative_and_conservative_tests_are_named():
 @pytest.mark.parametrize("seed", range(12))
 def test_a_rejected_uniformity_is_never_called_consistent(seed):
     """The verdict rule: whatever the p-values, 'consistent with a calibrated test' is said only
-    when neither the binomial test nor the uniformity test rejects."""
+    when Holm's procedure over the binomial and uniformity tests rejects neither (statsmodels)."""
     rng = np.random.default_rng(seed)
     shape = rng.choice(["power", "mixture", "grid"])
     n = int(rng.integers(40, 400))
@@ -78,7 +85,8 @@ def test_a_rejected_uniformity_is_never_called_consistent(seed):
         draws = int(rng.integers(5, 40))
         p = discrete_uniform(n, draws, seed)
     check = p_value_uniformity(p, 0.05, n_draws=draws, n_simulations=999)
-    rejected = check.uniformity_p < check.level or check.binomial_p < check.level
+    holm = multipletests([check.binomial_p, check.uniformity_p], alpha=check.level, method="holm")[0]
+    rejected = bool(holm.any())
     assert check.calibrated == (not rejected)
     from anistat.report._null_check import verdict_sentence
     from anistat.report.inputs import NullCheckSummary
@@ -202,3 +210,95 @@ def test_sequential_pvalues_are_judged_against_their_own_law():
     # the same p-values judged as if they were a fixed-n grid are off the grid: continuous, and an
     # anti-conservative test (p-values halved) is caught against the sequential law
     assert p_value_uniformity(real[:300] / 2, 0.05, n_draws=n, stop_after=h).verdict == "anti-conservative"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_holm_rejections_are_statsmodels_holm(seed):
+    rng = np.random.default_rng(seed)
+    p = rng.uniform(0, 0.08, size=int(rng.integers(2, 5)))
+    expected = multipletests(p, alpha=0.05, method="holm")[0]
+    assert holm_rejections(p, 0.05) == tuple(bool(r) for r in expected)
+
+
+def test_each_test_at_the_level_would_reject_where_holm_does_not():
+    """p = 0.03 and 0.04: each below 0.05 on its own, but neither below Holm's first step 0.025,
+    so a verdict from two tests at 0.05 each would cry wolf where the family's level holds."""
+    assert holm_rejections((0.03, 0.04), 0.05) == (False, False)
+    assert holm_rejections((0.02, 0.04), 0.05) == (True, True)
+    assert holm_rejections((0.02, 0.3), 0.05) == (True, False)
+
+
+def test_the_verdict_holds_its_level_on_simulated_null_families():
+    """Families of independent p-values drawn from the sequential exact test's law (h = 10, n =
+    11,519: the null-check protocol's settings): the KS test against the simulated law is valid
+    (its Monte-Carlo p-value of a discrete statistic is at most uniform: P(p ≤ a) ≤ a up to the
+    margin), and 'NOT calibrated' is said in at most a level's share of them."""
+    rng = np.random.default_rng(11)
+    checks = [
+        p_value_uniformity(
+            sample_sequential_pvalues(11519, 10, 96, rng), n_draws=11519, stop_after=10, n_simulations=199, seed=i
+        )
+        for i in range(80)
+    ]
+    uniformity = np.array([c.uniformity_p for c in checks])
+    for a in (0.1, 0.25, 0.5):
+        assert (uniformity <= a).sum() <= sps.binom.ppf(0.999, uniformity.size, a)
+    alarms = sum(not c.calibrated for c in checks)
+    assert alarms <= sps.binom.ppf(0.999, len(checks), 0.05)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_distance_from_a_discrete_law_is_the_supremum_with_ties(seed):
+    """Brute force: |F_N − F| at every atom and just below it. The sequential law's atoms (p = 1
+    has mass 1/(h + 1)) put ties in every sample; a tied block's own mass is no distance."""
+    rng = np.random.default_rng(seed)
+    law = _Law(sample_sequential_pvalues(40, 3, 2000, rng))
+    sample = sample_sequential_pvalues(40, 3, int(rng.integers(5, 60)), rng)
+    assert np.mean(sample == 1.0) > 0 or seed  # ties at p = 1 in most samples
+    atoms = np.unique(np.r_[law.sorted, sample])
+    xs = np.r_[atoms, atoms * (1 - 1e-6), 0.0, 2.0]  # at and just below every atom
+    empirical = np.array([(sample <= x).mean() for x in xs])
+    assert law_ks_distance(sample, law) == pytest.approx(np.abs(empirical - law.cdf(xs)).max(), abs=1e-12)
+    # a sample that is the law itself is at distance 0, however many ties it holds
+    assert law_ks_distance(law.sorted, law) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_planted_liberal_test_is_caught_against_the_sequential_law():
+    """A test whose exceedance probability is u^1.4 (small p-values too often: liberal): 960
+    p-values, as five seeds of the null-check protocol give, are called NOT calibrated."""
+    rng = np.random.default_rng(12)
+    u = rng.uniform(size=960) ** 1.4
+    stop_at = 10 + rng.negative_binomial(10, u)
+    p = np.where(stop_at <= 11519, 10 / np.minimum(stop_at, 11520), (1 + rng.binomial(11519, u)) / 11520)
+    check = p_value_uniformity(p, n_draws=11519, stop_after=10, n_simulations=999)
+    assert check.verdict in ("anti-conservative", "not uniform")
+
+
+def test_the_sequential_law_has_the_runs_cap_not_the_most_draws_a_test_used():
+    """Every test stopped by 20 draws (n_controls = draws used): the law behind the verdict is
+    still the one with the run's cap n = 11,519 (P(p ≤ 0.05) ≈ 0.0496), not a 20-draw test's
+    (1/21): the run's cap comes from its null settings; the sentence names the run's seed."""
+    from anistat.report._null_check import verdict_sentence
+
+    results = null_check_results()
+    exact = (results["proxy"] == "random@refit") & (results["p_test"] == "haar_monte_carlo")
+    results.loc[exact, "n_controls"] = 20
+    checks = null_check_summaries(results, 0.05, 20, stop_after=10, n_null_draws=11519, seed=3)
+    assert checks[0].sequential and checks[0].expected_rate == pytest.approx(0.0496, abs=0.001)
+    assert "192 tests of one run, seed 3" in verdict_sentence(checks[0])
+    without_cap = null_check_summaries(results, 0.05, 20, stop_after=10)[0]
+    assert without_cap.expected_rate == pytest.approx(1 / 21, abs=0.0005)
+
+
+def test_p_values_read_back_from_results_csv_sit_on_the_laws_atoms():
+    """results.csv keeps 10 significant digits (10/11 is written 0.9090909091): read back, the
+    p-values are judged exactly as the run's own (a value just above its atom would move the
+    atom's whole mass, 0.076 for 10/11, into the distance)."""
+    rng = np.random.default_rng(13)
+    p = sample_sequential_pvalues(11519, 10, 192, rng)
+    written = np.array([float(f"{v:.10g}") for v in p])
+    assert np.any(written != p)
+    exact = p_value_uniformity(p, n_draws=11519, stop_after=10, n_simulations=199, seed=1)
+    read_back = p_value_uniformity(written, n_draws=11519, stop_after=10, n_simulations=199, seed=1)
+    assert read_back.ks_distance == pytest.approx(exact.ks_distance, abs=1e-12)
+    assert read_back.uniformity_p == exact.uniformity_p

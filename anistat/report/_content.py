@@ -866,9 +866,16 @@ def _p_value_segments(run: RunDescription, df: pd.DataFrame, tests: list[str]) -
                 )
                 + "; an uninformative (uniformly random) proxy is "
                 "exchangeable with the draws, so under that null P(p \u2264 a) \u2264 a whatever the "
-                "gradients' anisotropy. The draws are made once per hidden width and read in each unit's "
-                "own eigen-coordinates (a Haar subspace stays Haar under any fixed rotation), so every test "
-                "is exact on its own while tests of units of one width are dependent. ",
+                "gradients' anisotropy. "
+                + (
+                    "Every unit and rank has its own stream of draws, read in the unit's own "
+                    "eigen-coordinates, so every test is exact on its own and, given the data, tests of "
+                    "independently drawn proxies are independent. "
+                    if run.null_draws == "per_test"
+                    else "The draws are made once per hidden width and read in each unit's own "
+                    "eigen-coordinates (a Haar subspace stays Haar under any fixed rotation), so every test "
+                    "is exact on its own while tests of units of one width are dependent. "
+                ),
             ]
             if run.null_stop_exceedances:
                 seg.append(

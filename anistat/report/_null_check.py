@@ -16,10 +16,12 @@ VERDICT_TEXT = {
     "not uniform": "NOT calibrated: its p-values are not uniform",
 }
 DEPENDENCE_CAVEAT = (
-    "Both tests treat the p-values as independent. With an independent stream of Haar draws per "
-    "test (stats.null_draws: per_test) and proxies drawn independently, they are, given the data "
-    "(each test is exact conditionally on its unit's gradients); with draws shared by the units "
-    "of a width (the default) they are not, and the verdict is approximate."
+    "Both tests, and the law they are judged against, take the p-values as independent. With a "
+    "random proxy and a stream of Haar draws of its own for every test (stats.null_draws: per_test, "
+    "as in protocols/null-check.yaml) they are, given the data: each p-value depends only on its "
+    "proxy and its stream. With draws shared by the units of a width (the default) they are not, "
+    "and the verdict is approximate. The verdict decides its two tests by Holm's procedure, so a "
+    "calibrated test is called NOT calibrated with probability at most the stated level."
 )
 
 
@@ -31,17 +33,22 @@ def grid_text(check: NullCheckSummary) -> str:
     return f"its p-values are multiples of 1/{check.grid}" + (" (nearly continuous)" if check.grid > 1000 else "")
 
 
+def seed_text(check: NullCheckSummary) -> str:
+    """Where the tests come from: one run, and its seed when known."""
+    return " of one run" + (f", seed {check.seed}" if check.seed is not None else "")
+
+
 def verdict_sentence(check: NullCheckSummary) -> str:
     """One sentence: the rejection share, what a valid test would give, both tests, the verdict."""
     label = NULL_CHECK_LABELS.get(check.test, check.test)
     expected = f"{check.expected_rate:.2%}" if check.grid is not None or check.sequential else f"{check.alpha:.0%}"
     return (
-        f"Null check (uninformative random proxy, {len(check.p_values)} tests): {label} gives "
+        f"Null check (uninformative random proxy, {len(check.p_values)} tests{seed_text(check)}): {label} gives "
         f"p \u2264 {check.alpha:g} in {check.rejection_rate:.1%} (95 % interval {check.rate_low:.1%}\u2013"
         f"{check.rate_high:.1%}; a valid test: {expected}, {grid_text(check)}); exact binomial test of that "
         f"share p = {check.binomial_p:.2g}, uniformity against the p-values' own null law (Kolmogorov\u2013"
         f"Smirnov distance, p by simulation) p = {check.uniformity_p:.2g}: "
-        f"{VERDICT_TEXT.get(check.verdict, check.verdict)} (level {check.level:g})"
+        f"{VERDICT_TEXT.get(check.verdict, check.verdict)} (family-wise level {check.level:g}, Holm over both tests)"
         + (
             "; these tests share Haar draws, so they are dependent and the verdict is approximate."
             if check.shared_draws

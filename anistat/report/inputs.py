@@ -121,6 +121,8 @@ class RunDescription:
     resampling_risk: float | None = None
     """``stats.resampling_risk``: the bound ε of the risk-bounded decisions (``mc_decision``; None: off)."""
     proxy_refit: str = "frozen"
+    null_draws: str = "shared"
+    """``stats.null_draws``: one stream of Haar draws per width (``shared``) or per test (``per_test``)."""
 
     @property
     def measured_in_loop(self) -> bool:
@@ -225,6 +227,8 @@ class NullCheckSummary:
     """The p-values come from the sequential exact test (their law is simulated, not a grid)."""
     shared_draws: bool = False
     """The tests read Haar draws shared by the units of a width: dependent p-values."""
+    seed: int | None = None
+    """The run's seed (one run: one seed behind the verdict)."""
 
     @property
     def calibrated(self) -> bool:

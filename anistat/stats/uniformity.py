@@ -27,12 +27,23 @@ exceedance probability ``u`` is uniform, each draw exceeds it independently with
 ``u`` (:func:`sample_sequential_pvalues`) — and both tests are run against that law
 (``expected_rate`` = its ``P(p ≤ alpha)``, the KS distance from its CDF).
 
-**Verdict** (at ``level``, default 0.05): ``anti-conservative`` when the rejection share is
-significantly above ``expected_rate``, ``conservative`` when significantly below, else ``not
-uniform`` when the uniformity test rejects, else ``calibrated``. Only ``calibrated`` reads
-"consistent with a calibrated test": a rejected uniformity can never be called consistent.
-Both tests treat the p-values as independent; tests that share a checkpoint's gradients or the
-analysis' Haar draws are not, so the verdict is approximate (the report says so).
+**Verdict** (at ``level``, default 0.05): the two tests are one family, decided by Holm's
+procedure — the smaller p-value is compared with ``level/2``, and only when it rejects the larger
+one with ``level`` — so a calibrated test is called NOT calibrated with probability at most
+``level`` (each test at ``level`` on its own would make that up to ``2·level``: about 0.09 for 192
+independent p-values of the sequential law, ``benchmarks/README.md``). ``anti-conservative`` when
+the rejection share is rejected and above ``expected_rate``, ``conservative`` when rejected and
+below, else ``not uniform`` when the uniformity test is rejected, else ``calibrated``. Only
+``calibrated`` reads "consistent with a calibrated test": a rejected test can never be called
+consistent.
+
+**Independence.** Both tests, and the reference law, take the p-values as independent draws of
+one law. For Monte-Carlo tests of uninformative proxies that holds *given the data* when every
+test has its own random proxy and its own stream of null draws (``stats.null_draws: per_test``):
+each p-value is then a function of its proxy and its stream only, which are independent of each
+other and of the other tests' (the data enter only as the fixed spectrum against which both are
+measured). Draws shared by the units of a width, or nested ranks of one stream, make the tests
+dependent, and the verdict approximate (the report says so).
 """
 
 from __future__ import annotations
@@ -75,7 +86,7 @@ class UniformityCheck:
     n_simulations : int
         ``B``, the simulated samples behind ``uniformity_p``.
     level : float
-        The level of both tests in the verdict.
+        The family-wise level of the verdict (Holm over its two tests).
     verdict : {"calibrated", "anti-conservative", "conservative", "not uniform"}
         One of :data:`VERDICTS` at ``level``; the property ``calibrated`` is verdict
         "calibrated".
@@ -131,29 +142,61 @@ def sample_sequential_pvalues(n_draws: int, stop_after: int, size: int, rng) -> 
     return out
 
 
+def holm_rejections(p_values, level: float) -> tuple[bool, ...]:
+    """Holm's step-down decisions at family-wise level ``level``: the ``i``-th smallest p-value
+    (``i = 1 … m``) is rejected when it and every smaller one lie below ``level/(m − i + 1)``.
+
+    >>> from anistat.stats.uniformity import holm_rejections
+    >>> holm_rejections((0.03, 0.04), 0.05), holm_rejections((0.02, 0.04), 0.05)
+    ((False, False), (True, True))
+    """
+    p = np.asarray(p_values, dtype=np.float64)
+    rejected = np.zeros(p.size, dtype=bool)
+    for step, index in enumerate(np.argsort(p, kind="stable")):
+        if not p[index] < level / (p.size - step):
+            break
+        rejected[index] = True
+    return tuple(bool(r) for r in rejected)
+
+
+#: Relative tolerance within which a p-value is one of the law's atoms. A p-value read back from
+#: results.csv keeps 10 significant digits (``0.9090909091`` for 10/11), so an exact comparison
+#: would put it just above its own atom; the sequential law's atoms ``h/L`` and ``(1 + g)/(1 + n)``
+#: lie at least ~1/(n + 1) apart (relative), far beyond this.
+ATOM_TOLERANCE = 1e-9
+
+
 class _Law:
-    """A discrete null law known by a large sample: ``cdf(x)`` = P(X ≤ x), ``below(x)`` = P(X < x)."""
+    """A discrete null law known by a large sample: ``cdf(x)`` = P(X ≤ x), ``below(x)`` = P(X < x),
+    values within :data:`ATOM_TOLERANCE` (relative) of an atom counted as that atom."""
 
     def __init__(self, sample: np.ndarray) -> None:
         self.sorted = np.sort(sample)
 
     def cdf(self, x):
-        return np.searchsorted(self.sorted, x, side="right") / self.sorted.size
+        return np.searchsorted(self.sorted, np.asarray(x) * (1 + ATOM_TOLERANCE), side="right") / self.sorted.size
 
     def below(self, x):
-        return np.searchsorted(self.sorted, x, side="left") / self.sorted.size
+        return np.searchsorted(self.sorted, np.asarray(x) * (1 - ATOM_TOLERANCE), side="left") / self.sorted.size
 
 
 def law_ks_distance(p_values, law: _Law) -> np.ndarray:
-    """KS distance of each row of ``p_values`` (…, N) from ``law``: on each interval between
-    consecutive sorted values the empirical CDF is constant and the law's CDF monotone, so the
-    supremum is at a value or just below the next one (exact for any law)."""
+    """KS distance ``sup_x |F_N(x) − F(x)|`` of each row of ``p_values`` (…, N) from ``law``.
+
+    On each interval between consecutive sorted values the empirical CDF ``F_N`` is constant and
+    the law's CDF ``F`` non-decreasing, so ``sup (F_N − F)`` is reached at a value, ``max_i i/N −
+    F(p_(i))``, and ``sup (F − F_N)`` just below one, ``max_i F(p_(i)−) − (i − 1)/N``. Both are
+    exact with ties (a discrete law's atoms, such as the sequential test's ``p = 1``): in a block
+    of equal values the first maximum is reached at the block's last index, where ``i/N`` is
+    ``F_N`` at the value, and the second at its first, where ``(i − 1)/N`` is ``F_N`` just below
+    it. (Absolute values of both terms at every index would count a tied block's own mass as a
+    distance: about ``P(p = 1) = 1/(h + 1)`` for every sample of the sequential law.)"""
     p = np.sort(np.asarray(p_values, dtype=np.float64), axis=-1)
     n = p.shape[-1]
     i = np.arange(1, n + 1, dtype=np.float64)
-    at = np.abs(i / n - law.cdf(p))
-    before = np.abs((i - 1) / n - law.below(p))  # just below each value, the ECDF is (i − 1)/N
-    return np.maximum(at.max(axis=-1), before.max(axis=-1))
+    above = (i / n - law.cdf(p)).max(axis=-1)
+    below = (law.below(p) - (i - 1) / n).max(axis=-1)
+    return np.maximum(above, below)
 
 
 def p_value_grid(p_values, n_draws: int | None) -> int | None:
@@ -222,9 +265,11 @@ def p_value_uniformity(
         ``j/(n_draws + 1)``; p-values found off that grid are treated as continuous.
     stop_after : int, default 0
         With ``stop_after > 0`` (and ``n_draws``) the law is that of the sequential test
-        stopping after ``stop_after`` exceedances.
+        stopping after ``stop_after`` exceedances; ``n_draws`` is then its cap ``n`` (the run's
+        ``n_null_draws``), not the draws the tests happened to use.
     level : float, default 0.05
-        The level of the binomial and uniformity tests behind the verdict, in ``(0, 1)``.
+        The family-wise level of the verdict (Holm over the binomial and uniformity tests), in
+        ``(0, 1)``.
     n_simulations : int, default 9999
         ``B``, the samples of the null law behind the uniformity test's p-value.
     seed : int, default 0
@@ -277,11 +322,12 @@ def p_value_uniformity(
         simulated[start : start + size[0]] = ks_distance(draws, grid)
     uniformity_p = float((1 + np.count_nonzero(simulated >= observed - 1e-12)) / (1 + n_simulations))
     rate = hits / p.size
-    if binomial_p < level and rate > expected:
+    share_rejected, uniformity_rejected = holm_rejections((binomial_p, uniformity_p), level)
+    if share_rejected and rate > expected:
         verdict = "anti-conservative"
-    elif binomial_p < level:
+    elif share_rejected:
         verdict = "conservative"
-    elif uniformity_p < level:
+    elif uniformity_rejected:
         verdict = "not uniform"
     else:
         verdict = "calibrated"
