@@ -36,12 +36,15 @@ def wall(command: list[str], repeats: int, env: dict[str, str]) -> float:
 
 def heavy_imports(args: list[str], env: dict[str, str]) -> list[str]:
     """Heavy modules in sys.modules after running the CLI command in-process."""
-    code = ("import sys; from anistat.cli import main; code = main(sys.argv[1:]); "
-            f"print('HEAVY:' + ','.join(m for m in {HEAVY!r} if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
-                            cwd=ROOT, check=True)
+    code = (
+        "import sys; from anistat.cli import main; code = main(sys.argv[1:]); "
+        f"print('HEAVY:' + ','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT, check=True
+    )
     marker = [line for line in result.stdout.splitlines() if line.startswith("HEAVY:")][-1]
-    return [m for m in marker[len("HEAVY:"):].split(",") if m]
+    return [m for m in marker[len("HEAVY:") :].split(",") if m]
 
 
 def main() -> None:
@@ -56,8 +59,13 @@ def main() -> None:
             "python -c pass (floor)": [sys.executable, "-c", "pass"],
             "import torch (for scale)": [sys.executable, "-c", "import torch"],
             "anistat --help": [sys.executable, "-m", "anistat", "--help"],
-            "anistat validate protocols/quickstart.yaml": [sys.executable, "-m", "anistat", "validate",
-                                                          "protocols/quickstart.yaml"],
+            "anistat validate protocols/quickstart.yaml": [
+                sys.executable,
+                "-m",
+                "anistat",
+                "validate",
+                "protocols/quickstart.yaml",
+            ],
             "anistat schema": [sys.executable, "-m", "anistat", "schema"],
             "anistat init FILE --force": [sys.executable, "-m", "anistat", "init", str(starter), "--force"],
         }

@@ -53,15 +53,35 @@ def make_model(dim: int, layers: int, vocab: int, seq_len: int, seed: int = 0, a
     if arch == "gpt-neox":
         from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-        config = GPTNeoXConfig(vocab_size=vocab, hidden_size=dim, num_hidden_layers=layers,
-                               num_attention_heads=max(1, dim // 64), intermediate_size=4 * dim, rotary_pct=0.25,
-                               max_position_embeddings=max(2048, seq_len), use_parallel_residual=True,
-                               hidden_dropout=0.0, attention_dropout=0.0, bos_token_id=None, eos_token_id=None)
+        config = GPTNeoXConfig(
+            vocab_size=vocab,
+            hidden_size=dim,
+            num_hidden_layers=layers,
+            num_attention_heads=max(1, dim // 64),
+            intermediate_size=4 * dim,
+            rotary_pct=0.25,
+            max_position_embeddings=max(2048, seq_len),
+            use_parallel_residual=True,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
         return GPTNeoXForCausalLM(config)
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=vocab, n_positions=seq_len, n_embd=dim, n_layer=layers, n_head=max(1, dim // 64),
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+    config = GPT2Config(
+        vocab_size=vocab,
+        n_positions=seq_len,
+        n_embd=dim,
+        n_layer=layers,
+        n_head=max(1, dim // 64),
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     return GPT2LMHeadModel(config)
 
 
@@ -75,8 +95,18 @@ def make_splits(n_test: int, seq_len: int, vocab: int, seed: int = 0, tokens: st
     else:
         test = torch.randint(0, vocab, (n_test, seq_len), generator=generator)
     fit = torch.randint(0, vocab, (16, seq_len), generator=generator)
-    return Splits(test=test, fit=fit, train=fit, test_documents=np.arange(n_test), token_counts=np.ones(vocab, np.int64),
-                  vocab_size=vocab, mask_token_id=None, pad_token_id=None, decode=lambda ids: "", tokenizer_id="bench")
+    return Splits(
+        test=test,
+        fit=fit,
+        train=fit,
+        test_documents=np.arange(n_test),
+        token_counts=np.ones(vocab, np.int64),
+        vocab_size=vocab,
+        mask_token_id=None,
+        pad_token_id=None,
+        decode=lambda ids: "",
+        tokenizer_id="bench",
+    )
 
 
 def make_bases(model, splits, layers, rank=4, n_controls=20, per_token_controls=None, device="cpu", acts=None):
@@ -94,8 +124,10 @@ def make_bases(model, splits, layers, rank=4, n_controls=20, per_token_controls=
         sample = acts[layer].reshape(-1, acts[layer].shape[-1])
         proxy = fit_proxy(sample, "pca", rank, seed=layer)
         if per_token_controls is None:
-            controls = {kind: draw_controls(kind, proxy.basis, n_controls, seed=layer + 100 * i)
-                        for i, kind in enumerate(("normal", "haar"))}
+            controls = {
+                kind: draw_controls(kind, proxy.basis, n_controls, seed=layer + 100 * i)
+                for i, kind in enumerate(("normal", "haar"))
+            }
         elif per_token_controls > 0:  # the projection cost of a control does not depend on its kind
             controls = {"pca_span": draw_controls("haar", proxy.basis, per_token_controls, seed=layer)}
         else:
@@ -110,16 +142,38 @@ PIPELINE_PAIR_BUDGET = 1024 * 2**20
 PIPELINE_TYPE_BUDGET = 1024 * 2**20
 
 
-def anistat_collect(model, splits, layers, bases, batch_size, pair_budget_bytes=PIPELINE_PAIR_BUDGET,
-                    device="cpu", precision="fp32", type_budget_bytes=PIPELINE_TYPE_BUDGET):
+def anistat_collect(
+    model,
+    splits,
+    layers,
+    bases,
+    batch_size,
+    pair_budget_bytes=PIPELINE_PAIR_BUDGET,
+    device="cpu",
+    precision="fp32",
+    type_budget_bytes=PIPELINE_TYPE_BUDGET,
+):
     """`pair_budget_bytes` > 0 also keeps the per-(sequence, type) activation sums behind the
     frequency-correlation CI, as `anistat run` does by default."""
-    keys = {l: UnitKey("bench", "clm", "c", 0, "early", l, f"residual.{l}") for l in layers}
-    return measure_checkpoint(model, keys=keys, bases=bases, splits=splits, objective="clm",
-                              token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long), n_buckets=1,
-                              mlm_probability=0.15, seed=0, batch_size=batch_size, device=torch.device(device),
-                              isoscore_c0="scaled_identity", isoscore_zeta=0.1, pair_budget_bytes=pair_budget_bytes,
-                              precision=precision, type_budget_bytes=type_budget_bytes)
+    keys = {layer: UnitKey("bench", "clm", "c", 0, "early", layer, f"residual.{layer}") for layer in layers}
+    return measure_checkpoint(
+        model,
+        keys=keys,
+        bases=bases,
+        splits=splits,
+        objective="clm",
+        token_bucket=torch.zeros(splits.vocab_size, dtype=torch.long),
+        n_buckets=1,
+        mlm_probability=0.15,
+        seed=0,
+        batch_size=batch_size,
+        device=torch.device(device),
+        isoscore_c0="scaled_identity",
+        isoscore_zeta=0.1,
+        pair_budget_bytes=pair_budget_bytes,
+        precision=precision,
+        type_budget_bytes=type_budget_bytes,
+    )
 
 
 def naive_collect(model, splits, layers, bases, batch_size, device="cpu"):
@@ -128,29 +182,37 @@ def naive_collect(model, splits, layers, bases, batch_size, device="cpu"):
     for parameter in model.parameters():
         parameter.requires_grad_(True)
     model.eval()
-    matrices = {l: [bases[l][0].basis.cpu().numpy()] + [q.cpu().numpy() for stack in bases[l][0].controls.values()
-                                                         for q in stack]
-                for l in layers}
+    matrices = {
+        layer: [bases[layer][0].basis.cpu().numpy()]
+        + [q.cpu().numpy() for stack in bases[layer][0].controls.values() for q in stack]
+        for layer in layers
+    }
     n_seq, seq_len = splits.test.shape
-    energies = {l: np.zeros((n_seq, len(matrices[l]))) for l in layers}
-    outer = {l: 0.0 for l in layers}
+    energies = {layer: np.zeros((n_seq, len(matrices[layer]))) for layer in layers}
+    outer = {layer: 0.0 for layer in layers}
     for start in range(0, n_seq, batch_size):
         batch = splits.test[start : start + batch_size].to(device)
         model.zero_grad(set_to_none=True)
         out = model(input_ids=batch, output_hidden_states=True)
-        hidden = [out.hidden_states[l + 1] for l in layers]
+        hidden = [out.hidden_states[layer + 1] for layer in layers]
         for h in hidden:
             h.retain_grad()
         logits = out.logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1),
-                                                 reduction="none").view(batch.shape[0], -1).mean(1).sum()
+        loss = (
+            torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="none"
+            )
+            .view(batch.shape[0], -1)
+            .mean(1)
+            .sum()
+        )
         loss.backward()
-        for l, h in zip(layers, hidden):
+        for layer, h in zip(layers, hidden):
             g = h.grad[:, :-1].double().cpu().numpy()
-            for j, q in enumerate(matrices[l]):
-                energies[l][start : start + batch.shape[0], j] = ((g @ q) ** 2).sum(axis=(1, 2))
+            for j, q in enumerate(matrices[layer]):
+                energies[layer][start : start + batch.shape[0], j] = ((g @ q) ** 2).sum(axis=(1, 2))
             flat = g.reshape(-1, g.shape[-1])
-            outer[l] = outer[l] + flat.T @ flat
+            outer[layer] = outer[layer] + flat.T @ flat
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     return energies
@@ -171,7 +233,7 @@ def floor_collect(model, splits, layers, batch_size, device="cpu", precision="fp
         batch = splits.test[start : start + batch_size].to(device)
         with torch.enable_grad(), autocast(device, precision), residual_probe(model, layers, gradients=True) as record:
             loss = lm_loss(model, batch, batch, "clm")
-            gradients = torch.autograd.grad(loss, [record.deltas[l] for l in layers])
+            gradients = torch.autograd.grad(loss, [record.deltas[layer] for layer in layers])
         if on_batch is not None:
             on_batch(record, gradients)
     if device.type == "cuda":
@@ -186,13 +248,14 @@ def floor_plus_moments(model, splits, layers, batch_size, device="cpu", precisio
     from anistat.collect.collector import add_gram_
 
     dim = model.config.hidden_size
-    outers = {l: torch.zeros(2, dim, dim, dtype=torch.float64, device=device) for l in layers}
+    outers = {layer: torch.zeros(2, dim, dim, dtype=torch.float64, device=device) for layer in layers}
 
     def moments(record, gradients):
-        for l, gradient in zip(layers, gradients):
-            rows = torch.stack([gradient[:, :-1].reshape(-1, dim).float(),
-                                record.activations[l][:, :-1].reshape(-1, dim).float()])
-            add_gram_(outers[l], rows, upper_only=torch.device(device).type == "cpu")
+        for layer, gradient in zip(layers, gradients):
+            rows = torch.stack(
+                [gradient[:, :-1].reshape(-1, dim).float(), record.activations[layer][:, :-1].reshape(-1, dim).float()]
+            )
+            add_gram_(outers[layer], rows, upper_only=torch.device(device).type == "cpu")
 
     floor_collect(model, splits, layers, batch_size, device, precision, on_batch=moments)
     return outers
@@ -229,14 +292,15 @@ def bench_p2(args) -> dict:
     def ours(bases, pairs=pipeline_pairs):
         return lambda: anistat_collect(model, splits, layers, bases, args.batch_size, pairs, device, precision)
 
-    runs = {"anistat": ours(default),
-            "anistat_no_pair_sums": ours(default, 0),
-            f"anistat_plus_{args.extra_controls}_controls": ours(extra),
-            "anistat_rank_8": ours(double_rank),
-            "naive": lambda: naive_collect(model, splits, layers, paper, args.batch_size, device),
-            "floor": lambda: floor_collect(model, splits, layers, args.batch_size, device, precision),
-            "floor_plus_moments": lambda: floor_plus_moments(model, splits, layers, args.batch_size, device,
-                                                             precision)}
+    runs = {
+        "anistat": ours(default),
+        "anistat_no_pair_sums": ours(default, 0),
+        f"anistat_plus_{args.extra_controls}_controls": ours(extra),
+        "anistat_rank_8": ours(double_rank),
+        "naive": lambda: naive_collect(model, splits, layers, paper, args.batch_size, device),
+        "floor": lambda: floor_collect(model, splits, layers, args.batch_size, device, precision),
+        "floor_plus_moments": lambda: floor_plus_moments(model, splits, layers, args.batch_size, device, precision),
+    }
     if args.skip_marginal:
         for name in ("anistat_no_pair_sums", f"anistat_plus_{args.extra_controls}_controls", "anistat_rank_8"):
             runs.pop(name)
@@ -259,8 +323,15 @@ def bench_p2(args) -> dict:
     # (not the last block: the last returned hidden state is the final norm's *output*, so
     # retain_grad there yields the gradient w.r.t. a different tensor — the pitfall the
     # additive probe avoids)
-    agreement = max(float(np.max(np.abs(measured[l].energy[:, 0, 0] - naive[l][:, 0])
-                                 / np.maximum(np.abs(naive[l][:, 0]), 1e-30))) for l in layers[:-1])
+    agreement = max(
+        float(
+            np.max(
+                np.abs(measured[layer].energy[:, 0, 0] - naive[layer][:, 0])
+                / np.maximum(np.abs(naive[layer][:, 0]), 1e-30)
+            )
+        )
+        for layer in layers[:-1]
+    )
     median = wall_median = {name: statistics.median(t) for name, t in times.items()}
     if args.clock == "cpu":  # process CPU time: the work done, whatever else the machine runs
         median = {name: statistics.median(t) for name, t in cpu_times.items()}
@@ -269,17 +340,33 @@ def bench_p2(args) -> dict:
     if not args.skip_marginal:
         marginal = {
             "ratio_to_floor_no_pair_sums": median["anistat_no_pair_sums"] / floor,
-            "cost_per_extra_control_of_floor": (median[f"anistat_plus_{args.extra_controls}_controls"]
-                                                - median["anistat"]) / args.extra_controls / floor,
+            "cost_per_extra_control_of_floor": (
+                median[f"anistat_plus_{args.extra_controls}_controls"] - median["anistat"]
+            )
+            / args.extra_controls
+            / floor,
             "cost_per_extra_rank_of_floor": (median["anistat_rank_8"] - median["anistat"]) / 4 / floor,
         }
     return {
-        "config": {"device": device, "precision": precision, "arch": args.arch, "dim": args.dim, "layers": args.layers, "vocab": args.vocab,
-                   "seq_len": args.seq_len, "n_test": args.n_test, "batch_size": args.batch_size, "rank": 4,
-                   "per_token_controls": "none (haar/normal from the second moment at analysis time)",
-                   "naive_controls": "20 normal + 20 haar, projected per token",
-                   "sites": f"residual.0..{args.layers - 1}", "repeats": args.repeats, "tokens": tokens},
-        "seconds": median, "tokens_per_s": {k: tokens / v for k, v in median.items()},
+        "config": {
+            "device": device,
+            "precision": precision,
+            "arch": args.arch,
+            "dim": args.dim,
+            "layers": args.layers,
+            "vocab": args.vocab,
+            "seq_len": args.seq_len,
+            "n_test": args.n_test,
+            "batch_size": args.batch_size,
+            "rank": 4,
+            "per_token_controls": "none (haar/normal from the second moment at analysis time)",
+            "naive_controls": "20 normal + 20 haar, projected per token",
+            "sites": f"residual.0..{args.layers - 1}",
+            "repeats": args.repeats,
+            "tokens": tokens,
+        },
+        "seconds": median,
+        "tokens_per_s": {k: tokens / v for k, v in median.items()},
         "wall_seconds": wall_median,
         "speedup_vs_naive": median["naive"] / median["anistat"],
         "ratio_to_floor": median["anistat"] / floor,
@@ -289,8 +376,10 @@ def bench_p2(args) -> dict:
         "naive_ratio_to_floor": median["naive"] / floor,
         **marginal,
         "max_relative_difference_vs_naive": agreement,
-        "clock": args.clock, "threads": torch.get_num_threads(),
-        "all_seconds": times, "all_cpu_seconds": cpu_times,
+        "clock": args.clock,
+        "threads": torch.get_num_threads(),
+        "all_seconds": times,
+        "all_cpu_seconds": cpu_times,
     }
 
 
@@ -298,8 +387,9 @@ def bench_p1(args) -> dict:
     from anistat.callbacks import TrainingMeter
 
     generator = torch.Generator().manual_seed(3)
-    batches = [torch.randint(0, args.vocab, (args.train_batch, args.seq_len), generator=generator)
-               for _ in range(args.steps)]
+    batches = [
+        torch.randint(0, args.vocab, (args.train_batch, args.seq_len), generator=generator) for _ in range(args.steps)
+    ]
 
     def train(measure: bool, out: str) -> list[float]:
         model = make_model(args.dim, args.layers, args.vocab, args.seq_len, seed=1, arch=args.arch)
@@ -307,8 +397,15 @@ def bench_p1(args) -> dict:
         optimiser = torch.optim.AdamW(model.parameters(), lr=1e-3)
         meter = None
         if measure:
-            meter = TrainingMeter(model, out=out, fit_steps=[0], measure_steps=[0], window=args.steps,
-                                  name="bench", report={"compile_pdf": False})
+            meter = TrainingMeter(
+                model,
+                out=out,
+                fit_steps=[0],
+                measure_steps=[0],
+                window=args.steps,
+                name="bench",
+                report={"compile_pdf": False},
+            )
         per_step = []
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
         for step, batch in enumerate(batches):
@@ -335,14 +432,24 @@ def bench_p1(args) -> dict:
             plain.extend(train(False, ""))
             metered.extend(train(True, os.path.join(tmp, f"bundle{repeat}")))
     return {
-        "config": {"dim": args.dim, "layers": args.layers, "vocab": args.vocab, "seq_len": args.seq_len,
-                   "train_batch": args.train_batch, "steps": args.steps, "repeats": args.repeats,
-                   "sites": f"residual.0..{args.layers - 1}", "rank": 4, "controls": "20 normal + 20 haar",
-                   "measured": "every step"},
+        "config": {
+            "dim": args.dim,
+            "layers": args.layers,
+            "vocab": args.vocab,
+            "seq_len": args.seq_len,
+            "train_batch": args.train_batch,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "sites": f"residual.0..{args.layers - 1}",
+            "rank": 4,
+            "controls": "20 normal + 20 haar",
+            "measured": "every step",
+        },
         "seconds_per_step": {"plain": statistics.median(plain), "anistat": statistics.median(metered)},
         "ratio": statistics.median(metered) / statistics.median(plain),
         "ratio_of_means": statistics.fmean(metered) / statistics.fmean(plain),
-        "clock": args.clock, "threads": torch.get_num_threads(),
+        "clock": args.clock,
+        "threads": torch.get_num_threads(),
     }
 
 
@@ -373,31 +480,67 @@ def p4_child(n_test: int, args) -> dict:
     except OSError:
         reset = False
     before = _status_kb("VmRSS")
-    artifacts = anistat_collect(model, splits, layers, bases, args.batch_size, int(args.pair_budget_mb * 2**20),
-                                type_budget_bytes=args.type_budget_mb * 2**20)
+    artifacts = anistat_collect(
+        model,
+        splits,
+        layers,
+        bases,
+        args.batch_size,
+        int(args.pair_budget_mb * 2**20),
+        type_budget_bytes=args.type_budget_mb * 2**20,
+    )
     first = artifacts[layers[0]]
     peak = _status_kb("VmHWM")
-    return {"n_test": n_test, "tokens": n_test * args.seq_len, "peak_rss_kb": peak,
-            "distinct_types": int((first.type_count > 0).sum()), "types_seen_twice": int((first.type_count >= 2).sum()),
-            "types_kept": int(np.isfinite(first.type_rms_distance).sum()),
-            "rss_before_collect_kb": before, "hwm_reset": reset,
-            "process_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+    return {
+        "n_test": n_test,
+        "tokens": n_test * args.seq_len,
+        "peak_rss_kb": peak,
+        "distinct_types": int((first.type_count > 0).sum()),
+        "types_seen_twice": int((first.type_count >= 2).sum()),
+        "types_kept": int(np.isfinite(first.type_rms_distance).sum()),
+        "rss_before_collect_kb": before,
+        "hwm_reset": reset,
+        "process_peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    }
 
 
 def bench_p4(args) -> dict:
     results = {}
     for factor in (1, 10):
         n_test = args.n_test * factor
-        command = [sys.executable, __file__, "p4-child", "--n-test", str(n_test), "--dim", str(args.dim),
-                   "--arch", args.arch,
-                   "--layers", str(args.layers), "--vocab", str(args.vocab), "--seq-len", str(args.seq_len),
-                   "--batch-size", str(args.batch_size), "--pair-budget-mb", str(args.pair_budget_mb),
-                   "--type-budget-mb", str(args.type_budget_mb), "--tokens", args.tokens]
+        command = [
+            sys.executable,
+            __file__,
+            "p4-child",
+            "--n-test",
+            str(n_test),
+            "--dim",
+            str(args.dim),
+            "--arch",
+            args.arch,
+            "--layers",
+            str(args.layers),
+            "--vocab",
+            str(args.vocab),
+            "--seq-len",
+            str(args.seq_len),
+            "--batch-size",
+            str(args.batch_size),
+            "--pair-budget-mb",
+            str(args.pair_budget_mb),
+            "--type-budget-mb",
+            str(args.type_budget_mb),
+            "--tokens",
+            args.tokens,
+        ]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         results[f"{factor}x"] = json.loads(done.stdout.strip().splitlines()[-1])
     one, ten = results["1x"], results["10x"]
-    return {"runs": results, "ratio": ten["peak_rss_kb"] / one["peak_rss_kb"],
-            "growth_above_setup_kb": {k: v["peak_rss_kb"] - v["rss_before_collect_kb"] for k, v in results.items()}}
+    return {
+        "runs": results,
+        "ratio": ten["peak_rss_kb"] / one["peak_rss_kb"],
+        "growth_above_setup_kb": {k: v["peak_rss_kb"] - v["rss_before_collect_kb"] for k, v in results.items()},
+    }
 
 
 def main() -> None:
@@ -417,25 +560,44 @@ def main() -> None:
     parser.add_argument("--train-batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--pair-budget-mb", type=float, default=0.0,
-                        help="P4: memory for per-(sequence, type) sums (0: off, the constant-memory path; "
-                        "anistat run defaults to 1024 and then grows with the test split up to that cap)")
-    parser.add_argument("--type-budget-mb", type=float, default=1024.0,
-                        help="P4: memory for per-type sums (data.type_statistics_memory_mb; inf: every type seen twice)")
+    parser.add_argument(
+        "--pair-budget-mb",
+        type=float,
+        default=0.0,
+        help="P4: memory for per-(sequence, type) sums (0: off, the constant-memory path; "
+        "anistat run defaults to 1024 and then grows with the test split up to that cap)",
+    )
+    parser.add_argument(
+        "--type-budget-mb",
+        type=float,
+        default=1024.0,
+        help="P4: memory for per-type sums (data.type_statistics_memory_mb; inf: every type seen twice)",
+    )
     parser.add_argument("--tokens", choices=["uniform", "zipf"], default="uniform", help="P4: test-split token ids")
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                        help="P2: compare wall time, or process CPU time (stable on a machine shared with other "
-                        "jobs; use with --threads 1)")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="P2: compare wall time, or process CPU time (stable on a machine shared with other "
+        "jobs; use with --threads 1)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.what == "p4-child":
         print(json.dumps(p4_child(args.n_test, args)))
         return
-    out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                       "threads": torch.get_num_threads(), "load_average": os.getloadavg()}}
+    out = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "load_average": os.getloadavg(),
+        }
+    }
     if args.what in ("p1", "all"):
         out["P1"] = bench_p1(args)
         print("P1", json.dumps(out["P1"], indent=1), flush=True)

@@ -44,16 +44,18 @@ def law(vocab: int, dim: int, seed: int = 123):
 def corpus(rng, probability, means, scale, n_seq, length, shift):
     ids = rng.choice(len(probability), size=(n_seq, length), p=probability)
     dim = means.shape[1]
-    activations = (means[ids] + scale[ids][..., None] * rng.normal(size=(n_seq, length, dim))
-                   + rng.normal(size=(n_seq, 1, dim)) * shift)
+    activations = (
+        means[ids]
+        + scale[ids][..., None] * rng.normal(size=(n_seq, length, dim))
+        + rng.normal(size=(n_seq, 1, dim)) * shift
+    )
     return ids, activations
 
 
 def corpus_sums(rng, probability, means, scale, n_seq, length, shift):
     """A simulated corpus as per-(sequence, type) sums, the types seen twice, their log p_t."""
     ids, activations = corpus(rng, probability, means, scale, n_seq, length, shift)
-    sums = sequence_type_sums(activations.reshape(-1, means.shape[1]), ids.ravel(),
-                              np.repeat(np.arange(n_seq), length))
+    sums = sequence_type_sums(activations.reshape(-1, means.shape[1]), ids.ravel(), np.repeat(np.arange(n_seq), length))
     types, counts = np.unique(ids, return_counts=True)
     types = types[counts >= 2]
     return sums, types, np.log(probability[types])
@@ -79,23 +81,39 @@ def naive_distance(sums, types):
     return distance
 
 
-def coverage(n_corpora: int, n_seq: int, length: int = 25, dim: int = 6, vocab: int = 40, shift: float = 1.0,
-             n_resamples: int = 1000, seed: int = 0) -> list[dict]:
+def coverage(
+    n_corpora: int,
+    n_seq: int,
+    length: int = 25,
+    dim: int = 6,
+    vocab: int = 40,
+    shift: float = 1.0,
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> list[dict]:
     probability, means, scale = law(vocab, dim)
     population = stats.spearmanr(np.log(probability), np.sqrt(dim * (scale**2 + shift**2))).statistic
     rng = np.random.default_rng(seed + 11 * n_seq)
     # every interval of one distance function comes from the same resamples (and jackknife rows);
     # "bca>basic": BCa, falling back to basic where a BCa endpoint would lie beyond the resamples
-    variants = {("anistat", "normal"): [], ("anistat", "basic"): [], ("anistat", "bca>basic"): [],
-                ("anistat", "bca>percentile"): [], ("anistat", "percentile"): [], ("copies pair", "normal"): []}
+    variants = {
+        ("anistat", "normal"): [],
+        ("anistat", "basic"): [],
+        ("anistat", "bca>basic"): [],
+        ("anistat", "bca>percentile"): [],
+        ("anistat", "percentile"): [],
+        ("copies pair", "normal"): [],
+    }
     estimates, biases = [], []
     for _ in range(n_corpora):
         sums, types, log_count = corpus_sums(rng, probability, means, scale, n_seq, length, shift)
         functions = {"anistat": ResampledCentroidDistance(sums, types), "copies pair": naive_distance(sums, types)}
         draw = int(rng.integers(1 << 31))
         for name, distance in functions.items():
-            def statistic(w):
+
+            def statistic(w, log_count=log_count, distance=distance):  # bound now: the loop moves on
                 return masked_correlations(log_count, distance(w))[0]
+
             estimate = statistic(np.ones((1, n_seq)))[0]
             replicates = np.concatenate([statistic(w) for w in iter_bootstrap_weights(n_seq, n_resamples, draw)])
             jackknife = statistic(jackknife_weights(n_seq))
@@ -103,8 +121,11 @@ def coverage(n_corpora: int, n_seq: int, length: int = 25, dim: int = 6, vocab: 
                 if variant != name:
                     continue
                 interval, _, fallback = method.partition(">")
-                results.append(ci_from_replicates(estimate, replicates, jackknife, 0.95, interval,
-                                                  bca_fallback=fallback or "percentile"))
+                results.append(
+                    ci_from_replicates(
+                        estimate, replicates, jackknife, 0.95, interval, bca_fallback=fallback or "percentile"
+                    )
+                )
             if name == "anistat":
                 estimates.append(estimate)
                 biases.append(np.nanmean(replicates) - estimate)
@@ -112,26 +133,46 @@ def coverage(n_corpora: int, n_seq: int, length: int = 25, dim: int = 6, vocab: 
     rows = []
     for (name, method), results in variants.items():
         covered = np.array([r.ci_low <= population <= r.ci_high for r in results])
-        rows.append({"sequences": n_seq, "variant": name, "method": method, "population_rho": float(population),
-                     "mean_estimate": float(np.mean(estimates)), "estimator_bias": float(np.mean(estimates) - population),
-                     "bootstrap_bias": float(np.mean(biases)), "sampling_sd": sd,
-                     "se_ratio": float(np.mean([r.se for r in results]) / sd),
-                     "coverage": float(covered.mean()),
-                     "coverage_mc_se": float(np.sqrt(covered.mean() * (1 - covered.mean()) / covered.size)),
-                     "corpora": n_corpora, "resamples": n_resamples})
+        rows.append(
+            {
+                "sequences": n_seq,
+                "variant": name,
+                "method": method,
+                "population_rho": float(population),
+                "mean_estimate": float(np.mean(estimates)),
+                "estimator_bias": float(np.mean(estimates) - population),
+                "bootstrap_bias": float(np.mean(biases)),
+                "sampling_sd": sd,
+                "se_ratio": float(np.mean([r.se for r in results]) / sd),
+                "coverage": float(covered.mean()),
+                "coverage_mc_se": float(np.sqrt(covered.mean() * (1 - covered.mean()) / covered.size)),
+                "corpora": n_corpora,
+                "resamples": n_resamples,
+            }
+        )
     return rows
 
 
-def definitions_coverage(n_corpora: int, n_seq: int, length: int = 25, dim: int = 6, vocab: int = 40,
-                         shift: float = 1.0, n_resamples: int = 1000, seed: int = 0) -> list[dict]:
+def definitions_coverage(
+    n_corpora: int,
+    n_seq: int,
+    length: int = 25,
+    dim: int = 6,
+    vocab: int = 40,
+    shift: float = 1.0,
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> list[dict]:
     """Coverage of normal / basic / percentile intervals for the three per-type definitions the
     analysis reports (`ResampledTypeMeans`): RMS spread, distance of the type's mean from the
     global mean, and the mean's norm; population values from the law (the global mean is
     Σ p_t μ_t: the per-sequence shifts average to 0)."""
     probability, means, scale = law(vocab, dim)
-    population_values = {"spread": np.sqrt(dim * (scale**2 + shift**2)),
-                         "mean_distance": np.linalg.norm(means - probability @ means, axis=1),
-                         "mean_norm": np.linalg.norm(means, axis=1)}
+    population_values = {
+        "spread": np.sqrt(dim * (scale**2 + shift**2)),
+        "mean_distance": np.linalg.norm(means - probability @ means, axis=1),
+        "mean_norm": np.linalg.norm(means, axis=1),
+    }
     population = {k: stats.spearmanr(np.log(probability), v).statistic for k, v in population_values.items()}
     rng = np.random.default_rng(seed + 11 * n_seq)
     methods = ("normal", "basic", "percentile")
@@ -142,8 +183,10 @@ def definitions_coverage(n_corpora: int, n_seq: int, length: int = 25, dim: int 
         geometry = ResampledTypeMeans(sums, types)
         draw = int(rng.integers(1 << 31))
         full = geometry.all_three(np.ones((1, n_seq)))
-        resampled = [np.concatenate(parts) for parts in zip(*(geometry.all_three(w) for w in
-                                                             iter_bootstrap_weights(n_seq, n_resamples, draw)))]
+        resampled = [
+            np.concatenate(parts)
+            for parts in zip(*(geometry.all_three(w) for w in iter_bootstrap_weights(n_seq, n_resamples, draw)))
+        ]
         for j, name in enumerate(population):
             estimate = masked_correlations(log_count, full[j])[0][0]
             replicates = masked_correlations(log_count, resampled[j])[0]
@@ -151,14 +194,23 @@ def definitions_coverage(n_corpora: int, n_seq: int, length: int = 25, dim: int 
             for method in methods:
                 r = ci_from_replicates(estimate, replicates, None, 0.95, method)
                 covered[(name, method)].append(r.ci_low <= population[name] <= r.ci_high)
-    return [{"sequences": n_seq, "definition": name, "population_rho": float(population[name]),
-             "mean_estimate": float(np.mean(estimates[name])), "sampling_sd": float(np.std(estimates[name], ddof=1)),
-             **{f"coverage_{m}": float(np.mean(covered[(name, m)])) for m in methods}, "corpora": n_corpora}
-            for name in population]
+    return [
+        {
+            "sequences": n_seq,
+            "definition": name,
+            "population_rho": float(population[name]),
+            "mean_estimate": float(np.mean(estimates[name])),
+            "sampling_sd": float(np.std(estimates[name], ddof=1)),
+            **{f"coverage_{m}": float(np.mean(covered[(name, m)])) for m in methods},
+            "corpora": n_corpora,
+        }
+        for name in population
+    ]
 
 
-def speed(n_seq: int = 128, length: int = 128, vocab: int = 50_000, dim: int = 768, n_resamples: int = 256,
-          seed: int = 0) -> dict:
+def speed(
+    n_seq: int = 128, length: int = 128, vocab: int = 50_000, dim: int = 768, n_resamples: int = 256, seed: int = 0
+) -> dict:
     rng = np.random.default_rng(seed)
     probability = 1.0 / np.arange(1, vocab + 1) ** 1.05
     probability /= probability.sum()
@@ -178,10 +230,19 @@ def speed(n_seq: int = 128, length: int = 128, vocab: int = 50_000, dim: int = 7
     direct_values = naive_direct(sums, types, weights)
     direct_seconds = time.perf_counter() - started
     agree = float(np.nanmax(np.abs(fast_values - direct_values) / np.abs(direct_values)))
-    return {"tokens": n_seq * length, "pairs": sums.n_pairs, "types": int(types.size), "dim": dim,
-            "resamples": n_resamples, "build_s": built, "anistat_s": fast_seconds, "direct_s": direct_seconds,
-            "speedup": direct_seconds / fast_seconds, "max_relative_difference": agree,
-            "pair_table_mib": sums.n_pairs * (dim + 4) * 8 / 2**20}
+    return {
+        "tokens": n_seq * length,
+        "pairs": sums.n_pairs,
+        "types": int(types.size),
+        "dim": dim,
+        "resamples": n_resamples,
+        "build_s": built,
+        "anistat_s": fast_seconds,
+        "direct_s": direct_seconds,
+        "speedup": direct_seconds / fast_seconds,
+        "max_relative_difference": agree,
+        "pair_table_mib": sums.n_pairs * (dim + 4) * 8 / 2**20,
+    }
 
 
 def naive_direct(sums, types, weights):
@@ -208,8 +269,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpora", type=int, default=3000)
     parser.add_argument("--sizes", type=int, nargs="+", default=[30, 100, 300])
-    parser.add_argument("--definitions", type=int, default=0, metavar="CORPORA",
-                        help="C only: coverage of the three per-type definitions at 100 and 300 sequences")
+    parser.add_argument(
+        "--definitions",
+        type=int,
+        default=0,
+        metavar="CORPORA",
+        help="C only: coverage of the three per-type definitions at 100 and 300 sequences",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.definitions:
@@ -226,9 +292,11 @@ def main() -> None:
         rows = coverage(args.corpora, n_seq)
         results["coverage"].extend(rows)
         for row in rows:
-            print(f"A. S={row['sequences']:4d} {row['variant']:12s} {row['method']:14s} coverage {row['coverage']:.3f} "
-                  f"SE/SD {row['se_ratio']:.2f}  ρ={row['population_rho']:.3f} mean ρ̂={row['mean_estimate']:.3f}",
-                  flush=True)
+            print(
+                f"A. S={row['sequences']:4d} {row['variant']:12s} {row['method']:14s} coverage {row['coverage']:.3f} "
+                f"SE/SD {row['se_ratio']:.2f}  ρ={row['population_rho']:.3f} mean ρ̂={row['mean_estimate']:.3f}",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as stream:
             json.dump(results, stream, indent=1)

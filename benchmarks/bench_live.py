@@ -55,14 +55,23 @@ def main(argv: list[str] | None = None) -> int:
     model = GPT2LMHeadModel(GPT2Config(n_embd=768, n_layer=12, n_head=12, n_positions=args.seq_len)).to(device)
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, 50257, (args.batch, args.seq_len), generator=generator).to(device)
-               for _ in range(args.steps + 1)]
+    batches = [
+        torch.randint(0, 50257, (args.batch, args.seq_len), generator=generator).to(device)
+        for _ in range(args.steps + 1)
+    ]
     with tempfile.TemporaryDirectory() as folder:
-        meter = TrainingMeter(model, out=Path(folder) / "bundle", fit_steps=[0],
-                              measure_steps=range(1, args.steps + 1), verbose=False,
-                              logger=lambda name, value, step: None, live_oracle_every=args.oracle_every,
-                              sites={"kind": ["residual"], "layers": [0, 6, 11]},
-                              proxies={"ranks": [8, 32], "max_fit_tokens": 2048}, controls={"kinds": ["normal"], "n": 20})
+        meter = TrainingMeter(
+            model,
+            out=Path(folder) / "bundle",
+            fit_steps=[0],
+            measure_steps=range(1, args.steps + 1),
+            verbose=False,
+            logger=lambda name, value, step: None,
+            live_oracle_every=args.oracle_every,
+            sites={"kind": ["residual"], "layers": [0, 6, 11]},
+            proxies={"ranks": [8, 32], "max_fit_tokens": 2048},
+            controls={"kinds": ["normal"], "n": 20},
+        )
         live_seconds: list[float] = []
         publish = meter._publish_live
 
@@ -102,12 +111,20 @@ def main(argv: list[str] | None = None) -> int:
         _sync(device)
         eigvalsh_seconds[str(dtype).removeprefix("torch.")] = time.perf_counter() - start
     report = {
-        "machine": platform.processor() or platform.machine(), "device": str(device),
-        "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg()[0],
-        "batch": args.batch, "seq_len": args.seq_len, "sites": 3, "ranks": [8, 32],
-        "step_seconds": step_seconds, "live_seconds": live_seconds, "live_over_step": ratios,
+        "machine": platform.processor() or platform.machine(),
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": os.getloadavg()[0],
+        "batch": args.batch,
+        "seq_len": args.seq_len,
+        "sites": 3,
+        "ranks": [8, 32],
+        "step_seconds": step_seconds,
+        "live_seconds": live_seconds,
+        "live_over_step": ratios,
         "median_live_over_step": statistics.median(ratios),
-        "oracle_every": args.oracle_every, "one_eigvalsh_768_seconds": eigvalsh_seconds,
+        "oracle_every": args.oracle_every,
+        "one_eigvalsh_768_seconds": eigvalsh_seconds,
     }
     print(json.dumps(report, indent=2))
     if args.json:

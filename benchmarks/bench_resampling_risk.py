@@ -78,9 +78,22 @@ def besag_clifford_study(p_ideal, h, n_max, rng):
 def run(method, epsilon, studies, n_max, seed):
     rng = np.random.default_rng(seed)
     planted = np.array(PLANTED[method])
-    tally = {key: 0.0 for key in ("rb_diff", "rb_family_diff", "rb_undecided", "rb_null_rejected", "rb_draws",
-                                  "rb_stream", "bc_diff", "bc_family_diff", "bc_null_rejected", "bc_draws",
-                                  "bc_stream")}
+    tally = {
+        key: 0.0
+        for key in (
+            "rb_diff",
+            "rb_family_diff",
+            "rb_undecided",
+            "rb_null_rejected",
+            "rb_draws",
+            "rb_stream",
+            "bc_diff",
+            "bc_family_diff",
+            "bc_null_rejected",
+            "bc_draws",
+            "bc_stream",
+        )
+    }
     for _ in range(studies):
         p_ideal = np.concatenate([rng.uniform(size=N_NULL), planted])
         ideal = family_rejections(p_ideal, ALPHA, method)
@@ -112,19 +125,25 @@ def main() -> None:
     parser.add_argument("--methods", default="none,holm,fdr_bh")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print(f"epsilon {args.epsilon}, {args.studies} studies of 48 tests ({N_NULL} null, 8 planted), "
-          f"alpha {ALPHA}, cap {args.n_max} draws; Besag-Clifford h = 10, n = 9999")
+    print(
+        f"epsilon {args.epsilon}, {args.studies} studies of 48 tests ({N_NULL} null, 8 planted), "
+        f"alpha {ALPHA}, cap {args.n_max} draws; Besag-Clifford h = 10, n = 9999"
+    )
     for method in args.methods.split(","):
         start = time.perf_counter()
         r = run(method, args.epsilon, args.studies, args.n_max, args.seed)
         margin = 1.96 * np.sqrt(max(r["rb_family_diff"], 1.0 / args.studies) / args.studies)
-        print(f"[{method}] risk-bounded: tests differing {r['rb_diff']:.5f}, families differing "
-              f"{r['rb_family_diff']:.4f} (± {margin:.4f}), undecided {r['rb_undecided']:.4f}, null tests rejected "
-              f"{r['rb_null_rejected']:.4f}, draws/test {r['rb_draws']:.0f}, "
-              f"stream {r['rb_stream']:.0f}")
-        print(f"[{method}] Besag-Clifford h=10: tests differing {r['bc_diff']:.5f}, families differing "
-              f"{r['bc_family_diff']:.4f}, null tests rejected {r['bc_null_rejected']:.4f}, draws/test "
-              f"{r['bc_draws']:.0f}, stream {r['bc_stream']:.0f}   ({time.perf_counter() - start:.0f} s)")
+        print(
+            f"[{method}] risk-bounded: tests differing {r['rb_diff']:.5f}, families differing "
+            f"{r['rb_family_diff']:.4f} (± {margin:.4f}), undecided {r['rb_undecided']:.4f}, null tests rejected "
+            f"{r['rb_null_rejected']:.4f}, draws/test {r['rb_draws']:.0f}, "
+            f"stream {r['rb_stream']:.0f}"
+        )
+        print(
+            f"[{method}] Besag-Clifford h=10: tests differing {r['bc_diff']:.5f}, families differing "
+            f"{r['bc_family_diff']:.4f}, null tests rejected {r['bc_null_rejected']:.4f}, draws/test "
+            f"{r['bc_draws']:.0f}, stream {r['bc_stream']:.0f}   ({time.perf_counter() - start:.0f} s)"
+        )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_collect import floor_collect, make_model, make_splits  # noqa: E402
 
-
 #: Functions timed inside the run (module, attribute): each is wrapped for the run's duration and
 #: its inclusive time and call count recorded. Calls nest (fit_bases holds fit_proxy, …), so the
 #: phases below are built by subtraction, not by summing every row.
@@ -101,6 +100,7 @@ class FunctionTimer:
             finally:
                 self.seconds[name] = self.seconds.get(name, 0.0) + self.clock() - started
                 self.calls[name] = self.calls.get(name, 0) + 1
+
         return timed
 
     def __exit__(self, *exc):
@@ -143,18 +143,31 @@ def save_model_with_tokenizer(directory: Path, args) -> None:
     model.save_pretrained(directory)
     documents = load_corpus(DataSpec()).documents
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(documents, vocab_size=min(args.vocab, args.tokenizer_vocab), show_progress=False,
-                            special_tokens=["<|endoftext|>"])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>",
-                                        pad_token="<|endoftext|>")
+    bpe.train_from_iterator(
+        documents,
+        vocab_size=min(args.vocab, args.tokenizer_vocab),
+        show_progress=False,
+        special_tokens=["<|endoftext|>"],
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
     tokenizer.save_pretrained(directory)
 
 
 def protocol_for(model_dir: Path, args) -> dict:
     return {
-        "anistat_protocol": 1, "name": "bench-run", "seed": 0, "device": "cpu",
-        "data": {"source": "builtin", "seq_len": args.seq_len, "n_fit_sequences": args.n_fit,
-                 "n_test_sequences": args.n_test, "batch_size": args.batch_size},
+        "anistat_protocol": 1,
+        "name": "bench-run",
+        "seed": 0,
+        "device": "cpu",
+        "data": {
+            "source": "builtin",
+            "seq_len": args.seq_len,
+            "n_fit_sequences": args.n_fit,
+            "n_test_sequences": args.n_test,
+            "batch_size": args.batch_size,
+        },
         "models": [{"name": "pythia-shape", "source": "local", "path": str(model_dir), "objective": "clm"}],
         "sites": {"kind": "residual", "layers": "all"},
         "proxies": {"methods": ["pca"], "ranks": args.ranks},
@@ -183,17 +196,23 @@ def main() -> None:
     parser.add_argument("--n-fit", type=int, default=32)
     parser.add_argument("--n-test", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 128],
-                        help="PCA ranks (default: the paper's 8 32 128)")
+    parser.add_argument(
+        "--ranks", type=int, nargs="+", default=[8, 32, 128], help="PCA ranks (default: the paper's 8 32 128)"
+    )
     parser.add_argument("--kinds", nargs="+", default=["normal"], help="control kinds (default: the paper's normal)")
     parser.add_argument("--n-controls", type=int, default=20, help="controls.n (default: the paper's 20)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                        help="wall time, or process CPU time (stable on a shared machine; use with --threads 1)")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall time, or process CPU time (stable on a shared machine; use with --threads 1)",
+    )
     parser.add_argument("--profile", default=None, help="also write cProfile stats of the run to this file")
-    parser.add_argument("--keep-bundle", default=None,
-                        help="copy the run's bundle here (to profile `anistat report` on it)")
+    parser.add_argument(
+        "--keep-bundle", default=None, help="copy the run's bundle here (to profile `anistat report` on it)"
+    )
     args = parser.parse_args()
     from anistat.pipeline import run
 
@@ -216,8 +235,7 @@ def main() -> None:
             started = clock()
             if profiler:
                 profiler.enable()
-            result = run(protocol, tmp / "bundle",
-                         log=lambda message: events.append((clock() - started, message)))
+            result = run(protocol, tmp / "bundle", log=lambda message: events.append((clock() - started, message)))
             if profiler:
                 profiler.disable()
             wall = clock() - started
@@ -231,7 +249,9 @@ def main() -> None:
         # the floor, same process, same model and token counts
         model = make_model(args.dim, args.layers, args.vocab, args.seq_len, arch="gpt-neox").eval()
         splits = make_splits(args.n_test, args.seq_len, args.vocab)
-        fit_tokens = torch.randint(0, args.vocab, (args.n_fit, args.seq_len), generator=torch.Generator().manual_seed(1))
+        fit_tokens = torch.randint(
+            0, args.vocab, (args.n_fit, args.seq_len), generator=torch.Generator().manual_seed(1)
+        )
         layers = list(range(args.layers))
         t0 = clock()
         fit_floor_pass(model, fit_tokens, args.batch_size)
@@ -248,17 +268,25 @@ def main() -> None:
     phase = phase_seconds(wall, timer.seconds)
     # fixed costs: everything but the passes the floor also makes (fit forward, test pass)
     fixed = wall - phase["fit_forward"] - phase["test_pass"]
-    out = {"config": vars(args), "clock": args.clock, "run_seconds": wall, "floor_seconds": {"fit_forward": fit_floor,
-                                                                          "test_forward_backward": test_floor},
-           "ratio_to_floor": wall / floor,
-           "phase_seconds": phase,
-           "phase_ratio_to_floor": {"fit_forward": phase["fit_forward"] / fit_floor,
-                                    "test_pass": phase["test_pass"] / test_floor},
-           "fixed_seconds": round(fixed, 3), "fixed_share_of_run": round(fixed / wall, 3),
-           "functions": {name: {"seconds": round(seconds, 3), "calls": timer.calls[name]}
-                         for name, seconds in timer.seconds.items()},
-           "unit_seconds": [u["seconds"] for u in manifest["units"]],
-           "log": phases}
+    out = {
+        "config": vars(args),
+        "clock": args.clock,
+        "run_seconds": wall,
+        "floor_seconds": {"fit_forward": fit_floor, "test_forward_backward": test_floor},
+        "ratio_to_floor": wall / floor,
+        "phase_seconds": phase,
+        "phase_ratio_to_floor": {
+            "fit_forward": phase["fit_forward"] / fit_floor,
+            "test_pass": phase["test_pass"] / test_floor,
+        },
+        "fixed_seconds": round(fixed, 3),
+        "fixed_share_of_run": round(fixed / wall, 3),
+        "functions": {
+            name: {"seconds": round(seconds, 3), "calls": timer.calls[name]} for name, seconds in timer.seconds.items()
+        },
+        "unit_seconds": [u["seconds"] for u in manifest["units"]],
+        "log": phases,
+    }
     print(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

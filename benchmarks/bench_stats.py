@@ -63,8 +63,15 @@ def naive(g, u, q, s, tokens, n_boot, seed):
     e_u = proxy.sum() / total.sum()
     p = monte_carlo_pvalue(e_u, ctrl.sum(axis=0) / total.sum())
     cbar = ctrl.mean(axis=1)
-    res = stats.bootstrap((proxy, cbar), lambda a, b: a.sum() / b.sum(), paired=True, vectorized=False,
-                          n_resamples=n_boot, method="BCa", random_state=seed)
+    res = stats.bootstrap(
+        (proxy, cbar),
+        lambda a, b: a.sum() / b.sum(),
+        paired=True,
+        vectorized=False,
+        n_resamples=n_boot,
+        method="BCa",
+        random_state=seed,
+    )
     return time.perf_counter() - t0, p, (res.confidence_interval.low, res.confidence_interval.high)
 
 
@@ -78,9 +85,19 @@ def engine(g, u, s, tokens, documents, n_null, n_boot, seed):
     null = frame.energy_fractions(frame.random_traces([k], n_null, seed)[k])
     observed = float(frame.energy_fractions(frame.traces_of(u))[0])
     reference = expected_control_energy("haar", proxy, total, k, g.shape[1])
-    res = analyze_energy(proxy, total, reference, rank=k, dim=g.shape[1], null_fractions=null,
-                         observed_fraction=observed, group_ids=documents, n_bootstrap=n_boot,
-                         n_permutations=9999, seed=seed)
+    res = analyze_energy(
+        proxy,
+        total,
+        reference,
+        rank=k,
+        dim=g.shape[1],
+        null_fractions=null,
+        observed_fraction=observed,
+        group_ids=documents,
+        n_bootstrap=n_boot,
+        n_permutations=9999,
+        seed=seed,
+    )
     return time.perf_counter() - t0, res.p_value, (res["energy_ratio"].ci_low, res["energy_ratio"].ci_high)
 
 
@@ -92,8 +109,13 @@ def part_a(quick: bool) -> dict:
     documents = np.repeat(np.arange(s // 4), 4)
     q = _orth(rng, (n_naive,), d, k)
     t_naive, p_naive, ci_naive = naive(g, u, q, s, tokens, 2000, 1)
-    out = {"shape": dict(sequences=s, tokens=tokens, d=d, k=k), "naive_controls": n_naive,
-           "naive_seconds": t_naive, "naive_p": p_naive, "naive_ratio_ci_vs_drawn": ci_naive}
+    out = {
+        "shape": dict(sequences=s, tokens=tokens, d=d, k=k),
+        "naive_controls": n_naive,
+        "naive_seconds": t_naive,
+        "naive_p": p_naive,
+        "naive_ratio_ci_vs_drawn": ci_naive,
+    }
     for n_null in (n_naive, 9999):
         t_engine, p_engine, ci = engine(g, u, s, tokens, documents, n_null, 2000, 1)
         out[f"engine_{n_null}_seconds"] = t_engine
@@ -129,12 +151,22 @@ def synthetic_unit(rng, d: int, ranks, *, planted: bool, layer: int, n_sequences
     energy = np.stack([((grads @ b) ** 2).sum(axis=(1, 2)) for b in stack], axis=1)
     moments = lambda x: {"count": x.shape[0], "sum": x.sum(0), "outer": x.T @ x}  # noqa: E731
     return UnitArtifact(
-        key=UnitKey("synthetic", "clm", "step0", 0, "early", layer, f"residual.{layer}"), dim=d, bases=bases,
-        n_tokens=np.full(n_sequences, tokens), sequence_documents=np.repeat(np.arange(32), n_sequences // 32),
-        total_energy=(grads**2).sum(axis=(1, 2))[:, None], energy=energy[:, None, :],
-        delta_isoscore_star=np.zeros(len(bases)), gradient_moments=moments(flat), activation_moments=moments(flat),
-        gradient_unit_sum=flat.sum(0), activation_unit_sum=flat.sum(0),
-        type_count=np.zeros(5, dtype=np.int64), type_rms_distance=np.full(5, np.nan), proxy_bases=proxy_bases)
+        key=UnitKey("synthetic", "clm", "step0", 0, "early", layer, f"residual.{layer}"),
+        dim=d,
+        bases=bases,
+        n_tokens=np.full(n_sequences, tokens),
+        sequence_documents=np.repeat(np.arange(32), n_sequences // 32),
+        total_energy=(grads**2).sum(axis=(1, 2))[:, None],
+        energy=energy[:, None, :],
+        delta_isoscore_star=np.zeros(len(bases)),
+        gradient_moments=moments(flat),
+        activation_moments=moments(flat),
+        gradient_unit_sum=flat.sum(0),
+        activation_unit_sum=flat.sum(0),
+        type_count=np.zeros(5, dtype=np.int64),
+        type_rms_distance=np.full(5, np.nan),
+        proxy_bases=proxy_bases,
+    )
 
 
 def part_b(quick: bool, widths=(768, 1024, 2048), units: int = 12, rank_sets=None) -> dict:
@@ -155,15 +187,25 @@ def part_b(quick: bool, widths=(768, 1024, 2048), units: int = 12, rank_sets=Non
             rng = np.random.default_rng(d + planted)
             for ranks in rank_sets:
                 artifacts = [synthetic_unit(rng, d, ranks, planted=planted, layer=i) for i in range(units)]
-                protocol = Protocol.model_validate(yaml.safe_load(PROTOCOL) | {
-                    "proxies": {"methods": ["pca"], "ranks": ranks}})
+                protocol = Protocol.model_validate(
+                    yaml.safe_load(PROTOCOL) | {"proxies": {"methods": ["pca"], "ranks": ranks}}
+                )
                 started = time.process_time()
                 results = analyze_units(artifacts, protocol)
                 seconds = time.process_time() - started
                 made = results.attrs["null_settings"]["draws_made"]
-                out.append({"d": d, "proxy": "planted" if planted else "random", "ranks": ranks, "units": units,
-                            "seconds": seconds, "per_unit_s": seconds / units, "draws_made": made,
-                            "n_null_draws": results.attrs["null_settings"]["n_null_draws"]})
+                out.append(
+                    {
+                        "d": d,
+                        "proxy": "planted" if planted else "random",
+                        "ranks": ranks,
+                        "units": units,
+                        "seconds": seconds,
+                        "per_unit_s": seconds / units,
+                        "draws_made": made,
+                        "n_null_draws": results.attrs["null_settings"]["n_null_draws"],
+                    }
+                )
                 print(json.dumps(out[-1]), flush=True)
     for row in out:
         base = next(r for r in out if r["d"] == row["d"] and r["proxy"] == row["proxy"] and r["ranks"] == rank_sets[0])
@@ -188,16 +230,28 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (recorded)")
     parser.add_argument("--widths", type=int, nargs="+", default=[768, 1024, 2048])
     parser.add_argument("--units", type=int, default=12, help="units sharing the Haar draws, per width")
-    parser.add_argument("--rank-sets", nargs="+", default=None, metavar="R[,R...]",
-                        help="rank sets to time (default 8 128 8,32,128; the first is the baseline of the ratios)")
+    parser.add_argument(
+        "--rank-sets",
+        nargs="+",
+        default=None,
+        metavar="R[,R...]",
+        help="rank sets to time (default 8 128 8,32,128; the first is the baseline of the ratios)",
+    )
     parser.add_argument("--skip-a", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    result = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "threads": args.threads,
-              "part_a": None if args.skip_a else part_a(args.quick),
-              "part_b": part_b(args.quick, tuple(args.widths), args.units,
-                               [[int(r) for r in group.split(",")] for group in args.rank_sets] if args.rank_sets else None)}
+    result = {
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "threads": args.threads,
+        "part_a": None if args.skip_a else part_a(args.quick),
+        "part_b": part_b(
+            args.quick,
+            tuple(args.widths),
+            args.units,
+            [[int(r) for r in group.split(",")] for group in args.rank_sets] if args.rank_sets else None,
+        ),
+    }
     print(json.dumps(result, indent=1, default=float))
     if args.json:
         with open(args.json, "w") as fh:

@@ -66,8 +66,12 @@ def protocol_variant(source: Path, target: Path, precision: str, dry_run: bool) 
 def run_quickstart(protocol: Path, out: Path, device: str) -> float:
     env = dict(os.environ, NVIDIA_TF32_OVERRIDE="0", PYTHONPATH=str(ROOT))
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "anistat", "run", str(protocol), "--out", str(out), "--device",
-                           device, "--quiet"], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "anistat", "run", str(protocol), "--out", str(out), "--device", device, "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode not in (0, 3):
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
         fail(f"anistat run on {device} failed with exit code {done.returncode}")
@@ -100,13 +104,40 @@ def compare(reference: Path, other: Path) -> dict:
 
 
 def bench_p2(dry_run: bool, device: str, precision: str, out: Path) -> dict:
-    shape = (["--dim", "64", "--layers", "2", "--vocab", "512", "--n-test", "8", "--batch-size", "4", "--repeats", "1"]
-             if dry_run else
-             ["--dim", "1024", "--layers", "24", "--vocab", "50304", "--n-test", "64", "--batch-size", "16",
-              "--repeats", "3"])
+    shape = (
+        ["--dim", "64", "--layers", "2", "--vocab", "512", "--n-test", "8", "--batch-size", "4", "--repeats", "1"]
+        if dry_run
+        else [
+            "--dim",
+            "1024",
+            "--layers",
+            "24",
+            "--vocab",
+            "50304",
+            "--n-test",
+            "64",
+            "--batch-size",
+            "16",
+            "--repeats",
+            "3",
+        ]
+    )
     target = out / f"p2-{precision}.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "bench_collect.py"), "p2", "--arch", "gpt-neox",
-               "--device", device, "--precision", precision, "--skip-marginal", "--json", str(target), *shape]
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "bench_collect.py"),
+        "p2",
+        "--arch",
+        "gpt-neox",
+        "--device",
+        device,
+        "--precision",
+        precision,
+        "--skip-marginal",
+        "--json",
+        str(target),
+        *shape,
+    ]
     env = dict(os.environ, NVIDIA_TF32_OVERRIDE="0", PYTHONPATH=str(ROOT))
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -141,48 +172,74 @@ def analysis_check(dry_run: bool, device: str) -> dict:
             seconds[dev] = time.perf_counter() - started
         p = [t.loc[t["p_test"] == "haar_monte_carlo", "p_value"].to_numpy(dtype=float) for t in tables.values()]
         same = int(np.sum(p[0] == p[-1]))
-        out[kind] = {"units": units, "d": d, "ranks": ranks, "seconds": seconds, "p_values": int(p[0].size),
-                     "p_values_identical": same,
-                     "draws_made": tables["cpu"].attrs["null_settings"]["draws_made"]}
+        out[kind] = {
+            "units": units,
+            "d": d,
+            "ranks": ranks,
+            "seconds": seconds,
+            "p_values": int(p[0].size),
+            "p_values_identical": same,
+            "draws_made": tables["cpu"].attrs["null_settings"]["draws_made"],
+        }
     return out
 
 
 def table(report: dict) -> str:
     device = report["device_name"]
-    lines = [f"GPU check ({device}; `bash benchmarks/gpu_check.sh{' --dry-run' if report['dry_run'] else ''}`, "
-             f"{report['seconds']:.0f} s in all)", "",
-             "| what | measured | goal | met? |", "|---|---:|---:|:---:|"]
+    lines = [
+        f"GPU check ({device}; `bash benchmarks/gpu_check.sh{' --dry-run' if report['dry_run'] else ''}`, "
+        f"{report['seconds']:.0f} s in all)",
+        "",
+        "| what | measured | goal | met? |",
+        "|---|---:|---:|:---:|",
+    ]
     fp32 = report["quickstart"]["fp32"]
     bf16 = report["quickstart"]["bf16"]
-    lines.append(f"| quickstart results, device fp32 (TF32 off) vs CPU: max relative difference "
-                 f"(estimates, control mean/sd, CI ends) | {fp32['worst_relative_excluding_p']:.2e} | "
-                 f"≤ {FP32_TOLERANCE:g} | {'yes' if fp32['worst_relative_excluding_p'] <= FP32_TOLERANCE else '**no**'} |")
+    lines.append(
+        f"| quickstart results, device fp32 (TF32 off) vs CPU: max relative difference "
+        f"(estimates, control mean/sd, CI ends) | {fp32['worst_relative_excluding_p']:.2e} | "
+        f"≤ {FP32_TOLERANCE:g} | {'yes' if fp32['worst_relative_excluding_p'] <= FP32_TOLERANCE else '**no**'} |"
+    )
     lines.append(f"| same, bf16 autocast vs CPU | {bf16['worst_relative_excluding_p']:.2e} | reported | — |")
     for name in ("fp32", "bf16"):
         p = report["quickstart"][name].get("p_value", {})
-        lines.append(f"| quickstart p-values, {name} vs CPU: max relative difference | "
-                     f"{p.get('max_relative', float('nan')):.2e} | reported | — |")
+        lines.append(
+            f"| quickstart p-values, {name} vs CPU: max relative difference | "
+            f"{p.get('max_relative', float('nan')):.2e} | reported | — |"
+        )
     walls = report["quickstart_seconds"]
-    lines.append(f"| quickstart wall time cpu / cuda fp32 / cuda bf16 (s) | {walls['cpu']:.0f} / {walls['fp32']:.0f} / "
-                 f"{walls['bf16']:.0f} | — | — |")
+    lines.append(
+        f"| quickstart wall time cpu / cuda fp32 / cuda bf16 (s) | {walls['cpu']:.0f} / {walls['fp32']:.0f} / "
+        f"{walls['bf16']:.0f} | — | — |"
+    )
     for precision in ("bf16", "fp32"):
         p2 = report["p2"][precision]
         tps = p2["tokens_per_s"]
-        lines.append(f"| P2 {p2['config']['dim']}-d × {p2['config']['layers']} blocks, {precision}: anistat ÷ naive "
-                     f"(tokens/s) | {p2['speedup_vs_naive']:.2f}× | ≥ 1.5× | "
-                     f"{'yes' if p2['speedup_vs_naive'] >= 1.5 else '**no**'} |")
-        lines.append(f"| P2 same, {precision}: anistat ÷ floor (time) | {p2['ratio_to_floor']:.3f} | ≤ 1.2 | "
-                     f"{'yes' if p2['ratio_to_floor'] <= 1.2 else '**no**'} |")
-        lines.append(f"| P2 same, {precision}: tokens/s anistat / naive / floor | {tps['anistat']:,.0f} / "
-                     f"{tps['naive']:,.0f} / {tps['floor']:,.0f} | — | — |")
+        lines.append(
+            f"| P2 {p2['config']['dim']}-d × {p2['config']['layers']} blocks, {precision}: anistat ÷ naive "
+            f"(tokens/s) | {p2['speedup_vs_naive']:.2f}× | ≥ 1.5× | "
+            f"{'yes' if p2['speedup_vs_naive'] >= 1.5 else '**no**'} |"
+        )
+        lines.append(
+            f"| P2 same, {precision}: anistat ÷ floor (time) | {p2['ratio_to_floor']:.3f} | ≤ 1.2 | "
+            f"{'yes' if p2['ratio_to_floor'] <= 1.2 else '**no**'} |"
+        )
+        lines.append(
+            f"| P2 same, {precision}: tokens/s anistat / naive / floor | {tps['anistat']:,.0f} / "
+            f"{tps['naive']:,.0f} / {tps['floor']:,.0f} | — | — |"
+        )
     for kind, check in report.get("analysis", {}).items():
         secs = check["seconds"]
         device_key = [k for k in secs if k != "cpu"]
-        lines.append(f"| analysis at the paper's settings ({check['units']} units, d = {check['d']}, ranks "
-                     f"{'/'.join(map(str, check['ranks']))}, {kind} proxies): seconds cpu / device | "
-                     f"{secs['cpu']:.1f} / {secs[device_key[0]] if device_key else secs['cpu']:.1f} | — | — |")
-        lines.append(f"| same, exact p-values identical on both | {check['p_values_identical']} of "
-                     f"{check['p_values']} | all | {'yes' if check['p_values_identical'] == check['p_values'] else '**no**'} |")
+        lines.append(
+            f"| analysis at the paper's settings ({check['units']} units, d = {check['d']}, ranks "
+            f"{'/'.join(map(str, check['ranks']))}, {kind} proxies): seconds cpu / device | "
+            f"{secs['cpu']:.1f} / {secs[device_key[0]] if device_key else secs['cpu']:.1f} | — | — |"
+        )
+        lines.append(
+            f"| same, exact p-values identical on both | {check['p_values_identical']} of "
+            f"{check['p_values']} | all | {'yes' if check['p_values_identical'] == check['p_values'] else '**no**'} |"
+        )
     return "\n".join(lines)
 
 
@@ -215,9 +272,16 @@ def main() -> None:
         print(f"P2 {precision}: done", file=sys.stderr, flush=True)
     analysis = analysis_check(args.dry_run, device)
     print("analysis: done", file=sys.stderr, flush=True)
-    report = {"dry_run": args.dry_run, "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "CPU",
-              "torch": torch.__version__, "quickstart": quickstart, "quickstart_seconds": walls, "p2": p2,
-              "analysis": analysis, "seconds": time.perf_counter() - started}
+    report = {
+        "dry_run": args.dry_run,
+        "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "CPU",
+        "torch": torch.__version__,
+        "quickstart": quickstart,
+        "quickstart_seconds": walls,
+        "p2": p2,
+        "analysis": analysis,
+        "seconds": time.perf_counter() - started,
+    }
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     print(table(report))
     print(f"\n(details: {out / 'gpu_check.json'})")
