@@ -553,8 +553,9 @@ def concentration_warnings(results: pd.DataFrame) -> list[str]:
         band = "[0.93, 0.97]" if aspect == "coverage" else "[0.04, 0.06] at α = 0.05"
         below = flagged[0][2][f"{aspect}_below"]
         out.append(
-            f"{len(flagged)} unit(s) have their energy concentrated in few resampling units, where `anistat "
-            f"calibrate` found the {what} outside {band} (n_eff below {below:g}): {shown}{more} — read their "
+            f"{len(flagged)} unit(s) have their energy concentrated in few resampling units (n_eff below "
+            f"{below:g}, the range in which `anistat calibrate` found the {what} outside {band}; each unit "
+            f"with the value measured at its own n_eff level): {shown}{more} — read their "
             + ("intervals" if aspect == "coverage" else "data tests (hedges_g p-values)")
             + " as approximate, or add documents"
         )
