@@ -734,7 +734,7 @@ def test_sigint_while_writing_the_bundle_then_resume(capsys, tmp_path, monkeypat
     no_figures(monkeypatch)
     code, out, err = run_cli(capsys, "run", protocol, "--out", tmp_path / "out")
     assert code == 0, err
-    assert out.count("resumed from cache") == 5 and "measured" not in out, out
+    assert out.count("resumed from cache") == 5 and ": measured " not in out, out
     assert (tmp_path / "out" / "results.csv").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "p.yaml"]  # cache removed on success
 
