@@ -540,26 +540,52 @@ def concentration_warnings(results: pd.DataFrame) -> list[str]:
     units = n_eff.groupby(keys, sort=False, dropna=False).min().dropna()
     methods = rows["ci_method"].astype(str).replace({"studentized": "studentized_log"})
     method_of = methods.groupby(keys, sort=False, dropna=False).first()
-    out = []
-    for aspect, what in (("coverage", "coverage of the 95 % energy-ratio interval"), ("data_test", "data-test level")):
-        flagged = [(key, value, calibrated_concentration(value, method_of[key])) for key, value in units.items()]
-        flagged = [(key, value, level) for key, value, level in flagged if level is not None and level[f"{aspect}_off"]]
-        if not flagged:
-            continue
-        shown = ", ".join(
-            f"{m} {c} {s} (n_eff {value:.1f}: {what} {level[aspect]:.3f})" for (m, c, s), value, level in flagged[:3]
-        )
-        more = f", … ({len(flagged)} units)" if len(flagged) > 3 else ""
-        band = "[0.93, 0.97]" if aspect == "coverage" else "[0.04, 0.06] at α = 0.05"
-        below = flagged[0][2][f"{aspect}_below"]
-        out.append(
-            f"{len(flagged)} unit(s) have their energy concentrated in few resampling units (n_eff below "
-            f"{below:g}, the range in which `anistat calibrate` found the {what} outside {band}; each unit "
-            f"with the value measured at its own n_eff level): {shown}{more} — read their "
-            + ("intervals" if aspect == "coverage" else "data tests (hedges_g p-values)")
-            + " as approximate, or add documents"
-        )
-    return out
+    levels = {key: calibrated_concentration(value, method_of[key]) for key, value in units.items()}
+    flagged = {
+        key: tuple(aspect for aspect in ("coverage", "data_test") if level[f"{aspect}_off"])
+        for key, level in levels.items()
+        if level is not None
+    }
+    return [
+        _concentration_warning(aspects, [(key, units[key], levels[key]) for key in keys])
+        for aspects, keys in _grouped(flagged).items()
+        if aspects
+    ]
+
+
+#: What each calibrated aspect of a concentrated unit is called in its warning.
+_CONCENTRATION_ASPECTS = {
+    "coverage": ("the 95 % energy-ratio interval's coverage outside [0.93, 0.97]", "coverage", "intervals"),
+    "data_test": ("the data test's level outside [0.04, 0.06] at α = 0.05", "level", "data tests (hedges_g p-values)"),
+}
+
+
+def _grouped(flagged: Mapping[Any, tuple[str, ...]]) -> dict[tuple[str, ...], list[Any]]:
+    """The units of each set of flagged aspects, in the order the units came."""
+    groups: dict[tuple[str, ...], list[Any]] = {}
+    for key, aspects in flagged.items():
+        groups.setdefault(aspects, []).append(key)
+    return groups
+
+
+def _concentration_warning(aspects: tuple[str, ...], units: list[tuple[Any, float, Mapping[str, Any]]]) -> str:
+    """One warning for units flagged on the same aspects: the n_eff range, what calibrate found
+    there, the first three units with the values measured at their own level, and what to do."""
+    below = max(units[0][2][f"{aspect}_below"] for aspect in aspects)
+    found = " and ".join(_CONCENTRATION_ASPECTS[a][0] for a in aspects)
+    shown = ", ".join(
+        f"{m} {c} {s} (n_eff {value:.1f}: "
+        + ", ".join(f"{_CONCENTRATION_ASPECTS[a][1]} {level[a]:.3f}" for a in aspects)
+        + ")"
+        for (m, c, s), value, level in units[:3]
+    )
+    more = f", … ({len(units)} units)" if len(units) > 3 else ""
+    read = " and ".join(_CONCENTRATION_ASPECTS[a][2] for a in aspects)
+    return (
+        f"{len(units)} unit(s) have their energy concentrated in few resampling units (Kish n_eff below "
+        f"{below:g}, where `anistat calibrate` found {found}; the values at each unit's own n_eff): "
+        f"{shown}{more} — read their {read} as approximate, or add documents"
+    )
 
 
 def unit_records(artifacts: Sequence[Any]) -> tuple[dict[str, Any], ...]:

@@ -76,11 +76,13 @@ def test_a_concentrated_unit_is_warned_about_with_the_calibrated_coverage():
     results = analyze_units([hot, flat], _protocol([2]))
     assert set(results.loc[results["metric"] == "energy_ratio", "ci_method"]) == {"balanced_el"}  # the default
     warnings = concentration_warnings(results)
-    coverage = [w for w in warnings if "coverage" in w]
-    assert len(coverage) == 1
-    assert coverage[0].startswith("1 unit(s) have their energy concentrated")
-    assert f"m step0 residual.0 (n_eff {n_eff:.1f}: coverage of the 95 % energy-ratio interval" in coverage[0]
-    assert f"{level['coverage']:.3f}" in coverage[0] and "residual.1" not in coverage[0]
+    assert len(warnings) == 1  # one warning for the units flagged on the same aspects
+    (warning,) = warnings
+    assert warning.startswith("1 unit(s) have their energy concentrated")
+    aspects = [a for a in ("coverage", "data_test") if level[f"{a}_off"]]
+    values = ", ".join(f"{'coverage' if a == 'coverage' else 'level'} {level[a]:.3f}" for a in aspects)
+    assert f"m step0 residual.0 (n_eff {n_eff:.1f}: {values})" in warning and "residual.1" not in warning
+    assert "coverage outside [0.93, 0.97]" in warning and "read their intervals" in warning
     assert concentration_warnings(analyze_units([flat], _protocol([2]))) == []
 
 
