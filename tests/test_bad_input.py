@@ -720,6 +720,7 @@ def test_signal_during_collection(capsys, tmp_path, monkeypatch, signum):
     assert signal.getsignal(signal.SIGTERM) == handler_before  # main() restores what it found
 
 
+@pytest.mark.slow
 def test_sigint_while_writing_the_bundle_then_resume(capsys, tmp_path, monkeypatch):
     """Interrupted while the bundle is being rendered: no bundle, no staging directory; the cache
     is complete, so the rerun measures nothing again and writes the bundle."""

@@ -147,6 +147,7 @@ def test_meter_fit_steps_before_a_resumed_runs_first_step(tmp_path: Path):
         )
 
 
+@pytest.mark.slow
 def test_callback_warns_at_begin_about_unreachable_steps_and_records_them(tmp_path: Path):
     from anistat.errors import AnistatWarning
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from test_resume import skip_figures, write_protocol
 
 from anistat.cli import main
 
 
+@pytest.mark.slow
 def test_same_protocol_same_seed_same_bytes(tmp_path, capsys, monkeypatch):
     skip_figures(monkeypatch)
     protocol = write_protocol(tmp_path)

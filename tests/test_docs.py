@@ -93,6 +93,7 @@ def site(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_the_site_builds_strictly_with_every_page_of_the_nav(site):
     import yaml
 

@@ -295,6 +295,7 @@ def test_compare_of_bundles_with_no_row_in_common_is_one_line(bundle, tmp_path, 
     assert "no result row in common" in err and not (tmp_path / "cmp").exists()
 
 
+@pytest.mark.slow
 def test_an_existing_read_only_out_folder_is_found_before_the_run(tmp_path):
     """Run as user nobody (root writes anywhere): an existing --out folder it cannot write is
     refused at once with the hint for its cause, not after the whole run."""

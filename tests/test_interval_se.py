@@ -156,6 +156,7 @@ def test_meta_claim_weights_follow_from_the_interval_implied_se(method, method_r
     assert w[0] < w.max()
 
 
+@pytest.mark.slow
 def test_real_run_rows_se_within_2x_of_their_interval(tmp_path):
     """A real miniature run: no row's `se` is off its interval's implied SE by more than 2× on
     both sides (z·se against each half-width on the interval's scale)."""

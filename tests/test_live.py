@@ -89,6 +89,7 @@ def _check_against_bundle(
             assert sorted(scalars[tags["energy_fraction"]]) == steps  # the measured steps, and only those
 
 
+@pytest.mark.slow
 def test_plain_loop_summary_writer_gets_the_bundles_point_estimates(tmp_path: Path):
     from torch.utils.tensorboard import SummaryWriter
 
@@ -102,6 +103,7 @@ def test_plain_loop_summary_writer_gets_the_bundles_point_estimates(tmp_path: Pa
 
 
 @pytest.mark.parametrize("window", [1, 2])
+@pytest.mark.slow
 def test_live_metrics_leave_the_bundle_byte_identical(tmp_path: Path, window: int):
     """With a window of 2 the live numbers are read mid-unit too (steps 1 and 2 of unit step1)."""
     seen: list[tuple[str, float, int]] = []
@@ -139,6 +141,7 @@ def test_trainer_report_to_tensorboard_shows_the_live_metrics(tmp_path: Path):
     assert [entry["step"] for entry in _live_entries(trainer)] == [0, 2, 4]
 
 
+@pytest.mark.slow
 def test_trainer_live_false_publishes_nothing_and_writes_the_same_bundle(tmp_path: Path):
     quiet = _train(tmp_path / "quiet", live=False)
     loud = _train(tmp_path / "loud")

@@ -310,6 +310,7 @@ def test_goal_lines():
     )
 
 
+@pytest.mark.slow
 def test_calibrate_at_20_simulations_calls_nothing_met(capsys, tmp_path):
     # small everywhere (one scenario, 12-document studies, no 200-document coverage studies, 20
     # family studies): what is checked is the wording at too few simulations, not the rates

@@ -228,6 +228,7 @@ def test_each_test_at_the_level_would_reject_where_holm_does_not():
     assert holm_rejections((0.02, 0.3), 0.05) == (True, False)
 
 
+@pytest.mark.slow
 def test_the_verdict_holds_its_level_on_simulated_null_families():
     """Families of independent p-values drawn from the sequential exact test's law (h = 10, n =
     11,519: the null-check protocol's settings): the KS test against the simulated law is valid

@@ -130,6 +130,7 @@ def test_null_sd_carried_to_another_size_is_the_pilot_sd_at_the_pilot_size():
 
 
 # ------------------------------------------------------------------------- the command
+@pytest.mark.slow
 def test_plan_from_the_pilot_bundle_end_to_end(mini_bundle, tmp_path):
     out = tmp_path / "plan"
     done = _cli(str(mini_bundle), "--ratio", "1.5", "--half-width", "0.2", "--out", str(out))
@@ -164,6 +165,7 @@ def test_plan_from_the_pilot_bundle_end_to_end(mini_bundle, tmp_path):
     assert again.returncode == 0, again.stderr
 
 
+@pytest.mark.slow
 def test_plan_refuses_a_folder_with_files_it_did_not_write(mini_bundle, tmp_path):
     out = tmp_path / "plan"
     assert _cli(str(mini_bundle), "--ratio", "1.5", "--out", str(out)).returncode == 0

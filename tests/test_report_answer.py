@@ -341,6 +341,7 @@ window.addEventListener("load", function () {
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (/usr/bin/chromium)")
+@pytest.mark.slow
 def test_quickstart_report_in_chromium_answers_first_and_labels_every_foreign_interval(tmp_path):
     """The shipped quickstart bundle's report, rendered by this code, plus one claim that passes by the
     exact test while its intervals include its threshold."""
@@ -390,6 +391,7 @@ def test_report_tex_page_one_is_question_answer_headline_then_findings_and_cards
 @pytest.mark.skipif(
     shutil.which("pdflatex") is None or shutil.which("pdftotext") is None, reason="pdflatex / pdftotext not installed"
 )
+@pytest.mark.slow
 def test_pdf_page_one_shows_the_answer_and_the_headline_table(tmp_path):
     from anistat.report import ReportOptions
 

@@ -138,6 +138,7 @@ def run_mini(tmp_path, extra_stats: str):
         return anistat.run(protocol, out).results, out
 
 
+@pytest.mark.slow
 def test_a_run_with_resampling_risk_reports_decisions_and_keeps_its_p_values(tmp_path):
     """The same protocol with and without `resampling_risk`: identical p-values (the decisions
     read the same stream further), and with it every exact energy test carries a decision that is

@@ -206,6 +206,7 @@ def test_heavy_scenario_is_skewed_with_a_heavier_tail_and_the_methods_sit_side_b
     assert rows[3.0]["data_test_studies"] == 1 and rows[3.0]["rejection_data"] == 1.0
 
 
+@pytest.mark.slow
 def test_calibrate_reports_every_interval_method_and_the_n_eff_levels_end_to_end(tmp_path):
     """`anistat calibrate --scenario heavy`: the terminal names each method's coverage per study
     size and scenario, calibration.json carries the n_eff levels (every study in one), and the page
