@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._columns import RESULT_COLUMNS
+from ._columns import RESULT_COLUMNS, UNIT_KEYS
 from .errors import AnistatInputError
 from .protocol import ClaimSpec, ModelSpec, Protocol, control_problem, fit_window_size
 
@@ -73,7 +73,7 @@ CORRELATION_METRICS = tuple(
 FREQUENCY_ONLY_COLUMNS = ("bucket",)
 # Columns whose values the plan fixes (claims' `where` values on them are checked); the others
 # (estimates, p-values, notes, …) are measured and cannot be checked before the run.
-UNIT_COLUMNS = ("model", "objective", "checkpoint", "step", "phase", "layer", "site", "dim")
+UNIT_COLUMNS = (*UNIT_KEYS, "dim")
 ROW_COLUMNS = ("proxy", "rank", "control", "metric", "bucket")
 
 ANY = object()  # a planned value that is measured (unknown before the run): matches any claim value

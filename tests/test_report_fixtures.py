@@ -15,34 +15,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-COLUMNS = [
-    "model",
-    "objective",
-    "checkpoint",
-    "step",
-    "phase",
-    "layer",
-    "site",
-    "rank",
-    "dim",
-    "proxy",
-    "control",
-    "metric",
-    "estimate",
-    "control_mean",
-    "control_sd",
-    "ci_low",
-    "ci_high",
-    "ci_method",
-    "p_value",
-    "p_adjusted",
-    "effect_size",
-    "n_controls",
-    "n_sequences",
-    "n_tokens",
-    "status",
-    "note",
-]
+from anistat.report._data import RESULT_COLUMNS
+
+# The report's columns less n_eff and fallback, which the synthetic table leaves for the report to add.
+COLUMNS = [column for column in RESULT_COLUMNS if column not in ("n_eff", "fallback")]
 STEPS = (0, 100, 200, 400)
 PHASE = {0: "early", 100: "early", 200: "late", 400: "late"}
 
