@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_report_fixtures import null_check_results  # noqa: E402
 from test_report_inputs import CHROMIUM, FAST, probed_root  # noqa: E402
 
 from anistat.bundle import null_check_summaries, read_bundle  # noqa: E402
@@ -165,29 +166,7 @@ def test_other_ranks_are_counted_in_both_directions():
 
 
 def test_a_null_check_answers_about_calibration():
-    rng = np.random.default_rng(0)
-    rows = []
-    for unit in range(200):
-        p_exact, p_paper = rng.uniform(), rng.uniform() ** 2  # the paper's convention anti-conservative
-        for control in ("normal", "haar"):
-            rows.append(
-                {
-                    "model": "m",
-                    "checkpoint": "step0",
-                    "layer": unit % 4,
-                    "site": f"residual.{unit % 4}",
-                    "rank": unit,
-                    "proxy": "random@refit",
-                    "control": control,
-                    "metric": "energy_fraction",
-                    "estimate": 0.1,
-                    "p_value": p_exact,
-                    "p_test": "haar_monte_carlo",
-                    "p_value_paper": p_paper if control == "normal" else p_exact,
-                    "status": "ok",
-                }
-            )
-    exact, paper = null_check_summaries(pd.DataFrame(rows), 0.05)
+    exact, paper = null_check_summaries(null_check_results("random@refit"), 0.05)
     text = null_check_answer((exact, paper))
     assert text.startswith(
         "Not all calibrated: this run asks whether the tests reject an uninformative (uniformly "
