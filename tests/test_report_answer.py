@@ -228,17 +228,23 @@ def test_which_question_each_kind_of_claim_answers():
     assert "decisive: the weakest row's [" in by_bound["decision"]
 
 
-def test_a_pass_by_the_exact_test_whose_intervals_include_the_threshold_says_so():
-    """The newcomer's `1.44* [0.969, 1.50]`: two answers, said as two answers. The encoder's
-    step-0 rank-4 ratios (1.25–1.31, exact p ≤ 0.026) have lower bounds 1.14–1.18: they pass
-    "> 1.2" by the test, while every interval includes 1.2."""
-    spec = ClaimSpec(
-        id="enc",
+def encoder_step0_claim(claim_id: str) -> ClaimSpec:
+    """The claim that the quickstart encoder's step-0 rank-4 energy ratio against normal controls
+    is above 1.2, by the exact test at α = 0.05."""
+    return ClaimSpec(
+        id=claim_id,
         metric="energy_ratio",
         threshold=1.2,
         alpha=0.05,
         where={"objective": "mlm", "rank": 4, "control": "normal", "checkpoint": "step0"},
     )
+
+
+def test_a_pass_by_the_exact_test_whose_intervals_include_the_threshold_says_so():
+    """The newcomer's `1.44* [0.969, 1.50]`: two answers, said as two answers. The encoder's
+    step-0 rank-4 ratios (1.25–1.31, exact p ≤ 0.026) have lower bounds 1.14–1.18: they pass
+    "> 1.2" by the test, while every interval includes 1.2."""
+    spec = encoder_step0_claim("enc")
     record = evaluate_claim(quickstart_results(), spec)
     assert record["passed"] and record["decided_by"] == "test"
     assert record["caveat"].startswith(
@@ -326,13 +332,7 @@ def test_quickstart_report_in_chromium_answers_first_and_labels_every_foreign_in
     from dataclasses import replace
 
     inputs = quickstart_inputs()
-    spec = ClaimSpec(
-        id="enc-threshold",
-        metric="energy_ratio",
-        threshold=1.2,
-        alpha=0.05,
-        where={"objective": "mlm", "rank": 4, "control": "normal", "checkpoint": "step0"},
-    )
+    spec = encoder_step0_claim("enc-threshold")
     extra = claim_outcome(evaluate_claim(quickstart_results(), spec))
     inputs = replace(inputs, claims=inputs.claims + (extra,))
     render_bundle(inputs, tmp_path, options=FAST)
