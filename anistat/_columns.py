@@ -1,12 +1,14 @@
-"""The columns of ``results.csv``, defined once.
+"""The columns of ``results.csv`` and ``frequency.csv``, defined once.
 
 ``anistat.analyze`` writes them, ``anistat.preflight`` plans rows with them (without importing the
-analysis, which imports torch), and ``anistat.reproduction`` matches rows of two bundles by their
-keys. A layer-0 module, so every stage can import it.
+analysis, which imports torch), ``anistat.reproduction`` matches rows of two bundles by their
+keys and ``anistat.report`` normalises the table it renders with them. A layer-0 module of
+constants, so every stage, the pure ones included, can import it.
 """
 
-#: The columns that identify a row of results.csv (and, with ``bucket``, of frequency.csv).
-RESULT_KEYS: tuple[str, ...] = (
+#: The columns that name the measured unit (a site of a layer of a checkpoint of a model); every
+#: key of both tables starts with them.
+UNIT_KEYS: tuple[str, ...] = (
     "model",
     "objective",
     "checkpoint",
@@ -14,6 +16,11 @@ RESULT_KEYS: tuple[str, ...] = (
     "phase",
     "layer",
     "site",
+)
+
+#: The columns that identify a row of results.csv.
+RESULT_KEYS: tuple[str, ...] = (
+    *UNIT_KEYS,
     "rank",
     "dim",
     "proxy",
@@ -46,3 +53,48 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "note",
     "fallback",
 )
+
+#: The columns that identify a row of frequency.csv.
+FREQUENCY_KEYS: tuple[str, ...] = (
+    *UNIT_KEYS,
+    "dim",
+    "proxy",
+    "rank",
+    "control",
+    "bucket",
+    "metric",
+)
+
+#: Every column of frequency.csv, in order.
+FREQUENCY_COLUMNS: tuple[str, ...] = (
+    *UNIT_KEYS,
+    "dim",
+    "n_sequences",
+    "n_tokens",
+    "proxy",
+    "rank",
+    "control",
+    "bucket",
+    "metric",
+    "estimate",
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "p_value",
+    "note",
+)
+
+#: The metrics of a fitted proxy's energy against its controls (one row each per proxy × rank ×
+#: control kind in results.csv).
+ENERGY_METRICS: tuple[str, ...] = (
+    "energy_fraction",
+    "energy_ratio",
+    "log2_energy_ratio",
+    "z",
+    "hedges_g",
+    "anisotropy_capture",
+)
+
+#: Every metric that describes a fitted proxy (its ``proxy`` column names it): the energy metrics
+#: and the change in isotropy when the proxy is removed.
+PROXY_METRICS: tuple[str, ...] = (*ENERGY_METRICS, "delta_isoscore_star")

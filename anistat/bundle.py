@@ -1355,19 +1355,10 @@ def null_check_summaries(
             continue
         check = p_value_uniformity(values.to_numpy(), alpha, n_draws=n_draws, stop_after=stop)
         out.append(
-            NullCheckSummary(
+            NullCheckSummary.from_check(
                 test,
-                tuple(float(v) for v in values),
-                check.alpha,
-                check.rejection_rate,
-                check.rate_ci[0],
-                check.rate_ci[1],
-                check.expected_rate,
-                check.grid,
-                check.binomial_p,
-                check.uniformity_p,
-                check.level,
-                check.verdict,
+                values,
+                check,
                 sequential=bool(stop),
                 shared_draws=shared_draws and test == "exact",
                 seed=seed,

@@ -70,10 +70,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from ._columns import RESULT_KEYS
 from .protocol import ClaimSpec, StatsSpec
 from .report.claim_text import claim_reading
 from .stats import adjust_pvalues
-from .stats.meta import aggregate_clusters, random_effects_meta, robust_meta
+from .stats.meta import MetaResult, RobustMetaResult, aggregate_clusters, random_effects_meta, robust_meta
 
 COMPARISONS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
@@ -115,14 +116,7 @@ def _compare(value: float, claim: ClaimSpec) -> bool:
 
 def _evidence_row(row: pd.Series) -> dict[str, Any]:
     keys = (
-        "model",
-        "checkpoint",
-        "phase",
-        "layer",
-        "site",
-        "rank",
-        "proxy",
-        "control",
+        *(key for key in RESULT_KEYS if key not in ("objective", "step", "dim", "metric")),
         "estimate",
         "ci_low",
         "ci_high",
@@ -520,16 +514,8 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, level: floa
         # one independent unit: the mean of its rows is a fixed-rows estimand whose interval
         # covers this unit's data sampling only (no between-unit variance can be estimated)
         pooled += "; a single independent unit: the interval covers its data sampling, not variation across units"
-    p = p_against_threshold(result.estimate, result.se, result.df, claim, transform)
     fields.update(
-        meta_estimate=float(back(result.estimate)),
-        meta_se=result.se,
-        meta_ci_low=float(back(result.ci_low)),
-        meta_ci_high=float(back(result.ci_high)),
-        meta_ci_level=level,
-        p_vs_threshold=p,
-        p_null=_null_text(claim, log_scale, result.df),
-        tau2=result.tau2,
+        **_pooled_fields(result, claim, level, log_scale, back, transform),
         i2=result.i2,
         k=result.k,
         df=result.df if np.isfinite(result.df) else None,
@@ -582,16 +568,8 @@ def _robust_fields(
             f"{n_clusters} — use dependence: aggregate"
         )
     result = robust_meta(y, se**2, clusters, ci_level=level)
-    p = p_against_threshold(result.estimate, result.se, result.df, claim, transform)
     return dict(
-        meta_estimate=float(back(result.estimate)),
-        meta_se=result.se,
-        meta_ci_low=float(back(result.ci_low)),
-        meta_ci_high=float(back(result.ci_high)),
-        meta_ci_level=level,
-        p_vs_threshold=p,
-        p_null=_null_text(claim, log_scale, result.df),
-        tau2=result.tau2,
+        **_pooled_fields(result, claim, level, log_scale, back, transform),
         k=result.m,
         df=result.df,
         method=f"robust variance estimation ({result.small_sample})",
@@ -601,6 +579,25 @@ def _robust_fields(
             f"(REML tau2 of the cluster means), CR2 cluster-robust variance, t with "
             f"{n_clusters - 1} df"
         ),
+    )
+
+
+def _pooled_fields(
+    result: MetaResult | RobustMetaResult, claim: ClaimSpec, level: float, log_scale: bool, back, transform
+) -> dict[str, Any]:
+    """The evidence fields every pooling gives: the pooled estimate and its ``level`` interval
+    mapped back by ``back`` (``exp`` for a ratio pooled as ``ln R``), its SE on the pooled scale,
+    ``tau2``, and the p-value of the threshold test (:func:`p_against_threshold`) with its
+    wording. ``result`` is a :class:`MetaResult` or a :class:`RobustMetaResult`."""
+    return dict(
+        meta_estimate=float(back(result.estimate)),
+        meta_se=result.se,
+        meta_ci_low=float(back(result.ci_low)),
+        meta_ci_high=float(back(result.ci_high)),
+        meta_ci_level=level,
+        p_vs_threshold=p_against_threshold(result.estimate, result.se, result.df, claim, transform),
+        p_null=_null_text(claim, log_scale, result.df),
+        tau2=result.tau2,
     )
 
 

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -553,32 +553,24 @@ def run(
     torch_device = resolve_device(device or protocol.device)
     thread_choice = resolve_threads(threads, protocol.threads)
     log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, {thread_choice.describe()}")
-    with cpu_threads(thread_choice.threads):
-        return _run(protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache)
-
-
-def _run(
-    protocol: Protocol,
-    out: Path,
-    cache: Path,
-    torch_device: torch.device,
-    thread_choice: ThreadChoice,
-    started_at: str,
-    started: float,
-    log: Log,
-    keep_cache: bool,
-) -> RunResult:
-    """`run` once its inputs are checked and the threads set: collect, analyse, publish. Ctrl-C
-    (or SIGTERM) anywhere in it becomes `RunInterrupted`, which says where the finished units are."""
-    try:
+    with cpu_threads(thread_choice.threads), _stops_reported(cache):
         return _collect_analyse_publish(
             protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache
         )
+
+
+@contextlib.contextmanager
+def _stops_reported(cache: Path) -> Iterator[None]:
+    """Around collect, analyse, publish: Ctrl-C (or SIGTERM) anywhere in it becomes
+    `RunInterrupted`, and weights that passed the preflight's header check but do not load become
+    one line; both say where the finished units are."""
+    try:
+        yield
     except RunInterrupted:
         raise
     except KeyboardInterrupt:
         raise RunInterrupted(cache / "units", _finished_units(cache)) from None
-    except CheckpointLoadError as error:  # weights that passed the preflight's header check
+    except CheckpointLoadError as error:
         raise AnistatInputError(f"{error}; {_kept(cache)}") from None
 
 
@@ -609,7 +601,7 @@ def _collect_analyse_publish(
     from .claims import evaluate_claims
 
     torch.manual_seed(protocol.seed)
-    try:
+    with _disk_errors_reported(cache):
         artifacts, info = collect_units(protocol, torch_device, cache, log)
         if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
             return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
@@ -632,11 +624,6 @@ def _collect_analyse_publish(
             f"{nulls.get('n_test_resamples')} data-test resamples, sized for a family of {nulls.get('n_tests')} "
             f"({time.perf_counter() - stage:.1f}s)"
         )
-    except OSError as error:
-        user_error = _disk_error(error, cache)
-        if user_error is None:
-            raise
-        raise user_error from error
     few_units = [*few_resampling_units_warnings(results), *concentration_warnings(results)]
     for warning in [*results.attrs.get("warnings", []), *few_units]:
         log(f"warning: {warning}")
@@ -659,13 +646,8 @@ def _collect_analyse_publish(
         null_settings=dict(results.attrs.get("null_settings", {})),
         threads=thread_choice,
     )
-    try:
+    with _disk_errors_reported(cache):
         outcome = publish_bundle(out, protocol, results, frequency, claims, info["concept_cards"], facts)
-    except OSError as error:
-        user_error = _disk_error(error, cache)
-        if user_error is None:
-            raise
-        raise user_error from error
     log(f"  rendered ({time.perf_counter() - stage:.1f}s)")
     for name, reason in outcome.manifest.get("omitted_files", {}).items():
         log(f"note: {name} was not written: {reason}")
@@ -677,6 +659,19 @@ def _collect_analyse_publish(
 
 
 _DISK_ERRNOS = {"ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS", "EFBIG", "EMFILE", "ENFILE"}
+
+
+@contextlib.contextmanager
+def _disk_errors_reported(cache: Path) -> Iterator[None]:
+    """A disk error inside (`_disk_error`) becomes its one-line `AnistatInputError`; any other
+    OSError passes unchanged."""
+    try:
+        yield
+    except OSError as error:
+        user_error = _disk_error(error, cache)
+        if user_error is None:
+            raise
+        raise user_error from error
 
 
 def _disk_error(error: OSError, cache: Path) -> AnistatInputError | None:

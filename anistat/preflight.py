@@ -43,21 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._columns import RESULT_COLUMNS
+from ._columns import PROXY_METRICS, RESULT_COLUMNS, UNIT_KEYS
 from .errors import AnistatInputError
 from .protocol import ClaimSpec, ModelSpec, Protocol, control_problem, fit_window_size
 
 # The rows `anistat.analyze` writes (a test runs the pipeline and checks this plan against the
 # real results.csv / frequency.csv row by row, so the two cannot drift apart silently).
-ENERGY_METRICS = (
-    "energy_fraction",
-    "energy_ratio",
-    "log2_energy_ratio",
-    "z",
-    "hedges_g",
-    "anisotropy_capture",
-    "delta_isoscore_star",
-)
 DESCRIPTIVE_METRICS = tuple(
     f"{cloud}_{metric}"
     for cloud in ("gradient", "activation")
@@ -73,7 +64,7 @@ CORRELATION_METRICS = tuple(
 FREQUENCY_ONLY_COLUMNS = ("bucket",)
 # Columns whose values the plan fixes (claims' `where` values on them are checked); the others
 # (estimates, p-values, notes, …) are measured and cannot be checked before the run.
-UNIT_COLUMNS = ("model", "objective", "checkpoint", "step", "phase", "layer", "site", "dim")
+UNIT_COLUMNS = (*UNIT_KEYS, "dim")
 ROW_COLUMNS = ("proxy", "rank", "control", "metric", "bucket")
 
 ANY = object()  # a planned value that is measured (unknown before the run): matches any claim value
@@ -236,7 +227,7 @@ def row_plan(protocol: Protocol, models: list[PlannedModel]) -> RowPlan:
             },
         ),
         RowFamily(
-            "energy", {"metric": ENERGY_METRICS, "proxy": methods, "rank": ranks, "control": kinds, "bucket": ("",)}
+            "energy", {"metric": PROXY_METRICS, "proxy": methods, "rank": ranks, "control": kinds, "bucket": ("",)}
         ),
         RowFamily(
             "frequency-bucket",

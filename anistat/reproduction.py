@@ -41,25 +41,10 @@ from typing import Any
 
 import pandas as pd
 
-from ._columns import RESULT_KEYS
+from ._columns import FREQUENCY_KEYS, RESULT_KEYS
 from .bundle import Bundle
 from .errors import AnistatInputError
 
-FREQUENCY_KEYS = (
-    "model",
-    "objective",
-    "checkpoint",
-    "step",
-    "phase",
-    "layer",
-    "site",
-    "dim",
-    "proxy",
-    "rank",
-    "control",
-    "bucket",
-    "metric",
-)
 #: Columns that must be equal, value for value.
 EXACT_COLUMNS = (
     "status",

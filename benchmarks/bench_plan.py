@@ -97,24 +97,39 @@ def haar_null(rng, second: np.ndarray, n_draws: int) -> np.ndarray:
     return diagonal @ (lam / lam.sum())
 
 
-def one_study(rng, scenario: str, ratio: float, n_documents: int, n_draws: int, n_resamples: int) -> tuple:
-    """(half-width, covered, data-test p, exact p) of one simulated study analysed by anistat."""
-    p_seq, t_seq, second, sigma, u, doc_of_seq, clustered = _simulated_study(rng, scenario, ratio, config(n_documents))
-    null = haar_null(rng, second, n_draws)
-    observed = float(np.trace(u.T @ second @ u) / np.trace(second))
-    result = analyze_energy(
+def analyse_study(p_seq, t_seq, doc_of_seq, clustered, null_fractions, *, n_bootstrap: int, seed: int, **options):
+    """anistat's energy analysis of one simulated study against Haar controls at rank ``RANK`` in
+    ``DIM`` coordinates, resampling documents when the study is clustered (2 units suffice)."""
+    return analyze_energy(
         p_seq,
         t_seq,
         expected_control_energy("haar", p_seq, t_seq, RANK, DIM),
         rank=RANK,
         dim=DIM,
-        null_fractions=null,
-        observed_fraction=observed,
+        null_fractions=null_fractions,
         group_ids=doc_of_seq if clustered else None,
-        n_bootstrap=n_resamples,
-        n_test_resamples=n_resamples,
-        seed=int(rng.integers(2**62)),
+        n_bootstrap=n_bootstrap,
+        seed=seed,
         min_resampling_units=2,
+        **options,
+    )
+
+
+def one_study(rng, scenario: str, ratio: float, n_documents: int, n_draws: int, n_resamples: int) -> tuple:
+    """(half-width, covered, data-test p, exact p) of one simulated study analysed by anistat."""
+    p_seq, t_seq, second, sigma, u, doc_of_seq, clustered = _simulated_study(rng, scenario, ratio, config(n_documents))
+    null = haar_null(rng, second, n_draws)
+    observed = float(np.trace(u.T @ second @ u) / np.trace(second))
+    result = analyse_study(
+        p_seq,
+        t_seq,
+        doc_of_seq,
+        clustered,
+        null,
+        n_bootstrap=n_resamples,
+        seed=int(rng.integers(2**62)),
+        observed_fraction=observed,
+        n_test_resamples=n_resamples,
     )
     row = result["energy_ratio"]
     truth = float(np.trace(u.T @ sigma @ u) / np.trace(sigma)) * DIM / RANK
@@ -191,18 +206,7 @@ def pilot_check(scenario: str, args, seed: int) -> str:
         p_seq, t_seq, *_rest, doc_of_seq, clustered = _simulated_study(
             rng, scenario, 1.25, config(args.pilot_documents)
         )
-        result = analyze_energy(
-            p_seq,
-            t_seq,
-            expected_control_energy("haar", p_seq, t_seq, RANK, DIM),
-            rank=RANK,
-            dim=DIM,
-            null_fractions=np.array([0.0]),
-            group_ids=doc_of_seq if clustered else None,
-            n_bootstrap=200,
-            seed=i,
-            min_resampling_units=2,
-        )
+        result = analyse_study(p_seq, t_seq, doc_of_seq, clustered, np.array([0.0]), n_bootstrap=200, seed=i)
         row = result["energy_fraction"]
         tau_hat = math.sqrt(args.pilot_documents) * row.se / row.estimate
         tau_up = plan.upper_relative_sd(tau_hat, args.pilot_documents, 0.8)

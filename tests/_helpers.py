@@ -4,6 +4,8 @@ modules it exercises itself, so tests/test_tiers.py sees what the fast tier reac
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,9 @@ SETTINGS: dict[str, Any] = dict(
     controls={"kinds": ["normal"], "n": 4},
     stats={"n_bootstrap": 20, "n_permutations": 20},
 )
+#: A meter's schedule for a test: proxies fitted at steps 0 and 1, measured at steps 1 and 3 over
+#: 2-step gradient windows, under the run name "plain".
+PLAIN_SCHEDULE: dict[str, Any] = dict(fit_steps=[0, 1], measure_steps=[1, 3], window=2, name="plain")
 
 VOCAB = 48
 
@@ -124,3 +129,46 @@ def add_corpus(accumulator, rng, ids, activations, **options: Any) -> None:
         start=0,
         **options,
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# a report in headless Chromium
+# ----------------------------------------------------------------------------------------------
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+
+
+def run_chromium(profile: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium with a fresh profile directory, no network, GPU, sync or first-run
+    chores, logging to stderr; `args` say what to load and dump (120 s at most)."""
+    cmd = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# tampering with a written bundle
+# ----------------------------------------------------------------------------------------------
+def edit_a_number(bundle: Path) -> None:
+    """Change one estimate in the bundle's results.csv by hand (the first energy_ratio row's
+    becomes 123.456), leaving manifest.json and results.parquet as they were."""
+    lines = (bundle / "results.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    column = header.index("estimate")
+    row = next(i for i, line in enumerate(lines[1:], 1) if ",energy_ratio," in line)
+    cells = lines[row].split(",")
+    cells[column] = "123.456"
+    lines[row] = ",".join(cells)
+    (bundle / "results.csv").write_text("\n".join(lines) + "\n")

@@ -50,9 +50,18 @@ def _artifact(d=8, ranks=(2,), s=30, t=6, n_documents=10, seed=0, zero=False, ba
         bases.append(BasisColumn("pca", rank, "proxy", -1))
         stack.append(u)
         proxies[("pca", rank)] = u
-    energy = np.stack([((grads @ b) ** 2).sum(axis=(1, 2)) for b in stack], axis=1)
-    flat = grads.reshape(-1, d)
     acts = rng.standard_normal((s * t, d))
+    return measured_unit(grads, acts, seed, np.arange(s) % n_documents, bases, stack, proxies)
+
+
+def measured_unit(grads, acts, seed: int, documents, bases, columns, proxy_bases) -> UnitArtifact:
+    """The unit ``residual.<seed>`` of gradients ``grads`` (S, T, d) and activations ``acts``
+    (S·T rows of d) as the collector measures it: the per-sequence energy ``Σ_t ‖g_stᵀB‖²`` in
+    each basis of ``columns`` (the (d, r) blocks named by ``bases``), the second moments and sums
+    of both, the sequences' ``documents``; ``proxy_bases`` maps (method, rank) to its basis."""
+    n_sequences, n_tokens, d = grads.shape
+    energy = np.stack([((grads @ b) ** 2).sum(axis=(1, 2)) for b in columns], axis=1)  # (S, n_bases)
+    flat_g, flat_a = grads.reshape(-1, d), acts.reshape(-1, d)
 
     def moments(x):
         return {"count": x.shape[0], "sum": x.sum(0), "outer": x.T @ x}
@@ -61,18 +70,18 @@ def _artifact(d=8, ranks=(2,), s=30, t=6, n_documents=10, seed=0, zero=False, ba
         key=UnitKey("m", "clm", "step0", 0, "early", seed, f"residual.{seed}"),
         dim=d,
         bases=bases,
-        n_tokens=np.full(s, t),
-        sequence_documents=np.arange(s) % n_documents,
+        n_tokens=np.full(n_sequences, n_tokens),
+        sequence_documents=documents,
         total_energy=(grads**2).sum(axis=(1, 2))[:, None],
         energy=energy[:, None, :],
         delta_isoscore_star=np.zeros(len(bases)),
-        gradient_moments=moments(flat),
-        activation_moments=moments(acts),
-        gradient_unit_sum=flat.sum(0),
-        activation_unit_sum=acts.sum(0),
+        gradient_moments=moments(flat_g),
+        activation_moments=moments(flat_a),
+        gradient_unit_sum=flat_g.sum(0),
+        activation_unit_sum=flat_a.sum(0),
         type_count=np.zeros(5, dtype=np.int64),
         type_rms_distance=np.full(5, np.nan),
-        proxy_bases=proxies,
+        proxy_bases=proxy_bases,
     )
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import yaml
 from conftest import MINI_PROTOCOL
+from test_analyze_degenerate import measured_unit
 
 from anistat.analyze import analyze_units, null_settings, planned_tests, unit_rows
 from anistat.collect import BasisColumn, UnitArtifact, UnitKey
@@ -38,26 +39,7 @@ def _artifact(kinds_projected=(), seed=0, n_controls=9) -> UnitArtifact:
         q = draw_controls(kind, u, n_controls, seed=3).numpy()
         bases += [BasisColumn("pca", K, kind, j) for j in range(n_controls)]
         stack += list(q)
-    energy = np.stack([((grads @ b) ** 2).sum(axis=(1, 2)) for b in stack], axis=1)  # (S, n_bases)
-    flat_g, flat_a = grads.reshape(-1, D), acts.reshape(-1, D)
-    moments = lambda x: {"count": x.shape[0], "sum": x.sum(0), "outer": x.T @ x}  # noqa: E731
-    return UnitArtifact(
-        key=UnitKey("m", "clm", "step0", 0, "early", seed, f"residual.{seed}"),
-        dim=D,
-        bases=bases,
-        n_tokens=np.full(S, T),
-        sequence_documents=np.repeat(np.arange(10), 3),
-        total_energy=(grads**2).sum(axis=(1, 2))[:, None],
-        energy=energy[:, None, :],
-        delta_isoscore_star=np.zeros(len(bases)),
-        gradient_moments=moments(flat_g),
-        activation_moments=moments(flat_a),
-        gradient_unit_sum=flat_g.sum(0),
-        activation_unit_sum=flat_a.sum(0),
-        type_count=np.zeros(5, dtype=np.int64),
-        type_rms_distance=np.full(5, np.nan),
-        proxy_bases={("pca", K): u},
-    )
+    return measured_unit(grads, acts, seed, np.repeat(np.arange(10), 3), bases, stack, {("pca", K): u})
 
 
 def _rows(rows, **where):

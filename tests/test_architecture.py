@@ -25,7 +25,7 @@ LAYERS: dict[str, int] = {
     "_columns": 0,
     "geometry": 1,
     "stats": 1,
-    "report": 1,  # pure libraries: nothing else from anistat
+    "report": 1,  # pure libraries: nothing else from anistat but the constant modules
     "protocol": 2,
     "data": 3,
     "objective": 3,
@@ -50,6 +50,9 @@ LAYERS: dict[str, int] = {
     "anistat": 11,  # the package facade
 }
 PURE = ("geometry", "stats", "report")
+#: Layer-0 modules of constants (no code runs, no state): the pure stages may import these, so a
+#: column list or the version string is defined once for every stage.
+CONSTANT_MODULES = ("_columns", "_version")
 
 
 def _stage(module: str) -> str:
@@ -122,6 +125,8 @@ def test_nothing_inside_the_package_imports_its_root():
 
 def test_pure_stages_import_nothing_else_from_anistat():
     leaks = [
-        f"{file}:{line}: {src} imports {dst}" for src, dst, file, line in import_edges() if src in PURE and dst != src
+        f"{file}:{line}: {src} imports {dst}"
+        for src, dst, file, line in import_edges()
+        if src in PURE and dst != src and dst not in CONSTANT_MODULES
     ]
     assert not leaks, "\n".join(leaks)

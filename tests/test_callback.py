@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _helpers import SETTINGS, batches, tiny_gpt2, tiny_trainer
+from _helpers import PLAIN_SCHEDULE, SETTINGS, batches, tiny_gpt2, tiny_trainer
 
 from anistat.callbacks import AnistatCallback, TrainingMeter
 from anistat.errors import AnistatInputError
@@ -24,10 +24,7 @@ def test_plain_meter_piggybacks_on_the_training_backward(tmp_path: Path):
     meter = TrainingMeter(
         model,
         out=tmp_path / "bundle",
-        fit_steps=[0, 1],
-        measure_steps=[1, 3],
-        window=2,
-        name="plain",
+        **PLAIN_SCHEDULE,
         keep_units=True,
         **SETTINGS,
     )
@@ -235,10 +232,7 @@ def test_meter_records_the_real_model_and_the_schedule_that_ran(tmp_path: Path, 
     meter = TrainingMeter(
         model,
         out=tmp_path / "bundle",
-        fit_steps=[0, 1],
-        measure_steps=[1, 3],
-        window=2,
-        name="plain",
+        **PLAIN_SCHEDULE,
         optimizer=optimiser,
         **SETTINGS,
     )

@@ -8,12 +8,12 @@ import json
 
 import numpy as np
 import pytest
-from test_analyze_degenerate import _protocol
+from test_analyze_degenerate import _protocol, measured_unit
 from test_bad_input_helpers import no_figures
 
 from anistat.analyze import analyze_units
 from anistat.bundle import concentration_warnings
-from anistat.collect import BasisColumn, UnitArtifact, UnitKey
+from anistat.collect import BasisColumn
 from anistat.stats.ratio_intervals import (
     CONCENTRATION_COVERAGE,
     CONCENTRATION_DATA_TEST,
@@ -32,28 +32,8 @@ def _unit(hot_scale: float, seed: int = 0, s: int = 48, t: int = 6, d: int = 8, 
     grads = rng.standard_normal((s, t, d)) / np.arange(1, d + 1)
     grads *= np.where(documents == 0, hot_scale, 1.0)[:, None, None]
     u = np.linalg.qr(rng.standard_normal((d, 2)))[0]
-    flat, acts = grads.reshape(-1, d), rng.standard_normal((s * t, d))
-
-    def moments(x):
-        return {"count": x.shape[0], "sum": x.sum(0), "outer": x.T @ x}
-
-    unit = UnitArtifact(
-        key=UnitKey("m", "clm", "step0", 0, "early", seed, f"residual.{seed}"),
-        dim=d,
-        bases=[BasisColumn("pca", 2, "proxy", -1)],
-        n_tokens=np.full(s, t),
-        sequence_documents=documents,
-        total_energy=(grads**2).sum(axis=(1, 2))[:, None],
-        energy=((grads @ u) ** 2).sum(axis=(1, 2))[:, None, None],
-        delta_isoscore_star=np.zeros(1),
-        gradient_moments=moments(flat),
-        activation_moments=moments(acts),
-        gradient_unit_sum=flat.sum(0),
-        activation_unit_sum=acts.sum(0),
-        type_count=np.zeros(5, dtype=np.int64),
-        type_rms_distance=np.full(5, np.nan),
-        proxy_bases={("pca", 2): u},
-    )
+    acts = rng.standard_normal((s * t, d))
+    unit = measured_unit(grads, acts, seed, documents, [BasisColumn("pca", 2, "proxy", -1)], [u], {("pca", 2): u})
     per_document = np.bincount(documents, weights=unit.total_energy[:, 0])
     return unit, per_document.sum() ** 2 / (per_document**2).sum()
 

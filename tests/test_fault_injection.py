@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from _helpers import edit_a_number
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_bad_input_helpers import build_tiny_gpt2, corpus_text, local_protocol, no_figures
@@ -414,14 +415,7 @@ def test_editing_results_csv_and_its_digest_is_caught_by_the_parquet_copy(bundle
     verify fails naming results.parquet and the column."""
     from anistat.bundle import sha256_file
 
-    lines = (bundle / "results.csv").read_text().splitlines()
-    header = lines[0].split(",")
-    column = header.index("estimate")
-    row = next(i for i, line in enumerate(lines[1:], 1) if ",energy_ratio," in line)
-    cells = lines[row].split(",")
-    cells[column] = "123.456"
-    lines[row] = ",".join(cells)
-    (bundle / "results.csv").write_text("\n".join(lines) + "\n")
+    edit_a_number(bundle)
     manifest = json.loads((bundle / "manifest.json").read_text())
     manifest["files"]["results.csv"] = sha256_file(bundle / "results.csv")
     (bundle / "manifest.json").write_text(json.dumps(manifest))

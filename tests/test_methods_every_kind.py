@@ -23,7 +23,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _helpers import SETTINGS, batches, tiny_gpt2, tiny_trainer  # noqa: E402
+from _helpers import PLAIN_SCHEDULE, SETTINGS, batches, tiny_gpt2, tiny_trainer  # noqa: E402
 from test_report_inputs import FAST, methods_text, plan_results, quickstart_manifest  # noqa: E402
 
 from anistat.analyze import FREQUENCY_COLUMNS  # noqa: E402
@@ -117,10 +117,7 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
     meter = TrainingMeter(
         model,
         out=tmp_path / "bundle",
-        fit_steps=[0, 1],
-        measure_steps=[1, 3],
-        window=2,
-        name="plain",
+        **PLAIN_SCHEDULE,
         verbose=False,
         **SETTINGS,
     )

@@ -91,19 +91,7 @@ def test_a_rejected_uniformity_is_never_called_consistent(seed):
     from anistat.report._null_check import verdict_sentence
     from anistat.report.inputs import NullCheckSummary
 
-    summary = NullCheckSummary(
-        "paper",
-        tuple(p),
-        check.alpha,
-        check.rejection_rate,
-        *check.rate_ci,
-        check.expected_rate,
-        check.grid,
-        check.binomial_p,
-        check.uniformity_p,
-        check.level,
-        check.verdict,
-    )
+    summary = NullCheckSummary.from_check("paper", p, check)
     assert (CONSISTENT in verdict_sentence(summary)) == (not rejected)
 
 

@@ -242,4 +242,4 @@ def test_the_column_lists_are_analyzes():
 
     assert list(module.RESULT_COLUMNS) == list(analyze.RESULT_COLUMNS)
     assert set(analyze.FREQUENCY_COLUMNS) <= set(module.RESULT_COLUMNS) | set(module.FREQUENCY_ONLY_COLUMNS)
-    assert set(module.ENERGY_METRICS) == set(analyze.ENERGY_METRICS) | {"delta_isoscore_star"}
+    assert set(module.PROXY_METRICS) == set(analyze.ENERGY_METRICS) | {"delta_isoscore_star"}

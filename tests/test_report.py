@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _helpers import CHROMIUM, run_chromium  # noqa: E402
 from test_report_fixtures import (  # noqa: E402
     COLUMNS,
     make_claims,
@@ -28,6 +29,7 @@ from test_report_fixtures import (  # noqa: E402
 
 from anistat.report import PdfLatexError, ReportOptions, render_bundle  # noqa: E402
 from anistat.report.escape import tex  # noqa: E402
+from anistat.report.figures import FIGURES  # noqa: E402
 
 NO_PDF = ReportOptions(compile_pdf=False)
 FAST = ReportOptions(compile_pdf=False, figures=False)
@@ -75,15 +77,7 @@ def test_writes_bundle_files_only_inside_out_dir(hostile):
     assert [p.name for p in tmp.iterdir()] == ["bundle"]
     names = {p.relative_to(out).as_posix() for p in paths}
     assert {"report.html", "tables.tex", "report.tex"} <= names
-    for fig in (
-        "energy_ratio_trajectory",
-        "null_distribution",
-        "forest_effects",
-        "proxy_oracle_controls",
-        "delta_isoscore",
-        "frequency_buckets",
-        "calibration",
-    ):
+    for fig in (name for name, _figure, _full in FIGURES if name != "null_check"):  # no random proxy here
         assert f"figures/{fig}.pdf" in names
         assert (out / "figures" / f"{fig}.pdf").read_bytes().startswith(b"%PDF")
     assert "report.pdf" not in names
@@ -356,27 +350,6 @@ def test_rerender_is_fast(hostile):
 
 # ------------------------------------------------------------------ real tools (skip if absent)
 
-CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-
-
-def _chromium(profile: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--disable-dev-shm-usage",
-        "--enable-logging=stderr",
-        "--v=0",
-        f"--user-data-dir={profile}",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-
 
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not on PATH")
@@ -384,7 +357,7 @@ def test_headless_chromium_runs_script_and_loads_images(hostile, tmp_path):
     out = hostile[1]
     res = split_buckets(hostile[4])[0]  # the results table holds results.csv's rows only
     url = (out / "report.html").resolve().as_uri() + "#q=energy_ratio%20step400"
-    proc = _chromium(tmp_path / "profile", "--virtual-time-budget=10000", "--dump-dom", url)
+    proc = run_chromium(tmp_path / "profile", "--virtual-time-budget=10000", "--dump-dom", url)
     dom = proc.stdout
     assert proc.returncode == 0, proc.stderr[-2000:]
     root = re.search(r"<html\b[^>]*>", dom).group(0)
@@ -400,7 +373,9 @@ def test_headless_chromium_runs_script_and_loads_images(hostile, tmp_path):
     tbody = dom[dom.index('id="results-table"') :]
     assert len(re.findall(r"<tr[^>]*\bhidden\b", tbody)) == len(res) - expected
     shot = tmp_path / "shot.png"
-    proc = _chromium(tmp_path / "profile2", "--hide-scrollbars", "--window-size=1366,900", f"--screenshot={shot}", url)
+    proc = run_chromium(
+        tmp_path / "profile2", "--hide-scrollbars", "--window-size=1366,900", f"--screenshot={shot}", url
+    )
     assert shot.exists() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
 
 

@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_report_fixtures import null_check_results  # noqa: E402
 from test_report_inputs import CHROMIUM, FAST, probed_root  # noqa: E402
 
 from anistat.bundle import null_check_summaries, read_bundle  # noqa: E402
@@ -165,29 +166,7 @@ def test_other_ranks_are_counted_in_both_directions():
 
 
 def test_a_null_check_answers_about_calibration():
-    rng = np.random.default_rng(0)
-    rows = []
-    for unit in range(200):
-        p_exact, p_paper = rng.uniform(), rng.uniform() ** 2  # the paper's convention anti-conservative
-        for control in ("normal", "haar"):
-            rows.append(
-                {
-                    "model": "m",
-                    "checkpoint": "step0",
-                    "layer": unit % 4,
-                    "site": f"residual.{unit % 4}",
-                    "rank": unit,
-                    "proxy": "random@refit",
-                    "control": control,
-                    "metric": "energy_fraction",
-                    "estimate": 0.1,
-                    "p_value": p_exact,
-                    "p_test": "haar_monte_carlo",
-                    "p_value_paper": p_paper if control == "normal" else p_exact,
-                    "status": "ok",
-                }
-            )
-    exact, paper = null_check_summaries(pd.DataFrame(rows), 0.05)
+    exact, paper = null_check_summaries(null_check_results("random@refit"), 0.05)
     text = null_check_answer((exact, paper))
     assert text.startswith(
         "Not all calibrated: this run asks whether the tests reject an uninformative (uniformly "
@@ -249,17 +228,23 @@ def test_which_question_each_kind_of_claim_answers():
     assert "decisive: the weakest row's [" in by_bound["decision"]
 
 
-def test_a_pass_by_the_exact_test_whose_intervals_include_the_threshold_says_so():
-    """The newcomer's `1.44* [0.969, 1.50]`: two answers, said as two answers. The encoder's
-    step-0 rank-4 ratios (1.25–1.31, exact p ≤ 0.026) have lower bounds 1.14–1.18: they pass
-    "> 1.2" by the test, while every interval includes 1.2."""
-    spec = ClaimSpec(
-        id="enc",
+def encoder_step0_claim(claim_id: str) -> ClaimSpec:
+    """The claim that the quickstart encoder's step-0 rank-4 energy ratio against normal controls
+    is above 1.2, by the exact test at α = 0.05."""
+    return ClaimSpec(
+        id=claim_id,
         metric="energy_ratio",
         threshold=1.2,
         alpha=0.05,
         where={"objective": "mlm", "rank": 4, "control": "normal", "checkpoint": "step0"},
     )
+
+
+def test_a_pass_by_the_exact_test_whose_intervals_include_the_threshold_says_so():
+    """The newcomer's `1.44* [0.969, 1.50]`: two answers, said as two answers. The encoder's
+    step-0 rank-4 ratios (1.25–1.31, exact p ≤ 0.026) have lower bounds 1.14–1.18: they pass
+    "> 1.2" by the test, while every interval includes 1.2."""
+    spec = encoder_step0_claim("enc")
     record = evaluate_claim(quickstart_results(), spec)
     assert record["passed"] and record["decided_by"] == "test"
     assert record["caveat"].startswith(
@@ -348,13 +333,7 @@ def test_quickstart_report_in_chromium_answers_first_and_labels_every_foreign_in
     from dataclasses import replace
 
     inputs = quickstart_inputs()
-    spec = ClaimSpec(
-        id="enc-threshold",
-        metric="energy_ratio",
-        threshold=1.2,
-        alpha=0.05,
-        where={"objective": "mlm", "rank": 4, "control": "normal", "checkpoint": "step0"},
-    )
+    spec = encoder_step0_claim("enc-threshold")
     extra = claim_outcome(evaluate_claim(quickstart_results(), spec))
     inputs = replace(inputs, claims=inputs.claims + (extra,))
     render_bundle(inputs, tmp_path, options=FAST)

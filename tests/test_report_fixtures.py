@@ -15,34 +15,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-COLUMNS = [
-    "model",
-    "objective",
-    "checkpoint",
-    "step",
-    "phase",
-    "layer",
-    "site",
-    "rank",
-    "dim",
-    "proxy",
-    "control",
-    "metric",
-    "estimate",
-    "control_mean",
-    "control_sd",
-    "ci_low",
-    "ci_high",
-    "ci_method",
-    "p_value",
-    "p_adjusted",
-    "effect_size",
-    "n_controls",
-    "n_sequences",
-    "n_tokens",
-    "status",
-    "note",
-]
+from anistat.report._data import RESULT_COLUMNS
+
+# The report's columns less n_eff and fallback, which the synthetic table leaves for the report to add.
+COLUMNS = [column for column in RESULT_COLUMNS if column not in ("n_eff", "fallback")]
 STEPS = (0, 100, 200, 400)
 PHASE = {0: "early", 100: "early", 200: "late", 400: "late"}
 
@@ -473,3 +449,32 @@ def test_fixture_follows_contract():
     assert set(df.phase) == {"early", "late"}
     failed = df[df.status == "failed"]
     assert len(failed) and failed.estimate.isna().all() and (failed.note != "").all()
+
+
+def null_check_results(proxy: str) -> pd.DataFrame:
+    """The energy-fraction rows of a null-check run of 200 units: one uninformative proxy per unit, tested
+    against ``normal`` and ``haar`` controls; the exact test's p-values are uniform (calibrated),
+    the paper's convention draws ``U²`` against ``normal`` controls (anti-conservative)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for unit in range(200):
+        p_exact, p_paper = rng.uniform(), rng.uniform() ** 2
+        for control in ("normal", "haar"):
+            rows.append(
+                {
+                    "model": "m",
+                    "checkpoint": "step0",
+                    "layer": unit % 4,
+                    "site": f"residual.{unit % 4}",
+                    "rank": unit,
+                    "proxy": proxy,
+                    "control": control,
+                    "metric": "energy_fraction",
+                    "estimate": 0.1,
+                    "p_value": p_exact,
+                    "p_test": "haar_monte_carlo",
+                    "p_value_paper": p_paper if control == "normal" else p_exact,
+                    "status": "ok",
+                }
+            )
+    return pd.DataFrame(rows)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +15,14 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_report_fixtures import make_claims, make_inputs, make_protocol, make_results  # noqa: E402
+from _helpers import CHROMIUM, run_chromium  # noqa: E402
+from test_report_fixtures import (  # noqa: E402
+    make_claims,
+    make_inputs,
+    make_protocol,
+    make_results,
+    null_check_results,
+)
 
 from anistat.bundle import (  # noqa: E402
     RunFacts,
@@ -331,8 +336,6 @@ def test_publish_then_read_back_then_rerender_and_verify(tmp_path):
 
 # ------------------------------------------------------------------ layout in a real browser
 
-CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else shutil.which("chromium")
-
 
 def probed_root(bundle: Path, probe: str, width: int) -> str:
     """The `<html>` tag of the bundle's report.html after headless Chromium ran `probe` (a
@@ -341,28 +344,13 @@ def probed_root(bundle: Path, probe: str, width: int) -> str:
     page.write_text(
         (bundle / "report.html").read_text(encoding="utf-8").replace("</body>", probe + "</body>"), encoding="utf-8"
     )
-    proc = subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--disable-dev-shm-usage",
-            f"--user-data-dir={bundle / 'profile'}",
-            f"--window-size={width},900",
-            "--hide-scrollbars",
-            "--virtual-time-budget=5000",
-            "--dump-dom",
-            page.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    proc = run_chromium(
+        bundle / "profile",
+        f"--window-size={width},900",
+        "--hide-scrollbars",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        page.as_uri(),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return re.search(r"<html\b[^>]*>", proc.stdout).group(0)
@@ -419,30 +407,7 @@ def test_null_check_of_a_random_proxy_run_is_stated_and_plotted(tmp_path):
     from anistat.bundle import null_check_summaries
     from anistat.report._content import null_check_sentences
 
-    rng = np.random.default_rng(0)
-    rows = []
-    for unit in range(200):
-        p_exact, p_paper = rng.uniform(), rng.uniform() ** 2  # the paper's p anti-conservative
-        for control in ("normal", "haar"):
-            rows.append(
-                {
-                    "model": "m",
-                    "checkpoint": "step0",
-                    "layer": unit % 4,
-                    "site": f"residual.{unit % 4}",
-                    "rank": unit,
-                    "proxy": "random",
-                    "control": control,
-                    "metric": "energy_fraction",
-                    "estimate": 0.1,
-                    "p_value": p_exact,
-                    "p_test": "haar_monte_carlo",
-                    "p_value_paper": p_paper if control == "normal" else p_exact,
-                    "status": "ok",
-                }
-            )
-    results = pd.DataFrame(rows)
-    exact, paper = null_check_summaries(results, 0.05)
+    exact, paper = null_check_summaries(null_check_results("random"), 0.05)
     assert (exact.test, paper.test) == ("exact", "paper") and len(exact.p_values) == 200
     assert exact.calibrated and not paper.calibrated and paper.rejection_rate > 0.15
     protocol = load_protocol(ROOT / "protocols" / "quickstart.yaml")

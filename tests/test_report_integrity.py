@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _helpers import edit_a_number  # noqa: E402
 from conftest import MINI_PROTOCOL  # noqa: E402
 
 import anistat  # noqa: E402
@@ -50,18 +51,6 @@ def cli(capsys, *args) -> tuple[int, str, str]:
 
 def snapshot(directory: Path) -> dict[str, bytes]:
     return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
-def edit_a_number(bundle: Path) -> None:
-    """The issue's repro: change one estimate in results.csv by hand."""
-    lines = (bundle / "results.csv").read_text().splitlines()
-    header = lines[0].split(",")
-    column = header.index("estimate")
-    row = next(i for i, line in enumerate(lines[1:], 1) if ",energy_ratio," in line)
-    cells = lines[row].split(",")
-    cells[column] = "123.456"
-    lines[row] = ",".join(cells)
-    (bundle / "results.csv").write_text("\n".join(lines) + "\n")
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ import pandas as pd
 import torch
 
 from .. import _columns
+from .._columns import ENERGY_METRICS
 from ..collect import UnitArtifact
 from ..protocol import Protocol
 from ..seeding import derive_seed
@@ -47,7 +48,6 @@ from ..stats.resampling_risk import family_decisions
 from .frequency import FREQUENCY_COLUMNS, bucket_spectra, frequency_rows
 from .nulls import ExactNulls, NullOptions, UnitSpectrum, exact_tests
 from .units import (
-    ENERGY_METRICS,
     descriptive_rows,
     failed_rows,
     prepare_unit,

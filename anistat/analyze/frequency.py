@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .. import _columns
 from ..collect import UnitArtifact
 from ..geometry import ResampledTypeMeans, log_frequency_correlation, masked_correlations_many
 from ..protocol import Protocol
@@ -20,29 +21,7 @@ from ..stats.fallbacks import NO_EXACT_TEST
 from .nulls import ExactNulls, UnitSpectrum
 from .units import exact_note, join_notes, proxy_groups, unit_columns
 
-FREQUENCY_COLUMNS = [
-    "model",
-    "objective",
-    "checkpoint",
-    "step",
-    "phase",
-    "layer",
-    "site",
-    "dim",
-    "n_sequences",
-    "n_tokens",
-    "proxy",
-    "rank",
-    "control",
-    "bucket",
-    "metric",
-    "estimate",
-    "ci_low",
-    "ci_high",
-    "ci_method",
-    "p_value",
-    "note",
-]
+FREQUENCY_COLUMNS = list(_columns.FREQUENCY_COLUMNS)  # a list, like analyze.RESULT_COLUMNS
 
 
 def bucket_id(unit_id: str, bucket: int) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from .._columns import PROXY_METRICS
 from ..collect import UnitArtifact
 from ..geometry import (
     complement_subspaces,
@@ -51,8 +52,6 @@ from ..stats import (
 )
 from ..stats.fallbacks import NO_EXACT_TEST, SEQUENCES_RESAMPLED, ZERO_CONTROL_SD, join_fallbacks
 from .nulls import ExactNulls, UnitSpectrum
-
-ENERGY_METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture")
 
 
 def unit_columns(artifact: UnitArtifact) -> dict:
@@ -237,7 +236,7 @@ def failed_rows(artifact: UnitArtifact, protocol: Protocol) -> list[dict]:
         }
         for proxy, rank in proxy_groups(artifact)
         for control in protocol.controls.kinds
-        for metric in ENERGY_METRICS + ("delta_isoscore_star",)
+        for metric in PROXY_METRICS
     ]
 
 

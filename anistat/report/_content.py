@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .._columns import PROXY_METRICS
 from ._data import (
     checkpoint_order,
     fmt_num,
@@ -84,18 +85,6 @@ FAMILY_TEXT: dict[str, str] = {
     "model": "the tests of each model",
     "claim": "all tests of the run in results.csv, and, for each claim, the tests it selects",
 }
-PROXY_METRICS = frozenset(
-    {
-        "energy_fraction",
-        "energy_ratio",
-        "log2_energy_ratio",
-        "z",
-        "hedges_g",
-        "anisotropy_capture",
-        "delta_isoscore_star",
-    }
-)
-"""Metrics that describe a fitted proxy (their ``proxy`` column names it)."""
 CONTROL_INDEPENDENT_METRICS = frozenset({"anisotropy_capture", "delta_isoscore_star", "oracle_fraction"})
 """Metrics whose estimate does not depend on the control kind (only their control mean and
 p-value do): tables show the estimate once."""

@@ -15,36 +15,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-RESULT_COLUMNS: tuple[str, ...] = (
-    "model",
-    "objective",
-    "checkpoint",
-    "step",
-    "phase",
-    "layer",
-    "site",
-    "rank",
-    "dim",
-    "proxy",
-    "control",
-    "metric",
-    "estimate",
-    "control_mean",
-    "control_sd",
-    "ci_low",
-    "ci_high",
-    "ci_method",
-    "p_value",
-    "p_adjusted",
-    "effect_size",
-    "n_controls",
-    "n_sequences",
-    "n_eff",
-    "n_tokens",
-    "status",
-    "note",
-    "fallback",
-)
+from .. import _columns
+
+#: Provenance columns of results.csv that the renderers read only where present (tables from older
+#: bundles lack them): :func:`normalise_results` does not add them and keeps them like any extra column.
+OPTIONAL_COLUMNS: tuple[str, ...] = ("p_test", "p_value_paper", "effect_size_kind", "se", "n_clusters")
+#: The columns every normalised table has: results.csv's, in its order, less the optional ones.
+RESULT_COLUMNS: tuple[str, ...] = tuple(c for c in _columns.RESULT_COLUMNS if c not in OPTIONAL_COLUMNS)
 NUMERIC_COLUMNS: tuple[str, ...] = (
     "step",
     "rank",

@@ -234,6 +234,27 @@ class NullCheckSummary:
     def calibrated(self) -> bool:
         return self.verdict == "calibrated"
 
+    @classmethod
+    def from_check(cls, test: str, p_values: Any, check: Any, **provenance: Any) -> NullCheckSummary:
+        """The summary of ``check``, an ``anistat.stats.UniformityCheck`` of ``p_values`` (its
+        alpha, rejection rate with interval, expected rate, grid, binomial and uniformity p-values,
+        level and verdict), with ``provenance`` (``sequential``, ``shared_draws``, ``seed``)."""
+        return cls(
+            test,
+            tuple(float(v) for v in p_values),
+            check.alpha,
+            check.rejection_rate,
+            check.rate_ci[0],
+            check.rate_ci[1],
+            check.expected_rate,
+            check.grid,
+            check.binomial_p,
+            check.uniformity_p,
+            check.level,
+            check.verdict,
+            **provenance,
+        )
+
 
 @dataclass(frozen=True)
 class ReportInputs:

@@ -41,7 +41,7 @@ from ._data import (
 from .claim_text import DOCUMENTS, QUESTIONS, SUBSPACES
 from .escape import tex, tex_num
 from .figures import SavedFigure
-from .latex_table import ADDSPACE, MIDRULE, booktabs_table
+from .latex_table import ADDSPACE, MIDRULE, Row, booktabs_table
 from .refit import refit_tex
 
 PACKAGES_NOTE = r"% Requires: \usepackage{booktabs,siunitx,multirow,adjustbox}" "\n"
@@ -148,11 +148,20 @@ def _metric_table(ctx: ReportContext, metric: str) -> str | None:
         return out
 
     body = _body(ctx, d, group, row_keys, transposed, row_cells)
+    caption = _metric_caption(ctx, metric, d, has_control and not transposed, has_ci, has_mark)
+    return _metric_booktabs(ctx, metric, spec, head, body, caption)
+
+
+def _metric_booktabs(
+    ctx: ReportContext, metric: str, spec: list[str], head: Sequence[Row], body: Sequence[Row], caption: str
+) -> str:
+    """One metric's booktabs table (both layouts): small, centred, narrow column gaps, labelled
+    ``tab:<run>-<metric>``."""
     return booktabs_table(
         "".join(spec),
         head,
         body,
-        caption=_metric_caption(ctx, metric, d, has_control and not transposed, has_ci, has_mark),
+        caption=caption,
         label=f"tab:{slug(ctx.name)}-{slug(metric)}",
         preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"),
     )
@@ -331,14 +340,8 @@ def _once_table(ctx: ReportContext, metric: str, d: pd.DataFrame, controls: list
         return out
 
     body = _body(ctx, d, group, row_keys, False, row_cells)
-    return booktabs_table(
-        "".join(spec),
-        head,
-        body,
-        caption=_once_caption(ctx, metric, d, has_means, has_ci, mark_value, has_mark),
-        label=f"tab:{slug(ctx.name)}-{slug(metric)}",
-        preamble=(r"\centering\small", r"\setlength{\tabcolsep}{4pt}"),
-    )
+    caption = _once_caption(ctx, metric, d, has_means, has_ci, mark_value, has_mark)
+    return _metric_booktabs(ctx, metric, spec, head, body, caption)
 
 
 def _once_cells(

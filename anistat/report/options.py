@@ -5,17 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .._columns import RESULT_KEYS
+
+#: The HTML table's columns: the keys of a row (less ``objective`` and ``dim``, which the model and
+#: site imply), then the numbers a reader compares.
 DEFAULT_HTML_COLUMNS: tuple[str, ...] = (
-    "model",
-    "checkpoint",
-    "step",
-    "phase",
-    "layer",
-    "site",
-    "rank",
-    "proxy",
-    "control",
-    "metric",
+    *(key for key in RESULT_KEYS if key not in ("objective", "dim")),
     "estimate",
     "ci_low",
     "ci_high",

@@ -149,15 +149,18 @@ def _group_codes(group_ids, n_sequences: int) -> np.ndarray | None:
     return codes.astype(np.int64)
 
 
+def _uniform_counts(rng: np.random.Generator, b: int, n: int) -> np.ndarray:
+    """``(b, n)``: each row the multiplicities of ``n`` draws with replacement from ``n`` items
+    (``Multinomial(n, uniform)``), counted for all rows at once with one ``bincount``."""
+    idx = rng.integers(0, n, size=(b, n))
+    idx += (np.arange(b, dtype=np.int64) * n)[:, None]  # row r counts into bins r·n … r·n + n − 1
+    return np.bincount(idx.ravel(), minlength=b * n).reshape(b, n)
+
+
 def _block(rng: np.random.Generator, n_sequences: int, b: int, codes, members) -> np.ndarray:
     if codes is None:
-        idx = rng.integers(0, n_sequences, size=(b, n_sequences))
-        idx += (np.arange(b, dtype=np.int64) * n_sequences)[:, None]
-        return np.bincount(idx.ravel(), minlength=b * n_sequences).reshape(b, n_sequences)
-    n_groups = len(members)
-    gidx = rng.integers(0, n_groups, size=(b, n_groups))
-    gidx += (np.arange(b, dtype=np.int64) * n_groups)[:, None]
-    gcount = np.bincount(gidx.ravel(), minlength=b * n_groups).reshape(b, n_groups)
+        return _uniform_counts(rng, b, n_sequences)
+    gcount = _uniform_counts(rng, b, len(members))
     w = np.zeros((b, n_sequences), dtype=np.int64)
     for g, mem in enumerate(members):
         ng = mem.size
