@@ -97,7 +97,9 @@ def haar_null(rng, second: np.ndarray, n_draws: int) -> np.ndarray:
     return diagonal @ (lam / lam.sum())
 
 
-def one_study(rng, scenario: str, ratio: float, n_documents: int, n_draws: int, n_resamples: int) -> tuple:
+def one_study(
+    rng, scenario: str, ratio: float, n_documents: int, n_draws: int, n_resamples: int, ci_method: str
+) -> tuple:
     """(half-width, covered, data-test p, exact p) of one simulated study analysed by anistat."""
     p_seq, t_seq, second, sigma, u, doc_of_seq, clustered = _simulated_study(rng, scenario, ratio, config(n_documents))
     null = haar_null(rng, second, n_draws)
@@ -115,6 +117,7 @@ def one_study(rng, scenario: str, ratio: float, n_documents: int, n_draws: int, 
         n_test_resamples=n_resamples,
         seed=int(rng.integers(2**62)),
         min_resampling_units=2,
+        ci_method=ci_method,
     )
     row = result["energy_ratio"]
     truth = float(np.trace(u.T @ sigma @ u) / np.trace(sigma)) * DIM / RANK
@@ -126,11 +129,11 @@ def one_study(rng, scenario: str, ratio: float, n_documents: int, n_draws: int, 
     )
 
 
-def studies(scenario, ratio, n_documents, n_studies, n_draws, n_resamples, seed) -> np.ndarray:
+def studies(scenario, ratio, n_documents, n_studies, n_draws, n_resamples, seed, ci_method) -> np.ndarray:
     out = np.empty((n_studies, 4))
     for i in range(n_studies):
         rng = np.random.default_rng(np.random.SeedSequence([seed, n_documents, i]))
-        out[i] = one_study(rng, scenario, ratio, n_documents, n_draws, n_resamples)
+        out[i] = one_study(rng, scenario, ratio, n_documents, n_draws, n_resamples, ci_method)
     return out
 
 
@@ -143,7 +146,11 @@ def check_cell(scenario: str, planted: float, args, seed: int) -> list[str]:
     """The table lines of one (law, ratio) cell."""
     law = population_law(scenario, planted, args.law_documents, seed)
     targets = plan.PlanTargets(
-        ratio=law["ratio"], half_width=args.half_width, power=args.power, family_size=args.family_size
+        ratio=law["ratio"],
+        half_width=args.half_width,
+        power=args.power,
+        family_size=args.family_size,
+        ci_method=args.ci_method,
     )
     unit = plan.UnitLaw(
         "sim", scenario, RANK, DIM, law["tau"], law["null_sd"], None, law["spd"], PILOT_DOCUMENTS, TOKENS * law["spd"]
@@ -157,7 +164,7 @@ def check_cell(scenario: str, planted: float, args, seed: int) -> list[str]:
         n if name in args.targets else None for n, name in ((n_w, "half-width"), (n_b, "data"), (n_c, "exact"))
     )
     if n_w is not None:
-        sim = studies(scenario, planted, n_w, args.studies, 99, args.resamples, seed + 1)
+        sim = studies(scenario, planted, n_w, args.studies, 99, args.resamples, seed + 1, args.ci_method)
         hw = sim[:, 0]
         margin = 1.96 * hw.std(ddof=1) / math.sqrt(hw.size)
         lines.append(
@@ -165,7 +172,16 @@ def check_cell(scenario: str, planted: float, args, seed: int) -> list[str]:
             f"(coverage {rate(sim[:, 1])}) |"
         )
     if n_b is not None:
-        sim = studies(scenario, planted, n_b, args.studies, draws, max(args.resamples, row.test_resamples), seed + 2)
+        sim = studies(
+            scenario,
+            planted,
+            n_b,
+            args.studies,
+            draws,
+            max(args.resamples, row.test_resamples),
+            seed + 2,
+            args.ci_method,
+        )
         lines.append(
             f"{label} data test power {args.power:g} ({row.test_resamples} resamples) | {n_b} | {rate(sim[:, 2] <= thr)} |"
         )
@@ -176,7 +192,7 @@ def check_cell(scenario: str, planted: float, args, seed: int) -> list[str]:
                 f"predicted {predicted:.3f} | {n_b} | {rate(sim[:, 3] <= thr)} |"
             )
     if n_c is not None:
-        sim = studies(scenario, planted, n_c, args.studies, draws, args.resamples, seed + 3)
+        sim = studies(scenario, planted, n_c, args.studies, draws, args.resamples, seed + 3, args.ci_method)
         lines.append(f"{label} exact test power {args.power:g} ({draws} draws) | {n_c} | {rate(sim[:, 3] <= thr)} |")
     return lines
 
@@ -208,7 +224,9 @@ def pilot_check(scenario: str, args, seed: int) -> str:
         tau_up = plan.upper_relative_sd(tau_hat, args.pilot_documents, 0.8)
         for tau, sink in ((tau_hat, reached), (tau_up, reached_upper)):
             n = plan.documents_for_data_test(tau, law["ratio"], args.power, thr)
-            sink.append(n is not None and plan.data_test_power(n, law["tau"], law["ratio"], thr) >= args.power)
+            sink.append(
+                n is not None and plan.small_sample_data_test_power(n, law["tau"], law["ratio"], thr) >= args.power
+            )
     return (
         f"| {scenario} | {args.pilot_documents} | {law['tau']:.3f} | {np.mean(reached):.3f} | "
         f"{np.mean(reached_upper):.3f} |"
@@ -220,6 +238,7 @@ def main() -> None:
     parser.add_argument("--studies", type=int, default=500)
     parser.add_argument("--resamples", type=int, default=499, help="bootstrap resamples (intervals and data test)")
     parser.add_argument("--half-width", type=float, default=0.1)
+    parser.add_argument("--ci-method", default=plan.DEFAULT_CI_METHOD, help="interval method (default: the protocol's)")
     parser.add_argument("--power", type=float, default=0.8)
     parser.add_argument("--family-size", type=int, default=10)
     parser.add_argument("--law-documents", type=int, default=4000)
@@ -230,7 +249,10 @@ def main() -> None:
     parser.add_argument("--ratio", action="append", type=float)
     args = parser.parse_args()
     start = time.perf_counter()
-    print(f"d = {DIM}, k = {RANK}, alpha = {ALPHA} over m = {args.family_size}, {args.studies} studies per line")
+    print(
+        f"d = {DIM}, k = {RANK}, alpha = {ALPHA} over m = {args.family_size}, {args.studies} studies per line, "
+        f"interval {args.ci_method}"
+    )
     print("| law | planted | population R | tau | target | planned documents | achieved |")
     print("|---|---:|---:|---:|---|---:|---|")
     for s_index, scenario in enumerate(args.scenario or SCENARIOS):
