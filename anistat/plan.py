@@ -26,13 +26,21 @@ pilot bundle it is read off the ``energy_fraction`` rows: ``τ̂ = √n_pilot ·
 
 Formulas (``t_{q,ν}``: Student quantile; ``Φ``: normal cdf; ``a = α/m``):
 
-* half-width: the studentized interval on the log scale is ``log R̂ ± h``,
-  ``h = t_{(1+L)/2, n−1} τ/√n``; its half-width on the ratio scale at ``R`` is ``R sinh(h)``
-  (half of ``R e^h − R e^{−h}``). Planned ``n``: the smallest with ``R sinh(h) ≤`` the target.
-* data test: its statistic ``log R̂ / (τ̂/√n)`` is referred to a bootstrap-t law that the small-sample
-  expansion (:func:`anistat.stats.expanded_tail`) widens to ``t_{n−1}`` tails, so its power is
-  the one-sample t-test's: ``P(T_{n−1}(δ) > t_{1−a, n−1})``, noncentral ``δ = √n log R / τ``
-  (statsmodels ``TTestPower`` with effect size ``log R / τ``).
+* half-width: the t interval on the log scale is ``log R̂ ± h``, ``h = t_{(1+L)/2, n−1} τ/√n``;
+  its half-width on the ratio scale at ``R`` is ``R sinh(h)`` (half of ``R e^h − R e^{−h}``).
+  Below :data:`SMALL_SAMPLE_LIMIT` documents the analysis' own interval (the protocol's
+  ``stats.ci_method``, tails expanded for ``n``) is wider than that, so ``t τ/√n`` is replaced by
+  its ends as simulated studies of ``n`` normal documents give them
+  (:func:`small_sample_half_width`). Planned ``n``: the smallest whose half-width ``≤`` the target.
+* data test: its statistic ``log R̂ / (τ̂/√n)`` has about the one-sample t law,
+  ``T_{n−1}(δ)``, noncentral ``δ = √n log R / τ``, and with many documents it is referred to
+  ``t_{n−1}`` tails (the small-sample expansion, :func:`anistat.stats.expanded_tail`), so its
+  power is the t-test's ``P(T_{n−1}(δ) > t_{1−a, n−1})`` (statsmodels ``TTestPower`` with
+  effect size ``log R / τ``). With few documents the bootstrap-t law is heavier-tailed than
+  ``t_{n−1}`` and the expansion moves its tail further out: the test's critical value lies far
+  above ``t_{1−a, n−1}`` (at ``a = 0.005``, median 5.7 against 3.25 at 10 documents, 2.93 against 2.69
+  at 46), so below :data:`SMALL_SAMPLE_LIMIT` documents the power is averaged over the critical
+  values the real test has in simulated studies (:func:`small_sample_data_test_power`).
 * exact test: it rejects when ``F̂`` exceeds the ``1 − a`` quantile ``q`` of the Haar null of the
   unit's own data (the energy fraction of a uniformly random rank-``k`` subspace). That null does
   not shrink like ``1/√n``: its spread is set by ``d``, ``k`` and the gradients' spectrum
@@ -51,6 +59,8 @@ How far to trust it
 The plan assumes the pilot's per-document law (the same ``τ`` at the stated ratio as at the
 pilot's), independent documents, the normal approximation of ``log R̂`` and, for the exact test,
 the Beta approximation of the Haar null's tail and the population spectrum for the sample's.
+The small-sample quantities are those of normal documents (the pilot's first two moments); with
+skewed or heavy-tailed document energies the real procedures are more conservative still.
 ``τ̂`` from a pilot of ``n`` documents is itself uncertain: ``(n−1) τ̂²/τ² ≈ χ²_{n−1}``, so every
 plan is also given at the upper ``c`` confidence limit ``τ_U² = (n−1) τ̂² / χ²_{1−c, n−1}``
 (``c = 0.8`` by default, the pilot-study convention of Browne 1995). ``benchmarks/bench_plan.py``
@@ -62,6 +72,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +82,8 @@ from scipy import stats as sps
 from .errors import AnistatInputError
 from .stats import MIN_RESAMPLING_UNITS
 
+#: The protocol's default ``stats.ci_method`` (the interval planned for stated inputs).
+DEFAULT_CI_METHOD = "balanced_el"
 #: Multiplicity corrections the plan knows (the protocol's ``stats.multiplicity``).
 CORRECTIONS = ("holm", "fdr_bh", "bonferroni", "none")
 #: Largest document count the planner searches (beyond it the target is reported unreachable).
@@ -104,6 +117,9 @@ class PlanTargets:
         Level of the interval.
     variance_confidence : float
         ``c`` of the upper confidence limit of the pilot's variance.
+    ci_method : str
+        The analysis' interval method (the protocol's ``stats.ci_method``), whose small-sample
+        half-width is planned.
     """
 
     ratio: float
@@ -114,6 +130,7 @@ class PlanTargets:
     family_size: int = 1
     ci_level: float = 0.95
     variance_confidence: float = 0.8
+    ci_method: str = DEFAULT_CI_METHOD
 
     @property
     def threshold(self) -> float:
@@ -229,6 +246,137 @@ def data_test_power(n: int, tau: float, ratio: float, threshold: float) -> float
     return float(sps.nct.sf(critical, df, math.sqrt(n) * math.log(ratio) / tau))
 
 
+# ------------------------------------------------------------- small-sample (simulated) laws
+#: Below this many documents the half-width and the data test's power are planned with the
+#: small-sample behaviour of the real procedures (:func:`small_sample_half_width`,
+#: :func:`small_sample_data_test_power`); at and above it with the t formulas, which they approach.
+SMALL_SAMPLE_LIMIT = 300
+#: Simulated studies behind each small-sample quantity (one seeded set per simulated size).
+SMALL_SAMPLE_STUDIES = 64
+#: The document counts simulated: every count to 20, then steps of about 10 % (a count between
+#: two is planned with the smaller one's simulated studies: wider, so conservative).
+SIMULATED_SIZES = (
+    *range(2, 21),
+    *(22, 24, 27, 30, 33, 36, 40, 44, 48, 53, 58, 64, 70, 77, 85, 94, 103, 113, 124, 136, 150, 165, 181),
+    *(199, 219, 241, 265, 292),
+)
+#: Relative SD of the simulated documents: small, so that the pivots' scale-free small-sample
+#: law is measured apart from the log scale's curvature, which the formulas apply at ``τ``.
+SIMULATED_RELATIVE_SD = 0.05
+#: Bootstrap resamples of the simulated intervals (the protocol's default ``stats.n_bootstrap``).
+SIMULATED_RESAMPLES = 1000
+
+
+def simulated_size(n: int) -> int:
+    """The largest of :data:`SIMULATED_SIZES` not above ``n``, whose simulated studies stand for
+    ``n`` documents (fewer documents: heavier tails, so the plan errs on the safe side)."""
+    return max(size for size in SIMULATED_SIZES if size <= n)
+
+
+def _simulated_documents(n: int) -> np.ndarray:
+    """:data:`SMALL_SAMPLE_STUDIES` seeded studies of ``n`` normal documents (rows), proxy energy
+    ``1 + σ z`` against a constant total (σ = :data:`SIMULATED_RELATIVE_SD`): the law with the
+    pilot's first two moments, so ``log R̂`` has relative SD ``σ/√n``."""
+    return 1.0 + SIMULATED_RELATIVE_SD * _standard_normals()[:, :n]
+
+
+@lru_cache(maxsize=1)
+def _standard_normals() -> np.ndarray:
+    """One seeded draw shared by every simulated size (common random numbers: the simulated
+    quantities then move smoothly with ``n``, and the search over ``n`` is not misled by noise)."""
+    rng = np.random.default_rng(np.random.SeedSequence([29, SMALL_SAMPLE_LIMIT]))
+    return rng.standard_normal((SMALL_SAMPLE_STUDIES, SMALL_SAMPLE_LIMIT))
+
+
+@lru_cache(maxsize=1024)
+def data_test_critical_values(n: int, threshold: float) -> tuple[float, ...]:
+    """The data test's critical values of ``log R̂/(se/R̂)`` in :data:`SMALL_SAMPLE_STUDIES`
+    simulated studies of ``n`` normal documents (:func:`_simulated_documents`).
+
+    The test (:func:`anistat.stats.studentized_ratio_test` with ``expand_units = n``) rejects when
+    the statistic exceeds the ``1 − a'`` quantile of its bootstrap-t replicates,
+    ``a' = expanded_tail(threshold, n)``. With few documents that quantile lies far above
+    ``t_{1−threshold, n−1}``: the bootstrap-t law of a small sample is heavier-tailed than
+    Student's t (resamples repeating few documents have small SEs), and the expansion moves the
+    tail further out on top. Each study's critical value is computed here with the test's own
+    pivot over ``⌈20/a'⌉`` resamples (at least 999, at most 60,000): the ``j``-th largest
+    replicate, ``j = ⌊a'(B + 1)⌋``, above which the test's ``(1 + exceedances)/(B + 1) ≤ a'``.
+    With a constant total the pivot's delta-method SE (:func:`anistat.stats.ratio_se`) is
+    ``√(n/(n−1) · (Σ w x² − n θ_b²))/n`` (every resample weighs ``n`` documents), so all studies
+    share two matrix products."""
+    from .stats import bootstrap_weights, expanded_tail
+
+    tail = expanded_tail(threshold, n)
+    weights = bootstrap_weights(n, int(min(max(math.ceil(20.0 / tail), 999), 60_000)), seed=n)
+    proxies = _simulated_documents(n)  # (studies, n)
+    means = proxies.mean(axis=1)
+    sums = weights @ np.concatenate([proxies, proxies**2]).T  # (B, 2 · studies)
+    replicates = sums[:, : len(proxies)] / n
+    squares = np.maximum(sums[:, len(proxies) :] - n * replicates**2, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        relative_se = np.sqrt(n / (n - 1.0) * squares) / n / replicates
+        pivots = (np.log(replicates) - np.log(means)) / relative_se
+    pivots[~np.isfinite(pivots)] = -np.inf  # a resample of one repeated document: never exceeds
+    # the test's p-value counts (1 + exceedances)/(B + 1): it rejects with at most `allowed`
+    # replicates at or above the statistic, i.e. above the (allowed + 1)-th largest
+    allowed = math.floor(tail * (pivots.shape[0] + 1) + 1e-12) - 1
+    if allowed < 0:
+        return (math.inf,) * len(proxies)
+    largest = -np.partition(-pivots, allowed, axis=0)[allowed]
+    return tuple(float(v) for v in largest)
+
+
+def small_sample_data_test_power(n: int, tau: float, ratio: float, threshold: float) -> float:
+    """Power of the data test with ``n`` documents as the real bootstrap-t test has it: the mean
+    over the simulated critical values ``c_s`` (:func:`data_test_critical_values` at
+    :func:`simulated_size` of ``n``) of ``P(T_{n−1}(√n log R/τ) > c_s)``; :func:`data_test_power` (``c = t_{1−threshold, n−1}``) at
+    and above :data:`SMALL_SAMPLE_LIMIT` documents."""
+    if n >= SMALL_SAMPLE_LIMIT:
+        return data_test_power(n, tau, ratio, threshold)
+    critical = np.asarray(data_test_critical_values(simulated_size(n), threshold))
+    return float(np.mean(sps.nct.sf(critical, n - 1, math.sqrt(n) * math.log(ratio) / tau)))
+
+
+@lru_cache(maxsize=1024)
+def interval_log_factors(n: int, ci_level: float, ci_method: str) -> tuple[tuple[float, float], ...]:
+    """Per simulated study of ``n`` normal documents (:func:`_simulated_documents`), the energy
+    ratio interval's ends on the log scale in units of the true SE ``σ/√n``:
+    ``(log R̂ − log lo, log hi − log R̂)/(σ/√n)``, from the analysis' own interval ``ci_method``
+    (:func:`anistat.stats.ratio_interval` for the ratio methods, the bootstrap methods over
+    :data:`SIMULATED_RESAMPLES` resamples, tails expanded for ``n`` documents). For the t
+    interval both factors would be ``t_{(1+L)/2, n−1} s/σ``."""
+    from .stats import RATIO_INTERVAL_METHODS, bootstrap_weights, ratio_interval
+    from .stats.energy import _ratio_intervals, _Units
+
+    weights = bootstrap_weights(n, SIMULATED_RESAMPLES, seed=n)
+    total = np.ones(n)
+    scale = SIMULATED_RELATIVE_SD / math.sqrt(n)
+    factors = []
+    for proxy in _simulated_documents(n):
+        if ci_method in RATIO_INTERVAL_METHODS:
+            interval = ratio_interval(proxy, total, ci_method, weights, ci_level, expand_units=n)
+            low, high = interval.ci_low, interval.ci_high
+        else:
+            units = _Units(proxy=proxy, total=total, reference=total, name="documents")
+            result = _ratio_intervals(units, weights, ci_level, ci_method)[1]
+            low, high = result.ci_low, result.ci_high
+        estimate = proxy.sum() / n
+        factors.append((math.log(estimate / low) / scale, math.log(high / estimate) / scale))
+    return tuple(factors)
+
+
+def small_sample_half_width(n: int, tau: float, ratio: float, ci_level: float, ci_method: str) -> float:
+    """Mean half-width of the energy ratio's ``ci_method`` interval at ``n`` documents: over the
+    simulated studies' log-scale factors ``(f_lo, f_hi)`` (:func:`interval_log_factors` at
+    :func:`simulated_size` of ``n``), the mean
+    of ``R (e^{f_hi τ/√n} − e^{−f_lo τ/√n})/2``; :func:`ci_half_width` at and above
+    :data:`SMALL_SAMPLE_LIMIT` documents."""
+    if n >= SMALL_SAMPLE_LIMIT:
+        return ci_half_width(n, tau, ratio, ci_level)
+    factors = np.asarray(interval_log_factors(simulated_size(n), ci_level, ci_method)) * (tau / math.sqrt(n))
+    return float(np.mean(ratio * (np.exp(factors[:, 1]) - np.exp(-factors[:, 0])) / 2.0))
+
+
 def haar_null_quantile(rank: int, dim: int, null_sd: float, tail: float) -> float:
     """The ``1 − tail`` quantile of the Haar null of the energy fraction: the Beta law with mean
     ``k/d`` and SD ``null_sd`` (exact for a rank-one gradient second moment, where the null is
@@ -291,10 +439,41 @@ def smallest_n(meets, low: int = 2, high: int = MAX_DOCUMENTS) -> int | None:
     return low
 
 
-def documents_for_half_width(tau: float, ratio: float, half_width: float, ci_level: float = 0.95) -> int | None:
-    """Documents for a CI half-width of at most ``half_width`` at ``R`` (:func:`ci_half_width`),
-    at least :data:`anistat.stats.MIN_RESAMPLING_UNITS` (below it the analysis withholds the
-    interval and the data test).
+def smallest_n_near(meets, guess: int, low: int, high: int = MAX_DOCUMENTS) -> int | None:
+    """:func:`smallest_n` searched outward from a first ``guess`` (the t formula's count): steps
+    of a quarter of the guess, doubling, down while ``meets`` holds or up until it does, then
+    bisection — a handful of evaluations of a costly ``meets`` when the guess is close."""
+    guess = min(max(guess, low), high)
+    step = max(guess // 4, 1)
+    if meets(guess):
+        fails, holds = guess, guess
+        while fails > low and meets(fails):
+            holds, fails = fails, max(low, fails - step)
+            step *= 2
+        if fails == low and meets(low):
+            return low
+    else:
+        holds = guess
+        while True:
+            fails, holds = holds, min(holds + step, high)
+            step *= 2
+            if meets(holds):
+                break
+            if holds == high:
+                return None
+    while holds - fails > 1:  # meets(holds) and not meets(fails)
+        middle = (fails + holds) // 2
+        fails, holds = (fails, middle) if meets(middle) else (middle, holds)
+    return holds
+
+
+def documents_for_half_width(
+    tau: float, ratio: float, half_width: float, ci_level: float = 0.95, ci_method: str | None = None
+) -> int | None:
+    """Documents for a CI half-width of at most ``half_width`` at ``R``, at least
+    :data:`anistat.stats.MIN_RESAMPLING_UNITS` (below it the analysis withholds the interval and
+    the data test): the mean half-width of the analysis' ``ci_method`` interval
+    (:func:`small_sample_half_width`), or the t interval's (:func:`ci_half_width`) when None.
 
     Examples
     --------
@@ -302,19 +481,41 @@ def documents_for_half_width(tau: float, ratio: float, half_width: float, ci_lev
     >>> documents_for_half_width(0.5, 1.25, 0.1), documents_for_half_width(0.5, 1.25, 0.05)
     (153, 603)
     """
-    return smallest_n(lambda n: ci_half_width(n, tau, ratio, ci_level) <= half_width, MIN_RESAMPLING_UNITS)
+    if ci_method is None:
+        return smallest_n(lambda n: ci_half_width(n, tau, ratio, ci_level) <= half_width, MIN_RESAMPLING_UNITS)
+    guess = documents_for_half_width(tau, ratio, half_width, ci_level) or MAX_DOCUMENTS
+    return smallest_n_near(
+        lambda n: small_sample_half_width(n, tau, ratio, ci_level, ci_method) <= half_width,
+        guess,
+        MIN_RESAMPLING_UNITS,
+    )
 
 
-def documents_for_data_test(tau: float, ratio: float, power: float, threshold: float) -> int | None:
-    """Documents for the data test to reach ``power`` at ``threshold`` (:func:`data_test_power`),
+def documents_for_data_test(
+    tau: float, ratio: float, power: float, threshold: float, small_sample: bool = True
+) -> int | None:
+    """Documents for the data test to reach ``power`` at ``threshold`` — its power as the real
+    bootstrap-t test has it (:func:`small_sample_data_test_power`), or the t-test's
+    (:func:`data_test_power`) without ``small_sample`` —
     at least :data:`anistat.stats.MIN_RESAMPLING_UNITS`, and enough that at most
     :data:`MAX_TEST_RESAMPLES` bootstrap resamples resolve its expanded tail
     (:func:`data_test_resamples`: with few documents a small threshold needs a far smaller tail)."""
-    return smallest_n(
+    t_plan = smallest_n(
         lambda n: (
             data_test_power(n, tau, ratio, threshold) >= power
             and data_test_resamples(threshold, n) <= MAX_TEST_RESAMPLES
         ),
+        MIN_RESAMPLING_UNITS,
+    )
+    if not small_sample or t_plan is None:
+        return t_plan
+    return smallest_n_near(
+        lambda n: (
+            # the resamples first: the simulated power is the costly check
+            data_test_resamples(threshold, n) <= MAX_TEST_RESAMPLES
+            and small_sample_data_test_power(n, tau, ratio, threshold) >= power
+        ),
+        t_plan,
         MIN_RESAMPLING_UNITS,
     )
 
@@ -407,7 +608,7 @@ def plan_unit(law: UnitLaw, targets: PlanTargets) -> dict[str, Any]:
         if tau is None:
             return None, None, None
         width = (
-            documents_for_half_width(tau, targets.ratio, targets.half_width, targets.ci_level)
+            documents_for_half_width(tau, targets.ratio, targets.half_width, targets.ci_level, targets.ci_method)
             if targets.half_width is not None
             else None
         )
@@ -639,10 +840,13 @@ def assumptions(targets: PlanTargets, source: str) -> list[str]:
         f"Per-document law: {source}; the same relative SD tau at the stated ratio, independent documents, "
         "and log R̂ approximately normal (delta method for a ratio of means).",
         "Data test: power of the one-sample t-test with effect size log R / tau (n − 1 degrees of freedom), "
-        "the law the studentized bootstrap test's small-sample expansion approximates; with few documents the "
-        f"expanded tail at a small threshold needs more than {MAX_TEST_RESAMPLES:,} resamples, so the count is "
-        "raised until it does not. Below about 50 documents the bootstrap's own tails are heavier than t's and "
-        "the achieved power fell short of the plan in simulation (docs/plan.md): read the upper-limit column.",
+        f"below {SMALL_SAMPLE_LIMIT} documents against the critical values the real bootstrap-t test has with "
+        f"that many documents (simulated, {SMALL_SAMPLE_STUDIES} seeded studies of normal documents: heavier "
+        "tails than t's, moved further out by the small-sample expansion); with few documents the expanded "
+        f"tail at a small threshold needs more than {MAX_TEST_RESAMPLES:,} resamples, so the count is raised "
+        f"until it does not. Half-width: of the analysis' {targets.ci_method} interval, simulated the same way "
+        f"below {SMALL_SAMPLE_LIMIT} documents. With skewed or heavy-tailed document energies both are "
+        "optimistic (docs/plan.md): read the upper-limit column.",
         "Exact test: rejects when the energy fraction exceeds the Haar null's quantile at the threshold; that "
         "null is set by d, k and the gradients' spectrum, not by the number of documents, so below the ratio "
         "'exact_ratio_needed' no study size reaches the power (empty count). The quantile is a Beta moment match to the null's mean and SD, "
@@ -852,6 +1056,7 @@ def plan_from_bundle(bundle: Path, given: dict[str, Any], use_upper: bool = Fals
         multiplicity=stats.multiplicity,
         family_size=family_size_of(pilot.results, pilot.protocol, pilot.manifest),
         ci_level=stats.ci_level,
+        ci_method=stats.ci_method,
     )
     targets = with_targets(defaults, **given)
     check_targets(targets)

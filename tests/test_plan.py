@@ -49,9 +49,77 @@ def test_data_test_power_is_statsmodels_one_sample_t_power():
     for n in (12, 40, 150):
         expected = TTestPower().power(effect_size=effect, nobs=n, alpha=threshold, alternative="larger")
         assert plan.data_test_power(n, tau, ratio, threshold) == pytest.approx(expected, abs=1e-9)
-    n = plan.documents_for_data_test(tau, ratio, 0.8, 0.05)
+    n = plan.documents_for_data_test(tau, ratio, 0.8, 0.05, small_sample=False)
     solved = TTestPower().solve_power(effect_size=effect, alpha=0.05, power=0.8, alternative="larger")
     assert n == math.ceil(solved)
+
+
+def test_data_test_critical_values_are_where_the_real_test_starts_rejecting():
+    """Each simulated critical value c is the real bootstrap-t test's: with the same documents and
+    resamples, the test (tails expanded for n documents) rejects at the threshold when the
+    statistic is 2 % above c, and does not when it is 2 % below."""
+    from anistat.stats import bootstrap_weights, ratio_se, studentized_ratio_test
+
+    n, threshold = 12, 0.005
+    tail = expanded_tail(threshold, n)
+    weights = bootstrap_weights(n, int(min(max(math.ceil(20 / tail), 999), 60_000)), seed=n)
+    critical = plan.data_test_critical_values(n, threshold)
+    assert len(critical) == plan.SMALL_SAMPLE_STUDIES
+    for proxy, c in list(zip(plan._simulated_documents(n), critical))[:8]:
+        total = np.ones(n)
+        theta = proxy.sum() / n
+        relative_se = float(ratio_se(np.ones((1, n)), proxy, total)[0]) / theta
+        for factor, rejects in ((1.02, True), (0.98, False)):
+            null = theta * math.exp(-factor * c * relative_se)  # statistic log(θ/null)/se = factor · c
+            test = studentized_ratio_test(proxy, total, weights, null_value=null, expand_units=n)
+            assert test.statistic == pytest.approx(factor * c)
+            assert (test.p_value <= threshold) is rejects
+    # far above Student's: the bootstrap-t law of 12 documents is heavy-tailed and the expansion
+    # moves the tail out on top
+    assert np.median(critical) > 1.2 * sps.t.isf(threshold, n - 1)
+
+
+def test_small_sample_plan_exceeds_the_t_formula_where_the_bootstrap_is_conservative():
+    """At τ = 0.28, R = 1.5, α/m = 0.005 the t formula plans 10 documents, where simulated studies
+    analysed by anistat reject in about a third; the small-sample plan asks more, and at the t
+    formula's count its own power is far short of 0.8. From SMALL_SAMPLE_LIMIT on the two agree."""
+    tau, ratio, threshold = 0.28, 1.5, 0.005
+    t_plan = plan.documents_for_data_test(tau, ratio, 0.8, threshold, small_sample=False)
+    small = plan.documents_for_data_test(tau, ratio, 0.8, threshold)
+    assert t_plan == 10 and small > t_plan + 2
+    assert plan.small_sample_data_test_power(t_plan, tau, ratio, threshold) < 0.5
+    assert plan.small_sample_data_test_power(small, tau, ratio, threshold) >= 0.8
+    assert plan.data_test_power(t_plan, tau, ratio, threshold) >= 0.8
+    limit = plan.SMALL_SAMPLE_LIMIT
+    assert plan.small_sample_data_test_power(limit, 0.9, 1.1, threshold) == plan.data_test_power(
+        limit, 0.9, 1.1, threshold
+    )
+
+
+def test_small_sample_half_width_of_the_protocol_interval():
+    """The protocol's default interval (balanced EL, tails expanded) is wider than the t interval
+    at few documents, so more are planned; near SMALL_SAMPLE_LIMIT the two agree within 2 %."""
+    from anistat.protocol import StatsSpec
+
+    assert plan.DEFAULT_CI_METHOD == StatsSpec.model_fields["ci_method"].default
+    tau, ratio = 0.28, 1.25
+    t_plan = plan.documents_for_half_width(tau, ratio, 0.1)
+    small = plan.documents_for_half_width(tau, ratio, 0.1, ci_method="balanced_el")
+    assert small > t_plan
+    assert plan.small_sample_half_width(t_plan, tau, ratio, 0.95, "balanced_el") > 0.1
+    near = plan.SMALL_SAMPLE_LIMIT - 1
+    assert plan.small_sample_half_width(near, tau, ratio, 0.95, "balanced_el") == pytest.approx(
+        plan.ci_half_width(near, tau, ratio), rel=0.02
+    )
+    # each simulated interval is the analysis' own: balanced EL of the study's documents
+    from anistat.stats import ratio_interval
+
+    proxy = plan._simulated_documents(20)[0]
+    interval = ratio_interval(proxy, np.ones(20), "balanced_el", None, 0.95, expand_units=20)
+    low, high = plan.interval_log_factors(20, 0.95, "balanced_el")[0]
+    scale = plan.SIMULATED_RELATIVE_SD / math.sqrt(20)
+    assert interval.ci_high == pytest.approx(proxy.mean() * math.exp(high * scale))
+    assert interval.ci_low == pytest.approx(proxy.mean() * math.exp(-low * scale))
 
 
 def test_exact_test_power_is_a_one_sided_normal_power():
@@ -166,6 +234,19 @@ def test_plan_from_the_pilot_bundle_end_to_end(mini_bundle, tmp_path):
 
 
 @pytest.mark.slow
+def test_stated_small_study_is_planned_above_the_t_formula_end_to_end(tmp_path):
+    out = tmp_path / "small"
+    done = _cli(
+        "--dim", "32", "--rank", "4", "--relative-sd", "0.28", "--family-size", "10",
+        "--ratio", "1.5", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = _rows(out / "plan.csv")
+    assert int(row["documents_data_test"]) == plan.documents_for_data_test(0.28, 1.5, 0.8, 0.005)
+    assert int(row["documents_data_test"]) > plan.documents_for_data_test(0.28, 1.5, 0.8, 0.005, small_sample=False)
+
+
+@pytest.mark.slow
 def test_plan_refuses_a_folder_with_files_it_did_not_write(mini_bundle, tmp_path):
     out = tmp_path / "plan"
     assert _cli(str(mini_bundle), "--ratio", "1.5", "--out", str(out)).returncode == 0
@@ -188,7 +269,9 @@ def test_plan_from_stated_inputs(tmp_path):
     assert [r["rank"] for r in rows] == ["8", "32"]
     tau = plan.relative_sd(0.7, 0.5, 0.6)
     assert float(rows[0]["relative_sd"]) == pytest.approx(tau)
-    assert int(rows[0]["documents_half_width"]) == plan.documents_for_half_width(tau, 1.25, 0.05)
+    assert int(rows[0]["documents_half_width"]) == plan.documents_for_half_width(
+        tau, 1.25, 0.05, ci_method=plan.DEFAULT_CI_METHOD
+    )
     assert float(rows[0]["threshold"]) == pytest.approx(0.05 / 2)  # Holm over the two ranks
     assert not (out / "protocol.yaml").exists()
 
