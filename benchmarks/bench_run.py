@@ -172,6 +172,7 @@ def protocol_for(model_dir: Path, args) -> dict:
         "sites": {"kind": "residual", "layers": "all"},
         "proxies": {"methods": ["pca"], "ranks": args.ranks},
         "controls": {"kinds": args.kinds, "n": args.n_controls},
+        **({"stats": {"ci_method": args.ci_method}} if args.ci_method else {}),
         "report": {"compile_pdf": False},
     }
 
@@ -201,6 +202,7 @@ def main() -> None:
     )
     parser.add_argument("--kinds", nargs="+", default=["normal"], help="control kinds (default: the paper's normal)")
     parser.add_argument("--n-controls", type=int, default=20, help="controls.n (default: the paper's 20)")
+    parser.add_argument("--ci-method", default=None, help="stats.ci_method (default: the protocol's default)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument(
