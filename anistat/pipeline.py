@@ -603,6 +603,7 @@ def _collect_analyse_publish(
     torch.manual_seed(protocol.seed)
     with _disk_errors_reported(cache):
         artifacts, info = collect_units(protocol, torch_device, cache, log)
+        distributed.finish()  # every rank at once: none exits while another still holds the group
         if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
             return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
         stage = time.perf_counter()

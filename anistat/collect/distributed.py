@@ -57,8 +57,32 @@ def active() -> bool:
     return bool(dist is not None and dist.is_initialized() and dist.get_world_size() > 1)
 
 
+#: The rank this process had when :func:`finish` ended its process group (None before that).
+_finished_rank: list[int] = []
+
+
+def finish() -> None:
+    """End the process group on every rank at the same point, right after collection.
+
+    Rank 0 goes on to analyse and publish alone; the other ranks return and exit. Tearing the
+    group down here, on every rank after one barrier, rather than in an ``atexit`` hook while
+    the interpreter shuts down, keeps gloo's threads out of interpreter teardown: a rank that
+    aborts there (``terminate called without an active exception`` was seen once in the test
+    suite) makes torchrun stop rank 0 before it has written the bundle. :func:`rank` keeps
+    answering with the rank the process had, so ``is_main`` still tells rank 0 from the others."""
+    dist = _dist()
+    if dist is None or not dist.is_initialized():
+        return
+    own_rank = dist.get_rank()
+    dist.barrier()
+    dist.destroy_process_group()
+    _finished_rank[:] = [own_rank]
+
+
 def rank() -> int:
-    return _dist().get_rank() if active() else 0
+    if active():
+        return _dist().get_rank()
+    return _finished_rank[0] if _finished_rank else 0
 
 
 def world_size() -> int:
