@@ -46,7 +46,9 @@ Formulas (``t_{q,ν}``: Student quantile; ``Φ``: normal cdf; ``a = α/m``):
   pilot's ``cv_t = √(n/n_eff − 1)``, the proxy a fixed share ``R k/d`` of it and the
   complement's share lognormal with the CV that gives ``τ``) that the real test rejects
   (:func:`law_data_test_power`, the analysis' p-values over the plan's resamples; the studies are
-  common to every size).
+  common to every size). From :data:`SMALL_SAMPLE_LIMIT` documents the t-test's power at the
+  relative SD that matches the law's power at the last simulated size
+  (:func:`boundary_relative_sd`).
 * exact test: it rejects when ``F̂`` exceeds the ``1 − a`` quantile ``q`` of the Haar null of the
   unit's own data (the energy fraction of a uniformly random rank-``k`` subspace). That null does
   not shrink like ``1/√n``: its spread is set by ``d``, ``k`` and the gradients' spectrum
@@ -68,9 +70,9 @@ the Beta approximation of the Haar null's tail and the population spectrum for t
 The small-sample half-width is that of normal documents (the pilot's first two moments); with
 skewed or heavy-tailed document energies the real interval is wider. The data test's law has the
 pilot's ``τ`` and ``cv_t`` and an assumed shape (lognormal scale and share, all of the share's
-variation in the complement): in the calibration's laws it is conservative (achieved power 0.77–0.91
-at a promised 0.8, ``docs/plan.md``); a law whose residuals are more left-skewed than it assumes
-would fall short.
+variation in the complement): in the calibration's laws the data test planned for power 0.8
+achieved 0.80–0.91, in the heavy-tailed skewed law 0.76–0.77 (its τ underestimated;
+``docs/plan.md``); a law whose residuals are more left-skewed than it assumes would fall short.
 ``τ̂`` from a pilot of ``n`` documents is itself uncertain: ``(n−1) τ̂²/τ² ≈ χ²_{n−1}``, so every
 plan is also given at the upper ``c`` confidence limit ``τ_U² = (n−1) τ̂² / χ²_{1−c, n−1}``
 (``c = 0.8`` by default, the pilot-study convention of Browne 1995). ``benchmarks/bench_plan.py``
@@ -416,8 +418,9 @@ def law_data_test_power(
     (:func:`studentized_pvalues`: proxy energies against ``k/d`` times the totals, over the plan's
     :func:`data_test_resamples` bootstrap resamples, seeded by ``n``, at most
     :data:`SIMULATED_TEST_RESAMPLES`; fewer studies when the resamples are many,
-    :data:`SIMULATED_WORK`). At and above
-    :data:`SMALL_SAMPLE_LIMIT` documents the noncentral-t power :func:`data_test_power`.
+    :data:`SIMULATED_WORK`). At and above :data:`SMALL_SAMPLE_LIMIT` documents the noncentral-t
+    power :func:`data_test_power` at the law's boundary relative SD (:func:`boundary_relative_sd`),
+    so the power does not jump up where the simulation stops.
 
     Examples
     --------
@@ -429,7 +432,8 @@ def law_data_test_power(
     from .stats import bootstrap_weights
 
     if n >= SMALL_SAMPLE_LIMIT:
-        return data_test_power(n, tau, ratio, threshold)
+        effective = boundary_relative_sd(tau, ratio, threshold, total_cv, haar_fraction)
+        return data_test_power(n, effective, ratio, threshold)
     resamples = min(data_test_resamples(threshold, n), SIMULATED_TEST_RESAMPLES)
     studies = max(min(DATA_TEST_STUDIES, SIMULATED_WORK // resamples), 100)
     proxy, total = law_documents(n, tau, total_cv, ratio * haar_fraction)
@@ -566,6 +570,36 @@ def smallest_n_near(meets, guess: int, low: int, high: int = MAX_DOCUMENTS) -> i
         middle = (fails + holds) // 2
         fails, holds = (fails, middle) if meets(middle) else (middle, holds)
     return holds
+
+
+@lru_cache(maxsize=1024)
+def boundary_relative_sd(
+    tau: float, ratio: float, threshold: float, total_cv: float | None = None, haar_fraction: float = 0.125
+) -> float:
+    """``τ_b ≥ τ`` with which the noncentral-t power at ``n_b = SMALL_SAMPLE_LIMIT − 1`` documents
+    equals the simulated law's there (:func:`law_data_test_power`):
+    ``P(T_{n_b−1}(√n_b log R/τ_b) > t_{1−a, n_b−1})`` = the law's power (bisection on ``log τ_b``;
+    ``τ`` itself where the law is at least as powerful as the formula, ``100 τ`` at most).
+    Above the simulated sizes the plan uses the formula at ``τ_b``: conservative, as the law's
+    shortfall (its residuals' skew) shrinks like ``1/√n``.
+
+    Examples
+    --------
+    >>> from anistat.plan import boundary_relative_sd
+    >>> boundary_relative_sd(1.1, 1.25, 0.005, 1.0) > 1.1
+    True
+    """
+    n = SMALL_SAMPLE_LIMIT - 1
+    target = law_data_test_power(n, tau, ratio, threshold, total_cv, haar_fraction)
+    if data_test_power(n, tau, ratio, threshold) <= target:
+        return tau
+    low, high = math.log(tau), math.log(100.0 * tau)
+    if data_test_power(n, math.exp(high), ratio, threshold) > target:
+        return math.exp(high)
+    for _ in range(50):  # the power falls as τ grows
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if data_test_power(n, math.exp(middle), ratio, threshold) > target else (low, middle)
+    return math.exp(high)
 
 
 def documents_for_half_width(
@@ -1008,7 +1042,8 @@ def assumptions(targets: PlanTargets, source: str) -> list[str]:
         "sqrt(n/n_eff - 1)), the proxy a fixed share R k/d of it, the complement's share lognormal with the CV "
         "that gives tau — an assumed shape (documents with more energy carry a smaller proxy share), "
         "conservative in the calibration's laws (docs/plan.md). From "
-        f"{SMALL_SAMPLE_LIMIT} documents the one-sample t-test's power with effect size log R / tau. With few "
+        f"{SMALL_SAMPLE_LIMIT} documents the one-sample t-test's power with effect size log R / tau_b, tau_b >= tau "
+        f"the relative SD at which it equals the law's power at {SMALL_SAMPLE_LIMIT - 1} documents. With few "
         f"documents the expanded tail at a small threshold needs more than {MAX_TEST_RESAMPLES:,} resamples, so "
         f"the count is raised until it does not. Half-width: of the analysis' {targets.ci_method} interval, "
         f"simulated with normal documents below {SMALL_SAMPLE_LIMIT} documents (optimistic with skewed "

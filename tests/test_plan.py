@@ -118,7 +118,7 @@ def test_law_power_against_an_independent_simulation():
 def test_data_test_plan_is_the_smallest_count_of_the_simulated_law():
     """At τ = 0.28, R = 1.5, α/m = 0.005 the t formula plans 10 documents; the plan's law (the
     real test on simulated studies) asks more, reaches 0.8 at its count and not one below; from
-    SMALL_SAMPLE_LIMIT on the noncentral-t power takes over. With the pilot's cv_t the law
+    SMALL_SAMPLE_LIMIT on the noncentral-t power takes over, at the law's boundary relative SD. With the pilot's cv_t the law
     changes and so does the count, again the smallest that meets the target."""
     tau, ratio, threshold = 0.28, 1.5, 0.005
     t_plan = plan.documents_for_data_test(tau, ratio, 0.8, threshold, small_sample=False)
@@ -133,8 +133,15 @@ def test_data_test_plan_is_the_smallest_count_of_the_simulated_law():
     assert plan.law_data_test_power(spread, 0.45, 1.25, threshold, 2.0) >= 0.8
     assert plan.law_data_test_power(spread - 1, 0.45, 1.25, threshold, 2.0) < 0.8
     assert spread != plan.documents_for_data_test(0.45, 1.25, 0.8, threshold)
+    # from SMALL_SAMPLE_LIMIT on: the t formula at the relative SD that matches the law at the
+    # last simulated size, so the power does not jump up where the simulation stops
     limit = plan.SMALL_SAMPLE_LIMIT
-    assert plan.law_data_test_power(limit, 0.9, 1.1, threshold) == plan.data_test_power(limit, 0.9, 1.1, threshold)
+    boundary = plan.boundary_relative_sd(0.9, 1.1, threshold)
+    assert boundary > 0.9
+    last = plan.law_data_test_power(limit - 1, 0.9, 1.1, threshold)
+    assert plan.data_test_power(limit - 1, boundary, 1.1, threshold) == pytest.approx(last, abs=1e-9)
+    assert plan.law_data_test_power(limit, 0.9, 1.1, threshold) == plan.data_test_power(limit, boundary, 1.1, threshold)
+    assert plan.law_data_test_power(limit, 0.9, 1.1, threshold) < plan.data_test_power(limit, 0.9, 1.1, threshold)
 
 
 def test_small_sample_half_width_of_the_protocol_interval():
