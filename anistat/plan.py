@@ -36,11 +36,19 @@ Formulas (``t_{q,ν}``: Student quantile; ``Φ``: normal cdf; ``a = α/m``):
   ``T_{n−1}(δ)``, noncentral ``δ = √n log R / τ``, and with many documents it is referred to
   ``t_{n−1}`` tails (the small-sample expansion, :func:`anistat.stats.expanded_tail`), so its
   power is the t-test's ``P(T_{n−1}(δ) > t_{1−a, n−1})`` (statsmodels ``TTestPower`` with
-  effect size ``log R / τ``). With few documents the bootstrap-t law is heavier-tailed than
-  ``t_{n−1}`` and the expansion moves its tail further out: the test's critical value lies far
-  above ``t_{1−a, n−1}`` (at ``a = 0.005``, median 5.7 against 3.25 at 10 documents, 2.93 against 2.69
-  at 46), so below :data:`SMALL_SAMPLE_LIMIT` documents the power is averaged over the critical
-  values the real test has in simulated studies (:func:`small_sample_data_test_power`).
+  effect size ``log R / τ``). With few documents that is far from the real test: the
+  bootstrap-t law of a small sample is heavier-tailed than ``t_{n−1}``, the expansion moves its
+  tail further out, and document energies are sums of squared projections, not normal — the
+  documents with most energy carry the smallest proxy share, which skews ``p_i/μ_p − t_i/μ_t``
+  to the left and costs the one-sided test power. So below :data:`SMALL_SAMPLE_LIMIT` documents
+  the power is the share of :data:`DATA_TEST_STUDIES` seeded studies of the plan's per-document
+  law (:func:`document_law`: a lognormal document scale ``S`` whose CV with ``τ`` gives the
+  pilot's ``cv_t = √(n/n_eff − 1)``, the proxy a fixed share ``R k/d`` of it and the
+  complement's share lognormal with the CV that gives ``τ``) that the real test rejects
+  (:func:`law_data_test_power`, the analysis' p-values over the plan's resamples; the studies are
+  common to every size). From :data:`SMALL_SAMPLE_LIMIT` documents the t-test's power at the
+  relative SD that matches the law's power at the last simulated size
+  (:func:`boundary_relative_sd`).
 * exact test: it rejects when ``F̂`` exceeds the ``1 − a`` quantile ``q`` of the Haar null of the
   unit's own data (the energy fraction of a uniformly random rank-``k`` subspace). That null does
   not shrink like ``1/√n``: its spread is set by ``d``, ``k`` and the gradients' spectrum
@@ -59,8 +67,12 @@ How far to trust it
 The plan assumes the pilot's per-document law (the same ``τ`` at the stated ratio as at the
 pilot's), independent documents, the normal approximation of ``log R̂`` and, for the exact test,
 the Beta approximation of the Haar null's tail and the population spectrum for the sample's.
-The small-sample quantities are those of normal documents (the pilot's first two moments); with
-skewed or heavy-tailed document energies the real procedures are more conservative still.
+The small-sample half-width is that of normal documents (the pilot's first two moments); with
+skewed or heavy-tailed document energies the real interval is wider. The data test's law has the
+pilot's ``τ`` and ``cv_t`` and an assumed shape (lognormal scale and share, all of the share's
+variation in the complement): in the calibration's laws the data test planned for power 0.8
+achieved 0.80–0.91, in the heavy-tailed skewed law 0.76–0.77 (its τ underestimated;
+``docs/plan.md``); a law whose residuals are more left-skewed than it assumes would fall short.
 ``τ̂`` from a pilot of ``n`` documents is itself uncertain: ``(n−1) τ̂²/τ² ≈ χ²_{n−1}``, so every
 plan is also given at the upper ``c`` confidence limit ``τ_U² = (n−1) τ̂² / χ²_{1−c, n−1}``
 (``c = 0.8`` by default, the pilot-study convention of Browne 1995). ``benchmarks/bench_plan.py``
@@ -165,6 +177,10 @@ class UnitLaw:
     tokens_per_document : float or None
         Tokens per document: with ``null_documents``, the null's SD at another size follows from
         the spectrum's sampling noise (:func:`null_sd_at`).
+    total_cv : float or None
+        ``cv_t``, the CV of the per-document total energy (a pilot row's ``√(n/n_eff − 1)``, Kish
+        ``n_eff``): with ``τ`` it sets the data test's simulated law (:func:`document_law`).
+        None: not known (the law's document scale is then constant).
     """
 
     model: str
@@ -177,6 +193,7 @@ class UnitLaw:
     sequences_per_document: float = 1.0
     null_documents: int | None = None
     tokens_per_document: float | None = None
+    total_cv: float | None = None
 
 
 @dataclass(frozen=True)
@@ -249,9 +266,9 @@ def data_test_power(n: int, tau: float, ratio: float, threshold: float) -> float
 # ------------------------------------------------------------- small-sample (simulated) laws
 #: Below this many documents the half-width and the data test's power are planned with the
 #: small-sample behaviour of the real procedures (:func:`small_sample_half_width`,
-#: :func:`small_sample_data_test_power`); at and above it with the t formulas, which they approach.
+#: :func:`law_data_test_power`); at and above it with the t formulas, which they approach.
 SMALL_SAMPLE_LIMIT = 300
-#: Simulated studies behind each small-sample quantity (one seeded set per simulated size).
+#: Simulated studies behind each small-sample half-width (one seeded set per simulated size).
 SMALL_SAMPLE_STUDIES = 64
 #: The document counts simulated: every count to 20, then steps of about 10 % (a count between
 #: two is planned with the smaller one's simulated studies: wider, so conservative).
@@ -288,53 +305,141 @@ def _standard_normals() -> np.ndarray:
     return rng.standard_normal((SMALL_SAMPLE_STUDIES, SMALL_SAMPLE_LIMIT))
 
 
-@lru_cache(maxsize=1024)
-def data_test_critical_values(n: int, threshold: float) -> tuple[float, ...]:
-    """The data test's critical values of ``log R̂/(se/R̂)`` in :data:`SMALL_SAMPLE_STUDIES`
-    simulated studies of ``n`` normal documents (:func:`_simulated_documents`).
+#: Simulated studies behind each simulated data-test power (:func:`law_data_test_power`; one
+#: seeded set of draws shared by every size and every law: common random numbers).
+DATA_TEST_STUDIES = 400
 
-    The test (:func:`anistat.stats.studentized_ratio_test` with ``expand_units = n``) rejects when
-    the statistic exceeds the ``1 − a'`` quantile of its bootstrap-t replicates,
-    ``a' = expanded_tail(threshold, n)``. With few documents that quantile lies far above
-    ``t_{1−threshold, n−1}``: the bootstrap-t law of a small sample is heavier-tailed than
-    Student's t (resamples repeating few documents have small SEs), and the expansion moves the
-    tail further out on top. Each study's critical value is computed here with the test's own
-    pivot over ``⌈20/a'⌉`` resamples (at least 999, at most 60,000): the ``j``-th largest
-    replicate, ``j = ⌊a'(B + 1)⌋``, above which the test's ``(1 + exceedances)/(B + 1) ≤ a'``.
-    With a constant total the pivot's delta-method SE (:func:`anistat.stats.ratio_se`) is
-    ``√(n/(n−1) · (Σ w x² − n θ_b²))/n`` (every resample weighs ``n`` documents), so all studies
-    share two matrix products."""
-    from .stats import bootstrap_weights, expanded_tail
 
-    tail = expanded_tail(threshold, n)
-    weights = bootstrap_weights(n, int(min(max(math.ceil(20.0 / tail), 999), 60_000)), seed=n)
-    proxies = _simulated_documents(n)  # (studies, n)
-    means = proxies.mean(axis=1)
-    sums = weights @ np.concatenate([proxies, proxies**2]).T  # (B, 2 · studies)
-    replicates = sums[:, : len(proxies)] / n
-    squares = np.maximum(sums[:, len(proxies) :] - n * replicates**2, 0.0)
+def document_law(tau: float, total_cv: float | None, fraction: float) -> tuple[float, float]:
+    """The log-scale SDs ``(σ_S, σ_B)`` of the plan's per-document law for the data test.
+
+    A document's energies are ``p = f S`` (proxy) and ``t = S (f + (1 − f) B)`` (total): ``S``
+    the document's energy scale, ``B`` its complement's share (both lognormal, mean 1), ``f =
+    R k/d`` the population energy fraction, so ``E p / E t = f``. Then ``r = p/μ_p − t/μ_t =
+    (1 − f) S (1 − B)`` and
+
+        τ² = (1 + s²)(1 − f)² c_B²,   cv_t² = s² + τ²,
+
+    (``s``, ``c_B``: the CVs of ``S`` and ``B``), solved for ``1 + s² = max(1 + cv_t² − τ², 1)``
+    and ``c_B² = τ² / ((1 − f)² (1 + s²))``; ``σ² = ln(1 + CV²)`` for each lognormal. ``cv_t``
+    is a pilot row's ``√(n/n_eff − 1)`` (Kish ``n_eff`` of the total energies); None: 0 (all of
+    ``τ`` in the share). Documents with more energy carry a smaller proxy share, so ``r`` is
+    skewed to the left, as in the calibration's laws (``benchmarks/diag_plan_law.py``).
+
+    Examples
+    --------
+    >>> from anistat.plan import document_law
+    >>> sd_scale, sd_share = document_law(0.45, 0.78, 0.156)
+    >>> round(sd_scale, 3), round(sd_share, 3)
+    (0.584, 0.429)
+    """
+    scale_sq = max(1.0 + (total_cv or 0.0) ** 2 - tau**2, 1.0)
+    share_cv_sq = tau**2 / ((1.0 - fraction) ** 2 * scale_sq)
+    return math.sqrt(math.log(scale_sq)), math.sqrt(math.log1p(share_cv_sq))
+
+
+@lru_cache(maxsize=1)
+def _law_normals() -> np.ndarray:
+    """Standard normals ``(studies, SMALL_SAMPLE_LIMIT, 2)`` shared by every simulated law and size."""
+    rng = np.random.default_rng(np.random.SeedSequence([29, 2, SMALL_SAMPLE_LIMIT]))
+    return rng.standard_normal((DATA_TEST_STUDIES, SMALL_SAMPLE_LIMIT, 2))
+
+
+def law_documents(n: int, tau: float, total_cv: float | None, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """:data:`DATA_TEST_STUDIES` seeded studies of ``n`` documents of :func:`document_law`:
+    ``(proxy, total)``, each of shape ``(studies, n)``."""
+    sd_scale, sd_share = document_law(tau, total_cv, fraction)
+    z = _law_normals()[:, :n]
+    scale = np.exp(sd_scale * z[..., 0] - sd_scale**2 / 2.0)
+    share = np.exp(sd_share * z[..., 1] - sd_share**2 / 2.0)
+    return fraction * scale, scale * (fraction + (1.0 - fraction) * share)
+
+
+def studentized_pvalues(
+    proxy: np.ndarray, reference: np.ndarray, weights: np.ndarray, chunk_rows: int = 2048
+) -> np.ndarray:
+    """:func:`anistat.stats.studentized_ratio_test`'s one-sided (``greater``) expanded p-values of
+    many studies at once (rows of ``proxy`` and ``reference``, one ``weights`` matrix): the same
+    pivot ``(log θ*_b − log θ)/(se*_b/θ*_b)`` with the delta-method SE (:func:`anistat.stats.ratio_se`,
+    every resample weighing ``n`` documents), the same ``(1 + #{t*_b ≥ t})/(1 + B)`` over the
+    finite replicates, the same expansion for ``n`` documents; five matrix products for all
+    studies, ``chunk_rows`` resamples at a time."""
+    from .stats import expanded_pvalue
+
+    n = proxy.shape[1]
     with np.errstate(invalid="ignore", divide="ignore"):
-        relative_se = np.sqrt(n / (n - 1.0) * squares) / n / replicates
-        pivots = (np.log(replicates) - np.log(means)) / relative_se
-    pivots[~np.isfinite(pivots)] = -np.inf  # a resample of one repeated document: never exceeds
-    # the test's p-value counts (1 + exceedances)/(B + 1): it rejects with at most `allowed`
-    # replicates at or above the statistic, i.e. above the (allowed + 1)-th largest
-    allowed = math.floor(tail * (pivots.shape[0] + 1) + 1e-12) - 1
-    if allowed < 0:
-        return (math.inf,) * len(proxies)
-    largest = -np.partition(-pivots, allowed, axis=0)[allowed]
-    return tuple(float(v) for v in largest)
+        theta = proxy.sum(axis=1) / reference.sum(axis=1)
+        resid = proxy - theta[:, None] * reference
+        full_se = np.sqrt(n / (n - 1.0) * (resid**2).sum(axis=1)) / reference.sum(axis=1)
+        statistic = np.log(theta) / (full_se / theta)
+    stacked = np.concatenate([proxy, reference, resid**2, resid * reference, reference**2]).T
+    exceed = np.zeros(proxy.shape[0])
+    finite_count = np.zeros(proxy.shape[0])
+    for start in range(0, weights.shape[0], chunk_rows):
+        pivots = _bootstrap_pivots(weights[start : start + chunk_rows], stacked, theta)
+        finite = np.isfinite(pivots)
+        exceed += (finite & (pivots >= statistic)).sum(axis=0)
+        finite_count += finite.sum(axis=0)
+    raw = (1.0 + exceed) / (1.0 + finite_count)
+    return np.minimum(np.asarray(expanded_pvalue(raw, n), dtype=float), 1.0)
 
 
-def small_sample_data_test_power(n: int, tau: float, ratio: float, threshold: float) -> float:
-    """Power of the data test with ``n`` documents as the real bootstrap-t test has it: the mean
-    over the simulated critical values ``c_s`` (:func:`data_test_critical_values` at
-    :func:`simulated_size` of ``n``) of ``P(T_{n−1}(√n log R/τ) > c_s)``; :func:`data_test_power` (``c = t_{1−threshold, n−1}``) at
-    and above :data:`SMALL_SAMPLE_LIMIT` documents."""
+def _bootstrap_pivots(weights: np.ndarray, stacked: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """``(log θ*_b − log θ)/(se*_b/θ*_b)`` per resample (rows) and study (columns) from the sums of
+    ``stacked`` = ``[p, r, e², e r, r²]`` per study (``e = p − θ r``), as :func:`anistat.stats.ratio_se`."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sums = (weights @ stacked).reshape(weights.shape[0], 5, -1)
+        den = sums[:, 1]
+        delta = sums[:, 0] / den - theta
+        rss = np.maximum(sums[:, 2] - 2.0 * delta * sums[:, 3] + delta**2 * sums[:, 4], 0.0)
+        counts = weights.sum(axis=1)[:, None]
+        se = np.sqrt(rss * counts / (counts - 1.0)) / np.abs(den)
+        replicates = sums[:, 0] / den
+        return (np.log(replicates) - np.log(theta)) / (se / replicates)
+
+
+#: Most bootstrap resamples of a simulated data test (:func:`law_data_test_power`): a plan at a
+#: small threshold with few documents asks far more (about ``20/a'``); with this many the
+#: simulated test's critical value is a noisier, slightly more conservative estimate of the same
+#: tail quantile (a Monte-Carlo test's power grows with its resamples).
+SIMULATED_TEST_RESAMPLES = 20_000
+#: Resample-by-study products a simulated power may cost: above ``DATA_TEST_STUDIES`` studies ×
+#: 10,000 resamples the first ``SIMULATED_WORK / B`` studies are used (at least 100).
+SIMULATED_WORK = 4_000_000
+
+
+@lru_cache(maxsize=4096)
+def law_data_test_power(
+    n: int, tau: float, ratio: float, threshold: float, total_cv: float | None = None, haar_fraction: float = 0.125
+) -> float:
+    """Power of the data test with ``n`` documents at ``threshold`` for the effect ``R``: the share
+    of the :data:`DATA_TEST_STUDIES` simulated studies of :func:`document_law` (population energy
+    fraction ``f = R k/d``, ``k/d`` = ``haar_fraction``) that the real test of ``R = 1`` rejects
+    (:func:`studentized_pvalues`: proxy energies against ``k/d`` times the totals, over the plan's
+    :func:`data_test_resamples` bootstrap resamples, seeded by ``n``, at most
+    :data:`SIMULATED_TEST_RESAMPLES`; fewer studies when the resamples are many,
+    :data:`SIMULATED_WORK`). At and above :data:`SMALL_SAMPLE_LIMIT` documents the noncentral-t
+    power :func:`data_test_power` at the law's boundary relative SD (:func:`boundary_relative_sd`),
+    so the power does not jump up where the simulation stops.
+
+    Examples
+    --------
+    >>> from anistat.plan import law_data_test_power
+    >>> low, high = (law_data_test_power(n, 0.45, 1.25, 0.005, 0.78) for n in (30, 80))
+    >>> 0.0 < low < high <= 1.0
+    True
+    """
+    from .stats import bootstrap_weights
+
     if n >= SMALL_SAMPLE_LIMIT:
-        return data_test_power(n, tau, ratio, threshold)
-    critical = np.asarray(data_test_critical_values(simulated_size(n), threshold))
-    return float(np.mean(sps.nct.sf(critical, n - 1, math.sqrt(n) * math.log(ratio) / tau)))
+        effective = boundary_relative_sd(tau, ratio, threshold, total_cv, haar_fraction)
+        return data_test_power(n, effective, ratio, threshold)
+    resamples = min(data_test_resamples(threshold, n), SIMULATED_TEST_RESAMPLES)
+    studies = max(min(DATA_TEST_STUDIES, SIMULATED_WORK // resamples), 100)
+    proxy, total = law_documents(n, tau, total_cv, ratio * haar_fraction)
+    weights = bootstrap_weights(n, resamples, seed=n)
+    pvalues = studentized_pvalues(proxy[:studies], haar_fraction * total[:studies], weights)
+    return float(np.mean(pvalues <= threshold))
 
 
 @lru_cache(maxsize=1024)
@@ -467,6 +572,36 @@ def smallest_n_near(meets, guess: int, low: int, high: int = MAX_DOCUMENTS) -> i
     return holds
 
 
+@lru_cache(maxsize=1024)
+def boundary_relative_sd(
+    tau: float, ratio: float, threshold: float, total_cv: float | None = None, haar_fraction: float = 0.125
+) -> float:
+    """``τ_b ≥ τ`` with which the noncentral-t power at ``n_b = SMALL_SAMPLE_LIMIT − 1`` documents
+    equals the simulated law's there (:func:`law_data_test_power`):
+    ``P(T_{n_b−1}(√n_b log R/τ_b) > t_{1−a, n_b−1})`` = the law's power (bisection on ``log τ_b``;
+    ``τ`` itself where the law is at least as powerful as the formula, ``100 τ`` at most).
+    Above the simulated sizes the plan uses the formula at ``τ_b``: conservative, as the law's
+    shortfall (its residuals' skew) shrinks like ``1/√n``.
+
+    Examples
+    --------
+    >>> from anistat.plan import boundary_relative_sd
+    >>> boundary_relative_sd(1.1, 1.25, 0.005, 1.0) > 1.1
+    True
+    """
+    n = SMALL_SAMPLE_LIMIT - 1
+    target = law_data_test_power(n, tau, ratio, threshold, total_cv, haar_fraction)
+    if data_test_power(n, tau, ratio, threshold) <= target:
+        return tau
+    low, high = math.log(tau), math.log(100.0 * tau)
+    if data_test_power(n, math.exp(high), ratio, threshold) > target:
+        return math.exp(high)
+    for _ in range(50):  # the power falls as τ grows
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if data_test_power(n, math.exp(middle), ratio, threshold) > target else (low, middle)
+    return math.exp(high)
+
+
 def documents_for_half_width(
     tau: float, ratio: float, half_width: float, ci_level: float = 0.95, ci_method: str | None = None
 ) -> int | None:
@@ -492,14 +627,25 @@ def documents_for_half_width(
 
 
 def documents_for_data_test(
-    tau: float, ratio: float, power: float, threshold: float, small_sample: bool = True
+    tau: float,
+    ratio: float,
+    power: float,
+    threshold: float,
+    small_sample: bool = True,
+    *,
+    total_cv: float | None = None,
+    haar_fraction: float = 0.125,
+    start: int | None = None,
 ) -> int | None:
     """Documents for the data test to reach ``power`` at ``threshold`` — its power as the real
-    bootstrap-t test has it (:func:`small_sample_data_test_power`), or the t-test's
-    (:func:`data_test_power`) without ``small_sample`` —
-    at least :data:`anistat.stats.MIN_RESAMPLING_UNITS`, and enough that at most
-    :data:`MAX_TEST_RESAMPLES` bootstrap resamples resolve its expanded tail
-    (:func:`data_test_resamples`: with few documents a small threshold needs a far smaller tail)."""
+    bootstrap-t test has it on studies of the plan's per-document law
+    (:func:`law_data_test_power`: :func:`document_law` with ``τ``, ``total_cv`` and ``f = R k/d``,
+    ``k/d`` = ``haar_fraction``), or the t-test's (:func:`data_test_power`) without
+    ``small_sample`` — at least :data:`anistat.stats.MIN_RESAMPLING_UNITS`, and enough that at
+    most :data:`MAX_TEST_RESAMPLES` bootstrap resamples resolve its expanded tail
+    (:func:`data_test_resamples`: with few documents a small threshold needs a far smaller tail).
+    The search starts at ``start`` (None: the t formula's count; :func:`smallest_n_near`); the
+    simulated studies are common to every size, so the simulated power moves smoothly with ``n``."""
     t_plan = smallest_n(
         lambda n: (
             data_test_power(n, tau, ratio, threshold) >= power
@@ -513,9 +659,9 @@ def documents_for_data_test(
         lambda n: (
             # the resamples first: the simulated power is the costly check
             data_test_resamples(threshold, n) <= MAX_TEST_RESAMPLES
-            and small_sample_data_test_power(n, tau, ratio, threshold) >= power
+            and law_data_test_power(n, tau, ratio, threshold, total_cv, haar_fraction) >= power
         ),
-        t_plan,
+        t_plan if start is None else start,
         MIN_RESAMPLING_UNITS,
     )
 
@@ -593,9 +739,9 @@ def upper_relative_sd(tau: float, pilot_documents: int | None, confidence: float
 
 
 # ------------------------------------------------------------------------------ planning
-def plan_unit(law: UnitLaw, targets: PlanTargets) -> dict[str, Any]:
-    """The plan of one unit: documents for each target (point and upper variance limit), the
-    null's quantile and the ratio the exact test needs."""
+def plan_unit(law: UnitLaw, targets: PlanTargets, data_test: bool = True) -> dict[str, Any]:
+    """The plan of one unit: documents for each target (point and upper variance limit; the data
+    test's only with ``data_test``), the null's quantile and the ratio the exact test needs."""
     threshold = targets.threshold
     quantile = haar_null_quantile(law.rank, law.dim, null_sd_at(law, None), threshold)
 
@@ -612,7 +758,18 @@ def plan_unit(law: UnitLaw, targets: PlanTargets) -> dict[str, Any]:
             if targets.half_width is not None
             else None
         )
-        data = documents_for_data_test(tau, targets.ratio, targets.power, threshold)
+        data = (
+            documents_for_data_test(
+                tau,
+                targets.ratio,
+                targets.power,
+                threshold,
+                total_cv=law.total_cv,
+                haar_fraction=law.rank / law.dim,
+            )
+            if data_test
+            else None
+        )
         # the null is carried up from the pilot's size, never down: i.i.d. tokens understate the
         # noise of a smaller sample's spectrum (tokens of a sequence are dependent), so below the
         # pilot the carried null would be too narrow and the plan optimistic
@@ -635,6 +792,34 @@ def _worst(values: Sequence[int | None]) -> int | None:
     return None if any(v is None for v in values) else max(values)  # type: ignore[type-var]
 
 
+def _kind_data_test(
+    laws: Sequence[UnitLaw], uppers: Sequence[float | None], targets: PlanTargets
+) -> tuple[int | None, int | None]:
+    """The data test's documents for a unit kind, point and upper variance limit: planned once,
+    for the law of its unit with the largest ``τ`` (its own ``cv_t``; the simulated power,
+    :func:`law_data_test_power`, is too costly to search per unit), at ``τ`` and at the kind's
+    largest ``τ_U`` (searched from the point count times ``(τ_U/τ)²``)."""
+    hardest = max(laws, key=lambda law: law.relative_sd)
+
+    def documents(tau: float, start: int | None = None) -> int | None:
+        return documents_for_data_test(
+            tau,
+            targets.ratio,
+            targets.power,
+            targets.threshold,
+            total_cv=hardest.total_cv,
+            haar_fraction=hardest.rank / hardest.dim,
+            start=start,
+        )
+
+    point = documents(hardest.relative_sd)
+    if None in uppers:
+        return point, None
+    upper = max(u for u in uppers if u is not None)
+    start = None if point is None else math.ceil(point * (upper / hardest.relative_sd) ** 2)
+    return point, documents(upper, start)
+
+
 def plan_rows(laws: Sequence[UnitLaw], targets: PlanTargets, use_upper: bool = False) -> list[PlanRow]:
     """One :class:`PlanRow` per unit kind (model × site kind × rank): the plan must serve every
     unit of the kind, so each count is the largest over its units (the largest ``τ`` and null
@@ -643,13 +828,14 @@ def plan_rows(laws: Sequence[UnitLaw], targets: PlanTargets, use_upper: bool = F
     ``use_upper``, times the sequences per document."""
     kinds: dict[tuple[str, str, int], list[tuple[UnitLaw, dict[str, Any]]]] = {}
     for law in laws:
-        kinds.setdefault((law.model, law.site_kind, law.rank), []).append((law, plan_unit(law, targets)))
+        kinds.setdefault((law.model, law.site_kind, law.rank), []).append((law, plan_unit(law, targets, False)))
     draws = null_draws_needed(targets.threshold)
     rows = []
     for (model, site_kind, rank), members in kinds.items():
         point = [_worst([plan["documents"][i] for _, plan in members]) for i in range(3)]
         high = [_worst([plan["documents_upper"][i] for _, plan in members]) for i in range(3)]
         uppers = [plan["relative_sd_upper"] for _, plan in members]
+        point[1], high[1] = _kind_data_test([law for law, _ in members], uppers, targets)
         pilots = [law.pilot_documents for law, _ in members]
         chosen = high if use_upper and None not in uppers else point
         wanted = [n for n in (chosen[0], chosen[1], chosen[2]) if n is not None]
@@ -740,9 +926,18 @@ def laws_from_results(results) -> list[UnitLaw]:
                 sequences_per_document=float(row["n_sequences"]) / documents,
                 null_documents=documents,
                 tokens_per_document=float(row["n_tokens"]) / documents if _present(row.get("n_tokens")) else None,
+                total_cv=_total_cv(documents, row.get("n_eff")),
             )
         )
     return laws
+
+
+def _total_cv(documents: int, n_eff: Any) -> float | None:
+    """``cv_t = √(n/n_eff − 1)``: Kish's ``n_eff = (Σt)²/Σt²`` of ``n`` per-document total
+    energies is ``n/(1 + cv_t²)`` (the CV with divisor ``n``); None without an ``n_eff``."""
+    if not _present(n_eff) or not float(n_eff) > 0:
+        return None
+    return math.sqrt(max(documents / float(n_eff) - 1.0, 0.0))
 
 
 def _present(value: Any) -> bool:
@@ -759,6 +954,7 @@ def stated_laws(
     participation_ratio: float | None = None,
     pilot_documents: int | None = None,
     sequences_per_document: float = 1.0,
+    total_cv: float | None = None,
 ) -> list[UnitLaw]:
     """:class:`UnitLaw` per stated rank: the Haar null's SD from the gradients' participation
     ratio ``PR = (Σλ)²/Σλ²`` (None: ``d``, isotropic gradients — the null is then the point
@@ -783,6 +979,7 @@ def stated_laws(
             null_sd=control_energy_moments("haar", int(k), int(dim), 1.0, 1.0 / pr).sd,
             pilot_documents=pilot_documents,
             sequences_per_document=sequences_per_document,
+            total_cv=total_cv,
         )
         for k in ranks
     ]
@@ -839,14 +1036,18 @@ def assumptions(targets: PlanTargets, source: str) -> list[str]:
         f"{targets.alpha:g}; for fdr_bh this is the smallest step, conservative when many tests carry effects).",
         f"Per-document law: {source}; the same relative SD tau at the stated ratio, independent documents, "
         "and log R̂ approximately normal (delta method for a ratio of means).",
-        "Data test: power of the one-sample t-test with effect size log R / tau (n − 1 degrees of freedom), "
-        f"below {SMALL_SAMPLE_LIMIT} documents against the critical values the real bootstrap-t test has with "
-        f"that many documents (simulated, {SMALL_SAMPLE_STUDIES} seeded studies of normal documents: heavier "
-        "tails than t's, moved further out by the small-sample expansion); with few documents the expanded "
-        f"tail at a small threshold needs more than {MAX_TEST_RESAMPLES:,} resamples, so the count is raised "
-        f"until it does not. Half-width: of the analysis' {targets.ci_method} interval, simulated the same way "
-        f"below {SMALL_SAMPLE_LIMIT} documents. With skewed or heavy-tailed document energies both are "
-        "optimistic (docs/plan.md): read the upper-limit column.",
+        f"Data test: below {SMALL_SAMPLE_LIMIT} documents the share of {DATA_TEST_STUDIES} seeded simulated "
+        "studies that the real bootstrap-t test (small-sample expansion, the plan's resamples) rejects; the "
+        "studies' documents: a lognormal energy scale (its CV with tau gives the pilot's total-energy CV "
+        "sqrt(n/n_eff - 1)), the proxy a fixed share R k/d of it, the complement's share lognormal with the CV "
+        "that gives tau — an assumed shape (documents with more energy carry a smaller proxy share), "
+        "conservative in the calibration's laws (docs/plan.md). From "
+        f"{SMALL_SAMPLE_LIMIT} documents the one-sample t-test's power with effect size log R / tau_b, tau_b >= tau "
+        f"the relative SD at which it equals the law's power at {SMALL_SAMPLE_LIMIT - 1} documents. With few "
+        f"documents the expanded tail at a small threshold needs more than {MAX_TEST_RESAMPLES:,} resamples, so "
+        f"the count is raised until it does not. Half-width: of the analysis' {targets.ci_method} interval, "
+        f"simulated with normal documents below {SMALL_SAMPLE_LIMIT} documents (optimistic with skewed "
+        "documents: read the upper-limit column).",
         "Exact test: rejects when the energy fraction exceeds the Haar null's quantile at the threshold; that "
         "null is set by d, k and the gradients' spectrum, not by the number of documents, so below the ratio "
         "'exact_ratio_needed' no study size reaches the power (empty count). The quantile is a Beta moment match to the null's mean and SD, "
@@ -856,7 +1057,8 @@ def assumptions(targets: PlanTargets, source: str) -> list[str]:
         f"{MIN_RESAMPLING_UNITS} documents (fewer and the analysis withholds them).",
         f"Trust: tau estimated from a pilot of n documents is uncertain ((n − 1) tau_hat²/tau² ≈ chi-square, n − 1 "
         f"df); the *_upper columns plan at its upper {targets.variance_confidence:g} confidence limit. Each unit "
-        "kind takes its hardest unit (largest tau and null quantile).",
+        "kind takes its hardest unit (largest tau and null quantile; the data test: the law of its unit with "
+        "the largest tau).",
         f"Haar draws: enough that a test whose ideal p-value is half the threshold is rejected with probability "
         f"{DRAWS_RESOLUTION:g} (the floor 1/(n + 1) alone would let one unlucky draw decide); bootstrap "
         "resamples of the data test likewise for its expanded tail at the planned documents.",
@@ -1092,10 +1294,12 @@ def plan_from_inputs(inputs: StatedInputs, given: dict[str, Any], use_upper: boo
         inputs.participation_ratio,
         inputs.pilot_documents,
         inputs.sequences_per_document,
+        inputs.cv_total,
     )
     spectrum = (
         "isotropic" if inputs.participation_ratio is None else f"participation ratio {inputs.participation_ratio:g}"
     )
-    source = f"stated (tau = {tau:.3g}, gradients {spectrum})"
+    spread = "unknown" if inputs.cv_total is None else f"{inputs.cv_total:.3g}"
+    source = f"stated (tau = {tau:.3g}, total-energy CV {spread}, gradients {spectrum})"
     rows = plan_rows(laws, targets, use_upper)
     return Plan(tuple(rows), targets, tuple(assumptions(targets, source)), None)

@@ -3,8 +3,9 @@
 For each of the calibration's laws (``anistat.stats.calibrate``: isotropic, anisotropic,
 clustered, skewed, hot; ``d = 32``, ``k = 4``) and each planted ratio (1.1, 1.25, 1.5):
 
-1. the per-document law: ``τ`` from one large simulated study of the law (``--law-documents``
-   documents; the sample SD of ``p_i/μ_p − t_i/μ_t`` over documents), the population ratio, and
+1. the per-document law: ``τ`` and ``cv_t`` from one large simulated study of the law
+   (``--law-documents`` documents; the sample SD of ``p_i/μ_p − t_i/μ_t`` over documents, and
+   ``√(n/n_eff − 1)`` of the total energies, as a pilot row's ``n_eff`` gives it), the population ratio, and
    the Haar null's SD as pilots of 20 documents measure it (the mean over 20 such pilots: a
    pilot bundle's ``control_sd``, from its sample second moment);
 2. the plan (:mod:`anistat.plan`) for a CI half-width of ``--half-width``, and for power
@@ -78,14 +79,15 @@ def pilot_null_sd(scenario: str, ratio: float, seed: int, index: int) -> float:
 
 
 def population_law(scenario: str, ratio: float, n_documents: int, seed: int) -> dict:
-    """τ, the population ratio, the Haar null's SD and sequences per document of a law."""
+    """τ, cv_t, the population ratio, the Haar null's SD and sequences per document of a law."""
     rng = np.random.default_rng(seed)
     p_seq, t_seq, _, sigma, u, doc_of_seq, clustered = _simulated_study(rng, scenario, ratio, config(n_documents))
     p, t = document_sums(p_seq, t_seq, doc_of_seq, clustered)
     tau = float(np.std(p / p.mean() - t / t.mean(), ddof=1))
+    total_cv = math.sqrt(max(t.size * float((t * t).sum()) / float(t.sum()) ** 2 - 1.0, 0.0))
     null_sd = float(np.mean([pilot_null_sd(scenario, ratio, seed, i) for i in range(PILOT_SAMPLES)]))
     true_ratio = float(np.trace(u.T @ sigma @ u) / np.trace(sigma)) * DIM / RANK
-    return dict(tau=tau, null_sd=null_sd, ratio=true_ratio, spd=p_seq.size / p.size)
+    return dict(tau=tau, total_cv=total_cv, null_sd=null_sd, ratio=true_ratio, spd=p_seq.size / p.size)
 
 
 def haar_null(rng, second: np.ndarray, n_draws: int) -> np.ndarray:
@@ -170,12 +172,22 @@ def check_cell(scenario: str, planted: float, args, seed: int) -> list[str]:
         ci_method=args.ci_method,
     )
     unit = plan.UnitLaw(
-        "sim", scenario, RANK, DIM, law["tau"], law["null_sd"], None, law["spd"], PILOT_DOCUMENTS, TOKENS * law["spd"]
+        "sim",
+        scenario,
+        RANK,
+        DIM,
+        law["tau"],
+        law["null_sd"],
+        None,
+        law["spd"],
+        PILOT_DOCUMENTS,
+        TOKENS * law["spd"],
+        total_cv=law["total_cv"],
     )
     (row,) = plan.plan_rows([unit], targets)
     thr, draws = targets.threshold, row.null_draws
     lines = []
-    label = f"| {scenario} | {planted:g} | {law['ratio']:.3f} | {law['tau']:.3f} |"
+    label = f"| {scenario} | {planted:g} | {law['ratio']:.3f} | {law['tau']:.3f} | {law['total_cv']:.3f} |"
     n_w, n_b, n_c = row.documents_half_width, row.documents_data_test, row.documents_exact_test
     n_w, n_b, n_c = (
         n if name in args.targets else None for n, name in ((n_w, "half-width"), (n_b, "data"), (n_c, "exact"))
@@ -194,7 +206,7 @@ def check_cell(scenario: str, planted: float, args, seed: int) -> list[str]:
             planted,
             n_b,
             args.studies,
-            draws,
+            draws if "exact" in args.targets else 99,  # the exact test only read when asked
             max(args.resamples, row.test_resamples),
             seed + 2,
             args.ci_method,
@@ -258,8 +270,8 @@ def main() -> None:
         f"d = {DIM}, k = {RANK}, alpha = {ALPHA} over m = {args.family_size}, {args.studies} studies per line, "
         f"interval {args.ci_method}"
     )
-    print("| law | planted | population R | tau | target | planned documents | achieved |")
-    print("|---|---:|---:|---:|---|---:|---|")
+    print("| law | planted | population R | tau | cv_t | target | planned documents | achieved |")
+    print("|---|---:|---:|---:|---:|---|---:|---|")
     for s_index, scenario in enumerate(args.scenario or SCENARIOS):
         for r_index, planted in enumerate(args.ratio or RATIOS):
             for line in check_cell(scenario, planted, args, 1000 * s_index + 100 * r_index):

@@ -54,46 +54,94 @@ def test_data_test_power_is_statsmodels_one_sample_t_power():
     assert n == math.ceil(solved)
 
 
-def test_data_test_critical_values_are_where_the_real_test_starts_rejecting():
-    """Each simulated critical value c is the real bootstrap-t test's: with the same documents and
-    resamples, the test (tails expanded for n documents) rejects at the threshold when the
-    statistic is 2 % above c, and does not when it is 2 % below."""
-    from anistat.stats import bootstrap_weights, ratio_se, studentized_ratio_test
+def test_simulated_pvalues_are_the_analysis_data_test():
+    """The plan's batched test is the analysis' own: on each simulated study its p-value equals
+    anistat.stats.studentized_ratio_test's (same documents, resamples and expansion)."""
+    from anistat.stats import bootstrap_weights, studentized_ratio_test
 
-    n, threshold = 12, 0.005
-    tail = expanded_tail(threshold, n)
-    weights = bootstrap_weights(n, int(min(max(math.ceil(20 / tail), 999), 60_000)), seed=n)
-    critical = plan.data_test_critical_values(n, threshold)
-    assert len(critical) == plan.SMALL_SAMPLE_STUDIES
-    for proxy, c in list(zip(plan._simulated_documents(n), critical))[:8]:
-        total = np.ones(n)
-        theta = proxy.sum() / n
-        relative_se = float(ratio_se(np.ones((1, n)), proxy, total)[0]) / theta
-        for factor, rejects in ((1.02, True), (0.98, False)):
-            null = theta * math.exp(-factor * c * relative_se)  # statistic log(θ/null)/se = factor · c
-            test = studentized_ratio_test(proxy, total, weights, null_value=null, expand_units=n)
-            assert test.statistic == pytest.approx(factor * c)
-            assert (test.p_value <= threshold) is rejects
-    # far above Student's: the bootstrap-t law of 12 documents is heavy-tailed and the expansion
-    # moves the tail out on top
-    assert np.median(critical) > 1.2 * sps.t.isf(threshold, n - 1)
+    n, threshold, k_over_d = 15, 0.005, 0.125
+    proxy, total = plan.law_documents(n, 0.45, 0.8, 1.25 * k_over_d)
+    weights = bootstrap_weights(n, plan.data_test_resamples(threshold, n), seed=n)
+    batched = plan.studentized_pvalues(proxy, k_over_d * total, weights)
+    for i in range(40):
+        test = studentized_ratio_test(proxy[i], k_over_d * total[i], weights, expand_units=n)
+        assert batched[i] == pytest.approx(test.p_value, rel=1e-12)
+    assert 0 < np.mean(batched <= threshold) < 1
+    chunked = plan.studentized_pvalues(proxy, k_over_d * total, weights, chunk_rows=97)
+    assert chunked == pytest.approx(batched, rel=1e-12)
 
 
-def test_small_sample_plan_exceeds_the_t_formula_where_the_bootstrap_is_conservative():
-    """At τ = 0.28, R = 1.5, α/m = 0.005 the t formula plans 10 documents, where simulated studies
-    analysed by anistat reject in about a third; the small-sample plan asks more, and at the t
-    formula's count its own power is far short of 0.8. From SMALL_SAMPLE_LIMIT on the two agree."""
+@pytest.mark.parametrize("tau, total_cv", [(0.45, 0.78), (0.28, 0.7), (0.85, 3.3), (0.5, None)])
+def test_document_law_has_the_pilot_summaries(tau, total_cv):
+    """Large samples of the law give back its τ (SD of p/μ_p − t/μ_t), cv_t (when cv_t ≥ τ; else
+    a constant scale, cv_t = τ) and the energy fraction f (E p / E t)."""
+    fraction = 0.2
+    sd_scale, sd_share = plan.document_law(tau, total_cv, fraction)
+    rng = np.random.default_rng(5)
+    scale = np.exp(sd_scale * rng.standard_normal(2_000_000) - sd_scale**2 / 2)
+    share = np.exp(sd_share * rng.standard_normal(2_000_000) - sd_share**2 / 2)
+    p, t = fraction * scale, scale * (fraction + (1 - fraction) * share)
+    assert p.mean() / t.mean() == pytest.approx(fraction, rel=0.01)
+    # closed forms: Var r = (1 + s²)(1 − f)² c_B², cv_t² = s² + τ² (heavy tails: moments, not samples)
+    scale_sq, share_cv_sq = math.exp(sd_scale**2), math.expm1(sd_share**2)
+    assert math.sqrt(scale_sq * (1 - fraction) ** 2 * share_cv_sq) == pytest.approx(tau, rel=1e-9)
+    expected_cv = max(total_cv or 0.0, tau)
+    assert math.sqrt(scale_sq - 1 + tau**2) == pytest.approx(expected_cv, rel=1e-9)
+    if tau < 0.6:  # light enough tails for the sample to check the closed forms
+        assert np.std(p / p.mean() - t / t.mean()) == pytest.approx(tau, rel=0.03)
+        assert t.std() / t.mean() == pytest.approx(expected_cv, rel=0.03)
+
+
+def test_law_power_against_an_independent_simulation():
+    """The plan's simulated power at 30 documents against studies drawn here afresh (another seed,
+    per-study bootstrap streams) and tested one by one with studentized_ratio_test: equal within
+    the two simulations' Monte-Carlo margin."""
+    from anistat.stats import bootstrap_weights, studentized_ratio_test
+
+    n, tau, total_cv, ratio, threshold, k_over_d = 30, 0.45, 0.78, 1.3, 0.005, 0.125
+    planned = plan.law_data_test_power(n, tau, ratio, threshold, total_cv, k_over_d)
+    sd_scale, sd_share = plan.document_law(tau, total_cv, ratio * k_over_d)
+    rng = np.random.default_rng(np.random.SeedSequence([7, 30]))
+    hits, studies = 0, 400
+    for i in range(studies):
+        scale = np.exp(sd_scale * rng.standard_normal(n) - sd_scale**2 / 2)
+        share = np.exp(sd_share * rng.standard_normal(n) - sd_share**2 / 2)
+        p, t = ratio * k_over_d * scale, scale * (ratio * k_over_d + (1 - ratio * k_over_d) * share)
+        weights = bootstrap_weights(n, plan.data_test_resamples(threshold, n), seed=1000 + i)
+        hits += studentized_ratio_test(p, k_over_d * t, weights, expand_units=n).p_value <= threshold
+    independent = hits / studies
+    margin = 1.96 * math.sqrt(0.25 / studies + 0.25 / plan.DATA_TEST_STUDIES)
+    assert abs(planned - independent) < margin
+    assert 0.2 < planned < 0.95  # a power the comparison can resolve
+
+
+def test_data_test_plan_is_the_smallest_count_of_the_simulated_law():
+    """At τ = 0.28, R = 1.5, α/m = 0.005 the t formula plans 10 documents; the plan's law (the
+    real test on simulated studies) asks more, reaches 0.8 at its count and not one below; from
+    SMALL_SAMPLE_LIMIT on the noncentral-t power takes over, at the law's boundary relative SD. With the pilot's cv_t the law
+    changes and so does the count, again the smallest that meets the target."""
     tau, ratio, threshold = 0.28, 1.5, 0.005
     t_plan = plan.documents_for_data_test(tau, ratio, 0.8, threshold, small_sample=False)
-    small = plan.documents_for_data_test(tau, ratio, 0.8, threshold)
-    assert t_plan == 10 and small > t_plan + 2
-    assert plan.small_sample_data_test_power(t_plan, tau, ratio, threshold) < 0.5
-    assert plan.small_sample_data_test_power(small, tau, ratio, threshold) >= 0.8
+    planned = plan.documents_for_data_test(tau, ratio, 0.8, threshold)
+    assert t_plan == 10 and planned is not None and planned > t_plan + 2
+    assert plan.law_data_test_power(t_plan, tau, ratio, threshold) < 0.5
+    assert plan.law_data_test_power(planned, tau, ratio, threshold) >= 0.8
+    assert plan.law_data_test_power(planned - 1, tau, ratio, threshold) < 0.8
     assert plan.data_test_power(t_plan, tau, ratio, threshold) >= 0.8
+    spread = plan.documents_for_data_test(0.45, 1.25, 0.8, threshold, total_cv=2.0)
+    assert spread is not None
+    assert plan.law_data_test_power(spread, 0.45, 1.25, threshold, 2.0) >= 0.8
+    assert plan.law_data_test_power(spread - 1, 0.45, 1.25, threshold, 2.0) < 0.8
+    assert spread != plan.documents_for_data_test(0.45, 1.25, 0.8, threshold)
+    # from SMALL_SAMPLE_LIMIT on: the t formula at the relative SD that matches the law at the
+    # last simulated size, so the power does not jump up where the simulation stops
     limit = plan.SMALL_SAMPLE_LIMIT
-    assert plan.small_sample_data_test_power(limit, 0.9, 1.1, threshold) == plan.data_test_power(
-        limit, 0.9, 1.1, threshold
-    )
+    boundary = plan.boundary_relative_sd(0.9, 1.1, threshold)
+    assert boundary > 0.9
+    last = plan.law_data_test_power(limit - 1, 0.9, 1.1, threshold)
+    assert plan.data_test_power(limit - 1, boundary, 1.1, threshold) == pytest.approx(last, abs=1e-9)
+    assert plan.law_data_test_power(limit, 0.9, 1.1, threshold) == plan.data_test_power(limit, boundary, 1.1, threshold)
+    assert plan.law_data_test_power(limit, 0.9, 1.1, threshold) < plan.data_test_power(limit, 0.9, 1.1, threshold)
 
 
 def test_small_sample_half_width_of_the_protocol_interval():
@@ -313,6 +361,9 @@ def test_each_unit_kind_is_planned_for_its_hardest_unit_read_off_the_pilot(mini_
     fractions = pilot.results[(pilot.results["metric"] == "energy_fraction") & (pilot.results["control"] == "haar")]
     expected = np.sqrt(fractions["n_clusters"].astype(float)) * fractions["se"] / fractions["estimate"]
     assert sorted(law.relative_sd for law in laws) == pytest.approx(sorted(expected))
+    # cv_t from the row's Kish n_eff of the total energies: n/n_eff = 1 + cv_t²
+    cvs = np.sqrt(fractions["n_clusters"].astype(float) / fractions["n_eff"].astype(float) - 1.0)
+    assert sorted(law.total_cv for law in laws) == pytest.approx(sorted(cvs))
     rows = plan.plan_rows(laws, plan.PlanTargets(ratio=1.5, family_size=48))
     for row in rows:
         kind = fractions[(fractions["model"] == row.model) & (fractions["rank"] == row.rank)]
