@@ -292,14 +292,12 @@ class _RatioElCurve:
     def __init__(self, p: np.ndarray, e: np.ndarray, adjustment: str) -> None:
         self.p, self.e, self.adjustment = p, e, adjustment
         self.mean_e = float(np.mean(e))
-        self.evaluations = 0
         self._last: tuple[float, float] | None = None  # (sign of z̄, λ) of the previous θ
 
     def _z(self, theta: float) -> np.ndarray:
         return _augmented((self.p - theta * self.e) / self.mean_e, self.adjustment)
 
     def __call__(self, log_theta: float) -> tuple[float, float]:
-        self.evaluations += 1
         theta = float(np.exp(log_theta))
         z = (self.p - theta * self.e) / self.mean_e
         mean = float(z.mean())
