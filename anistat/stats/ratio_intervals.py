@@ -200,8 +200,8 @@ def _el_multiplier(z: np.ndarray, start: float = 0.0) -> tuple[float, float]:
     ``f' = −Σ z_i²/(1 + λ z_i)²``, started from ``start`` (e.g. the previous θ's ``λ``) and kept
     inside the bracket ``(−1/max z, −1/min z)`` (``f`` decreases from +∞ to −∞ there), bisecting
     whenever a step would leave the bracket that the signs of ``f`` have narrowed (a start outside
-    the bracket starts from 0). Stops when a step changes every ``1 + λ z_i`` by less than a
-    relative 1e-12 (Newton's last step leaves an error of the order of its square). ``−2 ln R``
+    the bracket starts from 0). Stops after a step that changes every ``1 + λ z_i`` by less than
+    a relative 1e-8 (Newton's error after it is of the order of its square, ~1e-16). ``−2 ln R``
     is stationary in ``λ`` (``∂/∂λ Σ ln(1 + λ z_i) = f(λ) = 0``), so an error ``δλ`` moves it by
     ``O(δλ²)`` only."""
     scale = max(-float(z.min()), float(z.max()))
@@ -217,9 +217,11 @@ def _el_multiplier(z: np.ndarray, start: float = 0.0) -> tuple[float, float]:
         else:
             high = lam
         step = score / float(weighted @ weighted)  # Newton: λ − f/f' = λ + step
-        # converged: the step moves every 1 + λ z_i by less than a relative 1e-12 (a step that is
-        # small only because λ sits next to a pole −1/z_i moves that 1 + λ z_i by a lot)
-        if abs(step) * float(np.abs(weighted).max()) <= 1e-12:
+        # converged: the step moves every 1 + λ z_i by less than a relative 1e-8, so the error left
+        # after it is ~1e-16 (a step that is small only because λ sits next to a pole −1/z_i moves
+        # that 1 + λ z_i by a lot); max|w_i| ≥ 1/(1 + |λ|) (|z_i| = 1 for one i), so the test
+        # can only pass when |step| ≤ 1e-8·(1 + |λ|)
+        if abs(step) <= 1e-8 * (1.0 + abs(lam)) and abs(step) * float(np.abs(weighted).max()) <= 1e-8:
             lam += step
             break
         lam = lam + step if low < lam + step < high else 0.5 * (low + high)  # NaN: bisect
