@@ -39,6 +39,16 @@ interval ``{θ : −2 ln R(θ) ≤ χ²₁(1 − α)}`` (Wilks). No resampling.
   ``z_{n+2} = 2 z̄ + s·sd(z)·u`` with ``u = sign(z̄)`` and ``s = 1.9`` (their recommendation),
   which keep the mean ``z̄`` and pull the statistic towards the χ² law in small samples.
 
+* ``adjusted_el_f`` — the adjusted EL statistic with an F calibration on the data's effective
+  size (Owen 2001 §3.5 calibrates ``−2 ln R`` of a ``p``-dimensional mean by
+  ``p(n − 1)/(n − p)·F(p, n − p)``, ``F(1, n − 1)`` here, instead of ``χ²₁`` in small samples): the interval ``{θ : −2 ln R(θ) ≤ F_{1−α}(1, m − 1)}`` with ``m``
+  (:func:`el_effective_size`) the smaller of Kish's effective size of the denominators
+  ``(Σe)²/Σe²`` and the tail-weight size ``min(n, 3(Σz²)²/Σz⁴)`` of the estimating function at
+  the estimate, ``z_u = p_u − θ̂ e_u`` (``n`` for normal ``z``, whose kurtosis is 3; ``3n/κ̂`` for a
+  sample kurtosis ``κ̂``). Both sizes fall where a few units carry the estimate, so the critical
+  value grows with the concentration, not only with a small ``n`` (chosen by coverage over
+  ``anistat calibrate``'s scenarios: ``benchmarks/bench_ratio_calibration.py``).
+
 The adjusted statistics are bounded in θ; where ``−2 ln R`` never reaches the χ² quantile on one
 side, that end is the parameter's range bound (0 or ∞), with a note.
 """
@@ -52,6 +62,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 from scipy.stats import chi2
+from scipy.stats import f as f_distribution
 
 from ._validation import check_choice, check_ci_level
 from .bootstrap import ci_from_replicates, expanded_tail, ratio_se
@@ -65,11 +76,15 @@ RATIO_INTERVAL_METHODS = (
     "el",
     "adjusted_el",
     "balanced_el",
+    "adjusted_el_f",
 )
 #: The methods that need bootstrap weights.
 BOOTSTRAP_RATIO_METHODS = RATIO_INTERVAL_METHODS[:3]
 #: The empirical-likelihood adjustments of :func:`ratio_el_statistic`.
 EL_ADJUSTMENTS = ("none", "adjusted", "balanced")
+#: The critical values of the EL intervals: Wilks' ``χ²₁``, or ``F(1, m − 1)`` on the effective
+#: size ``m`` of :func:`el_effective_size`.
+EL_CALIBRATIONS = ("chi2", "f_effective")
 #: Emerson & Owen's (2009) recommended scale ``s`` of the balanced augmentation.
 BALANCED_EL_SCALE = 1.9
 #: The Kish ``n_eff`` levels ``[low, high)`` of :data:`CONCENTRATION_COVERAGE`.
@@ -120,7 +135,13 @@ CONCENTRATION_DATA_TEST: tuple[float, ...] = (
 #: The bands: coverage below 0.93 (undercoverage; over-coverage is conservative) and a data-test
 #: level above 0.06 (liberal) are what the diagnostic warns about.
 COVERAGE_FLOOR, DATA_TEST_CEILING = 0.93, 0.06
-_METHOD_ADJUSTMENT = {"el": "none", "adjusted_el": "adjusted", "balanced_el": "balanced"}
+#: The EL interval methods: (adjustment, calibration).
+_EL_METHODS = {
+    "el": ("none", "chi2"),
+    "adjusted_el": ("adjusted", "chi2"),
+    "balanced_el": ("balanced", "chi2"),
+    "adjusted_el_f": ("adjusted", "f_effective"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -274,10 +295,93 @@ def _el_end(
     return limit, False
 
 
+def el_effective_size(numerator: ArrayLike, denominator: ArrayLike) -> float:
+    """The effective number of units ``m`` of the F-calibrated EL interval (``adjusted_el_f``).
+
+    ``m = min(n_eff, n_z)``: Kish's effective size of the denominators ``n_eff = (Σe)²/Σe²``
+    (:func:`kish_effective_size`) and the tail-weight size of the estimating function at the
+    estimate ``θ̂ = Σp/Σe``, ``n_z = min(n, 3(Σz²)²/Σz⁴)`` with ``z_u = p_u − θ̂ e_u``, which is
+    ``3n/κ̂`` for the sample kurtosis ``κ̂ = n Σz⁴/(Σz²)²`` (normal data: ``κ = 3``, ``n_z ≈ n``).
+    ``n_eff`` falls when a few units hold the denominator's mass, ``n_z`` when a few hold the
+    numerator's departures from the ratio (a minority of units with another ratio).
+
+    Parameters
+    ----------
+    numerator : array_like of shape (n,)
+        ``p_u`` per unit.
+    denominator : array_like of shape (n,)
+        ``e_u`` per unit (positive sum).
+
+    Returns
+    -------
+    float
+        ``m`` in ``[1, n]`` (``n`` when every ``z_u`` is 0; NaN when the denominators sum to 0).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> e = np.ones(8)
+    >>> stats.el_effective_size(2.0 * e, e)  # every unit at the ratio: z = 0
+    8.0
+    >>> # one unit off the ratio: z = (7, −1, …, −1), n_z = 3·56²/2408
+    >>> round(stats.el_effective_size([9.0, 1, 1, 1, 1, 1, 1, 1], e), 3)
+    3.907
+    """
+    p = np.asarray(numerator, dtype=np.float64).ravel()
+    e = np.asarray(denominator, dtype=np.float64).ravel()
+    n_eff = kish_effective_size(e)
+    if not np.isfinite(n_eff):
+        return float("nan")
+    z = p - p.sum() / e.sum() * e
+    z = z / max(float(np.abs(z).max()), 1e-300)  # scale-free, and no overflow in z⁴
+    fourth = float(np.sum(z**4))
+    n_z = min(float(p.size), 3.0 * float(np.sum(z * z)) ** 2 / fourth) if fourth > 1e-280 else float(p.size)
+    return float(max(1.0, min(n_eff, n_z)))
+
+
+def el_critical_value(ci_level: float, calibration: str = "chi2", effective_size: float = np.inf) -> float:
+    """The critical value of an EL interval at ``ci_level``: ``χ²₁(ci_level)`` or ``F(1, m − 1)``.
+
+    Parameters
+    ----------
+    ci_level : float
+        Coverage of the interval.
+    calibration : {"chi2", "f_effective"}, default "chi2"
+        Wilks' ``χ²₁`` or the F calibration on the effective size ``m`` (Owen 2001 §3.5 with
+        ``n`` replaced by ``m``, :func:`el_effective_size`).
+    effective_size : float, default inf
+        ``m``; ``F(1, m − 1) → χ²₁`` as ``m → ∞``.
+
+    Returns
+    -------
+    float
+        The quantile (``inf`` for ``m ≤ 1``, where the interval is the parameter's range).
+
+    Examples
+    --------
+    >>> from anistat import stats
+    >>> round(stats.el_critical_value(0.95), 3), round(stats.el_critical_value(0.95, 'f_effective', 11.0), 3)
+    (3.841, 4.965)
+    """
+    check_ci_level(ci_level)
+    check_choice("calibration", calibration, EL_CALIBRATIONS)
+    if calibration == "chi2" or not np.isfinite(effective_size):
+        return float(chi2.ppf(ci_level, 1))
+    if not effective_size > 1.0:
+        return float("inf")
+    return float(f_distribution.ppf(ci_level, 1, effective_size - 1.0))
+
+
 def ratio_el_interval(
-    numerator: ArrayLike, denominator: ArrayLike, ci_level: float = 0.95, adjustment: str = "adjusted"
+    numerator: ArrayLike,
+    denominator: ArrayLike,
+    ci_level: float = 0.95,
+    adjustment: str = "adjusted",
+    calibration: str = "chi2",
 ) -> RatioInterval:
-    """Empirical-likelihood interval ``{θ : −2 ln R(θ) ≤ χ²₁(ci_level)}`` for ``E[p]/E[e]``.
+    """Empirical-likelihood interval ``{θ : −2 ln R(θ) ≤ c}`` for ``E[p]/E[e]``, ``c`` the
+    calibration's critical value (:func:`el_critical_value`).
 
     Parameters
     ----------
@@ -289,6 +393,8 @@ def ratio_el_interval(
         Coverage of the interval.
     adjustment : {"none", "adjusted", "balanced"}, default "adjusted"
         Plain, adjusted (Chen et al. 2008) or balanced augmented (Emerson & Owen 2009) EL.
+    calibration : {"chi2", "f_effective"}, default "chi2"
+        ``χ²₁(ci_level)``, or ``F(1, m − 1)`` with ``m`` of :func:`el_effective_size`.
 
     Returns
     -------
@@ -305,10 +411,15 @@ def ratio_el_interval(
     >>> r = stats.ratio_el_interval(p, e, 0.95, 'none')
     >>> r.ci_low < r.estimate < r.ci_high, r.method
     (True, 'el')
+    >>> f = stats.ratio_el_interval(p, e, 0.95, 'adjusted', 'f_effective')
+    >>> a = stats.ratio_el_interval(p, e, 0.95, 'adjusted')
+    >>> f.method, f.ci_low < a.ci_low < a.ci_high < f.ci_high
+    ('adjusted_el_f', True)
     """
     check_ci_level(ci_level)
     check_choice("adjustment", adjustment, EL_ADJUSTMENTS)
-    method = {v: k for k, v in _METHOD_ADJUSTMENT.items()}[adjustment]
+    check_choice("calibration", calibration, EL_CALIBRATIONS)
+    method = {v: k for k, v in _EL_METHODS.items()}.get((adjustment, calibration), f"{adjustment}_el_{calibration}")
     p = np.asarray(numerator, dtype=np.float64).ravel()
     e = np.asarray(denominator, dtype=np.float64).ravel()
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -322,12 +433,13 @@ def ratio_el_interval(
             note="no interval: the ratio is not finite and positive",
             fallback=NO_INTERVAL,
         )
-    critical = float(chi2.ppf(ci_level, 1))
+    effective = el_effective_size(p, e) if calibration != "chi2" else np.inf
+    critical = el_critical_value(ci_level, calibration, effective)
 
     def stat(theta: float) -> float:
         return ratio_el_statistic(p, e, theta, adjustment)
 
-    with np.errstate(invalid="ignore", divide="ignore"):  # the Wald end on the log scale: the first step
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # the Wald end (log scale): the first step
         first = float(np.exp(np.sqrt(critical) * ratio_se(np.ones((1, p.size)), p, e)[0] / estimate))
     first = first if np.isfinite(first) else 1.0 + 1e-3
     low, low_found = _el_end(stat, estimate, critical, upward=False, limit=0.0, first_step=first)
@@ -335,7 +447,8 @@ def ratio_el_interval(
     unbounded = [side for side, found in (("lower", low_found), ("upper", high_found)) if not found]
     note = ""
     if unbounded:
-        note = f"the EL statistic stays below the χ² quantile {critical:.3g}: {' and '.join(unbounded)} end unbounded"
+        quantile = "χ²" if calibration == "chi2" else f"F(1, {effective - 1:.3g})"
+        note = f"the EL statistic stays below the {quantile} quantile {critical:.3g}: {' and '.join(unbounded)} end unbounded"
     return RatioInterval(
         estimate=estimate,
         ci_low=low,
@@ -439,8 +552,8 @@ def ratio_interval(
     """
     check_choice("method", method, RATIO_INTERVAL_METHODS)
     check_ci_level(ci_level)
-    if method in _METHOD_ADJUSTMENT:
-        return ratio_el_interval(numerator, denominator, ci_level, _METHOD_ADJUSTMENT[method])
+    if method in _EL_METHODS:
+        return ratio_el_interval(numerator, denominator, ci_level, *_EL_METHODS[method])
     if weights is None:
         raise ValueError(f"method={method!r} needs bootstrap weights")
     p = np.asarray(numerator, dtype=np.float64).ravel()
