@@ -464,7 +464,7 @@ def run_calibration(
     n_test_resamples: int = 999,
     alpha: float = 0.05,
     ci_level: float = 0.95,
-    ci_method: str = "balanced_el",
+    ci_method: str = "adjusted_el_f",
     n_jobs: int = 1,
     keep_simulations: bool = False,
     n_permutations: int | None = None,
@@ -519,7 +519,7 @@ def run_calibration(
         The level of the rejection rates.
     ci_level : float, default 0.95
         The intervals' nominal coverage.
-    ci_method : str, default "balanced_el"
+    ci_method : str, default "adjusted_el_f"
         The analysis' interval method (one of the energy analysis' ``CI_METHODS``; the default is
         the analysis' default).
     n_jobs : int, default 1

@@ -104,36 +104,57 @@ CONCENTRATION_LEVELS: tuple[tuple[float, float], ...] = (
     (120.0, float("inf")),
 )
 #: Coverage of each method's 95 % energy-ratio (haar) interval per :data:`CONCENTRATION_LEVELS`
-#: level, measured by ``benchmarks/bench_ratio_intervals.py --studies 400`` (``anistat calibrate``'s
-#: six scenarios, the random proxy and a planted ratio of 1, at 30, 60 and 200 documents: 14 400
-#: studies; 297 to 2 047 per level, binomial SE 0.005–0.03; benchmarks/README.md).
+#: level, measured by ``benchmarks/bench_ratio_intervals.py --studies 200`` with seeds 0–3, pooled
+#: (``--pool``): ``anistat calibrate``'s six scenarios (the ``hot`` law with i.i.d. documents), the
+#: random proxy and a planted ratio of 1, at 30, 60 and 200 documents: 28 800 studies,
+#: :data:`CONCENTRATION_STUDIES` per level (binomial SE 0.004–0.009 near 0.95; benchmarks/README.md).
 CONCENTRATION_COVERAGE: dict[str, tuple[float, ...]] = {
-    "studentized_log": (0.586, 0.854, 0.899, 0.926, 0.929, 0.945, 0.943, 0.956, 0.943, 0.959, 0.981, 0.952, 0.954),
-    "bca_log": (0.906, 0.862, 0.847, 0.892, 0.888, 0.908, 0.908, 0.926, 0.920, 0.931, 0.967, 0.943, 0.947),
-    "variance_stabilised": (0.306, 0.459, 0.621, 0.750, 0.800, 0.868, 0.897, 0.924, 0.923, 0.935, 0.972, 0.944, 0.951),
-    "el": (0.448, 0.635, 0.739, 0.846, 0.852, 0.901, 0.905, 0.919, 0.925, 0.939, 0.976, 0.951, 0.953),
-    "adjusted_el": (0.660, 0.721, 0.784, 0.870, 0.874, 0.913, 0.918, 0.938, 0.933, 0.946, 0.979, 0.956, 0.954),
-    "balanced_el": (0.976, 0.964, 0.934, 0.941, 0.925, 0.940, 0.934, 0.948, 0.936, 0.950, 0.979, 0.957, 0.953),
+    "studentized_log": (0.615, 0.862, 0.888, 0.904, 0.923, 0.939, 0.933, 0.947, 0.943, 0.942, 0.959, 0.938, 0.948),
+    "bca_log": (0.904, 0.886, 0.849, 0.863, 0.890, 0.891, 0.885, 0.913, 0.914, 0.918, 0.951, 0.923, 0.942),
+    "variance_stabilised": (0.281, 0.487, 0.590, 0.715, 0.806, 0.851, 0.889, 0.916, 0.925, 0.920, 0.951, 0.927, 0.942),
+    "el": (0.460, 0.674, 0.740, 0.801, 0.861, 0.880, 0.881, 0.913, 0.915, 0.925, 0.955, 0.929, 0.949),
+    "adjusted_el": (0.706, 0.753, 0.784, 0.834, 0.883, 0.898, 0.896, 0.928, 0.925, 0.931, 0.959, 0.934, 0.950),
+    "balanced_el": (0.973, 0.951, 0.941, 0.914, 0.934, 0.925, 0.914, 0.937, 0.927, 0.936, 0.960, 0.934, 0.950),
+    "adjusted_el_f": (1.000, 1.000, 0.985, 0.943, 0.954, 0.942, 0.932, 0.951, 0.943, 0.948, 0.966, 0.941, 0.955),
 }
-#: The data test's rejection rate at α = 0.05 and a planted ratio of 1 per level (the same run;
-#: 150 to 1 024 studies per level). The 60–80 level is mostly the ``hot`` scenario at 200 documents.
+#: The studies behind each level of :data:`CONCENTRATION_COVERAGE`.
+CONCENTRATION_STUDIES: tuple[int, ...] = (602, 737, 1566, 1456, 1868, 2685, 3787, 4064, 3485, 2478, 850, 2112, 3110)
+#: The data test's rejection rate at α = 0.05 and a planted ratio of 1 per level (the same runs;
+#: :data:`CONCENTRATION_DATA_TEST_STUDIES` per level).
 CONCENTRATION_DATA_TEST: tuple[float, ...] = (
-    0.320,
-    0.131,
-    0.081,
-    0.074,
-    0.070,
-    0.041,
-    0.048,
+    0.287,
+    0.102,
+    0.097,
+    0.096,
+    0.078,
+    0.053,
     0.049,
     0.047,
-    0.050,
-    0.005,
-    0.033,
-    0.036,
+    0.042,
+    0.067,
+    0.035,
+    0.035,
+    0.052,
+)
+#: The studies behind each level of :data:`CONCENTRATION_DATA_TEST`.
+CONCENTRATION_DATA_TEST_STUDIES: tuple[int, ...] = (
+    286,
+    392,
+    781,
+    709,
+    913,
+    1317,
+    1926,
+    2032,
+    1728,
+    1267,
+    434,
+    1012,
+    1603,
 )
 #: The bands: coverage below 0.93 (undercoverage; over-coverage is conservative) and a data-test
-#: level above 0.06 (liberal) are what the diagnostic warns about.
+#: level above 0.06 (liberal) are what the diagnostic warns about, where a level lies beyond its
+#: band by more than its Monte-Carlo margin (1.96 binomial SEs at the nominal 0.95 or 0.05).
 COVERAGE_FLOOR, DATA_TEST_CEILING = 0.93, 0.06
 #: The EL interval methods: (adjustment, calibration).
 _EL_METHODS = {
@@ -603,27 +624,37 @@ def ratio_interval(
     return _variance_stabilised(estimate, replicates, ratio_se(w, p, e), np.array([tail, 1.0 - tail]))
 
 
-def _threshold(values: tuple[float, ...], outside: Callable[[float], bool]) -> float:
-    """The upper edge of the highest level whose value is ``outside`` its band (1.0: none is)."""
-    edges = [high for (_, high), value in zip(CONCENTRATION_LEVELS, values, strict=True) if outside(value)]
-    return float(max(edges, default=1.0))
+def _margin(nominal: float, studies: int) -> float:
+    """The 95 % Monte-Carlo margin ``1.96·√(c(1 − c)/n)`` of a rate measured over ``n`` studies."""
+    return 1.96 * float(np.sqrt(nominal * (1.0 - nominal) / max(int(studies), 1)))
 
 
-def calibrated_concentration(n_eff: float, method: str = "balanced_el") -> dict[str, float | bool] | None:
+def _threshold(values: tuple[float, ...], studies: tuple[int, ...], outside: Callable[[float, int], bool]) -> float:
+    """The upper edge of the highest level whose value is ``outside`` its band given its studies
+    (1.0: none is)."""
+    levels = zip(CONCENTRATION_LEVELS, values, studies, strict=True)
+    return float(max((high for (_, high), value, n in levels if outside(value, n)), default=1.0))
+
+
+def calibrated_concentration(n_eff: float, method: str = "adjusted_el_f") -> dict[str, float | bool] | None:
     """What `anistat calibrate` measured at a Kish ``n_eff`` level for one interval method.
 
     The thresholds are read off the measured table: ``coverage_below`` is the upper edge of the
     highest level where the method's 95 % coverage fell below :data:`COVERAGE_FLOOR`
     (:data:`CONCENTRATION_COVERAGE`), ``data_test_below`` that of the highest level where the data
-    test's level rose above :data:`DATA_TEST_CEILING` (:data:`CONCENTRATION_DATA_TEST`); a row
-    with ``n_eff`` below a threshold is flagged (both 10 documents for ``balanced_el`` and
-    ``studentized_log``; levels above hold their band or err on the conservative side).
+    test's level rose above :data:`DATA_TEST_CEILING` (:data:`CONCENTRATION_DATA_TEST`), each by
+    more than the level's Monte-Carlo margin ``1.96·√(c(1 − c)/n)`` (``c`` = 0.95 or 0.05, ``n``
+    its studies: :data:`CONCENTRATION_STUDIES`, :data:`CONCENTRATION_DATA_TEST_STUDIES`); a row
+    with ``n_eff`` below a threshold is flagged. Measured: no level of ``adjusted_el_f`` (the
+    default) undercovers, so its coverage is never flagged (at ``n_eff`` < 5 it over-covers,
+    0.985–1.000: the interval is often the parameter's whole range); ``balanced_el`` 20,
+    ``studentized_log`` 7; the data test 10.
 
     Parameters
     ----------
     n_eff : float
         Kish's effective number of resampling units (:func:`kish_effective_size`).
-    method : str, default "balanced_el"
+    method : str, default "adjusted_el_f"
         A key of :data:`CONCENTRATION_COVERAGE` (the analysis' ``studentized`` is
         ``studentized_log``).
 
@@ -639,17 +670,23 @@ def calibrated_concentration(n_eff: float, method: str = "balanced_el") -> dict[
     --------
     >>> from anistat import stats
     >>> level = stats.calibrated_concentration(2.5)
-    >>> level["n_eff_low"], level["coverage"], level["coverage_off"], level["coverage_below"]
-    (2.0, 0.964, True, 10.0)
-    >>> stats.calibrated_concentration(500.0)["coverage_off"]
-    False
+    >>> level["n_eff_low"], level["coverage"], level["coverage_off"], level["data_test_off"]
+    (2.0, 1.0, False, True)
+    >>> level["data_test"], level["data_test_below"]
+    (0.102, 10.0)
+    >>> stats.calibrated_concentration(12.0, "balanced_el")["coverage_below"]
+    20.0
     """
     value = float(n_eff)
     if not np.isfinite(value) or method not in CONCENTRATION_COVERAGE:
         return None
     coverage = CONCENTRATION_COVERAGE[method]
-    coverage_below = _threshold(coverage, lambda c: c < COVERAGE_FLOOR)
-    data_test_below = _threshold(CONCENTRATION_DATA_TEST, lambda p: p > DATA_TEST_CEILING)
+    coverage_below = _threshold(coverage, CONCENTRATION_STUDIES, lambda c, n: c < COVERAGE_FLOOR - _margin(0.95, n))
+    data_test_below = _threshold(
+        CONCENTRATION_DATA_TEST,
+        CONCENTRATION_DATA_TEST_STUDIES,
+        lambda p, n: p > DATA_TEST_CEILING + _margin(0.05, n),
+    )
     for index, (low, high) in enumerate(CONCENTRATION_LEVELS):
         if low <= value < high:
             return {
