@@ -316,8 +316,9 @@ def calibrate(
         help="Simulated many-unit studies for Holm's FWER and BH's FDR with shared draws (0: skip).",
     ),
     ci_method: str = typer.Option(
-        "balanced_el",
-        help="CI method: studentized, bca, percentile, bca_log, variance_stabilised, el, adjusted_el or balanced_el.",
+        "adjusted_el_f",
+        help="CI method: studentized, bca, percentile, bca_log, variance_stabilised, el, adjusted_el, balanced_el "
+        "or adjusted_el_f.",
     ),
     jobs: int = typer.Option(1, min=1, max=256, help="Worker processes (results do not depend on it)."),
 ) -> None:

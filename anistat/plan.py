@@ -95,7 +95,7 @@ from .errors import AnistatInputError
 from .stats import MIN_RESAMPLING_UNITS
 
 #: The protocol's default ``stats.ci_method`` (the interval planned for stated inputs).
-DEFAULT_CI_METHOD = "balanced_el"
+DEFAULT_CI_METHOD = "adjusted_el_f"
 #: Multiplicity corrections the plan knows (the protocol's ``stats.multiplicity``).
 CORRECTIONS = ("holm", "fdr_bh", "bonferroni", "none")
 #: Largest document count the planner searches (beyond it the target is reported unreachable).

@@ -9,8 +9,10 @@ mean over the two conditions, ``2·studies`` studies per cell, ± one binomial M
 data test's level at ratio 1, and coverage and data-test level by Kish's effective number of
 documents (pooled over scenarios, conditions and sizes).
 
-Usage: ``python benchmarks/bench_ratio_intervals.py [--studies 250] [--out /tmp/ratio.json]``
-(one process; about 0.1–0.3 s per study on one core).
+Usage: ``python benchmarks/bench_ratio_intervals.py [--studies 250] [--seed 0] [--out /tmp/ratio.json]``
+(one process; about 0.1–0.3 s per study on one core). ``--pool a.json b.json``: the tables of
+several ``--out`` files of the same settings and different seeds, pooled (rates weighted by
+their studies).
 
 ``--cost``: instead, the cost of each method per row group at the d = 768 shape (per-sequence
 energies of 32 tokens per sequence in d = 768 with a rank-8 proxy; 128 sequences in 32 documents,
@@ -103,7 +105,11 @@ def main() -> None:
     parser.add_argument("--planted", type=float, nargs="+", default=[1.0], help="planted ratios besides random")
     parser.add_argument("--documents", type=int, nargs="+", default=[60, 30, 200], help="study sizes")
     parser.add_argument("--cost", action="store_true", help="time the methods at the d = 768 shape instead")
+    parser.add_argument("--pool", nargs="+", default=None, help="print the tables of these --out files, pooled")
     args = parser.parse_args()
+    if args.pool:
+        print_tables(*pool(args.pool))
+        return
     if args.cost:
         interval_cost()
         return
@@ -117,15 +123,27 @@ def main() -> None:
         coverage_documents=tuple(args.documents[1:]),
         n_null=args.n_null,
     )
-    frame = result.to_frame()
     print(f"{args.studies} studies per scenario, condition and size; {time.perf_counter() - t0:.0f} s")
+    print_tables(list(result.conditions), list(result.concentration))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            payload = {"conditions": list(result.conditions), "concentration": list(result.concentration)}
+            json.dump(_jsonable({**payload, "settings": result.settings}), fh, indent=1)
+
+
+def print_tables(conditions: list[dict], concentration: list[dict]) -> None:
+    """Coverage per scenario × documents × method (± one binomial SE), the data test's level at
+    ratio 1, and both by Kish n_eff level."""
+    import pandas as pd
+
+    frame = pd.DataFrame(conditions)
     header = ["scenario", "documents", "n_eff (median)", *RATIO_INTERVAL_METHODS, "data test at ratio 1"]
     print(" | ".join(header))
     for (scenario, size), group in frame.groupby(["scenario", "documents"], sort=False):
         cells = []
         for method in RATIO_INTERVAL_METHODS:
             value = float(group[f"coverage_method_{method}"].mean())
-            se = float(np.sqrt(value * (1 - value) / (len(group) * args.studies)))
+            se = float(np.sqrt(value * (1 - value) / group["n_simulations"].sum()))
             cells.append(f"{value:.3f} ± {se:.3f}")
         null = group[group["condition"] == "1.0"]
         data = (
@@ -135,14 +153,47 @@ def main() -> None:
         )
         print(" | ".join([scenario, str(size), f"{group['n_eff_median'].median():.1f}", *cells, data]))
     print("by n_eff: low | high | studies | " + " | ".join(RATIO_INTERVAL_METHODS) + " | data test (studies)")
-    for row in result.concentration:
+    for row in concentration:
         cells = [f"{row[f'coverage_{m}']:.3f} ± {row[f'coverage_{m}_se']:.3f}" for m in RATIO_INTERVAL_METHODS]
         data = f"{row['rejection_data']:.3f} ± {row['rejection_data_se']:.3f} ({row['data_test_studies']})"
-        print(" | ".join([f"{row['n_eff_low']:g}", f"{row['n_eff_high']:g}", str(row["studies"]), *cells, data]))
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            payload = {"conditions": list(result.conditions), "concentration": list(result.concentration)}
-            json.dump(_jsonable({**payload, "settings": result.settings}), fh, indent=1)
+        high = float("inf") if row["n_eff_high"] is None else row["n_eff_high"]  # JSON writes inf as null
+        print(" | ".join([f"{row['n_eff_low']:g}", f"{high:g}", str(row["studies"]), *cells, data]))
+
+
+def _pooled_rate(rows: list[dict], key: str, weight: str) -> tuple[float, float]:
+    """A rate over several runs' rows, weighted by their studies, and its binomial SE."""
+    n = sum(r[weight] for r in rows if r[key] is not None)
+    value = sum(r[key] * r[weight] for r in rows if r[key] is not None) / n if n else float("nan")
+    return value, float(np.sqrt(value * (1 - value) / n)) if n else float("nan")
+
+
+def pool(paths: list[str]) -> tuple[list[dict], list[dict]]:
+    """The conditions and n_eff levels of several ``--out`` files of the same settings but the
+    seed, pooled: rates weighted by their studies (``n_eff_median``: the mean of the runs')."""
+    runs = [json.load(open(path, encoding="utf-8")) for path in paths]
+    conditions = []
+    for rows in zip(*(run["conditions"] for run in runs), strict=True):
+        row = dict(rows[0], n_simulations=sum(r["n_simulations"] for r in rows))
+        for key in row:
+            if key.startswith(("coverage_", "rejection_")) and not key.endswith("_se"):
+                row[key], row[f"{key}_se"] = _pooled_rate(list(rows), key, "n_simulations")
+        row["n_eff_median"] = float(np.mean([r["n_eff_median"] for r in rows]))
+        conditions.append(row)
+    levels: dict[float, list[dict]] = {}
+    for run in runs:
+        for row in run["concentration"]:
+            levels.setdefault(row["n_eff_low"], []).append(row)
+    concentration = []
+    for low in sorted(levels):
+        rows = levels[low]
+        row = dict(rows[0], studies=sum(r["studies"] for r in rows))
+        row["data_test_studies"] = sum(r["data_test_studies"] for r in rows)
+        for method in RATIO_INTERVAL_METHODS:
+            key = f"coverage_{method}"
+            row[key], row[f"{key}_se"] = _pooled_rate(rows, key, "studies")
+        row["rejection_data"], row["rejection_data_se"] = _pooled_rate(rows, "rejection_data", "data_test_studies")
+        concentration.append(row)
+    return conditions, concentration
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ from anistat.collect import BasisColumn
 from anistat.stats.ratio_intervals import (
     CONCENTRATION_COVERAGE,
     CONCENTRATION_DATA_TEST,
+    CONCENTRATION_DATA_TEST_STUDIES,
     CONCENTRATION_LEVELS,
+    CONCENTRATION_STUDIES,
     calibrated_concentration,
 )
 
@@ -53,10 +55,11 @@ def test_every_energy_row_carries_the_kish_effective_number_of_documents():
 def test_a_concentrated_unit_is_warned_about_with_the_calibrated_coverage():
     hot, n_eff = _unit(hot_scale=6.0, seed=0)
     flat, flat_n_eff = _unit(hot_scale=1.0, seed=1)
-    level = calibrated_concentration(n_eff, "balanced_el")
-    assert n_eff < level["coverage_below"] <= flat_n_eff
+    level = calibrated_concentration(n_eff, "adjusted_el_f")
+    # the default interval holds its coverage at every level; the data test is liberal below 10
+    assert n_eff < level["data_test_below"] <= flat_n_eff and not level["coverage_off"]
     results = analyze_units([hot, flat], _protocol([2]))
-    assert set(results.loc[results["metric"] == "energy_ratio", "ci_method"]) == {"balanced_el"}  # the default
+    assert set(results.loc[results["metric"] == "energy_ratio", "ci_method"]) == {"adjusted_el_f"}  # the default
     warnings = concentration_warnings(results)
     assert len(warnings) == 1  # one warning for the units flagged on the same aspects
     (warning,) = warnings
@@ -64,25 +67,35 @@ def test_a_concentrated_unit_is_warned_about_with_the_calibrated_coverage():
     aspects = [a for a in ("coverage", "data_test") if level[f"{a}_off"]]
     values = ", ".join(f"{'coverage' if a == 'coverage' else 'level'} {level[a]:.3f}" for a in aspects)
     assert f"m step0 residual.0 (n_eff {n_eff:.1f}: {values})" in warning and "residual.1" not in warning
-    assert "coverage outside [0.93, 0.97]" in warning and "read their intervals" in warning
+    assert "level outside [0.04, 0.06]" in warning and "read their data tests" in warning
+    assert "coverage outside" not in warning
     assert concentration_warnings(analyze_units([flat], _protocol([2]))) == []
 
 
 def test_the_thresholds_are_read_off_the_measured_table():
     """Levels tile [1, ∞); the coverage threshold is the upper edge of the highest level whose
-    coverage fell below 0.93 (every level above it covers at least 0.93), likewise the data test's
-    above 0.06; for the default interval both are 10 documents."""
+    coverage fell below 0.93 by more than its Monte-Carlo margin 1.96·√(0.95·0.05/n) (every level
+    above it is within it), likewise the data test's above 0.06; the default interval
+    (adjusted_el_f) has no such level, balanced EL's is 20 documents, the data test's 10."""
     assert CONCENTRATION_LEVELS[0][0] == 1.0 and CONCENTRATION_LEVELS[-1][1] == np.inf
     assert all(a[1] == b[0] for a, b in zip(CONCENTRATION_LEVELS, CONCENTRATION_LEVELS[1:]))
+    margins = 1.96 * np.sqrt(0.95 * 0.05 / np.array(CONCENTRATION_STUDIES))
     for method, coverage in CONCENTRATION_COVERAGE.items():
-        assert len(coverage) == len(CONCENTRATION_LEVELS)
+        assert len(coverage) == len(CONCENTRATION_LEVELS) == len(CONCENTRATION_STUDIES)
         below = calibrated_concentration(1.5, method)["coverage_below"]
-        assert all(c >= 0.93 for (low, _), c in zip(CONCENTRATION_LEVELS, coverage) if low >= below)
-        assert any(c < 0.93 for (_, high), c in zip(CONCENTRATION_LEVELS, coverage) if high == below)
-    default = calibrated_concentration(9.9, "balanced_el")
-    assert (default["coverage_below"], default["data_test_below"]) == (10.0, 10.0)
-    assert default["coverage_off"] and not calibrated_concentration(10.0, "balanced_el")["coverage_off"]
-    assert all(p <= 0.06 for (low, _), p in zip(CONCENTRATION_LEVELS, CONCENTRATION_DATA_TEST) if low >= 10.0)
+        off = np.array(coverage) < 0.93 - margins
+        highs = np.array([high for _, high in CONCENTRATION_LEVELS])
+        assert not off[highs > below].any()
+        assert below == 1.0 or off[highs == below].all()
+    default = calibrated_concentration(9.9)
+    assert (default["coverage_below"], default["data_test_below"]) == (1.0, 10.0)
+    assert default["data_test_off"] and not calibrated_concentration(10.0)["data_test_off"]
+    assert not any(calibrated_concentration(n)["coverage_off"] for n in (1.0, 4.0, 9.9, 50.0))
+    assert calibrated_concentration(19.9, "balanced_el")["coverage_off"]
+    assert not calibrated_concentration(20.0, "balanced_el")["coverage_off"]
+    data_margins = 1.96 * np.sqrt(0.05 * 0.95 / np.array(CONCENTRATION_DATA_TEST_STUDIES))
+    liberal = np.array(CONCENTRATION_DATA_TEST) > 0.06 + data_margins  # [7, 10) is the highest
+    assert liberal[4] and not liberal[[low >= 10.0 for low, _ in CONCENTRATION_LEVELS]].any()
     assert calibrated_concentration(float("nan")) is None and calibrated_concentration(5.0, "bca") is None
 
 
@@ -96,7 +109,8 @@ def test_the_warning_reaches_the_manifest_and_the_report(tmp_path, monkeypatch):
     warned = [w for w in manifest["warnings"] if "energy concentrated in few resampling units" in w]
     assert warned and result.manifest["warnings"] == manifest["warnings"]
     assert "energy concentrated in few resampling units" in (tmp_path / "bundle" / "report.html").read_text()
-    # at about 2 effective documents the balanced EL statistic never reaches its χ² quantile above the
-    # estimate: the ratio to the normal control (range [0, ∞)) is unbounded above, and the bundle keeps it
+    # at about 2 effective documents the adjusted EL statistic (bounded in θ) never reaches its
+    # F(1, m − 1) quantile above the estimate: the ratio to the normal control (range [0, ∞)) is
+    # unbounded above, and the bundle keeps it
     ratio = result.results[(result.results["metric"] == "energy_ratio") & (result.results["control"] == "normal")]
     assert np.isinf(ratio["ci_high"].astype(float)).all() and np.isfinite(ratio["ci_low"].astype(float)).all()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 from scipy.special import ndtri
-from scipy.stats import chi2
+from scipy.stats import chi2, f
 
 from anistat import stats
 from anistat.stats import ratio_intervals
@@ -90,6 +90,52 @@ def test_el_ends_are_where_the_statistic_meets_the_chi2_quantile(method):
     assert interval.ci_low < interval.estimate < interval.ci_high and interval.note == ""
 
 
+def test_the_f_calibrated_ends_meet_the_f_quantile_on_the_effective_size():
+    """`adjusted_el_f`: the adjusted statistic at each end equals F_{0.9}(1, m − 1), m the smaller of
+    the denominators' Kish size and the estimating function's tail-weight size, and the interval
+    contains the χ²-calibrated adjusted one (F(1, m − 1) > χ²₁ for finite m)."""
+    rng = np.random.default_rng(5)
+    e = rng.lognormal(0, 1.2, 30)
+    p = 0.4 * e * rng.uniform(0.5, 1.5, 30)
+    interval = stats.ratio_interval(p, e, "adjusted_el_f", ci_level=0.9)
+    theta = p.sum() / e.sum()
+    z = p - theta * e
+    m = min((e.sum()) ** 2 / (e * e).sum(), 30.0, 3 * (z * z).sum() ** 2 / (z**4).sum())
+    assert stats.el_effective_size(p, e) == pytest.approx(m, rel=1e-12) and m < 15
+    for end in (interval.ci_low, interval.ci_high):
+        assert stats.ratio_el_statistic(p, e, end, "adjusted") == pytest.approx(f.ppf(0.9, 1, m - 1), rel=1e-6)
+    chi2_interval = stats.ratio_interval(p, e, "adjusted_el", ci_level=0.9)
+    assert interval.ci_low < chi2_interval.ci_low < chi2_interval.ci_high < interval.ci_high
+    assert interval.method == "adjusted_el_f" and interval.note == ""
+
+
+def test_the_effective_size_and_the_critical_value_closed_forms():
+    ones = np.ones(10)
+    assert stats.el_effective_size(3.0 * ones, ones) == 10.0  # every unit at the ratio
+    # normal-like z: n_z caps at n, so m is Kish's size of the denominators, (Σe)²/Σe² = 64/28 here
+    e = np.array([5.0, 1.0, 1.0, 1.0])
+    assert stats.el_effective_size(0.5 * e, e) == pytest.approx(64.0 / 28.0)
+    # equal denominators, one unit off the ratio: z = (7, −1 × 7), n_z = 3·56²/2408
+    assert stats.el_effective_size([9.0, 1, 1, 1, 1, 1, 1, 1], np.ones(8)) == pytest.approx(3 * 56**2 / 2408)
+    assert np.isnan(stats.el_effective_size([1.0, 1.0], [0.0, 0.0]))
+    assert stats.el_critical_value(0.95) == pytest.approx(chi2.ppf(0.95, 1))
+    assert stats.el_critical_value(0.95, "f_effective", 7.5) == pytest.approx(f.ppf(0.95, 1, 6.5))
+    assert stats.el_critical_value(0.95, "f_effective", 1e9) == pytest.approx(chi2.ppf(0.95, 1), rel=1e-6)
+    assert stats.el_critical_value(0.95, "f_effective", 1.0) == np.inf
+    with pytest.raises(ValueError, match="calibration"):
+        stats.el_critical_value(0.95, "bartlett", 5.0)
+
+
+def test_the_f_calibrated_interval_is_the_range_at_one_effective_unit():
+    """One document holds nearly all the energy: m ≈ 1, F(1, m − 1) is huge, and the bounded
+    adjusted statistic never reaches it — the interval is (0, ∞) with a note, not a false precision."""
+    e = np.array([1e6, 1.0, 1.0, 1.0, 1.0, 1.0])
+    p = np.array([2e5, 0.1, 0.5, 0.2, 0.4, 0.3])
+    interval = stats.ratio_interval(p, e, "adjusted_el_f")
+    assert (interval.ci_low, interval.ci_high) == (0.0, np.inf)
+    assert "F(1," in interval.note and interval.fallback
+
+
 def test_el_agrees_with_the_delta_method_interval_in_a_large_sample():
     """Wilks: at n = 3000 on a light-tailed law the EL interval is the Wald interval of the ratio
     with its delta-method SE, to first order."""
@@ -162,7 +208,9 @@ def test_kish_effective_size_closed_forms():
     assert np.isnan(stats.kish_effective_size([0.0, 0.0]))
 
 
-@pytest.mark.parametrize("method", ["bca_log", "variance_stabilised", "el", "adjusted_el", "balanced_el"])
+@pytest.mark.parametrize(
+    "method", ["bca_log", "variance_stabilised", "el", "adjusted_el", "balanced_el", "adjusted_el_f"]
+)
 def test_the_analysis_offers_each_ratio_method_on_its_resampling_units(method):
     """`analyze_energy(ci_method=...)`: the energy ratio's interval is the method's interval of the
     per-document sums (the analysis' resamples, tails expanded for the documents), its `se` the

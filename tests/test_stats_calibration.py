@@ -177,7 +177,7 @@ def test_hot_documents_mixture_keeps_the_population_ratio_at_one():
 def test_heavy_scenario_is_skewed_with_a_heavier_tail_and_the_methods_sit_side_by_side():
     """`heavy` is `skewed` with its own document log-SD (equal settings: the same studies); every
     study carries each ratio-interval method's coverage, the analysis' interval among them
-    (`balanced_el`, the default, is the haar document interval, study for study), and its Kish n_eff."""
+    (`adjusted_el_f`, the default, is the haar document interval, study for study), and its Kish n_eff."""
     from anistat.stats import calibrate
     from anistat.stats.calibrate import concentration_rows
     from anistat.stats.ratio_intervals import RATIO_INTERVAL_METHODS
@@ -191,7 +191,7 @@ def test_heavy_scenario_is_skewed_with_a_heavier_tail_and_the_methods_sit_side_b
     assert strip(heavy.conditions) == strip(skewed.conditions)
     for condition in ("random", "1.0"):
         sims = heavy.simulations[f"heavy/{condition}"]
-        np.testing.assert_array_equal(sims["cover_method_balanced_el"], sims["cover_ratio_haar_document"])
+        np.testing.assert_array_equal(sims["cover_method_adjusted_el_f"], sims["cover_ratio_haar_document"])
         assert ((sims["n_eff"] >= 1) & (sims["n_eff"] <= 12)).all()
     row = heavy.conditions[0]
     assert all(0.0 <= row[f"coverage_method_{m}"] <= 1.0 for m in RATIO_INTERVAL_METHODS)
@@ -226,6 +226,6 @@ def test_calibrate_reports_every_interval_method_and_the_n_eff_levels_end_to_end
     assert all(f"{method} " in line for method in RATIO_INTERVAL_METHODS), line
     payload = json.loads((tmp_path / "c" / "calibration.json").read_text())
     assert sum(row["studies"] for row in payload["concentration"]) == 10 * 4  # random + three planted ratios
-    assert payload["settings"]["ci_method"] == "balanced_el" and payload["settings"]["heavy_document_sd"] == 1.25
+    assert payload["settings"]["ci_method"] == "adjusted_el_f" and payload["settings"]["heavy_document_sd"] == 1.25
     page = (tmp_path / "c" / "calibration.html").read_text(encoding="utf-8")
     assert "coverage_method_balanced_el" in page and "by effective number of documents" in page

@@ -911,6 +911,9 @@ RATIO_METHOD_SENTENCES = {
     "expanded for the number of resampling units",
     "balanced_el": "balanced augmented empirical likelihood (Emerson & Owen 2009) of the ratio of means",
     "adjusted_el": "adjusted empirical likelihood (Chen, Variyath & Abraham 2008) of the ratio of means",
+    "adjusted_el_f": "adjusted empirical likelihood (Chen, Variyath & Abraham 2008) of the ratio of means, "
+    "calibrated by F(1, m − 1) on the effective number of resampling units m (Kish's, and the estimating "
+    "function's tail weight)",
     "el": "empirical likelihood of the ratio of means",
     "bca_log": "BCa on the log scale, tails expanded for the number of resampling units",
     "variance_stabilised": "variance-stabilised bootstrap-t (Tibshirani 1988), tails expanded for the number of "
@@ -936,7 +939,7 @@ def _interval_segments(run: RunDescription, df: pd.DataFrame) -> list[Segment]:
         f"Confidence intervals ({run.ci_level * 100:g} %, {method}"
         + (
             " over the resampling units, without resampling"
-            if run.ci_method in ("el", "adjusted_el", "balanced_el")
+            if run.ci_method in ("el", "adjusted_el", "balanced_el", "adjusted_el_f")
             else f"; {n_resamples} bootstrap resamples of the resampling units, the data test's"
         )
         + ") describe effect sizes over data sampling "

@@ -291,6 +291,7 @@ CI_METHOD_TEXT: dict[str, str] = {
     "el": "empirical likelihood",
     "adjusted_el": "adjusted empirical likelihood",
     "balanced_el": "balanced augmented empirical likelihood",
+    "adjusted_el_f": "adjusted empirical likelihood, F-calibrated on the effective size",
 }
 
 

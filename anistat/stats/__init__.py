@@ -11,7 +11,8 @@ Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights 
 * :func:`adjust_pvalues`, :func:`adjust_in_families`, :func:`min_controls_needed`,
   :func:`resolution_warning`.
 * :func:`ratio_interval` (bootstrap-t, BCa and variance-stabilised on the log scale; plain,
-  adjusted and balanced augmented empirical likelihood) for a ratio of means under skew, and
+  adjusted and balanced augmented empirical likelihood, and adjusted EL F-calibrated on the
+  effective size, :func:`el_effective_size`) for a ratio of means under skew, and
   :func:`kish_effective_size`, how concentrated the units' energies are.
 * :func:`random_effects_meta`, :func:`trend_test`.
 * :func:`run_calibration`, :func:`write_calibration_report`; :func:`p_value_uniformity` (a run's
@@ -70,6 +71,8 @@ from .ratio_intervals import (
     RATIO_INTERVAL_METHODS,
     RatioInterval,
     calibrated_concentration,
+    el_critical_value,
+    el_effective_size,
     empirical_likelihood_statistic,
     kish_effective_size,
     ratio_el_interval,
@@ -141,6 +144,8 @@ __all__ = [
     "RATIO_INTERVAL_METHODS",
     "RatioInterval",
     "calibrated_concentration",
+    "el_critical_value",
+    "el_effective_size",
     "empirical_likelihood_statistic",
     "kish_effective_size",
     "ratio_el_interval",

@@ -49,8 +49,9 @@ normal contributions are proportional, so both kinds give the same g and the sam
 CI methods: ``studentized`` (bootstrap-t with the delta-method SE of a ratio of sums,
 :func:`.bootstrap.ratio_se`; this function's default), ``bca`` or ``percentile``, and the
 ratio-of-means intervals of :mod:`.ratio_intervals` (:data:`RATIO_CI_METHODS`), among them
-``balanced_el``, the protocol's default, chosen by coverage over every ``anistat calibrate``
-scenario (``benchmarks/README.md``); ``hedges_g`` always uses BCa.
+``adjusted_el_f`` (adjusted EL F-calibrated on the units' effective size), the protocol's
+default, chosen by coverage over every ``anistat calibrate`` scenario (``benchmarks/README.md``);
+``hedges_g`` always uses BCa.
 ``log2_energy_ratio`` is the log2 of the ratio interval; ``z`` and ``anisotropy_capture``
 are monotone maps of the fraction interval with the control distribution / oracle held
 fixed, and the capture interval is clipped to the metric's range ``[−(k/d)/(E*−k/d), 1]``
@@ -645,8 +646,8 @@ def analyze_energy(
     ci_level : float, default 0.95
         Coverage of the intervals.
     ci_method : {"bca", "percentile", "studentized", "bca_log", "variance_stabilised", "el", "adjusted_el", \
-"balanced_el"}, default "studentized"
-        The ratio estimands' interval method (:data:`CI_METHODS`; the last five:
+"balanced_el", "adjusted_el_f"}, default "studentized"
+        The ratio estimands' interval method (:data:`CI_METHODS`; the last six:
         :func:`anistat.stats.ratio_interval`).
     n_test_resamples : int, optional
         Resamples for the data test (and, with ``n_bootstrap``, the CIs: both use the same

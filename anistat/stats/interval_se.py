@@ -71,7 +71,15 @@ def interval_implied_se(
 
 #: The energy interval methods built for a positive ratio, whose SE is read on the log scale: the
 #: studentized (log-scale bootstrap-t) and the ratio-of-means intervals of :mod:`.ratio_intervals`.
-LOG_SCALE_METHODS = ("studentized", "bca_log", "variance_stabilised", "el", "adjusted_el", "balanced_el")
+LOG_SCALE_METHODS = (
+    "studentized",
+    "bca_log",
+    "variance_stabilised",
+    "el",
+    "adjusted_el",
+    "balanced_el",
+    "adjusted_el_f",
+)
 
 
 def interval_log_scale(method: str) -> bool:

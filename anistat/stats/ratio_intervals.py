@@ -39,6 +39,16 @@ interval ``{θ : −2 ln R(θ) ≤ χ²₁(1 − α)}`` (Wilks). No resampling.
   ``z_{n+2} = 2 z̄ + s·sd(z)·u`` with ``u = sign(z̄)`` and ``s = 1.9`` (their recommendation),
   which keep the mean ``z̄`` and pull the statistic towards the χ² law in small samples.
 
+* ``adjusted_el_f`` — the adjusted EL statistic with an F calibration on the data's effective
+  size (Owen 2001 §3.5 calibrates ``−2 ln R`` of a ``p``-dimensional mean by
+  ``p(n − 1)/(n − p)·F(p, n − p)``, ``F(1, n − 1)`` here, instead of ``χ²₁`` in small samples): the interval ``{θ : −2 ln R(θ) ≤ F_{1−α}(1, m − 1)}`` with ``m``
+  (:func:`el_effective_size`) the smaller of Kish's effective size of the denominators
+  ``(Σe)²/Σe²`` and the tail-weight size ``min(n, 3(Σz²)²/Σz⁴)`` of the estimating function at
+  the estimate, ``z_u = p_u − θ̂ e_u`` (``n`` for normal ``z``, whose kurtosis is 3; ``3n/κ̂`` for a
+  sample kurtosis ``κ̂``). Both sizes fall where a few units carry the estimate, so the critical
+  value grows with the concentration, not only with a small ``n`` (chosen by coverage over
+  ``anistat calibrate``'s scenarios: ``benchmarks/bench_ratio_calibration.py``).
+
 The adjusted statistics are bounded in θ; where ``−2 ln R`` never reaches the χ² quantile on one
 side, that end is the parameter's range bound (0 or ∞), with a note.
 """
@@ -51,6 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy.stats import chi2
+from scipy.stats import f as f_distribution
 
 from ._validation import check_choice, check_ci_level
 from .bootstrap import ci_from_replicates, expanded_tail, ratio_se
@@ -64,11 +75,15 @@ RATIO_INTERVAL_METHODS = (
     "el",
     "adjusted_el",
     "balanced_el",
+    "adjusted_el_f",
 )
 #: The methods that need bootstrap weights.
 BOOTSTRAP_RATIO_METHODS = RATIO_INTERVAL_METHODS[:3]
 #: The empirical-likelihood adjustments of :func:`ratio_el_statistic`.
 EL_ADJUSTMENTS = ("none", "adjusted", "balanced")
+#: The critical values of the EL intervals: Wilks' ``χ²₁``, or ``F(1, m − 1)`` on the effective
+#: size ``m`` of :func:`el_effective_size`.
+EL_CALIBRATIONS = ("chi2", "f_effective")
 #: Emerson & Owen's (2009) recommended scale ``s`` of the balanced augmentation.
 BALANCED_EL_SCALE = 1.9
 #: The Kish ``n_eff`` levels ``[low, high)`` of :data:`CONCENTRATION_COVERAGE`.
@@ -88,38 +103,65 @@ CONCENTRATION_LEVELS: tuple[tuple[float, float], ...] = (
     (120.0, float("inf")),
 )
 #: Coverage of each method's 95 % energy-ratio (haar) interval per :data:`CONCENTRATION_LEVELS`
-#: level, measured by ``benchmarks/bench_ratio_intervals.py --studies 400`` (``anistat calibrate``'s
-#: six scenarios, the random proxy and a planted ratio of 1, at 30, 60 and 200 documents: 14 400
-#: studies; 297 to 2 047 per level, binomial SE 0.005–0.03; benchmarks/README.md).
+#: level, measured by ``benchmarks/bench_ratio_intervals.py --studies 200`` with seeds 0–3, pooled
+#: (``--pool``): ``anistat calibrate``'s six scenarios (the ``hot`` law with i.i.d. documents), the
+#: random proxy and a planted ratio of 1, at 30, 60 and 200 documents: 28 800 studies,
+#: :data:`CONCENTRATION_STUDIES` per level (binomial SE 0.004–0.009 near 0.95; benchmarks/README.md).
 CONCENTRATION_COVERAGE: dict[str, tuple[float, ...]] = {
-    "studentized_log": (0.586, 0.854, 0.899, 0.926, 0.929, 0.945, 0.943, 0.956, 0.943, 0.959, 0.981, 0.952, 0.954),
-    "bca_log": (0.906, 0.862, 0.847, 0.892, 0.888, 0.908, 0.908, 0.926, 0.920, 0.931, 0.967, 0.943, 0.947),
-    "variance_stabilised": (0.306, 0.459, 0.621, 0.750, 0.800, 0.868, 0.897, 0.924, 0.923, 0.935, 0.972, 0.944, 0.951),
-    "el": (0.448, 0.635, 0.739, 0.846, 0.852, 0.901, 0.905, 0.919, 0.925, 0.939, 0.976, 0.951, 0.953),
-    "adjusted_el": (0.660, 0.721, 0.784, 0.870, 0.874, 0.913, 0.918, 0.938, 0.933, 0.946, 0.979, 0.956, 0.954),
-    "balanced_el": (0.976, 0.964, 0.934, 0.941, 0.925, 0.940, 0.934, 0.948, 0.936, 0.950, 0.979, 0.957, 0.953),
+    "studentized_log": (0.615, 0.862, 0.888, 0.904, 0.923, 0.939, 0.933, 0.947, 0.943, 0.942, 0.959, 0.938, 0.948),
+    "bca_log": (0.904, 0.886, 0.849, 0.863, 0.890, 0.891, 0.885, 0.913, 0.914, 0.918, 0.951, 0.923, 0.942),
+    "variance_stabilised": (0.281, 0.487, 0.590, 0.715, 0.806, 0.851, 0.889, 0.916, 0.925, 0.920, 0.951, 0.927, 0.942),
+    "el": (0.460, 0.674, 0.740, 0.801, 0.861, 0.880, 0.881, 0.913, 0.915, 0.925, 0.955, 0.929, 0.949),
+    "adjusted_el": (0.706, 0.753, 0.784, 0.834, 0.883, 0.898, 0.896, 0.928, 0.925, 0.931, 0.959, 0.934, 0.950),
+    "balanced_el": (0.973, 0.951, 0.941, 0.914, 0.934, 0.925, 0.914, 0.937, 0.927, 0.936, 0.960, 0.934, 0.950),
+    "adjusted_el_f": (1.000, 1.000, 0.985, 0.943, 0.954, 0.942, 0.932, 0.951, 0.943, 0.948, 0.966, 0.941, 0.955),
 }
-#: The data test's rejection rate at α = 0.05 and a planted ratio of 1 per level (the same run;
-#: 150 to 1 024 studies per level). The 60–80 level is mostly the ``hot`` scenario at 200 documents.
+#: The studies behind each level of :data:`CONCENTRATION_COVERAGE`.
+CONCENTRATION_STUDIES: tuple[int, ...] = (602, 737, 1566, 1456, 1868, 2685, 3787, 4064, 3485, 2478, 850, 2112, 3110)
+#: The data test's rejection rate at α = 0.05 and a planted ratio of 1 per level (the same runs;
+#: :data:`CONCENTRATION_DATA_TEST_STUDIES` per level).
 CONCENTRATION_DATA_TEST: tuple[float, ...] = (
-    0.320,
-    0.131,
-    0.081,
-    0.074,
-    0.070,
-    0.041,
-    0.048,
+    0.287,
+    0.102,
+    0.097,
+    0.096,
+    0.078,
+    0.053,
     0.049,
     0.047,
-    0.050,
-    0.005,
-    0.033,
-    0.036,
+    0.042,
+    0.067,
+    0.035,
+    0.035,
+    0.052,
+)
+#: The studies behind each level of :data:`CONCENTRATION_DATA_TEST`.
+CONCENTRATION_DATA_TEST_STUDIES: tuple[int, ...] = (
+    286,
+    392,
+    781,
+    709,
+    913,
+    1317,
+    1926,
+    2032,
+    1728,
+    1267,
+    434,
+    1012,
+    1603,
 )
 #: The bands: coverage below 0.93 (undercoverage; over-coverage is conservative) and a data-test
-#: level above 0.06 (liberal) are what the diagnostic warns about.
+#: level above 0.06 (liberal) are what the diagnostic warns about, where a level lies beyond its
+#: band by more than its Monte-Carlo margin (1.96 binomial SEs at the nominal 0.95 or 0.05).
 COVERAGE_FLOOR, DATA_TEST_CEILING = 0.93, 0.06
-_METHOD_ADJUSTMENT = {"el": "none", "adjusted_el": "adjusted", "balanced_el": "balanced"}
+#: The EL interval methods: (adjustment, calibration).
+_EL_METHODS = {
+    "el": ("none", "chi2"),
+    "adjusted_el": ("adjusted", "chi2"),
+    "balanced_el": ("balanced", "chi2"),
+    "adjusted_el_f": ("adjusted", "f_effective"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -391,10 +433,93 @@ def _el_end(
     return float(np.exp(origin + sign * x)), True
 
 
+def el_effective_size(numerator: ArrayLike, denominator: ArrayLike) -> float:
+    """The effective number of units ``m`` of the F-calibrated EL interval (``adjusted_el_f``).
+
+    ``m = min(n_eff, n_z)``: Kish's effective size of the denominators ``n_eff = (Σe)²/Σe²``
+    (:func:`kish_effective_size`) and the tail-weight size of the estimating function at the
+    estimate ``θ̂ = Σp/Σe``, ``n_z = min(n, 3(Σz²)²/Σz⁴)`` with ``z_u = p_u − θ̂ e_u``, which is
+    ``3n/κ̂`` for the sample kurtosis ``κ̂ = n Σz⁴/(Σz²)²`` (normal data: ``κ = 3``, ``n_z ≈ n``).
+    ``n_eff`` falls when a few units hold the denominator's mass, ``n_z`` when a few hold the
+    numerator's departures from the ratio (a minority of units with another ratio).
+
+    Parameters
+    ----------
+    numerator : array_like of shape (n,)
+        ``p_u`` per unit.
+    denominator : array_like of shape (n,)
+        ``e_u`` per unit (positive sum).
+
+    Returns
+    -------
+    float
+        ``m`` in ``[1, n]`` (``n`` when every ``z_u`` is 0; NaN when the denominators sum to 0).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat import stats
+    >>> e = np.ones(8)
+    >>> stats.el_effective_size(2.0 * e, e)  # every unit at the ratio: z = 0
+    8.0
+    >>> # one unit off the ratio: z = (7, −1, …, −1), n_z = 3·56²/2408
+    >>> round(stats.el_effective_size([9.0, 1, 1, 1, 1, 1, 1, 1], e), 3)
+    3.907
+    """
+    p = np.asarray(numerator, dtype=np.float64).ravel()
+    e = np.asarray(denominator, dtype=np.float64).ravel()
+    n_eff = kish_effective_size(e)
+    if not np.isfinite(n_eff):
+        return float("nan")
+    z = p - p.sum() / e.sum() * e
+    z = z / max(float(np.abs(z).max()), 1e-300)  # scale-free, and no overflow in z⁴
+    fourth = float(np.sum(z**4))
+    n_z = min(float(p.size), 3.0 * float(np.sum(z * z)) ** 2 / fourth) if fourth > 1e-280 else float(p.size)
+    return float(max(1.0, min(n_eff, n_z)))
+
+
+def el_critical_value(ci_level: float, calibration: str = "chi2", effective_size: float = np.inf) -> float:
+    """The critical value of an EL interval at ``ci_level``: ``χ²₁(ci_level)`` or ``F(1, m − 1)``.
+
+    Parameters
+    ----------
+    ci_level : float
+        Coverage of the interval.
+    calibration : {"chi2", "f_effective"}, default "chi2"
+        Wilks' ``χ²₁`` or the F calibration on the effective size ``m`` (Owen 2001 §3.5 with
+        ``n`` replaced by ``m``, :func:`el_effective_size`).
+    effective_size : float, default inf
+        ``m``; ``F(1, m − 1) → χ²₁`` as ``m → ∞``.
+
+    Returns
+    -------
+    float
+        The quantile (``inf`` for ``m ≤ 1``, where the interval is the parameter's range).
+
+    Examples
+    --------
+    >>> from anistat import stats
+    >>> round(stats.el_critical_value(0.95), 3), round(stats.el_critical_value(0.95, 'f_effective', 11.0), 3)
+    (3.841, 4.965)
+    """
+    check_ci_level(ci_level)
+    check_choice("calibration", calibration, EL_CALIBRATIONS)
+    if calibration == "chi2" or not np.isfinite(effective_size):
+        return float(chi2.ppf(ci_level, 1))
+    if not effective_size > 1.0:
+        return float("inf")
+    return float(f_distribution.ppf(ci_level, 1, effective_size - 1.0))
+
+
 def ratio_el_interval(
-    numerator: ArrayLike, denominator: ArrayLike, ci_level: float = 0.95, adjustment: str = "adjusted"
+    numerator: ArrayLike,
+    denominator: ArrayLike,
+    ci_level: float = 0.95,
+    adjustment: str = "adjusted",
+    calibration: str = "chi2",
 ) -> RatioInterval:
-    """Empirical-likelihood interval ``{θ : −2 ln R(θ) ≤ χ²₁(ci_level)}`` for ``E[p]/E[e]``.
+    """Empirical-likelihood interval ``{θ : −2 ln R(θ) ≤ c}`` for ``E[p]/E[e]``, ``c`` the
+    calibration's critical value (:func:`el_critical_value`).
 
     Parameters
     ----------
@@ -406,6 +531,8 @@ def ratio_el_interval(
         Coverage of the interval.
     adjustment : {"none", "adjusted", "balanced"}, default "adjusted"
         Plain, adjusted (Chen et al. 2008) or balanced augmented (Emerson & Owen 2009) EL.
+    calibration : {"chi2", "f_effective"}, default "chi2"
+        ``χ²₁(ci_level)``, or ``F(1, m − 1)`` with ``m`` of :func:`el_effective_size`.
 
     Returns
     -------
@@ -422,10 +549,15 @@ def ratio_el_interval(
     >>> r = stats.ratio_el_interval(p, e, 0.95, 'none')
     >>> r.ci_low < r.estimate < r.ci_high, r.method
     (True, 'el')
+    >>> f = stats.ratio_el_interval(p, e, 0.95, 'adjusted', 'f_effective')
+    >>> a = stats.ratio_el_interval(p, e, 0.95, 'adjusted')
+    >>> f.method, f.ci_low < a.ci_low < a.ci_high < f.ci_high
+    ('adjusted_el_f', True)
     """
     check_ci_level(ci_level)
     check_choice("adjustment", adjustment, EL_ADJUSTMENTS)
-    method = {v: k for k, v in _METHOD_ADJUSTMENT.items()}[adjustment]
+    check_choice("calibration", calibration, EL_CALIBRATIONS)
+    method = {v: k for k, v in _EL_METHODS.items()}.get((adjustment, calibration), f"{adjustment}_el_{calibration}")
     p = np.asarray(numerator, dtype=np.float64).ravel()
     e = np.asarray(denominator, dtype=np.float64).ravel()
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -439,9 +571,10 @@ def ratio_el_interval(
             note="no interval: the ratio is not finite and positive",
             fallback=NO_INTERVAL,
         )
-    critical = float(chi2.ppf(ci_level, 1))
+    effective = el_effective_size(p, e) if calibration != "chi2" else np.inf
+    critical = el_critical_value(ci_level, calibration, effective)
 
-    with np.errstate(invalid="ignore", divide="ignore"):  # the Wald end on the log scale: the first step
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # the Wald end (log scale): the first step
         first = float(np.exp(np.sqrt(critical) * ratio_se(np.ones((1, p.size)), p, e)[0] / estimate))
     first = first if np.isfinite(first) else 1.0 + 1e-3
     curve = _RatioElCurve(p, e, adjustment)
@@ -450,7 +583,8 @@ def ratio_el_interval(
     unbounded = [side for side, found in (("lower", low_found), ("upper", high_found)) if not found]
     note = ""
     if unbounded:
-        note = f"the EL statistic stays below the χ² quantile {critical:.3g}: {' and '.join(unbounded)} end unbounded"
+        quantile = "χ²" if calibration == "chi2" else f"F(1, {effective - 1:.3g})"
+        note = f"the EL statistic stays below the {quantile} quantile {critical:.3g}: {' and '.join(unbounded)} end unbounded"
     return RatioInterval(
         estimate=estimate,
         ci_low=low,
@@ -554,8 +688,8 @@ def ratio_interval(
     """
     check_choice("method", method, RATIO_INTERVAL_METHODS)
     check_ci_level(ci_level)
-    if method in _METHOD_ADJUSTMENT:
-        return ratio_el_interval(numerator, denominator, ci_level, _METHOD_ADJUSTMENT[method])
+    if method in _EL_METHODS:
+        return ratio_el_interval(numerator, denominator, ci_level, *_EL_METHODS[method])
     if weights is None:
         raise ValueError(f"method={method!r} needs bootstrap weights")
     p = np.asarray(numerator, dtype=np.float64).ravel()
@@ -605,27 +739,37 @@ def ratio_interval(
     return _variance_stabilised(estimate, replicates, ratio_se(w, p, e), np.array([tail, 1.0 - tail]))
 
 
-def _threshold(values: tuple[float, ...], outside: Callable[[float], bool]) -> float:
-    """The upper edge of the highest level whose value is ``outside`` its band (1.0: none is)."""
-    edges = [high for (_, high), value in zip(CONCENTRATION_LEVELS, values, strict=True) if outside(value)]
-    return float(max(edges, default=1.0))
+def _margin(nominal: float, studies: int) -> float:
+    """The 95 % Monte-Carlo margin ``1.96·√(c(1 − c)/n)`` of a rate measured over ``n`` studies."""
+    return 1.96 * float(np.sqrt(nominal * (1.0 - nominal) / max(int(studies), 1)))
 
 
-def calibrated_concentration(n_eff: float, method: str = "balanced_el") -> dict[str, float | bool] | None:
+def _threshold(values: tuple[float, ...], studies: tuple[int, ...], outside: Callable[[float, int], bool]) -> float:
+    """The upper edge of the highest level whose value is ``outside`` its band given its studies
+    (1.0: none is)."""
+    levels = zip(CONCENTRATION_LEVELS, values, studies, strict=True)
+    return float(max((high for (_, high), value, n in levels if outside(value, n)), default=1.0))
+
+
+def calibrated_concentration(n_eff: float, method: str = "adjusted_el_f") -> dict[str, float | bool] | None:
     """What `anistat calibrate` measured at a Kish ``n_eff`` level for one interval method.
 
     The thresholds are read off the measured table: ``coverage_below`` is the upper edge of the
     highest level where the method's 95 % coverage fell below :data:`COVERAGE_FLOOR`
     (:data:`CONCENTRATION_COVERAGE`), ``data_test_below`` that of the highest level where the data
-    test's level rose above :data:`DATA_TEST_CEILING` (:data:`CONCENTRATION_DATA_TEST`); a row
-    with ``n_eff`` below a threshold is flagged (both 10 documents for ``balanced_el`` and
-    ``studentized_log``; levels above hold their band or err on the conservative side).
+    test's level rose above :data:`DATA_TEST_CEILING` (:data:`CONCENTRATION_DATA_TEST`), each by
+    more than the level's Monte-Carlo margin ``1.96·√(c(1 − c)/n)`` (``c`` = 0.95 or 0.05, ``n``
+    its studies: :data:`CONCENTRATION_STUDIES`, :data:`CONCENTRATION_DATA_TEST_STUDIES`); a row
+    with ``n_eff`` below a threshold is flagged. Measured: no level of ``adjusted_el_f`` (the
+    default) undercovers, so its coverage is never flagged (at ``n_eff`` < 5 it over-covers,
+    0.985–1.000: the interval is often the parameter's whole range); ``balanced_el`` 20,
+    ``studentized_log`` 7; the data test 10.
 
     Parameters
     ----------
     n_eff : float
         Kish's effective number of resampling units (:func:`kish_effective_size`).
-    method : str, default "balanced_el"
+    method : str, default "adjusted_el_f"
         A key of :data:`CONCENTRATION_COVERAGE` (the analysis' ``studentized`` is
         ``studentized_log``).
 
@@ -641,17 +785,23 @@ def calibrated_concentration(n_eff: float, method: str = "balanced_el") -> dict[
     --------
     >>> from anistat import stats
     >>> level = stats.calibrated_concentration(2.5)
-    >>> level["n_eff_low"], level["coverage"], level["coverage_off"], level["coverage_below"]
-    (2.0, 0.964, True, 10.0)
-    >>> stats.calibrated_concentration(500.0)["coverage_off"]
-    False
+    >>> level["n_eff_low"], level["coverage"], level["coverage_off"], level["data_test_off"]
+    (2.0, 1.0, False, True)
+    >>> level["data_test"], level["data_test_below"]
+    (0.102, 10.0)
+    >>> stats.calibrated_concentration(12.0, "balanced_el")["coverage_below"]
+    20.0
     """
     value = float(n_eff)
     if not np.isfinite(value) or method not in CONCENTRATION_COVERAGE:
         return None
     coverage = CONCENTRATION_COVERAGE[method]
-    coverage_below = _threshold(coverage, lambda c: c < COVERAGE_FLOOR)
-    data_test_below = _threshold(CONCENTRATION_DATA_TEST, lambda p: p > DATA_TEST_CEILING)
+    coverage_below = _threshold(coverage, CONCENTRATION_STUDIES, lambda c, n: c < COVERAGE_FLOOR - _margin(0.95, n))
+    data_test_below = _threshold(
+        CONCENTRATION_DATA_TEST,
+        CONCENTRATION_DATA_TEST_STUDIES,
+        lambda p, n: p > DATA_TEST_CEILING + _margin(0.05, n),
+    )
     for index, (low, high) in enumerate(CONCENTRATION_LEVELS):
         if low <= value < high:
             return {
