@@ -145,26 +145,26 @@ def test_data_test_plan_is_the_smallest_count_of_the_simulated_law():
 
 
 def test_small_sample_half_width_of_the_protocol_interval():
-    """The protocol's default interval (balanced EL, tails expanded) is wider than the t interval
+    """The protocol's default interval (F-calibrated adjusted EL) is wider than the t interval
     at few documents, so more are planned; near SMALL_SAMPLE_LIMIT the two agree within 2 %."""
     from anistat.protocol import StatsSpec
 
     assert plan.DEFAULT_CI_METHOD == StatsSpec.model_fields["ci_method"].default
     tau, ratio = 0.28, 1.25
     t_plan = plan.documents_for_half_width(tau, ratio, 0.1)
-    small = plan.documents_for_half_width(tau, ratio, 0.1, ci_method="balanced_el")
+    small = plan.documents_for_half_width(tau, ratio, 0.1, ci_method=plan.DEFAULT_CI_METHOD)
     assert small > t_plan
-    assert plan.small_sample_half_width(t_plan, tau, ratio, 0.95, "balanced_el") > 0.1
+    assert plan.small_sample_half_width(t_plan, tau, ratio, 0.95, plan.DEFAULT_CI_METHOD) > 0.1
     near = plan.SMALL_SAMPLE_LIMIT - 1
-    assert plan.small_sample_half_width(near, tau, ratio, 0.95, "balanced_el") == pytest.approx(
+    assert plan.small_sample_half_width(near, tau, ratio, 0.95, plan.DEFAULT_CI_METHOD) == pytest.approx(
         plan.ci_half_width(near, tau, ratio), rel=0.02
     )
-    # each simulated interval is the analysis' own: balanced EL of the study's documents
+    # each simulated interval is the analysis' own: the default interval of the study's documents
     from anistat.stats import ratio_interval
 
     proxy = plan._simulated_documents(20)[0]
-    interval = ratio_interval(proxy, np.ones(20), "balanced_el", None, 0.95, expand_units=20)
-    low, high = plan.interval_log_factors(20, 0.95, "balanced_el")[0]
+    interval = ratio_interval(proxy, np.ones(20), plan.DEFAULT_CI_METHOD, None, 0.95, expand_units=20)
+    low, high = plan.interval_log_factors(20, 0.95, plan.DEFAULT_CI_METHOD)[0]
     scale = plan.SIMULATED_RELATIVE_SD / math.sqrt(20)
     assert interval.ci_high == pytest.approx(proxy.mean() * math.exp(high * scale))
     assert interval.ci_low == pytest.approx(proxy.mean() * math.exp(-low * scale))
