@@ -204,7 +204,7 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=["normal"])
     parser.add_argument("--n-controls", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--methods", nargs="+", default=["studentized", "balanced_el"])
+    parser.add_argument("--methods", nargs="+", default=["studentized", "balanced_el", "adjusted_el_f"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--save-results", default=None, help="write each method's tables as CSV here")
     parser.add_argument("--compare", default=None, help="compare the tables with those saved here")
