@@ -500,14 +500,30 @@ def small_sample_half_width(
     """Mean half-width of the energy ratio's ``ci_method`` interval at ``n`` documents: over the
     simulated studies' log-scale factors ``(f_lo, f_hi)`` (:func:`interval_log_factors` at
     :func:`simulated_size` of ``n`` and ``total_cv`` rounded to :data:`SIMULATED_CV_DECIMALS`),
-    the mean of ``R (e^{f_hi τ/√n} − e^{−f_lo τ/√n})/2``; :func:`ci_half_width` at and above
-    :data:`SMALL_SAMPLE_LIMIT` documents."""
-    if n >= SMALL_SAMPLE_LIMIT:
-        return ci_half_width(n, tau, ratio, ci_level)
+    the mean of ``R (e^{f_hi τ/√n} − e^{−f_lo τ/√n})/2``. At and above :data:`SMALL_SAMPLE_LIMIT`
+    documents :func:`ci_half_width`, with a known ``total_cv`` at ``c τ``
+    (:func:`boundary_width_factor`), so the width does not drop where the simulation stops."""
     cv_key = None if total_cv is None else round(total_cv, SIMULATED_CV_DECIMALS)
+    if n >= SMALL_SAMPLE_LIMIT:
+        factor = 1.0 if cv_key is None else boundary_width_factor(ci_level, ci_method, cv_key)
+        return ci_half_width(n, factor * tau, ratio, ci_level)
     factors = interval_log_factors(simulated_size(n), ci_level, ci_method, cv_key)
     scaled = np.asarray(factors) * (tau / math.sqrt(n))
     return float(np.mean(ratio * (np.exp(scaled[:, 1]) - np.exp(-scaled[:, 0])) / 2.0))
+
+
+@lru_cache(maxsize=1024)
+def boundary_width_factor(ci_level: float, ci_method: str, total_cv: float) -> float:
+    """``c ≥ 1``: the simulated interval's mean log-scale half-factor ``(f_lo + f_hi)/2`` at the
+    last simulated size (:func:`interval_log_factors` at :func:`simulated_size` of
+    ``SMALL_SAMPLE_LIMIT − 1``, totals of CV ``total_cv``) over the t interval's
+    ``t_{(1+L)/2, n_b−1}``, ``n_b = SMALL_SAMPLE_LIMIT − 1``. Concentrated totals keep an
+    F-calibrated interval wider than the t interval beyond the simulated sizes (its effective size
+    ``m ≈ n/(1 + cv_t²)``); holding ``c`` fixed above them is conservative, as ``F(1, m − 1)``
+    tends to ``χ²₁``."""
+    last = SMALL_SAMPLE_LIMIT - 1
+    factors = np.asarray(interval_log_factors(simulated_size(last), ci_level, ci_method, total_cv))
+    return max(float(factors.mean()) / float(sps.t.ppf(0.5 + ci_level / 2.0, last - 1)), 1.0)
 
 
 def haar_null_quantile(rank: int, dim: int, null_sd: float, tail: float) -> float:

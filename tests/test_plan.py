@@ -199,6 +199,12 @@ def test_small_sample_half_width_sees_the_total_energy_cv():
     assert sizes[0] < sizes[2]
     # the cache key is cv_t rounded: a cv_t within the rounding plans the same
     assert plan.small_sample_half_width(n, tau, ratio, 0.95, method, 0.8004) == widths[2]
+    # where the simulation stops the width carries on (concentrated totals: wider than t's)
+    limit = plan.SMALL_SAMPLE_LIMIT
+    below, at = (plan.small_sample_half_width(k, 0.5, 1.25, 0.95, method, 3.3) for k in (limit - 1, limit))
+    assert at == pytest.approx(below, rel=0.005)
+    assert at > 1.1 * plan.ci_half_width(limit, 0.5, 1.25)
+    assert plan.small_sample_half_width(limit, 0.5, 1.25, 0.95, method) == plan.ci_half_width(limit, 0.5, 1.25)
 
 
 def test_exact_test_power_is_a_one_sided_normal_power():
