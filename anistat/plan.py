@@ -30,8 +30,11 @@ Formulas (``t_{q,ν}``: Student quantile; ``Φ``: normal cdf; ``a = α/m``):
   its half-width on the ratio scale at ``R`` is ``R sinh(h)`` (half of ``R e^h − R e^{−h}``).
   Below :data:`SMALL_SAMPLE_LIMIT` documents the analysis' own interval (the protocol's
   ``stats.ci_method``, tails expanded for ``n``) is wider than that, so ``t τ/√n`` is replaced by
-  its ends as simulated studies of ``n`` normal documents give them
-  (:func:`small_sample_half_width`). Planned ``n``: the smallest whose half-width ``≤`` the target.
+  its ends as simulated studies of ``n`` documents give them (:func:`small_sample_half_width`):
+  total energies lognormal with the pilot's ``cv_t = √(n/n_eff − 1)`` (constant when unknown)
+  and a normal residual, so an F-calibrated interval sees the totals' concentration (its
+  effective size ``m ≤`` Kish ``n_eff ≈ n/(1 + cv_t²)``). Planned ``n``: the smallest whose
+  half-width ``≤`` the target.
 * data test: its statistic ``log R̂ / (τ̂/√n)`` has about the one-sample t law,
   ``T_{n−1}(δ)``, noncentral ``δ = √n log R / τ``, and with many documents it is referred to
   ``t_{n−1}`` tails (the small-sample expansion, :func:`anistat.stats.expanded_tail`), so its
@@ -67,8 +70,10 @@ How far to trust it
 The plan assumes the pilot's per-document law (the same ``τ`` at the stated ratio as at the
 pilot's), independent documents, the normal approximation of ``log R̂`` and, for the exact test,
 the Beta approximation of the Haar null's tail and the population spectrum for the sample's.
-The small-sample half-width is that of normal documents (the pilot's first two moments); with
-skewed or heavy-tailed document energies the real interval is wider. The data test's law has the
+The small-sample half-width is that of documents with the pilot's ``τ`` and ``cv_t`` and a
+normal residual; in the calibration's laws it held the 0.1 target to within 4 % (``docs/plan.md``),
+and where ``cv_t`` is unknown (constant totals) an F-calibrated interval on concentrated
+document energies is wider than planned. The data test's law has the
 pilot's ``τ`` and ``cv_t`` and an assumed shape (lognormal scale and share, all of the share's
 variation in the complement): in the calibration's laws the data test planned for power 0.8
 achieved 0.80–0.91, in the heavy-tailed skewed law 0.76–0.77 (its τ underestimated;
@@ -282,6 +287,8 @@ SIMULATED_SIZES = (
 SIMULATED_RELATIVE_SD = 0.05
 #: Bootstrap resamples of the simulated intervals (the protocol's default ``stats.n_bootstrap``).
 SIMULATED_RESAMPLES = 1000
+#: Decimals of ``cv_t`` kept in the small-sample half-width's cache key (:func:`interval_log_factors`).
+SIMULATED_CV_DECIMALS = 2
 
 
 def simulated_size(n: int) -> int:
@@ -290,11 +297,26 @@ def simulated_size(n: int) -> int:
     return max(size for size in SIMULATED_SIZES if size <= n)
 
 
-def _simulated_documents(n: int) -> np.ndarray:
-    """:data:`SMALL_SAMPLE_STUDIES` seeded studies of ``n`` normal documents (rows), proxy energy
-    ``1 + σ z`` against a constant total (σ = :data:`SIMULATED_RELATIVE_SD`): the law with the
-    pilot's first two moments, so ``log R̂`` has relative SD ``σ/√n``."""
-    return 1.0 + SIMULATED_RELATIVE_SD * _standard_normals()[:, :n]
+def _simulated_documents(n: int, total_cv: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:data:`SMALL_SAMPLE_STUDIES` seeded studies of ``n`` documents (rows): ``(proxy, total)``.
+
+    ``total_cv`` None: normal documents, proxy energy ``1 + σ z`` against a constant total
+    (σ = :data:`SIMULATED_RELATIVE_SD`), the law with the pilot's first two moments. Otherwise
+    the totals are lognormal with mean 1 and CV ``cv_t`` (``σ_t² = ln(1 + cv_t²)``, the family of
+    :func:`document_law`, on its seeded normals :func:`_law_normals`) and the proxy ``t + σ z``:
+    the interval's calibration then sees the law's concentration (Kish ``n_eff ≈ n/(1 + cv_t²)``
+    of the totals), with a normal residual ``p − t`` (document_law's share residual, scaled by
+    the document's energy, is so heavy-tailed that its sample SE shrinks and the simulated
+    interval is no wider than with constant totals). Either way ``p/μ_p − t/μ_t = σ z``, so
+    ``log R̂`` has relative SD ``σ/√n`` (delta method); a proxy may fall below 0 where a total
+    is below a few σ (the interval needs only ``Σp > 0``)."""
+    if total_cv is None:
+        proxy = 1.0 + SIMULATED_RELATIVE_SD * _standard_normals()[:, :n]
+        return proxy, np.ones_like(proxy)
+    z = _law_normals()[:SMALL_SAMPLE_STUDIES, :n]
+    sd_log = math.sqrt(math.log1p(total_cv**2))
+    total = np.exp(sd_log * z[..., 0] - sd_log**2 / 2.0)
+    return total + SIMULATED_RELATIVE_SD * z[..., 1], total
 
 
 @lru_cache(maxsize=1)
@@ -443,21 +465,23 @@ def law_data_test_power(
 
 
 @lru_cache(maxsize=1024)
-def interval_log_factors(n: int, ci_level: float, ci_method: str) -> tuple[tuple[float, float], ...]:
-    """Per simulated study of ``n`` normal documents (:func:`_simulated_documents`), the energy
-    ratio interval's ends on the log scale in units of the true SE ``σ/√n``:
-    ``(log R̂ − log lo, log hi − log R̂)/(σ/√n)``, from the analysis' own interval ``ci_method``
-    (:func:`anistat.stats.ratio_interval` for the ratio methods, the bootstrap methods over
-    :data:`SIMULATED_RESAMPLES` resamples, tails expanded for ``n`` documents). For the t
-    interval both factors would be ``t_{(1+L)/2, n−1} s/σ``."""
+def interval_log_factors(
+    n: int, ci_level: float, ci_method: str, total_cv: float | None = None
+) -> tuple[tuple[float, float], ...]:
+    """Per simulated study of ``n`` documents (:func:`_simulated_documents`: normal documents, or
+    with ``total_cv`` lognormal document energies of that CV), the energy ratio interval's ends on
+    the log scale in units of the true SE ``σ/√n``: ``(log R̂ − log lo, log hi − log R̂)/(σ/√n)``,
+    ``R̂ = Σp/Σt``, from the analysis' own interval ``ci_method`` (:func:`anistat.stats.ratio_interval`
+    for the ratio methods, the bootstrap methods over :data:`SIMULATED_RESAMPLES` resamples, tails
+    expanded for ``n`` documents). For the t interval both factors would be ``t_{(1+L)/2, n−1} s/σ``;
+    the F-calibrated intervals (``adjusted_el_f``) widen with the totals' concentration."""
     from .stats import RATIO_INTERVAL_METHODS, bootstrap_weights, ratio_interval
     from .stats.energy import _ratio_intervals, _Units
 
     weights = bootstrap_weights(n, SIMULATED_RESAMPLES, seed=n)
-    total = np.ones(n)
     scale = SIMULATED_RELATIVE_SD / math.sqrt(n)
     factors = []
-    for proxy in _simulated_documents(n):
+    for proxy, total in zip(*_simulated_documents(n, total_cv)):
         if ci_method in RATIO_INTERVAL_METHODS:
             interval = ratio_interval(proxy, total, ci_method, weights, ci_level, expand_units=n)
             low, high = interval.ci_low, interval.ci_high
@@ -465,21 +489,41 @@ def interval_log_factors(n: int, ci_level: float, ci_method: str) -> tuple[tuple
             units = _Units(proxy=proxy, total=total, reference=total, name="documents")
             result = _ratio_intervals(units, weights, ci_level, ci_method)[1]
             low, high = result.ci_low, result.ci_high
-        estimate = proxy.sum() / n
+        estimate = proxy.sum() / total.sum()
         factors.append((math.log(estimate / low) / scale, math.log(high / estimate) / scale))
     return tuple(factors)
 
 
-def small_sample_half_width(n: int, tau: float, ratio: float, ci_level: float, ci_method: str) -> float:
+def small_sample_half_width(
+    n: int, tau: float, ratio: float, ci_level: float, ci_method: str, total_cv: float | None = None
+) -> float:
     """Mean half-width of the energy ratio's ``ci_method`` interval at ``n`` documents: over the
     simulated studies' log-scale factors ``(f_lo, f_hi)`` (:func:`interval_log_factors` at
-    :func:`simulated_size` of ``n``), the mean
-    of ``R (e^{f_hi τ/√n} − e^{−f_lo τ/√n})/2``; :func:`ci_half_width` at and above
-    :data:`SMALL_SAMPLE_LIMIT` documents."""
+    :func:`simulated_size` of ``n`` and ``total_cv`` rounded to :data:`SIMULATED_CV_DECIMALS`),
+    the mean of ``R (e^{f_hi τ/√n} − e^{−f_lo τ/√n})/2``. At and above :data:`SMALL_SAMPLE_LIMIT`
+    documents :func:`ci_half_width`, with a known ``total_cv`` at ``c τ``
+    (:func:`boundary_width_factor`), so the width does not drop where the simulation stops."""
+    cv_key = None if total_cv is None else round(total_cv, SIMULATED_CV_DECIMALS)
     if n >= SMALL_SAMPLE_LIMIT:
-        return ci_half_width(n, tau, ratio, ci_level)
-    factors = np.asarray(interval_log_factors(simulated_size(n), ci_level, ci_method)) * (tau / math.sqrt(n))
-    return float(np.mean(ratio * (np.exp(factors[:, 1]) - np.exp(-factors[:, 0])) / 2.0))
+        factor = 1.0 if cv_key is None else boundary_width_factor(ci_level, ci_method, cv_key)
+        return ci_half_width(n, factor * tau, ratio, ci_level)
+    factors = interval_log_factors(simulated_size(n), ci_level, ci_method, cv_key)
+    scaled = np.asarray(factors) * (tau / math.sqrt(n))
+    return float(np.mean(ratio * (np.exp(scaled[:, 1]) - np.exp(-scaled[:, 0])) / 2.0))
+
+
+@lru_cache(maxsize=1024)
+def boundary_width_factor(ci_level: float, ci_method: str, total_cv: float) -> float:
+    """``c ≥ 1``: the simulated interval's mean log-scale half-factor ``(f_lo + f_hi)/2`` at the
+    last simulated size (:func:`interval_log_factors` at :func:`simulated_size` of
+    ``SMALL_SAMPLE_LIMIT − 1``, totals of CV ``total_cv``) over the t interval's
+    ``t_{(1+L)/2, n_b−1}``, ``n_b = SMALL_SAMPLE_LIMIT − 1``. Concentrated totals keep an
+    F-calibrated interval wider than the t interval beyond the simulated sizes (its effective size
+    ``m ≈ n/(1 + cv_t²)``); holding ``c`` fixed above them is conservative, as ``F(1, m − 1)``
+    tends to ``χ²₁``."""
+    last = SMALL_SAMPLE_LIMIT - 1
+    factors = np.asarray(interval_log_factors(simulated_size(last), ci_level, ci_method, total_cv))
+    return max(float(factors.mean()) / float(sps.t.ppf(0.5 + ci_level / 2.0, last - 1)), 1.0)
 
 
 def haar_null_quantile(rank: int, dim: int, null_sd: float, tail: float) -> float:
@@ -603,12 +647,18 @@ def boundary_relative_sd(
 
 
 def documents_for_half_width(
-    tau: float, ratio: float, half_width: float, ci_level: float = 0.95, ci_method: str | None = None
+    tau: float,
+    ratio: float,
+    half_width: float,
+    ci_level: float = 0.95,
+    ci_method: str | None = None,
+    total_cv: float | None = None,
 ) -> int | None:
     """Documents for a CI half-width of at most ``half_width`` at ``R``, at least
     :data:`anistat.stats.MIN_RESAMPLING_UNITS` (below it the analysis withholds the interval and
-    the data test): the mean half-width of the analysis' ``ci_method`` interval
-    (:func:`small_sample_half_width`), or the t interval's (:func:`ci_half_width`) when None.
+    the data test): the mean half-width of the analysis' ``ci_method`` interval on documents whose
+    total energies have CV ``total_cv`` (:func:`small_sample_half_width`), or the t interval's
+    (:func:`ci_half_width`) when ``ci_method`` is None.
 
     Examples
     --------
@@ -620,7 +670,7 @@ def documents_for_half_width(
         return smallest_n(lambda n: ci_half_width(n, tau, ratio, ci_level) <= half_width, MIN_RESAMPLING_UNITS)
     guess = documents_for_half_width(tau, ratio, half_width, ci_level) or MAX_DOCUMENTS
     return smallest_n_near(
-        lambda n: small_sample_half_width(n, tau, ratio, ci_level, ci_method) <= half_width,
+        lambda n: small_sample_half_width(n, tau, ratio, ci_level, ci_method, total_cv) <= half_width,
         guess,
         MIN_RESAMPLING_UNITS,
     )
@@ -754,7 +804,9 @@ def plan_unit(law: UnitLaw, targets: PlanTargets, data_test: bool = True) -> dic
         if tau is None:
             return None, None, None
         width = (
-            documents_for_half_width(tau, targets.ratio, targets.half_width, targets.ci_level, targets.ci_method)
+            documents_for_half_width(
+                tau, targets.ratio, targets.half_width, targets.ci_level, targets.ci_method, law.total_cv
+            )
             if targets.half_width is not None
             else None
         )
@@ -1046,8 +1098,9 @@ def assumptions(targets: PlanTargets, source: str) -> list[str]:
         f"the relative SD at which it equals the law's power at {SMALL_SAMPLE_LIMIT - 1} documents. With few "
         f"documents the expanded tail at a small threshold needs more than {MAX_TEST_RESAMPLES:,} resamples, so "
         f"the count is raised until it does not. Half-width: of the analysis' {targets.ci_method} interval, "
-        f"simulated with normal documents below {SMALL_SAMPLE_LIMIT} documents (optimistic with skewed "
-        "documents: read the upper-limit column).",
+        f"simulated below {SMALL_SAMPLE_LIMIT} documents on documents whose total energies are lognormal with "
+        "the pilot's total-energy CV (constant when it is unknown) and whose residual is normal (optimistic "
+        "with heavier-tailed documents: read the upper-limit column).",
         "Exact test: rejects when the energy fraction exceeds the Haar null's quantile at the threshold; that "
         "null is set by d, k and the gradients' spectrum, not by the number of documents, so below the ratio "
         "'exact_ratio_needed' no study size reaches the power (empty count). The quantile is a Beta moment match to the null's mean and SD, "

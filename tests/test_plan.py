@@ -162,12 +162,49 @@ def test_small_sample_half_width_of_the_protocol_interval():
     # each simulated interval is the analysis' own: the default interval of the study's documents
     from anistat.stats import ratio_interval
 
-    proxy = plan._simulated_documents(20)[0]
-    interval = ratio_interval(proxy, np.ones(20), plan.DEFAULT_CI_METHOD, None, 0.95, expand_units=20)
+    proxy, total = (rows[0] for rows in plan._simulated_documents(20))
+    assert np.array_equal(total, np.ones(20))
+    interval = ratio_interval(proxy, total, plan.DEFAULT_CI_METHOD, None, 0.95, expand_units=20)
     low, high = plan.interval_log_factors(20, 0.95, plan.DEFAULT_CI_METHOD)[0]
     scale = plan.SIMULATED_RELATIVE_SD / math.sqrt(20)
     assert interval.ci_high == pytest.approx(proxy.mean() * math.exp(high * scale))
     assert interval.ci_low == pytest.approx(proxy.mean() * math.exp(-low * scale))
+
+
+def test_small_sample_half_width_sees_the_total_energy_cv():
+    """With the law's total-energy CV the simulated documents' totals are lognormal with that CV
+    (Kish n_eff ≈ n/(1 + cv_t²)), the F-calibrated interval widens with it, and so does the plan;
+    each simulated interval is still the real ``ratio_interval`` of its study."""
+    from anistat.stats import bootstrap_weights, kish_effective_size, ratio_interval
+
+    proxy, total = plan._simulated_documents(plan.SMALL_SAMPLE_LIMIT, 0.8)
+    assert total.mean() == pytest.approx(1.0, abs=0.02)
+    assert total.std() / total.mean() == pytest.approx(0.8, rel=0.1)
+    assert np.std(proxy - total) == pytest.approx(plan.SIMULATED_RELATIVE_SD, rel=0.02)
+    n = 40
+    proxy, total = (rows[1] for rows in plan._simulated_documents(n, 0.8))
+    assert kish_effective_size(total) < 0.8 * n
+    weights = bootstrap_weights(n, plan.SIMULATED_RESAMPLES, seed=n)
+    interval = ratio_interval(proxy, total, plan.DEFAULT_CI_METHOD, weights, 0.95, expand_units=n)
+    low, high = plan.interval_log_factors(n, 0.95, plan.DEFAULT_CI_METHOD, 0.8)[1]
+    estimate, scale = proxy.sum() / total.sum(), plan.SIMULATED_RELATIVE_SD / math.sqrt(n)
+    assert interval.ci_high == pytest.approx(estimate * math.exp(high * scale))
+    assert interval.ci_low == pytest.approx(estimate * math.exp(-low * scale))
+    tau, ratio, method = 0.28, 1.1, plan.DEFAULT_CI_METHOD
+    widths = [plan.small_sample_half_width(n, tau, ratio, 0.95, method, cv) for cv in (None, 0.4, 0.8, 1.2)]
+    assert widths[0] < widths[2] < widths[3]
+    assert widths[1] < widths[2]
+    sizes = [plan.documents_for_half_width(tau, ratio, 0.1, 0.95, method, cv) for cv in (None, 0.4, 0.8, 1.2)]
+    assert sizes[0] <= sizes[1] <= sizes[2] < sizes[3]
+    assert sizes[0] < sizes[2]
+    # the cache key is cv_t rounded: a cv_t within the rounding plans the same
+    assert plan.small_sample_half_width(n, tau, ratio, 0.95, method, 0.8004) == widths[2]
+    # where the simulation stops the width carries on (concentrated totals: wider than t's)
+    limit = plan.SMALL_SAMPLE_LIMIT
+    below, at = (plan.small_sample_half_width(k, 0.5, 1.25, 0.95, method, 3.3) for k in (limit - 1, limit))
+    assert at == pytest.approx(below, rel=0.005)
+    assert at > 1.1 * plan.ci_half_width(limit, 0.5, 1.25)
+    assert plan.small_sample_half_width(limit, 0.5, 1.25, 0.95, method) == plan.ci_half_width(limit, 0.5, 1.25)
 
 
 def test_exact_test_power_is_a_one_sided_normal_power():
@@ -318,7 +355,7 @@ def test_plan_from_stated_inputs(tmp_path):
     tau = plan.relative_sd(0.7, 0.5, 0.6)
     assert float(rows[0]["relative_sd"]) == pytest.approx(tau)
     assert int(rows[0]["documents_half_width"]) == plan.documents_for_half_width(
-        tau, 1.25, 0.05, ci_method=plan.DEFAULT_CI_METHOD
+        tau, 1.25, 0.05, ci_method=plan.DEFAULT_CI_METHOD, total_cv=0.5
     )
     assert float(rows[0]["threshold"]) == pytest.approx(0.05 / 2)  # Holm over the two ranks
     assert not (out / "protocol.yaml").exists()
