@@ -30,6 +30,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from ._validation import check_ci_level
+from .ratio_intervals import RATIO_INTERVAL_METHODS
 
 
 def interval_implied_se(
@@ -70,16 +71,9 @@ def interval_implied_se(
 
 
 #: The energy interval methods built for a positive ratio, whose SE is read on the log scale: the
-#: studentized (log-scale bootstrap-t) and the ratio-of-means intervals of :mod:`.ratio_intervals`.
-LOG_SCALE_METHODS = (
-    "studentized",
-    "bca_log",
-    "variance_stabilised",
-    "el",
-    "adjusted_el",
-    "balanced_el",
-    "adjusted_el_f",
-)
+#: studentized (log-scale bootstrap-t; ``studentized_log`` in :mod:`.ratio_intervals`) and the
+#: ratio-of-means intervals of :mod:`.ratio_intervals`.
+LOG_SCALE_METHODS = ("studentized", *RATIO_INTERVAL_METHODS[1:])
 
 
 def interval_log_scale(method: str) -> bool:
