@@ -40,8 +40,8 @@ Two questions are asked of a proxy, and each record names the one(s) its verdict
 * "is this proxy special among random subspaces on these data?" — the exact test against
   uniformly random (Haar) subspaces, conditional on the measured gradients (`alpha` on a row
   estimate: ``decided_by: test``);
-* "would its ratio stay above the threshold over new documents?" — the bootstrap interval over
-  resampled documents (`column: ci_low` / `ci_high`, or a meta claim with `alpha`:
+* "would its ratio stay above the threshold over new documents?" — the interval over documents
+  (`column: ci_low` / `ci_high`, or a meta claim with `alpha`:
   ``decided_by: interval``). A claim with both `column: ci_low` and `alpha` answers both.
 
 The default for a threshold claim (`compare`, `threshold`, `alpha`, and the default

@@ -794,7 +794,7 @@ def _statistics(ctx: ReportContext) -> Para:
         seg.append(
             f"p_value and the intervals answer two questions: the exact test \u201c{QUESTIONS[SUBSPACES]}\u201d "
             f"(conditional on the measured gradients; the stars), the intervals and the data test "
-            f"\u201c{QUESTIONS[DOCUMENTS]}\u201d (over resampled documents); each claim says which it "
+            f"\u201c{QUESTIONS[DOCUMENTS]}\u201d (the document as the unit); each claim says which it "
             "answers. "
         )
     if run.multiplicity == "none":

@@ -30,7 +30,7 @@ QUESTIONS: dict[str, str] = {
 #: How each question is answered.
 QUESTION_METHODS: dict[str, str] = {
     SUBSPACES: "the exact test against random subspaces, conditional on the measured gradients",
-    DOCUMENTS: "the bootstrap interval or data test over resampled documents",
+    DOCUMENTS: "the interval or data test over documents",
 }
 #: Row tests (the results' ``p_test``) that resample the data: they answer :data:`DOCUMENTS`.
 DATA_TESTS = frozenset({"bootstrap_t", "sign_flip"})

@@ -758,7 +758,7 @@ def _claims_tex(ctx: ReportContext) -> list[str]:
         r"\subsection*{Claims: %d of %d passed}" % (n_pass, len(claims)),
         r"{\small Each claim answers one of two questions: ``" + tex(QUESTIONS[SUBSPACES]) + "'' (the exact test, "
         "conditional on the measured gradients) or ``" + tex(QUESTIONS[DOCUMENTS]) + "'' (the interval over "
-        "resampled documents).}",
+        "documents).}",
         r"\begin{itemize}",
     ]
     for c in claims:
