@@ -48,6 +48,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "n_sequences",
     "n_clusters",
     "n_eff",
+    "m_eff",
     "n_tokens",
     "status",
     "note",

@@ -518,42 +518,48 @@ def few_resampling_units_warnings(results: pd.DataFrame) -> list[str]:
 
 
 def concentration_warnings(results: pd.DataFrame) -> list[str]:
-    """Run-level warnings naming the units whose energy is concentrated in so few documents that
-    their Kish ``n_eff`` (the ``n_eff`` column of their energy rows) lies below the level where
-    `anistat calibrate` measured their interval method's coverage under 0.93, or the data test's
-    level over 0.06 (:func:`anistat.stats.ratio_intervals.calibrated_concentration`), each quoting
-    the measured value at its level; [] when there is none. Units whose intervals are withheld
-    (fewer than :data:`MIN_RESAMPLING_UNITS` resampling units) are left to
-    :func:`few_resampling_units_warnings`."""
+    """Run-level warnings naming the units whose documents are too concentrated for what
+    `anistat calibrate` measured (:func:`anistat.stats.ratio_intervals.calibrated_concentration`):
+    the smallest ``m_eff`` of a unit's energy-ratio rows (:func:`anistat.stats.el_effective_size`)
+    below the level where its interval method's coverage fell under 0.93, or its documents'
+    energy spread ``n_clusters/n_eff`` at or above the level from which the data test's level
+    exceeded 0.06; each warning quotes the measured value at the unit's own level; [] when there
+    is none. A table written before ``m_eff`` existed is read by its ``n_eff`` (an upper bound of
+    ``m_eff``, so it can miss units). Units whose intervals are withheld (fewer than
+    :data:`MIN_RESAMPLING_UNITS` resampling units) are left to :func:`few_resampling_units_warnings`."""
     import pandas as pd
 
     from .stats.energy import MIN_RESAMPLING_UNITS
     from .stats.ratio_intervals import calibrated_concentration
 
-    needed = {"model", "checkpoint", "site", "metric", "n_clusters", "n_eff", "ci_method"}
+    size_column = "m_eff" if "m_eff" in results.columns and results["m_eff"].notna().any() else "n_eff"
+    needed = {"model", "checkpoint", "site", "metric", "n_clusters", "n_eff", size_column, "ci_method"}
     if results.empty or not needed <= set(results.columns):
         return []
     rows = results[results["metric"] == "energy_ratio"]
-    rows = rows[pd.to_numeric(rows["n_clusters"], errors="coerce") >= MIN_RESAMPLING_UNITS]
-    n_eff = pd.to_numeric(rows["n_eff"], errors="coerce")
+    clusters = pd.to_numeric(rows["n_clusters"], errors="coerce")
+    rows, clusters = rows[clusters >= MIN_RESAMPLING_UNITS], clusters[clusters >= MIN_RESAMPLING_UNITS]
     keys = [rows["model"], rows["checkpoint"], rows["site"]]
-    units = n_eff.groupby(keys, sort=False, dropna=False).min().dropna()
+    effective_size = pd.to_numeric(rows[size_column], errors="coerce").groupby(keys, sort=False, dropna=False).min()
+    spread = (clusters / pd.to_numeric(rows["n_eff"], errors="coerce")).groupby(keys, sort=False, dropna=False).max()
     methods = rows["ci_method"].astype(str).replace({"studentized": "studentized_log"})
     method_of = methods.groupby(keys, sort=False, dropna=False).first()
-    levels = {key: calibrated_concentration(value, method_of[key]) for key, value in units.items()}
+    units = {key: (value, spread[key]) for key, value in effective_size.dropna().items()}
+    levels = {key: calibrated_concentration(size, method_of[key], ratio) for key, (size, ratio) in units.items()}
     flagged = {
         key: tuple(aspect for aspect in ("coverage", "data_test") if level[f"{aspect}_off"])
         for key, level in levels.items()
         if level is not None
     }
     return [
-        _concentration_warning(aspects, [(key, units[key], levels[key]) for key in keys])
+        _concentration_warning(aspects, [(key, *units[key], levels[key]) for key in keys], size_column)
         for aspects, keys in _grouped(flagged).items()
         if aspects
     ]
 
 
-#: What each calibrated aspect of a concentrated unit is called in its warning.
+#: What each calibrated aspect of a concentrated unit is called in its warning: what calibrate
+#: found, the value's name, what to read as approximate, and the unit's own measure.
 _CONCENTRATION_ASPECTS = {
     "coverage": ("the 95 % energy-ratio interval's coverage outside [0.93, 0.97]", "coverage", "intervals"),
     "data_test": ("the data test's level outside [0.04, 0.06] at α = 0.05", "level", "data tests (hedges_g p-values)"),
@@ -568,23 +574,37 @@ def _grouped(flagged: Mapping[Any, tuple[str, ...]]) -> dict[tuple[str, ...], li
     return groups
 
 
-def _concentration_warning(aspects: tuple[str, ...], units: list[tuple[Any, float, Mapping[str, Any]]]) -> str:
-    """One warning for units flagged on the same aspects: the n_eff range, what calibrate found
-    there, the first three units with the values measured at their own level, and what to do."""
-    below = max(units[0][2][f"{aspect}_below"] for aspect in aspects)
+def _concentration_warning(
+    aspects: tuple[str, ...], units: list[tuple[Any, float, float, Mapping[str, Any]]], size_column: str = "m_eff"
+) -> str:
+    """One warning for units flagged on the same aspects: where calibrate found each aspect off,
+    the first three units with their own measures and the values measured at their levels, and
+    what to do."""
+    level = units[0][3]
+    where = []
+    if "coverage" in aspects:
+        where.append(f"{size_column} below {level['coverage_below']:g}")
+    if "data_test" in aspects:
+        where.append(f"documents' energy spread n/n_eff of {level['data_test_from']:g} or more")
     found = " and ".join(_CONCENTRATION_ASPECTS[a][0] for a in aspects)
-    shown = ", ".join(
-        f"{m} {c} {s} (n_eff {value:.1f}: "
-        + ", ".join(f"{_CONCENTRATION_ASPECTS[a][1]} {level[a]:.3f}" for a in aspects)
-        + ")"
-        for (m, c, s), value, level in units[:3]
-    )
+
+    def measures(size: float, spread: float, level: Mapping[str, Any]) -> str:
+        own = [f"{size_column} {size:.1f}"] + ([f"n/n_eff {spread:.1f}"] if "data_test" in aspects else [])
+        found_there = [f"{_CONCENTRATION_ASPECTS[a][1]} {level[a]:.3f}" for a in aspects]
+        return ", ".join(own) + ": " + ", ".join(found_there)
+
+    shown = ", ".join(f"{m} {c} {s} ({measures(size, spread, level)})" for (m, c, s), size, spread, level in units[:3])
     more = f", … ({len(units)} units)" if len(units) > 3 else ""
     read = " and ".join(_CONCENTRATION_ASPECTS[a][2] for a in aspects)
     return (
-        f"{len(units)} unit(s) have their energy concentrated in few resampling units (Kish n_eff below "
-        f"{below:g}, where `anistat calibrate` found {found}; the values at each unit's own n_eff): "
-        f"{shown}{more} — read their {read} as approximate, or add documents"
+        f"{len(units)} unit(s) have their energy concentrated in few or heavy-tailed resampling units "
+        f"({' and '.join(where)}, where `anistat calibrate` found {found}; the values at each unit's own "
+        f"level): {shown}{more} — read their {read} as approximate"
+        + (
+            ", or add documents"
+            if "coverage" in aspects
+            else "; the exact test keeps its level (it resamples no documents)"
+        )
     )
 
 

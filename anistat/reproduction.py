@@ -57,7 +57,7 @@ EXACT_COLUMNS = (
     "n_tokens",
 )
 #: Continuous columns compared with the relative rule.
-SCALED_COLUMNS = ("estimate", "ci_low", "ci_high", "se", "effect_size", "n_eff")
+SCALED_COLUMNS = ("estimate", "ci_low", "ci_high", "se", "effect_size", "n_eff", "m_eff")
 #: Columns holding the mean / SD of drawn controls.
 CONTROL_COLUMNS = ("control_mean", "control_sd")
 #: Monte-Carlo p-value columns.

@@ -6,13 +6,16 @@ of 1, at 30, 60 and 200 documents. Every simulated study computes the haar energ
 interval by each method of :data:`anistat.stats.ratio_intervals.RATIO_INTERVAL_METHODS` on the
 same per-document sums and resamples. Printed: coverage per scenario × documents × method (the
 mean over the two conditions, ``2·studies`` studies per cell, ± one binomial Monte-Carlo SE), the
-data test's level at ratio 1, and coverage and data-test level by Kish's effective number of
-documents (pooled over scenarios, conditions and sizes).
+data test's level at ratio 1, and coverage and data-test level by the ratio's effective number
+of documents ``m_eff`` (:func:`anistat.stats.el_effective_size`; pooled over scenarios,
+conditions and sizes).
 
 Usage: ``python benchmarks/bench_ratio_intervals.py [--studies 250] [--seed 0] [--out /tmp/ratio.json]``
 (one process; about 0.1–0.3 s per study on one core). ``--pool a.json b.json``: the tables of
 several ``--out`` files of the same settings and different seeds, pooled (rates weighted by
-their studies).
+their studies). Last tables: the data test's level at ratio 1 by the documents' energy spread
+``n/n_eff``, and per scenario and size its level over all studies, the share the concentration
+warning flags (spread at or above the threshold those levels give) and the level among the others.
 
 ``--cost``: instead, the cost of each method per row group at the d = 768 shape (per-sequence
 energies of 32 tokens per sequence in d = 768 with a rank-8 proxy; 128 sequences in 32 documents,
@@ -31,7 +34,7 @@ import time
 import numpy as np
 
 from anistat.stats.calibrate import SCENARIOS, _jsonable, run_calibration
-from anistat.stats.ratio_intervals import RATIO_INTERVAL_METHODS
+from anistat.stats.ratio_intervals import RATIO_INTERVAL_METHODS, SPREAD_LEVELS, data_test_spread_threshold
 
 
 def _energies(rng: np.random.Generator, sequences: int, d: int = 768, k: int = 8, tokens: int = 32):
@@ -114,30 +117,51 @@ def main() -> None:
         interval_cost()
         return
     t0 = time.perf_counter()
-    result = run_calibration(
-        args.studies,
-        seed=args.seed,
-        scenarios=SCENARIOS,
-        planted_ratios=tuple(args.planted),
-        n_documents=args.documents[0],
-        coverage_documents=tuple(args.documents[1:]),
-        n_null=args.n_null,
-    )
+    # one run per size, each keeping its studies: the per-study m_eff and data-test p-values are
+    # what the flagged / unflagged split of the data test's level needs (the seeds of a study do
+    # not depend on its size, so this is the same as one run over all sizes)
+    runs = [
+        run_calibration(
+            args.studies,
+            seed=args.seed,
+            scenarios=SCENARIOS,
+            planted_ratios=tuple(args.planted),
+            n_documents=size,
+            coverage_documents=(),
+            n_null=args.n_null,
+            keep_simulations=True,
+        )
+        for size in args.documents
+    ]
     print(f"{args.studies} studies per scenario, condition and size; {time.perf_counter() - t0:.0f} s")
-    print_tables(list(result.conditions), list(result.concentration))
+    payload = {
+        "conditions": [row for run in runs for row in run.conditions],
+        "concentration": _pooled_levels([list(run.concentration) for run in runs]),
+        "studies": {
+            f"{size}/{key}": {column: [float(x) for x in columns[column]] for column in STUDY_COLUMNS}
+            for size, run in zip(args.documents, runs, strict=True)
+            for key, columns in run.simulations.items()
+        },
+        "settings": {**runs[0].settings, "documents": list(args.documents)},
+    }
+    print_tables(payload["conditions"], payload["concentration"], payload["studies"])
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
-            payload = {"conditions": list(result.conditions), "concentration": list(result.concentration)}
-            json.dump(_jsonable({**payload, "settings": result.settings}), fh, indent=1)
+            json.dump(_jsonable(payload), fh, indent=1)
 
 
-def print_tables(conditions: list[dict], concentration: list[dict]) -> None:
+#: The per-study columns an ``--out`` file keeps.
+STUDY_COLUMNS = ("m_eff", "n_eff", "p_data_document", "cover_method_adjusted_el_f")
+
+
+def print_tables(conditions: list[dict], concentration: list[dict], studies: dict | None = None) -> None:
     """Coverage per scenario × documents × method (± one binomial SE), the data test's level at
-    ratio 1, and both by Kish n_eff level."""
+    ratio 1, both by ``m_eff`` level, and (with the per-study columns) the data test's level by
+    energy spread ``n/n_eff`` and among the rows the concentration warning flags and the others."""
     import pandas as pd
 
     frame = pd.DataFrame(conditions)
-    header = ["scenario", "documents", "n_eff (median)", *RATIO_INTERVAL_METHODS, "data test at ratio 1"]
+    header = ["scenario", "documents", "n_eff (median)", "m_eff (median)", *RATIO_INTERVAL_METHODS, "data test at 1"]
     print(" | ".join(header))
     for (scenario, size), group in frame.groupby(["scenario", "documents"], sort=False):
         cells = []
@@ -151,38 +175,74 @@ def print_tables(conditions: list[dict], concentration: list[dict]) -> None:
             if len(null)
             else "—"
         )
-        print(" | ".join([scenario, str(size), f"{group['n_eff_median'].median():.1f}", *cells, data]))
-    print("by n_eff: low | high | studies | " + " | ".join(RATIO_INTERVAL_METHODS) + " | data test (studies)")
+        medians = [f"{group['n_eff_median'].median():.1f}", f"{group['m_eff_median'].median():.1f}"]
+        print(" | ".join([scenario, str(size), *medians, *cells, data]))
+    print("by m_eff: low | high | studies | " + " | ".join(RATIO_INTERVAL_METHODS) + " | data test (studies)")
     for row in concentration:
         cells = [f"{row[f'coverage_{m}']:.3f} ± {row[f'coverage_{m}_se']:.3f}" for m in RATIO_INTERVAL_METHODS]
         data = f"{row['rejection_data']:.3f} ± {row['rejection_data_se']:.3f} ({row['data_test_studies']})"
-        high = float("inf") if row["n_eff_high"] is None else row["n_eff_high"]  # JSON writes inf as null
-        print(" | ".join([f"{row['n_eff_low']:g}", f"{high:g}", str(row["studies"]), *cells, data]))
+        high = float("inf") if row["m_eff_high"] is None else row["m_eff_high"]  # JSON writes inf as null
+        print(" | ".join([f"{row['m_eff_low']:g}", f"{high:g}", str(row["studies"]), *cells, data]))
+    if studies:
+        print_flagged(studies)
 
 
-def _pooled_rate(rows: list[dict], key: str, weight: str) -> tuple[float, float]:
-    """A rate over several runs' rows, weighted by their studies, and its binomial SE."""
-    n = sum(r[weight] for r in rows if r[key] is not None)
-    value = sum(r[key] * r[weight] for r in rows if r[key] is not None) / n if n else float("nan")
-    return value, float(np.sqrt(value * (1 - value) / n)) if n else float("nan")
+def spread_levels(studies: dict, alpha: float = 0.05) -> tuple[list[float], list[int]]:
+    """The data test's rejection rate and studies at a planted ratio of 1 per
+    :data:`~anistat.stats.ratio_intervals.SPREAD_LEVELS` level of the energy spread ``n/n_eff``
+    (as :func:`anistat.stats.calibrate.spread_rows`)."""
+    spread, rejected = _spreads(studies, alpha)
+    rates, counts = [], []
+    for low, high in SPREAD_LEVELS:
+        inside = (spread >= low) & (spread < high)
+        rates.append(float(rejected[inside].mean()) if inside.any() else float("nan"))
+        counts.append(int(inside.sum()))
+    return rates, counts
 
 
-def pool(paths: list[str]) -> tuple[list[dict], list[dict]]:
-    """The conditions and n_eff levels of several ``--out`` files of the same settings but the
-    seed, pooled: rates weighted by their studies (``n_eff_median``: the mean of the runs')."""
-    runs = [json.load(open(path, encoding="utf-8")) for path in paths]
-    conditions = []
-    for rows in zip(*(run["conditions"] for run in runs), strict=True):
-        row = dict(rows[0], n_simulations=sum(r["n_simulations"] for r in rows))
-        for key in row:
-            if key.startswith(("coverage_", "rejection_")) and not key.endswith("_se"):
-                row[key], row[f"{key}_se"] = _pooled_rate(list(rows), key, "n_simulations")
-        row["n_eff_median"] = float(np.mean([r["n_eff_median"] for r in rows]))
-        conditions.append(row)
+def _spreads(studies: dict, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Every ratio-1 study's energy spread ``n/n_eff`` and whether the data test rejected it."""
+    spread, rejected = [], []
+    for key, columns in studies.items():
+        size, _, condition = key.split("/")
+        if condition == "1.0":
+            spread.extend(int(size) / np.asarray(columns["n_eff"]))
+            rejected.extend(np.asarray(columns["p_data_document"]) <= alpha)
+    return np.asarray(spread), np.asarray(rejected, dtype=bool)
+
+
+def print_flagged(studies: dict, alpha: float = 0.05) -> None:
+    """The data test's level by energy spread, then per scenario × documents at a planted ratio of
+    1: its level over all studies, the share at or above the spread threshold those levels give
+    (:func:`~anistat.stats.ratio_intervals.data_test_spread_threshold`, the run warning's rule)
+    and the level among the others."""
+    rates, counts = spread_levels(studies, alpha)
+    print("data test by n/n_eff: low | high | level (studies)")
+    for (low, high), rate, count in zip(SPREAD_LEVELS, rates, counts, strict=True):
+        se = np.sqrt(rate * (1 - rate) / count) if count else float("nan")
+        print(f"{low:g} | {high:g} | {rate:.3f} ± {se:.3f} ({count})")
+    threshold = data_test_spread_threshold(SPREAD_LEVELS, rates, counts, alpha)
+    print(f"data test at ratio 1, flagged from n/n_eff {threshold:g}: documents | scenario | all | flagged | unflagged")
+
+    def rate(x: np.ndarray) -> str:
+        return f"{x.mean():.3f} ± {np.sqrt(x.mean() * (1 - x.mean()) / x.size):.3f} ({x.size})" if x.size else "—"
+
+    for key, columns in studies.items():
+        size, scenario, condition = key.split("/")
+        if condition != "1.0":
+            continue
+        spread = int(size) / np.asarray(columns["n_eff"])
+        rejected = np.asarray(columns["p_data_document"]) <= alpha
+        kept = spread < threshold
+        print(f"{size} | {scenario} | {rate(rejected)} | {1 - kept.mean():.3f} | {rate(rejected[kept])}")
+
+
+def _pooled_levels(runs: list[list[dict]]) -> list[dict]:
+    """Concentration levels of several runs (sizes or seeds), pooled: rates weighted by studies."""
     levels: dict[float, list[dict]] = {}
     for run in runs:
-        for row in run["concentration"]:
-            levels.setdefault(row["n_eff_low"], []).append(row)
+        for row in run:
+            levels.setdefault(row["m_eff_low"], []).append(row)
     concentration = []
     for low in sorted(levels):
         rows = levels[low]
@@ -193,7 +253,35 @@ def pool(paths: list[str]) -> tuple[list[dict], list[dict]]:
             row[key], row[f"{key}_se"] = _pooled_rate(rows, key, "studies")
         row["rejection_data"], row["rejection_data_se"] = _pooled_rate(rows, "rejection_data", "data_test_studies")
         concentration.append(row)
-    return conditions, concentration
+    return concentration
+
+
+def _pooled_rate(rows: list[dict], key: str, weight: str) -> tuple[float, float]:
+    """A rate over several runs' rows, weighted by their studies, and its binomial SE."""
+    n = sum(r[weight] for r in rows if r[key] is not None)
+    value = sum(r[key] * r[weight] for r in rows if r[key] is not None) / n if n else float("nan")
+    return value, float(np.sqrt(value * (1 - value) / n)) if n else float("nan")
+
+
+def pool(paths: list[str]) -> tuple[list[dict], list[dict], dict]:
+    """The conditions, ``m_eff`` levels and per-study columns of several ``--out`` files of the
+    same settings but the seed, pooled: rates weighted by their studies (medians: the mean of
+    the runs')."""
+    runs = [json.load(open(path, encoding="utf-8")) for path in paths]
+    conditions = []
+    for rows in zip(*(run["conditions"] for run in runs), strict=True):
+        row = dict(rows[0], n_simulations=sum(r["n_simulations"] for r in rows))
+        for key in row:
+            if key.startswith(("coverage_", "rejection_")) and not key.endswith("_se"):
+                row[key], row[f"{key}_se"] = _pooled_rate(list(rows), key, "n_simulations")
+        for key in ("n_eff_median", "m_eff_median"):
+            row[key] = float(np.mean([r[key] for r in rows]))
+        conditions.append(row)
+    studies = {
+        key: {column: [x for run in runs for x in run["studies"][key][column]] for column in STUDY_COLUMNS}
+        for key in runs[0]["studies"]
+    }
+    return conditions, _pooled_levels([run["concentration"] for run in runs]), studies
 
 
 if __name__ == "__main__":

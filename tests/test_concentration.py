@@ -1,6 +1,7 @@
-"""The per-row concentration diagnostic: Kish's effective number of documents on every energy row
-(equal to a direct computation from the per-document energies), and the run warning that quotes
-the calibrated coverage at that level, in the manifest and the report."""
+"""The per-row concentration diagnostic: Kish's effective number of documents and the ratio's
+effective size m_eff on every energy row (each equal to a direct computation from the
+per-document energies), and the run warning that quotes the calibrated coverage and data-test
+level at the row's m_eff, in the manifest and the report."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from test_bad_input_helpers import no_figures
 from anistat.analyze import analyze_units
 from anistat.bundle import concentration_warnings
 from anistat.collect import BasisColumn
+from anistat.stats import el_effective_size
 from anistat.stats.ratio_intervals import (
     CONCENTRATION_COVERAGE,
-    CONCENTRATION_DATA_TEST,
-    CONCENTRATION_DATA_TEST_STUDIES,
     CONCENTRATION_LEVELS,
     CONCENTRATION_STUDIES,
+    SPREAD_DATA_TEST,
+    SPREAD_DATA_TEST_STUDIES,
+    SPREAD_LEVELS,
     calibrated_concentration,
+    data_test_spread_threshold,
 )
 
 ENERGY = ["energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture"]
@@ -40,6 +44,15 @@ def _unit(hot_scale: float, seed: int = 0, s: int = 48, t: int = 6, d: int = 8, 
     return unit, per_document.sum() ** 2 / (per_document**2).sum()
 
 
+def _m_eff(unit, rank: int = 2) -> float:
+    """el_effective_size of the unit's per-document proxy energies against the Haar expectation
+    k/d of their totals: the data test's and the haar ratio interval's estimating function."""
+    documents = unit.sequence_documents
+    proxy = np.bincount(documents, weights=unit.energy[:, 0, 0])
+    total = np.bincount(documents, weights=unit.total_energy[:, 0])
+    return el_effective_size(proxy, rank / unit.dim * total)
+
+
 def test_every_energy_row_carries_the_kish_effective_number_of_documents():
     unit, expected = _unit(hot_scale=6.0)
     results = analyze_units([unit], _protocol([2]))
@@ -49,36 +62,47 @@ def test_every_energy_row_carries_the_kish_effective_number_of_documents():
     # effective documents; the drawn energies scatter around their expectation
     assert expected == pytest.approx(51**2 / (15 + 36**2), rel=0.2)
     others = results[~results["metric"].isin(ENERGY)]
-    assert others["n_eff"].isna().all()
+    assert others["n_eff"].isna().all() and others["m_eff"].isna().all()
+    # m_eff = min(n_eff, n_z): the hot document also carries the proxy's departures from the ratio
+    haar = energy[energy["control"] == "haar"]
+    assert haar["m_eff"].to_numpy() == pytest.approx(np.full(len(haar), _m_eff(unit)))
+    assert (energy["m_eff"] <= energy["n_eff"] + 1e-9).all() and (energy["m_eff"] >= 1.0).all()
 
 
-def test_a_concentrated_unit_is_warned_about_with_the_calibrated_coverage():
+def test_a_concentrated_unit_is_warned_about_with_the_calibrated_level():
+    """One document with 36× the energy of the 15 others: its energy spread n/n_eff (≈ 8) is far
+    above the level from which the data test was measured liberal; the flat unit's (≈ 1.1) is not."""
     hot, n_eff = _unit(hot_scale=6.0, seed=0)
     flat, flat_n_eff = _unit(hot_scale=1.0, seed=1)
-    level = calibrated_concentration(n_eff, "adjusted_el_f")
-    # the default interval holds its coverage at every level; the data test is liberal below 10
-    assert n_eff < level["data_test_below"] <= flat_n_eff and not level["coverage_off"]
+    spread, flat_spread = 16 / n_eff, 16 / flat_n_eff
+    level = calibrated_concentration(_m_eff(hot), "adjusted_el_f", spread)
+    # the default interval holds its coverage at every level; the data test is liberal from spread 3
+    assert flat_spread < level["data_test_from"] <= spread and level["data_test_off"] and not level["coverage_off"]
     results = analyze_units([hot, flat], _protocol([2]))
     assert set(results.loc[results["metric"] == "energy_ratio", "ci_method"]) == {"adjusted_el_f"}  # the default
     warnings = concentration_warnings(results)
     assert len(warnings) == 1  # one warning for the units flagged on the same aspects
     (warning,) = warnings
     assert warning.startswith("1 unit(s) have their energy concentrated")
-    aspects = [a for a in ("coverage", "data_test") if level[f"{a}_off"]]
-    values = ", ".join(f"{'coverage' if a == 'coverage' else 'level'} {level[a]:.3f}" for a in aspects)
-    assert f"m step0 residual.0 (n_eff {n_eff:.1f}: {values})" in warning and "residual.1" not in warning
-    assert "level outside [0.04, 0.06]" in warning and "read their data tests" in warning
-    assert "coverage outside" not in warning
+    m_eff = results.loc[
+        (results["metric"] == "energy_ratio") & (results["site"] == "residual.0"), "m_eff"
+    ].min()  # the unit's smallest m_eff over its rows (haar and normal)
+    own = f"m_eff {m_eff:.1f}, n/n_eff {spread:.1f}: level {level['data_test']:.3f}"
+    assert f"m step0 residual.0 ({own})" in warning and "residual.1" not in warning, warning
+    assert "energy spread n/n_eff of 3 or more" in warning and "level outside [0.04, 0.06]" in warning
+    assert "read their data tests" in warning and "coverage outside" not in warning
     assert concentration_warnings(analyze_units([flat], _protocol([2]))) == []
 
 
 def test_the_thresholds_are_read_off_the_measured_table():
-    """Levels tile [1, ∞); the coverage threshold is the upper edge of the highest level whose
+    """Levels tile [1, ∞); the coverage threshold is the upper edge of the highest m_eff level whose
     coverage fell below 0.93 by more than its Monte-Carlo margin 1.96·√(0.95·0.05/n) (every level
-    above it is within it), likewise the data test's above 0.06; the default interval
-    (adjusted_el_f) has no such level, balanced EL's is 20 documents, the data test's 10."""
-    assert CONCENTRATION_LEVELS[0][0] == 1.0 and CONCENTRATION_LEVELS[-1][1] == np.inf
-    assert all(a[1] == b[0] for a, b in zip(CONCENTRATION_LEVELS, CONCENTRATION_LEVELS[1:]))
+    above it is within it); the default interval (adjusted_el_f) has no such level, balanced EL's
+    and the studentized interval's are 5. The data test's is the lowest energy spread from which
+    every level rejects more than 0.06 and all of them pooled beyond their margin: 3."""
+    for levels in (CONCENTRATION_LEVELS, SPREAD_LEVELS):
+        assert levels[0][0] == 1.0 and levels[-1][1] == np.inf
+        assert all(a[1] == b[0] for a, b in zip(levels, levels[1:]))
     margins = 1.96 * np.sqrt(0.95 * 0.05 / np.array(CONCENTRATION_STUDIES))
     for method, coverage in CONCENTRATION_COVERAGE.items():
         assert len(coverage) == len(CONCENTRATION_LEVELS) == len(CONCENTRATION_STUDIES)
@@ -87,15 +111,21 @@ def test_the_thresholds_are_read_off_the_measured_table():
         highs = np.array([high for _, high in CONCENTRATION_LEVELS])
         assert not off[highs > below].any()
         assert below == 1.0 or off[highs == below].all()
-    default = calibrated_concentration(9.9)
-    assert (default["coverage_below"], default["data_test_below"]) == (1.0, 10.0)
-    assert default["data_test_off"] and not calibrated_concentration(10.0)["data_test_off"]
-    assert not any(calibrated_concentration(n)["coverage_off"] for n in (1.0, 4.0, 9.9, 50.0))
-    assert calibrated_concentration(19.9, "balanced_el")["coverage_off"]
-    assert not calibrated_concentration(20.0, "balanced_el")["coverage_off"]
-    data_margins = 1.96 * np.sqrt(0.05 * 0.95 / np.array(CONCENTRATION_DATA_TEST_STUDIES))
-    liberal = np.array(CONCENTRATION_DATA_TEST) > 0.06 + data_margins  # [7, 10) is the highest
-    assert liberal[4] and not liberal[[low >= 10.0 for low, _ in CONCENTRATION_LEVELS]].any()
+    default = calibrated_concentration(9.9, spread=2.99)
+    assert (default["coverage_below"], default["data_test_from"]) == (1.0, 3.0)
+    assert not default["data_test_off"] and calibrated_concentration(9.9, spread=3.0)["data_test_off"]
+    assert not any(calibrated_concentration(m)["coverage_off"] for m in (1.0, 4.0, 9.9, 50.0))
+    assert calibrated_concentration(4.9, "balanced_el")["coverage_off"]
+    assert not calibrated_concentration(5.0, "balanced_el")["coverage_off"]
+    # the tail from 3 up: every level above 0.06, pooled beyond its margin; below 3 none above 0.06
+    rates, studies = np.array(SPREAD_DATA_TEST), np.array(SPREAD_DATA_TEST_STUDIES)
+    tail = np.array([low >= 3.0 for low, _ in SPREAD_LEVELS])
+    pooled = (rates[tail] * studies[tail]).sum() / studies[tail].sum()
+    assert (rates[tail] > 0.06).all() and pooled > 0.06 + 1.96 * np.sqrt(0.05 * 0.95 / studies[tail].sum())
+    assert (rates[~tail] <= 0.06).all()
+    assert data_test_spread_threshold(SPREAD_LEVELS, SPREAD_DATA_TEST, SPREAD_DATA_TEST_STUDIES) == 3.0
+    # without a spread the data test is not judged; no calibration without a finite m_eff or for BCa
+    assert not calibrated_concentration(2.0)["data_test_off"] and np.isnan(calibrated_concentration(2.0)["data_test"])
     assert calibrated_concentration(float("nan")) is None and calibrated_concentration(5.0, "bca") is None
 
 
@@ -106,9 +136,9 @@ def test_the_warning_reaches_the_manifest_and_the_report(tmp_path, monkeypatch):
     hot, _ = _unit(hot_scale=6.0)
     result = finalize_bundle([hot], _protocol([2]), tmp_path / "bundle")
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
-    warned = [w for w in manifest["warnings"] if "energy concentrated in few resampling units" in w]
+    warned = [w for w in manifest["warnings"] if "energy concentrated in few or heavy-tailed" in w]
     assert warned and result.manifest["warnings"] == manifest["warnings"]
-    assert "energy concentrated in few resampling units" in (tmp_path / "bundle" / "report.html").read_text()
+    assert "energy concentrated in few or heavy-tailed" in (tmp_path / "bundle" / "report.html").read_text()
     # at about 2 effective documents the adjusted EL statistic (bounded in θ) never reaches its
     # F(1, m − 1) quantile above the estimate: the ratio to the normal control (range [0, ∞)) is
     # unbounded above, and the bundle keeps it

@@ -17,8 +17,8 @@ import pandas as pd
 
 from anistat.report._data import RESULT_COLUMNS
 
-# The report's columns less n_eff and fallback, which the synthetic table leaves for the report to add.
-COLUMNS = [column for column in RESULT_COLUMNS if column not in ("n_eff", "fallback")]
+# The report's columns less n_eff, m_eff and fallback, which the synthetic table leaves for the report to add.
+COLUMNS = [column for column in RESULT_COLUMNS if column not in ("n_eff", "m_eff", "fallback")]
 STEPS = (0, 100, 200, 400)
 PHASE = {0: "early", 100: "early", 200: "late", 400: "late"}
 

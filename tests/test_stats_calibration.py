@@ -193,23 +193,26 @@ def test_heavy_scenario_is_skewed_with_a_heavier_tail_and_the_methods_sit_side_b
         sims = heavy.simulations[f"heavy/{condition}"]
         np.testing.assert_array_equal(sims["cover_method_adjusted_el_f"], sims["cover_ratio_haar_document"])
         assert ((sims["n_eff"] >= 1) & (sims["n_eff"] <= 12)).all()
+        # m_eff = min(n_eff, n_z) (el_effective_size): never above Kish's n_eff
+        assert ((sims["m_eff"] >= 1) & (sims["m_eff"] <= sims["n_eff"] + 1e-9)).all()
     row = heavy.conditions[0]
     assert all(0.0 <= row[f"coverage_method_{m}"] <= 1.0 for m in RATIO_INTERVAL_METHODS)
-    # every study falls in one n_eff level; the data test is counted at ratio 1 only
+    # every study falls in one m_eff level; the data test is counted at ratio 1 only
     assert sum(r["studies"] for r in heavy.concentration) == 12
     assert sum(r["data_test_studies"] for r in heavy.concentration) == 6
     table = np.zeros((1, 2, 3, len(calibrate._COLS)))
-    table[..., calibrate._COLS.index("n_eff")] = [[1.5, 4.0, 4.5], [4.2, 200.0, 2.5]]
+    table[..., calibrate._COLS.index("n_eff")] = 500.0  # the levels are by m_eff, not n_eff
+    table[..., calibrate._COLS.index("m_eff")] = [[1.5, 4.0, 4.5], [4.2, 200.0, 2.5]]
     table[..., calibrate._COLS.index("p_data_document")] = [[1.0, 1.0, 1.0], [0.01, 0.5, 0.5]]
-    rows = {r["n_eff_low"]: r for r in concentration_rows([table], ("random", 1.0), 0.05)}
+    rows = {r["m_eff_low"]: r for r in concentration_rows([table], ("random", 1.0), 0.05)}
     assert {low: r["studies"] for low, r in rows.items()} == {1.0: 1, 2.0: 1, 3.0: 3, 120.0: 1}
     assert rows[3.0]["data_test_studies"] == 1 and rows[3.0]["rejection_data"] == 1.0
 
 
 @pytest.mark.slow
-def test_calibrate_reports_every_interval_method_and_the_n_eff_levels_end_to_end(tmp_path):
+def test_calibrate_reports_every_interval_method_and_the_m_eff_levels_end_to_end(tmp_path):
     """`anistat calibrate --scenario heavy`: the terminal names each method's coverage per study
-    size and scenario, calibration.json carries the n_eff levels (every study in one), and the page
+    size and scenario, calibration.json carries the m_eff levels (every study in one), and the page
     shows both tables."""
     import subprocess
     import sys

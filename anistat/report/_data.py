@@ -37,6 +37,7 @@ NUMERIC_COLUMNS: tuple[str, ...] = (
     "n_controls",
     "n_sequences",
     "n_eff",
+    "m_eff",
     "n_tokens",
 )
 STRING_COLUMNS: tuple[str, ...] = tuple(c for c in RESULT_COLUMNS if c not in NUMERIC_COLUMNS)

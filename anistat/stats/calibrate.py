@@ -36,8 +36,9 @@ Synthetic per-token gradients (numpy), in three scenarios:
 Beside the analysis' own interval every study also computes the energy ratio's (haar, document
 unit) interval by each of :data:`anistat.stats.ratio_intervals.RATIO_INTERVAL_METHODS` on the same
 per-document sums and resamples (columns ``cover_method_<name>``), and Kish's effective number of
-documents ``n_eff = (Σ T_u)²/Σ T_u²`` of the per-document total energies ``T_u``; coverage and the
-data test's level by ``n_eff`` level are :func:`concentration_rows`.
+documents ``n_eff = (Σ T_u)²/Σ T_u²`` of the per-document total energies ``T_u`` and the ratio's
+effective size ``m_eff`` (``min(n_eff, n_z)``, :func:`anistat.stats.el_effective_size`); coverage and
+the data test's level by ``m_eff`` level are :func:`concentration_rows`.
 
 Tokens: ``g_i = c_doc c_seq L (√ρ_d B_docᵀ f_i + √ρ_s B_seqᵀ f'_i + √(1 − ρ_d − ρ_s) e_i)``
 with ``LLᵀ = Σ``, ``B`` rows i.i.d. ``N(0, 1/m)`` (so ``E BᵀB = I`` and the population second
@@ -87,7 +88,13 @@ from .bootstrap import bootstrap_weights
 from .energy import CI_METHODS, analyze_energy, cluster_sums, expected_control_energy
 from .montecarlo import monte_carlo_pvalue, sequential_monte_carlo_pvalue
 from .permutation import sign_flip_test
-from .ratio_intervals import BOOTSTRAP_RATIO_METHODS, RATIO_INTERVAL_METHODS, kish_effective_size, ratio_interval
+from .ratio_intervals import (
+    BOOTSTRAP_RATIO_METHODS,
+    RATIO_INTERVAL_METHODS,
+    el_effective_size,
+    kish_effective_size,
+    ratio_interval,
+)
 
 GOALS = {"type1": (0.04, 0.06), "coverage": (0.94, 0.96)}
 SCENARIOS = ("isotropic", "anisotropic", "clustered", "skewed", "heavy", "hot")
@@ -101,9 +108,13 @@ HOT_SHARE, HOT_ENERGY, HOT_TILT, COLD_TILT = 0.1, 5.0, 3.0, 0.2
 SKEWED_DOCUMENT_SD = 0.75
 #: Log-scale SD of the per-document gradient scale in the ``heavy`` scenario (energy σ = 2.5).
 HEAVY_DOCUMENT_SD = 1.25
-#: Kish effective-document levels (lower edges) by which coverage and the data test's level are
-#: reported (:func:`concentration_rows`).
-N_EFF_EDGES = (1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 80.0, 120.0)
+#: Effective-size levels (lower edges of ``m_eff``, the ratio's effective number of documents) by
+#: which coverage and the data test's level are reported (:func:`concentration_rows`).
+EFFECTIVE_SIZE_EDGES = (1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 80.0, 120.0)
+#: Levels (lower edges) of a study's energy spread ``n/n_eff = 1 + cv_t²`` (its documents' total
+#: energies' mean square over their squared mean) by which the data test's level is reported
+#: (:func:`spread_rows`).
+SPREAD_EDGES = (1.0, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0)
 #: Scenario-independent condition names besides planted ratios.
 RANDOM_PROXY = "random"
 
@@ -127,8 +138,11 @@ class CalibrationResult:
         ``"scenario/condition"`` -> the per-simulation columns, with ``keep_simulations``; else
         empty.
     concentration : tuple of dict
-        Coverage of every ratio-interval method and the data test's level by Kish ``n_eff``
+        Coverage of every ratio-interval method and the data test's level by ``m_eff``
         level, pooled over scenarios, conditions and study sizes (:func:`concentration_rows`).
+    spread : tuple of dict
+        The data test's level by the documents' energy spread ``n/n_eff``, pooled likewise
+        (:func:`spread_rows`).
 
     Examples
     --------
@@ -145,6 +159,7 @@ class CalibrationResult:
     elapsed_s: float
     simulations: dict = field(default_factory=dict, repr=False)
     concentration: tuple = ()
+    spread: tuple = ()
 
     def to_frame(self):
         import pandas as pd
@@ -310,11 +325,12 @@ def _simulated_study(rng, scenario, condition, cfg):
 
 def _interval_methods(p_seq, t_seq, groups, truth, k, d, common) -> dict:
     """Coverage of the haar energy ratio ``truth`` by every ratio-interval method on the study's
-    resampling units (the analysis' resamples, tails expanded as it does), and the units' Kish
-    ``n_eff`` of their total energies."""
+    resampling units (the analysis' resamples, tails expanded as it does), the units' Kish
+    ``n_eff`` of their total energies and the ratio's effective size ``m_eff``
+    (:func:`~anistat.stats.ratio_intervals.el_effective_size`, what the analysis reports)."""
     sums, n_units = cluster_sums(np.stack([p_seq, k / d * t_seq, t_seq], axis=1), groups)
     weights = bootstrap_weights(n_units, max(common["n_bootstrap"], common["n_test_resamples"]), common["seed"])
-    out = {"n_eff": kish_effective_size(sums[:, 2])}
+    out = {"n_eff": kish_effective_size(sums[:, 2]), "m_eff": el_effective_size(sums[:, 0], sums[:, 1])}
     for method in RATIO_INTERVAL_METHODS:
         bootstrap = method in BOOTSTRAP_RATIO_METHODS
         interval = ratio_interval(
@@ -365,6 +381,7 @@ _COLS = (
     "cover_ratio_normal_sequence",
     *(f"cover_method_{method}" for method in RATIO_INTERVAL_METHODS),
     "n_eff",
+    "m_eff",
 )
 
 
@@ -582,16 +599,14 @@ def run_calibration(
     t0 = time.perf_counter()
     results = {size: _simulate_all({**cfg, "n_documents": size}, scenarios, n_jobs) for size in sizes}
     rows, checks = _summarise(results, cfg, scenarios)
-    sims = _kept_simulations(results[sizes[0]], scenarios, cfg) if keep_simulations else {}
-    concentration = tuple(concentration_rows(list(results.values()), _conditions(cfg), float(alpha)))
-    elapsed = float(time.perf_counter() - t0)
     return CalibrationResult(
         settings=cfg,
         conditions=tuple(rows),
         checks=checks,
-        elapsed_s=elapsed,
-        simulations=sims,
-        concentration=concentration,
+        elapsed_s=float(time.perf_counter() - t0),
+        simulations=_kept_simulations(results[sizes[0]], scenarios, cfg) if keep_simulations else {},
+        concentration=tuple(concentration_rows(list(results.values()), _conditions(cfg), float(alpha))),
+        spread=tuple(spread_rows(results, _conditions(cfg), float(alpha))),
     )
 
 
@@ -605,12 +620,15 @@ def _kept_simulations(table: np.ndarray, scenarios, cfg) -> dict:
 
 
 def concentration_rows(tables, conditions, alpha: float) -> list[dict]:
-    """Coverage and the data test's level by Kish's effective number of documents.
+    """Coverage and the data test's level by the energy ratio's effective number of documents.
 
     Every simulated study (of every scenario, condition and size in ``tables``) falls in the
-    ``n_eff`` level ``[N_EFF_EDGES[i], N_EFF_EDGES[i + 1])``; per level: the studies, each
-    ratio-interval method's coverage (``coverage_<method>``, ``_se`` its binomial SE) and, from
-    the studies at a planted ratio of 1 (the data test's null), its rejection rate at ``alpha``.
+    level ``[EFFECTIVE_SIZE_EDGES[i], EFFECTIVE_SIZE_EDGES[i + 1])`` of its ``m_eff`` (the haar
+    ratio's :func:`~anistat.stats.ratio_intervals.el_effective_size`: the smaller of Kish's
+    ``n_eff`` of the denominators and the estimating function's tail-weight size); per level:
+    the studies, each ratio-interval method's coverage (``coverage_<method>``, ``_se`` its
+    binomial SE) and, from the studies at a planted ratio of 1 (the data test's null), its
+    rejection rate at ``alpha``.
 
     Parameters
     ----------
@@ -624,29 +642,29 @@ def concentration_rows(tables, conditions, alpha: float) -> list[dict]:
     Returns
     -------
     list of dict
-        One row per level with any study.
+        One row per level with any study (``m_eff_low``, ``m_eff_high``, ``studies``, …).
 
     Examples
     --------
     >>> import numpy as np
     >>> from anistat.stats import calibrate
     >>> table = np.zeros((1, 1, 4, len(calibrate._COLS)))
-    >>> table[..., calibrate._COLS.index("n_eff")] = [3.0, 5.5, 6.0, 50.0]
+    >>> table[..., calibrate._COLS.index("m_eff")] = [3.0, 5.5, 6.0, 50.0]
     >>> [r["studies"] for r in calibrate.concentration_rows([table], (1.0,), 0.05)]
     [1, 2, 1]
     """
-    n_eff_at, p_at = _COLS.index("n_eff"), _COLS.index("p_data_document")
+    size_at, p_at = _COLS.index("m_eff"), _COLS.index("p_data_document")
     flat = np.concatenate([t.reshape(-1, len(_COLS)) for t in tables])
     null = np.concatenate(
         [np.broadcast_to(np.array([c == 1.0 for c in conditions])[None, :, None], t.shape[:3]).ravel() for t in tables]
     )
-    edges = np.array([*N_EFF_EDGES, np.inf])
+    edges = np.array([*EFFECTIVE_SIZE_EDGES, np.inf])
     rows = []
     for low, high in zip(edges[:-1], edges[1:], strict=True):
-        inside = (flat[:, n_eff_at] >= low) & (flat[:, n_eff_at] < high)
+        inside = (flat[:, size_at] >= low) & (flat[:, size_at] < high)
         if not inside.any():
             continue
-        row = {"n_eff_low": float(low), "n_eff_high": float(high), "studies": int(inside.sum())}
+        row = {"m_eff_low": float(low), "m_eff_high": float(high), "studies": int(inside.sum())}
         for method in RATIO_INTERVAL_METHODS:
             values = flat[inside, _COLS.index(f"cover_method_{method}")]
             row[f"coverage_{method}"], row[f"coverage_{method}_se"] = _rate(values)
@@ -656,6 +674,63 @@ def concentration_rows(tables, conditions, alpha: float) -> list[dict]:
             _rate(flat[tested, p_at] <= alpha) if tested.any() else (np.nan, np.nan)
         )
         rows.append(row)
+    return rows
+
+
+def spread_rows(tables: dict, conditions, alpha: float) -> list[dict]:
+    """The data test's level by the documents' energy spread ``n/n_eff``.
+
+    ``n/n_eff = n Σ T_u² / (Σ T_u)² = 1 + cv_t²`` (``cv_t`` the CV of the ``n`` documents' total
+    energies ``T_u``, with the ``1/n`` variance) measures how heavy-tailed the document energies
+    are, whatever the study's size; the bootstrap-t's level error under skewed documents follows
+    it rather than the effective count (``benchmarks/README.md``). Every study at a planted ratio
+    of 1 falls in the level ``[SPREAD_EDGES[i], SPREAD_EDGES[i + 1])`` of its spread; per level
+    the studies and the rejection rate at ``alpha`` with its binomial SE.
+
+    Parameters
+    ----------
+    tables : dict
+        Study size ``n`` -> its ``(scenario, condition, simulation, column)`` array of
+        :data:`_COLS` columns.
+    conditions : sequence
+        The conditions of the tables' second axis.
+    alpha : float
+        The data test's level.
+
+    Returns
+    -------
+    list of dict
+        One row per level with any study (``spread_low``, ``spread_high``, ``studies``,
+        ``rejection_data``, ``rejection_data_se``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from anistat.stats import calibrate
+    >>> table = np.zeros((1, 1, 3, len(calibrate._COLS)))
+    >>> table[..., calibrate._COLS.index("n_eff")] = [30.0, 10.0, 2.0]  # spreads 1, 3 and 15
+    >>> [r["spread_low"] for r in calibrate.spread_rows({30: table}, (1.0,), 0.05)]
+    [1.0, 3.0, 12.0]
+    """
+    n_eff_at, p_at = _COLS.index("n_eff"), _COLS.index("p_data_document")
+    null = np.array([c == 1.0 for c in conditions])
+    spread = np.concatenate([size / table[:, null, :, n_eff_at].ravel() for size, table in tables.items()])
+    rejected = np.concatenate([table[:, null, :, p_at].ravel() <= alpha for table in tables.values()])
+    edges = np.array([*SPREAD_EDGES, np.inf])
+    rows = []
+    for low, high in zip(edges[:-1], edges[1:], strict=True):
+        inside = (spread >= low) & (spread < high)
+        if inside.any():
+            rate, se = _rate(rejected[inside])
+            rows.append(
+                {
+                    "spread_low": float(low),
+                    "spread_high": float(high),
+                    "studies": int(inside.sum()),
+                    "rejection_data": rate,
+                    "rejection_data_se": se,
+                }
+            )
     return rows
 
 
@@ -703,6 +778,7 @@ def _summarise(results: dict, cfg, scenarios) -> tuple[list[dict], dict]:
                 for name in _COVER_COLUMNS:
                     row[f"coverage_{name[6:]}"], row[f"coverage_{name[6:]}_se"] = _rate(r[name])
                 row["n_eff_median"] = float(np.median(r["n_eff"]))
+                row["m_eff_median"] = float(np.median(r["m_eff"]))
                 rows.append(row)
                 if size != main:
                     continue
@@ -895,6 +971,7 @@ def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
                 "coverage_ratio_haar_document",
                 *(f"coverage_method_{m}" for m in RATIO_INTERVAL_METHODS),
                 "n_eff_median",
+                "m_eff_median",
             ]
         ]
         .mean()
@@ -940,10 +1017,12 @@ def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
         + _table(main, cols)
         + "<h2>Coverage by number of documents</h2><p>The analysis' interval against the ratio to the "
         "normal and the haar control, then every ratio-interval method on the same documents and resamples "
-        "(haar ratio, mean over conditions), and the median Kish n_eff.</p>"
+        "(haar ratio, mean over conditions), and the median Kish n_eff and effective size m_eff.</p>"
         + _table(by_size, list(by_size.columns))
         + "<h2>Coverage and the data test by effective number of documents</h2>"
         + _table(pd.DataFrame(list(result.concentration)), list(pd.DataFrame(list(result.concentration)).columns))
+        + "<h2>The data test by the documents' energy spread n/n_eff</h2>"
+        + _table(pd.DataFrame(list(result.spread)), list(pd.DataFrame(list(result.spread)).columns))
         + family_html
         + f"<h2>Settings</h2><pre>{settings}</pre></body></html>"
     )

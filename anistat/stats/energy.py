@@ -102,7 +102,7 @@ from .fallbacks import (
 )
 from .interval_se import interval_implied_se, interval_log_scale
 from .montecarlo import monte_carlo_pvalue
-from .ratio_intervals import RATIO_INTERVAL_METHODS, ratio_interval
+from .ratio_intervals import RATIO_INTERVAL_METHODS, el_effective_size, ratio_interval
 
 METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture")
 #: Names of the tests behind ``p_value`` (the ``p_test`` column of the results).
@@ -237,6 +237,10 @@ class EnergyAnalysis:
         The exact test's note.
     fallback : str
         The exact test's :data:`FALLBACK_CODES` (empty, or ``"no_exact_test"``).
+    m_eff : float
+        The effective number of resampling units of the data test and the energy ratio
+        (:func:`~anistat.stats.el_effective_size` of the proxy energies against the test's
+        denominators): what the concentration diagnostic reads for the interval's coverage.
 
     Examples
     --------
@@ -265,6 +269,7 @@ class EnergyAnalysis:
     seed: int
     note: str = ""
     fallback: str = ""
+    m_eff: float = float("nan")
 
     def __getitem__(self, name: str) -> MetricResult:
         for m in self.metrics:
@@ -292,6 +297,7 @@ class EnergyAnalysis:
                 "n_controls": self.data_test.n_resamples if m.p_test == DATA_TEST else self.n_null,
                 "n_sequences": self.n_sequences,
                 "n_clusters": self.n_clusters,
+                "m_eff": self.m_eff,
                 "note": m.note,
                 "fallback": m.fallback,
             }
@@ -691,14 +697,10 @@ def analyze_energy(
     fraction = units.proxy.sum() / units.total.sum()
     observed = fraction if observed_fraction is None else float(observed_fraction)
     exact, p_paper = _exact_tests(observed, null, exact, paper, n_paper_controls, alternative)
-    if units.n >= min_resampling_units:
-        weights = bootstrap_weights(units.n, max(n_bootstrap, n_test_resamples or 0), seed)
-        data_test, ci_f, ci_r = _resampled_tests(
-            units, weights, rank, dim, reference, control_kind, alternative, ci_level, ci_method
-        )
-    else:
-        weights = None
-        data_test, ci_f, ci_r = _withheld_tests(units, fraction, min_resampling_units, alternative, ci_level)
+    settings = (rank, dim, reference, control_kind, alternative, ci_level, ci_method)
+    weights, data_test, ci_f, ci_r = _tests(
+        units, fraction, n_bootstrap, n_test_resamples, seed, min_resampling_units, settings
+    )
     rows = _metric_rows(
         units,
         control,
@@ -734,7 +736,14 @@ def analyze_energy(
         seed=int(seed),
         note=exact.note,
         fallback=exact.fallback,
+        m_eff=el_effective_size(units.proxy, _test_reference(units, rank, dim, reference)),
     )
+
+
+def _test_reference(units: _Units, rank: int, dim: int, reference: str) -> np.ndarray:
+    """The data test's denominators: ``k/d·t`` (the closed-form kinds share one test: haar ratio 1
+    ⟺ normal ratio 1) or the drawn controls' energies."""
+    return rank / dim * units.total if reference == "expected" else units.reference
 
 
 def _checked_energies(proxy_energy, total_energy, reference_energy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -790,15 +799,32 @@ def _exact_tests(observed, null, exact, paper, n_paper_controls, alternative) ->
     return exact, p_paper
 
 
+def _tests(
+    units: _Units, fraction, n_bootstrap, n_test_resamples, seed, min_resampling_units, settings
+) -> tuple[np.ndarray | None, StudentizedTest, BootstrapResult, BootstrapResult]:
+    """The bootstrap weights (None when withheld), the data test and the fraction and ratio CIs:
+    resampled with enough units, else withheld with the reason in their notes."""
+    rank, dim, reference, control_kind, alternative, ci_level, ci_method = settings
+    if units.n < min_resampling_units:
+        return (None, *_withheld_tests(units, fraction, min_resampling_units, alternative, ci_level))
+    weights = bootstrap_weights(units.n, max(n_bootstrap, n_test_resamples or 0), seed)
+    return (
+        weights,
+        *_resampled_tests(units, weights, rank, dim, reference, control_kind, alternative, ci_level, ci_method),
+    )
+
+
 def _resampled_tests(
     units: _Units, weights, rank, dim, reference, control_kind, alternative, ci_level, ci_method
 ) -> tuple[StudentizedTest, BootstrapResult, BootstrapResult]:
     """The data test and the fraction and ratio CIs over the bootstrap ``weights``, each CI
     clipped to its parameter's range."""
-    # the closed-form kinds share one data test: p = k/d·t (haar ratio 1) ⟺ normal ratio 1
-    null_reference = rank / dim * units.total if reference == "expected" else units.reference
     data_test = studentized_ratio_test(
-        units.proxy, null_reference, weights, alternative=alternative, expand_units=units.n
+        units.proxy,
+        _test_reference(units, rank, dim, reference),
+        weights,
+        alternative=alternative,
+        expand_units=units.n,
     )
     ci_f, ci_r = _ratio_intervals(units, weights, ci_level, ci_method)
     ci_f = _clipped(ci_f, 0.0, 1.0, "energy fraction")

@@ -55,7 +55,7 @@ side, that end is the parameter's range bound (0 or ∞), with a note.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,7 +86,8 @@ EL_ADJUSTMENTS = ("none", "adjusted", "balanced")
 EL_CALIBRATIONS = ("chi2", "f_effective")
 #: Emerson & Owen's (2009) recommended scale ``s`` of the balanced augmentation.
 BALANCED_EL_SCALE = 1.9
-#: The Kish ``n_eff`` levels ``[low, high)`` of :data:`CONCENTRATION_COVERAGE`.
+#: The levels ``[low, high)`` of a row's effective number of documents ``m_eff``
+#: (:func:`el_effective_size`) of :data:`CONCENTRATION_COVERAGE`.
 CONCENTRATION_LEVELS: tuple[tuple[float, float], ...] = (
     (1.0, 2.0),
     (2.0, 3.0),
@@ -103,54 +104,60 @@ CONCENTRATION_LEVELS: tuple[tuple[float, float], ...] = (
     (120.0, float("inf")),
 )
 #: Coverage of each method's 95 % energy-ratio (haar) interval per :data:`CONCENTRATION_LEVELS`
-#: level, measured by ``benchmarks/bench_ratio_intervals.py --studies 200`` with seeds 0–3, pooled
-#: (``--pool``): ``anistat calibrate``'s six scenarios (the ``hot`` law with i.i.d. documents), the
-#: random proxy and a planted ratio of 1, at 30, 60 and 200 documents: 28 800 studies,
-#: :data:`CONCENTRATION_STUDIES` per level (binomial SE 0.004–0.009 near 0.95; benchmarks/README.md).
+#: level of ``m_eff``, measured by ``benchmarks/bench_ratio_intervals.py --studies 200`` with seeds
+#: 0–3, pooled (``--pool``): ``anistat calibrate``'s six scenarios (the ``hot`` law with i.i.d.
+#: documents), the random proxy and a planted ratio of 1, at 30, 60 and 200 documents: 28 800
+#: studies, :data:`CONCENTRATION_STUDIES` per level (binomial SE 0.004–0.009 near 0.95, 0.015 in
+#: the last level; benchmarks/README.md).
 CONCENTRATION_COVERAGE: dict[str, tuple[float, ...]] = {
-    "studentized_log": (0.615, 0.862, 0.888, 0.904, 0.923, 0.939, 0.933, 0.947, 0.943, 0.942, 0.959, 0.938, 0.948),
-    "bca_log": (0.904, 0.886, 0.849, 0.863, 0.890, 0.891, 0.885, 0.913, 0.914, 0.918, 0.951, 0.923, 0.942),
-    "variance_stabilised": (0.281, 0.487, 0.590, 0.715, 0.806, 0.851, 0.889, 0.916, 0.925, 0.920, 0.951, 0.927, 0.942),
-    "el": (0.460, 0.674, 0.740, 0.801, 0.861, 0.880, 0.881, 0.913, 0.915, 0.925, 0.955, 0.929, 0.949),
-    "adjusted_el": (0.706, 0.753, 0.784, 0.834, 0.883, 0.898, 0.896, 0.928, 0.925, 0.931, 0.959, 0.934, 0.950),
-    "balanced_el": (0.973, 0.951, 0.941, 0.914, 0.934, 0.925, 0.914, 0.937, 0.927, 0.936, 0.960, 0.934, 0.950),
-    "adjusted_el_f": (1.000, 1.000, 0.985, 0.943, 0.954, 0.942, 0.932, 0.951, 0.943, 0.948, 0.966, 0.941, 0.955),
+    "studentized_log": (0.615, 0.862, 0.912, 0.930, 0.942, 0.935, 0.937, 0.942, 0.943, 0.936, 0.946, 0.944, 0.925),
+    "bca_log": (0.904, 0.886, 0.843, 0.875, 0.903, 0.902, 0.910, 0.919, 0.930, 0.923, 0.945, 0.936, 0.921),
+    "variance_stabilised": (0.281, 0.487, 0.634, 0.819, 0.881, 0.894, 0.910, 0.923, 0.932, 0.925, 0.942, 0.938, 0.921),
+    "el": (0.460, 0.674, 0.762, 0.855, 0.893, 0.899, 0.909, 0.920, 0.931, 0.928, 0.946, 0.943, 0.925),
+    "adjusted_el": (0.706, 0.753, 0.798, 0.876, 0.908, 0.913, 0.921, 0.932, 0.937, 0.934, 0.946, 0.947, 0.925),
+    "balanced_el": (0.973, 0.951, 0.914, 0.925, 0.935, 0.926, 0.933, 0.936, 0.939, 0.934, 0.946, 0.945, 0.925),
+    "adjusted_el_f": (1.000, 1.000, 0.973, 0.954, 0.954, 0.938, 0.940, 0.945, 0.946, 0.939, 0.949, 0.950, 0.930),
 }
 #: The studies behind each level of :data:`CONCENTRATION_COVERAGE`.
-CONCENTRATION_STUDIES: tuple[int, ...] = (602, 737, 1566, 1456, 1868, 2685, 3787, 4064, 3485, 2478, 850, 2112, 3110)
-#: The data test's rejection rate at α = 0.05 and a planted ratio of 1 per level (the same runs;
-#: :data:`CONCENTRATION_DATA_TEST_STUDIES` per level).
-CONCENTRATION_DATA_TEST: tuple[float, ...] = (
-    0.287,
-    0.102,
-    0.097,
-    0.096,
-    0.078,
-    0.053,
-    0.049,
-    0.047,
-    0.042,
-    0.067,
-    0.035,
-    0.035,
+CONCENTRATION_STUDIES: tuple[int, ...] = (602, 737, 2715, 2742, 3249, 3987, 3653, 3998, 2348, 1876, 1239, 1440, 214)
+#: The levels ``[low, high)`` of a row's energy spread ``n/n_eff = 1 + cv_t²`` (its documents'
+#: total energies' mean square over their squared mean, ``n`` = ``n_clusters``) of
+#: :data:`SPREAD_DATA_TEST`.
+SPREAD_LEVELS: tuple[tuple[float, float], ...] = (
+    (1.0, 1.5),
+    (1.5, 1.75),
+    (1.75, 2.0),
+    (2.0, 2.5),
+    (2.5, 3.0),
+    (3.0, 3.5),
+    (3.5, 4.0),
+    (4.0, 5.0),
+    (5.0, 6.0),
+    (6.0, 8.0),
+    (8.0, 12.0),
+    (12.0, float("inf")),
+)
+#: The data test's rejection rate at α = 0.05 and a planted ratio of 1 per :data:`SPREAD_LEVELS`
+#: level (the runs of :data:`CONCENTRATION_COVERAGE`, the 14 400 studies at ratio 1;
+#: :data:`SPREAD_DATA_TEST_STUDIES` per level). The bootstrap-t's level follows how heavy-tailed
+#: the document energies are, not how many effective documents there are: within 1–3 it is
+#: 0.023–0.052 at every size, from 3 up 0.069–0.129 at every size.
+SPREAD_DATA_TEST: tuple[float, ...] = (
     0.052,
+    0.049,
+    0.032,
+    0.023,
+    0.038,
+    0.076,
+    0.077,
+    0.073,
+    0.077,
+    0.069,
+    0.091,
+    0.129,
 )
-#: The studies behind each level of :data:`CONCENTRATION_DATA_TEST`.
-CONCENTRATION_DATA_TEST_STUDIES: tuple[int, ...] = (
-    286,
-    392,
-    781,
-    709,
-    913,
-    1317,
-    1926,
-    2032,
-    1728,
-    1267,
-    434,
-    1012,
-    1603,
-)
+#: The studies behind each level of :data:`SPREAD_DATA_TEST`.
+SPREAD_DATA_TEST_STUDIES: tuple[int, ...] = (2793, 3296, 1265, 1034, 783, 608, 431, 643, 494, 664, 836, 1553)
 #: The bands: coverage below 0.93 (undercoverage; over-coverage is conservative) and a data-test
 #: level above 0.06 (liberal) are what the diagnostic warns about, where a level lies beyond its
 #: band by more than its Monte-Carlo margin (1.96 binomial SEs at the nominal 0.95 or 0.05).
@@ -751,68 +758,112 @@ def _threshold(values: tuple[float, ...], studies: tuple[int, ...], outside: Cal
     return float(max((high for (_, high), value, n in levels if outside(value, n)), default=1.0))
 
 
-def calibrated_concentration(n_eff: float, method: str = "adjusted_el_f") -> dict[str, float | bool] | None:
-    """What `anistat calibrate` measured at a Kish ``n_eff`` level for one interval method.
+def data_test_spread_threshold(
+    levels: Sequence[tuple[float, float]], rates: Sequence[float], studies: Sequence[int], alpha: float = 0.05
+) -> float:
+    """The energy spread from which the data test counts as liberal: the lowest lower edge ``c``
+    such that every level from ``c`` up rejects more than :data:`DATA_TEST_CEILING` and all of
+    them pooled exceed it by more than their Monte-Carlo margin ``1.96·√(α(1 − α)/n)``
+    (``inf``: none). Pooling the tail is what makes the rule decisive where each level alone
+    has a few hundred studies: from spread 3 the levels reject 0.069–0.129, none of the lower
+    ones more than 0.052.
 
-    The thresholds are read off the measured table: ``coverage_below`` is the upper edge of the
-    highest level where the method's 95 % coverage fell below :data:`COVERAGE_FLOOR`
-    (:data:`CONCENTRATION_COVERAGE`), ``data_test_below`` that of the highest level where the data
-    test's level rose above :data:`DATA_TEST_CEILING` (:data:`CONCENTRATION_DATA_TEST`), each by
-    more than the level's Monte-Carlo margin ``1.96·√(c(1 − c)/n)`` (``c`` = 0.95 or 0.05, ``n``
-    its studies: :data:`CONCENTRATION_STUDIES`, :data:`CONCENTRATION_DATA_TEST_STUDIES`); a row
-    with ``n_eff`` below a threshold is flagged. Measured: no level of ``adjusted_el_f`` (the
-    default) undercovers, so its coverage is never flagged (at ``n_eff`` < 5 it over-covers,
-    0.985–1.000: the interval is often the parameter's whole range); ``balanced_el`` 20,
-    ``studentized_log`` 7; the data test 10.
+    Examples
+    --------
+    >>> from anistat.stats.ratio_intervals import data_test_spread_threshold
+    >>> data_test_spread_threshold([(1, 2), (2, 3), (3, float("inf"))], [0.05, 0.07, 0.12], [1000, 1000, 1000])
+    2.0
+    >>> data_test_spread_threshold([(1, 2), (2, float("inf"))], [0.05, 0.05], [1000, 1000])
+    inf
+    """
+    threshold = float("inf")
+    for start in range(len(levels) - 1, -1, -1):
+        tail_rates, tail_studies = rates[start:], studies[start:]
+        n = float(sum(tail_studies))
+        pooled = sum(r * k for r, k in zip(tail_rates, tail_studies, strict=True)) / n
+        if min(tail_rates) <= DATA_TEST_CEILING or pooled <= DATA_TEST_CEILING + _margin(alpha, int(n)):
+            break
+        threshold = float(levels[start][0])
+    return threshold
+
+
+def calibrated_concentration(
+    m_eff: float, method: str = "adjusted_el_f", spread: float = float("nan")
+) -> dict[str, float | bool] | None:
+    """What `anistat calibrate` measured at a row's effective size ``m_eff`` (its interval's
+    coverage) and energy spread ``n/n_eff`` (its data test's level).
+
+    ``m_eff`` is the row's :func:`el_effective_size` (the results column ``m_eff``): the smaller
+    of Kish's ``n_eff`` of the denominators and the estimating function's tail-weight size, so it
+    falls both when few documents hold the energy and when few hold the proxy's departures from
+    the ratio (the ``hot`` law, which ``n_eff`` alone misses). ``coverage_below`` is the upper
+    edge of the highest level where the method's 95 % coverage fell below :data:`COVERAGE_FLOOR`
+    (:data:`CONCENTRATION_COVERAGE`) by more than the level's Monte-Carlo margin
+    ``1.96·√(0.95·0.05/n)`` (``n`` its :data:`CONCENTRATION_STUDIES`); a row with ``m_eff``
+    below it is flagged. Measured: no level of ``adjusted_el_f`` (the default) undercovers, so
+    its coverage is never flagged (at ``m_eff`` < 3 it over-covers, 1.000: the interval is
+    often the parameter's whole range); ``balanced_el`` and ``studentized_log`` below 5.
+
+    The data test's level follows the spread ``n/n_eff = 1 + cv_t²`` (``n`` the row's
+    ``n_clusters``; how heavy-tailed the documents' energies are) rather than ``m_eff``: it is
+    0.023–0.052 below 3 and 0.069–0.129 from 3 up, at every study size (:data:`SPREAD_DATA_TEST`);
+    a row whose spread reaches :func:`data_test_spread_threshold` of that table is flagged.
 
     Parameters
     ----------
-    n_eff : float
-        Kish's effective number of resampling units (:func:`kish_effective_size`).
+    m_eff : float
+        The row's effective number of resampling units (:func:`el_effective_size`).
     method : str, default "adjusted_el_f"
         A key of :data:`CONCENTRATION_COVERAGE` (the analysis' ``studentized`` is
         ``studentized_log``).
+    spread : float, optional
+        The row's ``n_clusters / n_eff``; NaN (default): the data test is not judged.
 
     Returns
     -------
     dict or None
-        ``n_eff_low``, ``n_eff_high`` (the level), ``coverage`` and ``data_test`` (measured there),
-        ``coverage_below`` and ``data_test_below`` (the thresholds), ``coverage_off`` and
-        ``data_test_off`` (``n_eff`` below them); None for a non-finite ``n_eff`` or a method
-        without calibration.
+        ``m_eff_low``, ``m_eff_high`` (the level), ``coverage`` (measured there),
+        ``coverage_below`` (the threshold) and ``coverage_off``; ``spread_low``, ``spread_high``,
+        ``data_test`` (measured at the spread's level; NaN without a spread), ``data_test_from``
+        (the spread threshold) and ``data_test_off``; None for a non-finite ``m_eff`` or a
+        method without calibration.
 
     Examples
     --------
     >>> from anistat import stats
-    >>> level = stats.calibrated_concentration(2.5)
-    >>> level["n_eff_low"], level["coverage"], level["coverage_off"], level["data_test_off"]
+    >>> level = stats.calibrated_concentration(2.5, spread=4.2)
+    >>> level["m_eff_low"], level["coverage"], level["coverage_off"], level["data_test_off"]
     (2.0, 1.0, False, True)
-    >>> level["data_test"], level["data_test_below"]
-    (0.102, 10.0)
-    >>> stats.calibrated_concentration(12.0, "balanced_el")["coverage_below"]
-    20.0
+    >>> level["data_test"], level["data_test_from"]
+    (0.073, 3.0)
+    >>> stats.calibrated_concentration(4.0, "balanced_el")["coverage_below"]
+    5.0
     """
-    value = float(n_eff)
+    value = float(m_eff)
     if not np.isfinite(value) or method not in CONCENTRATION_COVERAGE:
         return None
     coverage = CONCENTRATION_COVERAGE[method]
     coverage_below = _threshold(coverage, CONCENTRATION_STUDIES, lambda c, n: c < COVERAGE_FLOOR - _margin(0.95, n))
-    data_test_below = _threshold(
-        CONCENTRATION_DATA_TEST,
-        CONCENTRATION_DATA_TEST_STUDIES,
-        lambda p, n: p > DATA_TEST_CEILING + _margin(0.05, n),
-    )
+    data_test_from = data_test_spread_threshold(SPREAD_LEVELS, SPREAD_DATA_TEST, SPREAD_DATA_TEST_STUDIES)
+    spread_value = float(spread)
+    spread_level = next(
+        (i for i, (low, high) in enumerate(SPREAD_LEVELS) if low <= spread_value < high), None
+    )  # NaN and spreads below 1 (rounding) fall in no level
+    if spread_level is None and np.isfinite(spread_value) and spread_value < 1.0:
+        spread_level = 0
     for index, (low, high) in enumerate(CONCENTRATION_LEVELS):
         if low <= value < high:
             return {
-                "n_eff_low": low,
-                "n_eff_high": high,
+                "m_eff_low": low,
+                "m_eff_high": high,
                 "coverage": coverage[index],
-                "data_test": CONCENTRATION_DATA_TEST[index],
                 "coverage_below": coverage_below,
-                "data_test_below": data_test_below,
                 "coverage_off": value < coverage_below,
-                "data_test_off": value < data_test_below,
+                "spread_low": SPREAD_LEVELS[spread_level][0] if spread_level is not None else float("nan"),
+                "spread_high": SPREAD_LEVELS[spread_level][1] if spread_level is not None else float("nan"),
+                "data_test": SPREAD_DATA_TEST[spread_level] if spread_level is not None else float("nan"),
+                "data_test_from": data_test_from,
+                "data_test_off": bool(np.isfinite(spread_value) and spread_value >= data_test_from),
             }
     return None
 
