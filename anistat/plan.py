@@ -33,8 +33,9 @@ Formulas (``t_{q,ν}``: Student quantile; ``Φ``: normal cdf; ``a = α/m``):
   its ends as simulated studies of ``n`` documents give them (:func:`small_sample_half_width`):
   total energies lognormal with the pilot's ``cv_t = √(n/n_eff − 1)`` (constant when unknown)
   and a normal residual, so an F-calibrated interval sees the totals' concentration (its
-  effective size ``m ≤`` Kish ``n_eff ≈ n/(1 + cv_t²)``). Planned ``n``: the smallest whose
-  half-width ``≤`` the target.
+  effective size ``m ≤`` Kish ``n_eff ≈ n/(1 + cv_t²)``). From there the t width at ``c τ``
+  (:func:`width_boundary`; past it where the last simulated size still has unbounded intervals).
+  Planned ``n``: the smallest whose half-width ``≤`` the target.
 * data test: its statistic ``log R̂ / (τ̂/√n)`` has about the one-sample t law,
   ``T_{n−1}(δ)``, noncentral ``δ = √n log R / τ``, and with many documents it is referred to
   ``t_{n−1}`` tails (the small-sample expansion, :func:`anistat.stats.expanded_tail`), so its
@@ -43,14 +44,14 @@ Formulas (``t_{q,ν}``: Student quantile; ``Φ``: normal cdf; ``a = α/m``):
   bootstrap-t law of a small sample is heavier-tailed than ``t_{n−1}``, the expansion moves its
   tail further out, and document energies are sums of squared projections, not normal — the
   documents with most energy carry the smallest proxy share, which skews ``p_i/μ_p − t_i/μ_t``
-  to the left and costs the one-sided test power. So below :data:`SMALL_SAMPLE_LIMIT` documents
-  the power is the share of :data:`DATA_TEST_STUDIES` seeded studies of the plan's per-document
+  to the left and costs the one-sided test power. So below :data:`DATA_TEST_SIMULATION_LIMIT`
+  documents the power is the share of :data:`DATA_TEST_STUDIES` seeded studies of the plan's per-document
   law (:func:`document_law`: a lognormal document scale ``S`` whose CV with ``τ`` gives the
   pilot's ``cv_t = √(n/n_eff − 1)``, the proxy a fixed share ``R k/d`` of it and the
   complement's share lognormal with the CV that gives ``τ``) that the real test rejects
   (:func:`law_data_test_power`, the analysis' p-values over the plan's resamples; the studies are
-  common to every size). From :data:`SMALL_SAMPLE_LIMIT` documents the t-test's power at the
-  relative SD that matches the law's power at the last simulated size
+  common to every size). From :data:`DATA_TEST_SIMULATION_LIMIT` documents the t-test's power at
+  the relative SD that matches the law's power at the last simulated size
   (:func:`boundary_relative_sd`).
 * exact test: it rejects when ``F̂`` exceeds the ``1 − a`` quantile ``q`` of the Haar null of the
   unit's own data (the energy fraction of a uniformly random rank-``k`` subspace). That null does
@@ -273,6 +274,13 @@ def data_test_power(n: int, tau: float, ratio: float, threshold: float) -> float
 #: small-sample behaviour of the real procedures (:func:`small_sample_half_width`,
 #: :func:`law_data_test_power`); at and above it with the t formulas, which they approach.
 SMALL_SAMPLE_LIMIT = 300
+#: Below this many documents the data test's power is the simulated law's (:func:`law_data_test_power`);
+#: at and above it the noncentral-t power at the law's boundary relative SD. Higher than
+#: :data:`SMALL_SAMPLE_LIMIT`: under heavy-tailed documents the law's power curve is flatter than
+#: the t formula's, so a boundary matched at 299 documents promised too much at 567 (the
+#: calibration's hot law at R = 1.40: the law 0.720, the real test 0.72–0.77, the formula 0.800;
+#: benchmarks/README.md, "Planning a study").
+DATA_TEST_SIMULATION_LIMIT = 1000
 #: Simulated studies behind each small-sample half-width (one seeded set per simulated size).
 SMALL_SAMPLE_STUDIES = 64
 #: The document counts simulated: every count to 20, then steps of about 10 % (a count between
@@ -282,11 +290,22 @@ SIMULATED_SIZES = (
     *(22, 24, 27, 30, 33, 36, 40, 44, 48, 53, 58, 64, 70, 77, 85, 94, 103, 113, 124, 136, 150, 165, 181),
     *(199, 219, 241, 265, 292),
 )
+#: Sizes past :data:`SMALL_SAMPLE_LIMIT` simulated for an interval that the last simulated size
+#: leaves unbounded in some studies (totals so concentrated that the F-calibrated interval's
+#: effective size ``m`` is about 2 there: the calibration's heavy law, ``cv_t`` ≈ 13): steps of
+#: about 25 % to :data:`EXTENDED_SIZE_LIMIT`, empirical-likelihood methods only (they need no
+#: bootstrap weights, which at these sizes would not fit in memory).
+EXTENDED_SIZE_LIMIT = 200_000
+EXTENDED_SIZES = tuple(
+    sorted({int(round(292 * 1.25**i)) for i in range(1, 30) if 292 * 1.25**i <= EXTENDED_SIZE_LIMIT})
+)
 #: Relative SD of the simulated documents: small, so that the pivots' scale-free small-sample
 #: law is measured apart from the log scale's curvature, which the formulas apply at ``τ``.
 SIMULATED_RELATIVE_SD = 0.05
 #: Bootstrap resamples of the simulated intervals (the protocol's default ``stats.n_bootstrap``).
 SIMULATED_RESAMPLES = 1000
+#: The interval methods that need no bootstrap weights (simulated at :data:`EXTENDED_SIZES` too).
+EL_INTERVAL_METHODS = ("el", "adjusted_el", "balanced_el", "adjusted_el_f")
 #: Decimals of ``cv_t`` kept in the small-sample half-width's cache key (:func:`interval_log_factors`).
 SIMULATED_CV_DECIMALS = 2
 
@@ -313,7 +332,10 @@ def _simulated_documents(n: int, total_cv: float | None = None) -> tuple[np.ndar
     if total_cv is None:
         proxy = 1.0 + SIMULATED_RELATIVE_SD * _standard_normals()[:, :n]
         return proxy, np.ones_like(proxy)
-    z = _law_normals()[:SMALL_SAMPLE_STUDIES, :n]
+    if n <= DATA_TEST_SIMULATION_LIMIT:
+        z = _law_normals()[:SMALL_SAMPLE_STUDIES, :n]
+    else:  # an extended size: its own seeded draw
+        z = np.random.default_rng(np.random.SeedSequence([29, 4, n])).standard_normal((SMALL_SAMPLE_STUDIES, n, 2))
     sd_log = math.sqrt(math.log1p(total_cv**2))
     total = np.exp(sd_log * z[..., 0] - sd_log**2 / 2.0)
     return total + SIMULATED_RELATIVE_SD * z[..., 1], total
@@ -362,9 +384,14 @@ def document_law(tau: float, total_cv: float | None, fraction: float) -> tuple[f
 
 @lru_cache(maxsize=1)
 def _law_normals() -> np.ndarray:
-    """Standard normals ``(studies, SMALL_SAMPLE_LIMIT, 2)`` shared by every simulated law and size."""
+    """Standard normals ``(studies, DATA_TEST_SIMULATION_LIMIT, 2)`` shared by every simulated law and
+    size: the first :data:`SMALL_SAMPLE_LIMIT` documents from one seeded stream, the rest from
+    another, so the simulated studies below that size do not depend on how far the law goes."""
     rng = np.random.default_rng(np.random.SeedSequence([29, 2, SMALL_SAMPLE_LIMIT]))
-    return rng.standard_normal((DATA_TEST_STUDIES, SMALL_SAMPLE_LIMIT, 2))
+    first = rng.standard_normal((DATA_TEST_STUDIES, SMALL_SAMPLE_LIMIT, 2))
+    more = np.random.default_rng(np.random.SeedSequence([29, 3, DATA_TEST_SIMULATION_LIMIT]))
+    rest = more.standard_normal((DATA_TEST_STUDIES, DATA_TEST_SIMULATION_LIMIT - SMALL_SAMPLE_LIMIT, 2))
+    return np.concatenate([first, rest], axis=1)
 
 
 def law_documents(n: int, tau: float, total_cv: float | None, fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -428,6 +455,9 @@ SIMULATED_TEST_RESAMPLES = 20_000
 #: Resample-by-study products a simulated power may cost: above ``DATA_TEST_STUDIES`` studies ×
 #: 10,000 resamples the first ``SIMULATED_WORK / B`` studies are used (at least 100).
 SIMULATED_WORK = 4_000_000
+#: Resample-by-study-by-document products a simulated power may cost (with :data:`SIMULATED_WORK`,
+#: the smaller bound holds; at least 100 studies): 400 studies of 999 documents at 3,750 resamples.
+SIMULATED_DOCUMENT_WORK = 1_500_000_000
 
 
 @lru_cache(maxsize=4096)
@@ -440,7 +470,8 @@ def law_data_test_power(
     (:func:`studentized_pvalues`: proxy energies against ``k/d`` times the totals, over the plan's
     :func:`data_test_resamples` bootstrap resamples, seeded by ``n``, at most
     :data:`SIMULATED_TEST_RESAMPLES`; fewer studies when the resamples are many,
-    :data:`SIMULATED_WORK`). At and above :data:`SMALL_SAMPLE_LIMIT` documents the noncentral-t
+    :data:`SIMULATED_WORK`, :data:`SIMULATED_DOCUMENT_WORK`). At and above
+    :data:`DATA_TEST_SIMULATION_LIMIT` documents the noncentral-t
     power :func:`data_test_power` at the law's boundary relative SD (:func:`boundary_relative_sd`),
     so the power does not jump up where the simulation stops.
 
@@ -453,11 +484,11 @@ def law_data_test_power(
     """
     from .stats import bootstrap_weights
 
-    if n >= SMALL_SAMPLE_LIMIT:
+    if n >= DATA_TEST_SIMULATION_LIMIT:
         effective = boundary_relative_sd(tau, ratio, threshold, total_cv, haar_fraction)
         return data_test_power(n, effective, ratio, threshold)
     resamples = min(data_test_resamples(threshold, n), SIMULATED_TEST_RESAMPLES)
-    studies = max(min(DATA_TEST_STUDIES, SIMULATED_WORK // resamples), 100)
+    studies = max(min(DATA_TEST_STUDIES, SIMULATED_WORK // resamples, SIMULATED_DOCUMENT_WORK // (resamples * n)), 100)
     proxy, total = law_documents(n, tau, total_cv, ratio * haar_fraction)
     weights = bootstrap_weights(n, resamples, seed=n)
     pvalues = studentized_pvalues(proxy[:studies], haar_fraction * total[:studies], weights)
@@ -478,7 +509,8 @@ def interval_log_factors(
     from .stats import RATIO_INTERVAL_METHODS, bootstrap_weights, ratio_interval
     from .stats.energy import _ratio_intervals, _Units
 
-    weights = bootstrap_weights(n, SIMULATED_RESAMPLES, seed=n)
+    # the empirical-likelihood methods take no weights (and at extended sizes they would not fit)
+    weights = bootstrap_weights(n, SIMULATED_RESAMPLES, seed=n) if ci_method not in EL_INTERVAL_METHODS else None
     scale = SIMULATED_RELATIVE_SD / math.sqrt(n)
     factors = []
     for proxy, total in zip(*_simulated_documents(n, total_cv)):
@@ -490,7 +522,8 @@ def interval_log_factors(
             result = _ratio_intervals(units, weights, ci_level, ci_method)[1]
             low, high = result.ci_low, result.ci_high
         estimate = proxy.sum() / total.sum()
-        factors.append((math.log(estimate / low) / scale, math.log(high / estimate) / scale))
+        with np.errstate(divide="ignore"):  # an interval unbounded below (low = 0): an infinite factor
+            factors.append((math.log(estimate / low) / scale, math.log(high / estimate) / scale))
     return tuple(factors)
 
 
@@ -502,28 +535,46 @@ def small_sample_half_width(
     :func:`simulated_size` of ``n`` and ``total_cv`` rounded to :data:`SIMULATED_CV_DECIMALS`),
     the mean of ``R (e^{f_hi τ/√n} − e^{−f_lo τ/√n})/2``. At and above :data:`SMALL_SAMPLE_LIMIT`
     documents :func:`ci_half_width`, with a known ``total_cv`` at ``c τ``
-    (:func:`boundary_width_factor`), so the width does not drop where the simulation stops."""
+    (:func:`width_boundary`), so the width does not drop where the simulation stops; below
+    the boundary size where every simulated interval is bounded (:func:`width_boundary`), infinite."""
     cv_key = None if total_cv is None else round(total_cv, SIMULATED_CV_DECIMALS)
     if n >= SMALL_SAMPLE_LIMIT:
-        factor = 1.0 if cv_key is None else boundary_width_factor(ci_level, ci_method, cv_key)
-        return ci_half_width(n, factor * tau, ratio, ci_level)
+        if cv_key is None:
+            return ci_half_width(n, tau, ratio, ci_level)
+        boundary, factor = width_boundary(ci_level, ci_method, cv_key)
+        return ci_half_width(n, factor * tau, ratio, ci_level) if n >= boundary else math.inf
     factors = interval_log_factors(simulated_size(n), ci_level, ci_method, cv_key)
     scaled = np.asarray(factors) * (tau / math.sqrt(n))
     return float(np.mean(ratio * (np.exp(scaled[:, 1]) - np.exp(-scaled[:, 0])) / 2.0))
 
 
 @lru_cache(maxsize=1024)
-def boundary_width_factor(ci_level: float, ci_method: str, total_cv: float) -> float:
-    """``c ≥ 1``: the simulated interval's mean log-scale half-factor ``(f_lo + f_hi)/2`` at the
-    last simulated size (:func:`interval_log_factors` at :func:`simulated_size` of
-    ``SMALL_SAMPLE_LIMIT − 1``, totals of CV ``total_cv``) over the t interval's
-    ``t_{(1+L)/2, n_b−1}``, ``n_b = SMALL_SAMPLE_LIMIT − 1``. Concentrated totals keep an
-    F-calibrated interval wider than the t interval beyond the simulated sizes (its effective size
-    ``m ≈ n/(1 + cv_t²)``); holding ``c`` fixed above them is conservative, as ``F(1, m − 1)``
-    tends to ``χ²₁``."""
-    last = SMALL_SAMPLE_LIMIT - 1
-    factors = np.asarray(interval_log_factors(simulated_size(last), ci_level, ci_method, total_cv))
-    return max(float(factors.mean()) / float(sps.t.ppf(0.5 + ci_level / 2.0, last - 1)), 1.0)
+def width_boundary(ci_level: float, ci_method: str, total_cv: float) -> tuple[int, float]:
+    """``(n_b, c)``: the size from which the half-width is the t interval's at ``c τ``, and
+    ``c ≥ 1``, the simulated interval's mean log-scale half-factor ``(f_lo + f_hi)/2`` there
+    (:func:`interval_log_factors`, totals of CV ``total_cv``) over the t interval's
+    ``t_{(1+L)/2, n_b−1}`` (``n_b`` = 299 for the first). ``n_b`` is :func:`simulated_size` of ``SMALL_SAMPLE_LIMIT − 1``
+    unless some of its simulated intervals are unbounded (the totals so concentrated that the
+    F-calibrated interval's effective size ``m ≈ n/(1 + cv_t²)`` is near 2); then the first of
+    :data:`EXTENDED_SIZES` where none is (EL methods; ``MAX_DOCUMENTS + 1``, unreachable, if none
+    is or the method needs bootstrap weights). Concentrated totals keep an F-calibrated interval
+    wider than the t interval beyond the simulated sizes; holding ``c`` fixed above them is
+    conservative, as ``F(1, m − 1)`` tends to ``χ²₁``.
+
+    Examples
+    --------
+    >>> from anistat.plan import width_boundary
+    >>> size, factor = width_boundary(0.95, "adjusted_el_f", 0.8)
+    >>> size, round(factor, 2)
+    (292, 1.02)
+    """
+    sizes = (simulated_size(SMALL_SAMPLE_LIMIT - 1),) + (EXTENDED_SIZES if ci_method in EL_INTERVAL_METHODS else ())
+    for size in sizes:
+        factors = np.asarray(interval_log_factors(size, ci_level, ci_method, total_cv))
+        if np.isfinite(factors).all():
+            degrees = max(size, SMALL_SAMPLE_LIMIT - 1) - 1  # the first: the t interval at 299 documents
+            return size, max(float(factors.mean()) / float(sps.t.ppf(0.5 + ci_level / 2.0, degrees)), 1.0)
+    return MAX_DOCUMENTS + 1, math.inf
 
 
 def haar_null_quantile(rank: int, dim: int, null_sd: float, tail: float) -> float:
@@ -620,7 +671,7 @@ def smallest_n_near(meets, guess: int, low: int, high: int = MAX_DOCUMENTS) -> i
 def boundary_relative_sd(
     tau: float, ratio: float, threshold: float, total_cv: float | None = None, haar_fraction: float = 0.125
 ) -> float:
-    """``τ_b ≥ τ`` with which the noncentral-t power at ``n_b = SMALL_SAMPLE_LIMIT − 1`` documents
+    """``τ_b ≥ τ`` with which the noncentral-t power at ``n_b = DATA_TEST_SIMULATION_LIMIT − 1`` documents
     equals the simulated law's there (:func:`law_data_test_power`):
     ``P(T_{n_b−1}(√n_b log R/τ_b) > t_{1−a, n_b−1})`` = the law's power (bisection on ``log τ_b``;
     ``τ`` itself where the law is at least as powerful as the formula, ``100 τ`` at most).
@@ -633,7 +684,7 @@ def boundary_relative_sd(
     >>> boundary_relative_sd(1.1, 1.25, 0.005, 1.0) > 1.1
     True
     """
-    n = SMALL_SAMPLE_LIMIT - 1
+    n = DATA_TEST_SIMULATION_LIMIT - 1
     target = law_data_test_power(n, tau, ratio, threshold, total_cv, haar_fraction)
     if data_test_power(n, tau, ratio, threshold) <= target:
         return tau
@@ -1088,19 +1139,21 @@ def assumptions(targets: PlanTargets, source: str) -> list[str]:
         f"{targets.alpha:g}; for fdr_bh this is the smallest step, conservative when many tests carry effects).",
         f"Per-document law: {source}; the same relative SD tau at the stated ratio, independent documents, "
         "and log R̂ approximately normal (delta method for a ratio of means).",
-        f"Data test: below {SMALL_SAMPLE_LIMIT} documents the share of {DATA_TEST_STUDIES} seeded simulated "
+        f"Data test: below {DATA_TEST_SIMULATION_LIMIT} documents the share of {DATA_TEST_STUDIES} seeded simulated "
         "studies that the real bootstrap-t test (small-sample expansion, the plan's resamples) rejects; the "
         "studies' documents: a lognormal energy scale (its CV with tau gives the pilot's total-energy CV "
         "sqrt(n/n_eff - 1)), the proxy a fixed share R k/d of it, the complement's share lognormal with the CV "
         "that gives tau — an assumed shape (documents with more energy carry a smaller proxy share), "
         "conservative in the calibration's laws (docs/plan.md). From "
-        f"{SMALL_SAMPLE_LIMIT} documents the one-sample t-test's power with effect size log R / tau_b, tau_b >= tau "
-        f"the relative SD at which it equals the law's power at {SMALL_SAMPLE_LIMIT - 1} documents. With few "
+        f"{DATA_TEST_SIMULATION_LIMIT} documents the one-sample t-test's power with effect size log R / tau_b, "
+        f"tau_b >= tau the relative SD at which it equals the law's power at {DATA_TEST_SIMULATION_LIMIT - 1} "
+        "documents. With few "
         f"documents the expanded tail at a small threshold needs more than {MAX_TEST_RESAMPLES:,} resamples, so "
         f"the count is raised until it does not. Half-width: of the analysis' {targets.ci_method} interval, "
         f"simulated below {SMALL_SAMPLE_LIMIT} documents on documents whose total energies are lognormal with "
         "the pilot's total-energy CV (constant when it is unknown) and whose residual is normal (optimistic "
-        "with heavier-tailed documents: read the upper-limit column).",
+        "with heavier-tailed documents: read the upper-limit column), and further, up to the first size where "
+        "every simulated interval is bounded, when they are not all bounded there.",
         "Exact test: rejects when the energy fraction exceeds the Haar null's quantile at the threshold; that "
         "null is set by d, k and the gradients' spectrum, not by the number of documents, so below the ratio "
         "'exact_ratio_needed' no study size reaches the power (empty count). The quantile is a Beta moment match to the null's mean and SD, "

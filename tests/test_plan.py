@@ -118,7 +118,7 @@ def test_law_power_against_an_independent_simulation():
 def test_data_test_plan_is_the_smallest_count_of_the_simulated_law():
     """At τ = 0.28, R = 1.5, α/m = 0.005 the t formula plans 10 documents; the plan's law (the
     real test on simulated studies) asks more, reaches 0.8 at its count and not one below; from
-    SMALL_SAMPLE_LIMIT on the noncentral-t power takes over, at the law's boundary relative SD. With the pilot's cv_t the law
+    DATA_TEST_SIMULATION_LIMIT on the noncentral-t power takes over, at the law's boundary relative SD. With the pilot's cv_t the law
     changes and so does the count, again the smallest that meets the target."""
     tau, ratio, threshold = 0.28, 1.5, 0.005
     t_plan = plan.documents_for_data_test(tau, ratio, 0.8, threshold, small_sample=False)
@@ -133,15 +133,44 @@ def test_data_test_plan_is_the_smallest_count_of_the_simulated_law():
     assert plan.law_data_test_power(spread, 0.45, 1.25, threshold, 2.0) >= 0.8
     assert plan.law_data_test_power(spread - 1, 0.45, 1.25, threshold, 2.0) < 0.8
     assert spread != plan.documents_for_data_test(0.45, 1.25, 0.8, threshold)
-    # from SMALL_SAMPLE_LIMIT on: the t formula at the relative SD that matches the law at the
-    # last simulated size, so the power does not jump up where the simulation stops
-    limit = plan.SMALL_SAMPLE_LIMIT
+    # from DATA_TEST_SIMULATION_LIMIT on: the t formula at the relative SD that matches the law at
+    # the last simulated size, so the power does not jump up where the simulation stops
+    limit = plan.DATA_TEST_SIMULATION_LIMIT
     boundary = plan.boundary_relative_sd(0.9, 1.1, threshold)
     assert boundary > 0.9
     last = plan.law_data_test_power(limit - 1, 0.9, 1.1, threshold)
     assert plan.data_test_power(limit - 1, boundary, 1.1, threshold) == pytest.approx(last, abs=1e-9)
     assert plan.law_data_test_power(limit, 0.9, 1.1, threshold) == plan.data_test_power(limit, boundary, 1.1, threshold)
     assert plan.law_data_test_power(limit, 0.9, 1.1, threshold) < plan.data_test_power(limit, 0.9, 1.1, threshold)
+
+
+def test_the_simulated_law_extends_past_the_interval_limit():
+    """The data test's law is simulated to DATA_TEST_SIMULATION_LIMIT (above the half-width's
+    SMALL_SAMPLE_LIMIT): its first SMALL_SAMPLE_LIMIT documents are the ones every smaller size
+    has always used, and a heavy-tailed law's power there falls below the t formula matched at
+    SMALL_SAMPLE_LIMIT − 1 (the reason the simulation goes further: the calibration's hot law)."""
+    assert plan.DATA_TEST_SIMULATION_LIMIT > plan.SMALL_SAMPLE_LIMIT
+    normals = plan._law_normals()
+    assert normals.shape == (plan.DATA_TEST_STUDIES, plan.DATA_TEST_SIMULATION_LIMIT, 2)
+    first = np.random.default_rng(np.random.SeedSequence([29, 2, plan.SMALL_SAMPLE_LIMIT]))
+    assert np.array_equal(normals[:, : plan.SMALL_SAMPLE_LIMIT], first.standard_normal(normals[:, :300].shape))
+    # the hot law's τ, cv_t and ratio (benchmarks/README.md): the simulated power at 600 documents
+    # against the t formula at the relative SD matched to the law at 299
+    tau, total_cv, ratio, threshold, n_b = 2.18, 1.41, 1.40, 0.005, plan.SMALL_SAMPLE_LIMIT - 1
+    law_at_boundary = plan.law_data_test_power(n_b, tau, ratio, threshold, total_cv)
+    low, high = math.log(tau), math.log(100 * tau)
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (
+            (middle, high)
+            if plan.data_test_power(n_b, math.exp(middle), ratio, threshold) > law_at_boundary
+            else (low, middle)
+        )
+    matched = math.exp(high)
+    assert (
+        plan.law_data_test_power(600, tau, ratio, threshold, total_cv)
+        < plan.data_test_power(600, matched, ratio, threshold) - 0.03
+    )
 
 
 def test_small_sample_half_width_of_the_protocol_interval():
@@ -205,6 +234,30 @@ def test_small_sample_half_width_sees_the_total_energy_cv():
     assert at == pytest.approx(below, rel=0.005)
     assert at > 1.1 * plan.ci_half_width(limit, 0.5, 1.25)
     assert plan.small_sample_half_width(limit, 0.5, 1.25, 0.95, method) == plan.ci_half_width(limit, 0.5, 1.25)
+
+
+def test_a_heavy_tailed_law_plans_a_half_width_past_the_unbounded_intervals():
+    """Totals of CV 12.7 (the calibration's heavy law): at 292 documents some simulated F-calibrated
+    intervals are unbounded (m ≈ 2), so the width cannot be extrapolated from there; the
+    simulation goes on to the first extended size where every interval is bounded and the plan is
+    finite from it (inf below it). A law whose intervals are bounded at 292 keeps that boundary."""
+    method = plan.DEFAULT_CI_METHOD
+    first = plan.simulated_size(plan.SMALL_SAMPLE_LIMIT - 1)
+    assert not np.isfinite(plan.interval_log_factors(first, 0.95, method, 12.7)).all()
+    size, factor = plan.width_boundary(0.95, method, 12.7)
+    assert size in plan.EXTENDED_SIZES and np.isfinite(plan.interval_log_factors(size, 0.95, method, 12.7)).all()
+    assert 1.0 <= factor < 3.0
+    assert plan.small_sample_half_width(size - 1, 4.3, 1.1, 0.95, method, 12.7) == math.inf
+    assert plan.small_sample_half_width(size, 4.3, 1.1, 0.95, method, 12.7) == plan.ci_half_width(
+        size, factor * 4.3, 1.1
+    )
+    planned = plan.documents_for_half_width(4.3, 1.1, 0.1, 0.95, method, 12.7)
+    assert planned is not None and planned >= size
+    assert plan.small_sample_half_width(planned, 4.3, 1.1, 0.95, method, 12.7) <= 0.1
+    assert plan.small_sample_half_width(planned - 1, 4.3, 1.1, 0.95, method, 12.7) > 0.1
+    assert plan.width_boundary(0.95, method, 0.8)[0] == first
+    # the bootstrap methods are not simulated past SMALL_SAMPLE_LIMIT (their weights would not fit)
+    assert plan.width_boundary(0.95, "studentized_log", 0.8)[0] == first
 
 
 def test_exact_test_power_is_a_one_sided_normal_power():
