@@ -402,6 +402,16 @@ def _hedges_g(weights: np.ndarray, d: np.ndarray) -> np.ndarray:
         return hedges_correction(n - 1.0) * mean / np.sqrt(var)
 
 
+def _leave_one_out_hedges_g(d: np.ndarray) -> np.ndarray:
+    """:func:`_hedges_g` of each leave-one-out sample of ``d`` (the jackknife rows ``1 − I``), from
+    the full sums in O(n) memory."""
+    n = d.size - 1.0
+    mean = (d.sum() - d) / n
+    var = ((d * d).sum() - d * d - n * mean**2) / (n - 1.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return hedges_correction(n - 1.0) * mean / np.sqrt(var)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ControlMoments:
     """Mean and sd of a control kind's energy fraction ``E(Q)`` over its draw, and their source
@@ -897,13 +907,13 @@ def _clipped(interval: BootstrapResult, low: float, high: float, what: str) -> B
 def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[BootstrapResult, BootstrapResult]:
     """Bootstrap CIs of the energy fraction Σp/Σt and the energy ratio Σp/Σe over the units."""
     ones = np.ones((1, units.n))
-    jackknife = 1.0 - np.eye(units.n)
     out = []
     for numerator, denominator in ((units.proxy, units.total), (units.proxy, units.reference)):
         with np.errstate(invalid="ignore", divide="ignore"):
             estimate = numerator.sum() / denominator.sum()
             replicates = (weights @ numerator) / (weights @ denominator)
-            jack = (jackknife @ numerator) / (jackknife @ denominator)
+            # leave-one-out sums in O(n) memory (an n × n jackknife matrix is 4.6 GB at 24,000 documents)
+            jack = (numerator.sum() - numerator) / (denominator.sum() - denominator)
         if ci_method in RATIO_CI_METHODS:
             out.append(
                 _ratio_method_interval(numerator, denominator, estimate, replicates, weights, ci_level, ci_method)
@@ -1110,9 +1120,8 @@ def _hedges_row(
             fallback=data_test.fallback,
         )
     if units.n > 3:
-        jackknife = 1.0 - np.eye(units.n)
         interval = ci_from_replicates(
-            g, _hedges_g(weights, contribution), _hedges_g(jackknife, contribution), ci_level, "bca"
+            g, _hedges_g(weights, contribution), _leave_one_out_hedges_g(contribution), ci_level, "bca"
         )
     else:
         interval = BootstrapResult(
