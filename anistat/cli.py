@@ -285,7 +285,7 @@ def plan(
         result = plan_from_inputs(inputs, given, conservative)
     written = write_plan(out, result.rows, result.targets, result.notes, result.protocol)
     _echo(terminal_table(result.rows))
-    _echo("(in parentheses: at the upper confidence limit of the per-document variance; — : not reachable)")
+    _echo("(in parentheses: at the upper confidence limit of the per-document variance; — : not reachable, see below)")
     for note in result.notes:
         _echo(f"- {note}")
     _echo(f"wrote {out}/ ({', '.join(written)})")

@@ -1168,6 +1168,22 @@ def assumptions(targets: PlanTargets, source: str) -> list[str]:
         f"Haar draws: enough that a test whose ideal p-value is half the threshold is rejected with probability "
         f"{DRAWS_RESOLUTION:g} (the floor 1/(n + 1) alone would let one unlucky draw decide); bootstrap "
         "resamples of the data test likewise for its expanded tail at the planned documents.",
+        *_unresolvable_data_test(targets),
+    ]
+
+
+def _unresolvable_data_test(targets: PlanTargets) -> list[str]:
+    """Why the data test has no count at a threshold too small for :data:`MAX_TEST_RESAMPLES`
+    bootstrap resamples at any size ([] otherwise): its tail needs at least
+    ``data_test_resamples(threshold, None)`` of them however many documents there are."""
+    needed = data_test_resamples(targets.threshold, None)
+    if needed <= MAX_TEST_RESAMPLES:
+        return []
+    return [
+        f"Data test not planned (— in every row): at the threshold {targets.threshold:.3g} it needs at least "
+        f"{needed:,} bootstrap resamples at any size, more than the {MAX_TEST_RESAMPLES:,} the planner allows; "
+        "a smaller family (--family-size, the protocol's stats.family) or a larger alpha brings it in reach, "
+        "and the exact test and the interval are planned regardless."
     ]
 
 

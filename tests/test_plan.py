@@ -486,3 +486,16 @@ def test_a_pilot_without_standard_errors_is_refused_in_one_line(mini_bundle, tmp
     done = _cli(str(pilot), "--ratio", "1.2", "--out", str(tmp_path / "plan"))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "run a larger pilot" in done.stderr and not (tmp_path / "plan").exists()
+
+
+def test_a_data_test_beyond_the_resample_cap_is_explained():
+    """At a threshold whose tail needs more than MAX_TEST_RESAMPLES bootstrap resamples at any size
+    the data test has no count, and the notes say why and what brings it in reach; at 0.005 they
+    say nothing of it."""
+    wide = plan.PlanTargets(ratio=1.25, family_size=432, multiplicity="fdr_bh")
+    assert plan.data_test_resamples(wide.threshold, None) > plan.MAX_TEST_RESAMPLES
+    assert plan.documents_for_data_test(0.5, 1.25, 0.8, wide.threshold) is None
+    (note,) = [n for n in plan.assumptions(wide, "stated") if n.startswith("Data test not planned")]
+    assert f"{plan.data_test_resamples(wide.threshold, None):,} bootstrap resamples" in note and "--family-size" in note
+    narrow = plan.PlanTargets(ratio=1.25, family_size=10)
+    assert not [n for n in plan.assumptions(narrow, "stated") if n.startswith("Data test not planned")]
