@@ -690,12 +690,9 @@ def spread_rows(tables: dict, conditions, alpha: float) -> list[dict]:
     Parameters
     ----------
     tables : dict
-        Study size ``n`` -> its ``(scenario, condition, simulation, column)`` array of
-        :data:`_COLS` columns.
-    conditions : sequence
-        The conditions of the tables' second axis.
-    alpha : float
-        The data test's level.
+        Study size ``n`` -> its table, as one of :func:`concentration_rows`' ``tables``.
+    conditions, alpha
+        As in :func:`concentration_rows`.
 
     Returns
     -------
