@@ -845,12 +845,9 @@ def calibrated_concentration(
     coverage = CONCENTRATION_COVERAGE[method]
     coverage_below = _threshold(coverage, CONCENTRATION_STUDIES, lambda c, n: c < COVERAGE_FLOOR - _margin(0.95, n))
     data_test_from = data_test_spread_threshold(SPREAD_LEVELS, SPREAD_DATA_TEST, SPREAD_DATA_TEST_STUDIES)
-    spread_value = float(spread)
-    spread_level = next(
-        (i for i, (low, high) in enumerate(SPREAD_LEVELS) if low <= spread_value < high), None
-    )  # NaN and spreads below 1 (rounding) fall in no level
-    if spread_level is None and np.isfinite(spread_value) and spread_value < 1.0:
-        spread_level = 0
+    spread_value = max(float(spread), 1.0)  # n/n_eff ≥ 1 up to rounding; NaN stays NaN
+    spread_level = next((i for i, (low, high) in enumerate(SPREAD_LEVELS) if low <= spread_value < high), None)
+    nan = float("nan")
     for index, (low, high) in enumerate(CONCENTRATION_LEVELS):
         if low <= value < high:
             return {
@@ -859,9 +856,9 @@ def calibrated_concentration(
                 "coverage": coverage[index],
                 "coverage_below": coverage_below,
                 "coverage_off": value < coverage_below,
-                "spread_low": SPREAD_LEVELS[spread_level][0] if spread_level is not None else float("nan"),
-                "spread_high": SPREAD_LEVELS[spread_level][1] if spread_level is not None else float("nan"),
-                "data_test": SPREAD_DATA_TEST[spread_level] if spread_level is not None else float("nan"),
+                "spread_low": SPREAD_LEVELS[spread_level][0] if spread_level is not None else nan,
+                "spread_high": SPREAD_LEVELS[spread_level][1] if spread_level is not None else nan,
+                "data_test": SPREAD_DATA_TEST[spread_level] if spread_level is not None else nan,
                 "data_test_from": data_test_from,
                 "data_test_off": bool(np.isfinite(spread_value) and spread_value >= data_test_from),
             }
