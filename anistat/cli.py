@@ -326,7 +326,8 @@ def calibrate(
     test (all draws and sequential) and of the paper's normal-control convention, the data test,
     CI coverage at several study sizes, power, and multiplicity with draws shared by many units."""
     from .bundle import check_destination, staged_bundle, write_json
-    from .stats import run_calibration, write_calibration_report
+    from .calibration_report import write_calibration_report
+    from .stats import run_calibration
     from .stats.calibrate import SCENARIOS
     from .stats.family_calibration import run_family_calibration
 

@@ -557,27 +557,22 @@ def terminal_table(rows: Sequence[PlanRow]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells)
 
 
-def plan_html(rows: Sequence[PlanRow], targets: PlanTargets, notes: Sequence[str], title: str) -> str:
-    """plan.html: one self-contained section (no scripts, no network), every value escaped."""
-    from .report.escape import esc
+def plan_html(
+    rows: Sequence[PlanRow], targets: PlanTargets, notes: Sequence[str], title: str, warnings: Sequence[str] = ()
+) -> str:
+    """plan.html: one self-contained section (no scripts, no network) through the report's
+    autoescaped template (:func:`anistat.report.pages.render_plan_html`): the table, the
+    ``warnings`` above it and the notes below."""
+    from .report.pages import render_plan_html
 
-    head = "".join(f"<th>{esc(h)}</th>" for h in TABLE_HEADER)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in table_cells(row)) + "</tr>" for row in rows)
-    items = "".join(f"<li>{esc(note)}</li>" for note in notes)
     draws = rows[0].null_draws if rows else null_draws_needed(targets.threshold)
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{esc(title)}</title><style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .5em;text-align:right}"
-        "</style></head><body>\n"
-        f'<section id="plan"><h1>{esc(title)}</h1>\n'
-        f"<p>Documents needed per unit kind for R = {esc(f'{targets.ratio:g}')}: CI half-width "
-        f"{esc('not planned' if targets.half_width is None else f'{targets.half_width:g}')}, power "
-        f"{esc(f'{targets.power:g}')} of the data test and of the exact test at {esc(f'{targets.threshold:.3g}')}; "
-        f"in parentheses at the upper confidence limit of the pilot's variance. Haar draws: {esc(f'{draws:,}')}.</p>\n"
-        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>\n"
-        f"<h2>What the plan assumes</h2><ul>{items}</ul></section>\n</body></html>\n"
+    width = "not planned" if targets.half_width is None else f"{targets.half_width:g}"
+    summary = (
+        f"Documents needed per unit kind for R = {targets.ratio:g}: CI half-width {width}, power "
+        f"{targets.power:g} of the data test and of the exact test at {targets.threshold:.3g}; in parentheses at "
+        f"the upper confidence limit of the pilot's variance. Haar draws: {draws:,}."
     )
+    return render_plan_html(title, summary, TABLE_HEADER, [table_cells(row) for row in rows], notes, warnings)
 
 
 def plan_csv(rows: Sequence[PlanRow]) -> str:

@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "verify": 8,
     "reproduction": 8,
     "plan": 8,  # study planning: stats formulas over a pilot read through bundle
+    "calibration_report": 8,  # `anistat calibrate`'s files: stats.calibrate's study, the report's page
     "replicate": 9,
     "callbacks": 9,
     "cli": 10,

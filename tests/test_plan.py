@@ -138,7 +138,7 @@ def test_plan_html_escapes_every_value():
     targets = plan.PlanTargets(ratio=1.25)
     rows = plan.plan_rows([law], targets)
     html = plan.plan_html(rows, targets, ["a <script>note</script>"], "t<i>")
-    assert "<b>m" not in html and "&lt;b&gt;m&amp;n&lt;/b&gt;" in html and "site&quot;x" in html
+    assert "<b>m" not in html and "&lt;b&gt;m&amp;n&lt;/b&gt;" in html and "site&#34;x" in html
     assert "<script>" not in html and "<i>" not in html
     assert "not asked" in html  # no half-width target: the column says so, not "unreachable"
 

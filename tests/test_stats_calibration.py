@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from anistat.stats import run_calibration, write_calibration_report
+from anistat.calibration_report import write_calibration_report
+from anistat.stats import run_calibration
 
 
 @pytest.fixture(scope="module")

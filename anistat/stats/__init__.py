@@ -15,8 +15,11 @@ Numpy in, small frozen dataclasses out. Resampling is vectorised over a weights 
   effective size, :func:`el_effective_size`) for a ratio of means under skew, and
   :func:`kish_effective_size`, how concentrated the units' energies are.
 * :func:`random_effects_meta`, :func:`trend_test`.
-* :func:`run_calibration`, :func:`write_calibration_report`; :func:`p_value_uniformity` (a run's
-  own null check, on the p-values' own grid).
+* :func:`run_calibration` (its files: :func:`anistat.calibration_report.write_calibration_report`);
+  :func:`p_value_uniformity` (a run's own null check, on the p-values' own grid).
+* :mod:`anistat.stats.power`: power and sample size of the data test, the exact test and the
+  energy ratio's interval (``solve_power`` for the missing one of documents, effect and power /
+  half-width; ``anistat plan`` calls it).
 """
 
 from ._validation import DegenerateStatisticWarning
@@ -34,7 +37,7 @@ from .bootstrap import (
     sequence_bootstrap_columns,
     studentized_ratio_test,
 )
-from .calibrate import CalibrationResult, run_calibration, write_calibration_report
+from .calibrate import CalibrationResult, run_calibration
 from .effects import (
     anisotropy_capture,
     energy_ratio,
@@ -139,7 +142,6 @@ __all__ = [
     "sign_flip_pvalues",
     "sign_flip_test",
     "trend_test",
-    "write_calibration_report",
     "z_score",
     "RATIO_INTERVAL_METHODS",
     "RatioInterval",
