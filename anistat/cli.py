@@ -283,8 +283,10 @@ def plan(
             sequences_per_document,
         )
         result = plan_from_inputs(inputs, given, conservative)
-    written = write_plan(out, result.rows, result.targets, result.notes, result.protocol)
+    written = write_plan(out, result)
     _echo(terminal_table(result.rows))
+    for warning in result.warnings:
+        _echo(f"warning: {warning}")
     _echo("(in parentheses: at the upper confidence limit of the per-document variance; — : not reachable, see below)")
     for note in result.notes:
         _echo(f"- {note}")

@@ -151,7 +151,11 @@ class UnitLaw:
 @dataclass(frozen=True)
 class PlanRow:
     """One unit kind's plan (the rows of plan.csv). Document counts are None where the target
-    cannot be reached (the exact test below its reachable ratio) or was not asked for."""
+    cannot be reached (the exact test below its reachable ratio) or was not asked for.
+    ``documents``: the most the targets asked for need (the upper-limit plan with
+    ``--conservative``); ``test_sequences``: that many documents' sequences, never fewer than the
+    pilot's; ``test_resamples``: the data test's bootstrap resamples, None where the data test
+    has no count (not planned)."""
 
     model: str
     site_kind: str
@@ -170,9 +174,10 @@ class PlanRow:
     documents_half_width_upper: int | None
     documents_data_test_upper: int | None
     documents_exact_test_upper: int | None
+    documents: int | None
     test_sequences: int | None
     null_draws: int
-    test_resamples: int
+    test_resamples: int | None
 
 
 # ------------------------------------------------------------------------------ planning
@@ -247,9 +252,11 @@ def _kind_data_test(
 def plan_rows(laws: Sequence[UnitLaw], targets: PlanTargets, use_upper: bool = False) -> list[PlanRow]:
     """One :class:`PlanRow` per unit kind (model × site kind × rank): the plan must serve every
     unit of the kind, so each count is the largest over its units (the largest ``τ`` and null
-    quantile decide). ``test_sequences``: the documents of the targets asked for (half-width
+    quantile decide). ``documents``: the most documents the targets asked for need (half-width
     when given, the data test, and the exact test where reachable), the upper-limit plan with
-    ``use_upper``, times the sequences per document."""
+    ``use_upper``; ``test_sequences``: that times the sequences per document, and never fewer
+    than a pilot's own test sequences (its Haar null is known from its size up, and a study
+    smaller than its pilot plans nothing the pilot did not measure)."""
     kinds: dict[tuple[str, str, int], list[tuple[UnitLaw, dict[str, Any]]]] = {}
     for law in laws:
         kinds.setdefault((law.model, law.site_kind, law.rank), []).append((law, plan_unit(law, targets)))
@@ -263,7 +270,10 @@ def plan_rows(laws: Sequence[UnitLaw], targets: PlanTargets, use_upper: bool = F
         pilots = [law.pilot_documents for law, _ in members]
         chosen = high if use_upper and None not in uppers else point
         wanted = [n for n in (chosen[0], chosen[1], chosen[2]) if n is not None]
+        documents = max(wanted) if wanted else None
         spd = max(law.sequences_per_document for law, _ in members)
+        # a pilot's own sequences (null_documents is set from pilot bundles only)
+        measured = [round(law.null_documents * law.sequences_per_document) for law, _ in members if law.null_documents]
         rows.append(
             PlanRow(
                 model=model,
@@ -283,9 +293,10 @@ def plan_rows(laws: Sequence[UnitLaw], targets: PlanTargets, use_upper: bool = F
                 documents_half_width_upper=high[0],
                 documents_data_test_upper=high[1],
                 documents_exact_test_upper=high[2],
-                test_sequences=math.ceil(max(wanted) * spd) if wanted else None,
+                documents=documents,
+                test_sequences=None if documents is None else max([math.ceil(documents * spd), *measured]),
                 null_draws=draws,
-                test_resamples=data_test_resamples(targets.threshold, chosen[1]),
+                test_resamples=None if chosen[1] is None else data_test_resamples(targets.threshold, chosen[1]),
             )
         )
     return rows
@@ -588,45 +599,60 @@ def plan_csv(rows: Sequence[PlanRow]) -> str:
     return buffer.getvalue()
 
 
-def planned_protocol(protocol, rows: Sequence[PlanRow]) -> tuple[str, int | None]:
-    """The pilot's protocol with the planned ``data.n_test_sequences`` (the most any unit kind
-    needs; unchanged when no count is reachable) and ``stats.n_null_draws``, as YAML text, and
-    the planned test sequences. The result parses as a protocol (checked here)."""
+def planned_protocol(protocol, rows: Sequence[PlanRow], warnings: Sequence[str] = ()) -> tuple[str, int | None]:
+    """The pilot's protocol, named ``<pilot>-planned``, with what the plan planned and nothing
+    else: ``data.n_test_sequences`` (the most any unit kind needs; the pilot's when no count is
+    reachable), ``stats.n_null_draws`` and, where the data test has a count,
+    ``stats.n_test_resamples`` (never below the pilot's); as YAML text under a comment that
+    names what was set and carries the ``warnings`` (a corpus too small for the plan), and the
+    planned test sequences. The result parses as a protocol (checked here)."""
     import yaml
 
     from .protocol import parse_protocol
 
     data = protocol.normalised()
+    data["name"] = planned_name(protocol.name)
+    changed = []
     needed = [row.test_sequences for row in rows if row.test_sequences is not None]
     sequences = max(needed) if needed else None
     if sequences is not None:
         data["data"]["n_test_sequences"] = int(max(sequences, 2))
+        changed.append("data.n_test_sequences")
     draws = max(row.null_draws for row in rows) if rows else 9999
     data["stats"]["n_null_draws"] = int(min(max(draws, 99), 10_000_000))
-    resamples = max(row.test_resamples for row in rows) if rows else data["stats"]["n_test_resamples"]
-    data["stats"]["n_test_resamples"] = int(min(max(resamples, data["stats"]["n_test_resamples"]), 1_000_000))
+    changed.append("stats.n_null_draws")
+    planned = [row.test_resamples for row in rows if row.test_resamples is not None]
+    if planned:  # the data test has a count somewhere: its resamples are planned too
+        data["stats"]["n_test_resamples"] = int(min(max(*planned, data["stats"]["n_test_resamples"]), 1_000_000))
+        changed.append("stats.n_test_resamples")
     parse_protocol(data, "the planned protocol")
     header = (
-        f"# planned by `anistat plan` from the pilot protocol '{protocol.name}': "
-        f"n_test_sequences and n_null_draws set by the plan (plan.csv)\n"
+        f"# planned by `anistat plan` from the pilot protocol '{protocol.name}' (named {data['name']} here): "
+        f"{', '.join(changed)} set by the plan (plan.csv); everything else is the pilot's\n"
+        + "".join(f"# warning: {warning}\n" for warning in warnings)
     )
     return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True), sequences
 
 
-def write_plan(
-    out: Path, rows: Sequence[PlanRow], targets: PlanTargets, notes: Sequence[str], protocol=None
-) -> list[str]:
+def planned_name(pilot: str) -> str:
+    """The planned protocol's name: the pilot's with ``-planned`` (cut to the names' 64 characters)."""
+    suffix = "-planned"
+    return pilot[: 64 - len(suffix)] + suffix
+
+
+def write_plan(out: Path, plan: Plan) -> list[str]:
     """plan.csv, plan.html, manifest.json and (from a pilot) protocol.yaml into ``out``, staged and
     swapped into place in one rename (nothing half-written; a folder holding files anistat did
     not write is refused). Returns the file names written."""
     from .bundle import file_digests, staged_bundle, write_json
 
+    rows, targets = plan.rows, plan.targets
     texts = {
         "plan.csv": plan_csv(rows),
-        "plan.html": plan_html(rows, targets, notes, "anistat plan"),
+        "plan.html": plan_html(rows, targets, plan.notes, "anistat plan", plan.warnings),
     }
-    if protocol is not None:
-        texts["protocol.yaml"] = planned_protocol(protocol, rows)[0]
+    if plan.protocol is not None:
+        texts["protocol.yaml"] = planned_protocol(plan.protocol, rows, plan.warnings)[0]
     with staged_bundle(out) as staging:
         for name, text in texts.items():
             (staging / name).write_text(text, encoding="utf-8")
@@ -675,13 +701,15 @@ class StatedInputs:
 
 @dataclass(frozen=True)
 class Plan:
-    """A finished plan: its rows, the targets it was made for, what it assumes, and the pilot's
-    protocol (None for stated inputs)."""
+    """A finished plan: its rows, the targets it was made for, what it assumes, the pilot's
+    protocol (None for stated inputs) and its warnings (a planned size the pilot's corpus cannot
+    hold: terminal, plan.html and the planned protocol's comment)."""
 
     rows: tuple[PlanRow, ...]
     targets: PlanTargets
     notes: tuple[str, ...]
     protocol: Any = None
+    warnings: tuple[str, ...] = ()
 
 
 def plan_from_bundle(bundle: Path, given: dict[str, Any], use_upper: bool = False) -> Plan:
@@ -700,6 +728,7 @@ def plan_from_bundle(bundle: Path, given: dict[str, Any], use_upper: bool = Fals
     )
     targets = with_targets(defaults, **given)
     check_targets(targets)
+    _refuse_one_document(bundle, pilot.results)
     laws = laws_from_results(pilot.results)
     if not laws:
         raise AnistatInputError(
@@ -708,9 +737,47 @@ def plan_from_bundle(bundle: Path, given: dict[str, Any], use_upper: bool = Fals
             "run a larger pilot"
         )
     fewest = min(law.pilot_documents or 0 for law in laws)
-    source = f"estimated from the pilot {Path(bundle).name} (at least {fewest} documents per unit)"
+    source = f"estimated from the pilot {Path(bundle).name} (at least {_documents(fewest)} per unit)"
     rows = plan_rows(laws, targets, use_upper)
-    return Plan(tuple(rows), targets, tuple(assumptions(targets, source)), pilot.protocol)
+    corpus = (pilot.manifest.get("corpus") or {}).get("documents")
+    warnings = corpus_warnings(rows, corpus if isinstance(corpus, int) else None)
+    return Plan(tuple(rows), targets, tuple(assumptions(targets, source)), pilot.protocol, tuple(warnings))
+
+
+def _documents(count: int) -> str:
+    return f"{count:,} document" + ("" if count == 1 else "s")
+
+
+def _refuse_one_document(bundle: Path, results) -> None:
+    """One line, exit 2, for a pilot whose test sequences all come from one document: its rows
+    resampled sequences instead (fallback ``sequences_resampled``), so their ``n_clusters`` count
+    sequences and the per-document law — what every count of the plan rests on — is unknown."""
+    from .stats.fallbacks import SEQUENCES_RESAMPLED
+
+    fallback = results["fallback"].fillna("").astype(str) if "fallback" in results else None
+    if fallback is None or not fallback.str.contains(SEQUENCES_RESAMPLED, regex=False).any():
+        return
+    sequences = int(results.loc[fallback.str.contains(SEQUENCES_RESAMPLED, regex=False), "n_sequences"].max())
+    raise AnistatInputError(
+        f"{bundle}: the pilot's {sequences:,} test sequences all come from 1 document (its intervals resampled "
+        "sequences within it), so the per-document variability a plan of documents rests on is unknown; run a "
+        f"pilot whose test sequences span at least {MIN_RESAMPLING_UNITS} documents"
+    )
+
+
+def corpus_warnings(rows: Sequence[PlanRow], corpus_documents: int | None) -> list[str]:
+    """The warning when the plan needs more documents than the pilot's corpus holds ([] when it
+    fits or the corpus' size is unknown): the intervals and the data test resample documents,
+    so more sequences from the same documents do not buy the planned precision."""
+    planned = [row.documents for row in rows if row.documents is not None]
+    if corpus_documents is None or not planned or max(planned) <= corpus_documents:
+        return []
+    return [
+        f"the plan needs {_documents(max(planned))} ({max(r.test_sequences or 0 for r in rows):,} test sequences) "
+        f"but the pilot's corpus holds {_documents(corpus_documents)}: the intervals and the data test resample "
+        "documents, so a corpus of at least that many documents is needed (more sequences from the same "
+        "documents do not reach the targets)"
+    ]
 
 
 def plan_from_inputs(inputs: StatedInputs, given: dict[str, Any], use_upper: bool = False) -> Plan:

@@ -22,6 +22,9 @@ What is checked, per model (no weights are read):
   (where no safetensors file is there to be preferred), and the first folder's tokenizer,
   loaded offline (`run` tokenises the corpus with it).
 
+For `anistat validate` the corpus is counted too: a test split of more sequences than the
+corpus has documents is a warning line (:func:`corpus_warnings`).
+
 Then the protocol's claims are checked against the rows the plan will produce (`RowPlan`): the
 metric must be one the run writes, every `where` key a column of `results.csv` /
 `frequency.csv`, and every `where` value one that some planned row has (model names,
@@ -805,4 +808,27 @@ def preflight(protocol: Protocol | str | Path, *, for_run: bool = True) -> Prefl
     if models:  # a protocol of external models only is planned by the training loop
         for index, claim in enumerate(protocol.claims):
             check_claim(index, claim, plan)
+    if not for_run:  # `run` loads the corpus itself a moment later
+        notes.extend(corpus_warnings(protocol))
     return Preflight(tuple(models), plan, tuple(notes))
+
+
+def corpus_warnings(protocol: Protocol) -> list[str]:
+    """A warning when the test split asks more sequences than the corpus has documents: the split
+    then spans at most that many documents, the units the intervals and the data test resample,
+    so a study sized in documents (``anistat plan``) cannot reach its targets on this corpus.
+    The corpus is counted as `run` loads it (:func:`anistat.data.load_corpus`, ``max_documents``
+    applied); a Hugging Face dataset is not loaded here (it may need the network)."""
+    if protocol.data.source == "hf_dataset":
+        return []
+    from .data import load_corpus
+
+    documents = len(load_corpus(localized(protocol)[1]).documents)
+    sequences = protocol.data.n_test_sequences
+    if sequences <= documents:
+        return []
+    noun = "document" if documents == 1 else "documents"
+    return [
+        f"warning: corpus too small: data.n_test_sequences = {sequences:,} from a corpus of {documents:,} {noun}; "
+        f"the test split spans at most {documents:,} {noun}, the units the intervals and the data test resample"
+    ]

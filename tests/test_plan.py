@@ -200,3 +200,122 @@ def test_a_data_test_beyond_the_resample_cap_is_explained():
     )
     narrow = plan.PlanTargets(ratio=1.25, family_size=10)
     assert not [n for n in plan.assumptions(narrow, "stated") if n.startswith("Data test not planned")]
+
+
+# ------------------------------------------------------------- what is written is what is planned
+QUICKSTART = Path(__file__).resolve().parent.parent / "reports" / "quickstart"
+
+
+@pytest.fixture(scope="module")
+def quickstart_plan(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """`anistat plan` of the shipped quickstart bundle for R = 1.25 and a half-width of 0.1: its
+    432-test family puts the data test out of the planner's resamples, and the half-width needs
+    more documents than the quickstart's corpus holds."""
+    out = tmp_path_factory.mktemp("quickstart-plan") / "plan"
+    done = _cli(str(QUICKSTART), "--ratio", "1.25", "--half-width", "0.1", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return done, out
+
+
+@pytest.mark.slow
+def test_the_planned_protocol_carries_only_what_is_planned(quickstart_plan):
+    """The notes say the data test is not planned: its resamples stay the pilot's (they were
+    written as the 155,519 its tail would need), plan.csv leaves them empty, and the comment names
+    what the plan set."""
+    import yaml
+
+    done, out = quickstart_plan
+    assert "Data test not planned" in done.stdout
+    rows = _rows(out / "plan.csv")
+    assert all(row["documents_data_test"] == "" and row["test_resamples"] == "" for row in rows)
+    pilot = read_bundle(QUICKSTART).protocol
+    text = (out / "protocol.yaml").read_text()
+    planned = yaml.safe_load(text)
+    assert planned["stats"]["n_test_resamples"] == pilot.stats.n_test_resamples
+    assert "stats.n_test_resamples" not in text.splitlines()[0] and "data.n_test_sequences" in text.splitlines()[0]
+    assert planned["data"]["n_test_sequences"] == max(int(row["test_sequences"]) for row in rows)
+
+
+@pytest.mark.slow
+def test_a_plan_beyond_the_corpus_says_so_everywhere(quickstart_plan):
+    """The half-width needs hundreds of documents; the quickstart's corpus holds 79: said on the
+    terminal, in plan.html and in the protocol's comment, and `anistat validate` of the planned
+    protocol warns that the corpus is too small."""
+    done, out = quickstart_plan
+    corpus = read_bundle(QUICKSTART).manifest["corpus"]["documents"]
+    rows = _rows(out / "plan.csv")
+    needed = max(int(row["documents"]) for row in rows)
+    assert needed > corpus
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("warning:")]
+    assert f"{needed:,} documents" in line and f"holds {corpus} documents" in line
+    assert f"holds {corpus} documents" in (out / "plan.html").read_text()
+    comment = [line for line in (out / "protocol.yaml").read_text().splitlines() if line.startswith("#")]
+    assert any(line.startswith("# warning:") and f"holds {corpus} documents" in line for line in comment)
+    validated = subprocess.run(
+        [sys.executable, "-m", "anistat", "validate", str(out / "protocol.yaml")], capture_output=True, text=True
+    )
+    assert validated.returncode == 0, validated.stderr
+    (warning,) = [line for line in validated.stdout.splitlines() if "corpus too small" in line]
+    assert f"corpus of {corpus} documents" in warning
+
+
+@pytest.mark.slow
+def test_the_planned_protocol_has_its_own_name(quickstart_plan):
+    import yaml
+
+    _done, out = quickstart_plan
+    assert yaml.safe_load((out / "protocol.yaml").read_text())["name"] == "quickstart-planned"
+    assert plan.planned_name("x" * 64) == "x" * 56 + "-planned"
+
+
+ONE_DOCUMENT_PROTOCOL = """\
+anistat_protocol: 1
+name: one-document
+seed: 3
+data: {source: text, paths: [one.txt], seq_len: 24, n_fit_sequences: 12, n_test_sequences: 16, vocab_size: 300,
+       batch_size: 8}
+models:
+  - {name: dec, architecture: gpt2, hidden_size: 16, num_layers: 1, num_heads: 2,
+     train: {steps: 2, batch_size: 4, warmup_steps: 1, checkpoints: [2]}}
+proxies: {methods: [pca], ranks: [2], max_fit_tokens: 200, concept_card_tokens: 3}
+controls: {kinds: [haar], n: 9}
+stats: {n_bootstrap: 100}
+report: {compile_pdf: false}
+"""
+
+
+@pytest.mark.slow
+def test_a_one_document_pilot_is_counted_as_one_document_and_refused(tmp_path):
+    """All of the pilot's test sequences come from one document, so its intervals resampled
+    sequences: the plan does not call that "16 documents per unit" and plan fewer sequences than
+    the pilot measured — it says "1 document" and refuses in one line (exit 2, nothing written)."""
+    from anistat.data import builtin_corpus
+
+    (tmp_path / "one.txt").write_text(builtin_corpus()[1], encoding="utf-8")
+    (tmp_path / "pilot.yaml").write_text(ONE_DOCUMENT_PROTOCOL, encoding="utf-8")
+    pilot = tmp_path / "pilot"
+    done = subprocess.run(
+        [sys.executable, "-m", "anistat", "run", str(tmp_path / "pilot.yaml"), "--out", str(pilot)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert read_bundle(pilot).manifest["corpus"]["documents"] == 1
+    out = tmp_path / "plan"
+    planned = _cli(str(pilot), "--ratio", "1.5", "--out", str(out))
+    assert planned.returncode == 2 and "Traceback" not in planned.stderr
+    (line,) = planned.stderr.strip().splitlines()
+    assert "1 document" in line and "16 test sequences" in line and "documents per unit" not in line
+    assert not out.exists()
+
+
+def test_never_fewer_test_sequences_than_the_pilot():
+    """A pilot of 40 documents (2 sequences each) whose targets need 10 (the exact test out of
+    reach, so its floor at the pilot's size does not apply): the planned test split keeps the
+    pilot's 80 sequences; stated inputs (no pilot run) have no such floor."""
+    law = plan.UnitLaw("m", "residual", 4, 32, 0.2, 0.1, 40, 2.0, null_documents=40, tokens_per_document=50.0)
+    targets = plan.PlanTargets(ratio=1.5, half_width=0.5)
+    (row,) = plan.plan_rows([law], targets)
+    assert row.documents_exact_test is None and row.documents == 10
+    assert row.test_sequences == 80
+    (stated,) = plan.plan_rows([plan.UnitLaw("m", "residual", 4, 32, 0.2, 0.1, 40, 2.0)], targets)
+    assert stated.test_sequences == 20
