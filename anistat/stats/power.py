@@ -518,7 +518,7 @@ def exact_test_power(n: int, tau: float, ratio: float, rank: int, dim: int, null
     return float(sps.norm.cdf(math.sqrt(n) * (math.log(fraction) - math.log(null_quantile)) / tau))
 
 
-def smallest_n(meets, low: int = 2, high: int = MAX_DOCUMENTS) -> int | None:
+def smallest_n(meets: Callable[[int], bool], low: int = 2, high: int = MAX_DOCUMENTS) -> int | None:
     """The smallest ``n`` in ``[low, high]`` with ``meets(n)`` true, for a monotone ``meets``
     (bisection on integers); None when even ``high`` fails."""
     if not meets(high):
@@ -532,7 +532,7 @@ def smallest_n(meets, low: int = 2, high: int = MAX_DOCUMENTS) -> int | None:
     return low
 
 
-def smallest_n_near(meets, guess: int, low: int, high: int = MAX_DOCUMENTS) -> int | None:
+def smallest_n_near(meets: Callable[[int], bool], guess: int, low: int, high: int = MAX_DOCUMENTS) -> int | None:
     """:func:`smallest_n` searched outward from a first ``guess`` (the t formula's count): steps
     of a quarter of the guess, doubling, down while ``meets`` holds or up until it does, then
     bisection — a handful of evaluations of a costly ``meets`` when the guess is close."""
@@ -661,7 +661,13 @@ def documents_for_data_test(
 
 
 def documents_for_exact_test(
-    tau: float, ratio: float, power: float, rank: int, dim: int, null_quantile, least: int = 2
+    tau: float,
+    ratio: float,
+    power: float,
+    rank: int,
+    dim: int,
+    null_quantile: float | Callable[[int], float],
+    least: int = 2,
 ) -> int | None:
     """Documents (at least ``least``) for the exact test to reach ``power``
     (:func:`exact_test_power`); ``null_quantile`` is the null's quantile, or a function of the
@@ -741,6 +747,13 @@ def _one_missing(**given: float | None) -> str:
     return missing[0]
 
 
+def _given(value: float | None) -> float:
+    """An argument :func:`_one_missing` found given, as a number."""
+    if value is None:
+        raise ValueError("solve_power: an argument it needs is None")
+    return float(value)
+
+
 def _smallest_ratio(meets: Callable[[float], bool], high: float = 100.0, rtol: float = 1e-6) -> float | None:
     """The smallest ``R`` in ``(1, high]`` with ``meets(R)`` (monotone in ``R``), by bisection
     on ``log R`` to a relative tolerance ``rtol`` (the end that meets); None when ``high`` fails."""
@@ -800,16 +813,16 @@ class HalfWidth:
         ``half_width`` that is None. None: not reachable within :data:`MAX_DOCUMENTS`."""
         missing = _one_missing(nobs=nobs, ratio=ratio, half_width=half_width)
         if missing == "half_width":
-            return self.half_width(int(nobs), float(ratio))  # type: ignore[arg-type]
+            return self.half_width(int(_given(nobs)), _given(ratio))
         if missing == "ratio":
-            return float(half_width) / self.half_width(int(nobs), 1.0)  # type: ignore[arg-type]
+            return _given(half_width) / self.half_width(int(_given(nobs)), 1.0)
         return documents_for_half_width(
             self.relative_sd,
-            float(ratio),
-            float(half_width),
+            _given(ratio),
+            _given(half_width),
             self.ci_level,
             self.ci_method,
-            self.total_cv,  # type: ignore[arg-type]
+            self.total_cv,
         )
 
 
@@ -877,13 +890,13 @@ class DataTestPower:
         ``power``, by bisection) and ``power`` that is None. None: not reachable."""
         missing = _one_missing(nobs=nobs, ratio=ratio, power=power)
         if missing == "power":
-            return self.power(int(nobs), float(ratio))  # type: ignore[arg-type]
+            return self.power(int(_given(nobs)), _given(ratio))
         if missing == "ratio":
-            return _smallest_ratio(lambda r: self.power(int(nobs), r) >= float(power))  # type: ignore[arg-type]
+            return _smallest_ratio(lambda r: self.power(int(_given(nobs)), r) >= _given(power))
         return documents_for_data_test(
             self.relative_sd,
-            float(ratio),  # type: ignore[arg-type]
-            float(power),  # type: ignore[arg-type]
+            _given(ratio),
+            _given(power),
             self.alpha,
             self.small_sample,
             total_cv=self.total_cv,
@@ -937,17 +950,17 @@ class ExactTestPower:
         ``power`` that is None (None: not reachable at any size)."""
         missing = _one_missing(nobs=nobs, ratio=ratio, power=power)
         if missing == "power":
-            return self.power(int(nobs), float(ratio))  # type: ignore[arg-type]
+            return self.power(int(_given(nobs)), _given(ratio))
         if missing == "ratio":
-            n = int(nobs)  # type: ignore[arg-type]
-            shift = self.relative_sd * float(sps.norm.ppf(float(power))) / math.sqrt(n)  # type: ignore[arg-type]
+            n = int(_given(nobs))
+            shift = self.relative_sd * float(sps.norm.ppf(_given(power))) / math.sqrt(n)
             return self.quantile_at(n) * self.dim / self.rank * math.exp(shift)
         return documents_for_exact_test(
             self.relative_sd,
-            float(ratio),
-            float(power),
+            _given(ratio),
+            _given(power),
             self.rank,
             self.dim,
             self.quantile_at,
-            self.least,  # type: ignore[arg-type]
+            self.least,
         )
