@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from anistat import plan
-from anistat.stats import analyze_energy, cluster_sums, control_energy_moments, expected_control_energy
+from anistat.stats import analyze_energy, cluster_sums, control_energy_moments, expected_control_energy, power
 from anistat.stats.calibrate import DOCUMENT_SCENARIOS, SCENARIOS, _simulated_study
 
 DIM, RANK = 32, 4
@@ -214,7 +214,7 @@ def check_cell(scenario: str, planted: float, args, seed: int) -> list[str]:
         lines.append(
             f"{label} data test power {args.power:g} ({row.test_resamples} resamples) | {n_b} | {rate(sim[:, 2] <= thr)} |"
         )
-        predicted = plan.exact_test_power(n_b, law["tau"], law["ratio"], RANK, DIM, row.null_quantile)
+        predicted = power.exact_test_power(n_b, law["tau"], law["ratio"], RANK, DIM, row.null_quantile)
         if row.documents_exact_test is None and "exact" in args.targets:
             lines.append(
                 f"{label} exact test: unreachable below R = {row.exact_ratio_needed:.3f}; at {n_b} docs "
@@ -239,11 +239,11 @@ def pilot_check(scenario: str, args, seed: int) -> str:
         result = analyse_study(p_seq, t_seq, doc_of_seq, clustered, np.array([0.0]), n_bootstrap=200, seed=i)
         row = result["energy_fraction"]
         tau_hat = math.sqrt(args.pilot_documents) * row.se / row.estimate
-        tau_up = plan.upper_relative_sd(tau_hat, args.pilot_documents, 0.8)
+        tau_up = power.upper_relative_sd(tau_hat, args.pilot_documents, 0.8)
         for tau, sink in ((tau_hat, reached), (tau_up, reached_upper)):
             # the t formula's plan and power: isolates the error of the pilot's τ̂
-            n = plan.documents_for_data_test(tau, law["ratio"], args.power, thr, small_sample=False)
-            sink.append(n is not None and plan.data_test_power(n, law["tau"], law["ratio"], thr) >= args.power)
+            n = power.documents_for_data_test(tau, law["ratio"], args.power, thr, small_sample=False)
+            sink.append(n is not None and power.data_test_power(n, law["tau"], law["ratio"], thr) >= args.power)
     return (
         f"| {scenario} | {args.pilot_documents} | {law['tau']:.3f} | {np.mean(reached):.3f} | "
         f"{np.mean(reached_upper):.3f} |"

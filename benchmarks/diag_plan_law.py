@@ -8,7 +8,7 @@ the plan assumed before), (a') documents resampled from one large study of the l
 per-document law the cause?), and (c1–c7) laws built only from what a pilot bundle gives (``τ``
 and the Kish ``n_eff`` of the total energies, ``n/n_eff = 1 + cv_t²``; the stated inputs' ``cv_p``
 and ``ρ`` for the correlated-gamma pair c4). The law's summaries come from one
-``--law-documents`` study. (c7) is the plan's law (:func:`anistat.plan.document_law`).
+``--law-documents`` study. (c7) is the plan's law (:func:`anistat.stats.power.document_law`).
 
 Usage (from the repository root, ``PYTHONPATH=$PWD``):
 ``nice -n 10 python benchmarks/diag_plan_law.py [--scenario anisotropic --ratio 1.25 --documents 50]``
@@ -21,9 +21,9 @@ import math
 
 import numpy as np
 
-from anistat import plan
 from anistat.stats import bootstrap_weights, studentized_ratio_test
 from anistat.stats.calibrate import _simulated_study
+from anistat.stats.power import data_test_resamples
 from benchmarks.bench_plan import RANK, config, document_sums
 
 DIM = 32
@@ -48,7 +48,7 @@ def summaries(p: np.ndarray, t: np.ndarray) -> dict:
 
 def power(draw, n: int, studies: int, threshold: float, seed: int) -> tuple[float, float]:
     """Rejection rate of the real data test at ``threshold`` over ``studies`` draws of ``draw(rng, n)``."""
-    resamples = plan.data_test_resamples(threshold, n)
+    resamples = data_test_resamples(threshold, n)
     hits = []
     for i in range(studies):
         rng = np.random.default_rng(np.random.SeedSequence([seed, n, i]))

@@ -7,7 +7,7 @@ further studies of ``--law-documents`` documents (the benchmark plans with one);
 its SE ``√n · SD/√(2(S − 1))``, and the means of the F-calibrated EL interval's effective size
 ``m = min(n_eff, n_z)`` (:func:`anistat.stats.el_effective_size`), Kish's ``n_eff`` of the totals
 and the tail-weight size ``n_z = 3(Σz²)²/Σz⁴`` of ``z = p − θ̂ t``; (3) the plan's simulated
-half-width (:func:`anistat.plan.small_sample_half_width`, the law's ``cv_t``) at each ``τ``.
+half-width (:func:`anistat.stats.power.small_sample_half_width`, the law's ``cv_t``) at each ``τ``.
 
 Usage (from the repository root, ``PYTHONPATH=$PWD``):
 ``nice -n 10 python benchmarks/diag_plan_width.py [--scenario anisotropic --ratio 1.1 --documents 98]``
@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from anistat import plan
-from anistat.stats import el_effective_size, kish_effective_size
+from anistat.stats import el_effective_size, kish_effective_size, power
 from anistat.stats.calibrate import _simulated_study
 from benchmarks.bench_plan import config, document_sums
 
@@ -63,7 +63,7 @@ def main() -> None:
     print(f"mean m = {np.mean(m):.1f}, Kish n_eff = {np.mean(kish):.1f}, n_z = {np.mean(n_z):.1f}")
     cv_t = float(np.mean(cvs))
     for tau in (*taus, spread):
-        width = plan.small_sample_half_width(n, tau, args.ratio, 0.95, plan.DEFAULT_CI_METHOD, cv_t)
+        width = power.small_sample_half_width(n, tau, args.ratio, 0.95, plan.DEFAULT_CI_METHOD, cv_t)
         print(f"plan's half-width at tau = {tau:.3f}, cv_t = {cv_t:.3f}: {width:.4f}")
 
 
