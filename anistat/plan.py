@@ -126,7 +126,7 @@ class UnitLaw:
         the spectrum's sampling noise (:meth:`null_sd_at`).
     total_cv : float or None
         ``cv_t``, the CV of the per-document total energy (a pilot row's ``√(n/n_eff − 1)``, Kish
-        ``n_eff``): with ``τ`` it sets the data test's simulated law (:func:`document_law`).
+        ``n_eff``): with ``τ`` it sets the data test's simulated law (:func:`anistat.stats.power.document_law`).
         None: not known (the law's document scale is then constant).
     """
 
@@ -231,8 +231,8 @@ def _kind_data_test(
 ) -> tuple[int | None, int | None]:
     """The data test's documents for a unit kind, point and upper variance limit: planned once,
     for the law of its unit with the largest ``τ`` (its own ``cv_t``; the simulated power,
-    :func:`anistat.stats.power.law_data_test_power`, is too costly to search per unit), at ``τ`` and at the kind's
-    largest ``τ_U`` (searched from the point count times ``(τ_U/τ)²``)."""
+    :func:`anistat.stats.power.law_data_test_power`, is too costly to search per unit), at ``τ``
+    and at the kind's largest ``τ_U`` (searched from the point count times ``(τ_U/τ)²``)."""
     hardest = max(laws, key=lambda law: law.relative_sd)
 
     def documents(tau: float, start: int | None = None) -> int | None:
@@ -505,7 +505,7 @@ def assumptions(targets: PlanTargets, source: str) -> list[str]:
 
 
 def _unresolvable_data_test(targets: PlanTargets) -> list[str]:
-    """Why the data test has no count at a threshold too small for :data:`MAX_TEST_RESAMPLES`
+    """Why the data test has no count at a threshold too small for :data:`anistat.stats.power.MAX_TEST_RESAMPLES`
     bootstrap resamples at any size ([] otherwise): its tail needs at least
     ``data_test_resamples(threshold, None)`` of them however many documents there are."""
     needed = data_test_resamples(targets.threshold, None)
@@ -668,7 +668,7 @@ class StatedInputs:
     """The per-document law stated on the command line instead of a pilot bundle.
 
     ``relative_sd`` (τ) directly, or from ``cv_proxy``, ``cv_total`` and ``correlation``
-    (:func:`relative_sd`); ``participation_ratio`` of the gradients (None: isotropic);
+    (:func:`anistat.stats.power.relative_sd`); ``participation_ratio`` of the gradients (None: isotropic);
     ``pilot_documents``: the documents the law was estimated from (for the upper limit)."""
 
     dim: int
