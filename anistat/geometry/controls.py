@@ -183,7 +183,7 @@ def draw_controls(
     return CONTROL_DRAWS[kind](draw).to(output_dtype(u_in.dtype))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ControlDraw:
     """What a control kind's draw reads: the proxy basis ``u`` (d, k) in float64 on its device,
     the number of draws, the seeded CPU generator of the Gaussians, and (kinds that need them)

@@ -689,7 +689,7 @@ def leave_one_out_ratios(numerator: ArrayLike, denominator: ArrayLike) -> np.nda
     --------
     >>> from anistat.stats.ratio_intervals import leave_one_out_ratios
     >>> leave_one_out_ratios([1.0, 2.0, 3.0], [1.0, 1.0, 2.0]).tolist()
-    [1.6666666666666667, 2.0, 1.5]
+    [1.6666666666666667, 1.3333333333333333, 1.5]
     """
     p = np.asarray(numerator, dtype=np.float64).ravel()
     e = np.asarray(denominator, dtype=np.float64).ravel()
