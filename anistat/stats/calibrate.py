@@ -944,6 +944,18 @@ def _table(frame, cols) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+#: The columns of the page's table of many-unit families (:func:`anistat.stats.run_family_calibration`).
+FAMILY_COLUMNS = (
+    "condition",
+    "stop_after",
+    "fwer_holm",
+    "fwer_holm_se",
+    vocab.FDR_BH,
+    "fdr_bh_se",
+    "mean_discoveries_bh",
+)
+
+
 def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
     """The self-contained calibration page."""
     import pandas as pd
@@ -997,15 +1009,7 @@ def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
             + "</p>"
             + _table(
                 pd.DataFrame(list(family.rows)),
-                [
-                    "condition",
-                    "stop_after",
-                    "fwer_holm",
-                    "fwer_holm_se",
-                    vocab.FDR_BH,
-                    "fdr_bh_se",
-                    "mean_discoveries_bh",
-                ],
+                list(FAMILY_COLUMNS),
             )
         )
     settings = esc(json.dumps(_jsonable(result.settings)))
