@@ -281,13 +281,20 @@ METRIC_LABELS_TEX: dict[str, str] = {
 
 #: The simulated scenarios of ``anistat calibrate`` (:func:`anistat.stats.run_calibration`).
 SCENARIOS: dict[str, Choice] = _by_name(
-    Choice(name="isotropic", label="isotropic", latex="isotropic", sentence="isotropic gradients"),
-    Choice(name="anisotropic", label="anisotropic", latex="anisotropic", sentence="anisotropic gradients"),
+    Choice(
+        name="isotropic", label="isotropic", latex="isotropic", sentence="second moment I, one sequence per document"
+    ),
+    Choice(
+        name="anisotropic",
+        label="anisotropic",
+        latex="anisotropic",
+        sentence="a trained decoder's spectrum, one sequence per document",
+    ),
     Choice(
         name="clustered",
         label="clustered",
         latex="clustered",
-        sentence="sequences cut from shared documents",
+        sentence="anisotropic, sequences cut from shared documents",
     ),
     Choice(name="skewed", label="skewed", latex="skewed", sentence="document energies lognormal, \u03c3 = 1.5"),
     Choice(name="heavy", label="heavy", latex="heavy", sentence="\u03c3 = 2.5"),
