@@ -680,9 +680,11 @@ def publish_bundle(
     concept_cards: list[dict],
     facts: RunFacts,
     options: ReportOptions | None = None,
+    extra_files: Mapping[str, str] | None = None,
 ) -> RunResult:
-    """Write a run's bundle at ``out`` atomically: the tables, concept cards, claims, report files
-    and finally ``manifest.json`` with the sha256 of every file. The one publish path."""
+    """Write a run's bundle at ``out`` atomically: the tables, concept cards, claims, report files,
+    ``extra_files`` (name → text, e.g. the protocol.yaml of a run built from options) and finally
+    ``manifest.json`` with the sha256 of every file. The one publish path."""
     from .report import render_bundle
 
     manifest = build_manifest(protocol, facts)
@@ -697,6 +699,8 @@ def publish_bundle(
             protocol, results, manifest, frequency=frequency, claims=claims, concept_cards=concept_cards
         )
         render_bundle(inputs, staging, options=options or report_options(protocol))
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text, encoding="utf-8")
         manifest["files"] = file_digests(staging)
         write_json(staging / "manifest.json", manifest)
     return RunResult(out=Path(out), results=results, manifest=manifest, claims=claims)
