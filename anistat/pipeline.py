@@ -50,6 +50,7 @@ from .collect.artifact import ARTIFACT_FORMAT
 from .collect.progress import bar
 from .data import load_corpus
 from .errors import AnistatInputError, CheckpointLoadError, RunInterrupted
+from .explore import BASES_FILE, bases_file
 from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_variants
 from .models import Checkpoint, ModelSeries, resolve_models
 from .preflight import localized, preflight
@@ -652,9 +653,12 @@ def _collect_analyse_publish(
         null_settings=dict(results.attrs.get("null_settings", {})),
         threads=thread_choice,
     )
+    kept: dict[str, str | bytes] = dict(bundle_files or {})
+    if protocol.report.keep_bases:
+        kept[BASES_FILE] = bases_file(artifacts)
     with _disk_errors_reported(cache):
         outcome = publish_bundle(
-            out, protocol, results, frequency, claims, info["concept_cards"], facts, extra_files=bundle_files
+            out, protocol, results, frequency, claims, info["concept_cards"], facts, extra_files=kept
         )
     log(f"  rendered ({time.perf_counter() - stage:.1f}s)")
     for name, reason in outcome.manifest.get("omitted_files", {}).items():

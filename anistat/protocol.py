@@ -509,6 +509,13 @@ class ReportSpec(StrictModel):
     title: str | None = Field(None, max_length=300)
     precision: int = Field(3, ge=1, le=8)
     compile_pdf: bool = Field(True, description="Compile report.tex with pdflatex when it is installed.")
+    keep_bases: bool = Field(
+        False,
+        description="Keep every unit's proxy bases in the bundle (bases.safetensors: one float64 d × k matrix per "
+        "model, checkpoint, site, proxy method and rank, 8·d·k bytes each — 192 KiB at d = 768, k = 32), for "
+        "`anistat.load(BUNDLE).bases()`. Not part of the protocol's hash: it changes what is kept, not what "
+        "is measured.",
+    )
 
 
 class ReplicationSpec(StrictModel):
@@ -717,11 +724,17 @@ def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], h
 #: normalised protocol (and so in the manifest) but left out of its hash, so a study run with
 #: another thread count keeps its identity (and its resume cache).
 EXECUTION_FIELDS = ("threads",)
+#: Fields of a section that say what a bundle keeps, not what it measures: out of the hash too.
+KEPT_FIELDS = {"report": ("keep_bases",)}
 
 
 def protocol_hash(normalised: dict[str, Any]) -> str:
-    """sha256 of a normalised protocol's canonical JSON, execution settings (`EXECUTION_FIELDS`) left out."""
+    """sha256 of a normalised protocol's canonical JSON, execution settings (`EXECUTION_FIELDS`)
+    and what the bundle keeps (`KEPT_FIELDS`) left out."""
     identity = {key: value for key, value in normalised.items() if key not in EXECUTION_FIELDS}
+    for section, names in KEPT_FIELDS.items():
+        if isinstance(identity.get(section), dict):
+            identity[section] = {k: v for k, v in identity[section].items() if k not in names}
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
