@@ -120,7 +120,15 @@ def file_digests(directory: Path) -> dict[str, str]:
 RENDERED_FILES = ("report.html", "tables.tex", "report.tex", "report.pdf")
 RENDERED_DIRS = ("figures",)
 #: The data files anistat reads back from a bundle (an unrecorded one is an addition, not noise).
-DATA_FILES = ("results.csv", "results.parquet", "frequency.csv", "claims.json", "concept_cards.json")
+DATA_FILES = (
+    "results.csv",
+    "results.parquet",
+    "frequency.csv",
+    "claims.json",
+    "concept_cards.json",
+    "protocol.yaml",  # `anistat run --model …`: the protocol it built
+    "bases.safetensors",  # report.keep_bases: the proxy bases
+)
 
 
 def is_rendered(name: str) -> bool:

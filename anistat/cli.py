@@ -641,6 +641,43 @@ def sites(
                 _echo(f"  module:{name}  ({type(module).__name__})")
 
 
+@app.command()
+def summary(
+    bundle: Path = typer.Argument(..., help="A bundle directory written by `anistat run`."),
+    as_json: bool = typer.Option(False, "--json", help="The rows as JSON on stdout."),
+    precision: int | None = typer.Option(None, min=1, max=8, help="Significant digits (default: the protocol's)."),
+) -> None:
+    """Print the bundle's compact table: one row per claim and per headline cell (estimate, SE,
+    interval, the test that decided, its p), as `anistat.load(BUNDLE).summary()` gives it."""
+    from .bundle import Bundle
+
+    table = Bundle.load(bundle).summary(precision)
+    if as_json:
+        sys.stdout.write(json.dumps(table.to_dict(), indent=2, allow_nan=False) + "\n")
+    else:
+        _echo(str(table))
+
+
+@app.command()
+def runs(
+    folder: Path = typer.Argument(Path("."), help="Where to look (default: the current folder)."),
+    as_json: bool = typer.Option(False, "--json", help="The bundles as JSON on stdout."),
+) -> None:
+    """List the bundles under a folder (searched 4 levels deep, newest first): name, finish time,
+    models, units, claims passed/failed, size and path. Reads manifests only; writes nothing."""
+    from .runs import MAX_DEPTH, find_bundles, runs_table
+
+    if not folder.is_dir():
+        raise AnistatInputError(f"{folder}: not a folder")
+    found = find_bundles(folder, MAX_DEPTH)
+    if as_json:
+        sys.stdout.write(json.dumps([b.to_dict() for b in found], indent=2) + "\n")
+    elif not found:
+        _echo(f"no bundle under {folder} (searched {MAX_DEPTH} levels deep)")
+    else:
+        _echo(runs_table(found))
+
+
 def _write_new_file(path: Path, text: str, *, force: bool) -> None:
     if path.exists() and not force:
         raise AnistatInputError(f"{path} exists; use --force to overwrite")

@@ -41,7 +41,7 @@ SUMMARY_COLUMNS = (
     "ci_high",
     "test",
     "p",
-    "p_column",
+    "p_of",
     "verdict",
 )
 #: The columns the text, HTML, Markdown and LaTeX tables show (headers as shown).
@@ -77,7 +77,8 @@ class Summary:
         return self.table.copy()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``title``, ``notes`` and ``rows`` (one mapping per row; NaN as None)."""
+        """JSON-ready: ``title``, ``notes`` and ``rows`` (one mapping per row; NaN as None, an
+        unbounded interval's end as ``"inf"``/``"-inf"``)."""
         rows = [{k: _plain(v) for k, v in row.items()} for row in self.table.to_dict(orient="records")]
         return {"title": self.title, "notes": list(self.notes), "rows": rows}
 
@@ -130,15 +131,15 @@ class Summary:
 
 
 def _plain(value: Any) -> Any:
-    """A JSON value: NaN/None/NA as None, numpy scalars as Python numbers."""
-    try:
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return None
-    except TypeError:
-        return value
+    """A strict-JSON value: NaN/None/NA as None, ±inf (an unbounded interval) as "inf"/"-inf",
+    numpy scalars as Python numbers."""
     if hasattr(value, "item"):
-        return value.item()
-    return None if str(value) == "<NA>" else value
+        value = value.item()
+    if value is None or str(value) == "<NA>":
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
 
 
 def _cell(value: Any, key: str, precision: int) -> str:
@@ -154,9 +155,10 @@ def _cell(value: Any, key: str, precision: int) -> str:
 # ---------------------------------------------------------------------------------------------
 # the rows
 # ---------------------------------------------------------------------------------------------
-def claim_rows(claims: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def claim_rows(claims: Sequence[Mapping[str, Any]], metrics: Mapping[str, str]) -> list[dict[str, Any]]:
     """One row per claim record (claims.json): verdict, the interval that stood beside it (its
-    estimate; a meta claim's pooled SE), what decided it and the p-value it reports."""
+    estimate; a meta claim's pooled SE), what decided it, the p-value it reports and what that
+    p is of (``p_of``); ``metrics``: each claim's metric by id (the protocol's)."""
     rows = []
     for record in claims:
         interval = record.get("interval") or {}
@@ -167,26 +169,18 @@ def claim_rows(claims: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             {
                 "kind": "claim",
                 "name": str(record.get("id", "")),
-                "metric": _claim_metric(record),
+                "metric": metrics.get(str(record.get("id", "")), ""),
                 "estimate": _float(estimate),
                 "se": _float(evidence.get("meta_se")),
                 "ci_low": _float(interval.get("low")),
                 "ci_high": _float(interval.get("high")),
                 "test": str(record.get("decided_by", "")),
                 "p": _float(p_value.get("value")),
-                "p_column": str(p_value.get("of", "")),
+                "p_of": str(p_value.get("of", "")),
                 "verdict": str(record.get("status", "pass" if record.get("passed") else "fail")),
             }
         )
     return rows
-
-
-def _claim_metric(record: Mapping[str, Any]) -> str:
-    of = str((record.get("interval") or {}).get("of", ""))
-    words = of.split()
-    if words[:1] == ["pooled"] and len(words) > 1:
-        return words[1]
-    return words[0] if words else ""
 
 
 def _float(value: Any) -> float:
@@ -225,7 +219,7 @@ def headline_rows(context: Any) -> list[dict[str, Any]]:
                 "ci_high": _float(row["ci_high"]),
                 "test": str(row.get("p_test", "")),
                 "p": _float(row[context.p_col]),
-                "p_column": context.p_col,
+                "p_of": context.p_col,
                 "verdict": "" if row["status"] == "ok" else str(row["status"]),
             }
         )
@@ -241,7 +235,8 @@ def bundle_summary(bundle: Any, precision: int | None = None) -> Summary:
 
     precision = bundle.protocol.report.precision if precision is None else precision
     context = ReportContext(bundle.report_inputs(), ReportOptions(precision=precision, figures=False))
-    rows = [*claim_rows(bundle.claims), *headline_rows(context)]
+    metrics = {claim.id: claim.metric for claim in bundle.protocol.claims}
+    rows = [*claim_rows(bundle.claims, metrics), *headline_rows(context)]
     table = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
     table["rank"] = table["rank"].astype("Int64")
     passed = sum(1 for c in bundle.claims if c.get("passed"))
