@@ -78,7 +78,7 @@ def _chosen_protocol(protocol: Path | None, models: list[str], data: str | None,
         raise AnistatInputError("give either a protocol file or --model (with --data, --ranks), not both")
     if protocol is not None:
         return load_protocol(protocol), None
-    if data is not None or ranks is not None or not models:
+    if not models:
         raise AnistatInputError("name a protocol file, or a model with --model PATH_OR_HUB_ID (see --help)")
     built = protocol_from_options(models, data=data, ranks=_ranks_option(ranks), name=out.name if out else None)
     command = " ".join(

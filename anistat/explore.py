@@ -5,10 +5,11 @@ Figures are the report's own (``anistat.report.figures.FIGURES``, drawn by the s
 with the same theme), built from the rows whose columns equal the filters — e.g.
 ``figure("energy_ratio_trajectory", model="tiny-decoder", site="residual.1")`` for one site.
 
-Bases: with ``report.keep_bases: true`` the bundle holds ``bases.safetensors``, one float64
-``d × k`` orthonormal matrix ``U`` (``UᵀU = I``) per model, checkpoint, site, proxy method and
-rank, under the key ``model/checkpoint/site/proxy/rank`` — the frozen proxy of the unit (the
-proxy fitted on the early window; ``pca@refit`` proxies are the checkpoint's own).
+Bases: with ``report.keep_bases: true`` the bundle holds ``bases.safetensors``, one ``d × k``
+orthonormal matrix ``U`` (``UᵀU = I`` to the precision it was fitted in, float32 on a float32
+model; stored as float64) per model, checkpoint, site, proxy method and rank, under the key
+``model/checkpoint/site/proxy/rank`` — the proxy the unit was measured with (the one fitted on
+the early window; ``pca@refit`` proxies are the checkpoint's own).
 """
 
 from __future__ import annotations

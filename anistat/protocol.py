@@ -1095,9 +1095,11 @@ def _model_from_option(spec: str, taken: set[str]) -> dict[str, Any]:
     """One ``--model`` value: ``PATH[@CKPT,CKPT…]`` (an existing folder: one ``save_pretrained``
     checkpoint, or with ``@`` its sub-folders as a checkpoint series) or ``HUB_ID[@REV,REV…]``.
     Local paths are made absolute, so the protocol means the same wherever its YAML is kept."""
-    where, _, tail = spec.rpartition("@") if "@" in spec and "/" not in spec.rpartition("@")[2] else (spec, "", "")
-    revisions = [part.strip() for part in tail.split(",") if part.strip()] if tail else []
-    if tail and not revisions:
+    where, at, tail = spec.rpartition("@")
+    if not at or "/" in tail:  # no '@', or one inside a path: no checkpoint list
+        where, at, tail = spec, "", ""
+    revisions = [part.strip() for part in tail.split(",") if part.strip()]
+    if at and not revisions:
         raise AnistatInputError(f"--model {spec}: name at least one checkpoint or revision after '@'")
     folder = Path(where).expanduser()
     if folder.is_dir() or where.startswith((".", "/", "~")) or where.count("/") > 1:
