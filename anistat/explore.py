@@ -88,10 +88,16 @@ def figure_names() -> tuple[str, ...]:
 
 def _selected(table: Any, filters: dict[str, Any]) -> Any:
     """The rows of ``table`` whose columns equal ``filters`` (a list: any of its values)."""
+    import pandas as pd
+
     chosen = table
     for column, wanted in filters.items():
-        values = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
-        chosen = chosen[chosen[column].astype(str).isin([str(v) for v in values])]
+        values = list(wanted) if isinstance(wanted, (list, tuple, set)) else [wanted]
+        if pd.api.types.is_numeric_dtype(chosen[column]):  # rank=4 selects the rows whose rank is 4.0
+            numbers = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
+            chosen = chosen[chosen[column].isin(numbers.dropna().astype(float))]
+        else:
+            chosen = chosen[chosen[column].astype(str).isin([str(v) for v in values])]
     return chosen
 
 
