@@ -61,9 +61,9 @@ if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat val
         RunDescription,
         RunRecord,
     )
-    from .summary import Summary
     from .report.inputs import LoopDescription, NullCheckSummary
     from .runtime import ThreadChoice
+    from .summary import Summary
 
 
 def utc_now() -> str:

@@ -142,7 +142,9 @@ def run(
         for name, reason in result.manifest.get("omitted_files", {}).items():
             _echo(f"note: {name} was not written: {reason}")
     if built_yaml is not None:
-        _echo(f"protocol: {result.out / 'protocol.yaml'} (edit it, or run it again: anistat run {result.out / 'protocol.yaml'})")
+        _echo(
+            f"protocol: {result.out / 'protocol.yaml'} (edit it, or run it again: anistat run {result.out / 'protocol.yaml'})"
+        )
     failed_claims = [c for c in result.claims if not c["passed"]]
     for claim in result.claims:
         _echo_claim(claim)
@@ -194,12 +196,12 @@ def validate(
     loaded, _ = _chosen_protocol(protocol, model, data, ranks, None)
     checked = preflight(loaded, for_run=False)
     _echo(f"{protocol or OPTIONS_SOURCE}: valid protocol '{loaded.name}' (sha256 {loaded.sha256()})")
-    for model in checked.models:
-        sites = [s.name for s in model.sites]
+    for planned in checked.models:
+        sites = [s.name for s in planned.sites]
         shown = ", ".join(sites[:6]) + (f", … ({len(sites)} sites)" if len(sites) > 6 else "")
         _echo(
-            f"  {model.name}: {model.source}, d={model.hidden_size}, {model.num_layers} layers, "
-            f"{len(model.checkpoints)} checkpoint(s), sites {shown}"
+            f"  {planned.name}: {planned.source}, d={planned.hidden_size}, {planned.num_layers} layers, "
+            f"{len(planned.checkpoints)} checkpoint(s), sites {shown}"
         )
     for note in checked.notes:
         _echo(f"  {note}")

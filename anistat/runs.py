@@ -46,6 +46,12 @@ def _json(path: Path) -> Any:
         return None
 
 
+def _of_type(value: Any, kind: type) -> Any:
+    """``value`` when it is a ``kind`` (dict, list), else an empty one: a damaged manifest lists
+    as far as it can be read."""
+    return value if isinstance(value, kind) else kind()
+
+
 def _folder_size(folder: Path) -> int:
     total = 0
     for root, _, files in os.walk(folder):
@@ -62,11 +68,11 @@ def bundle_listing(folder: Path) -> BundleListing | None:
     manifest = _json(folder / "manifest.json")
     if not isinstance(manifest, dict) or "anistat_bundle" not in manifest:
         return None
-    protocol = manifest.get("protocol") if isinstance(manifest.get("protocol"), dict) else {}
-    models = protocol.get("models") if isinstance(protocol.get("models"), list) else []
-    claims = _json(folder / "claims.json")
-    verdicts = [bool(c.get("passed")) for c in claims if isinstance(c, dict)] if isinstance(claims, list) else []
-    units = manifest.get("units") if isinstance(manifest.get("units"), list) else []
+    protocol: dict[str, Any] = _of_type(manifest.get("protocol"), dict)
+    models: list[Any] = _of_type(protocol.get("models"), list)
+    claims: list[Any] = _of_type(_json(folder / "claims.json"), list)
+    verdicts = [bool(c.get("passed")) for c in claims if isinstance(c, dict)]
+    units: list[Any] = _of_type(manifest.get("units"), list)
     return BundleListing(
         path=str(folder),
         name=str(protocol.get("name", folder.name)),

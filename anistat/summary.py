@@ -91,11 +91,15 @@ class Summary:
         widths = [max([len(head[i]), *(len(r[i]) for r in cells)]) for i in range(len(head))]
 
         def line(values: Sequence[str]) -> str:
-            return "  ".join(v.ljust(w) if i in (0, 1, 6) else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
+            return "  ".join(
+                v.ljust(w) if i in (0, 1, 6) else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths))
+            )
 
         width = max(len(line(head)), len(self.title))
         body = [line(r) for r in cells] or ["(no claim and no headline cell)"]
-        return "\n".join(["=" * width, self.title, "-" * width, line(head), "-" * width, *body, "=" * width, *self.notes])
+        return "\n".join(
+            ["=" * width, self.title, "-" * width, line(head), "-" * width, *body, "=" * width, *self.notes]
+        )
 
     def __repr__(self) -> str:
         return str(self)
@@ -104,9 +108,7 @@ class Summary:
         from .report import esc
 
         head = "".join(f"<th>{esc(label)}</th>" for _, label in SHOWN)
-        rows = "".join(
-            "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>" for cells in self._cells()
-        )
+        rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>" for cells in self._cells())
         notes = "".join(f"<p>{esc(n)}</p>" for n in self.notes)
         return (
             f'<div class="anistat-summary"><table><caption>{esc(self.title)}</caption>'
@@ -197,7 +199,9 @@ def headline_rows(context: Any) -> list[dict[str, Any]]:
     from .report._data import phase_last_checkpoints
 
     main = context.main
-    chosen = main[(main["metric"] == "energy_ratio") & (main["proxy"] == context.proxy) & (main["control"] == context.control)]
+    chosen = main[
+        (main["metric"] == "energy_ratio") & (main["proxy"] == context.proxy) & (main["control"] == context.control)
+    ]
     rows = []
     for _, row in phase_last_checkpoints(chosen).iterrows():
         rank = int(row["rank"]) if not math.isnan(row["rank"]) else None

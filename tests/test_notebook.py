@@ -43,7 +43,12 @@ def anistat_cli(*args, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """The `anistat` command in a fresh interpreter (what a user's shell runs)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "anistat", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+        [sys.executable, "-m", "anistat", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
     )
 
 
@@ -138,7 +143,10 @@ def test_protocol_from_options_reads_hub_ids_series_and_datasets(tmp_path):
         "EleutherAI/pythia-70m",
         ["step1000", "step2000"],
     )
-    assert (series.source, series.checkpoints) == ("local", [str(tmp_path / "series" / s) for s in ("step10", "step20")])
+    assert (series.source, series.checkpoints) == (
+        "local",
+        [str(tmp_path / "series" / s) for s in ("step10", "step20")],
+    )
     assert second.name == "pythia-70m-2"  # names stay unique
     assert built.name == "my-study" and built.data.source == "jsonl" and built.proxies.ranks == [8, 32]
     dataset = protocol_from_options(["gpt2"], data="wikitext:wikitext-2-raw-v1")
@@ -189,7 +197,9 @@ def quickstart():
 def expected_headline_rows(results: pd.DataFrame) -> pd.DataFrame:
     """The report's headline cells, selected from results.csv here: energy ratio of pca against
     normal controls at each model's last checkpoint (largest step) of each phase."""
-    rows = results[(results["metric"] == "energy_ratio") & (results["proxy"] == "pca") & (results["control"] == "normal")]
+    rows = results[
+        (results["metric"] == "energy_ratio") & (results["proxy"] == "pca") & (results["control"] == "normal")
+    ]
     last = rows.groupby(["model", "phase"])["step"].transform("max")
     return rows[rows["step"] == last]
 
