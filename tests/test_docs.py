@@ -233,7 +233,6 @@ def test_there_are_runnable_blocks():
     assert len(_runnable_blocks()) >= 4
 
 
-@pytest.mark.parametrize("source,index,code", _runnable_blocks(), ids=[f"{p}#{i}" for p, i, _ in _runnable_blocks()])
 def _work_copy(tmp_path: Path) -> Path:
     """What a runnable block sees: protocols/ and the shipped quickstart bundle."""
     work = tmp_path / "repo"
@@ -242,6 +241,7 @@ def _work_copy(tmp_path: Path) -> Path:
     return work
 
 
+@pytest.mark.parametrize("source,index,code", _runnable_blocks(), ids=[f"{p}#{i}" for p, i, _ in _runnable_blocks()])
 def test_a_runnable_block_runs(source, index, code, tmp_path):
     work = _work_copy(tmp_path)
     shim = tmp_path / "bin"
