@@ -37,6 +37,9 @@ LAYERS: dict[str, int] = {
     "claims": 6,
     "preflight": 6,
     "staleness": 6,  # preflight: configs, sites and planned rows
+    "summary": 6,  # a loaded bundle's compact table (Bundle.summary), from the report's selection
+    "explore": 6,  # a loaded bundle's figures and kept bases (Bundle.figure, Bundle.bases)
+    "runs": 6,  # `anistat runs`: bundles under a folder, from their manifests
     "bundle": 7,
     "finalize": 8,
     "pipeline": 8,
