@@ -14,8 +14,20 @@ from dataclasses import asdict
 
 import numpy as np
 
+from . import vocabulary as vocab
 from .stats.calibrate import GOALS, RANDOM_PROXY, CalibrationResult, _jsonable
 from .stats.ratio_intervals import RATIO_INTERVAL_METHODS
+
+#: The columns of the page's table of many-unit families (:func:`anistat.stats.run_family_calibration`).
+FAMILY_COLUMNS = (
+    "condition",
+    "stop_after",
+    "fwer_holm",
+    "fwer_holm_se",
+    vocab.FDR_BH,
+    "fdr_bh_se",
+    "mean_discoveries_bh",
+)
 
 
 def _figure(result: CalibrationResult):
@@ -181,7 +193,7 @@ def calibration_html(result: CalibrationResult, frame, png: bytes, family) -> st
         tables.append(
             PageTable.of(
                 pd.DataFrame(list(family.rows)),
-                ["condition", "stop_after", "fwer_holm", "fwer_holm_se", "fdr_bh", "fdr_bh_se", "mean_discoveries_bh"],
+                FAMILY_COLUMNS,
                 heading="Multiplicity with shared draws",
                 text=f"{family.settings['n_simulations']} simulated studies of {family.settings['n_units']} units "
                 f"({family.settings['n_effects']} planted in the design with effects), {family.settings['n_null']} "

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from . import vocabulary as vocab
 from .errors import AnistatInputError
 from .stats import MIN_RESAMPLING_UNITS
 from .stats.power import (
@@ -49,9 +50,9 @@ from .stats.power import (
 )
 
 #: The protocol's default ``stats.ci_method`` (the interval planned for stated inputs).
-DEFAULT_CI_METHOD = "adjusted_el_f"
+DEFAULT_CI_METHOD = vocab.DEFAULT_CI_METHOD
 #: Multiplicity corrections the plan knows (the protocol's ``stats.multiplicity``).
-CORRECTIONS = ("holm", "fdr_bh", "bonferroni", "none")
+CORRECTIONS = tuple(vocab.MULTIPLICITY)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class PlanTargets:
     half_width: float | None = None
     power: float = 0.8
     alpha: float = 0.05
-    multiplicity: str = "holm"
+    multiplicity: str = vocab.HOLM
     family_size: int = 1
     ci_level: float = 0.95
     variance_confidence: float = 0.8
@@ -335,7 +336,7 @@ def laws_from_results(results) -> list[UnitLaw]:
     fractions = ok[ok["metric"] == "energy_fraction"]
     laws = []
     for key, rows in fractions.groupby(["model", "checkpoint", "site", "proxy", "rank"], sort=False):
-        haar = rows[rows["control"] == "haar"]
+        haar = rows[rows["control"] == vocab.HAAR]
         row = (haar if len(haar) else rows).iloc[0]
         documents = row.get("n_clusters")
         documents = int(documents) if _present(documents) else int(row["n_sequences"])
@@ -348,7 +349,7 @@ def laws_from_results(results) -> list[UnitLaw]:
             pr = ok[(ok["metric"] == "gradient_participation_ratio") & (ok["site"] == key[2])]
             pr = pr[(pr["model"] == key[0]) & (pr["checkpoint"] == key[1])]["estimate"]
             frobenius = 1.0 / float(pr.iloc[0]) if len(pr) else 1.0 / dim
-            null_sd = control_energy_moments("haar", rank, dim, 1.0, frobenius).sd
+            null_sd = control_energy_moments(vocab.HAAR, rank, dim, 1.0, frobenius).sd
         laws.append(
             UnitLaw(
                 model=str(key[0]),
@@ -411,7 +412,7 @@ def stated_laws(
             rank=int(k),
             dim=int(dim),
             relative_sd=tau,
-            null_sd=control_energy_moments("haar", int(k), int(dim), 1.0, 1.0 / pr).sd,
+            null_sd=control_energy_moments(vocab.HAAR, int(k), int(dim), 1.0, 1.0 / pr).sd,
             pilot_documents=pilot_documents,
             sequences_per_document=sequences_per_document,
             total_cv=total_cv,

@@ -102,6 +102,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats as sps
 
+from .. import vocabulary as vocab
 from .energy import MIN_RESAMPLING_UNITS
 
 #: Largest document count searched (beyond it a target is reported unreachable: None).
@@ -189,7 +190,7 @@ SIMULATED_RELATIVE_SD = 0.05
 #: Bootstrap resamples of the simulated intervals (the protocol's default ``stats.n_bootstrap``).
 SIMULATED_RESAMPLES = 1000
 #: The interval methods that need no bootstrap weights (simulated at :data:`EXTENDED_SIZES` too).
-EL_INTERVAL_METHODS = ("el", "adjusted_el", "balanced_el", "adjusted_el_f")
+EL_INTERVAL_METHODS = tuple(name for name, m in vocab.CI_METHODS.items() if not m.resamples)
 #: Decimals of ``cv_t`` kept in the small-sample half-width's cache key (:func:`interval_log_factors`).
 SIMULATED_CV_DECIMALS = 2
 
