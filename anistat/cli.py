@@ -325,7 +325,7 @@ def plan(
     test and of the exact test at the family's corrected threshold, per unit kind, and the Haar
     draws; writes plan.csv, plan.html and (from a pilot bundle) a ready-to-run protocol.yaml."""
     from .bundle import check_destination
-    from .plan import StatedInputs, plan_from_bundle, plan_from_inputs, terminal_table, write_plan
+    from .plan import StatedInputs, plan_from_bundle, plan_from_inputs, terminal_text, write_plan
 
     given = dict(
         ratio=ratio,
@@ -358,12 +358,7 @@ def plan(
         )
         result = plan_from_inputs(inputs, given, conservative)
     written = write_plan(out, result)
-    _echo(terminal_table(result.rows))
-    for warning in result.warnings:
-        _echo(f"warning: {warning}")
-    _echo("(in parentheses: at the upper confidence limit of the per-document variance; — : not reachable, see below)")
-    for note in result.notes:
-        _echo(f"- {note}")
+    _echo(terminal_text(result))
     _echo(f"wrote {out}/ ({', '.join(written)})")
 
 

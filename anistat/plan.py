@@ -569,6 +569,20 @@ def terminal_table(rows: Sequence[PlanRow]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells)
 
 
+def terminal_text(plan: Plan) -> str:
+    """What `anistat plan` prints: the table, its warnings (a corpus too small for the plan), a
+    legend and the notes."""
+    return "\n".join(
+        [
+            terminal_table(plan.rows),
+            *(f"warning: {warning}" for warning in plan.warnings),
+            "(in parentheses: at the upper confidence limit of the per-document variance; — : not reachable, "
+            "see below)",
+            *(f"- {note}" for note in plan.notes),
+        ]
+    )
+
+
 def plan_html(
     rows: Sequence[PlanRow], targets: PlanTargets, notes: Sequence[str], title: str, warnings: Sequence[str] = ()
 ) -> str:
