@@ -162,6 +162,9 @@ SPREAD_DATA_TEST_STUDIES: tuple[int, ...] = (2793, 3296, 1265, 1034, 783, 608, 4
 #: level above 0.06 (liberal) are what the diagnostic warns about, where a level lies beyond its
 #: band by more than its Monte-Carlo margin (1.96 binomial SEs at the nominal 0.95 or 0.05).
 COVERAGE_FLOOR, DATA_TEST_CEILING = 0.93, 0.06
+#: Coverage above this (beyond its margin) is flagged too: the interval is then wider than its
+#: level says (often the parameter's whole range), which a reader of the interval should know.
+COVERAGE_CEILING = 0.97
 #: The EL interval methods: (adjustment, calibration).
 _EL_METHODS = {
     "el": ("none", "chi2"),
