@@ -225,7 +225,8 @@ def test_which_question_each_kind_of_claim_answers():
     )
     assert by_test["context"].startswith("Context — effect size against normal controls: 95 % interval [")
     assert by_test["context"].endswith("not what decided this claim.") and not by_test["caveat"]
-    assert "decisive: the weakest row's [" in by_bound["decision"]
+    assert "decisive: the 95 % interval [" in by_bound["decision"]
+    assert by_bound["decision"].endswith("on the ratio scale of the selected row with the lowest interval end)")
 
 
 def encoder_step0_claim(claim_id: str) -> ClaimSpec:
