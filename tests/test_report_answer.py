@@ -125,8 +125,8 @@ def test_a_mixed_model_says_where_it_is_more_and_where_it_is_less():
         "layers)"
     )
     assert (
-        "1.1–1.3× late (step400) — more than random subspaces at step400 (1 of 2 layers, BH-adjusted p ≤ 0.038), "
-        "not significantly more at step400 (1 of 2 layers)" in encoder
+        "1.1–1.3× late (step400) — more than random subspaces at step400 (layer 0: 1 of 2 layers, BH-adjusted "
+        "p ≤ 0.038), not significantly more at step400 (layer 1: 1 of 2 layers)" in encoder
     )
 
 
