@@ -72,7 +72,7 @@ from scipy import stats as sps
 
 from ._columns import RESULT_KEYS
 from .protocol import ClaimSpec, StatsSpec
-from .report.claim_text import claim_reading, scale_name, shown_row_words
+from .report.claim_text import claim_reading, resampled_noun, scale_name, shown_row_words
 from .stats import adjust_pvalues
 from .stats.meta import MetaResult, RobustMetaResult, aggregate_clusters, random_effects_meta, robust_meta
 
@@ -257,6 +257,7 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec, ci_level: float = 0.
         "rule": _describe(claim, ci_level),
         "decided_by": decided_by(claim),
         "n_selected": int(len(selected)),
+        "resampled": resampled_noun(selected["note"] if "note" in selected else ()),
     }
     if selected.empty:
         reason = "the claim selects no result rows (check metric and where)"

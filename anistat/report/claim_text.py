@@ -33,6 +33,29 @@ QUESTION_METHODS: dict[str, str] = {
     SUBSPACES: "the exact test against random subspaces, conditional on the measured gradients",
     DOCUMENTS: "the interval or data test over documents",
 }
+#: The resampling unit's noun as a run's notes write it ("30 documents resampled").
+_RESAMPLED = re.compile(r"\b\d+ (documents|sequences) resampled")
+
+
+def resampled_noun(notes: Any) -> str:
+    """What a run (or a claim's rows) resampled, read from the rows' notes: "documents",
+    "sequences" (each sequence its own unit: ``stats.resampling_unit: sequence``, or one document
+    per unit), "documents or sequences" (units differ), or "documents" when no note says."""
+    found = {match for note in notes if isinstance(note, str) for match in _RESAMPLED.findall(note)}
+    if len(found) == 2:
+        return "documents or sequences"
+    return found.pop() if found else "documents"
+
+
+def questions_for(noun: str = "documents") -> dict[str, str]:
+    """:data:`QUESTIONS` with the unit the run resampled (:func:`resampled_noun`) in the second."""
+    return {**QUESTIONS, DOCUMENTS: QUESTIONS[DOCUMENTS].replace("documents", noun)}
+
+
+def _question_methods(noun: str) -> dict[str, str]:
+    return {**QUESTION_METHODS, DOCUMENTS: QUESTION_METHODS[DOCUMENTS].replace("documents", noun)}
+
+
 #: Row tests (the results' ``p_test``) that resample the data: they answer :data:`DOCUMENTS`.
 DATA_TESTS = frozenset({"bootstrap_t", "sign_flip"})
 TEST_NAMES: dict[str, str] = {
@@ -307,7 +330,9 @@ def claim_reading(record: Mapping[str, Any], terms: Mapping[str, Any] | None = N
     test_name = " and ".join(TEST_NAMES.get(t, t) for t in tests) or "the rows' own test"
 
     answers = _answers(decided_by, tests)
-    question = " and ".join(f"“{QUESTIONS[a]}” ({QUESTION_METHODS[a]})" for a in answers) or (
+    noun = str(terms.get("resampled") or record.get("resampled") or "documents")
+    questions, methods = questions_for(noun), _question_methods(noun)
+    question = " and ".join(f"“{questions[a]}” ({methods[a]})" for a in answers) or (
         "neither question: no test or interval decides, so the claim describes these data only"
         if decided_by == "point estimate"
         else ""
@@ -320,13 +345,13 @@ def claim_reading(record: Mapping[str, Any], terms: Mapping[str, Any] | None = N
 
     summary = rows_summary(rows, compare, threshold)
     decision = _decision(record, status, passed, decided_by, evidence, interval, level_text, side, test_name, terms)
-    context = _context_sentence(metric, rows, interval, level_text, side, summary) if role == "context" else ""
+    context = _context_sentence(metric, rows, interval, level_text, side, summary, noun) if role == "context" else ""
     caveat = ""
     if passed and "test" in decided_by and "interval" not in decided_by and side and summary.n_inside:
         unbounded = f", {summary.n_unbounded_inside} of them unbounded" if summary.n_unbounded_inside else ""
         caveat = (
             f"Two answers, not one: {test_name} says the proxy is special among random subspaces on these "
-            f"data; whether its ratio would stay {side} over new documents is not settled — the "
+            f"data; whether its ratio would stay {side} over new {noun} is not settled — the "
             f"{level_text} intervals of {summary.n_inside} of {summary.n_interval} rows include "
             f"{_threshold_text(threshold)}{unbounded} (context below)."
         )
@@ -362,6 +387,7 @@ def _context_sentence(
     level_text: str,
     side: str,
     summary: RowsSummary,
+    noun: str = "documents",
 ) -> str:
     """The labelled context sentence: the effect size's interval over documents, which did not
     decide the claim (its scale and how its row was chosen named), the selected rows' smallest
@@ -371,7 +397,7 @@ def _context_sentence(
     if side and summary.n_interval and not summary.n_inside:
         agreement = (
             f"; every selected row's {level_text} interval lies {side} ({summary.n_interval} of "
-            f"{summary.n_interval}), so the answer over new documents agrees"
+            f"{summary.n_interval}), so the answer over new {noun} agrees"
         )
     smallest = ""
     if _finite(summary.estimate_min) and summary.n_rows > 1:
@@ -381,7 +407,7 @@ def _context_sentence(
         + (f" ({of})" if of else "")
         + smallest
         + agreement
-        + f"; it bears on “{QUESTIONS[DOCUMENTS]}”, not what decided this claim."
+        + f"; it bears on “{questions_for(noun)[DOCUMENTS]}”, not what decided this claim."
     )
 
 
