@@ -25,6 +25,9 @@ level pooled over the laws and per law, and per level the lowest and highest law
 :data:`anistat.stats.ratio_intervals.CONCENTRATION_COVERAGE` keeps). ``--studies`` then counts
 studies per law, condition and size.
 
+``--laws t3 two_point``: those laws only; ``--coverage-pool a.json b.json``: the coverage tables of
+several such runs' laws together.
+
 ``--cost``: instead, the cost of each method per row group at the d = 768 shape (per-sequence
 energies of 32 tokens per sequence in d = 768 with a rank-8 proxy; 128 sequences in 32 documents,
 as ``bench_stats.py`` part B, and 96 sequences each its own document, the paper's test split),
@@ -131,6 +134,8 @@ def main() -> None:
     parser.add_argument("--documents", type=int, nargs="+", default=[60, 30, 200], help="study sizes")
     parser.add_argument("--cost", action="store_true", help="time the methods at the d = 768 shape instead")
     parser.add_argument("--coverage", action="store_true", help="coverage alone, heavier laws included")
+    parser.add_argument("--laws", nargs="+", default=None, help="--coverage: these laws only (default all)")
+    parser.add_argument("--coverage-pool", nargs="+", default=None, help="print the laws of these --coverage files")
     parser.add_argument("--pool", nargs="+", default=None, help="print the tables of these --out files, pooled")
     args = parser.parse_args()
     if args.pool:
@@ -139,8 +144,12 @@ def main() -> None:
     if args.cost:
         interval_cost()
         return
+    if args.coverage_pool:
+        runs = [json.load(open(path, encoding="utf-8")) for path in args.coverage_pool]
+        print_coverage({"laws": {law: columns for run in runs for law, columns in run["laws"].items()}})
+        return
     if args.coverage:
-        table = coverage_by_law(args.studies, args.seed, args.documents)
+        table = coverage_by_law(args.studies, args.seed, args.documents, args.laws)
         print_coverage(table)
         if args.out:
             with open(args.out, "w", encoding="utf-8") as fh:
@@ -330,13 +339,15 @@ _STUDY = dict(
 )
 
 
-def coverage_by_law(studies: int, seed: int, sizes: list[int]) -> dict:
-    """Per law (scenario): every study's ``m_eff`` and each method's coverage of the haar ratio, at
-    the random proxy and a planted ratio of 1, ``studies`` per condition and size."""
-    laws = SCENARIOS + HEAVIER_SCENARIOS
+def coverage_by_law(studies: int, seed: int, sizes: list[int], laws: list[str] | None = None) -> dict:
+    """Per law (scenario; ``laws``, default every one): every study's ``m_eff`` and each method's
+    coverage of the haar ratio, at the random proxy and a planted ratio of 1, ``studies`` per
+    condition and size (a law's seeds do not depend on which other laws run)."""
+    every = SCENARIOS + HEAVIER_SCENARIOS
     out: dict = {}
     t0 = time.process_time()
-    for li, law in enumerate(laws):
+    for law in laws or every:
+        li = every.index(law)
         rows = []
         for ci, condition in enumerate(("random", 1.0)):
             for size in sizes:

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ._data import checkpoint_order, fmt_num, ordered_by_first
-from ._null_check import NULL_CHECK_LABELS, VERDICT_TEXT
+from ._null_check import NULL_CHECK_LABELS, VERDICT_TEXT, valid_level_text
 from .claim_text import P_FLOOR
 from .inputs import NullCheckSummary
 
@@ -285,7 +285,7 @@ def null_check_answer(checks: Sequence[NullCheckSummary]) -> str:
     """The answer of a null-check run (an uninformative proxy): is each test calibrated?"""
     parts = []
     for check in checks:
-        expected = f"{check.expected_rate:.1%}" if check.grid is not None or check.sequential else f"{check.alpha:.0%}"
+        expected = valid_level_text(check)
         verdict = VERDICT_TEXT.get(check.verdict, check.verdict)
         parts.append(
             f"{NULL_CHECK_LABELS.get(check.test, check.test)} rejects it in {check.rejection_rate:.1%} of "
