@@ -143,7 +143,11 @@ def _model_sentence(
     for text, at, labels in pieces:
         parts = []
         for part in answer_parts(rows[at], kinds[at], labels):
-            by = "" if named or not tested or part.kind != "more" else f" by the {test.replace(' against random subspaces', '')}"
+            by = (
+                ""
+                if named or not tested or part.kind != "more"
+                else f" by the {test.replace(' against random subspaces', '')}"
+            )
             named = named or bool(by)
             parts.append(_part_text(part, rows, noun, by, p_word if tested else "", ci_text, alpha))
         clauses.append(f"{text} — " + ", ".join(parts))
@@ -201,12 +205,16 @@ def _part_text(
     unit = noun if len(part.checkpoints) == 1 else "comparisons"
     count = f"{len(part.cells)} of {part.total} {unit}"
     if part.mixed:
-        named = rows[rows["checkpoint"].isin(part.checkpoints) & rows["site"].astype(str).isin([s for _c, s in part.cells])]
+        named = rows[
+            rows["checkpoint"].isin(part.checkpoints) & rows["site"].astype(str).isin([s for _c, s in part.cells])
+        ]
         sites = ", ".join(_site_name(row, noun) for _, row in named.iterrows())
         count = f"{sites}: {count}"
     chosen = rows["checkpoint"].isin(part.checkpoints) & rows["site"].astype(str).isin([s for _c, s in part.cells])
     if part.kind == "more":
-        proof = f"{p_word} p {_p_bound(float(rows.loc[chosen, '_p'].max()), alpha)}" if p_word else f"{ci_text} CIs above 1"
+        proof = (
+            f"{p_word} p {_p_bound(float(rows.loc[chosen, '_p'].max()), alpha)}" if p_word else f"{ci_text} CIs above 1"
+        )
         return f"more than random subspaces{by} at {at} ({count}, {proof})"
     if part.kind == "less":
         return f"less at {at} ({ci_text} CIs below 1 at {count})"

@@ -318,7 +318,9 @@ def claim_outcome(record: Any) -> ClaimOutcome:
     p_text = ""
     found_p = record.get("p_value")
     if isinstance(found_p, Mapping) and _is_number(found_p.get("value")):
-        p_text = p_phrase(found_p["value"], alpha=rule_terms(str(record.get("rule", ""))).get("alpha")) + (f" ({found_p['of']})" if found_p.get("of") else "")
+        p_text = p_phrase(found_p["value"], alpha=rule_terms(str(record.get("rule", ""))).get("alpha")) + (
+            f" ({found_p['of']})" if found_p.get("of") else ""
+        )
     failed = record.get("failed") if isinstance(record.get("failed"), list) else []
     # the words as recorded; a record written without them (an older claims.json, a hand-made
     # record) is read the same way here

@@ -757,7 +757,9 @@ def _claims_tex(ctx: ReportContext) -> list[str]:
         "",
         r"\subsection*{Claims: %d of %d passed}" % (n_pass, len(claims)),
         r"{\small Each claim answers one of two questions: ``" + tex(ctx.questions[SUBSPACES]) + "'' (the exact test, "
-        "conditional on the measured gradients) or ``" + tex(ctx.questions[DOCUMENTS]) + "'' (the interval over "
+        "conditional on the measured gradients) or ``"
+        + tex(ctx.questions[DOCUMENTS])
+        + "'' (the interval over "
         + tex(ctx.resampled)
         + ").}",
         r"\begin{itemize}",

@@ -41,7 +41,6 @@ from scipy.special import ndtri
 from ._validation import check_ci_level
 from .ratio_intervals import RATIO_INTERVAL_METHODS
 
-
 #: The note a row carries beside a non-finite ``se``: ``inf`` (unbounded interval), NaN (none).
 SE_NOTES = {
     "inf": "se = inf: the interval is unbounded, so it implies no finite SE (a meta-analysis leaves the row out)",

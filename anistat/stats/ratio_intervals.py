@@ -845,8 +845,8 @@ def calibrated_concentration(
     value = float(m_eff)
     if not np.isfinite(value) or method not in CONCENTRATION_COVERAGE:
         return None
-    coverage = CONCENTRATION_COVERAGE[method]
-    coverage_below = _threshold(coverage, CONCENTRATION_STUDIES, lambda c, n: c < COVERAGE_FLOOR - _margin(0.95, n))
+    coverage, studies = CONCENTRATION_COVERAGE[method], CONCENTRATION_STUDIES[method]
+    coverage_below = _threshold(coverage, studies, lambda c, n: c < COVERAGE_FLOOR - _margin(0.95, n))
     data_test_from = data_test_spread_threshold(SPREAD_LEVELS, SPREAD_DATA_TEST, SPREAD_DATA_TEST_STUDIES)
     spread_value = max(float(spread), 1.0)  # n/n_eff ≥ 1 up to rounding; NaN stays NaN
     spread_level = next((i for i, (low, high) in enumerate(SPREAD_LEVELS) if low <= spread_value < high), None)
@@ -858,7 +858,8 @@ def calibrated_concentration(
                 "m_eff_high": high,
                 "coverage": coverage[index],
                 "coverage_below": coverage_below,
-                "coverage_off": value < coverage_below,
+                "coverage_off": coverage_off(coverage[index], studies[index]),
+                "coverage_off_levels": coverage_off_levels(method),
                 "spread_low": SPREAD_LEVELS[spread_level][0] if spread_level is not None else nan,
                 "spread_high": SPREAD_LEVELS[spread_level][1] if spread_level is not None else nan,
                 "data_test": SPREAD_DATA_TEST[spread_level] if spread_level is not None else nan,
@@ -866,6 +867,29 @@ def calibrated_concentration(
                 "data_test_off": bool(np.isfinite(spread_value) and spread_value >= data_test_from),
             }
     return None
+
+
+def coverage_off(coverage: float, studies: int) -> bool:
+    """A measured 95 % coverage outside ``[COVERAGE_FLOOR, COVERAGE_CEILING]`` by more than its
+    Monte-Carlo margin ``1.96·√(0.95·0.05/n)``."""
+    margin = _margin(0.95, studies)
+    return bool(coverage < COVERAGE_FLOOR - margin or coverage > COVERAGE_CEILING + margin)
+
+
+def coverage_off_levels(method: str = "adjusted_el_f") -> str:
+    """The ``m_eff`` levels where ``method``'s calibrated coverage is off (:func:`coverage_off`),
+    adjacent levels joined: "m_eff 1–3, 20–30"; "" when none is."""
+    spans: list[list[float]] = []
+    for (low, high), value, n in zip(
+        CONCENTRATION_LEVELS, CONCENTRATION_COVERAGE[method], CONCENTRATION_STUDIES[method], strict=True
+    ):
+        if coverage_off(value, n):
+            if spans and spans[-1][1] == low:
+                spans[-1][1] = high
+            else:
+                spans.append([low, high])
+    shown = [f"{low:g}–{high:g}" if np.isfinite(high) else f"≥ {low:g}" for low, high in spans]
+    return "m_eff " + ", ".join(shown) if shown else ""
 
 
 def kish_effective_size(weights: ArrayLike) -> float:
