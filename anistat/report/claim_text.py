@@ -411,6 +411,37 @@ def _context_sentence(
     )
 
 
+def _meta_decision(
+    passed: bool,
+    decided_by: str,
+    evidence: Mapping[str, Any],
+    bounds: str,
+    level_text: str,
+    side: str,
+    p: Any,
+    terms: Mapping[str, Any],
+) -> str:
+    """A meta claim's decision: the pooled interval (its scale named) and the rows it left out,
+    counted; or the pooled point estimate alone without ``alpha``."""
+    alpha, threshold = terms.get("alpha"), terms.get("threshold")
+    if "interval" not in decided_by:
+        estimate = evidence.get("meta_estimate")
+        shown = f" {beside_threshold(float(estimate), threshold, 4)}" if _finite(estimate) else ""
+        return (
+            f"the pooled point estimate{shown} alone ({'on' if passed else 'not on'} the claimed side"
+            f"{' ' + side if side else ''}); no interval decides, so the claim describes these data only"
+        )
+    where = "lies" if passed else "does not lie"
+    p_text = p_phrase(p, "p against the threshold", alpha)
+    excluded = str(evidence.get("excluded") or "")
+    pooled = bounds.replace(f"{level_text} interval", f"{level_text} pooled interval", 1)
+    return (
+        f"the {pooled} {where} entirely {side or 'on the claimed side'}"
+        + (f" ({p_text})" if p_text else "")
+        + (f"; {excluded}" if excluded else "")
+    )
+
+
 def _decision(
     record: Mapping[str, Any],
     status: str,
@@ -436,22 +467,7 @@ def _decision(
     ends = interval_ends(interval, "low", "high")
     bounds = interval_text(interval, threshold) if ends else ""
     if aggregate == "meta" or "pooled" in str(interval.get("of", "")):
-        if "interval" not in decided_by:
-            estimate = evidence.get("meta_estimate")
-            shown = f" {beside_threshold(float(estimate), threshold, 4)}" if _finite(estimate) else ""
-            return (
-                f"the pooled point estimate{shown} alone ({'on' if passed else 'not on'} the claimed side"
-                f"{' ' + side if side else ''}); no interval decides, so the claim describes these data only"
-            )
-        where = "lies" if passed else "does not lie"
-        p_text = p_phrase(p, "p against the threshold", alpha)
-        excluded = str(evidence.get("excluded") or "")
-        pooled = bounds.replace(f"{level_text} interval", f"{level_text} pooled interval", 1)
-        return (
-            f"the {pooled} {where} entirely {side or 'on the claimed side'}"
-            + (f" ({p_text})" if p_text else "")
-            + (f"; {excluded}" if excluded else "")
-        )
+        return _meta_decision(passed, decided_by, evidence, bounds, level_text, side, p, terms)
     counted = f"{n_pass} of {n_rows} rows" if _finite(n_pass) and _finite(n_rows) else "the selected rows"
     parts: list[str] = []
     if "test" in decided_by:
