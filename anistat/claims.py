@@ -246,8 +246,9 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec, ci_level: float = 0.
     """One claim's record; `ci_level` is the run's `stats.ci_level` (the level of the rows' CIs).
 
     Besides ``status``/``passed`` the record says what decided it (``decided_by``, ``rule``), the
-    interval shown beside the verdict (``interval``: the pooled interval of a meta claim, the
-    weakest selected row's CI of an all/any claim), the p-value and what it tests (``p_value``:
+    interval shown beside the verdict (``interval``: the pooled interval of a meta claim; of an
+    all/any claim the CI of the selected row with the lowest interval end — nearest the threshold
+    on its claimed side — with its ``scale``), the p-value and what it tests (``p_value``:
     against the claim's own threshold for meta claims) and, on a FAIL, which criteria failed
     (``failed``). The same record is written to claims.json and printed by `verify --json`."""
     selected = select_rows(results, claim)
