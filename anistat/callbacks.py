@@ -68,17 +68,19 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel
 
 from .collect import BasisSet, Site, SiteAccumulator, UnitArtifact, UnitKey, probe, sites_from_spec
+from .collect.bases import check_fit_sample, fit_site_bases, fits_frozen, fits_per_unit, site_seed_key
 from .errors import AnistatInputError, AnistatWarning
 from .finalize import finalize_bundle
-from .geometry import draw_controls, fit_proxy, frequency_buckets
+from .geometry import frequency_buckets
 from .live import LiveMetrics, Publish, find_trainer, logger_publisher
 from .models import infer_objective
 from .protocol import Protocol, control_problem, fit_window_size, load_protocol, parse_protocol
@@ -137,41 +139,141 @@ def model_configuration(model: torch.nn.Module) -> dict[str, Any]:
     return {key: NOT_KNOWN if value is None else value for key, value in values.items()}
 
 
+#: Why the meter refuses a protocol field the loop decides (the measured batches, their loss and
+#: tokenizer, the threads, the model and its training), when the protocol sets it.
+_LOOP_DATA = "the training loop's own batches and loss are measured, not the protocol's data"
+_LOOP_MODEL = "the meter measures the model it is given, not one the protocol loads or trains"
+_LOOP_TRAIN = "the meter records the loop's own training settings (TrainingMeter(training=...))"
+
+#: What the meter does with every protocol field (dotted path; ``models.*`` is the one external
+#: model, ``claims`` every claim field): None — honoured as `anistat run` honours it (``device``
+#: and the model's sizes are checked against the model); a sentence — the meter refuses the
+#: field with that reason when the protocol sets it. tests/test_meter_protocol.py checks this
+#: table against the Protocol's fields, so a new field needs a decision here.
+METER_FIELDS: dict[str, str | None] = {
+    **dict.fromkeys(("anistat_protocol", "name", "description", "seed", "device", "claims"), None),
+    "threads": "the training loop sets the CPU threads, the meter does not",
+    **dict.fromkeys(
+        (
+            f"data.{name}"
+            for name in (
+                "source paths text_field dataset dataset_config dataset_split max_documents seq_len "
+                "n_fit_sequences n_test_sequences vocab_size mlm_probability batch_size special_tokens "
+                "loss_reduction"
+            ).split()
+        ),
+        _LOOP_DATA,
+    ),
+    **dict.fromkeys(("data.n_frequency_buckets", "data.frequency_ci_memory_mb"), None),
+    "data.type_statistics_memory_mb": "in a training loop every token type seen is kept (no budget applies)",
+    **dict.fromkeys(
+        ("models.name", "models.source", "models.objective", "models.hidden_size", "models.num_layers"), None
+    ),
+    **dict.fromkeys(("models.num_heads", "models.intermediate_size"), None),
+    **dict.fromkeys(
+        (
+            f"models.{name}"
+            for name in (
+                "architecture path checkpoints steps hub_id revisions trust_remote_code precision attn_implementation"
+            ).split()
+        ),
+        _LOOP_MODEL,
+    ),
+    **dict.fromkeys(
+        (
+            f"models.train.{name}"
+            for name in "steps batch_size learning_rate weight_decay warmup_steps checkpoints precision".split()
+        ),
+        _LOOP_TRAIN,
+    ),
+    **dict.fromkeys(("sites.kind", "sites.layers", "sites.names", "sites.modules"), None),
+    **dict.fromkeys(
+        (f"proxies.{name}" for name in ("methods", "ranks", "fit_window", "max_fit_tokens", "refit", "center")), None
+    ),
+    "proxies.concept_card_tokens": "the meter has no tokenizer to write concept cards with",
+    **dict.fromkeys(("controls.kinds", "controls.n", "controls.pca_span_dim"), None),
+    "stats": None,
+    "report": None,
+    "replication.tolerance": None,
+}
+
+
+def _set_fields(section: BaseModel, prefix: str = "") -> Iterator[str]:
+    """The dotted paths of the fields a protocol section sets (explicitly, not by default),
+    down to the paths of `METER_FIELDS` (the model list's entries as ``models.*``)."""
+    for name in sorted(section.model_fields_set):
+        path, value = prefix + name, getattr(section, name)
+        if path in METER_FIELDS:
+            yield path
+        elif isinstance(value, BaseModel):
+            yield from _set_fields(value, path + ".")
+        elif isinstance(value, list):
+            for item in value:
+                yield from _set_fields(item, path + ".")
+
+
+def _refuse_unhonoured(user: Protocol, facts: dict[str, Any], device: torch.device) -> None:
+    """One `AnistatInputError` for the first protocol field the meter cannot honour: a field
+    `METER_FIELDS` refuses, a model that is not the one external model, sizes or a device that
+    disagree with the model's."""
+    if len(user.models) != 1 or user.models[0].source != "external":
+        raise AnistatInputError(
+            "TrainingMeter: models: the meter measures one model of source 'external' (the model it is given); "
+            f"got {[f'{m.name} ({m.source})' for m in user.models]}"
+        )
+    for path in _set_fields(user):
+        if METER_FIELDS[path] is not None:
+            raise AnistatInputError(f"TrainingMeter: protocol field {path}: {METER_FIELDS[path]}; remove it")
+    model = user.models[0]
+    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+        if name in model.model_fields_set and name in facts and getattr(model, name) != facts[name]:
+            raise AnistatInputError(
+                f"TrainingMeter: protocol field models.{name} is {getattr(model, name)}, "
+                f"but the model's is {facts[name]}; remove it"
+            )
+    if "device" in user.model_fields_set and user.device not in ("auto", device.type):
+        raise AnistatInputError(
+            f"TrainingMeter: protocol field device is {user.device}, but the model is on {device}; "
+            "the meter measures where the model is (remove device)"
+        )
+
+
 def _external_protocol(
     protocol: Protocol | str | Path | dict | None,
     name: str,
     objective: str | None,
     overrides: dict[str, Any],
-    model_facts: dict[str, Any] | None = None,
+    model_facts: dict[str, Any],
+    device: torch.device,
 ) -> Protocol:
-    """The protocol of a measured training run. Built from a dict / None, its one `external`
-    model carries the model's real sizes and (under the Trainer) training settings
-    (`model_facts`), so the bundle does not record built-in defaults that never applied (the
-    protocol records only the fields set for an external model, `Protocol.normalised`)."""
+    """The protocol of a measured training run: the one the user gave (a `Protocol`, a file, or a
+    dict / None with keyword `overrides`; default one `external` model named `name`), every field
+    it sets honoured or refused (`METER_FIELDS`, `_refuse_unhonoured`), recorded with what the
+    meter knows: the model's real sizes and (under the Trainer) training settings (`model_facts`),
+    so the bundle never records built-in defaults that never applied (the protocol records only the
+    fields set for an external model, `Protocol.normalised`), and no concept cards."""
+    if isinstance(protocol, (Protocol, str, Path)) and overrides:
+        raise TypeError("pass either a Protocol (or a protocol file) or keyword overrides, not both")
     if isinstance(protocol, Protocol):
-        if overrides:
-            raise TypeError("pass either a Protocol or keyword overrides, not both")
-        return protocol
-    if isinstance(protocol, (str, Path)):
-        if overrides:
-            raise TypeError("pass either a protocol file or keyword overrides, not both")
-        return load_protocol(protocol)
-    data: dict[str, Any] = dict(protocol or {})
-    data.setdefault("name", name)
-    data.setdefault(
-        "models",
-        [
-            {
-                "name": name,
-                "source": "external",
-                **({"objective": objective} if objective else {}),
-                **(model_facts or {}),
-            }
-        ],
-    )
-    data.setdefault("report", {"compile_pdf": False})
-    data.update(overrides)
-    return parse_protocol(data, "TrainingMeter protocol")
+        user = protocol
+    elif isinstance(protocol, (str, Path)):
+        user = load_protocol(protocol)
+    else:
+        data: dict[str, Any] = {"name": name, **dict(protocol or {}), **overrides}
+        data.setdefault("models", [{"name": name, "source": "external"}])
+        data.setdefault("report", {"compile_pdf": False})  # no PDF unless asked: a loop's script waits for it
+        user = parse_protocol(data, "TrainingMeter protocol")
+    _refuse_unhonoured(user, model_facts, device)
+    recorded = user.model_dump(mode="json", exclude_unset=True)
+    recorded["models"] = [
+        {
+            **model_facts,
+            **recorded["models"][0],
+            **({"objective": objective} if objective else {}),
+        }
+    ]
+    recorded.setdefault("proxies", {})["concept_card_tokens"] = 0
+    return parse_protocol(recorded, "TrainingMeter protocol")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -485,31 +587,23 @@ def _frequency_table(
     return vocab_size, counts, n_buckets, torch.as_tensor(frequency_buckets(counts, n_buckets)).clamp(min=0)
 
 
-def _fit_site(protocol: Protocol, name: str, site: Site, sample: torch.Tensor) -> list[BasisSet]:
-    """The frozen proxies of one site (every method × rank) and their projected controls,
-    each drawn with its own derived seed (as `anistat run`)."""
-    seed = protocol.seed
-    dim = sample.shape[1]
-    problem = control_problem(protocol.controls, protocol.proxies.ranks, dim)
-    if problem:
-        raise AnistatInputError(f"TrainingMeter: site {site.name} (dimension {dim}): {problem}")
-    sets = []
-    for method in protocol.proxies.methods:
-        for rank in protocol.proxies.ranks:
-            proxy = fit_proxy(sample, method, rank, seed=derive_seed(seed, name, site.name, method, rank, "proxy"))
-            controls = {
-                kind: draw_controls(
-                    kind,
-                    proxy.basis,
-                    protocol.controls.n,
-                    seed=derive_seed(seed, name, site.name, method, rank, kind),
-                    activations=sample,
-                    pca_span_dim=protocol.controls.pca_span_dim,
-                )
-                for kind in protocol.projected_control_kinds
-            }
-            sets.append(BasisSet(method, rank, proxy.basis, controls, proxy.reconstruction_error))
-    return sets
+def _fit_bases(meter: TrainingMeter, sample: _FitSample, refit_label: str | None = None) -> dict[str, list[BasisSet]]:
+    """Every site's proxies and controls from the fit sample, through the one fit core
+    (`anistat.collect.bases.fit_site_bases`, as `anistat run`): frozen ones from the fit steps,
+    refitted ones (`refit_label` = the unit's label) from the unit's first step."""
+    bases = {}
+    for site in meter.sites:
+        rows = torch.cat(sample.rows[site.name])
+        check_fit_sample(rows, meter.protocol, "TrainingMeter", site.name, "the fit steps")
+        bases[site.name] = fit_site_bases(
+            rows,
+            meter.protocol,
+            model=meter.name,
+            site_key=site_seed_key(site),
+            device=meter.device,
+            refit_label=refit_label,
+        )
+    return bases
 
 
 # ----------------------------------------------------------------------------------------------
@@ -530,7 +624,7 @@ class _OpenUnit:
         dtype: torch.dtype,
         pair_budget_bytes: int,
     ):
-        self.start = start
+        self.start, self.bases = start, bases
         self.sequences: list[int] = []
         self.skipped = 0
         self.started = time.perf_counter()
@@ -763,7 +857,8 @@ class TrainingMeter:
         self.training = dict(training or {})
         # who measures: the report's methods text names it (AnistatCallback sets its own name)
         self.driver = "TrainingMeter"
-        self.protocol = _external_protocol(protocol, name, objective, overrides, facts)
+        self.device = next(model.parameters()).device
+        self.protocol = _external_protocol(protocol, name, objective, overrides, facts, self.device)
         self.name = self.protocol.models[0].name
         self.out = Path(out)
         self.units_dir = self.out.parent / f"{self.out.name}.units"
@@ -783,7 +878,6 @@ class TrainingMeter:
         _check_sizes(self.protocol, self.name, hidden_size, self.sites)
         _check_claims(self.protocol, self.name, self.objective, hidden_size, self.sites, self.measure_steps)
         _check_no_checkpointing(model)
-        self.device = next(model.parameters()).device
         self.token_counts = token_counts
         self._counts_given = token_counts is not None
         # per-batch statistics in float32 by default (halves the cost inside training; every
@@ -878,9 +972,8 @@ class TrainingMeter:
         self.vocab_size, self.token_counts, self.n_buckets, self.buckets = _frequency_table(
             self.token_counts, seen, self.vocab_size, self.protocol.data.n_frequency_buckets
         )
-        self.bases = {}
-        for site in self.sites:
-            self.bases[site.name] = _fit_site(self.protocol, self.name, site, torch.cat(sample.rows[site.name]))
+        frozen = fits_frozen(self.protocol)
+        self.bases = _fit_bases(self, sample) if frozen else {site.name: [] for site in self.sites}
         sample.release()
 
     # -- measuring ------------------------------------------------------------------------------
@@ -894,7 +987,7 @@ class TrainingMeter:
         if self._open is None:
             self._open = _OpenUnit(
                 start,
-                self.bases,
+                self._unit_bases(capture, start),
                 n_buckets=self.n_buckets,
                 vocab_size=self.vocab_size,
                 device=self.device,
@@ -919,13 +1012,26 @@ class TrainingMeter:
         if step == start + self.window - 1:
             self._close_unit()
 
+    def _unit_bases(self, capture: _StepCapture, start: int) -> dict[str, list[BasisSet]]:
+        """The bases of the unit opening at `start`: the frozen ones, and with `proxies.refit`
+        per_checkpoint or both the ones refitted on the step's own activations (sampled as a
+        single fit step's would be), as `anistat run` refits on each checkpoint."""
+        frozen = self.bases if self.bases is not None else {}
+        if not fits_per_unit(self.protocol):
+            return frozen
+        sample = _FitSample(self.sites)
+        seed = derive_seed(self.protocol.seed, self.name, capture.step, "fit")
+        sample.add(capture, self.sites, self.protocol.proxies.max_fit_tokens, seed)
+        refitted = _fit_bases(self, sample, refit_label=f"step{start}")
+        return {name: frozen[name] + refitted[name] for name in frozen}
+
     def _publish_live(self, step: int) -> None:
         """The open unit's live point estimates (`anistat.live`), when a publisher is set."""
         if self.publish_live is None or self._open is None or self.bases is None:
             return
         if self._live is None:
-            self._live = LiveMetrics(self.bases, self.publish_live, oracle_every=self.live_oracle_every)
-        self._live.publish = self.publish_live
+            self._live = LiveMetrics(self._open.bases, self.publish_live, oracle_every=self.live_oracle_every)
+        self._live.bases, self._live.publish = self._open.bases, self.publish_live
         self._live(self._open.live_moments(), step)
 
     def _close_unit(self) -> None:

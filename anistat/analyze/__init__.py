@@ -107,14 +107,14 @@ class RunAnalysis:
     """What `analyze_run` returns: the tables and what the run's record needs of the analysis.
 
     ``results``: the tidy results table (`RESULT_COLUMNS`, then `DECISION_COLUMNS` with
-    `stats.resampling_risk`); ``frequency``: the frequency table (None when not asked for);
+    `stats.resampling_risk`); ``frequency``: the frequency table (no rows when not asked for);
     ``warnings``: the analysis' run warnings, the resolution guard (`multiplicity_warning`) first,
     then the units' own; ``null_settings``: the Monte-Carlo sizes used (the `NullSettings` fields)
     and the draws made — ``streams``, ``draws`` (their sum), ``longest_stream`` and, when the
     units of a width share a stream, ``draws_made`` per width — as plain data for the manifest."""
 
     results: pd.DataFrame
-    frequency: pd.DataFrame | None
+    frequency: pd.DataFrame
     warnings: tuple[str, ...]
     null_settings: Mapping[str, Any]
 
@@ -321,7 +321,11 @@ def analyze_run(
     made = nulls.draws_made
     return RunAnalysis(
         results=results[columns].copy().reset_index(drop=True),
-        frequency=frequency_rows(artifacts, token_counts, protocol, nulls=nulls) if frequency else None,
+        frequency=(
+            frequency_rows(artifacts, token_counts, protocol, nulls=nulls)
+            if frequency
+            else pd.DataFrame(columns=FREQUENCY_COLUMNS)
+        ),
         warnings=(*([guard] if guard else []), *notes),
         null_settings={
             **asdict(settings),
