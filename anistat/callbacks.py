@@ -78,6 +78,7 @@ from pydantic import BaseModel
 
 from .collect import BasisSet, Site, SiteAccumulator, UnitArtifact, UnitKey, probe, sites_from_spec
 from .collect.bases import check_fit_sample, fit_site_bases, fits_frozen, fits_per_unit, site_seed_key
+from .collect.sites import forward_inputs
 from .errors import AnistatInputError, AnistatWarning
 from .finalize import finalize_bundle
 from .geometry import frequency_buckets
@@ -497,10 +498,9 @@ class _StepCapture:
         self.record = self._stack.enter_context(
             probe(model, {s.name: s for s in sites}, gradients=measure, accumulate=True)
         )
-        handle = model.register_forward_pre_hook(self._grab_inputs, with_kwargs=True)
-        self._stack.callback(handle.remove)
+        self._stack.enter_context(forward_inputs(model, self._grab_inputs))
 
-    def _grab_inputs(self, module, args, kwargs) -> None:
+    def _grab_inputs(self, args: tuple, kwargs: dict) -> None:
         if self.measure and not torch.is_grad_enabled():
             return  # not a training forward (pairs with the probe's accumulated records)
         ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
