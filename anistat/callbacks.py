@@ -7,7 +7,11 @@ training step's *own* `loss.backward()` then fills `δ.grad = ∂L/∂h` next to
 gradients — no second forward or backward. After the backward the meter projects those
 gradients on the frozen proxy and control bases and keeps only per-sequence sums (the same
 `SiteAccumulator` as `anistat run`), then drops them. On fit steps only activations are read
-(forward hooks); after the last fit step the proxies are fitted and the controls drawn.
+(forward hooks); after the last fit step the proxies are fitted and the controls drawn —
+through the fit core `anistat run` uses (`anistat.collect.bases.fit_site_bases`): the same
+proxy variants (`proxies.center`), the same derived seeds and controls. With `proxies.refit`
+per_checkpoint or both, every unit also gets proxies refitted on its first step's own
+activations (labelled `METHOD@refit`, as `anistat run` refits on each checkpoint's).
 
 What is measured is the gradient of *the loss the training loop optimises* on *its own
 batches*: every sequence of a measured step is one statistical sequence. (The post-hoc
@@ -41,6 +45,11 @@ Example (Trainer)::
 
 Not supported: gradient checkpointing (the recomputed forward would create new probes) — the
 meter refuses it with a clear error.
+
+**Every protocol field honoured or refused.** `METER_FIELDS` says, field by field, what the
+meter does with the protocol: honoured as in `anistat run`, or refused with one line when the
+protocol sets it (the data, the threads, the model's loading and training are the loop's; the
+meter has no tokenizer for concept cards, and records `concept_card_tokens: 0`).
 
 **Checked before the first step.** The meter (and so the callback, in `on_train_begin`) checks
 everything it can before training starts: the proxy ranks and control kinds against the model's
@@ -606,6 +615,20 @@ def _fit_bases(meter: TrainingMeter, sample: _FitSample, refit_label: str | None
     return bases
 
 
+def _unit_bases(meter: TrainingMeter, capture: _StepCapture, start: int) -> dict[str, list[BasisSet]]:
+    """The bases of the unit opening at `start`: the frozen ones, and with `proxies.refit`
+    per_checkpoint or both the ones refitted on the step's own activations (sampled as a
+    single fit step's would be), as `anistat run` refits on each checkpoint."""
+    frozen = meter.bases if meter.bases is not None else {}
+    if not fits_per_unit(meter.protocol):
+        return frozen
+    sample = _FitSample(meter.sites)
+    seed = derive_seed(meter.protocol.seed, meter.name, capture.step, "fit")
+    sample.add(capture, meter.sites, meter.protocol.proxies.max_fit_tokens, seed)
+    refitted = _fit_bases(meter, sample, refit_label=f"step{start}")
+    return {name: frozen[name] + refitted[name] for name in frozen}
+
+
 # ----------------------------------------------------------------------------------------------
 # measuring: the open unit's per-sequence statistics
 # ----------------------------------------------------------------------------------------------
@@ -763,7 +786,7 @@ def _remove_saved_units(units_dir: Path, artifacts: list[UnitArtifact]) -> None:
 # The meter drives; its parts live above, one section per seam: planning (`_reachable_steps` and
 # the `_check_*` functions before the first step, `_UnitWindows`: which unit a step belongs to,
 # `_ScheduleRecord`: the steps and learning rates seen), the hooks of one step (`_StepCapture`),
-# fitting (`_FitSample`, `_frequency_table`, `_fit_site`), the open unit's statistics
+# fitting (`_FitSample`, `_frequency_table`, `_fit_bases`, `_unit_bases`: the one fit core), the open unit's statistics
 # (`_OpenUnit`) and finalisation (`_write_bundle`: `_manifest_record` → `finalize_bundle`, then
 # `_remove_saved_units`).
 class TrainingMeter:
@@ -987,7 +1010,7 @@ class TrainingMeter:
         if self._open is None:
             self._open = _OpenUnit(
                 start,
-                self._unit_bases(capture, start),
+                _unit_bases(self, capture, start),
                 n_buckets=self.n_buckets,
                 vocab_size=self.vocab_size,
                 device=self.device,
@@ -1011,19 +1034,6 @@ class TrainingMeter:
         self._publish_live(step)
         if step == start + self.window - 1:
             self._close_unit()
-
-    def _unit_bases(self, capture: _StepCapture, start: int) -> dict[str, list[BasisSet]]:
-        """The bases of the unit opening at `start`: the frozen ones, and with `proxies.refit`
-        per_checkpoint or both the ones refitted on the step's own activations (sampled as a
-        single fit step's would be), as `anistat run` refits on each checkpoint."""
-        frozen = self.bases if self.bases is not None else {}
-        if not fits_per_unit(self.protocol):
-            return frozen
-        sample = _FitSample(self.sites)
-        seed = derive_seed(self.protocol.seed, self.name, capture.step, "fit")
-        sample.add(capture, self.sites, self.protocol.proxies.max_fit_tokens, seed)
-        refitted = _fit_bases(self, sample, refit_label=f"step{start}")
-        return {name: frozen[name] + refitted[name] for name in frozen}
 
     def _publish_live(self, step: int) -> None:
         """The open unit's live point estimates (`anistat.live`), when a publisher is set."""
