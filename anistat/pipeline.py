@@ -152,7 +152,8 @@ def fit_bases(
     log: Log,
     refit_at: int | None = None,
 ) -> tuple[dict[str, list[BasisSet]], dict[str, Any]]:
-    """Fit every proxy on the early window (pooled fit-split activations), draw its controls.
+    """Fit every proxy on the early window (pooled fit-split activations), draw its controls
+    (the one fit core, `collect.bases.fit_site_bases`, which the training meter uses too).
 
     With `refit_at = i`, fit instead on checkpoint i's own fit-split activations (protocol
     `proxies.refit`): the proxies are labelled `METHOD@refit`, their seeds name the checkpoint,
