@@ -149,62 +149,43 @@ def model_configuration(model: torch.nn.Module) -> dict[str, Any]:
     return {key: NOT_KNOWN if value is None else value for key, value in values.items()}
 
 
-#: Why the meter refuses a protocol field the loop decides (the measured batches, their loss and
-#: tokenizer, the threads, the model and its training), when the protocol sets it.
-_LOOP_DATA = "the training loop's own batches and loss are measured, not the protocol's data"
-_LOOP_MODEL = "the meter measures the model it is given, not one the protocol loads or trains"
-_LOOP_TRAIN = "the meter records the loop's own training settings (TrainingMeter(training=...))"
-
-#: What the meter does with every protocol field (dotted path; ``models.*`` is the one external
-#: model, ``claims`` every claim field): None — honoured as `anistat run` honours it (``device``
-#: and the model's sizes are checked against the model); a sentence — the meter refuses the
-#: field with that reason when the protocol sets it. tests/test_meter_protocol.py checks this
+#: The protocol fields the meter honours as `anistat run` does (``device`` and the model's sizes
+#: checked against the model; ``models.*`` is the one external model, ``claims``, ``stats`` and
+#: ``report`` every field of theirs).
+_HONOURED = """
+    anistat_protocol name description seed device claims stats report replication.tolerance
+    data.n_frequency_buckets data.frequency_ci_memory_mb sites.kind sites.layers sites.names sites.modules
+    models.name models.source models.objective models.hidden_size models.num_layers models.num_heads
+    models.intermediate_size proxies.methods proxies.ranks proxies.fit_window proxies.max_fit_tokens
+    proxies.refit proxies.center controls.kinds controls.n controls.pca_span_dim
+"""
+#: The fields the loop decides (its batches, loss, threads, model and training) and why the meter
+#: refuses them when the protocol sets them.
+_REFUSED = {
+    "threads": "the training loop sets the CPU threads, the meter does not",
+    " ".join(
+        f"data.{name}"
+        for name in "source paths text_field dataset dataset_config dataset_split max_documents seq_len "
+        "n_fit_sequences n_test_sequences vocab_size mlm_probability batch_size special_tokens loss_reduction".split()
+    ): "the training loop's own batches and loss are measured, not the protocol's data",
+    "data.type_statistics_memory_mb": "in a training loop every token type seen is kept (no budget applies)",
+    " ".join(
+        f"models.{name}"
+        for name in "architecture path checkpoints steps hub_id revisions trust_remote_code precision "
+        "attn_implementation".split()
+    ): "the meter measures the model it is given, not one the protocol loads or trains",
+    " ".join(
+        f"models.train.{name}"
+        for name in "steps batch_size learning_rate weight_decay warmup_steps checkpoints precision".split()
+    ): "the meter records the loop's own training settings (TrainingMeter(training=...))",
+    "proxies.concept_card_tokens": "the meter has no tokenizer to write concept cards with",
+}
+#: What the meter does with every protocol field (dotted path): None — honoured; a sentence — the
+#: reason it refuses the field when the protocol sets it. tests/test_meter_protocol.py checks this
 #: table against the Protocol's fields, so a new field needs a decision here.
 METER_FIELDS: dict[str, str | None] = {
-    **dict.fromkeys(("anistat_protocol", "name", "description", "seed", "device", "claims"), None),
-    "threads": "the training loop sets the CPU threads, the meter does not",
-    **dict.fromkeys(
-        (
-            f"data.{name}"
-            for name in (
-                "source paths text_field dataset dataset_config dataset_split max_documents seq_len "
-                "n_fit_sequences n_test_sequences vocab_size mlm_probability batch_size special_tokens "
-                "loss_reduction"
-            ).split()
-        ),
-        _LOOP_DATA,
-    ),
-    **dict.fromkeys(("data.n_frequency_buckets", "data.frequency_ci_memory_mb"), None),
-    "data.type_statistics_memory_mb": "in a training loop every token type seen is kept (no budget applies)",
-    **dict.fromkeys(
-        ("models.name", "models.source", "models.objective", "models.hidden_size", "models.num_layers"), None
-    ),
-    **dict.fromkeys(("models.num_heads", "models.intermediate_size"), None),
-    **dict.fromkeys(
-        (
-            f"models.{name}"
-            for name in (
-                "architecture path checkpoints steps hub_id revisions trust_remote_code precision attn_implementation"
-            ).split()
-        ),
-        _LOOP_MODEL,
-    ),
-    **dict.fromkeys(
-        (
-            f"models.train.{name}"
-            for name in "steps batch_size learning_rate weight_decay warmup_steps checkpoints precision".split()
-        ),
-        _LOOP_TRAIN,
-    ),
-    **dict.fromkeys(("sites.kind", "sites.layers", "sites.names", "sites.modules"), None),
-    **dict.fromkeys(
-        (f"proxies.{name}" for name in ("methods", "ranks", "fit_window", "max_fit_tokens", "refit", "center")), None
-    ),
-    "proxies.concept_card_tokens": "the meter has no tokenizer to write concept cards with",
-    **dict.fromkeys(("controls.kinds", "controls.n", "controls.pca_span_dim"), None),
-    "stats": None,
-    "report": None,
-    "replication.tolerance": None,
+    **dict.fromkeys(_HONOURED.split()),
+    **{path: reason for paths, reason in _REFUSED.items() for path in paths.split()},
 }
 
 
