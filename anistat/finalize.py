@@ -33,6 +33,7 @@ from .bundle import (
 from .claims import evaluate_claims
 from .collect.artifact import UnitArtifact
 from .errors import AnistatInputError
+from .explore import BASES_FILE, bases_file
 
 if TYPE_CHECKING:
     import torch
@@ -60,13 +61,16 @@ def analyse_and_publish(
     concept_cards: list[dict] | None = None,
     warnings: Iterable[str] = (),
     threads: ThreadChoice | None = None,
+    extra_files: Mapping[str, str] | None = None,
     log: Callable[[str], None] = lambda message: None,
 ) -> RunResult:
     """Analyse `artifacts` under `protocol`, check its claims and write the bundle at `out`.
 
     `token_counts` (model → corpus token counts) feed the frequency table; `warnings` are the
     caller's run warnings (e.g. the corpus'), recorded before the analysis'; `started` is the
-    `time.perf_counter()` the run's `seconds` count from. `log` receives the progress lines
+    `time.perf_counter()` the run's `seconds` count from; `extra_files` (name → text, e.g. the
+    protocol.yaml of a run built from options) are written into the bundle, with
+    bases.safetensors when `report.keep_bases` asks for it. `log` receives the progress lines
     `anistat run` prints."""
     stage = time.perf_counter()
     log(
@@ -108,7 +112,12 @@ def analyse_and_publish(
         null_settings=dict(nulls),
         threads=threads,
     )
-    outcome = publish_bundle(out, protocol, results, frequency, claims, list(concept_cards or []), facts)
+    kept: dict[str, str | bytes] = dict(extra_files or {})
+    if protocol.report.keep_bases:
+        kept[BASES_FILE] = bases_file(artifacts)
+    outcome = publish_bundle(
+        out, protocol, results, frequency, claims, list(concept_cards or []), facts, extra_files=kept
+    )
     log(f"  rendered ({time.perf_counter() - stage:.1f}s)")
     for name, reason in outcome.manifest.get("omitted_files", {}).items():
         log(f"note: {name} was not written: {reason}")

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -432,8 +432,12 @@ def run(
     log: Log | None = None,
     keep_cache: bool = False,
     overwrite: bool = False,
+    bundle_files: Mapping[str, str] | None = None,
 ) -> RunResult:
     """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`).
+
+    `bundle_files` (name → text) are written into the bundle with its own files and recorded in
+    its manifest (`anistat run --model …` keeps the protocol it built there as protocol.yaml).
 
     Before anything is trained or loaded, `anistat.preflight.preflight` checks every model and
     claim. An existing bundle at `out` is replaced only with `overwrite=True`. `threads`
@@ -466,7 +470,7 @@ def run(
     log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, {thread_choice.describe()}")
     with cpu_threads(thread_choice.threads), _stops_reported(cache):
         return _collect_analyse_publish(
-            protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache
+            protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache, bundle_files
         )
 
 
@@ -508,6 +512,7 @@ def _collect_analyse_publish(
     started: float,
     log: Log,
     keep_cache: bool,
+    bundle_files: Mapping[str, str] | None = None,
 ) -> RunResult:
     torch.manual_seed(protocol.seed)
     with _disk_errors_reported(cache):
@@ -528,6 +533,7 @@ def _collect_analyse_publish(
             concept_cards=info["concept_cards"],
             warnings=info["warnings"],
             threads=thread_choice,
+            extra_files=bundle_files,
             log=log,
         )
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
