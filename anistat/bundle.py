@@ -41,6 +41,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import vocabulary as vocab
 from .atomic import atomic_write_text
 from .errors import AnistatInputError
 from .runtime import machine_description
@@ -550,7 +551,7 @@ def concentration_warnings(results: pd.DataFrame) -> list[str]:
     import pandas as pd
 
     from .stats.energy import MIN_RESAMPLING_UNITS
-    from .stats.ratio_intervals import calibrated_concentration
+    from .stats.ratio_intervals import STUDENTIZED_LOG, calibrated_concentration
 
     size_column = "m_eff" if "m_eff" in results.columns and results["m_eff"].notna().any() else "n_eff"
     needed = {"model", "checkpoint", "site", "metric", "n_clusters", "n_eff", size_column, "ci_method"}
@@ -562,7 +563,7 @@ def concentration_warnings(results: pd.DataFrame) -> list[str]:
     keys = [rows["model"], rows["checkpoint"], rows["site"]]
     effective_size = pd.to_numeric(rows[size_column], errors="coerce").groupby(keys, sort=False, dropna=False).min()
     spread = (clusters / pd.to_numeric(rows["n_eff"], errors="coerce")).groupby(keys, sort=False, dropna=False).max()
-    methods = rows["ci_method"].astype(str).replace({"studentized": "studentized_log"})
+    methods = rows["ci_method"].astype(str).replace({vocab.STUDENTIZED: STUDENTIZED_LOG})
     method_of = methods.groupby(keys, sort=False, dropna=False).first()
     units = {key: (value, spread[key]) for key, value in effective_size.dropna().items()}
     levels = {key: calibrated_concentration(size, method_of[key], ratio) for key, (size, ratio) in units.items()}
@@ -1038,7 +1039,7 @@ def _settings_rows(protocol: Protocol, manifest: Mapping[str, Any]) -> tuple[tup
             if model.get(key) not in (None, [], {}):
                 rows.extend(("protocol", k, v) for k, v in flatten(model[key], f"models.{spec.name}.{key}"))
     controls = {
-        k: v for k, v in dumped["controls"].items() if k != "pca_span_dim" or "pca_span" in protocol.controls.kinds
+        k: v for k, v in dumped["controls"].items() if k != "pca_span_dim" or vocab.PCA_SPAN in protocol.controls.kinds
     }
     for section, values in (
         ("sites", dumped["sites"]),
@@ -1427,7 +1428,7 @@ def null_check_summaries(
         else:
             checks.append(("exact", exact["p_value"], int(draws[0]) if len(draws) == 1 else None, 0))
     if "p_value_paper" in rows.columns:
-        checks.append(("paper", rows.loc[rows["control"] == "normal", "p_value_paper"], n_paper_controls, 0))
+        checks.append(("paper", rows.loc[rows["control"] == vocab.NORMAL, "p_value_paper"], n_paper_controls, 0))
     out = []
     for test, values, n_draws, stop in checks:
         values = values.astype(float).dropna()
