@@ -39,7 +39,7 @@ app = typer.Typer(
 )
 
 
-#: = anistat.reproduction.DEFAULT_TOLERANCE.relative (a test keeps them equal; the CLI imports pandas lazily)
+#: = anistat.comparison.DEFAULT_TOLERANCE.relative (a test keeps them equal; the CLI imports pandas lazily)
 DEFAULT_RELATIVE = 0.01
 
 
@@ -514,10 +514,9 @@ def diff(
     must be equal, continuous numbers within --relative of their scale, Monte-Carlo p-values and
     control statistics within two of their Monte-Carlo standard errors (see docs/reproducibility.md).
     Exit 0 reproduced, 1 differences beyond the tolerance, 2 bad input."""
-    from .bundle import Bundle
-    from .reproduction import Tolerance, compare_reproduction
+    from .comparison import Tolerance, compare
 
-    check = compare_reproduction(Bundle.load(original), Bundle.load(rerun), Tolerance(relative=relative))
+    check = compare(original, rerun, Tolerance(relative=relative))
     for note in check.notes:
         _echo(f"note: {note}")
     for difference in check.differences[:show]:

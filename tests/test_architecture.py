@@ -41,7 +41,7 @@ LAYERS: dict[str, int] = {
     "pipeline": 8,
     "rerender": 8,
     "verify": 8,
-    "reproduction": 8,
+    "comparison": 8,
     "plan": 8,  # study planning: stats formulas over a pilot read through bundle
     "replicate": 9,
     "callbacks": 9,
