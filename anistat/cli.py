@@ -512,7 +512,8 @@ def diff(
     """Does RERUN reproduce ORIGINAL? Compares results.csv, frequency.csv and the claims' verdicts
     number by number (never timestamps, paths or rendered files): counts, statuses and verdicts
     must be equal, continuous numbers within --relative of their scale, Monte-Carlo p-values and
-    control statistics within two of their Monte-Carlo standard errors (see docs/reproducibility.md).
+    control statistics within two of their Monte-Carlo standard errors (see docs/reproducibility.md);
+    protocols that differ only in file paths or names are "the same protocol up to paths".
     Exit 0 reproduced, 1 differences beyond the tolerance, 2 bad input."""
     from .comparison import Tolerance, compare
 

@@ -229,17 +229,24 @@ def compare(
 # matching rows, claims and manifests
 # ----------------------------------------------------------------------------------------------
 def align(original: pd.DataFrame, other: pd.DataFrame, keys: tuple[str, ...], name: str) -> pd.DataFrame:
-    """The two tables' rows matched on the ``keys`` both have (an outer join, values as objects):
-    every other column twice, suffixed :data:`SUFFIXES`; ``_merge`` says where a row is
+    """The two tables' rows matched on the ``keys`` both have (an outer join, values as objects, in
+    the original's row order): every other column twice, suffixed :data:`SUFFIXES`; ``_merge`` says where a row is
     (``both``, ``left_only``: only in the original, ``right_only``). ``attrs["keys"]`` are the keys
     used. Repeated keys are a user error (one line)."""
     keys = tuple(k for k in keys if k in original.columns and k in other.columns)
     for label, table in (("original", original), ("rerun", other)):
         if table.duplicated(list(keys)).any():
             raise AnistatInputError(f"{name} of the {label} bundle has repeated rows (same {', '.join(keys)})")
+    order = ("\x00original_row", "\x00other_row")  # the original's order, then rows only the other has
     merged = pd.merge(
-        original.astype(object), other.astype(object), on=list(keys), how="outer", suffixes=SUFFIXES, indicator=True
+        original.astype(object).assign(**{order[0]: range(len(original))}),
+        other.astype(object).assign(**{order[1]: range(len(other))}),
+        on=list(keys),
+        how="outer",
+        suffixes=SUFFIXES,
+        indicator=True,
     )
+    merged = merged.sort_values(list(order), na_position="last", kind="stable").drop(columns=list(order))
     merged.attrs["keys"] = keys
     merged.attrs["columns"] = tuple(c for c in original.columns if c in other.columns and c not in keys)
     return merged
