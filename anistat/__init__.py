@@ -43,12 +43,12 @@ _LAZY = {
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from .bundle import Bundle, RunResult
-
-    load = Bundle.load
     from .callbacks import AnistatCallback, TrainingMeter
     from .errors import AnistatInputError, AnistatWarning
     from .geometry import draw_controls, energy_fraction, fit_proxy, isoscore, isoscore_star
     from .protocol import Protocol, load_protocol
+
+    load = Bundle.load
 
 
 def run(protocol, out=None, **kwargs):

@@ -57,7 +57,7 @@ from scipy import stats as sps
 
 from ._columns import FREQUENCY_KEYS, RESULT_KEYS
 from .bundle import Bundle, as_bundle
-from .claims import compare_claims
+from .claims import RATIO_METRICS, compare_claims
 from .errors import AnistatInputError
 from .protocol import EXECUTION_FIELDS
 
@@ -86,8 +86,6 @@ COSMETIC_FIELDS = ("name", "description", "report.title", "report.precision", "r
 AGREEMENT_COLUMNS = ("estimate", "ci_low", "ci_high", "p_adjusted", "status")
 #: The manifest fields shown beside the versions in the replication report's environment table.
 ENVIRONMENT_FIELDS = ("device", "dtype", "protocol_sha256")
-#: Metrics whose null value is 1 (else 0), for the replication's sign agreement.
-RATIO_METRICS = frozenset({"energy_ratio"})
 SUFFIXES = ("_original", "_replication")
 
 

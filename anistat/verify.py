@@ -224,7 +224,8 @@ def verify_bundle(
             claims_source=source,
             files_checked=bundle.files_recorded,
         )
-    claims_now = reevaluated_claims(bundle)
+    protocol = bundle.protocol  # its claims evaluated afresh against the tables: claims.json's records
+    claims_now = evaluate_claims(bundle.results, protocol.claims, bundle.frequency, stats=protocol.stats)
     recorded = bundle.claims
     if recorded or bundle.has_claims_file:
         if [c.get("id") for c in recorded] != [c["id"] for c in claims_now]:
@@ -239,8 +240,3 @@ def verify_bundle(
                     f"but re-evaluates from results.csv as {claim['replication']}"
                 )
     return BundleCheck(bundle.path, not problems, problems, claims_now, recorded, files_checked=bundle.files_recorded)
-
-
-def reevaluated_claims(bundle: Bundle) -> list[dict[str, Any]]:
-    """The protocol's claims evaluated afresh against the bundle's tables (claims.json's records)."""
-    return evaluate_claims(bundle.results, bundle.protocol.claims, bundle.frequency, stats=bundle.protocol.stats)

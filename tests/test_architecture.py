@@ -169,4 +169,3 @@ def test_the_architecture_tree_names_every_module_and_nothing_else():
     assert not missing, f"modules missing from ARCHITECTURE.md's tree: {missing}"
     stale = [name for name in entries if not (PACKAGE / name.rstrip("/")).exists()]
     assert not stale, f"ARCHITECTURE.md's tree names what the package does not have: {stale}"
-
