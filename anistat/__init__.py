@@ -3,8 +3,8 @@
 Public API (mirrors the CLI):
 
 * `load_protocol(path)`, `run(protocol, out)` — the whole pipeline; `load(path)` reads a bundle
-  back, once, as one typed `Bundle` (`anistat.bundle.Bundle.load`: manifest, protocol, tables,
-  claims, concept cards, integrity);
+  back, once, as one typed `Bundle` (`anistat.bundle.Bundle.load`: tables as DataFrames, typed
+  manifest record and claims, `.summary()`, `.figure()`, `.bases()`, integrity);
 * `anistat.preflight.preflight(protocol)` — every check `run` makes before it trains or loads
   a model (what `anistat validate` runs);
 * geometry on plain tensors/arrays: `energy_fraction`, `isoscore`, `isoscore_star`,

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from .collect.artifact import ARTIFACT_FORMAT
 from .collect.progress import bar
 from .data import load_corpus
 from .errors import AnistatInputError, CheckpointLoadError, RunInterrupted
+from .explore import BASES_FILE, bases_file
 from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_variants
 from .models import Checkpoint, ModelSeries, resolve_models
 from .preflight import localized, preflight
@@ -521,8 +522,12 @@ def run(
     log: Log | None = None,
     keep_cache: bool = False,
     overwrite: bool = False,
+    bundle_files: Mapping[str, str] | None = None,
 ) -> RunResult:
     """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`).
+
+    `bundle_files` (name → text) are written into the bundle with its own files and recorded in
+    its manifest (`anistat run --model …` keeps the protocol it built there as protocol.yaml).
 
     Before anything is trained or loaded, `anistat.preflight.preflight` checks every model and
     claim. An existing bundle at `out` is replaced only with `overwrite=True`. `threads`
@@ -555,7 +560,7 @@ def run(
     log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, {thread_choice.describe()}")
     with cpu_threads(thread_choice.threads), _stops_reported(cache):
         return _collect_analyse_publish(
-            protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache
+            protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache, bundle_files
         )
 
 
@@ -597,6 +602,7 @@ def _collect_analyse_publish(
     started: float,
     log: Log,
     keep_cache: bool,
+    bundle_files: Mapping[str, str] | None = None,
 ) -> RunResult:
     from .claims import evaluate_claims
 
@@ -647,8 +653,13 @@ def _collect_analyse_publish(
         null_settings=dict(results.attrs.get("null_settings", {})),
         threads=thread_choice,
     )
+    kept: dict[str, str | bytes] = dict(bundle_files or {})
+    if protocol.report.keep_bases:
+        kept[BASES_FILE] = bases_file(artifacts)
     with _disk_errors_reported(cache):
-        outcome = publish_bundle(out, protocol, results, frequency, claims, info["concept_cards"], facts)
+        outcome = publish_bundle(
+            out, protocol, results, frequency, claims, info["concept_cards"], facts, extra_files=kept
+        )
     log(f"  rendered ({time.perf_counter() - stage:.1f}s)")
     for name, reason in outcome.manifest.get("omitted_files", {}).items():
         log(f"note: {name} was not written: {reason}")

@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "runtime": 0,
     "_version": 0,
     "_columns": 0,
+    "vocabulary": 0,
     "geometry": 1,
     "stats": 1,
     "report": 1,  # pure libraries: nothing else from anistat but the constant modules
@@ -36,6 +37,9 @@ LAYERS: dict[str, int] = {
     "claims": 6,
     "preflight": 6,
     "staleness": 6,  # preflight: configs, sites and planned rows
+    "summary": 6,  # a loaded bundle's compact table (Bundle.summary), from the report's selection
+    "explore": 6,  # a loaded bundle's figures and kept bases (Bundle.figure, Bundle.bases)
+    "runs": 6,  # `anistat runs`: bundles under a folder, from their manifests
     "bundle": 7,
     "finalize": 8,
     "pipeline": 8,
@@ -52,7 +56,7 @@ LAYERS: dict[str, int] = {
 PURE = ("geometry", "stats", "report")
 #: Layer-0 modules of constants (no code runs, no state): the pure stages may import these, so a
 #: column list or the version string is defined once for every stage.
-CONSTANT_MODULES = ("_columns", "_version")
+CONSTANT_MODULES = ("_columns", "_version", "vocabulary")
 
 
 def _stage(module: str) -> str:
