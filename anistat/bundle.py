@@ -541,8 +541,8 @@ def concentration_warnings(results: pd.DataFrame) -> list[str]:
     """Run-level warnings naming the units whose documents are too concentrated for what
     `anistat calibrate` measured (:func:`anistat.stats.ratio_intervals.calibrated_concentration`):
     the smallest ``m_eff`` of a unit's energy-ratio rows (:func:`anistat.stats.el_effective_size`)
-    below the level where its interval method's coverage fell under 0.93, or its documents'
-    energy spread ``n_clusters/n_eff`` at or above the level from which the data test's level
+    in a level where its interval method's calibrated coverage lies outside [0.93, 0.97], or its
+    documents' energy spread ``n_clusters/n_eff`` at or above the level from which the data test's level
     exceeded 0.06; each warning quotes the measured value at the unit's own level; [] when there
     is none. A table written before ``m_eff`` existed is read by its ``n_eff`` (an upper bound of
     ``m_eff``, so it can miss units). Units whose intervals are withheld (fewer than
@@ -603,7 +603,7 @@ def _concentration_warning(
     level = units[0][3]
     where = []
     if "coverage" in aspects:
-        where.append(f"{size_column} below {level['coverage_below']:g}")
+        where.append(str(level["coverage_off_levels"]).replace("m_eff", size_column, 1))
     if "data_test" in aspects:
         where.append(f"documents' energy spread n/n_eff of {level['data_test_from']:g} or more")
     found = " and ".join(_CONCENTRATION_ASPECTS[a][0] for a in aspects)

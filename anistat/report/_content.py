@@ -32,7 +32,7 @@ from ._data import (
 from ._null_check import DEPENDENCE_CAVEAT, verdict_sentence
 from ._text import M, P, Para, Segment
 from .answer import answer_sentence
-from .claim_text import DOCUMENTS, QUESTIONS, SUBSPACES
+from .claim_text import DOCUMENTS, SUBSPACES, questions_for, resampled_noun
 from .escape import esc
 from .inputs import ReportInputs, RunDescription, RunRecord
 from .options import ReportOptions
@@ -80,6 +80,8 @@ class ReportContext:
     p_col: str = field(init=False)
     ci_level: float = field(init=False)
     ci_text: str = field(init=False)
+    resampled: str = field(init=False)
+    questions: dict[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.run, self.record = self.inputs.run, self.inputs.record
@@ -94,6 +96,9 @@ class ReportContext:
         if not buckets.empty:
             self.main = self.full[self.full["bucket"] == ""]
         self.name = self.run.name
+        # what the run resampled (one document per unit: sequences), named in every legend
+        self.resampled = resampled_noun(results["note"] if "note" in results else ())
+        self.questions = questions_for(self.resampled)
         self.title = self.options.title or self.run.title or self.run.name
         self.description = self.run.description
         # the proxy of the proxy metrics: the oracle's rows (proxy "oracle") and descriptive rows
@@ -245,10 +250,9 @@ def headline(ctx: ReportContext) -> Headline | None:
 def headline_legend(ctx: ReportContext) -> str:
     """What the headline table's marks mean: the two questions, named."""
     return (
-        f"Stars answer \u201cis this proxy special among random subspaces on these data?\u201d (the exact "
-        f"test; {ctx.legend_text()}). {UP} / {DOWN} (shaded) answer \u201cwould its ratio stay above the "
-        f"threshold over new documents?\u201d for the threshold 1: the {ctx.ci_text} CI lies wholly above / "
-        "below 1."
+        f"Stars answer \u201c{ctx.questions[SUBSPACES]}\u201d (the exact "
+        f"test; {ctx.legend_text()}). {UP} / {DOWN} (shaded) answer \u201c{ctx.questions[DOCUMENTS]}\u201d "
+        f"for the threshold 1: the {ctx.ci_text} CI lies wholly above / below 1."
     )
 
 
@@ -757,10 +761,10 @@ def _statistics(ctx: ReportContext) -> Para:
     seg += _interval_segments(run, df)
     if "haar_monte_carlo" in tests:
         seg.append(
-            f"p_value and the intervals answer two questions: the exact test \u201c{QUESTIONS[SUBSPACES]}\u201d "
+            f"p_value and the intervals answer two questions: the exact test \u201c{ctx.questions[SUBSPACES]}\u201d "
             f"(conditional on the measured gradients; the stars), the intervals and the data test "
-            f"\u201c{QUESTIONS[DOCUMENTS]}\u201d (the document as the unit); each claim says which it "
-            "answers. "
+            f"\u201c{ctx.questions[DOCUMENTS]}\u201d (the {ctx.resampled.replace('documents', 'document').replace('sequences', 'sequence')} "
+            "as the unit); each claim says which it answers. "
         )
     if run.multiplicity == "none":
         seg.append("p-values are not adjusted for multiplicity. ")

@@ -100,8 +100,16 @@ from .ratio_intervals import (
 GOALS = {"type1": (0.04, 0.06), "coverage": (0.94, 0.96)}
 #: The scenarios (:data:`anistat.vocabulary.SCENARIOS`).
 SCENARIOS = tuple(vocab.SCENARIOS)
+#: Heavier document laws run on request (not by default), ``clustered`` with another law of the
+#: document's energy scale: ``t3`` — a t₃ scale mixture (energy ``c_doc² = 3/χ²₃``, mean 3,
+#: infinite variance: each document's gradients are multivariate t₃); ``two_point`` — each document
+#: with probability :data:`TWO_POINT_SHARE` = 0.05 at :data:`TWO_POINT_ENERGY` = 20× the energy.
+#: A scalar scale leaves the population's energy shares (the targets) unchanged.
+HEAVIER_SCENARIOS = ("t3", "two_point")
 #: Scenarios whose sequences are cut from shared documents.
-DOCUMENT_SCENARIOS = vocab.DOCUMENT_SCENARIOS
+DOCUMENT_SCENARIOS = (*vocab.DOCUMENT_SCENARIOS, *HEAVIER_SCENARIOS)
+#: ``t3``: degrees of freedom of the document scale mixture; ``two_point``: share and energy multiple.
+T3_DF, TWO_POINT_SHARE, TWO_POINT_ENERGY = 3, 0.05, 20.0
 #: ``hot``: the share of hot documents, their energy multiple, and the factors by which hot and
 #: other documents scale the energy in the tilted subspace (at a planted ratio of 1 and k/d = 1/8:
 #: shares 0.30 and 0.028, energy-weighted mixture exactly k/d).
@@ -307,6 +315,7 @@ def _simulated_study(rng, scenario, condition, cfg):
             "heavy": cfg.get("heavy_document_sd", HEAVY_DOCUMENT_SD),
         }.get(scenario, cfg["scale_sd"])
         scale *= np.exp(document_sd * rng.standard_normal(n_docs))[doc_of_seq]
+        scale *= _heavier_document_scale(rng, scenario, n_docs)[doc_of_seq]
     if scenario == "hot":
         tilted = _haar(rng, (), d, k) if condition == RANDOM_PROXY else u
         hot_docs = rng.random(n_docs) < HOT_SHARE  # i.i.d. documents: each hot with probability HOT_SHARE
@@ -323,6 +332,16 @@ def _simulated_study(rng, scenario, condition, cfg):
     t_seq = (g * g).sum(axis=1).reshape(s, tmax).sum(axis=1)
     second = g.T @ g
     return p_seq, t_seq, second, sigma, u, doc_of_seq, clustered
+
+
+def _heavier_document_scale(rng, scenario, n_docs) -> np.ndarray:
+    """The documents' gradient scale factors of :data:`HEAVIER_SCENARIOS` (ones otherwise): ``√W``
+    with ``W = ν/χ²_ν`` (``t3``), or ``√20`` for a 5 % share of documents (``two_point``)."""
+    if scenario == "t3":
+        return np.sqrt(T3_DF / rng.chisquare(T3_DF, size=n_docs))
+    if scenario == "two_point":
+        return np.where(rng.random(n_docs) < TWO_POINT_SHARE, np.sqrt(TWO_POINT_ENERGY), 1.0)
+    return np.ones(n_docs)
 
 
 def _interval_methods(p_seq, t_seq, groups, truth, k, d, common) -> dict:
@@ -562,8 +581,8 @@ def run_calibration(
     ['alpha', 'ci_level', 'ci_method']
     """
     scenarios = tuple(scenarios)
-    if not scenarios or any(s not in SCENARIOS for s in scenarios):
-        raise ValueError(f"scenarios must be among {SCENARIOS}, got {scenarios}")
+    if not scenarios or any(s not in SCENARIOS + HEAVIER_SCENARIOS for s in scenarios):
+        raise ValueError(f"scenarios must be among {SCENARIOS + HEAVIER_SCENARIOS}, got {scenarios}")
     planted_ratios = tuple(float(x) for x in planted_ratios)
     if any(pr * rank >= dim or pr <= 0 for pr in planted_ratios):
         raise ValueError(f"planted ratios must be in (0, dim/rank) = (0, {dim / rank:g})")

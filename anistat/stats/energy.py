@@ -96,12 +96,13 @@ from .effects import anisotropy_capture, hedges_correction
 from .fallbacks import (
     CAPTURE_UNDEFINED,
     CI_CLIPPED,
+    CI_UNBOUNDED,
     NO_INTERVAL,
     WITHHELD_FEW_UNITS,
     ZERO_CONTROL_SD,
     join_fallbacks,
 )
-from .interval_se import interval_implied_se, interval_log_scale
+from .interval_se import interval_implied_se, interval_log_scale, se_note
 from .montecarlo import monte_carlo_pvalue
 from .ratio_intervals import RATIO_INTERVAL_METHODS, STUDENTIZED_LOG, el_effective_size, ratio_interval
 
@@ -994,7 +995,12 @@ def _metric_rows(
     fraction, ratio = ci_f.estimate, ci_r.estimate
     se_f, se_r = (
         interval_implied_se(
-            ci.estimate, ci.ci_low, ci.ci_high, ci_level, log_scale=interval_log_scale(ci.method), fallback=ci.se
+            ci.estimate,
+            ci.ci_low,
+            ci.ci_high,
+            ci_level,
+            log_scale=interval_log_scale(ci.method),
+            unbounded=CI_UNBOUNDED in ci.fallback.split(";"),
         )
         for ci in (ci_f, ci_r)
     )
@@ -1024,7 +1030,7 @@ def _metric_rows(
             ci_low=float(lo),
             ci_high=float(hi),
             ci_method=ci.method,
-            note=_join(note, units_note, ci.note, exact.note, z_note),
+            note=_join(note, units_note, ci.note, exact.note, z_note, se_note(se)),
             p_value=float(exact.p_value),
             p_test=EXACT_TEST,
             p_value_paper=float(p_paper),
@@ -1155,6 +1161,9 @@ def _hedges_row(
             ci_level=ci_level,
             fallback=NO_INTERVAL,
         )
+    hedges_se = interval_implied_se(
+        g, interval.ci_low, interval.ci_high, ci_level, log_scale=False, unbounded=CI_UNBOUNDED in interval.fallback
+    )
     test_note = (
         "p: studentized bootstrap test of population ratio 1 (log scale, the energy ratio interval's "
         f"pivot, {data_test.n_resamples} resamples, tails expanded for {units.n} units)"
@@ -1173,13 +1182,14 @@ def _hedges_row(
             interval.note,
             test_note,
             data_test.note,
+            se_note(hedges_se),
         ),
         p_value=float(data_test.p_value),
         p_test=DATA_TEST,
         p_value_paper=np.nan,
         effect_size=g,
         effect_size_kind="hedges_g",
-        se=interval_implied_se(g, interval.ci_low, interval.ci_high, ci_level, log_scale=False, fallback=interval.se),
+        se=hedges_se,
         fallback=join_fallbacks(interval.fallback, data_test.fallback),
     )
 
