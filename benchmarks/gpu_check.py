@@ -154,7 +154,7 @@ def analysis_check(dry_run: bool, device: str) -> dict:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_stats import PROTOCOL, synthetic_unit
 
-    from anistat.analyze import analyze_units
+    from anistat.analyze import analyze_run
     from anistat.protocol import Protocol
 
     d, units, ranks = (64, 3, [4, 16]) if dry_run else (768, 12, [8, 32, 128])
@@ -168,9 +168,12 @@ def analysis_check(dry_run: bool, device: str) -> dict:
             if dev != "cpu":
                 torch.cuda.synchronize()
             started = time.perf_counter()
-            tables[dev] = analyze_units(artifacts, protocol, device=dev)
+            tables[dev] = analyze_run(artifacts, {}, protocol, device=dev, frequency=False)
             seconds[dev] = time.perf_counter() - started
-        p = [t.loc[t["p_test"] == "haar_monte_carlo", "p_value"].to_numpy(dtype=float) for t in tables.values()]
+        p = [
+            t.results.loc[t.results["p_test"] == "haar_monte_carlo", "p_value"].to_numpy(dtype=float)
+            for t in tables.values()
+        ]
         same = int(np.sum(p[0] == p[-1]))
         out[kind] = {
             "units": units,
@@ -179,7 +182,7 @@ def analysis_check(dry_run: bool, device: str) -> dict:
             "seconds": seconds,
             "p_values": int(p[0].size),
             "p_values_identical": same,
-            "draws_made": tables["cpu"].attrs["null_settings"]["draws_made"],
+            "draws_made": tables["cpu"].null_settings["draws_made"],
         }
     return out
 

@@ -31,6 +31,7 @@ with sequential stopping), `units` (one unit's rows), `frequency` (frequency.csv
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -63,6 +64,7 @@ __all__ = [
     "FREQUENCY_COLUMNS",
     "RESULT_COLUMNS",
     "NullSettings",
+    "RunAnalysis",
     "adjust",
     "analyze_run",
     "analyze_units",
@@ -99,6 +101,23 @@ class NullSettings:
     stop_after: int = 0
     null_draws: str = "shared"
     resampling_risk: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunAnalysis:
+    """What `analyze_run` returns: the tables and what the run's record needs of the analysis.
+
+    ``results``: the tidy results table (`RESULT_COLUMNS`, then `DECISION_COLUMNS` with
+    `stats.resampling_risk`); ``frequency``: the frequency table (no rows when not asked for);
+    ``warnings``: the analysis' run warnings, the resolution guard (`multiplicity_warning`) first,
+    then the units' own; ``null_settings``: the Monte-Carlo sizes used (the `NullSettings` fields)
+    and the draws made — ``streams``, ``draws`` (their sum), ``longest_stream`` and, when the
+    units of a width share a stream, ``draws_made`` per width — as plain data for the manifest."""
+
+    results: pd.DataFrame
+    frequency: pd.DataFrame
+    warnings: tuple[str, ...]
+    null_settings: Mapping[str, Any]
 
 
 def planned_tests(artifacts: list[UnitArtifact], protocol: Protocol) -> int:
@@ -263,11 +282,9 @@ def multiplicity_warning(results: pd.DataFrame, protocol: Protocol, nulls: NullS
 def analyze_units(
     artifacts: list[UnitArtifact], protocol: Protocol, device: str | torch.device = "cpu"
 ) -> pd.DataFrame:
-    """The tidy results table (sorted, typed, deterministic) for a list of units.
-
-    `results.attrs["warnings"]` lists run warnings; `results.attrs["null_settings"]` the
-    Monte-Carlo sizes used (`NullSettings`) and the draws each stream made."""
-    return analyze_run(artifacts, {}, protocol, device, frequency=False)[0]
+    """The tidy results table (sorted, typed, deterministic) for a list of units: `analyze_run`'s
+    ``results`` without the frequency table (its warnings and Monte-Carlo sizes: `analyze_run`)."""
+    return analyze_run(artifacts, {}, protocol, device, frequency=False).results
 
 
 def analyze_run(
@@ -277,7 +294,7 @@ def analyze_run(
     device: str | torch.device = "cpu",
     *,
     frequency: bool = True,
-) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+) -> RunAnalysis:
     """The results table and (``frequency=True``) the frequency table of a run, with every exact
     test — each unit's, and each frequency bucket's — read off the same Haar streams, so the
     draws are made once. A unit that cannot be analysed (`units.unanalysable_reason`: zero
@@ -302,20 +319,24 @@ def analyze_run(
     results = _typed(pd.DataFrame(rows), protocol)
     guard = multiplicity_warning(results, protocol, settings)
     columns = RESULT_COLUMNS + (DECISION_COLUMNS if settings.resampling_risk is not None else [])
-    results = results[columns].copy().reset_index(drop=True)
-    results.attrs["warnings"] = ([guard] if guard else []) + notes
-    # plain data: attrs travel into parquet metadata
     made = nulls.draws_made
-    results.attrs["null_settings"] = {
-        **asdict(settings),
-        "streams": len(made),
-        "draws": int(sum(made.values())),
-        "longest_stream": int(max(made.values(), default=0)),
-        # per width when the units of a width share a stream (one per test would bloat the manifest)
-        **({"draws_made": {str(d): n for d, n in made.items()}} if settings.null_draws == "shared" else {}),
-    }
-    table = frequency_rows(artifacts, token_counts, protocol, nulls=nulls) if frequency else None
-    return results, table
+    return RunAnalysis(
+        results=results[columns].copy().reset_index(drop=True),
+        frequency=(
+            frequency_rows(artifacts, token_counts, protocol, nulls=nulls)
+            if frequency
+            else pd.DataFrame(columns=FREQUENCY_COLUMNS)
+        ),
+        warnings=(*([guard] if guard else []), *notes),
+        null_settings={
+            **asdict(settings),
+            "streams": len(made),
+            "draws": int(sum(made.values())),
+            "longest_stream": int(max(made.values(), default=0)),
+            # per width when the units of a width share a stream (one per test would bloat the manifest)
+            **({"draws_made": {str(d): n for d, n in made.items()}} if settings.null_draws == "shared" else {}),
+        },
+    )
 
 
 def _typed(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
