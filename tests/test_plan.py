@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from anistat import plan
-from anistat.bundle import read_bundle
+from anistat.bundle import Bundle
 from anistat.stats import power
 
 
@@ -44,7 +44,7 @@ def test_plan_from_the_pilot_bundle_end_to_end(mini_bundle, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "plan.csv", "plan.html", "protocol.yaml"]
     rows = _rows(out / "plan.csv")
     assert list(rows[0]) == list(plan.PLAN_COLUMNS)
-    pilot = read_bundle(mini_bundle)
+    pilot = Bundle.load(mini_bundle)
     kinds = pilot.results[pilot.results["metric"] == "energy_fraction"][["model", "rank"]].drop_duplicates()
     assert len(rows) == len(kinds)  # one site kind (residual) per model
     # the corrected threshold is alpha over the family the pilot's analysis recorded
@@ -145,7 +145,7 @@ def test_plan_html_escapes_every_value():
 
 def test_each_unit_kind_is_planned_for_its_hardest_unit_read_off_the_pilot(mini_bundle):
     """τ = √n · se / estimate of each unit's haar energy_fraction row; a kind takes the largest."""
-    pilot = read_bundle(mini_bundle)
+    pilot = Bundle.load(mini_bundle)
     laws = plan.laws_from_results(pilot.results)
     fractions = pilot.results[(pilot.results["metric"] == "energy_fraction") & (pilot.results["control"] == "haar")]
     expected = np.sqrt(fractions["n_clusters"].astype(float)) * fractions["se"] / fractions["estimate"]
@@ -228,7 +228,7 @@ def test_the_planned_protocol_carries_only_what_is_planned(quickstart_plan):
     assert "Data test not planned" in done.stdout
     rows = _rows(out / "plan.csv")
     assert all(row["documents_data_test"] == "" and row["test_resamples"] == "" for row in rows)
-    pilot = read_bundle(QUICKSTART).protocol
+    pilot = Bundle.load(QUICKSTART).protocol
     text = (out / "protocol.yaml").read_text()
     planned = yaml.safe_load(text)
     assert planned["stats"]["n_test_resamples"] == pilot.stats.n_test_resamples
@@ -242,7 +242,7 @@ def test_a_plan_beyond_the_corpus_says_so_everywhere(quickstart_plan):
     terminal, in plan.html and in the protocol's comment, and `anistat validate` of the planned
     protocol warns that the corpus is too small."""
     done, out = quickstart_plan
-    corpus = read_bundle(QUICKSTART).manifest["corpus"]["documents"]
+    corpus = Bundle.load(QUICKSTART).manifest["corpus"]["documents"]
     rows = _rows(out / "plan.csv")
     needed = max(int(row["documents"]) for row in rows)
     assert needed > corpus
@@ -299,7 +299,7 @@ def test_a_one_document_pilot_is_counted_as_one_document_and_refused(tmp_path):
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert read_bundle(pilot).manifest["corpus"]["documents"] == 1
+    assert Bundle.load(pilot).manifest["corpus"]["documents"] == 1
     out = tmp_path / "plan"
     planned = _cli(str(pilot), "--ratio", "1.5", "--out", str(out))
     assert planned.returncode == 2 and "Traceback" not in planned.stderr
