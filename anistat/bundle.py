@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from .atomic import atomic_write_text
 from .errors import AnistatInputError
 from .runtime import machine_description
+from .timing import StageTimer, stage
 
 if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat validate` stays light
     import pandas as pd
@@ -469,7 +470,10 @@ class RunFacts:
     :func:`unit_records`); ``warnings``: the run's warnings (shown first in every report);
     ``null_settings``: the Monte-Carlo sizes of the analysis (``anistat.analyze.NullSettings``);
     ``threads``: the run's thread setting (``anistat.runtime.resolve_threads``), recorded in the
-    manifest's ``machine`` field with the CPU and the BLAS / torch build.
+    manifest's ``machine`` field with the CPU and the BLAS / torch build. ``timer``: the run's
+    :class:`anistat.timing.StageTimer`; the manifest's ``stages`` are its wall and CPU seconds per
+    stage up to the manifest's writing (the report's figures, HTML/LaTeX and PDF included) and
+    ``seconds`` their sum, replacing ``seconds`` given here.
     """
 
     device: str
@@ -481,6 +485,7 @@ class RunFacts:
     warnings: tuple[str, ...] = ()
     null_settings: Mapping[str, Any] = field(default_factory=dict)
     threads: ThreadChoice | None = None  # None where anistat did not set the threads (a user's training loop)
+    timer: StageTimer | None = None  # the run's stage timings; then `seconds` is the timer's, up to the manifest
 
 
 def few_resampling_units_warnings(results: pd.DataFrame) -> list[str]:
@@ -687,16 +692,20 @@ def publish_bundle(
 
     manifest = build_manifest(protocol, facts)
     with staged_bundle(Path(out)) as staging:
-        manifest["omitted_files"] = write_results(results, staging)
-        if not frequency.empty:
-            frequency.to_csv(staging / "frequency.csv", index=False, float_format="%.10g", lineterminator="\n")
-        write_json(staging / "concept_cards.json", concept_cards)
-        if protocol.claims:
-            write_json(staging / "claims.json", claims)
+        with stage("tables"):
+            manifest["omitted_files"] = write_results(results, staging)
+            if not frequency.empty:
+                frequency.to_csv(staging / "frequency.csv", index=False, float_format="%.10g", lineterminator="\n")
+            write_json(staging / "concept_cards.json", concept_cards)
+            if protocol.claims:
+                write_json(staging / "claims.json", claims)
         inputs = report_inputs(
             protocol, results, manifest, frequency=frequency, claims=claims, concept_cards=concept_cards
         )
-        render_bundle(inputs, staging, options=options or report_options(protocol))
+        render_bundle(inputs, staging, options=options or report_options(protocol), stage=stage)
+        if facts.timer is not None:
+            manifest["seconds"] = round(facts.timer.elapsed(), 3)
+            manifest["stages"] = facts.timer.as_json()
         manifest["files"] = file_digests(staging)
         write_json(staging / "manifest.json", manifest)
     return RunResult(out=Path(out), results=results, manifest=manifest, claims=claims)

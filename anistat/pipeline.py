@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from . import timing
 from .analyze import analyze_run
 from .bundle import (
     RunFacts,
@@ -213,31 +214,33 @@ def fit_bases(
     cut = _FitForwardCut(by_name)
     for c, checkpoint in enumerate(window):
         model = checkpoint.load()
-        model.to(device)
-        model.eval()
-        if cut.expected is None:
-            cut.learn(model, fit_inputs.to(device))
-        for b, start in enumerate(starts):
-            if not distributed.owns(b):
-                continue
-            batch = fit_inputs[start : start + batch_size].to(device)
-            with (
-                torch.no_grad(),
-                autocast(device, precision),
-                probe(model, by_name, gradients=False) as record,
-                cut.armed(model),
-            ):
-                model(input_ids=batch)
-            for name in by_name:
-                sampler.add(name, c, start, record.activations[name])
-            progress.update(1)
+        with timing.stage("fit pass"):
+            model.to(device)
+            model.eval()
+            if cut.expected is None:
+                cut.learn(model, fit_inputs.to(device))
+            for b, start in enumerate(starts):
+                if not distributed.owns(b):
+                    continue
+                batch = fit_inputs[start : start + batch_size].to(device)
+                with (
+                    torch.no_grad(),
+                    autocast(device, precision),
+                    probe(model, by_name, gradients=False) as record,
+                    cut.armed(model),
+                ):
+                    model(input_ids=batch)
+                for name in by_name:
+                    sampler.add(name, c, start, record.activations[name])
+                progress.update(1)
         del model  # one checkpoint's weights resident at a time: let it go before the next loads
     progress.close()
     bases: dict[str, list[BasisSet]] = {}
     n_tokens = 0
     decode = _memoized_decode(series.splits.decode)
     for name, site in by_name.items():
-        sample = sampler.finish(name)
+        with timing.stage("fit pass"):
+            sample = sampler.finish(name)
         n_tokens = int(sample.activations.shape[0])
         dim = int(sample.activations.shape[1])
         # the preflight checked the hidden size; a module site's width is known only now
@@ -282,40 +285,43 @@ def _site_bases(
     ]
     for method, label, options in variants:
         ranks = protocol.proxies.ranks
-        proxies = fit_proxies(
-            sample.activations.to(device),
-            method,
-            ranks,
-            {rank: derive_seed(seed, spec.name, key, label, rank, "proxy", *refit_tag) for rank in ranks},
-            **options,
-        )
+        with timing.stage("proxy fits"):
+            proxies = fit_proxies(
+                sample.activations.to(device),
+                method,
+                ranks,
+                {rank: derive_seed(seed, spec.name, key, label, rank, "proxy", *refit_tag) for rank in ranks},
+                **options,
+            )
         largest = proxies[max(ranks)].basis
         widest_cards = None  # the largest rank's cards serve every rank whose basis is its prefix
         for rank in ranks:
             proxy = proxies[rank]
-            controls = {
-                kind: draw_controls(
-                    kind,
-                    proxy.basis,
-                    protocol.controls.n,
-                    seed=derive_seed(seed, spec.name, key, label, rank, kind, *refit_tag),
-                    activations=sample.activations.to(device),
-                    pca_span_dim=protocol.controls.pca_span_dim,
-                )
-                for kind in protocol.projected_control_kinds
-            }
+            with timing.stage("controls"):
+                controls = {
+                    kind: draw_controls(
+                        kind,
+                        proxy.basis,
+                        protocol.controls.n,
+                        seed=derive_seed(seed, spec.name, key, label, rank, kind, *refit_tag),
+                        activations=sample.activations.to(device),
+                        pca_span_dim=protocol.controls.pca_span_dim,
+                    )
+                    for kind in protocol.projected_control_kinds
+                }
             basis = distributed.broadcast_(proxy.basis.contiguous())
             controls = {kind: distributed.broadcast_(stack.contiguous()) for kind, stack in controls.items()}
-            if refit_at is not None:
-                cards = []
-            elif torch.equal(proxy.basis, largest[:, :rank]):  # nested (pca): the same directions
-                if widest_cards is None:
-                    widest_cards = concept_cards(
-                        sample, largest, fit_inputs, decode, protocol.proxies.concept_card_tokens
-                    )
-                cards = widest_cards[:rank]
-            else:
-                cards = concept_cards(sample, basis, fit_inputs, decode, protocol.proxies.concept_card_tokens)
+            with timing.stage("concept cards"):
+                if refit_at is not None:
+                    cards = []
+                elif torch.equal(proxy.basis, largest[:, :rank]):  # nested (pca): the same directions
+                    if widest_cards is None:
+                        widest_cards = concept_cards(
+                            sample, largest, fit_inputs, decode, protocol.proxies.concept_card_tokens
+                        )
+                    cards = widest_cards[:rank]
+                else:
+                    cards = concept_cards(sample, basis, fit_inputs, decode, protocol.proxies.concept_card_tokens)
             proxy_name = label if refit_at is None else f"{label}@refit"
             sets.append(BasisSet(proxy_name, rank, basis, controls, proxy.reconstruction_error, cards))
     return sets
@@ -384,15 +390,16 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
             if refit != "frozen":
                 refitted, _ = fit_bases(series, sites, protocol, device, log, refit_at=i)
                 unit_bases = {name: bases[name] + refitted[name] for name in bases}
-            measured = _measure_units(
-                protocol,
-                series,
-                checkpoint,
-                {site.name: keys[(i, site.name)] for site in sites},
-                unit_bases,
-                buckets,
-                device,
-            )
+            with timing.stage("test pass"):
+                measured = _measure_units(
+                    protocol,
+                    series,
+                    checkpoint,
+                    {site.name: keys[(i, site.name)] for site in sites},
+                    unit_bases,
+                    buckets,
+                    device,
+                )
             for site in sites:
                 if main:
                     measured[site.name].save(units_dir)
@@ -527,8 +534,25 @@ def run(
     Before anything is trained or loaded, `anistat.preflight.preflight` checks every model and
     claim. An existing bundle at `out` is replaced only with `overwrite=True`. `threads`
     overrides the protocol's `threads` (see `anistat.runtime`); torch's and numpy's thread
-    settings are restored when the run ends."""
-    log = log or (lambda message: None)
+    settings are restored when the run ends.
+
+    The run's time is recorded per stage (`anistat.timing`) in the manifest's `stages`, charged to
+    the timer active when `run` is called (the command line's, which counts the process's
+    start-up) or to a new one."""
+    timer = timing.active_timer() or timing.StageTimer()
+    with timer.activate():
+        return _run(protocol, out, device, threads, log or (lambda message: None), keep_cache, overwrite)
+
+
+def _run(
+    protocol: Protocol | str | Path,
+    out: str | Path | None,
+    device: str | None,
+    threads: int | None,
+    log: Log,
+    keep_cache: bool,
+    overwrite: bool,
+) -> RunResult:
     if not isinstance(protocol, Protocol):
         protocol = load_protocol(protocol)
     if threads is not None and (
@@ -546,7 +570,8 @@ def run(
         raise AnistatInputError(
             f"{where}: a bundle already exists there; pass --overwrite to replace it, or choose another {elsewhere}"
         )
-    preflight(protocol)
+    with timing.stage("preflight"):
+        preflight(protocol)
     sha = protocol.sha256()
     cache = cache_dir(out, sha)
     started_at, started = utc_now(), time.perf_counter()
@@ -628,7 +653,8 @@ def _collect_analyse_publish(
     few_units = [*few_resampling_units_warnings(results), *concentration_warnings(results)]
     for warning in [*results.attrs.get("warnings", []), *few_units]:
         log(f"warning: {warning}")
-    claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
+    with timing.stage("claims"):
+        claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
     stage = time.perf_counter()
     log(
@@ -646,6 +672,7 @@ def _collect_analyse_publish(
         warnings=(*info.pop("warnings"), *results.attrs.get("warnings", []), *few_units),
         null_settings=dict(results.attrs.get("null_settings", {})),
         threads=thread_choice,
+        timer=timing.active_timer(),
     )
     with _disk_errors_reported(cache):
         outcome = publish_bundle(out, protocol, results, frequency, claims, info["concept_cards"], facts)

@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "atomic": 0,
     "seeding": 0,
     "runtime": 0,
+    "timing": 0,
     "_version": 0,
     "_columns": 0,
     "geometry": 1,

@@ -45,6 +45,7 @@ from ..protocol import Protocol
 from ..seeding import derive_seed
 from ..stats import EXACT_TEST, adjust_pvalues, min_controls_needed, resolution_warning
 from ..stats.resampling_risk import family_decisions
+from ..timing import stage
 from .frequency import FREQUENCY_COLUMNS, bucket_spectra, frequency_rows
 from .nulls import ExactNulls, NullOptions, UnitSpectrum, exact_tests
 from .units import (
@@ -284,21 +285,24 @@ def analyze_run(
     reason, and the others proceed."""
     screen_units(artifacts)
     settings = null_settings(artifacts, protocol)
-    prepared = {a.key.id: prepare_unit(a, protocol) for a in artifacts if a.status == "ok"}
-    spectra = [unit.spectrum for unit in prepared.values()]
-    if frequency:
-        spectra += [spectrum for artifact in artifacts for spectrum in bucket_spectra(artifact)]
-    nulls = run_exact_tests(spectra, protocol, settings, device)
+    with stage("unit spectra"):
+        prepared = {a.key.id: prepare_unit(a, protocol) for a in artifacts if a.status == "ok"}
+        spectra = [unit.spectrum for unit in prepared.values()]
+        if frequency:
+            spectra += [spectrum for artifact in artifacts for spectrum in bucket_spectra(artifact)]
+    with stage("exact tests"):
+        nulls = run_exact_tests(spectra, protocol, settings, device)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    for artifact in artifacts:
-        if artifact.status != "ok":
-            rows.extend(failed_rows(artifact, protocol))
-            continue
-        unit_rows_, unit_notes = rows_of_unit(prepared[artifact.key.id], nulls, protocol, settings)
-        rows.extend(unit_rows_)
-        notes.extend(unit_notes)
-    results = _typed(pd.DataFrame(rows), protocol)
+    with stage("intervals and bootstraps"):
+        for artifact in artifacts:
+            if artifact.status != "ok":
+                rows.extend(failed_rows(artifact, protocol))
+                continue
+            unit_rows_, unit_notes = rows_of_unit(prepared[artifact.key.id], nulls, protocol, settings)
+            rows.extend(unit_rows_)
+            notes.extend(unit_notes)
+        results = _typed(pd.DataFrame(rows), protocol)
     guard = multiplicity_warning(results, protocol, settings)
     columns = RESULT_COLUMNS + (DECISION_COLUMNS if settings.resampling_risk is not None else [])
     results = results[columns].copy().reset_index(drop=True)
@@ -313,7 +317,8 @@ def analyze_run(
         # per width when the units of a width share a stream (one per test would bloat the manifest)
         **({"draws_made": {str(d): n for d, n in made.items()}} if settings.null_draws == "shared" else {}),
     }
-    table = frequency_rows(artifacts, token_counts, protocol, nulls=nulls) if frequency else None
+    with stage("frequency rows"):
+        table = frequency_rows(artifacts, token_counts, protocol, nulls=nulls) if frequency else None
     return results, table
 
 
