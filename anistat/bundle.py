@@ -45,6 +45,7 @@ from .atomic import atomic_write_text
 from .errors import AnistatInputError
 from .runtime import machine_description
 from .timing import StageTimer, stage
+from .workers import process_pool
 
 if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat validate` stays light
     import pandas as pd
@@ -702,7 +703,9 @@ def publish_bundle(
         inputs = report_inputs(
             protocol, results, manifest, frequency=frequency, claims=claims, concept_cards=concept_cards
         )
-        render_bundle(inputs, staging, options=options or report_options(protocol), stage=stage)
+        workers = min(facts.threads.threads if facts.threads else 1, len(FIGURE_NAMES))
+        with process_pool(workers) as pool:  # the figures on the run's threads, one process each
+            render_bundle(inputs, staging, options=options or report_options(protocol), stage=stage, pool=pool)
         if facts.timer is not None:
             manifest["seconds"] = round(facts.timer.elapsed(), 3)
             manifest["stages"] = facts.timer.as_json()

@@ -637,7 +637,9 @@ def _collect_analyse_publish(
             f"each width, {protocol.stats.n_bootstrap} bootstrap resamples per interval, per-bucket energy "
             "ratios and log-frequency correlations …"
         )
-        results, frequency = analyze_run(artifacts, info.pop("frequency"), protocol, device=torch_device)
+        results, frequency = analyze_run(
+            artifacts, info.pop("frequency"), protocol, device=torch_device, workers=thread_choice.threads
+        )
         nulls = results.attrs.get("null_settings", {})
         made = (
             f"{nulls.get('draws')} in {nulls.get('streams')} stream(s), the longest {nulls.get('longest_stream')}"

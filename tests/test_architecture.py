@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "stats": 1,
     "report": 1,  # pure libraries: nothing else from anistat but the constant modules
     "protocol": 2,
+    "workers": 2,  # process pools (uses runtime's thread setting)
     "data": 3,
     "objective": 3,
     "collect": 4,

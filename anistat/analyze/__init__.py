@@ -46,8 +46,10 @@ from ..seeding import derive_seed
 from ..stats import EXACT_TEST, adjust_pvalues, min_controls_needed, resolution_warning
 from ..stats.resampling_risk import family_decisions
 from ..timing import stage
-from .frequency import FREQUENCY_COLUMNS, bucket_spectra, frequency_rows
+from ..workers import process_pool
+from .frequency import FREQUENCY_COLUMNS, bucket_spectra, frequency_rows, frequency_table
 from .nulls import ExactNulls, NullOptions, UnitSpectrum, exact_tests
+from .parallel import frequency_rows_all, prepare_units, unit_rows_all
 from .units import (
     descriptive_rows,
     failed_rows,
@@ -277,31 +279,43 @@ def analyze_run(
     device: str | torch.device = "cpu",
     *,
     frequency: bool = True,
+    workers: int = 1,
 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The results table and (``frequency=True``) the frequency table of a run, with every exact
     test — each unit's, and each frequency bucket's — read off the same Haar streams, so the
     draws are made once. A unit that cannot be analysed (`units.unanalysable_reason`: zero
     gradient energy, a proxy that is not orthonormal, too little data) is marked failed with its
-    reason, and the others proceed."""
+    reason, and the others proceed.
+
+    ``workers``: processes for the per-unit work (``anistat.analyze.parallel``; 1: this process
+    only); the tables are the same, bit for bit, for any number."""
     screen_units(artifacts)
     settings = null_settings(artifacts, protocol)
-    with stage("unit spectra"):
-        prepared = {a.key.id: prepare_unit(a, protocol) for a in artifacts if a.status == "ok"}
-        spectra = [unit.spectrum for unit in prepared.values()]
-        if frequency:
-            spectra += [spectrum for artifact in artifacts for spectrum in bucket_spectra(artifact)]
-    with stage("exact tests"):
-        nulls = run_exact_tests(spectra, protocol, settings, device)
-    rows: list[dict[str, Any]] = []
-    notes: list[str] = []
+    with process_pool(min(workers, len(artifacts))) as pool:
+        with stage("unit spectra"):
+            prepared = prepare_units(pool, artifacts, protocol)
+            spectra = [unit.spectrum for unit in prepared.values()]
+            if frequency:
+                spectra += [spectrum for artifact in artifacts for spectrum in bucket_spectra(artifact)]
+        with stage("exact tests"):
+            nulls = run_exact_tests(spectra, protocol, settings, device)
+        with stage("intervals and bootstraps"):
+            per_unit = iter(unit_rows_all(pool, list(prepared.values()), nulls, protocol, settings))
+            rows: list[dict[str, Any]] = []
+            notes: list[str] = []
+            for artifact in artifacts:
+                unit_rows_, unit_notes = (
+                    next(per_unit) if artifact.status == "ok" else (failed_rows(artifact, protocol), [])
+                )
+                rows.extend(unit_rows_)
+                notes.extend(unit_notes)
+        with stage("frequency rows"):
+            table = (
+                frequency_table(frequency_rows_all(pool, artifacts, token_counts, protocol, nulls))
+                if frequency
+                else None
+            )
     with stage("intervals and bootstraps"):
-        for artifact in artifacts:
-            if artifact.status != "ok":
-                rows.extend(failed_rows(artifact, protocol))
-                continue
-            unit_rows_, unit_notes = rows_of_unit(prepared[artifact.key.id], nulls, protocol, settings)
-            rows.extend(unit_rows_)
-            notes.extend(unit_notes)
         results = _typed(pd.DataFrame(rows), protocol)
     guard = multiplicity_warning(results, protocol, settings)
     columns = RESULT_COLUMNS + (DECISION_COLUMNS if settings.resampling_risk is not None else [])
@@ -317,8 +331,6 @@ def analyze_run(
         # per width when the units of a width share a stream (one per test would bloat the manifest)
         **({"draws_made": {str(d): n for d, n in made.items()}} if settings.null_draws == "shared" else {}),
     }
-    with stage("frequency rows"):
-        table = frequency_rows(artifacts, token_counts, protocol, nulls=nulls) if frequency else None
     return results, table
 
 

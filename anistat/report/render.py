@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections.abc import Callable
+from concurrent.futures import Executor
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -46,6 +47,7 @@ def render_bundle(
     *,
     options: ReportOptions | None = None,
     stage: Callable[[str], AbstractContextManager[None]] = _untimed,
+    pool: Executor | None = None,
 ) -> list[Path]:
     """Write the report files of a bundle into ``out_dir`` (which must exist).
 
@@ -53,7 +55,8 @@ def render_bundle(
     ``figures/<name>.pdf`` and ``.png``, and ``report.pdf`` when pdflatex is available (see
     ``ReportOptions.compile_pdf``). Nothing is written outside ``out_dir``. Returns the written
     paths, sorted. ``stage(name)`` wraps each part — ``figures``, ``HTML and LaTeX``, ``PDF`` — so a
-    caller can time them (``anistat.timing.stage``); by default nothing is timed.
+    caller can time them (``anistat.timing.stage``); by default nothing is timed. With a process
+    ``pool`` the figures are drawn in its workers (the same files).
 
     Raises:
         FileNotFoundError: ``out_dir`` does not exist.
@@ -78,7 +81,7 @@ def render_bundle(
     fig_dir = out_dir / "figures"
     with stage("figures"):
         if options.figures:
-            figs, skipped = render_figures(ctx.main, ctx.full, fig_ctx, fig_dir, options.figure_dpi)
+            figs, skipped = render_figures(ctx.main, ctx.full, fig_ctx, fig_dir, options.figure_dpi, pool)
         else:
             figs, skipped = [], {}
 

@@ -1,0 +1,82 @@
+"""The per-unit analysis over worker processes (`anistat.analyze.parallel`): the same tables, bit
+for bit, from 1 and 2 workers on the units of a small real run (trained model, real backprop)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from conftest import MINI_PROTOCOL
+
+from anistat.analyze import analyze_run
+from anistat.analyze.parallel import nulls_of_unit
+from anistat.pipeline import collect_units
+from anistat.protocol import parse_protocol
+
+
+def _csv(frame: pd.DataFrame) -> bytes:
+    buffer = io.StringIO()
+    frame.to_csv(buffer, index=False, lineterminator="\n")  # full float precision: every bit shows
+    return buffer.getvalue().encode()
+
+
+@pytest.fixture(scope="module")
+def mini_units(tmp_path_factory):
+    folder: Path = tmp_path_factory.mktemp("parallel")
+    protocol = parse_protocol(yaml.safe_load(MINI_PROTOCOL))
+    artifacts, info = collect_units(protocol, torch.device("cpu"), folder / "cache", lambda message: None)
+    return protocol, artifacts, info["frequency"]
+
+
+@pytest.mark.slow
+def test_one_and_two_workers_give_the_same_bits(mini_units):
+    protocol, artifacts, counts = mini_units
+    one = analyze_run(artifacts, counts, protocol, workers=1)
+    two = analyze_run(artifacts, counts, protocol, workers=2)
+    assert len(one[0]) > 100 and one[1] is not None and len(one[1]) > 10
+    assert _csv(one[0]) == _csv(two[0])
+    assert _csv(one[1]) == _csv(two[1])
+    assert one[0].attrs == two[0].attrs  # the warnings and the Monte-Carlo sizes too
+
+
+@pytest.mark.slow
+def test_a_worker_gets_exactly_its_units_exact_tests(mini_units):
+    from anistat.analyze import null_settings, run_exact_tests
+    from anistat.analyze.frequency import bucket_spectra
+    from anistat.analyze.units import prepare_unit
+
+    protocol, artifacts, _ = mini_units
+    spectra = [prepare_unit(a, protocol).spectrum for a in artifacts[:2]]
+    spectra += [s for a in artifacts[:2] for s in bucket_spectra(a)]
+    nulls = run_exact_tests(spectra, protocol, null_settings(artifacts[:2], protocol))
+    first = artifacts[0].key.id
+    mine = nulls_of_unit(nulls, first)
+    assert mine.energy and all(key[0].split("#")[0] == first for key in mine.energy)
+    theirs = nulls_of_unit(nulls, artifacts[1].key.id)
+    assert len(mine.energy) + len(theirs.energy) == len(nulls.energy)
+    assert mine.recorded_energy.keys() | theirs.recorded_energy.keys() == nulls.recorded_energy.keys()
+
+
+@pytest.mark.slow
+def test_figures_drawn_by_two_workers_are_the_files_of_one_process(mini_bundle, tmp_path):
+    from anistat.bundle import read_bundle
+    from anistat.report import ReportOptions
+    from anistat.report._content import ReportContext
+    from anistat.report.figures import render_figures
+    from anistat.report.render import figure_context
+    from anistat.workers import process_pool
+
+    ctx = ReportContext(inputs=read_bundle(mini_bundle).report_inputs(), options=ReportOptions())
+    drawn = {}
+    for workers in (1, 2):
+        with process_pool(workers) as pool:
+            saved, skipped = render_figures(ctx.main, ctx.full, figure_context(ctx), tmp_path / str(workers), 60, pool)
+        drawn[workers] = ([f.name for f in saved], skipped, {f.name: f.png_bytes for f in saved})
+        assert len(saved) >= 3
+    assert drawn[1] == drawn[2]
+    for name in drawn[1][0]:
+        assert (tmp_path / "1" / f"{name}.pdf").read_bytes() == (tmp_path / "2" / f"{name}.pdf").read_bytes()
