@@ -24,6 +24,7 @@ nothing can be written outside the chosen directory.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import hashlib
 import json
@@ -45,7 +46,7 @@ from .atomic import atomic_write_text
 from .errors import AnistatInputError
 from .runtime import machine_description
 from .timing import StageTimer, stage
-from .workers import process_pool
+from .workers import map_tasks, process_pool
 
 if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat validate` stays light
     import pandas as pd
@@ -705,7 +706,13 @@ def publish_bundle(
         )
         workers = min(facts.threads.threads if facts.threads else 1, len(FIGURE_NAMES))
         with process_pool(workers) as pool:  # the figures on the run's threads, one process each
-            render_bundle(inputs, staging, options=options or report_options(protocol), stage=stage, pool=pool)
+            render_bundle(
+                inputs,
+                staging,
+                options=options or report_options(protocol),
+                stage=stage,
+                run_tasks=functools.partial(map_tasks, pool),
+            )
         if facts.timer is not None:
             manifest["seconds"] = round(facts.timer.elapsed(), 3)
             manifest["stages"] = facts.timer.as_json()

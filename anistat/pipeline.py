@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from . import timing
+from . import timing, workers
 from .analyze import analyze_run
 from .bundle import (
     RunFacts,
@@ -578,6 +578,8 @@ def _run(
     torch_device = resolve_device(device or protocol.device)
     thread_choice = resolve_threads(threads, protocol.threads)
     log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, {thread_choice.describe()}")
+    if distributed.is_main():  # the analysis' and the figures' worker processes: their imports overlap the collection
+        workers.start_server(thread_choice.threads)
     with cpu_threads(thread_choice.threads), _stops_reported(cache):
         return _collect_analyse_publish(
             protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache

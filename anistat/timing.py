@@ -2,9 +2,9 @@
 
 A :class:`StageTimer` accumulates, per stage name, the wall seconds (``time.perf_counter``) and the
 CPU seconds of this process (``time.process_time``, every thread of it) spent inside
-``timer.stage(name)``, plus the CPU seconds of the worker processes a stage waited for
-(``resource.getrusage(RUSAGE_CHILDREN)``: a child's time counts once it has been reaped, so the
-process pools of the analysis and the figures are charged to the stage that shut them down).
+``timer.stage(name)``, plus the CPU seconds of the processes it waited for: its reaped children
+(``resource.getrusage(RUSAGE_CHILDREN)``, e.g. pdflatex) and the tasks its worker pools ran
+(measured in the worker, :func:`add_cpu`).
 Stages nest *exclusively*: while an inner stage runs, the outer one's clock is paused, so the
 stages' seconds add up to the time spent in any of them. Time inside the timer but outside every
 stage is ``other``; the time before the timer started — the interpreter's start, imports, the
@@ -80,6 +80,7 @@ class StageTimer:
         self._totals: dict[str, list[float]] = {}
         self._open: list[tuple[str, float, float]] = []  # (name, wall resumed, cpu resumed)
         self._start_up: StageTime | None = None
+        self._elsewhere = 0.0  # CPU seconds of other processes' tasks (add_cpu)
         if include_start_up:
             age = process_age()
             if age is not None:
@@ -110,6 +111,12 @@ class StageTimer:
                 outer, _, _ = self._open[-1]
                 self._open[-1] = (outer, wall, cpu)
 
+    def add_cpu(self, seconds: float) -> None:
+        """Charge CPU seconds spent elsewhere (a worker process's tasks) to the open stage."""
+        self._elsewhere += seconds
+        if self._open:
+            self._charge(self._open[-1][0], 0.0, seconds, False)
+
     @contextlib.contextmanager
     def activate(self) -> Iterator[StageTimer]:
         """Make this the timer :func:`stage` charges, until the block ends."""
@@ -135,7 +142,7 @@ class StageTimer:
         timed.update({name: StageTime(wall=w, cpu=c, count=int(n)) for name, (w, c, n) in totals.items()})
         inside = [t for name, t in timed.items() if name != START_UP]
         other_wall = wall_now - self._wall0 - sum(t.wall for t in inside)
-        other_cpu = cpu_now - self._cpu0 - sum(t.cpu for t in inside)
+        other_cpu = cpu_now + self._elsewhere - self._cpu0 - sum(t.cpu for t in inside)
         timed[OTHER] = StageTime(wall=max(other_wall, 0.0), cpu=max(other_cpu, 0.0))
         return timed
 
@@ -154,6 +161,12 @@ _ACTIVE: StageTimer | None = None
 def active_timer() -> StageTimer | None:
     """The timer :func:`stage` charges now (None outside a timed run)."""
     return _ACTIVE
+
+
+def add_cpu(seconds: float) -> None:
+    """Charge ``seconds`` of CPU spent in another process to the active timer's open stage."""
+    if _ACTIVE is not None:
+        _ACTIVE.add_cpu(seconds)
 
 
 def stage(name: str) -> contextlib.AbstractContextManager[None]:

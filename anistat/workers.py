@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Any, TypeVar
 
 from .runtime import cpu_threads
+from .timing import add_cpu
 
 T = TypeVar("T")
 
@@ -52,14 +54,29 @@ def process_pool(workers: int) -> Iterator[Executor | None]:
         yield pool
 
 
-def _one_thread(task: Callable[..., T], arguments: tuple[Any, ...]) -> T:
+def _one_thread(task: Callable[..., T], arguments: tuple[Any, ...]) -> tuple[T, float]:
+    started = time.process_time()
     with cpu_threads(1):
-        return task(*arguments)
+        result = task(*arguments)
+    return result, time.process_time() - started
 
 
 def map_tasks(pool: Executor | None, task: Callable[..., T], arguments: Sequence[tuple[Any, ...]]) -> list[T]:
     """``[task(*a) for a in arguments]``, in order, each on one thread: in ``pool``'s workers
-    (``task`` must be a module-level function and its arguments picklable), else here."""
+    (``task`` must be a module-level function and its arguments picklable; their CPU seconds are
+    charged to the open stage, ``anistat.timing.add_cpu``), else here."""
     if pool is None:
-        return [_one_thread(task, a) for a in arguments]
-    return list(pool.map(_one_thread, [task] * len(arguments), arguments))
+        return [_one_thread(task, a)[0] for a in arguments]
+    done = list(pool.map(_one_thread, [task] * len(arguments), arguments))
+    add_cpu(sum(cpu for _, cpu in done))
+    return [result for result, _ in done]
+
+
+def start_server(workers: int) -> None:
+    """Start the fork server (and its imports, :data:`PRELOAD`) now, in the background, when a
+    pool of ``workers`` will be wanted later: the imports then overlap the work before it."""
+    if workers > 1 and _start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
+        forkserver.ensure_running()

@@ -4,6 +4,7 @@ for bit, from 1 and 2 workers on the units of a small real run (trained model, r
 from __future__ import annotations
 
 import io
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -68,13 +69,15 @@ def test_figures_drawn_by_two_workers_are_the_files_of_one_process(mini_bundle, 
     from anistat.report._content import ReportContext
     from anistat.report.figures import render_figures
     from anistat.report.render import figure_context
-    from anistat.workers import process_pool
+    from anistat.workers import map_tasks, process_pool
 
     ctx = ReportContext(inputs=read_bundle(mini_bundle).report_inputs(), options=ReportOptions())
     drawn = {}
     for workers in (1, 2):
         with process_pool(workers) as pool:
-            saved, skipped = render_figures(ctx.main, ctx.full, figure_context(ctx), tmp_path / str(workers), 60, pool)
+            saved, skipped = render_figures(
+                ctx.main, ctx.full, figure_context(ctx), tmp_path / str(workers), 60, partial(map_tasks, pool)
+            )
         drawn[workers] = ([f.name for f in saved], skipped, {f.name: f.png_bytes for f in saved})
         assert len(saved) >= 3
     assert drawn[1] == drawn[2]

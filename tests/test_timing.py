@@ -103,3 +103,12 @@ def test_a_run_records_every_stage_and_they_sum_to_the_process_wall_time(tmp_pat
     largest = max(stages, key=lambda name: stages[name]["wall_s"])
     last_line = done.stdout.strip().splitlines()[-1]
     assert last_line.startswith(f"largest stage: {largest} "), last_line
+
+
+def test_cpu_of_another_process_is_charged_to_the_open_stage_only():
+    timer = StageTimer()
+    with timer.activate(), timing.stage("workers"):
+        timing.add_cpu(5.0)
+    stages = timer.stages()
+    assert stages["workers"].cpu >= 5.0
+    assert stages[OTHER].cpu < 1.0

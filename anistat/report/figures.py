@@ -13,7 +13,6 @@ import math
 import struct
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +93,10 @@ class FigureSpec:
     title: str
     caption: str
     fig: Figure
+
+
+#: ``run_tasks(task, arguments) -> [task(*a) for a in arguments]``, in order, wherever it runs them.
+TaskMap = Callable[[Callable[..., Any], Sequence[tuple[Any, ...]]], list[Any]]
 
 
 @dataclass
@@ -936,15 +939,16 @@ def render_figures(
     ctx: dict[str, Any],
     fig_dir: Path,
     dpi: int,
-    pool: Executor | None = None,
+    run_tasks: TaskMap | None = None,
 ) -> tuple[list[SavedFigure], dict[str, str]]:
     """Build and save every figure whose data exists; return them (in `FIGURES` order) and the
-    skip reasons. With a process ``pool`` the figures are drawn and saved in its workers, one
-    figure per task (the same files: each figure's drawing depends on its inputs only)."""
+    skip reasons. ``run_tasks(task, arguments)`` → ``[task(*a) for a in arguments]`` in order
+    (e.g. over worker processes, ``anistat.workers.map_tasks``) draws and saves them, one figure
+    per task (the same files wherever: a figure's drawing depends on its inputs only)."""
     existed = fig_dir.is_dir()
     fig_dir.mkdir(parents=True, exist_ok=True)
     tasks = [(name, full if wants_full else main, ctx, fig_dir, dpi) for name, _, wants_full in FIGURES]
-    drawn = list(pool.map(draw_figure, *zip(*tasks))) if pool is not None else [draw_figure(*t) for t in tasks]
+    drawn = run_tasks(draw_figure, tasks) if run_tasks is not None else [draw_figure(*t) for t in tasks]
     saved = [figure for figure in drawn if isinstance(figure, SavedFigure)]
     skipped = {name: figure for (name, *_), figure in zip(tasks, drawn) if isinstance(figure, str)}
     if not saved and not existed:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections.abc import Callable
-from concurrent.futures import Executor
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 from ._content import ReportContext
-from .figures import render_figures
+from .figures import TaskMap, render_figures
 from .html import render_html
 from .inputs import ReportInputs
 from .latex import PdfLatexError, compile_pdf, render_report_tex, render_tables
@@ -47,7 +46,7 @@ def render_bundle(
     *,
     options: ReportOptions | None = None,
     stage: Callable[[str], AbstractContextManager[None]] = _untimed,
-    pool: Executor | None = None,
+    run_tasks: TaskMap | None = None,
 ) -> list[Path]:
     """Write the report files of a bundle into ``out_dir`` (which must exist).
 
@@ -55,8 +54,8 @@ def render_bundle(
     ``figures/<name>.pdf`` and ``.png``, and ``report.pdf`` when pdflatex is available (see
     ``ReportOptions.compile_pdf``). Nothing is written outside ``out_dir``. Returns the written
     paths, sorted. ``stage(name)`` wraps each part — ``figures``, ``HTML and LaTeX``, ``PDF`` — so a
-    caller can time them (``anistat.timing.stage``); by default nothing is timed. With a process
-    ``pool`` the figures are drawn in its workers (the same files).
+    caller can time them (``anistat.timing.stage``); by default nothing is timed. ``run_tasks``
+    draws the figures (e.g. in worker processes; see ``figures.render_figures``).
 
     Raises:
         FileNotFoundError: ``out_dir`` does not exist.
@@ -81,7 +80,7 @@ def render_bundle(
     fig_dir = out_dir / "figures"
     with stage("figures"):
         if options.figures:
-            figs, skipped = render_figures(ctx.main, ctx.full, fig_ctx, fig_dir, options.figure_dpi, pool)
+            figs, skipped = render_figures(ctx.main, ctx.full, fig_ctx, fig_dir, options.figure_dpi, run_tasks)
         else:
             figs, skipped = [], {}
 
