@@ -7,6 +7,7 @@ import io
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -83,3 +84,33 @@ def test_figures_drawn_by_two_workers_are_the_files_of_one_process(mini_bundle, 
     assert drawn[1] == drawn[2]
     for name in drawn[1][0]:
         assert (tmp_path / "1" / f"{name}.pdf").read_bytes() == (tmp_path / "2" / f"{name}.pdf").read_bytes()
+
+
+@pytest.mark.slow
+def test_the_device_path_of_the_analysis_run_on_the_cpu_matches_the_cpu_path(mini_units):
+    """`linalg_on_device`: the eigendecompositions batched on the run's device (here the CPU, through
+    the same code a GPU run takes) give the CPU path's table within float64 rounding."""
+    protocol, artifacts, counts = mini_units
+    cpu = analyze_run(artifacts, counts, protocol)
+    device = analyze_run(artifacts, counts, protocol, "cpu", linalg_on_device=True, workers=2)
+    for table in (0, 1):
+        a, b = cpu[table], device[table]
+        assert list(a.columns) == list(b.columns) and len(a) == len(b)
+        numeric = [c for c in a.columns if pd.api.types.is_float_dtype(a[c])]
+        np.testing.assert_allclose(
+            a[numeric].to_numpy(dtype=float), b[numeric].to_numpy(dtype=float), rtol=1e-9, atol=1e-12
+        )
+    exact = cpu[0]["p_test"] == "haar_monte_carlo"
+    assert exact.any()
+    assert (cpu[0].loc[exact, "p_value"].to_numpy() == device[0].loc[exact, "p_value"].to_numpy()).all()
+
+
+def test_batched_eigenvalues_match_one_at_a_time():
+    from anistat.analyze.units import Frame, device_eigenvalues
+
+    rng = np.random.default_rng(0)
+    matrices = [(lambda x: x @ x.T)(rng.standard_normal((d, d + 3))) for d in (5, 8, 5, 8, 5)]
+    batched = device_eigenvalues(matrices, "cpu", batch=2)
+    for matrix, values in zip(matrices, batched):
+        np.testing.assert_allclose(values, Frame.of(matrix).eigenvalues, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(values, np.linalg.eigvalsh(matrix), rtol=1e-10, atol=1e-10)

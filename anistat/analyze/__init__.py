@@ -280,6 +280,7 @@ def analyze_run(
     *,
     frequency: bool = True,
     workers: int = 1,
+    linalg_on_device: bool | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The results table and (``frequency=True``) the frequency table of a run, with every exact
     test — each unit's, and each frequency bucket's — read off the same Haar streams, so the
@@ -288,12 +289,15 @@ def analyze_run(
     reason, and the others proceed.
 
     ``workers``: processes for the per-unit work (``anistat.analyze.parallel``; 1: this process
-    only); the tables are the same, bit for bit, for any number."""
+    only); the tables are the same, bit for bit, for any number. ``linalg_on_device``: the units'
+    eigendecompositions batched on ``device`` (default: when it is not the CPU; True on the CPU
+    runs that path there, for tests)."""
+    on_device = torch.device(device).type != "cpu" if linalg_on_device is None else linalg_on_device
     screen_units(artifacts)
     settings = null_settings(artifacts, protocol)
     with process_pool(min(workers, len(artifacts))) as pool:
         with stage("unit spectra"):
-            prepared = prepare_units(pool, artifacts, protocol)
+            prepared = prepare_units(pool, artifacts, protocol, device if on_device else None)
             spectra = [unit.spectrum for unit in prepared.values()]
             if frequency:
                 spectra += [spectrum for artifact in artifacts for spectrum in bucket_spectra(artifact)]

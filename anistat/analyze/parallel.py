@@ -8,7 +8,8 @@ A run's analysis has three per-unit phases around one shared step:
 3. every unit's rows — intervals, bootstraps, data tests (:func:`~anistat.analyze.units.rows_of_unit`)
    — and its frequency rows (:func:`~anistat.analyze.frequency.unit_frequency_rows`).
 
-Phases 1 and 3 are independent across units — each unit's random draws are seeded by its own id
+On a GPU run the eigendecompositions of phase 1 run on the device, batched, before the tasks
+(and the exact tests' Haar streams of phase 2 run there too). Phases 1 and 3 are independent across units — each unit's random draws are seeded by its own id
 (`anistat.seeding.derive_seed`), never by a shared generator's state — so they run in a pool of
 worker processes, one unit per task, and come back in unit order. Each task runs on one thread in
 a worker and in this process alike (`anistat.workers.map_tasks`), so 1 and N workers give the same
@@ -22,13 +23,14 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..collect import UnitArtifact
 from ..protocol import Protocol
 from ..workers import map_tasks
 from .frequency import bucket_id, unit_frequency_rows
 from .nulls import ExactNulls
-from .units import PreparedUnit, prepare_unit, rows_of_unit
+from .units import PreparedUnit, device_eigenvalues, prepare_unit, rows_of_unit, unit_matrices
 
 
 def nulls_of_unit(nulls: ExactNulls, unit_id: str) -> ExactNulls:
@@ -47,15 +49,28 @@ def nulls_of_unit(nulls: ExactNulls, unit_id: str) -> ExactNulls:
     )
 
 
-def _prepare(artifact: UnitArtifact, protocol: Protocol) -> PreparedUnit:
+def _prepare(artifact: UnitArtifact, protocol: Protocol, eigenvalues: Any) -> PreparedUnit:
     # the artifact stays where it is: only what was computed from it travels back
-    return replace(prepare_unit(artifact, protocol), artifact=None)  # type: ignore[arg-type]
+    return replace(prepare_unit(artifact, protocol, eigenvalues), artifact=None)  # type: ignore[arg-type]
 
 
-def prepare_units(pool: Executor | None, artifacts: list[UnitArtifact], protocol: Protocol) -> dict[str, PreparedUnit]:
-    """Phase 1: every analysable unit's :class:`PreparedUnit`, keyed by unit id."""
+def prepare_units(
+    pool: Executor | None,
+    artifacts: list[UnitArtifact],
+    protocol: Protocol,
+    device: str | torch.device | None = None,
+) -> dict[str, PreparedUnit]:
+    """Phase 1: every analysable unit's :class:`PreparedUnit`, keyed by unit id. With a
+    ``device``, the eigendecompositions — the phase's heavy part, ``O(d³)`` per matrix — run there
+    first, batched (:func:`~anistat.analyze.units.device_eigenvalues`), and the tasks get them."""
     ok = [a for a in artifacts if a.status == "ok"]
-    prepared = map_tasks(pool, _prepare if pool is not None else prepare_unit, [(a, protocol) for a in ok])
+    eigenvalues: list[Any] = [None] * len(ok)
+    if device is not None and ok:
+        matrices = [m for a in ok for m in unit_matrices(a)]
+        values = device_eigenvalues(matrices, device)
+        eigenvalues = list(zip(values[0::2], values[1::2]))
+    arguments = [(a, protocol, e) for a, e in zip(ok, eigenvalues)]
+    prepared = map_tasks(pool, _prepare if pool is not None else prepare_unit, arguments)
     return {a.key.id: replace(unit, artifact=a) for a, unit in zip(ok, prepared)}
 
 
