@@ -630,18 +630,21 @@ def _collect_analyse_publish(
     torch.manual_seed(protocol.seed)
     with _disk_errors_reported(cache):
         artifacts, info = collect_units(protocol, torch_device, cache, log)
-        distributed.finish()  # every rank at once: none exits while another still holds the group
-        if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
-            return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
         stage = time.perf_counter()
-        log(
-            f"analysing {len(artifacts)} unit(s): exact tests against Haar subspaces shared by the units of "
-            f"each width, {protocol.stats.n_bootstrap} bootstrap resamples per interval, per-bucket energy "
-            "ratios and log-frequency correlations …"
-        )
+        if distributed.is_main():
+            log(
+                f"analysing {len(artifacts)} unit(s): exact tests against Haar subspaces shared by the units of "
+                f"each width, {protocol.stats.n_bootstrap} bootstrap resamples per interval, per-bucket energy "
+                "ratios and log-frequency correlations …"
+                + (f"; each of {distributed.world_size()} processes takes a share" if distributed.active() else "")
+            )
+        # torchrun: every rank analyses its share of the units, rank 0 gathers the rows
         results, frequency = analyze_run(
             artifacts, info.pop("frequency"), protocol, device=torch_device, workers=thread_choice.threads
         )
+        distributed.finish()  # every rank at once: none exits while another still holds the group
+        if not distributed.is_main():  # rank 0 runs what needs the whole family and writes the bundle
+            return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
         nulls = results.attrs.get("null_settings", {})
         made = (
             f"{nulls.get('draws')} in {nulls.get('streams')} stream(s), the longest {nulls.get('longest_stream')}"

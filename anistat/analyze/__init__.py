@@ -47,9 +47,9 @@ from ..stats import EXACT_TEST, adjust_pvalues, min_controls_needed, resolution_
 from ..stats.resampling_risk import family_decisions
 from ..timing import stage
 from ..workers import process_pool
-from .frequency import FREQUENCY_COLUMNS, bucket_spectra, frequency_rows, frequency_table
+from .frequency import FREQUENCY_COLUMNS, frequency_rows, frequency_table
 from .nulls import ExactNulls, NullOptions, UnitSpectrum, exact_tests
-from .parallel import frequency_rows_all, prepare_units, unit_rows_all
+from .parallel import RankShare, per_unit_phases
 from .units import (
     descriptive_rows,
     failed_rows,
@@ -289,36 +289,31 @@ def analyze_run(
     reason, and the others proceed.
 
     ``workers``: processes for the per-unit work (``anistat.analyze.parallel``; 1: this process
-    only); the tables are the same, bit for bit, for any number. ``linalg_on_device``: the units'
+    only); the tables are the same, bit for bit, for any number. Under torchrun every rank calls
+    this with the same artifacts and analyses its share; rank 0 returns the tables, the other
+    ranks an empty results table and None. ``linalg_on_device``: the units'
     eigendecompositions batched on ``device`` (default: when it is not the CPU; True on the CPU
     runs that path there, for tests)."""
     on_device = torch.device(device).type != "cpu" if linalg_on_device is None else linalg_on_device
     screen_units(artifacts)
     settings = null_settings(artifacts, protocol)
-    with process_pool(min(workers, len(artifacts))) as pool:
-        with stage("unit spectra"):
-            prepared = prepare_units(pool, artifacts, protocol, device if on_device else None)
-            spectra = [unit.spectrum for unit in prepared.values()]
-            if frequency:
-                spectra += [spectrum for artifact in artifacts for spectrum in bucket_spectra(artifact)]
-        with stage("exact tests"):
-            nulls = run_exact_tests(spectra, protocol, settings, device)
-        with stage("intervals and bootstraps"):
-            per_unit = iter(unit_rows_all(pool, list(prepared.values()), nulls, protocol, settings))
-            rows: list[dict[str, Any]] = []
-            notes: list[str] = []
-            for artifact in artifacts:
-                unit_rows_, unit_notes = (
-                    next(per_unit) if artifact.status == "ok" else (failed_rows(artifact, protocol), [])
-                )
-                rows.extend(unit_rows_)
-                notes.extend(unit_notes)
-        with stage("frequency rows"):
-            table = (
-                frequency_table(frequency_rows_all(pool, artifacts, token_counts, protocol, nulls))
-                if frequency
-                else None
-            )
+    share = RankShare.current()
+    with process_pool(min(workers, len(share.mine(artifacts)))) as pool:
+        tables = per_unit_phases(
+            pool,
+            artifacts,
+            token_counts,
+            protocol,
+            settings,
+            lambda spectra: run_exact_tests(spectra, protocol, settings, device),
+            device=device if on_device else None,
+            frequency=frequency,
+            share=share,
+        )
+    if tables is None:  # a torchrun rank other than 0: its rows went to rank 0
+        return pd.DataFrame(columns=RESULT_COLUMNS), None
+    rows, notes, nulls = tables.rows, tables.notes, tables.nulls
+    table = frequency_table(tables.frequency_rows) if frequency else None
     with stage("intervals and bootstraps"):
         results = _typed(pd.DataFrame(rows), protocol)
     guard = multiplicity_warning(results, protocol, settings)

@@ -14,23 +14,78 @@ On a GPU run the eigendecompositions of phase 1 run on the device, batched, befo
 worker processes, one unit per task, and come back in unit order. Each task runs on one thread in
 a worker and in this process alike (`anistat.workers.map_tasks`), so 1 and N workers give the same
 bits. A worker is sent only its own unit's slice of the exact tests (:func:`nulls_of_unit`).
+
+Under ``torchrun`` the units are shared out the same way across ranks (:class:`RankShare`: rank
+``r`` of ``w`` takes units ``r, r + w, …``): each rank runs phases 1 and 3 for its share, rank 0
+gathers the spectra (in unit order), runs the exact tests and sends them to every rank, then
+gathers every rank's rows and alone runs what needs the whole family (multiplicity, the
+resolution guard; the claims and the meta-analysis come after, in the pipeline). The tables are
+those of one process, bit for bit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-from ..collect import UnitArtifact
+from ..collect import UnitArtifact, distributed
 from ..protocol import Protocol
+from ..timing import stage
 from ..workers import map_tasks
-from .frequency import bucket_id, unit_frequency_rows
-from .nulls import ExactNulls
-from .units import PreparedUnit, device_eigenvalues, prepare_unit, rows_of_unit, unit_matrices
+from .frequency import bucket_id, bucket_spectra, unit_frequency_rows
+from .nulls import ExactNulls, UnitSpectrum
+from .units import PreparedUnit, device_eigenvalues, failed_rows, prepare_unit, rows_of_unit, unit_matrices
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """This process's share of the units: ``rank`` of ``world`` (``torch.distributed``'s, when a
+    process group is running; else 0 of 1 — the whole)."""
+
+    rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def current(cls) -> RankShare:
+        return cls(distributed.rank(), distributed.world_size()) if distributed.active() else cls()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def mine(self, items: list[T]) -> list[T]:
+        """Items ``rank, rank + world, …``: a share fixed by the order alone."""
+        return items[self.rank :: self.world]
+
+    def gather(self, mine: list[T]) -> list[T]:
+        """Every rank's ``mine`` back in the items' order on rank 0 ([] on the others)."""
+        if self.world == 1:
+            return mine
+        import torch.distributed as dist
+
+        shares: list[Any] | None = [None] * self.world if self.is_main else None
+        dist.gather_object(mine, shares, dst=0)
+        if shares is None:
+            return []
+        total = sum(len(share) for share in shares)
+        return [shares[i % self.world][i // self.world] for i in range(total)]
+
+    def from_main(self, value: T | None) -> T:
+        """Rank 0's ``value`` on every rank."""
+        if self.world == 1:
+            return value  # type: ignore[return-value]
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]  # type: ignore[return-value]
 
 
 def nulls_of_unit(nulls: ExactNulls, unit_id: str) -> ExactNulls:
@@ -86,19 +141,76 @@ def unit_rows_all(
     return map_tasks(pool, rows_of_unit, arguments)
 
 
-def frequency_rows_all(
+def frequency_rows_each(
     pool: Executor | None,
     artifacts: list[UnitArtifact],
     token_counts: dict[str, np.ndarray],
     protocol: Protocol,
     nulls: ExactNulls,
-) -> list[dict[str, Any]]:
-    """Phase 3b: the frequency rows of every analysable unit, in unit order."""
-    ok = [a for a in artifacts if a.status == "ok"]
-    arguments = [(a, token_counts.get(a.key.model), protocol, _sliced(pool, nulls, a.key.id)) for a in ok]
-    return [row for rows in map_tasks(pool, unit_frequency_rows, arguments) for row in rows]
+) -> list[list[dict[str, Any]]]:
+    """Phase 3b: the frequency rows of each of ``artifacts`` (analysable ones), in their order."""
+    arguments = [(a, token_counts.get(a.key.model), protocol, _sliced(pool, nulls, a.key.id)) for a in artifacts]
+    return map_tasks(pool, unit_frequency_rows, arguments)
 
 
 def _sliced(pool: Executor | None, nulls: ExactNulls, unit_id: str) -> ExactNulls:
     # in this process the whole object is shared; a worker gets (and unpickles) only its unit's part
     return nulls if pool is None else nulls_of_unit(nulls, unit_id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitTables:
+    """What the per-unit phases give rank 0: every unit's rows and warnings, in unit order (a
+    failed unit's rows included), the frequency rows, and the exact tests."""
+
+    rows: list[dict[str, Any]]
+    notes: list[str]
+    frequency_rows: list[dict[str, Any]]
+    nulls: ExactNulls
+
+
+def per_unit_phases(
+    pool: Executor | None,
+    artifacts: list[UnitArtifact],
+    token_counts: dict[str, np.ndarray],
+    protocol: Protocol,
+    settings: Any,
+    exact_tests: Callable[[list[UnitSpectrum]], ExactNulls],
+    *,
+    device: str | torch.device | None,
+    frequency: bool,
+    share: RankShare,
+) -> UnitTables | None:
+    """Phases 1–3 of the module docstring for this rank's share of ``artifacts`` (``device``: where
+    the eigendecompositions run, None: in the tasks); None on a rank other than 0."""
+    mine = share.mine(artifacts)
+    with stage("unit spectra"):
+        prepared = prepare_units(pool, mine, protocol, device)
+        spectra = share.gather(
+            [
+                (prepared[a.key.id].spectrum if a.key.id in prepared else None, bucket_spectra(a) if frequency else [])
+                for a in mine
+            ]
+        )
+    with stage("exact tests"):
+        ordered = [unit for unit, _ in spectra if unit is not None] + [b for _, buckets in spectra for b in buckets]
+        nulls = share.from_main(exact_tests(ordered) if share.is_main else None)
+    with stage("intervals and bootstraps"):
+        computed = iter(unit_rows_all(pool, list(prepared.values()), nulls, protocol, settings))
+        per_unit = share.gather(
+            [next(computed) if a.key.id in prepared else (failed_rows(a, protocol), []) for a in mine]
+        )
+    with stage("frequency rows"):
+        mine_ok = [a for a in mine if a.status == "ok"]
+        rows_of = dict(
+            zip((a.key.id for a in mine_ok), frequency_rows_each(pool, mine_ok, token_counts, protocol, nulls))
+        )
+        frequency_per_unit = share.gather([rows_of.get(a.key.id, []) if frequency else [] for a in mine])
+    if not share.is_main:
+        return None
+    return UnitTables(
+        rows=[row for rows, _ in per_unit for row in rows],
+        notes=[note for _, notes in per_unit for note in notes],
+        frequency_rows=[row for rows in frequency_per_unit for row in rows],
+        nulls=nulls,
+    )
