@@ -186,11 +186,10 @@ def per_unit_phases(
     mine = share.mine(artifacts)
     with stage("unit spectra"):
         prepared = prepare_units(pool, mine, protocol, device)
+        # each frequency bucket's spectrum is an eigendecomposition too: tasks of their own
+        buckets = map_tasks(pool, bucket_spectra, [(a,) for a in mine]) if frequency else [[] for _ in mine]
         spectra = share.gather(
-            [
-                (prepared[a.key.id].spectrum if a.key.id in prepared else None, bucket_spectra(a) if frequency else [])
-                for a in mine
-            ]
+            [(prepared[a.key.id].spectrum if a.key.id in prepared else None, b) for a, b in zip(mine, buckets)]
         )
     with stage("exact tests"):
         ordered = [unit for unit, _ in spectra if unit is not None] + [b for _, buckets in spectra for b in buckets]
