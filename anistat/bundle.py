@@ -49,12 +49,24 @@ from .timing import StageTimer, stage
 from .workers import map_tasks, process_pool
 
 if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat validate` stays light
+    import numpy as np
     import pandas as pd
+    from matplotlib.figure import Figure
 
+    from .explore import BasisKey
     from .protocol import Protocol
-    from .report import ConceptCard, ModelDescription, ReportInputs, ReportOptions, RunDescription, RunRecord
+    from .report import (
+        ClaimOutcome,
+        ConceptCard,
+        ModelDescription,
+        ReportInputs,
+        ReportOptions,
+        RunDescription,
+        RunRecord,
+    )
     from .report.inputs import LoopDescription, NullCheckSummary
     from .runtime import ThreadChoice
+    from .summary import Summary
 
 
 def utc_now() -> str:
@@ -111,7 +123,15 @@ def file_digests(directory: Path) -> dict[str, str]:
 RENDERED_FILES = ("report.html", "tables.tex", "report.tex", "report.pdf")
 RENDERED_DIRS = ("figures",)
 #: The data files anistat reads back from a bundle (an unrecorded one is an addition, not noise).
-DATA_FILES = ("results.csv", "results.parquet", "frequency.csv", "claims.json", "concept_cards.json")
+DATA_FILES = (
+    "results.csv",
+    "results.parquet",
+    "frequency.csv",
+    "claims.json",
+    "concept_cards.json",
+    "protocol.yaml",  # `anistat run --model …`: the protocol it built
+    "bases.safetensors",  # report.keep_bases: the proxy bases
+)
 
 
 def is_rendered(name: str) -> bool:
@@ -687,9 +707,11 @@ def publish_bundle(
     concept_cards: list[dict],
     facts: RunFacts,
     options: ReportOptions | None = None,
+    extra_files: Mapping[str, str | bytes] | None = None,
 ) -> RunResult:
-    """Write a run's bundle at ``out`` atomically: the tables, concept cards, claims, report files
-    and finally ``manifest.json`` with the sha256 of every file. The one publish path."""
+    """Write a run's bundle at ``out`` atomically: the tables, concept cards, claims, report files,
+    ``extra_files`` (name → text, e.g. the protocol.yaml of a run built from options) and finally
+    ``manifest.json`` with the sha256 of every file. The one publish path."""
     from .report import render_bundle
 
     manifest = build_manifest(protocol, facts)
@@ -713,6 +735,8 @@ def publish_bundle(
                 stage=stage,
                 run_tasks=functools.partial(map_tasks, pool),
             )
+        for name, content in (extra_files or {}).items():
+            (staging / name).write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
         if facts.timer is not None:
             manifest["seconds"] = round(facts.timer.elapsed(), 3)
             manifest["stages"] = facts.timer.as_json()
@@ -877,6 +901,42 @@ class Bundle:
     def run_result(self) -> RunResult:
         """The same :class:`RunResult` that `anistat.run` returned when it wrote this bundle."""
         return RunResult(out=self.path, results=self.results, manifest=self.manifest, claims=self.claims)
+
+    # -- notebooks: typed records, the compact summary, figures, bases (anistat/summary.py, explore.py)
+    @cached_property
+    def record(self) -> RunRecord:
+        """The manifest's run record, typed (versions, device, times, unit timings)."""
+        return _run_record(self.manifest)
+
+    @cached_property
+    def claim_outcomes(self) -> tuple[ClaimOutcome, ...]:
+        """claims.json's records, typed as the report shows them (verdict, interval, rule, p)."""
+        from .report import claim_outcome
+
+        return tuple(claim_outcome(record) for record in self.claims)
+
+    @cached_property
+    def cards(self) -> tuple[ConceptCard, ...]:
+        """concept_cards.json's cards, typed (the top tokens of each proxy direction)."""
+        return _concept_cards(self.concept_cards)
+
+    def summary(self, precision: int | None = None) -> Summary:
+        """One row per claim and per headline cell (:func:`anistat.summary.bundle_summary`)."""
+        from .summary import bundle_summary
+
+        return bundle_summary(self, precision)
+
+    def figure(self, name: str = "energy_ratio_trajectory", **filters: Any) -> Figure:
+        """A report figure from the rows ``filters`` select (:func:`anistat.explore.bundle_figure`)."""
+        from .explore import bundle_figure
+
+        return bundle_figure(self, name, **filters)
+
+    def bases(self, **filters: Any) -> dict[BasisKey, np.ndarray]:
+        """The proxy bases a ``report.keep_bases`` run kept (:func:`anistat.explore.read_bases`)."""
+        from .explore import read_bases
+
+        return read_bases(self, **filters)
 
 
 #: The name :func:`read_bundle`'s callers know the loaded bundle by.

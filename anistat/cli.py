@@ -49,10 +49,55 @@ def _echo(message: str) -> None:
     typer.echo(message)
 
 
+MODEL_HELP = (
+    "Measure this model with the default protocol, no YAML file needed (repeatable): a save_pretrained folder, "
+    "a folder of checkpoint folders as PATH@step1000,step2000, or a hub id with revisions as ID@REV,REV."
+)
+DATA_HELP = "With --model: the corpus, a text or .jsonl file, a save_to_disk folder or a dataset NAME[:CONFIG] (default: the built-in one)."
+RANKS_HELP = "With --model: the proxy ranks, comma-separated (e.g. 8,32; default: the protocol's default)."
+
+
+def _ranks_option(ranks: str | None) -> list[int] | None:
+    """``--ranks 8,32`` as integers (one line on stderr, exit 2, for anything else)."""
+    if ranks is None:
+        return None
+    try:
+        values = [int(part) for part in ranks.split(",") if part.strip()]
+    except ValueError:
+        raise AnistatInputError(f"--ranks {ranks}: expected comma-separated integers, e.g. 8,32") from None
+    if not values:
+        raise AnistatInputError("--ranks: name at least one rank, e.g. 8,32")
+    return values
+
+
+def _chosen_protocol(protocol: Path | None, models: list[str], data: str | None, ranks: str | None, out: Path | None):
+    """The protocol a command measures: the file ``protocol``, or one built from ``--model``
+    (`anistat.protocol.protocol_from_options`, named after ``--out``'s folder when given), with
+    the YAML text that re-runs it (None for a protocol file)."""
+    from .protocol import load_protocol, protocol_from_options, protocol_yaml
+
+    if protocol is not None and (models or data is not None or ranks is not None):
+        raise AnistatInputError("give either a protocol file or --model (with --data, --ranks), not both")
+    if protocol is not None:
+        return load_protocol(protocol), None
+    if not models:
+        raise AnistatInputError("name a protocol file, or a model with --model PATH_OR_HUB_ID (see --help)")
+    built = protocol_from_options(models, data=data, ranks=_ranks_option(ranks), name=out.name if out else None)
+    command = " ".join(
+        ["anistat run", *(f"--model {m}" for m in models)]
+        + ([f"--data {data}"] if data is not None else [])
+        + ([f"--ranks {ranks}"] if ranks is not None else [])
+    )
+    return built, protocol_yaml(built, command)
+
+
 @app.command()
 def run(
-    protocol: Path = typer.Argument(..., help="Protocol YAML file."),
+    protocol: Path | None = typer.Argument(None, help="Protocol YAML file (or measure a model with --model)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Bundle directory (default: reports/<name>/)."),
+    model: list[str] = typer.Option([], "--model", "-m", metavar="PATH_OR_HUB_ID", help=MODEL_HELP),
+    data: str | None = typer.Option(None, "--data", metavar="FILE_OR_DATASET", help=DATA_HELP),
+    ranks: str | None = typer.Option(None, "--ranks", metavar="K,K", help=RANKS_HELP),
     device: str | None = typer.Option(None, help="auto | cpu | cuda | mps (overrides the protocol)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
     keep_cache: bool = typer.Option(False, help="Keep the per-unit cache after success."),
@@ -74,6 +119,8 @@ def run(
 ) -> None:
     """Run a protocol end to end and write its bundle.
 
+    Without a protocol file, `--model` (with `--data`, `--ranks`) builds one from the defaults;
+    the bundle then holds it as protocol.yaml, which `anistat run BUNDLE/protocol.yaml` re-runs.
     Every model and claim is checked first (the same preflight as `anistat validate`), before
     any model is trained or loaded. Exit codes: 0 done; 1 a claim failed; 2 invalid input or
     interrupted (nothing written; finished units stay in the cache the message names, and a
@@ -83,10 +130,12 @@ def run(
 
     if device is not None and device not in ("auto", "cpu", "cuda", "mps"):
         raise AnistatInputError(f"--device must be auto, cpu, cuda or mps, got '{device}'")
+    chosen, built_yaml = _chosen_protocol(protocol, model, data, ranks, out)
     with StageTimer(include_start_up=True).activate():  # the manifest's stages count the process's start-up
         result = run_pipeline(
-            protocol,
+            chosen,
             out,
+            bundle_files=None if built_yaml is None else {"protocol.yaml": built_yaml},
             device=device,
             threads=threads,
             log=None if quiet else _echo,
@@ -96,6 +145,10 @@ def run(
     if quiet:  # the log said so already; a missing file of the bundle is said even with -q
         for name, reason in result.manifest.get("omitted_files", {}).items():
             _echo(f"note: {name} was not written: {reason}")
+    if built_yaml is not None:
+        _echo(
+            f"protocol: {result.out / 'protocol.yaml'} (edit it, or run it again: anistat run {result.out / 'protocol.yaml'})"
+        )
     failed_claims = [c for c in result.claims if not c["passed"]]
     for claim in result.claims:
         _echo_claim(claim)
@@ -130,25 +183,31 @@ def _echo_claim(record: dict) -> None:
 
 
 @app.command()
-def validate(protocol: Path = typer.Argument(..., help="Protocol YAML file.")) -> None:
+def validate(
+    protocol: Path | None = typer.Argument(None, help="Protocol YAML file (or check a model with --model)."),
+    model: list[str] = typer.Option([], "--model", "-m", metavar="PATH_OR_HUB_ID", help=MODEL_HELP),
+    data: str | None = typer.Option(None, "--data", metavar="FILE_OR_DATASET", help=DATA_HELP),
+    ranks: str | None = typer.Option(None, "--ranks", metavar="K,K", help=RANKS_HELP),
+) -> None:
     """Check a protocol as `anistat run` would, without training or loading a model; print its
-    name and sha256.
+    name and sha256. With `--model` (and `--data`, `--ranks`), the protocol `anistat run` would
+    build from the same options.
 
     Beyond the schema: local checkpoint folders exist (relative paths are relative to the
     protocol file), local/hub configs are read (no weights) to check ranks, controls, layers and
     site names against each model, and claims are checked against the rows the run will write."""
     from .preflight import preflight
-    from .protocol import load_protocol
+    from .protocol import OPTIONS_SOURCE
 
-    loaded = load_protocol(protocol)
+    loaded, _ = _chosen_protocol(protocol, model, data, ranks, None)
     checked = preflight(loaded, for_run=False)
-    _echo(f"{protocol}: valid protocol '{loaded.name}' (sha256 {loaded.sha256()})")
-    for model in checked.models:
-        sites = [s.name for s in model.sites]
+    _echo(f"{protocol or OPTIONS_SOURCE}: valid protocol '{loaded.name}' (sha256 {loaded.sha256()})")
+    for planned in checked.models:
+        sites = [s.name for s in planned.sites]
         shown = ", ".join(sites[:6]) + (f", … ({len(sites)} sites)" if len(sites) > 6 else "")
         _echo(
-            f"  {model.name}: {model.source}, d={model.hidden_size}, {model.num_layers} layers, "
-            f"{len(model.checkpoints)} checkpoint(s), sites {shown}"
+            f"  {planned.name}: {planned.source}, d={planned.hidden_size}, {planned.num_layers} layers, "
+            f"{len(planned.checkpoints)} checkpoint(s), sites {shown}"
         )
     for note in checked.notes:
         _echo(f"  {note}")
@@ -588,6 +647,43 @@ def sites(
         for name, module in loaded.named_modules():
             if name:
                 _echo(f"  module:{name}  ({type(module).__name__})")
+
+
+@app.command()
+def summary(
+    bundle: Path = typer.Argument(..., help="A bundle directory written by `anistat run`."),
+    as_json: bool = typer.Option(False, "--json", help="The rows as JSON on stdout."),
+    precision: int | None = typer.Option(None, min=1, max=8, help="Significant digits (default: the protocol's)."),
+) -> None:
+    """Print the bundle's compact table: one row per claim and per headline cell (estimate, SE,
+    interval, the test that decided, its p), as `anistat.load(BUNDLE).summary()` gives it."""
+    from .bundle import Bundle
+
+    table = Bundle.load(bundle).summary(precision)
+    if as_json:
+        sys.stdout.write(json.dumps(table.to_dict(), indent=2, allow_nan=False) + "\n")
+    else:
+        _echo(str(table))
+
+
+@app.command()
+def runs(
+    folder: Path = typer.Argument(Path("."), help="Where to look (default: the current folder)."),
+    as_json: bool = typer.Option(False, "--json", help="The bundles as JSON on stdout."),
+) -> None:
+    """List the bundles under a folder (searched 4 levels deep, newest first): name, finish time,
+    models, units, claims passed/failed, size and path. Reads manifests only; writes nothing."""
+    from .runs import MAX_DEPTH, find_bundles, runs_table
+
+    if not folder.is_dir():
+        raise AnistatInputError(f"{folder}: not a folder")
+    found = find_bundles(folder, MAX_DEPTH)
+    if as_json:
+        sys.stdout.write(json.dumps([b.to_dict() for b in found], indent=2) + "\n")
+    elif not found:
+        _echo(f"no bundle under {folder} (searched {MAX_DEPTH} levels deep)")
+    else:
+        _echo(runs_table(found))
 
 
 def _write_new_file(path: Path, text: str, *, force: bool) -> None:

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from .collect.artifact import ARTIFACT_FORMAT
 from .collect.progress import bar
 from .data import load_corpus
 from .errors import AnistatInputError, CheckpointLoadError, RunInterrupted
+from .explore import BASES_FILE, bases_file
 from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_variants
 from .models import Checkpoint, ModelSeries, resolve_models
 from .preflight import localized, preflight
@@ -528,8 +529,12 @@ def run(
     log: Log | None = None,
     keep_cache: bool = False,
     overwrite: bool = False,
+    bundle_files: Mapping[str, str] | None = None,
 ) -> RunResult:
     """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`).
+
+    `bundle_files` (name → text) are written into the bundle with its own files and recorded in
+    its manifest (`anistat run --model …` keeps the protocol it built there as protocol.yaml).
 
     Before anything is trained or loaded, `anistat.preflight.preflight` checks every model and
     claim. An existing bundle at `out` is replaced only with `overwrite=True`. `threads`
@@ -541,7 +546,7 @@ def run(
     start-up) or to a new one."""
     timer = timing.active_timer() or timing.StageTimer()
     with timer.activate():
-        return _run(protocol, out, device, threads, log or (lambda message: None), keep_cache, overwrite)
+        return _run(protocol, out, device, threads, log or (lambda message: None), keep_cache, overwrite, bundle_files)
 
 
 def _run(
@@ -552,6 +557,7 @@ def _run(
     log: Log,
     keep_cache: bool,
     overwrite: bool,
+    bundle_files: Mapping[str, str] | None,
 ) -> RunResult:
     if not isinstance(protocol, Protocol):
         protocol = load_protocol(protocol)
@@ -582,7 +588,7 @@ def _run(
         workers.start_server(thread_choice.threads)
     with cpu_threads(thread_choice.threads), _stops_reported(cache):
         return _collect_analyse_publish(
-            protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache
+            protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache, bundle_files
         )
 
 
@@ -624,6 +630,7 @@ def _collect_analyse_publish(
     started: float,
     log: Log,
     keep_cache: bool,
+    bundle_files: Mapping[str, str] | None = None,
 ) -> RunResult:
     from .claims import evaluate_claims
 
@@ -645,18 +652,7 @@ def _collect_analyse_publish(
         distributed.finish()  # every rank at once: none exits while another still holds the group
         if not distributed.is_main():  # rank 0 runs what needs the whole family and writes the bundle
             return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
-        nulls = results.attrs.get("null_settings", {})
-        made = (
-            f"{nulls.get('draws')} in {nulls.get('streams')} stream(s), the longest {nulls.get('longest_stream')}"
-            if nulls.get("streams")
-            else ""
-        )
-        log(
-            f"  analysed: {len(results)} result rows and {len(frequency)} frequency rows; at most "
-            f"{nulls.get('n_null_draws')} Haar draws per test (drawn: {made or 'none'}) and "
-            f"{nulls.get('n_test_resamples')} data-test resamples, sized for a family of {nulls.get('n_tests')} "
-            f"({time.perf_counter() - stage:.1f}s)"
-        )
+        log(_analysed(results, frequency, time.perf_counter() - stage))
     few_units = [*few_resampling_units_warnings(results), *concentration_warnings(results)]
     for warning in [*results.attrs.get("warnings", []), *few_units]:
         log(f"warning: {warning}")
@@ -681,8 +677,13 @@ def _collect_analyse_publish(
         threads=thread_choice,
         timer=timing.active_timer(),
     )
+    kept: dict[str, str | bytes] = dict(bundle_files or {})
+    if protocol.report.keep_bases:
+        kept[BASES_FILE] = bases_file(artifacts)
     with _disk_errors_reported(cache):
-        outcome = publish_bundle(out, protocol, results, frequency, claims, info["concept_cards"], facts)
+        outcome = publish_bundle(
+            out, protocol, results, frequency, claims, info["concept_cards"], facts, extra_files=kept
+        )
     log(f"  rendered ({time.perf_counter() - stage:.1f}s)")
     for name, reason in outcome.manifest.get("omitted_files", {}).items():
         log(f"note: {name} was not written: {reason}")
@@ -691,6 +692,22 @@ def _collect_analyse_publish(
         _remove_if_empty(cache.parent)
     log(f"wrote {out}/ ({time.perf_counter() - started:.1f}s)" + (f"; {len(failed)} unit(s) FAILED" if failed else ""))
     return outcome
+
+
+def _analysed(results: pd.DataFrame, frequency: pd.DataFrame | None, seconds: float) -> str:
+    """The log line after the analysis: rows, Haar draws made, resamples, the family size."""
+    nulls = results.attrs.get("null_settings", {})
+    made = (
+        f"{nulls.get('draws')} in {nulls.get('streams')} stream(s), the longest {nulls.get('longest_stream')}"
+        if nulls.get("streams")
+        else ""
+    )
+    return (
+        f"  analysed: {len(results)} result rows and {len(frequency) if frequency is not None else 0} frequency "
+        f"rows; at most {nulls.get('n_null_draws')} Haar draws per test (drawn: {made or 'none'}) and "
+        f"{nulls.get('n_test_resamples')} data-test resamples, sized for a family of {nulls.get('n_tests')} "
+        f"({seconds:.1f}s)"
+    )
 
 
 _DISK_ERRNOS = {"ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS", "EFBIG", "EMFILE", "ENFILE"}

@@ -9,12 +9,14 @@ of its canonical JSON) so every result can be traced back to exactly the setting
 from __future__ import annotations
 
 import difflib
+import glob
 import hashlib
 import json
 import math
+import os
 import re
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -507,6 +509,13 @@ class ReportSpec(StrictModel):
     title: str | None = Field(None, max_length=300)
     precision: int = Field(3, ge=1, le=8)
     compile_pdf: bool = Field(True, description="Compile report.tex with pdflatex when it is installed.")
+    keep_bases: bool = Field(
+        False,
+        description="Keep every unit's proxy bases in the bundle (bases.safetensors: one float64 d × k matrix per "
+        "model, checkpoint, site, proxy method and rank, 8·d·k bytes each — 192 KiB at d = 768, k = 32), for "
+        "`anistat.load(BUNDLE).bases()`. Not part of the protocol's hash: it changes what is kept, not what "
+        "is measured.",
+    )
 
 
 class ReplicationSpec(StrictModel):
@@ -715,11 +724,17 @@ def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], h
 #: normalised protocol (and so in the manifest) but left out of its hash, so a study run with
 #: another thread count keeps its identity (and its resume cache).
 EXECUTION_FIELDS = ("threads",)
+#: Fields of a section that say what a bundle keeps, not what it measures: out of the hash too.
+KEPT_FIELDS = {"report": ("keep_bases",)}
 
 
 def protocol_hash(normalised: dict[str, Any]) -> str:
-    """sha256 of a normalised protocol's canonical JSON, execution settings (`EXECUTION_FIELDS`) left out."""
+    """sha256 of a normalised protocol's canonical JSON, execution settings (`EXECUTION_FIELDS`)
+    and what the bundle keeps (`KEPT_FIELDS`) left out."""
     identity = {key: value for key, value in normalised.items() if key not in EXECUTION_FIELDS}
+    for section, names in KEPT_FIELDS.items():
+        if isinstance(identity.get(section), dict):
+            identity[section] = {k: v for k, v in identity[section].items() if k not in names}
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -1051,3 +1066,114 @@ stats:
 #     threshold: 1.0
 #     alpha: 0.05
 """
+
+
+# ----------------------------------------------------------------------------------------------
+# a protocol from command-line options (`anistat run --model …`, no YAML file)
+# ----------------------------------------------------------------------------------------------
+#: Where a protocol built from options says it came from (error messages name it).
+OPTIONS_SOURCE = "the protocol built from --model/--data/--ranks"
+#: Files whose extension makes `--data FILE` a JSON-lines source (anything else is plain text).
+JSONL_SUFFIXES = (".jsonl", ".json")
+
+
+def _model_name(label: str, taken: set[str]) -> str:
+    """A protocol name (:data:`NAME_PATTERN`) for a model from its folder's or hub id's last part,
+    made unique among ``taken`` with ``-2``, ``-3``, …"""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-._")[:60] or "model"
+    if not base[0].isalnum():
+        base = "m" + base
+    name, number = base, 1
+    while name in taken:
+        number += 1
+        name = f"{base}-{number}"
+    taken.add(name)
+    return name
+
+
+def _model_from_option(spec: str, taken: set[str]) -> dict[str, Any]:
+    """One ``--model`` value: ``PATH[@CKPT,CKPT…]`` (an existing folder: one ``save_pretrained``
+    checkpoint, or with ``@`` its sub-folders as a checkpoint series) or ``HUB_ID[@REV,REV…]``.
+    Local paths are made absolute, so the protocol means the same wherever its YAML is kept."""
+    where, at, tail = spec.rpartition("@")
+    if not at or "/" in tail:  # no '@', or one inside a path: no checkpoint list
+        where, at, tail = spec, "", ""
+    revisions = [part.strip() for part in tail.split(",") if part.strip()]
+    if at and not revisions:
+        raise AnistatInputError(f"--model {spec}: name at least one checkpoint or revision after '@'")
+    folder = Path(where).expanduser()
+    if folder.is_dir() or where.startswith((".", "/", "~")) or where.count("/") > 1:
+        if not folder.is_dir():
+            raise AnistatInputError(f"--model {spec}: folder {folder} not found")
+        folder = folder.resolve()
+        model: dict[str, Any] = {"name": _model_name(folder.name, taken), "source": "local"}
+        if revisions:
+            model["checkpoints"] = [str(folder / revision) for revision in revisions]
+        else:
+            model["path"] = str(folder)
+        return model
+    if not re.fullmatch(HUB_ID_PATTERN, where):
+        raise AnistatInputError(
+            f"--model {spec}: neither an existing folder nor a Hugging Face hub id (like EleutherAI/pythia-160m)"
+        )
+    model = {"name": _model_name(where.rsplit("/", 1)[-1], taken), "source": "hub", "hub_id": where}
+    if revisions:
+        model["revisions"] = revisions
+    return model
+
+
+def _data_from_option(spec: str) -> dict[str, Any]:
+    """``--data``: a text file (or glob), a JSON-lines file (``.jsonl``/``.json``, text in
+    ``text``), a ``save_to_disk`` folder, or a Hugging Face dataset name ``NAME[:CONFIG]``."""
+    path = Path(spec).expanduser()
+    if path.is_file() or glob.has_magic(spec):
+        source = "jsonl" if path.suffix.lower() in JSONL_SUFFIXES else "text"
+        absolute = str(path.resolve()) if path.is_file() else os.path.abspath(os.path.expanduser(spec))
+        return {"source": source, "paths": [absolute]}
+    if path.is_dir():
+        return {"source": "hf_dataset", "dataset": str(path.resolve())}
+    name, _, config = spec.partition(":")
+    if not re.fullmatch(HUB_ID_PATTERN, name):
+        raise AnistatInputError(f"--data {spec}: neither an existing file or folder nor a dataset name")
+    return {"source": "hf_dataset", "dataset": name, **({"dataset_config": config} if config else {})}
+
+
+def protocol_from_options(
+    models: Sequence[str],
+    *,
+    data: str | None = None,
+    ranks: Sequence[int] | None = None,
+    name: str | None = None,
+) -> Protocol:
+    """The protocol `anistat run --model …` measures without a YAML file: every default of
+    :class:`Protocol` (see `anistat schema`), with the models of ``models`` (``--model`` values,
+    see :func:`_model_from_option`), the corpus of ``data`` (default: the built-in corpus), the
+    proxy ``ranks`` (default ``proxies.ranks``' default) and ``name`` (default: the first
+    model's). Validated like a protocol file (one :class:`AnistatInputError` line on a problem);
+    :func:`protocol_yaml` writes it as a file that re-runs it."""
+    if not models:
+        raise AnistatInputError("name a model with --model PATH_OR_HUB_ID (or give a protocol file)")
+    taken: set[str] = set()
+    built: dict[str, Any] = {"anistat_protocol": PROTOCOL_VERSION}
+    specs = [_model_from_option(spec, taken) for spec in models]
+    if name is not None and not re.fullmatch(NAME_PATTERN, name):
+        name = _model_name(name, set())
+    built["name"] = name or specs[0]["name"]
+    if data is not None:
+        built["data"] = _data_from_option(data)
+    built["models"] = specs
+    if ranks is not None:
+        built["proxies"] = {"ranks": list(ranks)}
+    return parse_protocol(built, OPTIONS_SOURCE)
+
+
+def protocol_yaml(protocol: Protocol, command: str = "") -> str:
+    """``protocol`` as a YAML protocol file holding only what differs from the defaults (so it
+    reads like one written by hand and keeps up with new defaults' documentation), headed by a
+    comment naming ``command``. :func:`load_protocol` reads it back to an equal protocol (same
+    sha256)."""
+    fields = protocol.model_dump(mode="json", exclude_defaults=True)
+    fields = {"anistat_protocol": PROTOCOL_VERSION, "name": protocol.name, **fields}
+    head = "# anistat protocol" + (f", built by `{command}`" if command else "") + ".\n"
+    head += "# Edit it and run it again with `anistat run THIS_FILE`; every key is documented in `anistat schema`.\n"
+    return head + yaml.safe_dump(fields, sort_keys=False, allow_unicode=True, width=100)
