@@ -42,6 +42,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import vocabulary as vocab
 from .atomic import atomic_write_text
 from .errors import AnistatInputError
 from .runtime import machine_description
@@ -548,8 +549,8 @@ def concentration_warnings(results: pd.DataFrame) -> list[str]:
     """Run-level warnings naming the units whose documents are too concentrated for what
     `anistat calibrate` measured (:func:`anistat.stats.ratio_intervals.calibrated_concentration`):
     the smallest ``m_eff`` of a unit's energy-ratio rows (:func:`anistat.stats.el_effective_size`)
-    below the level where its interval method's coverage fell under 0.93, or its documents'
-    energy spread ``n_clusters/n_eff`` at or above the level from which the data test's level
+    in a level where its interval method's calibrated coverage lies outside [0.93, 0.97], or its
+    documents' energy spread ``n_clusters/n_eff`` at or above the level from which the data test's level
     exceeded 0.06; each warning quotes the measured value at the unit's own level; [] when there
     is none. A table written before ``m_eff`` existed is read by its ``n_eff`` (an upper bound of
     ``m_eff``, so it can miss units). Units whose intervals are withheld (fewer than
@@ -557,7 +558,7 @@ def concentration_warnings(results: pd.DataFrame) -> list[str]:
     import pandas as pd
 
     from .stats.energy import MIN_RESAMPLING_UNITS
-    from .stats.ratio_intervals import calibrated_concentration
+    from .stats.ratio_intervals import STUDENTIZED_LOG, calibrated_concentration
 
     size_column = "m_eff" if "m_eff" in results.columns and results["m_eff"].notna().any() else "n_eff"
     needed = {"model", "checkpoint", "site", "metric", "n_clusters", "n_eff", size_column, "ci_method"}
@@ -569,7 +570,7 @@ def concentration_warnings(results: pd.DataFrame) -> list[str]:
     keys = [rows["model"], rows["checkpoint"], rows["site"]]
     effective_size = pd.to_numeric(rows[size_column], errors="coerce").groupby(keys, sort=False, dropna=False).min()
     spread = (clusters / pd.to_numeric(rows["n_eff"], errors="coerce")).groupby(keys, sort=False, dropna=False).max()
-    methods = rows["ci_method"].astype(str).replace({"studentized": "studentized_log"})
+    methods = rows["ci_method"].astype(str).replace({vocab.STUDENTIZED: STUDENTIZED_LOG})
     method_of = methods.groupby(keys, sort=False, dropna=False).first()
     units = {key: (value, spread[key]) for key, value in effective_size.dropna().items()}
     levels = {key: calibrated_concentration(size, method_of[key], ratio) for key, (size, ratio) in units.items()}
@@ -610,7 +611,7 @@ def _concentration_warning(
     level = units[0][3]
     where = []
     if "coverage" in aspects:
-        where.append(f"{size_column} below {level['coverage_below']:g}")
+        where.append(str(level["coverage_off_levels"]).replace("m_eff", size_column, 1))
     if "data_test" in aspects:
         where.append(f"documents' energy spread n/n_eff of {level['data_test_from']:g} or more")
     found = " and ".join(_CONCENTRATION_ASPECTS[a][0] for a in aspects)
@@ -1057,7 +1058,7 @@ def _settings_rows(protocol: Protocol, manifest: Mapping[str, Any]) -> tuple[tup
             if model.get(key) not in (None, [], {}):
                 rows.extend(("protocol", k, v) for k, v in flatten(model[key], f"models.{spec.name}.{key}"))
     controls = {
-        k: v for k, v in dumped["controls"].items() if k != "pca_span_dim" or "pca_span" in protocol.controls.kinds
+        k: v for k, v in dumped["controls"].items() if k != "pca_span_dim" or vocab.PCA_SPAN in protocol.controls.kinds
     }
     for section, values in (
         ("sites", dumped["sites"]),
@@ -1446,7 +1447,7 @@ def null_check_summaries(
         else:
             checks.append(("exact", exact["p_value"], int(draws[0]) if len(draws) == 1 else None, 0))
     if "p_value_paper" in rows.columns:
-        checks.append(("paper", rows.loc[rows["control"] == "normal", "p_value_paper"], n_paper_controls, 0))
+        checks.append(("paper", rows.loc[rows["control"] == vocab.NORMAL, "p_value_paper"], n_paper_controls, 0))
     out = []
     for test, values, n_draws, stop in checks:
         values = values.astype(float).dropna()

@@ -7,7 +7,11 @@ training step's *own* `loss.backward()` then fills `δ.grad = ∂L/∂h` next to
 gradients — no second forward or backward. After the backward the meter projects those
 gradients on the frozen proxy and control bases and keeps only per-sequence sums (the same
 `SiteAccumulator` as `anistat run`), then drops them. On fit steps only activations are read
-(forward hooks); after the last fit step the proxies are fitted and the controls drawn.
+(forward hooks); after the last fit step the proxies are fitted and the controls drawn —
+through the fit core `anistat run` uses (`anistat.collect.bases.fit_site_bases`): the same
+proxy variants (`proxies.center`), the same derived seeds and controls. With `proxies.refit`
+per_checkpoint or both, every unit also gets proxies refitted on its first step's own
+activations (labelled `METHOD@refit`, as `anistat run` refits on each checkpoint's).
 
 What is measured is the gradient of *the loss the training loop optimises* on *its own
 batches*: every sequence of a measured step is one statistical sequence. (The post-hoc
@@ -42,6 +46,11 @@ Example (Trainer)::
 Not supported: gradient checkpointing (the recomputed forward would create new probes) — the
 meter refuses it with a clear error.
 
+**Every protocol field honoured or refused.** `METER_FIELDS` says, field by field, what the
+meter does with the protocol: honoured as in `anistat run`, or refused with one line when the
+protocol sets it (the data, the threads, the model's loading and training are the loop's; the
+meter has no tokenizer for concept cards, and records `concept_card_tokens: 0`).
+
 **Checked before the first step.** The meter (and so the callback, in `on_train_begin`) checks
 everything it can before training starts: the proxy ranks and control kinds against the model's
 hidden size d (rank < d, 2k ≤ d for normal controls, …, one rule with `anistat run`:
@@ -68,17 +77,20 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel
 
 from .collect import BasisSet, Site, SiteAccumulator, UnitArtifact, UnitKey, probe, sites_from_spec
+from .collect.bases import check_fit_sample, fit_site_bases, fits_frozen, fits_per_unit, site_seed_key
+from .collect.sites import forward_inputs
 from .errors import AnistatInputError, AnistatWarning
 from .finalize import finalize_bundle
-from .geometry import draw_controls, fit_proxy, frequency_buckets
+from .geometry import frequency_buckets
 from .live import LiveMetrics, Publish, find_trainer, logger_publisher
 from .models import infer_objective
 from .protocol import Protocol, control_problem, fit_window_size, load_protocol, parse_protocol
@@ -137,41 +149,122 @@ def model_configuration(model: torch.nn.Module) -> dict[str, Any]:
     return {key: NOT_KNOWN if value is None else value for key, value in values.items()}
 
 
+#: The protocol fields the meter honours as `anistat run` does (``device`` and the model's sizes
+#: checked against the model; ``models.*`` is the one external model, ``claims``, ``stats`` and
+#: ``report`` every field of theirs).
+_HONOURED = """
+    anistat_protocol name description seed device claims stats report replication.tolerance
+    data.n_frequency_buckets data.frequency_ci_memory_mb sites.kind sites.layers sites.names sites.modules
+    models.name models.source models.objective models.hidden_size models.num_layers models.num_heads
+    models.intermediate_size proxies.methods proxies.ranks proxies.fit_window proxies.max_fit_tokens
+    proxies.refit proxies.center controls.kinds controls.n controls.pca_span_dim
+"""
+#: The fields the loop decides (its batches, loss, threads, model and training) and why the meter
+#: refuses them when the protocol sets them.
+_REFUSED = {
+    "threads": "the training loop sets the CPU threads, the meter does not",
+    " ".join(
+        f"data.{name}"
+        for name in "source paths text_field dataset dataset_config dataset_split max_documents seq_len "
+        "n_fit_sequences n_test_sequences vocab_size mlm_probability batch_size special_tokens loss_reduction".split()
+    ): "the training loop's own batches and loss are measured, not the protocol's data",
+    "data.type_statistics_memory_mb": "in a training loop every token type seen is kept (no budget applies)",
+    " ".join(
+        f"models.{name}"
+        for name in "architecture path checkpoints steps hub_id revisions trust_remote_code precision "
+        "attn_implementation".split()
+    ): "the meter measures the model it is given, not one the protocol loads or trains",
+    " ".join(
+        f"models.train.{name}"
+        for name in "steps batch_size learning_rate weight_decay warmup_steps checkpoints precision".split()
+    ): "the meter records the loop's own training settings (TrainingMeter(training=...))",
+    "proxies.concept_card_tokens": "the meter has no tokenizer to write concept cards with",
+}
+#: What the meter does with every protocol field (dotted path): None — honoured; a sentence — the
+#: reason it refuses the field when the protocol sets it. tests/test_meter_protocol.py checks this
+#: table against the Protocol's fields, so a new field needs a decision here.
+METER_FIELDS: dict[str, str | None] = {
+    **dict.fromkeys(_HONOURED.split()),
+    **{path: reason for paths, reason in _REFUSED.items() for path in paths.split()},
+}
+
+
+def _set_fields(section: BaseModel, prefix: str = "") -> Iterator[str]:
+    """The dotted paths of the fields a protocol section sets (explicitly, not by default),
+    down to the paths of `METER_FIELDS` (the model list's entries as ``models.*``)."""
+    for name in sorted(section.model_fields_set):
+        path, value = prefix + name, getattr(section, name)
+        if path in METER_FIELDS:
+            yield path
+        elif isinstance(value, BaseModel):
+            yield from _set_fields(value, path + ".")
+        elif isinstance(value, list):
+            for item in value:
+                yield from _set_fields(item, path + ".")
+
+
+def _refuse_unhonoured(user: Protocol, facts: dict[str, Any], device: torch.device) -> None:
+    """One `AnistatInputError` for the first protocol field the meter cannot honour: a field
+    `METER_FIELDS` refuses, a model that is not the one external model, sizes or a device that
+    disagree with the model's."""
+    if len(user.models) != 1 or user.models[0].source != "external":
+        raise AnistatInputError(
+            "TrainingMeter: models: the meter measures one model of source 'external' (the model it is given); "
+            f"got {[f'{m.name} ({m.source})' for m in user.models]}"
+        )
+    for path in _set_fields(user):
+        if METER_FIELDS[path] is not None:
+            raise AnistatInputError(f"TrainingMeter: protocol field {path}: {METER_FIELDS[path]}; remove it")
+    model = user.models[0]
+    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+        if name in model.model_fields_set and name in facts and getattr(model, name) != facts[name]:
+            raise AnistatInputError(
+                f"TrainingMeter: protocol field models.{name} is {getattr(model, name)}, "
+                f"but the model's is {facts[name]}; remove it"
+            )
+    if "device" in user.model_fields_set and user.device not in ("auto", device.type):
+        raise AnistatInputError(
+            f"TrainingMeter: protocol field device is {user.device}, but the model is on {device}; "
+            "the meter measures where the model is (remove device)"
+        )
+
+
 def _external_protocol(
     protocol: Protocol | str | Path | dict | None,
     name: str,
     objective: str | None,
     overrides: dict[str, Any],
-    model_facts: dict[str, Any] | None = None,
+    model_facts: dict[str, Any],
+    device: torch.device,
 ) -> Protocol:
-    """The protocol of a measured training run. Built from a dict / None, its one `external`
-    model carries the model's real sizes and (under the Trainer) training settings
-    (`model_facts`), so the bundle does not record built-in defaults that never applied (the
-    protocol records only the fields set for an external model, `Protocol.normalised`)."""
+    """The protocol of a measured training run: the one the user gave (a `Protocol`, a file, or a
+    dict / None with keyword `overrides`; default one `external` model named `name`), every field
+    it sets honoured or refused (`METER_FIELDS`, `_refuse_unhonoured`), recorded with what the
+    meter knows: the model's real sizes and (under the Trainer) training settings (`model_facts`),
+    so the bundle never records built-in defaults that never applied (the protocol records only the
+    fields set for an external model, `Protocol.normalised`), and no concept cards."""
+    if isinstance(protocol, (Protocol, str, Path)) and overrides:
+        raise TypeError("pass either a Protocol (or a protocol file) or keyword overrides, not both")
     if isinstance(protocol, Protocol):
-        if overrides:
-            raise TypeError("pass either a Protocol or keyword overrides, not both")
-        return protocol
-    if isinstance(protocol, (str, Path)):
-        if overrides:
-            raise TypeError("pass either a protocol file or keyword overrides, not both")
-        return load_protocol(protocol)
-    data: dict[str, Any] = dict(protocol or {})
-    data.setdefault("name", name)
-    data.setdefault(
-        "models",
-        [
-            {
-                "name": name,
-                "source": "external",
-                **({"objective": objective} if objective else {}),
-                **(model_facts or {}),
-            }
-        ],
-    )
-    data.setdefault("report", {"compile_pdf": False})
-    data.update(overrides)
-    return parse_protocol(data, "TrainingMeter protocol")
+        user = protocol
+    elif isinstance(protocol, (str, Path)):
+        user = load_protocol(protocol)
+    else:
+        data: dict[str, Any] = {"name": name, **dict(protocol or {}), **overrides}
+        data.setdefault("models", [{"name": name, "source": "external"}])
+        data.setdefault("report", {"compile_pdf": False})  # no PDF unless asked: a loop's script waits for it
+        user = parse_protocol(data, "TrainingMeter protocol")
+    _refuse_unhonoured(user, model_facts, device)
+    recorded = user.model_dump(mode="json", exclude_unset=True)
+    recorded["models"] = [
+        {
+            **model_facts,
+            **recorded["models"][0],
+            **({"objective": objective} if objective else {}),
+        }
+    ]
+    recorded.setdefault("proxies", {})["concept_card_tokens"] = 0
+    return parse_protocol(recorded, "TrainingMeter protocol")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,10 +488,9 @@ class _StepCapture:
         self.record = self._stack.enter_context(
             probe(model, {s.name: s for s in sites}, gradients=measure, accumulate=True)
         )
-        handle = model.register_forward_pre_hook(self._grab_inputs, with_kwargs=True)
-        self._stack.callback(handle.remove)
+        self._stack.enter_context(forward_inputs(model, self._grab_inputs))
 
-    def _grab_inputs(self, module, args, kwargs) -> None:
+    def _grab_inputs(self, args: tuple, kwargs: dict) -> None:
         if self.measure and not torch.is_grad_enabled():
             return  # not a training forward (pairs with the probe's accumulated records)
         ids = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
@@ -485,31 +577,37 @@ def _frequency_table(
     return vocab_size, counts, n_buckets, torch.as_tensor(frequency_buckets(counts, n_buckets)).clamp(min=0)
 
 
-def _fit_site(protocol: Protocol, name: str, site: Site, sample: torch.Tensor) -> list[BasisSet]:
-    """The frozen proxies of one site (every method × rank) and their projected controls,
-    each drawn with its own derived seed (as `anistat run`)."""
-    seed = protocol.seed
-    dim = sample.shape[1]
-    problem = control_problem(protocol.controls, protocol.proxies.ranks, dim)
-    if problem:
-        raise AnistatInputError(f"TrainingMeter: site {site.name} (dimension {dim}): {problem}")
-    sets = []
-    for method in protocol.proxies.methods:
-        for rank in protocol.proxies.ranks:
-            proxy = fit_proxy(sample, method, rank, seed=derive_seed(seed, name, site.name, method, rank, "proxy"))
-            controls = {
-                kind: draw_controls(
-                    kind,
-                    proxy.basis,
-                    protocol.controls.n,
-                    seed=derive_seed(seed, name, site.name, method, rank, kind),
-                    activations=sample,
-                    pca_span_dim=protocol.controls.pca_span_dim,
-                )
-                for kind in protocol.projected_control_kinds
-            }
-            sets.append(BasisSet(method, rank, proxy.basis, controls, proxy.reconstruction_error))
-    return sets
+def _fit_bases(meter: TrainingMeter, sample: _FitSample, refit_label: str | None = None) -> dict[str, list[BasisSet]]:
+    """Every site's proxies and controls from the fit sample, through the one fit core
+    (`anistat.collect.bases.fit_site_bases`, as `anistat run`): frozen ones from the fit steps,
+    refitted ones (`refit_label` = the unit's label) from the unit's first step."""
+    bases = {}
+    for site in meter.sites:
+        rows = torch.cat(sample.rows[site.name])
+        check_fit_sample(rows, meter.protocol, "TrainingMeter", site.name, "the fit steps")
+        bases[site.name] = fit_site_bases(
+            rows,
+            meter.protocol,
+            model=meter.name,
+            site_key=site_seed_key(site),
+            device=meter.device,
+            refit_label=refit_label,
+        )
+    return bases
+
+
+def _unit_bases(meter: TrainingMeter, capture: _StepCapture, start: int) -> dict[str, list[BasisSet]]:
+    """The bases of the unit opening at `start`: the frozen ones, and with `proxies.refit`
+    per_checkpoint or both the ones refitted on the step's own activations (sampled as a
+    single fit step's would be), as `anistat run` refits on each checkpoint."""
+    frozen = meter.bases if meter.bases is not None else {}
+    if not fits_per_unit(meter.protocol):
+        return frozen
+    sample = _FitSample(meter.sites)
+    seed = derive_seed(meter.protocol.seed, meter.name, capture.step, "fit")
+    sample.add(capture, meter.sites, meter.protocol.proxies.max_fit_tokens, seed)
+    refitted = _fit_bases(meter, sample, refit_label=f"step{start}")
+    return {name: frozen[name] + refitted[name] for name in frozen}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -530,7 +628,7 @@ class _OpenUnit:
         dtype: torch.dtype,
         pair_budget_bytes: int,
     ):
-        self.start = start
+        self.start, self.bases = start, bases
         self.sequences: list[int] = []
         self.skipped = 0
         self.started = time.perf_counter()
@@ -669,7 +767,7 @@ def _remove_saved_units(units_dir: Path, artifacts: list[UnitArtifact]) -> None:
 # The meter drives; its parts live above, one section per seam: planning (`_reachable_steps` and
 # the `_check_*` functions before the first step, `_UnitWindows`: which unit a step belongs to,
 # `_ScheduleRecord`: the steps and learning rates seen), the hooks of one step (`_StepCapture`),
-# fitting (`_FitSample`, `_frequency_table`, `_fit_site`), the open unit's statistics
+# fitting (`_FitSample`, `_frequency_table`, `_fit_bases`, `_unit_bases`: the one fit core), the open unit's statistics
 # (`_OpenUnit`) and finalisation (`_write_bundle`: `_manifest_record` → `finalize_bundle`, then
 # `_remove_saved_units`).
 class TrainingMeter:
@@ -763,7 +861,8 @@ class TrainingMeter:
         self.training = dict(training or {})
         # who measures: the report's methods text names it (AnistatCallback sets its own name)
         self.driver = "TrainingMeter"
-        self.protocol = _external_protocol(protocol, name, objective, overrides, facts)
+        self.device = next(model.parameters()).device
+        self.protocol = _external_protocol(protocol, name, objective, overrides, facts, self.device)
         self.name = self.protocol.models[0].name
         self.out = Path(out)
         self.units_dir = self.out.parent / f"{self.out.name}.units"
@@ -783,7 +882,6 @@ class TrainingMeter:
         _check_sizes(self.protocol, self.name, hidden_size, self.sites)
         _check_claims(self.protocol, self.name, self.objective, hidden_size, self.sites, self.measure_steps)
         _check_no_checkpointing(model)
-        self.device = next(model.parameters()).device
         self.token_counts = token_counts
         self._counts_given = token_counts is not None
         # per-batch statistics in float32 by default (halves the cost inside training; every
@@ -878,9 +976,8 @@ class TrainingMeter:
         self.vocab_size, self.token_counts, self.n_buckets, self.buckets = _frequency_table(
             self.token_counts, seen, self.vocab_size, self.protocol.data.n_frequency_buckets
         )
-        self.bases = {}
-        for site in self.sites:
-            self.bases[site.name] = _fit_site(self.protocol, self.name, site, torch.cat(sample.rows[site.name]))
+        frozen = fits_frozen(self.protocol)
+        self.bases = _fit_bases(self, sample) if frozen else {site.name: [] for site in self.sites}
         sample.release()
 
     # -- measuring ------------------------------------------------------------------------------
@@ -894,7 +991,7 @@ class TrainingMeter:
         if self._open is None:
             self._open = _OpenUnit(
                 start,
-                self.bases,
+                _unit_bases(self, capture, start),
                 n_buckets=self.n_buckets,
                 vocab_size=self.vocab_size,
                 device=self.device,
@@ -924,8 +1021,8 @@ class TrainingMeter:
         if self.publish_live is None or self._open is None or self.bases is None:
             return
         if self._live is None:
-            self._live = LiveMetrics(self.bases, self.publish_live, oracle_every=self.live_oracle_every)
-        self._live.publish = self.publish_live
+            self._live = LiveMetrics(self._open.bases, self.publish_live, oracle_every=self.live_oracle_every)
+        self._live.bases, self._live.publish = self._open.bases, self.publish_live
         self._live(self._open.live_moments(), step)
 
     def _close_unit(self) -> None:

@@ -72,7 +72,7 @@ from scipy import stats as sps
 
 from ._columns import RESULT_KEYS
 from .protocol import ClaimSpec, StatsSpec
-from .report.claim_text import claim_reading
+from .report.claim_text import claim_reading, resampled_noun, scale_name, shown_row_words
 from .stats import adjust_pvalues
 from .stats.meta import MetaResult, RobustMetaResult, aggregate_clusters, random_effects_meta, robust_meta
 
@@ -141,6 +141,20 @@ def _evidence_row(row: pd.Series) -> dict[str, Any]:
         if key in ("layer", "rank") and isinstance(value, float) and value.is_integer():
             value = int(value)
         out[key] = value
+    return _mark_infinite(out, row, ("ci_low", "ci_high"))
+
+
+def _mark_infinite(out: dict[str, Any], source, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``out`` with ``<key>_infinite: true`` beside each end of ``source`` that is infinite (JSON
+    writes it as null; the flag keeps "unbounded" apart from "missing",
+    `anistat.report.claim_text.interval_ends`)."""
+    for key in keys:
+        try:
+            value = float(source.get(key))
+        except (TypeError, ValueError):
+            continue
+        if math.isinf(value):
+            out[f"{key}_infinite"] = True
     return out
 
 
@@ -232,8 +246,9 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec, ci_level: float = 0.
     """One claim's record; `ci_level` is the run's `stats.ci_level` (the level of the rows' CIs).
 
     Besides ``status``/``passed`` the record says what decided it (``decided_by``, ``rule``), the
-    interval shown beside the verdict (``interval``: the pooled interval of a meta claim, the
-    weakest selected row's CI of an all/any claim), the p-value and what it tests (``p_value``:
+    interval shown beside the verdict (``interval``: the pooled interval of a meta claim; of an
+    all/any claim the CI of the selected row with the lowest interval end — nearest the threshold
+    on its claimed side — with its ``scale``), the p-value and what it tests (``p_value``:
     against the claim's own threshold for meta claims) and, on a FAIL, which criteria failed
     (``failed``). The same record is written to claims.json and printed by `verify --json`."""
     selected = select_rows(results, claim)
@@ -243,6 +258,7 @@ def evaluate_claim(results: pd.DataFrame, claim: ClaimSpec, ci_level: float = 0.
         "rule": _describe(claim, ci_level),
         "decided_by": decided_by(claim),
         "n_selected": int(len(selected)),
+        "resampled": resampled_noun(selected["note"] if "note" in selected else ()),
     }
     if selected.empty:
         reason = "the claim selects no result rows (check metric and where)"
@@ -313,6 +329,7 @@ def _with_reading(record: dict[str, Any], claim: ClaimSpec) -> dict[str, Any]:
         "compare": claim.compare,
         "threshold": claim.threshold,
         "aggregate": claim.aggregate,
+        "alpha": claim.alpha,
     }
     return {**record, **claim_reading(record, terms)}
 
@@ -338,20 +355,19 @@ def _rows_outcome(selected: pd.DataFrame, rows: list[dict], claim: ClaimSpec, ci
     shown = _shown_row(candidates, claim, strongest=strongest)
     interval = None
     if shown is not None:
-        which = (
-            "the weakest selected row"
-            if not strongest
-            else "the strongest passing row"
-            if any(passes)
-            else "the strongest selected row"
+        which = shown_row_words(claim.compare, strongest, "passing" if strongest and any(passes) else "selected")
+        interval = _mark_infinite(
+            {
+                "low": _row_value(shown, "ci_low"),
+                "high": _row_value(shown, "ci_high"),
+                "level": ci_level,
+                "estimate": _row_value(shown, "estimate"),
+                "scale": scale_name(claim.metric),
+                "of": f"{claim.metric} of {which}: {_row_label(_evidence_row(shown), 'estimate')}",
+            },
+            {"low": _row_value(shown, "ci_low"), "high": _row_value(shown, "ci_high")},
+            ("low", "high"),
         )
-        interval = {
-            "low": _row_value(shown, "ci_low"),
-            "high": _row_value(shown, "ci_high"),
-            "level": ci_level,
-            "estimate": _row_value(shown, "estimate"),
-            "of": f"{claim.metric} of {which}: {_row_label(_evidence_row(shown), 'estimate')}",
-        }
     p_value = None
     p_rows = ok["p_adjusted"].astype(float) if "p_adjusted" in ok else pd.Series(dtype=float)
     if p_rows.notna().any():
@@ -375,15 +391,16 @@ def _rows_outcome(selected: pd.DataFrame, rows: list[dict], claim: ClaimSpec, ci
 def _shown_row(rows: pd.DataFrame, claim: ClaimSpec, strongest: bool = False) -> pd.Series | None:
     """The row whose interval is shown beside the verdict: the one whose interval is least on the
     claimed side (lowest lower bound for > / >=, highest upper bound for < / <=, the bound
-    nearest an edge for between) — or, with ``strongest`` (an `any` claim), most on it. Rows
-    without a CI are skipped; None when no row has one."""
+    nearest an edge for between) — or, with ``strongest`` (an `any` claim), most on it. An
+    unbounded interval (an infinite end) is an interval; rows without a CI (a NaN end) are
+    skipped; None when no row has one."""
     if rows.empty or not {"ci_low", "ci_high"} <= set(rows.columns):
         return None
     low, high = rows["ci_low"].astype(float), rows["ci_high"].astype(float)
-    finite = np.isfinite(low) & np.isfinite(high)
-    if not finite.any():
+    present = low.notna() & high.notna()
+    if not present.any():
         return None
-    low, high = low[finite], high[finite]
+    low, high = low[present], high[present]
     if claim.compare in (">", ">="):
         margin = low - claim.threshold
     elif claim.compare in ("<", "<="):
@@ -401,6 +418,7 @@ def _meta_outcome(pooled: dict[str, Any], claim: ClaimSpec) -> dict[str, Any]:
         "high": high,
         "level": pooled["meta_ci_level"],
         "estimate": estimate,
+        "scale": scale_name(claim.metric),
         "of": f"pooled {claim.metric} ({pooled['interval']}, {pooled['method']})",
     }
     p_value = {"value": pooled["p_vs_threshold"], "of": pooled["p_null"]}
@@ -416,18 +434,17 @@ def _meta_outcome(pooled: dict[str, Any], claim: ClaimSpec) -> dict[str, Any]:
 
 
 def row_standard_errors(rows: pd.DataFrame, ci_level: float, log_scale: bool = False) -> tuple[np.ndarray, str]:
-    """Each row's SE: the `se` column where present and finite, else its CI width over
+    """Each row's SE: the `se` column where present and not NaN, else its CI width over
     2 z_{(1+ci_level)/2} (the run's own CI level). Returns (se, where it came from).
 
     ``log_scale``: the SE of ln(estimate) — the `se` column over the estimate (delta method), else
-    the CI's width on the log scale, (ln ci_high − ln ci_low) / (2 z)."""
+    the CI's width on the log scale, (ln ci_high − ln ci_low) / (2 z). An unbounded interval
+    gives ``inf`` either way (`se = inf` in the column, an infinite end, or a lower end at 0 on the
+    log scale): such a row has no finite weight and :func:`pool_rows` leaves it out, counted."""
     z = sps.norm.ppf(0.5 + ci_level / 2)
     low, high = rows["ci_low"].astype(float).to_numpy(), rows["ci_high"].astype(float).to_numpy()
-    if log_scale:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            from_ci = (np.log(high) - np.log(low)) / (2 * z)
-    else:
-        from_ci = (high - low) / (2 * z)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        from_ci = (np.log(high) - np.log(np.maximum(low, 0.0))) / (2 * z) if log_scale else (high - low) / (2 * z)
     ci_text = f"CI width{' on the log scale' if log_scale else ''} at level {ci_level:g}"
     if "se" not in rows:
         return from_ci, ci_text
@@ -436,9 +453,9 @@ def row_standard_errors(rows: pd.DataFrame, ci_level: float, log_scale: bool = F
         with np.errstate(divide="ignore", invalid="ignore"):
             se = se / rows["estimate"].astype(float).to_numpy()
     column = "se column" + (" / estimate (delta method)" if log_scale else "")
-    if np.isfinite(se).all():
+    if not np.isnan(se).any():
         return se, column
-    return np.where(np.isfinite(se), se, from_ci), f"{column}, else {ci_text}"
+    return np.where(np.isnan(se), from_ci, se), f"{column}, else {ci_text}"
 
 
 def p_against_threshold(estimate: float, se: float, df: float, claim: ClaimSpec, transform=lambda v: v) -> float:
@@ -469,7 +486,7 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, level: floa
     spec = claim.meta
     level = ci_level if level is None else level
     log_scale = claim.metric in RATIO_METRICS
-    y, se, clusters, se_source = _pooling_units(rows, claim, ci_level, log_scale)
+    y, se, clusters, se_source, excluded = _pooling_units(rows, claim, ci_level, log_scale)
     by = "+".join(spec.cluster)
     n_clusters = len(set(clusters.tolist()))
     back = np.exp if log_scale else (lambda v: v)
@@ -479,6 +496,8 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, level: floa
         "n_clusters": n_clusters,
         "cluster_by": by,
         "se_source": se_source,
+        "n_selected_rows": int(len(rows)),
+        "excluded": excluded.removeprefix("; "),
         "dependence": spec.dependence,
         "scale": f"log (ln {claim.metric}; estimate and interval shown as ratios)" if log_scale else "the metric's own",
     }
@@ -529,10 +548,11 @@ def pool_rows(rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, level: floa
 
 def _pooling_units(
     rows: pd.DataFrame, claim: ClaimSpec, ci_level: float, log_scale: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, str]:
     """The rows to pool: estimates (ln R for a ratio metric), their SEs recovered from the rows'
     CIs, and cluster labels, keeping the rows with a finite estimate and a positive finite SE;
-    also the SEs' source. ValueError when the clusters or the threshold do not fit, or no row is left."""
+    also the SEs' source and the counted note of the rows left out (:func:`excluded_rows_note`).
+    ValueError when the clusters or the threshold do not fit, or no row is left."""
     spec = claim.meta
     se, se_source = row_standard_errors(rows, ci_level, log_scale)
     y = rows["estimate"].astype(float).to_numpy()
@@ -550,10 +570,22 @@ def _pooling_units(
             y = np.where(y > 0, np.log(np.where(y > 0, y, 1.0)), np.nan)
     clusters = rows[list(spec.cluster)].astype(str).agg("/".join, axis=1).to_numpy()
     usable = np.isfinite(y) & np.isfinite(se) & (se > 0)
+    excluded = excluded_rows_note(int(np.sum(np.isfinite(y) & np.isinf(se))), int(np.sum(~usable)), len(usable))
     y, se, clusters = y[usable], se[usable], clusters[usable]
     if y.size == 0:
-        raise ValueError("no selected row has a finite estimate and standard error to pool")
-    return y, se, clusters, se_source
+        raise ValueError("no selected row has a finite estimate and standard error to pool" + excluded)
+    return y, se, clusters, se_source, excluded
+
+
+def excluded_rows_note(unbounded: int, excluded: int, selected: int) -> str:
+    """ "" when every row is pooled; else "; k of n rows left out: u with an unbounded interval
+    (se = inf), the others without a finite estimate or SE" — the counted note on the claim."""
+    if not excluded:
+        return ""
+    parts = [f"{unbounded} with an unbounded interval (se = inf)"] if unbounded else []
+    if excluded > unbounded:
+        parts.append(f"{excluded - unbounded} without a finite estimate or SE")
+    return f"; {excluded} of {selected} rows left out: {', '.join(parts)}"
 
 
 def _robust_fields(

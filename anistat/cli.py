@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import click
 import typer
 
+from . import vocabulary as vocab
 from .errors import AnistatError, AnistatInputError, IncompleteRun, RunInterrupted
 
 if TYPE_CHECKING:  # the CLI imports the statistics lazily
@@ -43,6 +44,18 @@ app = typer.Typer(
 
 #: = anistat.reproduction.DEFAULT_TOLERANCE.relative (a test keeps them equal; the CLI imports pandas lazily)
 DEFAULT_RELATIVE = 0.01
+
+
+def _or_list(names) -> str:
+    """``a, b or c``: the names of a vocabulary table, for help text."""
+    names = list(names)
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+#: Help text of the options whose choices are a vocabulary table.
+_SCENARIO_HELP = (
+    "Scenarios (repeatable): " + ", ".join(f"{s.name} ({s.sentence})" for s in vocab.SCENARIOS.values()) + "."
+)
 
 
 def _echo(message: str) -> None:
@@ -285,7 +298,9 @@ def plan(
     power: float = typer.Option(0.8, "--power", help="Target power of the data test and of the exact test."),
     alpha: float | None = typer.Option(None, "--alpha", help="Family level (default: the pilot's, else 0.05)."),
     multiplicity: str | None = typer.Option(
-        None, "--multiplicity", help="holm, fdr_bh, bonferroni or none (default: the pilot's, else holm)."
+        None,
+        "--multiplicity",
+        help=f"{_or_list(vocab.MULTIPLICITY)} (default: the pilot's, else {vocab.DEFAULT_MULTIPLICITY}).",
     ),
     family_size: int | None = typer.Option(
         None, "--family-size", help="Tests in the family, m (default: the pilot's tests, else the ranks)."
@@ -364,11 +379,9 @@ def calibrate(
     ),
     seed: int = typer.Option(0, min=0, help="Seed of the simulation."),
     scenario: list[str] = typer.Option(
-        ["isotropic", "anisotropic", "clustered", "skewed", "heavy", "hot"],
+        list(vocab.SCENARIOS),
         "--scenario",
-        help="Scenarios (repeatable): isotropic, anisotropic, clustered, skewed "
-        "(document energies lognormal, σ = 1.5), heavy (σ = 2.5), hot (10 % documents with 5× "
-        "energy, concentrated in the proxy's span).",
+        help=_SCENARIO_HELP,
     ),
     n_documents: int = typer.Option(60, min=3, max=100_000, help="Documents per simulated study (the goals)."),
     coverage_documents: list[int] = typer.Option(
@@ -381,9 +394,8 @@ def calibrate(
         help="Simulated many-unit studies for Holm's FWER and BH's FDR with shared draws (0: skip).",
     ),
     ci_method: str = typer.Option(
-        "adjusted_el_f",
-        help="CI method: studentized, bca, percentile, bca_log, variance_stabilised, el, adjusted_el, balanced_el "
-        "or adjusted_el_f.",
+        vocab.DEFAULT_CI_METHOD,
+        help=f"CI method: {_or_list(vocab.CI_METHODS)}.",
     ),
     jobs: int = typer.Option(1, min=1, max=256, help="Worker processes (results do not depend on it)."),
 ) -> None:
@@ -392,16 +404,13 @@ def calibrate(
     CI coverage at several study sizes, power, and multiplicity with draws shared by many units."""
     from .bundle import check_destination, staged_bundle, write_json
     from .stats import run_calibration, write_calibration_report
-    from .stats.calibrate import SCENARIOS
     from .stats.family_calibration import run_family_calibration
 
-    unknown = [s for s in scenario if s not in SCENARIOS]
+    unknown = [s for s in scenario if s not in vocab.SCENARIOS]
     if unknown:
-        raise AnistatInputError(f"--scenario must be among {', '.join(SCENARIOS)}, got '{unknown[0]}'")
-    from .stats.energy import CI_METHODS
-
-    if ci_method not in CI_METHODS:
-        raise AnistatInputError(f"--ci-method must be one of {', '.join(CI_METHODS)}, got '{ci_method}'")
+        raise AnistatInputError(f"--scenario must be among {', '.join(vocab.SCENARIOS)}, got '{unknown[0]}'")
+    if ci_method not in vocab.CI_METHODS:
+        raise AnistatInputError(f"--ci-method must be one of {', '.join(vocab.CI_METHODS)}, got '{ci_method}'")
     if any(n < 3 for n in coverage_documents):
         raise AnistatInputError("--coverage-documents must be at least 3")
     check_destination(out)  # before the simulation: a folder that cannot be replaced is said at once
@@ -444,11 +453,11 @@ def _echo_calibration_summary(
     and the family-wise error rates with shared draws."""
     import numpy as np
 
-    from .stats.calibrate import describe_goal
+    from .stats.calibrate import RANDOM_PROXY, describe_goal
     from .stats.ratio_intervals import RATIO_INTERVAL_METHODS
 
     for row in result.conditions:
-        if row["condition"] == "random" and row["documents"] == n_documents:
+        if row["condition"] == RANDOM_PROXY and row["documents"] == n_documents:
             # ± is the 95 % Monte-Carlo margin of each rate (1.96 binomial standard errors)
             _echo(
                 f"{row['scenario']}, uninformative proxy: P(p <= {result.settings['alpha']:g}) exact test "
@@ -475,7 +484,7 @@ def _echo_calibration_summary(
         for row in family.rows:
             if row["condition"].startswith("shared") and row["stop_after"]:
                 fwer = "all null" in row["condition"]
-                value, se = (row["fwer_holm"], row["fwer_holm_se"]) if fwer else (row["fdr_bh"], row["fdr_bh_se"])
+                value, se = (row["fwer_holm"], row["fwer_holm_se"]) if fwer else (row[vocab.FDR_BH], row["fdr_bh_se"])
                 _echo(
                     f"{row['condition']}: {'FWER (Holm)' if fwer else 'FDR (BH)'} {value:.4f} ± {1.96 * se:.4f} "
                     f"(bound {family.settings['alpha']:g})"

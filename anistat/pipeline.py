@@ -19,21 +19,9 @@ import pandas as pd
 import torch
 
 from . import timing, workers
-from .analyze import analyze_run
-from .bundle import (
-    RunFacts,
-    RunResult,
-    check_destination,
-    concentration_warnings,
-    few_resampling_units_warnings,
-    publish_bundle,
-    unit_records,
-    utc_now,
-    write_hint,
-)
+from .bundle import RunResult, check_destination, utc_now, write_hint
 from .collect import (
     BasisSet,
-    FitSample,
     FitSampler,
     Site,
     UnitArtifact,
@@ -48,14 +36,16 @@ from .collect import (
     sites_from_spec,
 )
 from .collect.artifact import ARTIFACT_FORMAT
+from .collect.bases import check_fit_sample, fit_site_bases, fits_frozen, fits_per_unit, site_seed_key
 from .collect.progress import bar
+from .collect.sites import site_calls
 from .data import load_corpus
 from .errors import AnistatInputError, CheckpointLoadError, RunInterrupted
-from .explore import BASES_FILE, bases_file
-from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_variants
+from .finalize import analyse_and_publish
+from .geometry import frequency_buckets
 from .models import Checkpoint, ModelSeries, resolve_models
 from .preflight import localized, preflight
-from .protocol import Protocol, control_problem, fit_window_size, load_protocol
+from .protocol import Protocol, fit_window_size, load_protocol
 from .runtime import MAX_THREADS, ThreadChoice, cpu_threads, resolve_threads
 from .seeding import derive_seed
 
@@ -99,12 +89,6 @@ def cache_dir(out: Path, protocol_sha: str) -> Path:
 # ----------------------------------------------------------------------------------------------
 # phase 1: proxies and controls
 # ----------------------------------------------------------------------------------------------
-def _seed_key(site: Site):
-    """The label a site contributes to derived seeds (block index for residual sites, so their
-    draws are unchanged from the residual-only collector; the site name otherwise)."""
-    return site.layer if site.kind == "residual" else site.name
-
-
 class _SitesRecorded(BaseException):
     """Raised inside a fit forward once every site holds its final activation (`_FitForwardCut`).
     A `BaseException`, so a model's own `except Exception` fallback cannot swallow it."""
@@ -132,34 +116,22 @@ class _FitForwardCut:
 
     @contextlib.contextmanager
     def armed(self, model: torch.nn.Module):
-        """Count site calls during one forward (register inside `probe`, so the probe's own
-        hook runs first); raise `_SitesRecorded` once the learnt counts are reached."""
-        modules = dict(model.named_modules())
+        """Count site calls during one forward (entered inside `probe`, so the probe's own hook
+        runs first); raise `_SitesRecorded` once the learnt counts are reached."""
         calls = {name: 0 for name in self.sites}
         expected = self.expected
 
-        def counter(name: str):
-            def hook(*_args):
-                calls[name] += 1
-                if expected is not None and all(calls[n] >= expected[n] for n in expected):
-                    raise _SitesRecorded
+        def counted(name: str) -> None:
+            calls[name] += 1
+            if expected is not None and all(calls[n] >= expected[n] for n in expected):
+                raise _SitesRecorded
 
-            return hook
-
-        handles = [
-            modules[site.module].register_forward_pre_hook(counter(name))
-            if site.hook == "input"
-            else modules[site.module].register_forward_hook(counter(name))
-            for name, site in self.sites.items()
-        ]
         try:
-            yield
+            with site_calls(model, self.sites, counted):
+                yield
         except _SitesRecorded:
             self.n_cut += 1
             return
-        finally:
-            for handle in handles:
-                handle.remove()
         if self.expected is None:
             self.expected = dict(calls)
 
@@ -181,7 +153,8 @@ def fit_bases(
     log: Log,
     refit_at: int | None = None,
 ) -> tuple[dict[str, list[BasisSet]], dict[str, Any]]:
-    """Fit every proxy on the early window (pooled fit-split activations), draw its controls.
+    """Fit every proxy on the early window (pooled fit-split activations), draw its controls
+    (the one fit core, `collect.bases.fit_site_bases`, which the training meter uses too).
 
     With `refit_at = i`, fit instead on checkpoint i's own fit-split activations (protocol
     `proxies.refit`): the proxies are labelled `METHOD@refit`, their seeds name the checkpoint,
@@ -195,8 +168,6 @@ def fit_bases(
     spec, seed = series.spec, protocol.seed
     n_early = fit_window_size(len(series.checkpoints), protocol.proxies.fit_window)
     window = series.checkpoints[:n_early] if refit_at is None else [series.checkpoints[refit_at]]
-    # frozen proxies keep their seed streams; refitted ones get their own per checkpoint
-    refit_tag = () if refit_at is None else ("refit", window[0].label)
     fit_inputs, _ = model_inputs(
         series.splits.fit, series.splits, series.objective, protocol.data.mlm_probability, seed, "fit"
     )
@@ -206,7 +177,7 @@ def fit_bases(
         n_checkpoints=len(window),
         token_ids=fit_inputs,
         max_tokens=protocol.proxies.max_fit_tokens,
-        seeds={name: derive_seed(seed, spec.name, _seed_key(site), "fit-sample") for name, site in by_name.items()},
+        seeds={name: derive_seed(seed, spec.name, site_seed_key(site), "fit-sample") for name, site in by_name.items()},
     )
     precision = resolve_precision(device, spec.precision)
     batch_size = protocol.data.batch_size
@@ -239,21 +210,23 @@ def fit_bases(
     bases: dict[str, list[BasisSet]] = {}
     n_tokens = 0
     decode = _memoized_decode(series.splits.decode)
+    card_tokens = protocol.proxies.concept_card_tokens
     for name, site in by_name.items():
         with timing.stage("fit pass"):
             sample = sampler.finish(name)
         n_tokens = int(sample.activations.shape[0])
-        dim = int(sample.activations.shape[1])
         # the preflight checked the hidden size; a module site's width is known only now
-        problem = control_problem(protocol.controls, protocol.proxies.ranks, dim)
-        if problem:
-            raise AnistatInputError(f"models.{spec.name}: site {name} (dimension {dim}): {problem}")
-        if not bool(torch.isfinite(sample.activations).all()):
-            raise AnistatInputError(
-                f"models.{spec.name}: the model produces non-finite (NaN/Inf) activations at site {name} on the "
-                "fit split, so no proxy can be fitted; check the checkpoint's weights"
-            )
-        bases[name] = _site_bases(sample, site, series, protocol, device, fit_inputs, decode, refit_at, refit_tag)
+        check_fit_sample(sample.activations, protocol, f"models.{spec.name}", name, "the fit split")
+        bases[name] = fit_site_bases(
+            sample.activations,
+            protocol,
+            model=spec.name,
+            site_key=site_seed_key(site),
+            device=device,
+            refit_label=None if refit_at is None else window[0].label,
+            cards=lambda basis, sample=sample: concept_cards(sample, basis, fit_inputs, decode, card_tokens),
+            broadcast=distributed.broadcast_,
+        )
     if refit_at is not None:
         return bases, {}
     log(
@@ -261,71 +234,6 @@ def fit_bases(
         f"({', '.join(c.label for c in window)}), {n_tokens} tokens per site"
     )
     return bases, {"fit_checkpoints": [c.label for c in window], "fit_tokens_per_site": n_tokens}
-
-
-def _site_bases(
-    sample: FitSample,
-    site: Site,
-    series: ModelSeries,
-    protocol: Protocol,
-    device: torch.device,
-    fit_inputs: torch.Tensor,
-    decode: Callable[[list[int]], str],
-    refit_at: int | None,
-    refit_tag: tuple[str, ...],
-) -> list[BasisSet]:
-    """One site's proxies (every method, centring variant and rank, fitted on its activation
-    sample) with their drawn controls and concept cards (none for refitted proxies)."""
-    spec, seed = series.spec, protocol.seed
-    key = _seed_key(site)
-    sets = []
-    variants = [
-        (method, label, options)
-        for method in protocol.proxies.methods
-        for label, options in proxy_variants(method, protocol.proxies.center.get(method))
-    ]
-    for method, label, options in variants:
-        ranks = protocol.proxies.ranks
-        with timing.stage("proxy fits"):
-            proxies = fit_proxies(
-                sample.activations.to(device),
-                method,
-                ranks,
-                {rank: derive_seed(seed, spec.name, key, label, rank, "proxy", *refit_tag) for rank in ranks},
-                **options,
-            )
-        largest = proxies[max(ranks)].basis
-        widest_cards = None  # the largest rank's cards serve every rank whose basis is its prefix
-        for rank in ranks:
-            proxy = proxies[rank]
-            with timing.stage("controls"):
-                controls = {
-                    kind: draw_controls(
-                        kind,
-                        proxy.basis,
-                        protocol.controls.n,
-                        seed=derive_seed(seed, spec.name, key, label, rank, kind, *refit_tag),
-                        activations=sample.activations.to(device),
-                        pca_span_dim=protocol.controls.pca_span_dim,
-                    )
-                    for kind in protocol.projected_control_kinds
-                }
-            basis = distributed.broadcast_(proxy.basis.contiguous())
-            controls = {kind: distributed.broadcast_(stack.contiguous()) for kind, stack in controls.items()}
-            with timing.stage("concept cards"):
-                if refit_at is not None:
-                    cards = []
-                elif torch.equal(proxy.basis, largest[:, :rank]):  # nested (pca): the same directions
-                    if widest_cards is None:
-                        widest_cards = concept_cards(
-                            sample, largest, fit_inputs, decode, protocol.proxies.concept_card_tokens
-                        )
-                    cards = widest_cards[:rank]
-                else:
-                    cards = concept_cards(sample, basis, fit_inputs, decode, protocol.proxies.concept_card_tokens)
-            proxy_name = label if refit_at is None else f"{label}@refit"
-            sets.append(BasisSet(proxy_name, rank, basis, controls, proxy.reconstruction_error, cards))
-    return sets
 
 
 def _memoized_decode(decode: Callable[[list[int]], str]) -> Callable[[list[int]], str]:
@@ -380,15 +288,14 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
                 log(f"  {spec.name} {checkpoint.label}: resumed from cache")
                 units_bar.update(len(sites))
                 continue
-            refit = protocol.proxies.refit
             if bases is None:
                 bases, fit_info = (
-                    ({site.name: [] for site in sites}, {})
-                    if refit == "per_checkpoint"
-                    else fit_bases(series, sites, protocol, device, log)
+                    fit_bases(series, sites, protocol, device, log)
+                    if fits_frozen(protocol)
+                    else ({site.name: [] for site in sites}, {})
                 )
             unit_bases = bases
-            if refit != "frozen":
+            if fits_per_unit(protocol):
                 refitted, _ = fit_bases(series, sites, protocol, device, log, refit_at=i)
                 unit_bases = {name: bases[name] + refitted[name] for name in bases}
             with timing.stage("test pass"):
@@ -632,82 +539,34 @@ def _collect_analyse_publish(
     keep_cache: bool,
     bundle_files: Mapping[str, str] | None = None,
 ) -> RunResult:
-    from .claims import evaluate_claims
-
     torch.manual_seed(protocol.seed)
     with _disk_errors_reported(cache):
         artifacts, info = collect_units(protocol, torch_device, cache, log)
-        stage = time.perf_counter()
-        if distributed.is_main():
-            log(
-                f"analysing {len(artifacts)} unit(s): exact tests against Haar subspaces shared by the units of "
-                f"each width, {protocol.stats.n_bootstrap} bootstrap resamples per interval, per-bucket energy "
-                "ratios and log-frequency correlations …"
-                + (f"; each of {distributed.world_size()} processes takes a share" if distributed.active() else "")
-            )
-        # torchrun: every rank analyses its share of the units, rank 0 gathers the rows
-        results, frequency = analyze_run(
-            artifacts, info.pop("frequency"), protocol, device=torch_device, workers=thread_choice.threads
-        )
         distributed.finish()  # every rank at once: none exits while another still holds the group
-        if not distributed.is_main():  # rank 0 runs what needs the whole family and writes the bundle
+        if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
             return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
-        log(_analysed(results, frequency, time.perf_counter() - stage))
-    few_units = [*few_resampling_units_warnings(results), *concentration_warnings(results)]
-    for warning in [*results.attrs.get("warnings", []), *few_units]:
-        log(f"warning: {warning}")
-    with timing.stage("claims"):
-        claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
-    failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
-    stage = time.perf_counter()
-    log(
-        "writing the bundle: tables, figures, report.html, tables.tex"
-        + (", report.pdf" if protocol.report.compile_pdf else "")
-        + " …"
-    )
-    facts = RunFacts(
-        device=str(torch_device),
-        started_at=started_at,
-        seconds=time.perf_counter() - started,
-        corpus=info["corpus"],
-        models=info["models"],
-        units=unit_records(artifacts),
-        warnings=(*info.pop("warnings"), *results.attrs.get("warnings", []), *few_units),
-        null_settings=dict(results.attrs.get("null_settings", {})),
-        threads=thread_choice,
-        timer=timing.active_timer(),
-    )
-    kept: dict[str, str | bytes] = dict(bundle_files or {})
-    if protocol.report.keep_bases:
-        kept[BASES_FILE] = bases_file(artifacts)
-    with _disk_errors_reported(cache):
-        outcome = publish_bundle(
-            out, protocol, results, frequency, claims, info["concept_cards"], facts, extra_files=kept
+        outcome = analyse_and_publish(
+            artifacts,
+            info["frequency"],
+            protocol,
+            out,
+            device=torch_device,
+            started_at=started_at,
+            started=started,
+            corpus=info["corpus"],
+            models=info["models"],
+            concept_cards=info["concept_cards"],
+            warnings=info["warnings"],
+            threads=thread_choice,
+            extra_files=bundle_files,
+            log=log,
         )
-    log(f"  rendered ({time.perf_counter() - stage:.1f}s)")
-    for name, reason in outcome.manifest.get("omitted_files", {}).items():
-        log(f"note: {name} was not written: {reason}")
+    failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
     if not keep_cache:
         shutil.rmtree(cache, ignore_errors=True)
         _remove_if_empty(cache.parent)
     log(f"wrote {out}/ ({time.perf_counter() - started:.1f}s)" + (f"; {len(failed)} unit(s) FAILED" if failed else ""))
     return outcome
-
-
-def _analysed(results: pd.DataFrame, frequency: pd.DataFrame | None, seconds: float) -> str:
-    """The log line after the analysis: rows, Haar draws made, resamples, the family size."""
-    nulls = results.attrs.get("null_settings", {})
-    made = (
-        f"{nulls.get('draws')} in {nulls.get('streams')} stream(s), the longest {nulls.get('longest_stream')}"
-        if nulls.get("streams")
-        else ""
-    )
-    return (
-        f"  analysed: {len(results)} result rows and {len(frequency) if frequency is not None else 0} frequency "
-        f"rows; at most {nulls.get('n_null_draws')} Haar draws per test (drawn: {made or 'none'}) and "
-        f"{nulls.get('n_test_resamples')} data-test resamples, sized for a family of {nulls.get('n_tests')} "
-        f"({seconds:.1f}s)"
-    )
 
 
 _DISK_ERRNOS = {"ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS", "EFBIG", "EMFILE", "ENFILE"}

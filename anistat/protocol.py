@@ -18,7 +18,7 @@ import re
 import typing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -32,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from . import vocabulary as vocab
 from .errors import AnistatInputError
 
 PROTOCOL_VERSION = 1
@@ -49,7 +50,18 @@ REVISION_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}$"
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
 # The proxy methods `anistat.geometry.proxies` registers itself (a test keeps the two in step);
 # others, registered with `register_proxy`, are looked up in the registry.
-BUILTIN_PROXY_METHODS = frozenset({"pca", "random", "semi_nmf", "nmf", "ica"})
+BUILTIN_PROXY_METHODS = frozenset(vocab.PROXY_KINDS)
+
+# The closed choices of `anistat.vocabulary` as the types pydantic validates (and `anistat schema`
+# lists as enums); mypy sees plain strings.
+if TYPE_CHECKING:
+    ControlKindName = str
+    CiMethodName = str
+    MultiplicityName = str
+else:
+    ControlKindName = Literal[tuple(vocab.CONTROL_KINDS)]
+    CiMethodName = Literal[tuple(vocab.CI_METHODS)]
+    MultiplicityName = Literal[tuple(vocab.MULTIPLICITY)]
 
 
 class StrictModel(BaseModel):
@@ -321,7 +333,7 @@ class ProxySpec(StrictModel):
     """Activation-derived tangent proxies: methods × ranks, fitted on the early window, then frozen
     (or refitted at every checkpoint, see `refit`)."""
 
-    methods: list[Name] = Field(default_factory=lambda: ["pca"], min_length=1)
+    methods: list[Name] = Field(default_factory=lambda: [vocab.DEFAULT_PROXY_METHOD], min_length=1)
     ranks: list[Annotated[int, Field(ge=1, le=65_536)]] = Field(default_factory=lambda: [4], min_length=1)
     fit_window: float = Field(
         0.3, gt=0.0, le=1.0, description="Share of the checkpoint series (earliest first) used to fit."
@@ -383,9 +395,7 @@ class ProxySpec(StrictModel):
 class ControlSpec(StrictModel):
     """Matched-rank random subspaces the proxy is compared against."""
 
-    kinds: list[Literal["normal", "haar", "pca_span", "cov_matched"]] = Field(
-        default_factory=lambda: ["normal", "haar"], min_length=1
-    )
+    kinds: list[ControlKindName] = Field(default_factory=lambda: list(vocab.DEFAULT_CONTROL_KINDS), min_length=1)
     n: int = Field(20, ge=1, le=100_000, description="Controls per kind (the paper used 20).")
     pca_span_dim: int | None = Field(None, ge=1, le=65_536)
 
@@ -401,18 +411,8 @@ class StatsSpec(StrictModel):
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
     n_bootstrap: int = Field(1000, ge=10, le=1_000_000)
     ci_level: float = Field(0.95, gt=0.5, lt=1.0)
-    ci_method: Literal[
-        "percentile",
-        "bca",
-        "studentized",
-        "bca_log",
-        "variance_stabilised",
-        "el",
-        "adjusted_el",
-        "balanced_el",
-        "adjusted_el_f",
-    ] = Field(
-        "adjusted_el_f",
+    ci_method: CiMethodName = Field(
+        vocab.DEFAULT_CI_METHOD,
         description="The energy estimands' CI over the resampling units (documents, else sequences): adjusted_el_f "
         "(adjusted empirical likelihood of a ratio of means, Chen et al. 2008, calibrated by F(1, m - 1) on the "
         "units' effective size m; 95 % coverage 0.937-0.961 at 60 and 0.938-0.956 at 200 documents over "
@@ -468,7 +468,7 @@ class StatsSpec(StrictModel):
         "together; sequences where each has its own document) or 'sequence' (assumes independent sequences).",
     )
     alternative: Literal["greater", "less", "two-sided"] = "greater"
-    multiplicity: Literal["holm", "fdr_bh", "bonferroni", "none"] = "holm"
+    multiplicity: MultiplicityName = vocab.DEFAULT_MULTIPLICITY
     family: Literal["run", "model", "claim"] = Field(
         "run",
         description="Multiplicity family: every test of the run, of one model, or (claim) the tests each "
@@ -692,7 +692,7 @@ class Protocol(StrictModel):
         controls. haar / normal are otherwise drawn at analysis time from the moments."""
         if self.stats.energy_ratio_reference == "drawn":
             return list(self.controls.kinds)
-        return [kind for kind in self.controls.kinds if kind not in ("haar", "normal")]
+        return [kind for kind in self.controls.kinds if kind not in vocab.CLOSED_FORM_KINDS]
 
 
 def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], hidden_size: int) -> str | None:
@@ -702,12 +702,12 @@ def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], h
     for rank in ranks:
         if rank >= d:
             return f"proxies.ranks: rank {rank} must be smaller than the hidden size {d}"
-        if "normal" in controls.kinds and 2 * rank > d:
+        if vocab.NORMAL in controls.kinds and 2 * rank > d:
             return (
                 f"controls.kinds 'normal' needs 2k <= d (controls live in the proxy's orthogonal "
                 f"complement); proxies.ranks has {rank} with hidden size {d}"
             )
-        if "pca_span" in controls.kinds:
+        if vocab.PCA_SPAN in controls.kinds:
             m = min(4 * rank, d) if controls.pca_span_dim is None else controls.pca_span_dim
             if m > d:
                 return f"controls.pca_span_dim {m} must not exceed the hidden size {d}"
@@ -1043,7 +1043,7 @@ models:
 sites: {kind: residual, layers: all}   # also embed, attn, mlp, module (see `anistat sites MODEL`)
 
 proxies:
-  methods: [pca]               # pca | semi_nmf | nmf | ica | random (the null proxy)
+  methods: [pca]               # <PROXY_METHODS>
   ranks: [4, 8]
   fit_window: 0.3              # proxies are fitted on the first 30 % of checkpoints, then frozen
 
@@ -1055,7 +1055,7 @@ stats:
   alpha: 0.05
   n_null_draws: auto           # Haar subspaces for the exact test: >= 9999, enough for the corrected family
   n_bootstrap: 1000            # bootstrap resamples of documents (sequences cut from one document move together)
-  multiplicity: holm           # holm | fdr_bh | bonferroni | none
+  multiplicity: holm           # <MULTIPLICITY>
 
 # claims:
 #   - id: decoder-early
@@ -1066,6 +1066,10 @@ stats:
 #     threshold: 1.0
 #     alpha: 0.05
 """
+STARTER_PROTOCOL = STARTER_PROTOCOL.replace(
+    "<PROXY_METHODS>",
+    " | ".join(f"{m.name} (the null proxy)" if m.data_free else m.name for m in vocab.PROXY_KINDS.values()),
+).replace("<MULTIPLICITY>", " | ".join(vocab.MULTIPLICITY))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 `anistat summary BUNDLE`), in the spirit of statsmodels' ``summary()``.
 
 A **claim** row is the claim's verdict with the evidence that decided it (claims.json):
-``estimate`` and the interval are the claim's ``interval`` (the weakest selected row's, or the
-pooled one of a meta claim, whose ``se`` is the pooled SE), ``test`` is what decided it
+``estimate`` and the interval are the claim's ``interval`` (the selected row's with the lowest
+interval end, or the pooled one of a meta claim, whose ``se`` is the pooled SE), ``test`` is what decided it
 (``decided_by``: the rows' own tests, the interval, or the pooled test) and ``p`` its p-value.
 
 A **headline cell** row is one cell of the report's headline table: the energy ratio
@@ -167,6 +167,10 @@ def claim_rows(claims: Sequence[Mapping[str, Any]], metrics: Mapping[str, str]) 
         evidence = record.get("evidence") or {}
         p_value = record.get("p_value") or {}
         estimate = interval.get("estimate", evidence.get("meta_estimate"))
+        # an unbounded end is stored as null with ``high_infinite`` (JSON has no infinity)
+        low, high = (_float(interval.get(k)) for k in ("low", "high"))
+        high = math.inf if interval.get("high_infinite") else high
+        low = -math.inf if interval.get("low_infinite") else low
         rows.append(
             {
                 "kind": "claim",
@@ -174,8 +178,8 @@ def claim_rows(claims: Sequence[Mapping[str, Any]], metrics: Mapping[str, str]) 
                 "metric": metrics.get(str(record.get("id", "")), ""),
                 "estimate": _float(estimate),
                 "se": _float(evidence.get("meta_se")),
-                "ci_low": _float(interval.get("low")),
-                "ci_high": _float(interval.get("high")),
+                "ci_low": low,
+                "ci_high": high,
                 "test": str(record.get("decided_by", "")),
                 "p": _float(p_value.get("value")),
                 "p_of": str(p_value.get("of", "")),

@@ -47,6 +47,7 @@ class _Collected(Exception):
 
 def collect(args) -> None:
     """Run the protocol up to the analysis and save the analysis' inputs under ``args.units``."""
+    import anistat.finalize as finalize
     import anistat.pipeline as pipeline
 
     units = Path(args.units)
@@ -69,7 +70,7 @@ def collect(args) -> None:
             save_model_with_tokenizer(model_dir, args)
             protocol = Path(tmp) / "protocol.yaml"
             protocol.write_text(yaml.safe_dump(protocol_for(model_dir, args), sort_keys=False))
-        pipeline.analyze_run = save_inputs
+        finalize.analyze_run = save_inputs
         try:
             pipeline.run(protocol, Path(tmp) / "bundle")
         except _Collected:
@@ -135,7 +136,7 @@ def time_analysis(args) -> dict:
         finally:
             undo()
         counts[method] = counted
-    results, frequency = tables[args.methods[0]]
+    results, frequency = tables[args.methods[0]].results, tables[args.methods[0]].frequency
     median = {m: statistics.median(s) for m, s in seconds.items()}
     out = {
         "config": vars(args),

@@ -58,7 +58,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for workers in (1, args.workers):
                 started = time.perf_counter()
-                tables[workers] = analyze_run(artifacts, {}, protocol, "cpu", workers=workers)[0]
+                tables[workers] = analyze_run(artifacts, {}, protocol, "cpu", workers=workers).results
                 seconds[workers].append(time.perf_counter() - started)
     identical = tables[1].to_csv() == tables[args.workers].to_csv()
     one, many = statistics.median(seconds[1]), statistics.median(seconds[args.workers])

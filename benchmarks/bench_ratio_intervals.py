@@ -17,6 +17,17 @@ their studies). Last tables: the data test's level at ratio 1 by the documents' 
 ``n/n_eff``, and per scenario and size its level over all studies, the share the concentration
 warning flags (spread at or above the threshold those levels give) and the level among the others.
 
+``--coverage``: instead, coverage alone (no tests: each study only simulates and computes every
+method's interval, about 5–20 ms) under the six scenarios and the heavier document laws of
+:data:`anistat.stats.calibrate.HEAVIER_SCENARIOS` (a t₃ scale mixture and 5 % of documents at 20×
+the energy), the random proxy and ratio 1, at 10, 30, 60 and 200 documents: coverage by ``m_eff``
+level pooled over the laws and per law, and per level the lowest and highest law (what
+:data:`anistat.stats.ratio_intervals.CONCENTRATION_COVERAGE` keeps). ``--studies`` then counts
+studies per law, condition and size.
+
+``--laws t3 two_point``: those laws only; ``--coverage-pool a.json b.json``: the coverage tables of
+several such runs' laws together.
+
 ``--cost``: instead, the cost of each method per row group at the d = 768 shape (per-sequence
 energies of 32 tokens per sequence in d = 768 with a rank-8 proxy; 128 sequences in 32 documents,
 as ``bench_stats.py`` part B, and 96 sequences each its own document, the paper's test split),
@@ -33,8 +44,22 @@ import time
 
 import numpy as np
 
-from anistat.stats.calibrate import SCENARIOS, _jsonable, run_calibration
-from anistat.stats.ratio_intervals import RATIO_INTERVAL_METHODS, SPREAD_LEVELS, data_test_spread_threshold
+from anistat.stats.calibrate import (
+    HEAVIER_SCENARIOS,
+    SCENARIOS,
+    _interval_methods,
+    _jsonable,
+    _simulated_study,
+    run_calibration,
+)
+from anistat.stats.ratio_intervals import (
+    CONCENTRATION_LEVELS,
+    COVERAGE_CEILING,
+    COVERAGE_FLOOR,
+    RATIO_INTERVAL_METHODS,
+    SPREAD_LEVELS,
+    data_test_spread_threshold,
+)
 
 
 def _energies(rng: np.random.Generator, sequences: int, d: int = 768, k: int = 8, tokens: int = 32):
@@ -108,6 +133,9 @@ def main() -> None:
     parser.add_argument("--planted", type=float, nargs="+", default=[1.0], help="planted ratios besides random")
     parser.add_argument("--documents", type=int, nargs="+", default=[60, 30, 200], help="study sizes")
     parser.add_argument("--cost", action="store_true", help="time the methods at the d = 768 shape instead")
+    parser.add_argument("--coverage", action="store_true", help="coverage alone, heavier laws included")
+    parser.add_argument("--laws", nargs="+", default=None, help="--coverage: these laws only (default all)")
+    parser.add_argument("--coverage-pool", nargs="+", default=None, help="print the laws of these --coverage files")
     parser.add_argument("--pool", nargs="+", default=None, help="print the tables of these --out files, pooled")
     args = parser.parse_args()
     if args.pool:
@@ -115,6 +143,17 @@ def main() -> None:
         return
     if args.cost:
         interval_cost()
+        return
+    if args.coverage_pool:
+        runs = [json.load(open(path, encoding="utf-8")) for path in args.coverage_pool]
+        print_coverage({"laws": {law: columns for run in runs for law, columns in run["laws"].items()}})
+        return
+    if args.coverage:
+        table = coverage_by_law(args.studies, args.seed, args.documents, args.laws)
+        print_coverage(table)
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as fh:
+                json.dump(_jsonable(table), fh)
         return
     t0 = time.perf_counter()
     # one run per size, each keeping its studies: the per-study m_eff and data-test p-values are
@@ -282,6 +321,90 @@ def pool(paths: list[str]) -> tuple[list[dict], list[dict], dict]:
         for key in runs[0]["studies"]
     }
     return conditions, _pooled_levels([run["concentration"] for run in runs]), studies
+
+
+#: The settings of ``anistat calibrate``'s simulated studies that the coverage-only mode uses.
+_STUDY = dict(
+    dim=24,
+    rank=3,
+    sequences_per_document=4.0,
+    tokens_per_sequence=[4, 16],
+    within_correlation=0.3,
+    document_correlation=0.3,
+    topic_rank=2,
+    scale_sd=0.25,
+    n_bootstrap=1000,
+    n_test_resamples=1000,
+    ci_level=0.95,
+)
+
+
+def coverage_by_law(studies: int, seed: int, sizes: list[int], laws: list[str] | None = None) -> dict:
+    """Per law (scenario; ``laws``, default every one): every study's ``m_eff`` and each method's
+    coverage of the haar ratio, at the random proxy and a planted ratio of 1, ``studies`` per
+    condition and size (a law's seeds do not depend on which other laws run)."""
+    every = SCENARIOS + HEAVIER_SCENARIOS
+    out: dict = {}
+    t0 = time.process_time()
+    for law in laws or every:
+        li = every.index(law)
+        rows = []
+        for ci, condition in enumerate(("random", 1.0)):
+            for size in sizes:
+                cfg = {**_STUDY, "n_documents": size}
+                for i in range(studies):
+                    rng = np.random.default_rng(np.random.SeedSequence([seed, li, ci, size, i]))
+                    p_seq, t_seq, _, sigma, u, documents, clustered = _simulated_study(rng, law, condition, cfg)
+                    k, d = cfg["rank"], cfg["dim"]
+                    truth = float(np.trace(u.T @ sigma @ u) / np.trace(sigma)) / (k / d)
+                    common = {**cfg, "seed": int(rng.integers(2**62))}
+                    rows.append(_interval_methods(p_seq, t_seq, documents if clustered else None, truth, k, d, common))
+        out[law] = {key: [float(row[key]) for row in rows] for key in rows[0]}
+        print(f"{law}: {len(rows)} studies, {time.process_time() - t0:.0f} s CPU", flush=True)
+    return {"laws": out, "settings": {**_STUDY, "studies": studies, "seed": seed, "documents": sizes}}
+
+
+def coverage_levels(table: dict, method: str = "adjusted_el_f") -> list[dict]:
+    """Per :data:`~anistat.stats.ratio_intervals.CONCENTRATION_LEVELS` level: studies and coverage
+    pooled over the laws, and every law's coverage and studies there."""
+    levels = []
+    for low, high in CONCENTRATION_LEVELS:
+        row: dict = {"m_eff_low": low, "m_eff_high": high, "laws": {}}
+        hits = total = 0
+        for law, columns in table["laws"].items():
+            m_eff, cover = np.asarray(columns["m_eff"]), np.asarray(columns[f"cover_method_{method}"])
+            inside = (m_eff >= low) & (m_eff < high)
+            if inside.any():
+                row["laws"][law] = (float(cover[inside].mean()), int(inside.sum()))
+                hits, total = hits + int(cover[inside].sum()), total + int(inside.sum())
+        row["coverage"], row["studies"] = (hits / total if total else float("nan")), total
+        levels.append(row)
+    return levels
+
+
+def print_coverage(table: dict, min_studies: int = 200) -> None:
+    """Coverage by ``m_eff`` level (pooled ± binomial SE, then the lowest and highest law with at
+    least ``min_studies`` studies there, and whether it lies outside the band beyond its margin)
+    for each method."""
+    for method in RATIO_INTERVAL_METHODS:
+        print(f"{method}: low | high | studies | pooled | lowest law | highest law")
+        for row in coverage_levels(table, method):
+            if not row["studies"]:
+                continue
+            value, n = row["coverage"], row["studies"]
+            laws = {law: cell for law, cell in row["laws"].items() if cell[1] >= min_studies}
+            cells = []
+            for pick in (min, max):
+                if not laws:
+                    cells.append("—")
+                    continue
+                law = pick(laws, key=lambda name: laws[name][0])
+                rate, count = laws[law]
+                margin = 1.96 * np.sqrt(0.95 * 0.05 / count)
+                off = rate < COVERAGE_FLOOR - margin or rate > COVERAGE_CEILING + margin
+                cells.append(f"{rate:.3f} {law} ({count}){' OFF' if off else ''}")
+            se = np.sqrt(value * (1 - value) / n)
+            print(f"{row['m_eff_low']:g} | {row['m_eff_high']:g} | {n} | {value:.3f} ± {se:.3f} | " + " | ".join(cells))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def part_risk(epsilon: float, proxies=("planted", "random"), layout=PAPER_UNITS,
     side by side on the same artifacts (off first, then on), per width and proxy kind."""
     import yaml
 
-    from anistat.analyze import analyze_units
+    from anistat.analyze import analyze_run
     from anistat.protocol import Protocol
 
     rows = []
@@ -69,7 +69,8 @@ def part_risk(epsilon: float, proxies=("planted", "random"), layout=PAPER_UNITS,
                 settings["stats"] = settings["stats"] | {"resampling_risk": risk}
                 protocol = Protocol.model_validate(settings)
                 started = time.process_time()
-                results = analyze_units(artifacts, protocol)
+                analysis = analyze_run(artifacts, {}, protocol, frequency=False)
+                results = analysis.results
                 seconds = time.process_time() - started
                 timed[risk] = seconds
                 rows.append(
@@ -81,7 +82,7 @@ def part_risk(epsilon: float, proxies=("planted", "random"), layout=PAPER_UNITS,
                         "resampling_risk": risk,
                         "seconds": seconds,
                         "per_unit_s": seconds / units,
-                        "draws_made": results.attrs["null_settings"].get("draws_made"),
+                        "draws_made": analysis.null_settings.get("draws_made"),
                         **_risk_summary(results),
                     }
                 )

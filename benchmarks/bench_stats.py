@@ -175,7 +175,7 @@ def part_b(quick: bool, widths=(768, 1024, 2048), units: int = 12, rank_sets=Non
     planted (significant: every test uses all draws) and random (null: tests stop early) proxies."""
     import yaml
 
-    from anistat.analyze import analyze_units
+    from anistat.analyze import analyze_run
     from anistat.protocol import Protocol
 
     widths = (256,) if quick else widths
@@ -191,9 +191,9 @@ def part_b(quick: bool, widths=(768, 1024, 2048), units: int = 12, rank_sets=Non
                     yaml.safe_load(PROTOCOL) | {"proxies": {"methods": ["pca"], "ranks": ranks}}
                 )
                 started = time.process_time()
-                results = analyze_units(artifacts, protocol)
+                analysis = analyze_run(artifacts, {}, protocol, frequency=False)
                 seconds = time.process_time() - started
-                made = results.attrs["null_settings"]["draws_made"]
+                made = analysis.null_settings["draws_made"]
                 out.append(
                     {
                         "d": d,
@@ -203,7 +203,7 @@ def part_b(quick: bool, widths=(768, 1024, 2048), units: int = 12, rank_sets=Non
                         "seconds": seconds,
                         "per_unit_s": seconds / units,
                         "draws_made": made,
-                        "n_null_draws": results.attrs["null_settings"]["n_null_draws"],
+                        "n_null_draws": analysis.null_settings["n_null_draws"],
                     }
                 )
                 print(json.dumps(out[-1]), flush=True)

@@ -173,13 +173,14 @@ def analysis_check(dry_run: bool, device: str) -> dict:
             started = time.perf_counter()
             # the device side: eigendecompositions batched and Haar streams on the device (on the CPU
             # in a dry run: the same path, run there)
-            tables[name] = analyze_run(
-                artifacts, {}, protocol, dev, frequency=False, linalg_on_device=name == "device"
-            )[0]
+            tables[name] = analyze_run(artifacts, {}, protocol, dev, frequency=False, linalg_on_device=name == "device")
             seconds[name] = time.perf_counter() - started
-        p = [t.loc[t["p_test"] == "haar_monte_carlo", "p_value"].to_numpy(dtype=float) for t in tables.values()]
+        p = [
+            t.results.loc[t.results["p_test"] == "haar_monte_carlo", "p_value"].to_numpy(dtype=float)
+            for t in tables.values()
+        ]
         same = int(np.sum(p[0] == p[-1]))
-        estimates = [t["estimate"].to_numpy(dtype=float) for t in tables.values()]
+        estimates = [t.results["estimate"].to_numpy(dtype=float) for t in tables.values()]
         scale = np.maximum(np.abs(estimates[0]), 1e-12)
         finite = np.isfinite(estimates[0]) & np.isfinite(estimates[1])
         out[kind] = {
@@ -192,7 +193,7 @@ def analysis_check(dry_run: bool, device: str) -> dict:
             "estimates_max_relative": float(np.max(np.abs(estimates[1] - estimates[0])[finite] / scale[finite]))
             if finite.any()
             else 0.0,
-            "draws_made": tables["cpu"].attrs["null_settings"]["draws_made"],
+            "draws_made": tables["cpu"].null_settings["draws_made"],
         }
     return out
 

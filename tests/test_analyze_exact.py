@@ -10,7 +10,7 @@ import yaml
 from conftest import MINI_PROTOCOL
 from test_analyze_degenerate import measured_unit
 
-from anistat.analyze import analyze_units, null_settings, planned_tests, unit_rows
+from anistat.analyze import analyze_run, null_settings, planned_tests, unit_rows
 from anistat.collect import BasisColumn, UnitArtifact, UnitKey
 from anistat.geometry import HaarDiagonalStream, SpectralFrame, draw_controls
 from anistat.protocol import Protocol
@@ -108,9 +108,10 @@ def test_enough_draws_for_the_family_and_sequence_option():
     assert null_settings(artifacts, big).n_null_draws == 89999  # 9 / 0.0001 - 1
     rows, _ = unit_rows(artifacts[0], _protocol(n_null_draws=199, resampling_unit="sequence"))
     assert _rows(rows, metric="energy_ratio", control="haar")[0]["n_clusters"] == S
-    results = analyze_units(artifacts, _protocol(n_null_draws=99, multiplicity="holm"))
-    assert results.attrs["null_settings"]["n_null_draws"] == 99  # an explicit setting is used as given
-    assert any("Haar null draws give a p-value floor" in w for w in results.attrs["warnings"])
+    analysis = analyze_run(artifacts, {}, _protocol(n_null_draws=99, multiplicity="holm"), frequency=False)
+    results = analysis.results
+    assert analysis.null_settings["n_null_draws"] == 99  # an explicit setting is used as given
+    assert any("Haar null draws give a p-value floor" in w for w in analysis.warnings)
     assert str(results["rank"].dtype) == "Int64" and str(results["n_clusters"].dtype) == "Int64"
 
 
@@ -127,13 +128,12 @@ def test_a_stream_per_test_when_asked():
     artifact.proxy_bases[("pca", 1)] = u1
     grads_energy = artifact.energy  # (S, 1, n_bases): add the rank-1 proxy's column in front
     artifact.energy = np.concatenate([grads_energy[:, :, :1] * 0.3, grads_energy], axis=2)
-    results = analyze_units([artifact], protocol)
-    made = results.attrs["null_settings"]
+    made = analyze_run([artifact], {}, protocol, frequency=False).null_settings
     assert made["streams"] == 2 and "draws_made" not in made  # one stream per (unit, rank)
-    shared = analyze_units(
-        [artifact], Protocol.model_validate({**raw, "stats": {**raw["stats"], "null_draws": "shared"}})
+    shared = analyze_run(
+        [artifact], {}, Protocol.model_validate({**raw, "stats": {**raw["stats"], "null_draws": "shared"}})
     )
-    assert list(shared.attrs["null_settings"]["draws_made"]) == [str(D)]
+    assert list(shared.null_settings["draws_made"]) == [str(D)]
 
 
 def test_frequency_buckets_have_their_own_exact_test():
@@ -171,7 +171,7 @@ def test_frequency_buckets_have_their_own_exact_test():
         proxy_bases={("pca", K): u},
     )
     table = frequency_rows([artifact], {}, protocol)
-    _, joint = analyze_run([artifact], {}, protocol)  # the run's way: one pass over the streams
+    joint = analyze_run([artifact], {}, protocol).frequency  # the run's way: one pass over the streams
     stream = HaarDiagonalStream(D, [K], derive_seed(protocol.seed, "haar-null", D), dtype=torch.float64)
     for b in range(2):
         m = outers[b].astype(np.float32).astype(np.float64)  # the artifact stores it in float32 on disk

@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "timing": 0,
     "_version": 0,
     "_columns": 0,
+    "vocabulary": 0,
     "geometry": 1,
     "stats": 1,
     "report": 1,  # pure libraries: nothing else from anistat but the constant modules
@@ -42,22 +43,22 @@ LAYERS: dict[str, int] = {
     "explore": 6,  # a loaded bundle's figures and kept bases (Bundle.figure, Bundle.bases)
     "runs": 6,  # `anistat runs`: bundles under a folder, from their manifests
     "bundle": 7,
-    "finalize": 8,
-    "pipeline": 8,
+    "finalize": 8,  # the one analyse-and-publish path (run, meter, finalize_bundle)
     "rerender": 8,
     "verify": 8,
     "reproduction": 8,
     "plan": 8,  # study planning: stats formulas over a pilot read through bundle
-    "replicate": 9,
+    "pipeline": 9,
     "callbacks": 9,
-    "cli": 10,
-    "__main__": 11,
-    "anistat": 11,  # the package facade
+    "replicate": 10,
+    "cli": 11,
+    "__main__": 12,
+    "anistat": 12,  # the package facade
 }
 PURE = ("geometry", "stats", "report")
 #: Layer-0 modules of constants (no code runs, no state): the pure stages may import these, so a
 #: column list or the version string is defined once for every stage.
-CONSTANT_MODULES = ("_columns", "_version")
+CONSTANT_MODULES = ("_columns", "_version", "vocabulary")
 
 
 def _stage(module: str) -> str:

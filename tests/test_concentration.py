@@ -18,6 +18,7 @@ from anistat.collect import BasisColumn
 from anistat.stats import el_effective_size
 from anistat.stats.ratio_intervals import (
     CONCENTRATION_COVERAGE,
+    CONCENTRATION_LAWS,
     CONCENTRATION_LEVELS,
     CONCENTRATION_STUDIES,
     SPREAD_DATA_TEST,
@@ -76,8 +77,10 @@ def test_a_concentrated_unit_is_warned_about_with_the_calibrated_level():
     flat, flat_n_eff = _unit(hot_scale=1.0, seed=1)
     spread, flat_spread = 16 / n_eff, 16 / flat_n_eff
     level = calibrated_concentration(_m_eff(hot), "adjusted_el_f", spread)
-    # the default interval holds its coverage at every level; the data test is liberal from spread 3
-    assert flat_spread < level["data_test_from"] <= spread and level["data_test_off"] and not level["coverage_off"]
+    # with so few effective documents the default interval over-covers (often the whole range);
+    # the data test is liberal from spread 3
+    assert flat_spread < level["data_test_from"] <= spread and level["data_test_off"] and level["coverage_off"]
+    assert _m_eff(hot) < 5 and level["coverage"] > 0.97
     results = analyze_units([hot, flat], _protocol([2]))
     assert set(results.loc[results["metric"] == "energy_ratio", "ci_method"]) == {"adjusted_el_f"}  # the default
     warnings = concentration_warnings(results)
@@ -87,36 +90,37 @@ def test_a_concentrated_unit_is_warned_about_with_the_calibrated_level():
     m_eff = results.loc[
         (results["metric"] == "energy_ratio") & (results["site"] == "residual.0"), "m_eff"
     ].min()  # the unit's smallest m_eff over its rows (haar and normal)
-    own = f"m_eff {m_eff:.1f}, n/n_eff {spread:.1f}: level {level['data_test']:.3f}"
+    own = f"m_eff {m_eff:.1f}, n/n_eff {spread:.1f}: coverage {level['coverage']:.3f}, level {level['data_test']:.3f}"
     assert f"m step0 residual.0 ({own})" in warning and "residual.1" not in warning, warning
     assert "energy spread n/n_eff of 3 or more" in warning and "level outside [0.04, 0.06]" in warning
-    assert "read their data tests" in warning and "coverage outside" not in warning
+    assert "m_eff 1–5, 20–30" in warning and "coverage outside [0.93, 0.97]" in warning
+    assert "read their intervals and data tests" in warning
     assert concentration_warnings(analyze_units([flat], _protocol([2]))) == []
 
 
 def test_the_thresholds_are_read_off_the_measured_table():
-    """Levels tile [1, ∞); the coverage threshold is the upper edge of the highest m_eff level whose
-    coverage fell below 0.93 by more than its Monte-Carlo margin 1.96·√(0.95·0.05/n) (every level
-    above it is within it); the default interval (adjusted_el_f) has no such level, balanced EL's
-    and the studentized interval's are 5. The data test's is the lowest energy spread from which
-    every level rejects more than 0.06 and all of them pooled beyond their margin: 3."""
+    """Levels tile [1, ∞); a row's coverage is flagged when its own m_eff level's calibrated coverage
+    (the law farthest from 0.95 measured there) lies outside [0.93, 0.97] by more than its
+    Monte-Carlo margin 1.96·√(0.95·0.05/n). The data test's threshold is the lowest energy spread
+    from which every level rejects more than 0.06 and all of them pooled beyond their margin: 3."""
     for levels in (CONCENTRATION_LEVELS, SPREAD_LEVELS):
         assert levels[0][0] == 1.0 and levels[-1][1] == np.inf
         assert all(a[1] == b[0] for a, b in zip(levels, levels[1:]))
-    margins = 1.96 * np.sqrt(0.95 * 0.05 / np.array(CONCENTRATION_STUDIES))
     for method, coverage in CONCENTRATION_COVERAGE.items():
-        assert len(coverage) == len(CONCENTRATION_LEVELS) == len(CONCENTRATION_STUDIES)
-        below = calibrated_concentration(1.5, method)["coverage_below"]
-        off = np.array(coverage) < 0.93 - margins
-        highs = np.array([high for _, high in CONCENTRATION_LEVELS])
-        assert not off[highs > below].any()
-        assert below == 1.0 or off[highs == below].all()
+        studies = np.array(CONCENTRATION_STUDIES[method])
+        assert len(coverage) == len(CONCENTRATION_LEVELS) == len(studies) == len(CONCENTRATION_LAWS[method])
+        margins = 1.96 * np.sqrt(0.95 * 0.05 / studies)
+        off = (np.array(coverage) < 0.93 - margins) | (np.array(coverage) > 0.97 + margins)
+        for (low, high), flagged in zip(CONCENTRATION_LEVELS, off):
+            inside = low + 0.5 if np.isfinite(high) else low * 2
+            assert calibrated_concentration(inside, method)["coverage_off"] == flagged, (method, low)
+        assert bool(calibrated_concentration(50.0, method)["coverage_off_levels"]) == off.any()
     default = calibrated_concentration(9.9, spread=2.99)
-    assert (default["coverage_below"], default["data_test_from"]) == (1.0, 3.0)
+    assert default["data_test_from"] == 3.0
     assert not default["data_test_off"] and calibrated_concentration(9.9, spread=3.0)["data_test_off"]
-    assert not any(calibrated_concentration(m)["coverage_off"] for m in (1.0, 4.0, 9.9, 50.0))
-    assert calibrated_concentration(4.9, "balanced_el")["coverage_off"]
-    assert not calibrated_concentration(5.0, "balanced_el")["coverage_off"]
+    # the default interval: over-covers (often the parameter's whole range) where m_eff is tiny
+    assert calibrated_concentration(1.5)["coverage_off"] and calibrated_concentration(1.5)["coverage"] == 1.0
+    assert not calibrated_concentration(50.0)["coverage_off"]
     # the tail from 3 up: every level above 0.06, pooled beyond its margin; below 3 none above 0.06
     rates, studies = np.array(SPREAD_DATA_TEST), np.array(SPREAD_DATA_TEST_STUDIES)
     tail = np.array([low >= 3.0 for low, _ in SPREAD_LEVELS])

@@ -43,12 +43,13 @@ dist.init_process_group("gloo")
 protocol = parse_protocol(yaml.safe_load((folder / "protocol.yaml").read_text()))
 artifacts = [UnitArtifact.load(folder / "units" / f"{name}.json") for name in (folder / "order.txt").read_text().split()]
 counts = {path.stem: np.load(path) for path in (folder / "counts").glob("*.npy")}
-results, frequency = analyze_run(artifacts, counts, protocol, workers=int(sys.argv[2]))
+analysis = analyze_run(artifacts, counts, protocol, workers=int(sys.argv[2]))
+results, frequency = analysis.results, analysis.frequency
 if dist.get_rank() == 0:
     results.to_csv(folder / "results.csv", index=False, lineterminator="\\n")
     frequency.to_csv(folder / "frequency.csv", index=False, lineterminator="\\n")
 else:
-    assert results.empty and frequency is None
+    assert results.empty and frequency.empty
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -76,7 +77,8 @@ def test_two_ranks_give_the_single_process_tables_bit_for_bit(tmp_path: Path):
     for model, counts in info["frequency"].items():
         np.save(tmp_path / "counts" / f"{model}.npy", counts)
     (tmp_path / "rank.py").write_text(RANK_SCRIPT)
-    single = analyze_run(artifacts, info["frequency"], protocol)
+    analysis = analyze_run(artifacts, info["frequency"], protocol)
+    single = analysis.results, analysis.frequency
 
     env = {
         **os.environ,

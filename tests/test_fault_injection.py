@@ -355,14 +355,14 @@ def test_an_existing_read_only_out_folder_is_found_before_the_run(tmp_path):
 def test_a_write_failure_at_the_end_names_its_cause_and_the_kept_units(study, tmp_path, capfd, monkeypatch):
     """The disk turns read-only while the bundle is written: the hint matches the cause and the
     message says where the finished units are."""
-    import anistat.pipeline
+    import anistat.finalize
 
     out = tmp_path / "out"
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system", str(out))
 
-    monkeypatch.setattr(anistat.pipeline, "publish_bundle", read_only)
+    monkeypatch.setattr(anistat.finalize, "publish_bundle", read_only)
     code, _, err = cli(capfd, "run", study / "study.yaml", "--out", out, "--quiet")
     assert_one_line(code, err, allowed=(2,))
     assert "read-only: choose another --out" in err

@@ -27,9 +27,13 @@ def test_interval_implied_se_closed_forms():
     assert interval_implied_se(
         theta, theta * math.exp(-Z95 * s), theta * math.exp(Z95 * s), 0.95, log_scale=True
     ) == pytest.approx(theta * s, rel=1e-12)
-    # no interval (or a non-positive one on the log scale): the fallback
-    assert interval_implied_se(1.0, float("nan"), 2.0, 0.95, log_scale=False, fallback=0.7) == 0.7
-    assert interval_implied_se(1.0, 0.0, 2.0, 0.95, log_scale=True, fallback=0.3) == 0.3
+    # no interval: NaN; an unbounded one (an infinite end, a lower end at 0 on the log scale, or
+    # the method's unbounded code behind a clipped end): inf — never the replicates' SD
+    assert math.isnan(interval_implied_se(1.0, float("nan"), 2.0, 0.95, log_scale=False))
+    assert interval_implied_se(1.0, 0.0, 2.0, 0.95, log_scale=True) == math.inf
+    assert interval_implied_se(9.8, 0.0, math.inf, 0.95, log_scale=True) == math.inf
+    assert interval_implied_se(0.5, -math.inf, 2.0, 0.95, log_scale=False) == math.inf
+    assert interval_implied_se(0.4, 0.1, 1.0, 0.95, log_scale=True, unbounded=True) == math.inf
     assert math.isnan(interval_implied_se(1.0, 2.0, 1.0, 0.95, log_scale=False))
 
 
@@ -60,6 +64,7 @@ def test_every_energy_row_carries_its_intervals_implied_se(seed):
         oracle_fraction=0.9,
         n_bootstrap=800,
         seed=seed,
+        ci_method="studentized",
     )
     ratio, fraction, log2 = analysis["energy_ratio"], analysis["energy_fraction"], analysis["log2_energy_ratio"]
     assert ratio.ci_method == "studentized"

@@ -125,8 +125,8 @@ def test_a_mixed_model_says_where_it_is_more_and_where_it_is_less():
         "layers)"
     )
     assert (
-        "1.1–1.3× late (step400) — more than random subspaces at step400 (1 of 2 layers, BH-adjusted p ≤ 0.038), "
-        "not significantly more at step400 (1 of 2 layers)" in encoder
+        "1.1–1.3× late (step400) — more than random subspaces at step400 (layer 0: 1 of 2 layers, BH-adjusted "
+        "p ≤ 0.038), not significantly more at step400 (layer 1: 1 of 2 layers)" in encoder
     )
 
 
@@ -225,7 +225,8 @@ def test_which_question_each_kind_of_claim_answers():
     )
     assert by_test["context"].startswith("Context — effect size against normal controls: 95 % interval [")
     assert by_test["context"].endswith("not what decided this claim.") and not by_test["caveat"]
-    assert "decisive: the weakest row's [" in by_bound["decision"]
+    assert "decisive: the 95 % interval [" in by_bound["decision"]
+    assert by_bound["decision"].endswith("on the ratio scale of the selected row with the lowest interval end)")
 
 
 def encoder_step0_claim(claim_id: str) -> ClaimSpec:

@@ -92,7 +92,7 @@ def test_a_run_records_every_stage_and_they_sum_to_the_process_wall_time(tmp_pat
     assert done.returncode == 0, done.stderr
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     stages = manifest["stages"]
-    for name in (START_UP, "models", "fit pass", "proxy fits", "test pass", "exact tests"):
+    for name in (START_UP, "models", "fit pass", "test pass", "exact tests"):
         assert name in stages, name
     for name in ("intervals and bootstraps", "frequency rows", "figures", "HTML and LaTeX", OTHER):
         assert name in stages, name

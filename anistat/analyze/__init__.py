@@ -31,6 +31,7 @@ with sequential stopping), `units` (one unit's rows), `frequency` (frequency.csv
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -39,13 +40,14 @@ import pandas as pd
 import torch
 
 from .. import _columns
-from .._columns import ENERGY_METRICS
+from .. import vocabulary as vocab
 from ..collect import UnitArtifact
 from ..protocol import Protocol
 from ..seeding import derive_seed
 from ..stats import EXACT_TEST, adjust_pvalues, min_controls_needed, resolution_warning
 from ..stats.resampling_risk import family_decisions
 from ..timing import stage
+from ..vocabulary import ENERGY_METRICS
 from ..workers import process_pool
 from .frequency import FREQUENCY_COLUMNS, frequency_rows, frequency_table
 from .nulls import ExactNulls, NullOptions, UnitSpectrum, exact_tests
@@ -65,6 +67,7 @@ __all__ = [
     "FREQUENCY_COLUMNS",
     "RESULT_COLUMNS",
     "NullSettings",
+    "RunAnalysis",
     "adjust",
     "analyze_run",
     "analyze_units",
@@ -101,6 +104,23 @@ class NullSettings:
     stop_after: int = 0
     null_draws: str = "shared"
     resampling_risk: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunAnalysis:
+    """What `analyze_run` returns: the tables and what the run's record needs of the analysis.
+
+    ``results``: the tidy results table (`RESULT_COLUMNS`, then `DECISION_COLUMNS` with
+    `stats.resampling_risk`); ``frequency``: the frequency table (no rows when not asked for);
+    ``warnings``: the analysis' run warnings, the resolution guard (`multiplicity_warning`) first,
+    then the units' own; ``null_settings``: the Monte-Carlo sizes used (the `NullSettings` fields)
+    and the draws made — ``streams``, ``draws`` (their sum), ``longest_stream`` and, when the
+    units of a width share a stream, ``draws_made`` per width — as plain data for the manifest."""
+
+    results: pd.DataFrame
+    frequency: pd.DataFrame
+    warnings: tuple[str, ...]
+    null_settings: Mapping[str, Any]
 
 
 def planned_tests(artifacts: list[UnitArtifact], protocol: Protocol) -> int:
@@ -145,7 +165,7 @@ def run_exact_tests(
     stream per test (`stats.null_draws: per_test`: every unit and rank, seeded by the unit's id
     and the rank)."""
     stats = protocol.stats
-    record = protocol.controls.n if "haar" in protocol.controls.kinds else 0
+    record = protocol.controls.n if vocab.HAAR in protocol.controls.kinds else 0
     options = NullOptions(
         n_max=settings.n_null_draws,
         stop_after=settings.stop_after,
@@ -265,11 +285,9 @@ def multiplicity_warning(results: pd.DataFrame, protocol: Protocol, nulls: NullS
 def analyze_units(
     artifacts: list[UnitArtifact], protocol: Protocol, device: str | torch.device = "cpu"
 ) -> pd.DataFrame:
-    """The tidy results table (sorted, typed, deterministic) for a list of units.
-
-    `results.attrs["warnings"]` lists run warnings; `results.attrs["null_settings"]` the
-    Monte-Carlo sizes used (`NullSettings`) and the draws each stream made."""
-    return analyze_run(artifacts, {}, protocol, device, frequency=False)[0]
+    """The tidy results table (sorted, typed, deterministic) for a list of units: `analyze_run`'s
+    ``results`` without the frequency table (its warnings and Monte-Carlo sizes: `analyze_run`)."""
+    return analyze_run(artifacts, {}, protocol, device, frequency=False).results
 
 
 def analyze_run(
@@ -281,7 +299,7 @@ def analyze_run(
     frequency: bool = True,
     workers: int = 1,
     linalg_on_device: bool | None = None,
-) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+) -> RunAnalysis:
     """The results table and (``frequency=True``) the frequency table of a run, with every exact
     test — each unit's, and each frequency bucket's — read off the same Haar streams, so the
     draws are made once. A unit that cannot be analysed (`units.unanalysable_reason`: zero
@@ -291,7 +309,7 @@ def analyze_run(
     ``workers``: processes for the per-unit work (``anistat.analyze.parallel``; 1: this process
     only); the tables are the same, bit for bit, for any number. Under torchrun every rank calls
     this with the same artifacts and analyses its share; rank 0 returns the tables, the other
-    ranks an empty results table and None. ``linalg_on_device``: the units'
+    ranks empty ones. ``linalg_on_device``: the units'
     eigendecompositions batched on ``device`` (default: when it is not the CPU; True on the CPU
     runs that path there, for tests)."""
     on_device = torch.device(device).type != "cpu" if linalg_on_device is None else linalg_on_device
@@ -311,26 +329,30 @@ def analyze_run(
             share=share,
         )
     if tables is None:  # a torchrun rank other than 0: its rows went to rank 0
-        return pd.DataFrame(columns=RESULT_COLUMNS), None
+        empty = pd.DataFrame(columns=RESULT_COLUMNS)
+        return RunAnalysis(
+            results=empty, frequency=pd.DataFrame(columns=FREQUENCY_COLUMNS), warnings=(), null_settings={}
+        )
     rows, notes, nulls = tables.rows, tables.notes, tables.nulls
-    table = frequency_table(tables.frequency_rows) if frequency else None
+    table = frequency_table(tables.frequency_rows if frequency else [])
     with stage("intervals and bootstraps"):
         results = _typed(pd.DataFrame(rows), protocol)
     guard = multiplicity_warning(results, protocol, settings)
     columns = RESULT_COLUMNS + (DECISION_COLUMNS if settings.resampling_risk is not None else [])
-    results = results[columns].copy().reset_index(drop=True)
-    results.attrs["warnings"] = ([guard] if guard else []) + notes
-    # plain data: attrs travel into parquet metadata
     made = nulls.draws_made
-    results.attrs["null_settings"] = {
-        **asdict(settings),
-        "streams": len(made),
-        "draws": int(sum(made.values())),
-        "longest_stream": int(max(made.values(), default=0)),
-        # per width when the units of a width share a stream (one per test would bloat the manifest)
-        **({"draws_made": {str(d): n for d, n in made.items()}} if settings.null_draws == "shared" else {}),
-    }
-    return results, table
+    return RunAnalysis(
+        results=results[columns].copy().reset_index(drop=True),
+        frequency=table,
+        warnings=(*([guard] if guard else []), *notes),
+        null_settings={
+            **asdict(settings),
+            "streams": len(made),
+            "draws": int(sum(made.values())),
+            "longest_stream": int(max(made.values(), default=0)),
+            # per width when the units of a width share a stream (one per test would bloat the manifest)
+            **({"draws_made": {str(d): n for d, n in made.items()}} if settings.null_draws == "shared" else {}),
+        },
+    )
 
 
 def _typed(results: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:

@@ -403,3 +403,38 @@ def residual_probe(model: torch.nn.Module, layers: list[int], *, gradients: bool
         model, {layer: standard_site(model, "residual", layer) for layer in layers}, gradients=gradients
     ) as record:
         yield record
+
+
+# ----------------------------------------------------------------------------------------------
+# other hooks: every module hook anistat registers is registered in this module
+# ----------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def site_calls(model: torch.nn.Module, sites: Mapping[Any, Site], on_call: Any) -> Iterator[None]:
+    """``on_call(key)`` each time the module of ``sites[key]`` fires during a forward (a forward
+    pre-hook for an input site, a forward hook for an output site, as `probe` hooks them: entered
+    after a `probe`, its hooks run after the probe's). An exception ``on_call`` raises ends the
+    forward. Hooks are removed on exit, also on error."""
+    modules = dict(model.named_modules())
+    handles = []
+    try:
+        for key, site in sites.items():
+            module = modules[site.module]
+            if site.hook == "input":
+                handles.append(module.register_forward_pre_hook(lambda *_args, key=key: on_call(key)))
+            else:
+                handles.append(module.register_forward_hook(lambda *_args, key=key: on_call(key)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def forward_inputs(model: torch.nn.Module, on_forward: Any) -> Iterator[None]:
+    """``on_forward(args, kwargs)`` at the start of every forward of ``model`` itself (a forward
+    pre-hook with keyword arguments: what the caller passed, e.g. ``input_ids``). Removed on exit."""
+    handle = model.register_forward_pre_hook(lambda _module, args, kwargs: on_forward(args, kwargs), with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()

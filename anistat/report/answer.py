@@ -22,22 +22,33 @@ nominal rate.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from .. import vocabulary as vocab
 from ._data import checkpoint_order, fmt_num, ordered_by_first
-from ._null_check import NULL_CHECK_LABELS, VERDICT_TEXT
+from ._null_check import NULL_CHECK_LABELS, VERDICT_TEXT, valid_level_text
 from .claim_text import P_FLOOR
 from .inputs import NullCheckSummary
 
 #: Multiplicity corrections as they prefix "adjusted p" in the answer.
-ADJUSTED_NAMES = {"fdr_bh": "BH-adjusted", "holm": "Holm-adjusted", "bonferroni": "Bonferroni-adjusted"}
+ADJUSTED_NAMES = {name: f"{vocab.MULTIPLICITY[name].short}-adjusted" for name in vocab.CORRECTIONS}
 PHASE_ORDER = {"early": 0, "late": 1}
 
 
-def _p_bound(p: float) -> str:
-    return "< 1e-16" if p < P_FLOOR else f"≤ {p:.2g}"
+def _p_bound(p: float, alpha: float | None = None) -> str:
+    """ "≤ 0.00027", "< 1e-16": a bound never below ``p`` and never rounded onto or across ``alpha``
+    (0.0495 beside α = 0.05 is "≤ 0.0495")."""
+    if p < P_FLOOR:
+        return "< 1e-16"
+    for digits in range(2, 18):
+        shown = float(f"{p:.{digits}g}")
+        crosses = alpha is not None and shown != p and (shown >= alpha) != (p >= alpha)
+        if shown >= p and not crosses:
+            return f"≤ {p:.{digits}g}"
+    return f"≤ {p!r}"
 
 
 def _range(values: pd.Series) -> str:
@@ -93,6 +104,7 @@ def _model_sentence(
     ci_text: str,
     unit_noun: str,
     first: bool,
+    alpha: float | None = None,
 ) -> str:
     tested = rows["_p"].notna().any()
     test = _test_name(rows)
@@ -118,7 +130,7 @@ def _model_sentence(
             else ""
         )
         evidence = (
-            f"{test}, {p_word} p {_p_bound(float(rows.loc[kinds == 'more', '_p'].max()))}"
+            f"{test}, {p_word} p {_p_bound(float(rows.loc[kinds == 'more', '_p'].max()), alpha)}"
             if tested
             else "no test in the rows: decided by the intervals"
         )
@@ -131,26 +143,87 @@ def _model_sentence(
     named = False
     for text, at, labels in pieces:
         parts = []
-        for kind in ("more", "less", "neither"):
-            hit = at & (kinds == kind)
-            if not hit.any():
-                continue
-            where = [c for c in labels if (hit & (rows["checkpoint"] == c)).any()]
-            unit = noun if len(where) == 1 else "comparisons"
-            count = f"{int(hit.sum())} of {int((at & rows['checkpoint'].isin(where)).sum())} {unit}"
-            if kind == "more":
-                by = "" if named or not tested else f" by the {test.replace(' against random subspaces', '')}"
-                named = named or bool(by)
-                proof = (
-                    f"{p_word} p {_p_bound(float(rows.loc[hit, '_p'].max()))}" if tested else f"{ci_text} CIs above 1"
-                )
-                parts.append(f"more than random subspaces{by} at {', '.join(where)} ({count}, {proof})")
-            elif kind == "less":
-                parts.append(f"less at {', '.join(where)} ({ci_text} CIs below 1 at {count})")
-            else:
-                parts.append(f"not significantly more at {', '.join(where)} ({count})")
+        for part in answer_parts(rows[at], kinds[at], labels):
+            by = (
+                ""
+                if named or not tested or part.kind != "more"
+                else f" by the {test.replace(' against random subspaces', '')}"
+            )
+            named = named or bool(by)
+            parts.append(_part_text(part, rows, noun, by, p_word if tested else "", ci_text, alpha))
         clauses.append(f"{text} — " + ", ".join(parts))
     return lead + "; and ".join(clauses)
+
+
+@dataclass(frozen=True)
+class AnswerPart:
+    """One verdict of the answer and the (checkpoint, site) cells it counts: ``kind`` "more",
+    "less" or "neither" (:func:`classify`); ``checkpoints`` where it is said; ``mixed`` when those
+    are one checkpoint whose other cells have another verdict (the part then names its sites);
+    ``total`` the cells at ``checkpoints``."""
+
+    kind: str
+    checkpoints: tuple[str, ...]
+    cells: tuple[tuple[str, str], ...]
+    mixed: bool
+    total: int
+
+
+def answer_parts(rows: pd.DataFrame, kinds: pd.Series, labels: Sequence[str]) -> list[AnswerPart]:
+    """The verdicts of one phase's rows, partitioned so that no cell (checkpoint, site) is counted
+    under two verdicts: checkpoints whose every cell has one verdict are grouped by it ("more at
+    step100, step200 (8 of 8 comparisons)"); a checkpoint with several verdicts gets one part per
+    verdict naming its sites ("more at step60 (layer 1; 1 of 2 layers), not significantly more at
+    step60 (layer 0; 1 of 2 layers)"), each counted over that checkpoint alone."""
+    by_checkpoint = {c: set(kinds[rows["checkpoint"] == c]) for c in labels}
+    parts: list[AnswerPart] = []
+    for kind in ("more", "less", "neither"):
+        pure = tuple(c for c in labels if by_checkpoint[c] == {kind})
+        if pure:
+            at = rows["checkpoint"].isin(pure)
+            parts.append(AnswerPart(kind, pure, _cells(rows[at]), False, int(at.sum())))
+    for checkpoint in labels:
+        if len(by_checkpoint[checkpoint]) < 2:
+            continue
+        here = rows["checkpoint"] == checkpoint
+        for kind in ("more", "less", "neither"):
+            hit = here & (kinds == kind)
+            if hit.any():
+                parts.append(AnswerPart(kind, (checkpoint,), _cells(rows[hit]), True, int(here.sum())))
+    order = {c: i for i, c in enumerate(labels)}
+    return sorted(parts, key=lambda part: (order[part.checkpoints[0]], part.mixed))
+
+
+def _cells(rows: pd.DataFrame) -> tuple[tuple[str, str], ...]:
+    return tuple(zip(rows["checkpoint"].astype(str), rows["site"].astype(str), strict=True))
+
+
+def _part_text(
+    part: AnswerPart, rows: pd.DataFrame, noun: str, by: str, p_word: str, ci_text: str, alpha: float | None
+) -> str:
+    """One part in words: its verdict, where, and how many of the cells there it counts."""
+    at = ", ".join(part.checkpoints)
+    unit = noun if len(part.checkpoints) == 1 else "comparisons"
+    count = f"{len(part.cells)} of {part.total} {unit}"
+    if part.mixed:
+        named = rows[
+            rows["checkpoint"].isin(part.checkpoints) & rows["site"].astype(str).isin([s for _c, s in part.cells])
+        ]
+        sites = ", ".join(_site_name(row, noun) for _, row in named.iterrows())
+        count = f"{sites}: {count}"
+    chosen = rows["checkpoint"].isin(part.checkpoints) & rows["site"].astype(str).isin([s for _c, s in part.cells])
+    if part.kind == "more":
+        proof = (
+            f"{p_word} p {_p_bound(float(rows.loc[chosen, '_p'].max()), alpha)}" if p_word else f"{ci_text} CIs above 1"
+        )
+        return f"more than random subspaces{by} at {at} ({count}, {proof})"
+    if part.kind == "less":
+        return f"less at {at} ({ci_text} CIs below 1 at {count})"
+    return f"not significantly more at {at} ({count})"
+
+
+def _site_name(row: pd.Series, noun: str) -> str:
+    return f"layer {row['layer']}" if noun == "layers" else str(row["site"])
 
 
 def enrichment_answer(
@@ -160,7 +233,7 @@ def enrichment_answer(
     control: str,
     alpha: float,
     p_col: str = "p_adjusted",
-    multiplicity: str = "fdr_bh",
+    multiplicity: str = vocab.FDR_BH,
     ci_text: str = "95 %",
     unit_noun: str = "checkpoint",
 ) -> str:
@@ -197,6 +270,7 @@ def enrichment_answer(
             ci_text=ci_text,
             unit_noun=unit_noun,
             first=not sentences,
+            alpha=alpha,
         )
         if failed:
             text += f" ({failed} of its comparisons failed and are not counted)"
@@ -220,7 +294,7 @@ def null_check_answer(checks: Sequence[NullCheckSummary]) -> str:
     """The answer of a null-check run (an uninformative proxy): is each test calibrated?"""
     parts = []
     for check in checks:
-        expected = f"{check.expected_rate:.1%}" if check.grid is not None or check.sequential else f"{check.alpha:.0%}"
+        expected = valid_level_text(check)
         verdict = VERDICT_TEXT.get(check.verdict, check.verdict)
         parts.append(
             f"{NULL_CHECK_LABELS.get(check.test, check.test)} rejects it in {check.rejection_rate:.1%} of "
@@ -255,7 +329,7 @@ def answer_sentence(
 ) -> str:
     """The one answer under the Question: about calibration when the primary proxy is an
     uninformative ``random`` one and the run carries its null check, else about enrichment."""
-    if null_checks and proxy.split("@")[0] == "random":
+    if null_checks and proxy.split("@")[0] == vocab.RANDOM:
         return null_check_answer(null_checks)
     text = enrichment_answer(
         results,

@@ -62,6 +62,7 @@ _TEX_UNICODE = {
     "\u2208": r"$\in$",
     "\u2016": r"$\|$",
     "\u221a": r"$\surd$",
+    "\u221e": r"$\infty$",
     "\u2211": r"$\sum$",
     "\u0394": r"$\Delta$",
     "\u03a3": r"$\Sigma$",

@@ -39,7 +39,6 @@ from ._content import (
     summary_sentences,
 )
 from ._data import BUCKET_COLUMNS, fmt_p, ordered_by_first
-from .claim_text import QUESTIONS
 from .figures import SavedFigure
 from .refit import REFIT_HEADING, REFIT_TEXT, RefitSection, refit_section
 
@@ -164,7 +163,8 @@ def render_html(ctx: ReportContext, figs: list[SavedFigure], skipped: Mapping[st
             answer=answer(ctx),
             description=ctx.description,
             claims=claims,
-            questions=QUESTIONS,
+            questions=ctx.questions,
+            resampled=ctx.resampled,
             claims_passed=sum(c.passed for c in claims),
             findings=summary_sentences(ctx),
             headline=top,

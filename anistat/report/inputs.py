@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from .claim_text import P_FLOOR, claim_reading, p_phrase
+from .claim_text import P_FLOOR, claim_reading, interval_text, p_phrase, rule_terms
 
 
 @dataclass(frozen=True)
@@ -310,17 +310,17 @@ def claim_outcome(record: Any) -> ClaimOutcome:
     if "interval" in record:
         found = record.get("interval")
         interval = NO_INTERVAL
-        if isinstance(found, Mapping) and _is_number(found.get("low")) and _is_number(found.get("high")):
-            level = found.get("level")
-            prefix = f"{float(level) * 100:g} % interval" if _is_number(level) else "interval"
-            interval = f"{prefix} [{float(found['low']):.4g}, {float(found['high']):.4g}]"
-            interval_of = str(found.get("of") or "")
+        if interval_text(found):
+            interval = interval_text(found, rule_terms(str(record.get("rule", ""))).get("threshold"))
+            interval_of = str(found.get("of") or "") if isinstance(found, Mapping) else ""
         elif record.get("status") == "error":
             interval = "no interval: the claim could not be evaluated"
     p_text = ""
     found_p = record.get("p_value")
     if isinstance(found_p, Mapping) and _is_number(found_p.get("value")):
-        p_text = p_phrase(found_p["value"]) + (f" ({found_p['of']})" if found_p.get("of") else "")
+        p_text = p_phrase(found_p["value"], alpha=rule_terms(str(record.get("rule", ""))).get("alpha")) + (
+            f" ({found_p['of']})" if found_p.get("of") else ""
+        )
     failed = record.get("failed") if isinstance(record.get("failed"), list) else []
     # the words as recorded; a record written without them (an older claims.json, a hand-made
     # record) is read the same way here

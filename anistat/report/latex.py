@@ -38,7 +38,7 @@ from ._data import (
     ordered_by_first,
     phase_last_checkpoints,
 )
-from .claim_text import DOCUMENTS, QUESTIONS, SUBSPACES
+from .claim_text import DOCUMENTS, SUBSPACES
 from .escape import tex, tex_num
 from .figures import SavedFigure
 from .latex_table import ADDSPACE, MIDRULE, Row, booktabs_table
@@ -756,9 +756,12 @@ def _claims_tex(ctx: ReportContext) -> list[str]:
     L = [
         "",
         r"\subsection*{Claims: %d of %d passed}" % (n_pass, len(claims)),
-        r"{\small Each claim answers one of two questions: ``" + tex(QUESTIONS[SUBSPACES]) + "'' (the exact test, "
-        "conditional on the measured gradients) or ``" + tex(QUESTIONS[DOCUMENTS]) + "'' (the interval over "
-        "documents).}",
+        r"{\small Each claim answers one of two questions: ``" + tex(ctx.questions[SUBSPACES]) + "'' (the exact test, "
+        "conditional on the measured gradients) or ``"
+        + tex(ctx.questions[DOCUMENTS])
+        + "'' (the interval over "
+        + tex(ctx.resampled)
+        + ").}",
         r"\begin{itemize}",
     ]
     for c in claims:

@@ -20,8 +20,17 @@ metrics) gets the same weights as one that recovers the SE from the interval's w
 A monotone map of an interval (``z`` and ``anisotropy_capture`` of the fraction interval,
 ``log2`` of the ratio interval) maps its SE by the same map's derivative; clipping a mapped
 interval to the metric's range does not change the SE (it is taken before clipping).
-Where the interval is undefined (non-finite or not positive on the log scale) the replicates'
-SD (``fallback``) is returned, so a row without an interval keeps the bootstrap's spread.
+
+At the edges the SE claims no precision the interval denies:
+
+* **unbounded** — an end the method could not bound (``unbounded``: the interval's
+  ``ci_unbounded`` code, also when the end was then clipped to the metric's range, e.g. a
+  fraction's ``[0, 1]``), an infinite end, or on the log scale a lower end at 0: ``se = inf``;
+* **no interval** (NaN ends: withheld for too few units, or not computable): ``se = NaN``.
+
+Either way a meta-analysis leaves the row out (``anistat.claims`` counts it on the claim) rather
+than weighting it by the bootstrap replicates' SD, which on these rows is small exactly because
+the few documents that hold the energy rarely move it. :data:`SE_NOTES` says which on the row.
 """
 
 from __future__ import annotations
@@ -29,14 +38,29 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import ndtri
 
+from .. import vocabulary as vocab
 from ._validation import check_ci_level
-from .ratio_intervals import RATIO_INTERVAL_METHODS
+from .ratio_intervals import RATIO_INTERVAL_METHODS, STUDENTIZED_LOG
+
+#: The note a row carries beside a non-finite ``se``: ``inf`` (unbounded interval), NaN (none).
+SE_NOTES = {
+    "inf": "se = inf: the interval is unbounded, so it implies no finite SE (a meta-analysis leaves the row out)",
+    "nan": "se = NaN: no interval, so no interval-implied SE (a meta-analysis leaves the row out)",
+}
+
+
+def se_note(se: float) -> str:
+    """:data:`SE_NOTES`' sentence for a non-finite ``se``; "" for a finite one."""
+    if np.isfinite(se):
+        return ""
+    return SE_NOTES["nan" if np.isnan(se) else "inf"]
 
 
 def interval_implied_se(
-    estimate: float, ci_low: float, ci_high: float, ci_level: float, *, log_scale: bool, fallback: float = float("nan")
+    estimate: float, ci_low: float, ci_high: float, ci_level: float, *, log_scale: bool, unbounded: bool = False
 ) -> float:
-    """The interval-implied SE of ``estimate`` on its own scale (module docstring).
+    """The interval-implied SE of ``estimate`` on its own scale (module docstring): ``inf`` for an
+    unbounded interval, NaN without one.
 
     Parameters
     ----------
@@ -51,21 +75,36 @@ def interval_implied_se(
     log_scale : bool
         The interval was built on ``ln θ`` (the studentized ratio intervals), so the SE is
         ``θ̂ (ln hi − ln lo) / (2 z)``; else ``(hi − lo) / (2 z)``.
-    fallback : float, default nan
-        Returned when the interval cannot give an SE (e.g. the replicates' SD).
+    unbounded : bool, default False
+        The method could not bound an end (its ``ci_unbounded`` code), even if the end shown was
+        clipped to the metric's range afterwards.
 
     Returns
     -------
     float
-        The interval-implied SE, or ``fallback``.
+        The interval-implied SE; ``inf`` for an unbounded interval, NaN without an interval.
+
+    Examples
+    --------
+    >>> from anistat.stats.interval_se import interval_implied_se
+    >>> round(interval_implied_se(2.0, 1.0, 4.0, 0.95, log_scale=True), 4)
+    0.7073
+    >>> interval_implied_se(9.8, 0.0, float("inf"), 0.95, log_scale=True)
+    inf
+    >>> interval_implied_se(0.4, 0.0, 1.0, 0.95, log_scale=True, unbounded=True)
+    inf
+    >>> interval_implied_se(0.4, float("nan"), float("nan"), 0.95, log_scale=False)
+    nan
     """
     z = float(ndtri(0.5 + check_ci_level(ci_level) / 2.0))
     theta, low, high = float(estimate), float(ci_low), float(ci_high)
-    if not (np.isfinite(theta) and np.isfinite(low) and np.isfinite(high) and high >= low):
-        return float(fallback)
+    if np.isnan(theta) or np.isnan(low) or np.isnan(high) or high < low:
+        return float("nan")
+    if unbounded or not (np.isfinite(low) and np.isfinite(high)) or (log_scale and low <= 0):
+        return float("inf")
     if log_scale:
-        if not (low > 0 and theta > 0):
-            return float(fallback)
+        if not theta > 0:
+            return float("nan")
         return float(theta * (np.log(high) - np.log(low)) / (2.0 * z))
     return float((high - low) / (2.0 * z))
 
@@ -73,7 +112,7 @@ def interval_implied_se(
 #: The energy interval methods built for a positive ratio, whose SE is read on the log scale: the
 #: studentized (log-scale bootstrap-t; ``studentized_log`` in :mod:`.ratio_intervals`) and the
 #: ratio-of-means intervals of :mod:`.ratio_intervals`.
-LOG_SCALE_METHODS = ("studentized", *RATIO_INTERVAL_METHODS[1:])
+LOG_SCALE_METHODS = (vocab.STUDENTIZED, *(m for m in RATIO_INTERVAL_METHODS if m != STUDENTIZED_LOG))
 
 
 def interval_log_scale(method: str) -> bool:

@@ -57,7 +57,7 @@ t-test.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import optimize
@@ -107,6 +107,9 @@ class MetaResult:
         HKSJ's scale factor ``s = Σw*(y − mu)²/(k − 1)`` (NaN: not HKSJ).
     safeguard_applied : bool
         HKSJ: ``s < 1`` was raised to 1 (the Wald SE, with ``t_{k−1}``).
+    excluded : int
+        Rows left out: a non-finite estimate or variance (an unbounded interval's ``se = inf``
+        gives an infinite variance, i.e. no weight; it is left out and counted, not pooled).
 
     Examples
     --------
@@ -131,6 +134,7 @@ class MetaResult:
     df: float = float("inf")  # degrees of freedom of the interval's t quantile (inf: normal)
     hksj_scale: float = float("nan")  # HKSJ's scale factor s = Σw*(y − mu)²/(k − 1) (NaN: not HKSJ)
     safeguard_applied: bool = False  # HKSJ: s < 1 was raised to 1 (the Wald SE, with t_{k−1})
+    excluded: int = 0  # rows left out: non-finite estimate or variance
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,7 +260,9 @@ def random_effects_meta(
     interval: str = "wald",
     hksj_safeguard: bool = True,
 ) -> MetaResult:
-    """Random-effects pooled estimate (NaN pairs are dropped); see the module docstring.
+    """Random-effects pooled estimate; see the module docstring. Rows with a non-finite estimate or
+    variance (NaN, or the infinite variance of an unbounded interval) are left out and counted
+    (``excluded``).
 
     Parameters
     ----------
@@ -292,10 +298,10 @@ def random_effects_meta(
 
     check_choice("method", method, META_METHODS)
     check_choice("interval", interval, META_INTERVALS)
-    _, y, v = _clean(estimates, variances)
-    k = y.size
+    ok, y, v = _clean(estimates, variances)
+    k, excluded = y.size, int((~ok).sum())
     if k <= 1:  # nothing to pool
-        return _unpooled_meta(y, v, method, interval, ci_level)
+        return replace(_unpooled_meta(y, v, method, interval, ci_level), excluded=excluded)
     if method == "reml":
         tau2 = reml_tau2(y, v)
         w_fixed = 1.0 / v
@@ -335,6 +341,7 @@ def random_effects_meta(
         df=df,
         hksj_scale=scale,
         safeguard_applied=bool(raised),
+        excluded=excluded,
     )
 
 
