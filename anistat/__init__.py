@@ -3,9 +3,8 @@
 Public API (mirrors the CLI):
 
 * `load_protocol(path)`, `run(protocol, out)` — the whole pipeline; `load(path)` reads a bundle
-  into a `Bundle` (tables as DataFrames, typed manifest record and claims, `.summary()`,
-  `.figure()`, `.bases()`); `load_bundle(path)` reads it back as the same `RunResult` that
-  `run` returns;
+  back, once, as one typed `Bundle` (`anistat.bundle.Bundle.load`: tables as DataFrames, typed
+  manifest record and claims, `.summary()`, `.figure()`, `.bases()`, integrity);
 * `anistat.preflight.preflight(protocol)` — every check `run` makes before it trains or loads
   a model (what `anistat validate` runs);
 * geometry on plain tensors/arrays: `energy_fraction`, `isoscore`, `isoscore_star`,
@@ -31,9 +30,8 @@ _LAZY = {
     "Protocol": ("anistat.protocol", "Protocol"),
     "load_protocol": ("anistat.protocol", "load_protocol"),
     "RunResult": ("anistat.bundle", "RunResult"),
-    "load_bundle": ("anistat.bundle", "load_bundle"),
-    "load": ("anistat.bundle", "Bundle.load"),
     "Bundle": ("anistat.bundle", "Bundle"),
+    "load": ("anistat.bundle", "Bundle.load"),
     "draw_controls": ("anistat.geometry", "draw_controls"),
     "energy_fraction": ("anistat.geometry", "energy_fraction"),
     "fit_proxy": ("anistat.geometry", "fit_proxy"),
@@ -44,13 +42,13 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from .bundle import Bundle, RunResult, load_bundle
-
-    load = Bundle.load
+    from .bundle import Bundle, RunResult
     from .callbacks import AnistatCallback, TrainingMeter
     from .errors import AnistatInputError, AnistatWarning
     from .geometry import draw_controls, energy_fraction, fit_proxy, isoscore, isoscore_star
     from .protocol import Protocol, load_protocol
+
+    load = Bundle.load
 
 
 def run(protocol, out=None, **kwargs):
@@ -66,7 +64,7 @@ def __getattr__(name: str) -> Any:
     except KeyError:
         raise AttributeError(f"module 'anistat' has no attribute '{name}'") from None
     value: Any = importlib.import_module(module)
-    for part in attribute.split("."):  # "Bundle.load": a class's attribute
+    for part in attribute.split("."):  # "Bundle.load": an attribute of a class
         value = getattr(value, part)
     globals()[name] = value  # later lookups skip this function
     return value

@@ -1,7 +1,7 @@
 """The columns of ``results.csv`` and ``frequency.csv``, defined once.
 
 ``anistat.analyze`` writes them, ``anistat.preflight`` plans rows with them (without importing the
-analysis, which imports torch), ``anistat.reproduction`` matches rows of two bundles by their
+analysis, which imports torch), ``anistat.comparison`` matches rows of two bundles by their
 keys and ``anistat.report`` normalises the table it renders with them. A layer-0 module of
 constants, so every stage, the pure ones included, can import it.
 """

@@ -4,10 +4,9 @@
   (`pipeline.run`) and runs measured elsewhere (`anistat.finalize.finalize_bundle`, the Trainer
   callback) both call it: results.csv/.parquet, frequency.csv, concept_cards.json, claims.json,
   the report files and manifest.json, atomically.
-* :meth:`Bundle.load` reads a bundle back once into one typed :class:`Bundle` (manifest, typed
-  protocol, tables, claims, cards, integrity data) — what `verify`, `diff`, `compare`, `report`
-  and `verify --against` take; :func:`read_bundle` returns it and :func:`load_bundle` the same
-  :class:`RunResult` as `anistat.run`.
+* :meth:`Bundle.load` (``anistat.load``) reads a bundle back once into one typed :class:`Bundle`
+  (manifest, typed protocol, tables, claims, cards, integrity data) — what `verify`, `diff`,
+  `compare`, `report`, `plan` and `verify --against` take (:func:`as_bundle`: a Bundle or a path).
 * :func:`report_inputs` is the adapter from the typed protocol, tables and manifest to the
   report's frozen :class:`~anistat.report.ReportInputs`.
 * every file is written atomically through ``anistat.atomic`` (the one atomic-file helper).
@@ -473,7 +472,7 @@ def command_line() -> str:
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class RunResult:
-    """What `anistat.run`, `finalize_bundle` and `load_bundle` return."""
+    """What `anistat.run` and `finalize_bundle` return."""
 
     out: Path
     results: pd.DataFrame
@@ -818,10 +817,14 @@ def read_json_file(path: Path, default: Any = None) -> Any:
         raise AnistatInputError(f"{path}: not valid JSON ({error})") from None
 
 
+#: What :meth:`Bundle.load` hands the integrity data to before any table is read.
+IntegrityCheck = Callable[[Path, dict[str, Any], tuple[IntegrityProblem, ...]], None]
+
+
 @dataclass(frozen=True)
 class Bundle:
-    """A bundle read once: what `anistat verify`, `diff`, `compare`, `report` and `verify
-    --against` all take (:meth:`load`).
+    """A bundle read once (:meth:`load`, also ``anistat.load``): what `anistat verify`, `diff`,
+    `compare`, `report`, `plan` and `verify --against` all take.
 
     ``kind`` is the key that marks the manifest (``anistat_bundle``; "" when none does);
     ``manifest`` the manifest as written; ``protocol`` the typed protocol it records;
@@ -844,7 +847,7 @@ class Bundle:
         cls,
         path: str | Path,
         *,
-        check: Callable[[Path, dict[str, Any], tuple[IntegrityProblem, ...]], None] | None = None,
+        check: IntegrityCheck | None = None,
     ) -> Bundle:
         """Read the bundle at ``path``: the manifest, then (``check`` given) the integrity data,
         handed to ``check`` before any table is read — `anistat report` refuses edited data
@@ -899,10 +902,6 @@ class Bundle:
             concept_cards=self.concept_cards,
         )
 
-    def run_result(self) -> RunResult:
-        """The same :class:`RunResult` that `anistat.run` returned when it wrote this bundle."""
-        return RunResult(out=self.path, results=self.results, manifest=self.manifest, claims=self.claims)
-
     # -- notebooks: typed records, the compact summary, figures, bases (anistat/summary.py, explore.py)
     @cached_property
     def record(self) -> RunRecord:
@@ -940,18 +939,15 @@ class Bundle:
         return read_bases(self, **filters)
 
 
-#: The name :func:`read_bundle`'s callers know the loaded bundle by.
-BundleContents = Bundle
-
-
-def read_bundle(bundle: str | Path) -> Bundle:
-    """Read every table and record of a bundle (no model, nothing recomputed): :meth:`Bundle.load`."""
-    return Bundle.load(bundle)
-
-
-def load_bundle(bundle: str | Path) -> RunResult:
-    """A written bundle as the :class:`RunResult` that `anistat.run` returned when it wrote it."""
-    return Bundle.load(bundle).run_result()
+def as_bundle(bundle: Bundle | str | Path, *, check: IntegrityCheck | None = None) -> Bundle:
+    """``bundle`` itself, or the bundle at that path read with :meth:`Bundle.load`: what every
+    function that takes "a Bundle or a path" calls. ``check`` sees the integrity data either way
+    (for a path: before any table is read)."""
+    if not isinstance(bundle, Bundle):
+        return Bundle.load(bundle, check=check)
+    if check is not None:
+        check(bundle.path, bundle.manifest, bundle.integrity)
+    return bundle
 
 
 # ----------------------------------------------------------------------------------------------

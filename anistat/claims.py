@@ -743,3 +743,25 @@ def evaluate_claims(
         record["family"] = f"claim ({stats.multiplicity} over the {len(selected)} selected rows' tests)"
         records.append(record)
     return records
+
+
+def compare_claims(original: list[dict], other: list[dict]) -> list[dict[str, Any]]:
+    """Claim records matched by id (the original's order, then claims only the other has):
+    ``id``, ``statement``, ``original`` and ``replication`` status ("missing" where a bundle has
+    no such claim) and ``agree`` (the same status)."""
+    by_id = [{str(c.get("id")): c for c in records} for records in (original, other)]
+    rows = []
+    for claim_id in [*by_id[0], *(i for i in by_id[1] if i not in by_id[0])]:
+        first, second = by_id[0].get(claim_id, {}), by_id[1].get(claim_id, {})
+        statuses = (first.get("status", "missing"), second.get("status", "missing"))
+        statement = first.get("statement") or second.get("statement") or ""
+        rows.append(
+            {
+                "id": claim_id,
+                "statement": statement,
+                "original": statuses[0],
+                "replication": statuses[1],
+                "agree": statuses[0] == statuses[1],
+            }
+        )
+    return rows

@@ -42,7 +42,7 @@ app = typer.Typer(
 )
 
 
-#: = anistat.reproduction.DEFAULT_TOLERANCE.relative (a test keeps them equal; the CLI imports pandas lazily)
+#: = anistat.comparison.DEFAULT_TOLERANCE.relative (a test keeps them equal; the CLI imports pandas lazily)
 DEFAULT_RELATIVE = 0.01
 
 
@@ -586,12 +586,12 @@ def diff(
     """Does RERUN reproduce ORIGINAL? Compares results.csv, frequency.csv and the claims' verdicts
     number by number (never timestamps, paths or rendered files): counts, statuses and verdicts
     must be equal, continuous numbers within --relative of their scale, Monte-Carlo p-values and
-    control statistics within two of their Monte-Carlo standard errors (see docs/reproducibility.md).
+    control statistics within two of their Monte-Carlo standard errors (see docs/reproducibility.md);
+    protocols that differ only in file paths or names are "the same protocol up to paths".
     Exit 0 reproduced, 1 differences beyond the tolerance, 2 bad input."""
-    from .bundle import Bundle
-    from .reproduction import Tolerance, compare_reproduction
+    from .comparison import Tolerance, compare
 
-    check = compare_reproduction(Bundle.load(original), Bundle.load(rerun), Tolerance(relative=relative))
+    check = compare(original, rerun, Tolerance(relative=relative))
     for note in check.notes:
         _echo(f"note: {note}")
     for difference in check.differences[:show]:

@@ -1120,12 +1120,12 @@ def with_targets(targets: PlanTargets, **changes: Any) -> PlanTargets:
 
 
 def read_pilot(bundle: Path):
-    """The pilot's :class:`anistat.bundle.BundleContents` (a missing or damaged bundle: exit 2)."""
-    from .bundle import read_bundle
+    """The pilot's :class:`anistat.bundle.Bundle` (a missing or damaged bundle: exit 2)."""
+    from .bundle import Bundle
 
     if not Path(bundle).is_dir():
         raise AnistatInputError(f"{bundle}: no such bundle directory; give the folder a pilot `anistat run` wrote")
-    return read_bundle(Path(bundle))
+    return Bundle.load(bundle)
 
 
 # ------------------------------------------------------------------------------- outputs

@@ -1,22 +1,18 @@
-"""Replication: re-run a protocol here and compare with someone's bundle, claim by claim."""
+"""Replication: re-run a protocol here and compare with someone's bundle, claim by claim, and the
+replication report of two bundles (`anistat compare`) — both read the one comparison of
+:func:`anistat.comparison.compare`."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bundle import Bundle, check_destination, staged_bundle
+from .bundle import Bundle, as_bundle, check_destination, staged_bundle, utc_now
+from .comparison import DEFAULT_TOLERANCE, Tolerance, compare
 from .errors import AnistatInputError
-from .report.comparison import ComparisonInputs
-from .verify import (
-    compare_claims,
-    compare_results,
-    environment_differences,
-    reevaluated_claims,
-    summarise,
-    write_comparison,
-)
+from .report.comparison import ComparisonInputs, render_comparison_html, render_comparison_tex
 
 
 @dataclass
@@ -31,44 +27,61 @@ class ReplicationOutcome:
         return all(c["agree"] and c["replication"] == "pass" for c in self.claims)
 
 
-def _bundle_at(path: Path) -> None:
-    """The one-line refusal of a folder that is not a bundle, before any work."""
-    if not (path / "manifest.json").is_file():
-        raise AnistatInputError(f"{path}: not an anistat bundle (no manifest.json)")
-
-
 def compare_bundles(
-    original: Bundle | Path, replication: Bundle | Path, *, out: Path | None = None, tolerance: float = 0.25
+    original: Bundle | Path,
+    replication: Bundle | Path,
+    *,
+    out: Path | None = None,
+    tolerance: float = DEFAULT_TOLERANCE.agreement,
 ) -> tuple[Path, dict, list[dict]]:
-    """Replication report for two existing bundles (a path is read with :meth:`Bundle.load`,
-    after the destination is checked); returns (report directory, summary, claims compared
-    claim by claim)."""
-    for given in (original, replication):
-        if not isinstance(given, Bundle):
-            _bundle_at(given)
-    paths = [b.path if isinstance(b, Bundle) else b for b in (original, replication)]
-    out = out or Path("reports") / f"compare-{paths[0].name}-vs-{paths[1].name}"
-    check_destination(out)  # before any work: a folder that cannot be replaced is said at once
-    a, b = (given if isinstance(given, Bundle) else Bundle.load(given) for given in (original, replication))
-    comparison = compare_results(a.results, b.results, tolerance=tolerance)
-    if comparison.empty:
+    """Replication report for two existing bundles (a path is read with :meth:`Bundle.load`),
+    written to ``out`` (checked before the comparison); returns (report directory, summary,
+    claims compared claim by claim)."""
+    a, b = as_bundle(original), as_bundle(replication)
+    out = out or Path("reports") / f"compare-{a.path.name}-vs-{b.path.name}"
+    check_destination(out)  # before the comparison: a folder that cannot be replaced is said at once
+    comparison = compare(a, b, Tolerance(agreement=tolerance))
+    if comparison.rows.empty:
         raise AnistatInputError(
             f"{a.path} and {b.path} have no result row in common (same model, checkpoint, site, rank, "
             "proxy, control and metric, with an estimate in both); compare two bundles of the same protocol"
         )
-    claims = compare_claims(reevaluated_claims(a), reevaluated_claims(b))
-    summary = summarise(comparison)
+    summary = comparison.agreement()
     inputs = ComparisonInputs(
-        comparison=comparison,
-        claims=tuple(claims),
-        environment=tuple(environment_differences(a.manifest, b.manifest)),
+        comparison=comparison.rows,
+        claims=comparison.claims,
+        environment=comparison.environment,
         summary=summary,
         titles=(str(a.path), str(b.path)),
     )
     with staged_bundle(out) as staging:
         write_comparison(staging, inputs)
         (staging / "manifest.json").write_text('{"anistat_comparison": 1}\n')
-    return out, summary, claims
+    return out, summary, list(comparison.claims)
+
+
+def write_comparison(out: Path, inputs: ComparisonInputs) -> list[Path]:
+    """comparison.csv / .json / .html / .tex into `out` (an existing directory); the HTML and the
+    LaTeX are rendered by :mod:`anistat.report.comparison`."""
+    inputs.comparison.to_csv(out / "comparison.csv", index=False, float_format="%.10g", lineterminator="\n")
+    (out / "comparison.json").write_text(
+        json.dumps(
+            {
+                "original": inputs.titles[0],
+                "replication": inputs.titles[1],
+                "summary": dict(inputs.summary),
+                "claims": [dict(c) for c in inputs.claims],
+                "environment": [dict(r) for r in inputs.environment],
+                "written_at": utc_now(),
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
+    (out / "comparison.html").write_text(render_comparison_html(inputs))
+    (out / "comparison.tex").write_text(render_comparison_tex(inputs))
+    return [out / n for n in ("comparison.csv", "comparison.json", "comparison.html", "comparison.tex")]
 
 
 def replicate(
@@ -85,8 +98,7 @@ def replicate(
     from .pipeline import run
     from .protocol import load_protocol
 
-    if not isinstance(original, Bundle):
-        original = Bundle.load(original)
+    original = as_bundle(original)
     protocol = load_protocol(protocol_path)
     replication_out = out or Path("reports") / f"{protocol.name}-replication"
     report_dir = replication_out.parent / f"{replication_out.name}-comparison"

@@ -32,6 +32,7 @@ from pathlib import Path
 from .bundle import (
     Bundle,
     IntegrityProblem,
+    as_bundle,
     file_digests,
     foreign_files,
     foreign_files_message,
@@ -84,10 +85,7 @@ def rerender(
     def check(path: Path, manifest: dict, problems: tuple[IntegrityProblem, ...]) -> None:
         found.extend(_checked_edits(path, problems, allow_edited_data))
 
-    if isinstance(bundle, Bundle):
-        check(bundle.path, bundle.manifest, bundle.integrity)
-    else:
-        bundle = Bundle.load(bundle, check=check)
+    bundle = as_bundle(bundle, check=check)
     edits, manifest = found, bundle.manifest
     overrides = _report_overrides(bundle, precision, metrics, transpose, compile_pdf)
     options = report_options(bundle.protocol, **overrides)

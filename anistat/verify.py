@@ -1,4 +1,4 @@
-"""Verification and replication: is a bundle intact, do its claims hold, does a re-run agree?
+"""Verification: is a bundle intact, do its claims hold?
 
 * `verify_bundle(bundle)` — every file's sha256 against the manifest (a tampered `results.csv`
   is detected), every copy of the results against the others (results.parquet against
@@ -6,19 +6,13 @@
   together with its digest is caught too), then the protocol's claims re-evaluated;
   `verify_bundle(bundle, claims=load_claims(path))` evaluates *new* claims (a claims file) against
   the bundle instead — no re-run; the outcome says where the claims came from.
-* `compare_results(original, replication)` — a replication table: for every result row present
-  in both (same model, checkpoint, site, rank, proxy, control, metric), the difference of the
-  estimates with a CI (normal approximation from both CIs), sign agreement (same side of the
-  null value: 1 for ratios, 0 otherwise), CI overlap, and agreement within a tolerance.
-* `write_comparison(out, inputs)` — `comparison.csv`, `comparison.json`, and the HTML and LaTeX
-  rendered by `anistat.report.comparison` from the typed `ComparisonInputs`.
 
-Every function reads a bundle through one `anistat.bundle.Bundle` (loaded once).
+Every function reads a bundle through one `anistat.bundle.Bundle` (loaded once); comparing two
+bundles is `anistat.comparison`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,16 +20,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
-from .bundle import Bundle, utc_now
-from .claims import evaluate_claims
+from .bundle import Bundle, as_bundle
+from .claims import compare_claims, evaluate_claims
 from .errors import AnistatInputError
 from .protocol import ClaimSpec, format_validation_error, read_yaml
-from .report.comparison import ComparisonInputs, render_comparison_html, render_comparison_tex
-
-KEY_COLUMNS = ["model", "checkpoint", "site", "rank", "proxy", "control", "metric"]
-RATIO_METRICS = {"energy_ratio"}
 
 
 @dataclass
@@ -220,8 +209,7 @@ def verify_bundle(
     the protocol's claims, is not compared). A path is read with :meth:`Bundle.load`."""
     from .claims import claim_table
 
-    if not isinstance(bundle, Bundle):
-        bundle = Bundle.load(bundle)
+    bundle = as_bundle(bundle)
     problems = [str(problem) for problem in bundle.integrity] + results_copy_problems(bundle)
     if claims is not None:
         source = claims_source or "the given claims"
@@ -236,7 +224,8 @@ def verify_bundle(
             claims_source=source,
             files_checked=bundle.files_recorded,
         )
-    claims_now = reevaluated_claims(bundle)
+    protocol = bundle.protocol  # its claims evaluated afresh against the tables: claims.json's records
+    claims_now = evaluate_claims(bundle.results, protocol.claims, bundle.frequency, stats=protocol.stats)
     recorded = bundle.claims
     if recorded or bundle.has_claims_file:
         if [c.get("id") for c in recorded] != [c["id"] for c in claims_now]:
@@ -244,141 +233,10 @@ def verify_bundle(
                 f"claims.json: records claims {[c.get('id') for c in recorded]} but the protocol's are "
                 f"{[c['id'] for c in claims_now]}"
             )
-        for old, new in zip(recorded, claims_now):
-            if old.get("passed") != new["passed"] or old.get("status") != new["status"]:
+        for claim in compare_claims(recorded, claims_now):
+            if not claim["agree"] and "missing" not in (claim["original"], claim["replication"]):
                 problems.append(
-                    f"claims.json: claim '{new['id']}' recorded as {old.get('status')} "
-                    f"but re-evaluates from results.csv as {new['status']}"
+                    f"claims.json: claim '{claim['id']}' recorded as {claim['original']} "
+                    f"but re-evaluates from results.csv as {claim['replication']}"
                 )
     return BundleCheck(bundle.path, not problems, problems, claims_now, recorded, files_checked=bundle.files_recorded)
-
-
-def reevaluated_claims(bundle: Bundle) -> list[dict[str, Any]]:
-    """The protocol's claims evaluated afresh against the bundle's tables (claims.json's records)."""
-    return evaluate_claims(bundle.results, bundle.protocol.claims, bundle.frequency, stats=bundle.protocol.stats)
-
-
-# ----------------------------------------------------------------------------------------------
-# replication
-# ----------------------------------------------------------------------------------------------
-def _null_value(metric: str) -> float:
-    return 1.0 if metric in RATIO_METRICS else 0.0
-
-
-def compare_results(
-    original: pd.DataFrame, replication: pd.DataFrame, *, tolerance: float = 0.25, ci_level: float = 0.95
-) -> pd.DataFrame:
-    """Row-by-row agreement of two results tables (see module docstring).
-
-    `within_tolerance`: |difference| ≤ tolerance × max(|original|, tiny) — a relative tolerance.
-    """
-    keep = KEY_COLUMNS + ["estimate", "ci_low", "ci_high", "p_adjusted", "status"]
-    a = original[[c for c in keep if c in original]].copy()
-    b = replication[[c for c in keep if c in replication]].copy()
-    for frame in (a, b):
-        frame["rank"] = frame["rank"].astype("Int64").astype(str)
-        for column in KEY_COLUMNS:
-            frame[column] = frame[column].astype(str)
-    merged = a.merge(b, on=KEY_COLUMNS, suffixes=("_original", "_replication"), how="inner")
-    merged = merged[merged["estimate_original"].notna() & merged["estimate_replication"].notna()]
-    if merged.empty:  # no row in common: nothing to compare (the caller says so in one line)
-        return merged.reset_index(drop=True)
-    z = sps.norm.ppf(0.5 + ci_level / 2)
-    se_a = (merged["ci_high_original"] - merged["ci_low_original"]) / (2 * z)
-    se_b = (merged["ci_high_replication"] - merged["ci_low_replication"]) / (2 * z)
-    difference = merged["estimate_replication"] - merged["estimate_original"]
-    se = np.sqrt(se_a**2 + se_b**2)
-    merged["difference"] = difference
-    merged["difference_ci_low"] = difference - z * se
-    merged["difference_ci_high"] = difference + z * se
-    null = merged["metric"].map(_null_value)
-    merged["sign_agrees"] = np.sign(merged["estimate_original"] - null) == np.sign(
-        merged["estimate_replication"] - null
-    )
-    merged["ci_overlap"] = (merged["ci_low_original"] <= merged["ci_high_replication"]) & (
-        merged["ci_low_replication"] <= merged["ci_high_original"]
-    )
-    merged.loc[se_a.isna() | se_b.isna(), ["ci_overlap"]] = False
-    scale = merged["estimate_original"].abs().clip(lower=1e-12)
-    merged["within_tolerance"] = difference.abs() <= tolerance * scale
-    return merged.reset_index(drop=True)
-
-
-def compare_claims(original: list[dict], replication: list[dict]) -> list[dict]:
-    by_id = {c["id"]: c for c in replication}
-    out = []
-    for claim in original:
-        other = by_id.get(claim["id"], {})
-        out.append(
-            {
-                "id": claim["id"],
-                "statement": claim["statement"],
-                "original": claim.get("status"),
-                "replication": other.get("status", "missing"),
-                "agree": claim.get("passed") == other.get("passed"),
-            }
-        )
-    return out
-
-
-def environment_differences(manifest_a: dict, manifest_b: dict) -> list[dict[str, str]]:
-    rows = []
-    versions_a, versions_b = manifest_a.get("versions", {}), manifest_b.get("versions", {})
-    for key in sorted(set(versions_a) | set(versions_b)):
-        rows.append(
-            {
-                "field": key,
-                "original": str(versions_a.get(key, "")),
-                "replication": str(versions_b.get(key, "")),
-                "differs": versions_a.get(key) != versions_b.get(key),
-            }
-        )
-    for key in ("device", "dtype", "protocol_sha256"):
-        rows.append(
-            {
-                "field": key,
-                "original": str(manifest_a.get(key, "")),
-                "replication": str(manifest_b.get(key, "")),
-                "differs": manifest_a.get(key) != manifest_b.get(key),
-            }
-        )
-    return rows
-
-
-def summarise(comparison: pd.DataFrame) -> dict[str, Any]:
-    headline = comparison[comparison["metric"] == "energy_ratio"]
-    frame = headline if not headline.empty else comparison
-    if frame.empty:
-        return {"rows": 0}
-    return {
-        "rows": int(len(comparison)),
-        "headline_metric": "energy_ratio" if not headline.empty else "all",
-        "sign_agreement": float(frame["sign_agrees"].mean()),
-        "ci_overlap": float(frame["ci_overlap"].mean()),
-        "within_tolerance": float(frame["within_tolerance"].mean()),
-        "median_abs_difference": float(frame["difference"].abs().median()),
-    }
-
-
-def write_comparison(out: Path, inputs: ComparisonInputs) -> list[Path]:
-    """comparison.csv / .json / .html / .tex into `out` (an existing directory); the HTML and the
-    LaTeX are rendered by :mod:`anistat.report.comparison`."""
-    inputs.comparison.to_csv(out / "comparison.csv", index=False, float_format="%.10g", lineterminator="\n")
-    (out / "comparison.json").write_text(
-        json.dumps(
-            {
-                "original": inputs.titles[0],
-                "replication": inputs.titles[1],
-                "summary": dict(inputs.summary),
-                "claims": [dict(c) for c in inputs.claims],
-                "environment": [dict(r) for r in inputs.environment],
-                "written_at": utc_now(),
-            },
-            indent=2,
-            default=str,
-        )
-        + "\n"
-    )
-    (out / "comparison.html").write_text(render_comparison_html(inputs))
-    (out / "comparison.tex").write_text(render_comparison_tex(inputs))
-    return [out / n for n in ("comparison.csv", "comparison.json", "comparison.html", "comparison.tex")]

@@ -46,7 +46,7 @@ LAYERS: dict[str, int] = {
     "finalize": 8,  # the one analyse-and-publish path (run, meter, finalize_bundle)
     "rerender": 8,
     "verify": 8,
-    "reproduction": 8,
+    "comparison": 8,
     "plan": 8,  # study planning: stats formulas over a pilot read through bundle
     "pipeline": 9,
     "callbacks": 9,

@@ -1,4 +1,4 @@
-"""One bundle object: `anistat.bundle.Bundle.load` reads a bundle once, and `verify`, `diff`,
+"""One bundle object: `anistat.load` (= `anistat.bundle.Bundle.load`) reads a bundle once, and `verify`, `diff`,
 `compare`, `report` and `verify --against` take it. Real bundles (the session's mini run), real
 command lines; the comparison's renderers live in `anistat.report.comparison`."""
 
@@ -11,15 +11,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import anistat
 import anistat.bundle as bundle_module
-from anistat.bundle import Bundle, IntegrityProblem, load_bundle, read_bundle, read_results
+from anistat.bundle import Bundle, IntegrityProblem, read_results
 from anistat.cli import main
+from anistat.comparison import compare, compare_results
 from anistat.errors import AnistatInputError
 from anistat.replicate import compare_bundles
 from anistat.report.comparison import ComparisonInputs, render_comparison_html, render_comparison_tex
-from anistat.reproduction import compare_reproduction
 from anistat.rerender import rerender
-from anistat.verify import compare_results, verify_bundle
+from anistat.verify import verify_bundle
 
 
 def _copy(bundle: Path, tmp_path: Path, name: str = "copy") -> Path:
@@ -36,9 +37,8 @@ def test_load_reads_every_part_typed(mini_bundle):
     assert bundle.concept_cards == json.loads((mini_bundle / "concept_cards.json").read_text())
     assert bundle.claims == [] and not bundle.has_claims_file
     assert bundle.integrity == () and bundle.files_recorded == len(manifest["files"])
-    # the read functions other modules call return the same object's contents
-    assert read_bundle(mini_bundle).results.equals(bundle.results)
-    assert load_bundle(mini_bundle).results.equals(bundle.results)
+    # the one public loader is this one
+    assert anistat.load == Bundle.load and anistat.load(mini_bundle).results.equals(bundle.results)
 
 
 @pytest.mark.slow
@@ -95,8 +95,8 @@ def test_each_command_reads_each_bundle_once(mini_bundle, tmp_path, monkeypatch,
 def test_functions_take_a_loaded_bundle_or_a_path(mini_bundle, tmp_path):
     loaded = Bundle.load(mini_bundle)
     assert verify_bundle(loaded).to_json() == verify_bundle(mini_bundle).to_json()
-    check = compare_reproduction(loaded, loaded)
-    assert check.ok and check.compared > 0 and check == compare_reproduction(mini_bundle, mini_bundle)
+    check = compare(loaded, loaded)
+    assert check.ok and check.compared > 0 and check == compare(mini_bundle, mini_bundle)
     from_object = compare_bundles(loaded, loaded, out=tmp_path / "a")
     from_path = compare_bundles(mini_bundle, mini_bundle, out=tmp_path / "b")
     assert from_object[1:] == from_path[1:]

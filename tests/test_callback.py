@@ -216,12 +216,12 @@ REAL_CONFIGURATION = {
 
 def _methods(bundle: Path) -> str:
     """The methods text of a bundle's report, as plain text."""
-    from anistat.bundle import read_bundle
+    from anistat.bundle import Bundle
     from anistat.report import ReportOptions
     from anistat.report._content import ReportContext, methods
 
     options = ReportOptions(compile_pdf=False, figures=False)
-    paragraphs = methods(ReportContext(inputs=read_bundle(bundle).report_inputs(), options=options))
+    paragraphs = methods(ReportContext(inputs=Bundle.load(bundle).report_inputs(), options=options))
     return "\n".join(p.plain() for p in paragraphs)
 
 

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from anistat.claims import evaluate_claim, evaluate_claims
+from anistat.comparison import compare_results
 from anistat.protocol import ClaimSpec
-from anistat.verify import compare_results
 
 
 def _results() -> pd.DataFrame:

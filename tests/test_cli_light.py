@@ -46,7 +46,7 @@ def test_light_commands_import_nothing_heavy(tmp_path, args):
 
 
 def test_lazy_public_api():
-    assert callable(anistat.fit_proxy) and callable(anistat.load_bundle)
+    assert callable(anistat.fit_proxy) and anistat.load == anistat.Bundle.load
     assert anistat.TrainingMeter.__name__ == "TrainingMeter" and anistat.RunResult.__name__ == "RunResult"
     assert {"run", "load_protocol", "AnistatCallback", "energy_fraction"} <= set(dir(anistat))
     assert set(anistat.__all__) <= set(dir(anistat))

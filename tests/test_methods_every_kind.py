@@ -27,7 +27,7 @@ from _helpers import PLAIN_SCHEDULE, SETTINGS, batches, tiny_gpt2, tiny_trainer 
 from test_report_inputs import FAST, methods_text, plan_results, quickstart_manifest  # noqa: E402
 
 from anistat.analyze import FREQUENCY_COLUMNS  # noqa: E402
-from anistat.bundle import read_bundle, report_inputs  # noqa: E402
+from anistat.bundle import Bundle, report_inputs  # noqa: E402
 from anistat.protocol import load_protocol, parse_protocol  # noqa: E402
 from anistat.report._content import ReportContext, methods  # noqa: E402
 
@@ -128,7 +128,7 @@ def test_training_meter_methods_text_describes_the_loop(tmp_path):
         optimiser.step()
         optimiser.zero_grad()
     meter.close()
-    contents = read_bundle(tmp_path / "bundle")
+    contents = Bundle.load(tmp_path / "bundle")
     corpus = contents.manifest["corpus"]
     text = kind_specific_text(contents.report_inputs())
     for false in ("built-in corpus", "64 sequences", "earliest 30 % of the checkpoints", "test sequences", "disjoint"):
@@ -163,13 +163,13 @@ def test_trainer_callback_methods_text_describes_the_trainer_run(tmp_path):
     assert callback.error is None, callback.error
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     assert manifest["models"]["trained"]["driver"] == "AnistatCallback"
-    text = kind_specific_text(read_bundle(tmp_path / "bundle").report_inputs())
+    text = kind_specific_text(Bundle.load(tmp_path / "bundle").report_inputs())
     assert "AnistatCallback in a transformers Trainer run (5 optimiser steps, effective batch 8" in text
     assert "Training step 0 was both fitted and measured" in text
     assert "built-in corpus" not in text and "earliest 30 % of the checkpoints" not in text
     matches_golden("callback_methods.txt", text)
     assert_answer_is_true(
-        ReportContext(inputs=read_bundle(tmp_path / "bundle").report_inputs(), options=FAST),
+        ReportContext(inputs=Bundle.load(tmp_path / "bundle").report_inputs(), options=FAST),
         "trained",
         "early in the measured training (step0)",
     )

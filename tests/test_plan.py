@@ -16,7 +16,7 @@ from scipy import stats as sps
 from statsmodels.stats.power import NormalIndPower, TTestPower
 
 from anistat import plan
-from anistat.bundle import read_bundle
+from anistat.bundle import Bundle
 from anistat.stats import control_energy_moments, expanded_tail, min_controls_needed
 
 
@@ -345,7 +345,7 @@ def test_plan_from_the_pilot_bundle_end_to_end(mini_bundle, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "plan.csv", "plan.html", "protocol.yaml"]
     rows = _rows(out / "plan.csv")
     assert list(rows[0]) == list(plan.PLAN_COLUMNS)
-    pilot = read_bundle(mini_bundle)
+    pilot = Bundle.load(mini_bundle)
     kinds = pilot.results[pilot.results["metric"] == "energy_fraction"][["model", "rank"]].drop_duplicates()
     assert len(rows) == len(kinds)  # one site kind (residual) per model
     # the corrected threshold is alpha over the family the pilot's analysis recorded
@@ -446,7 +446,7 @@ def test_plan_html_escapes_every_value():
 
 def test_each_unit_kind_is_planned_for_its_hardest_unit_read_off_the_pilot(mini_bundle):
     """τ = √n · se / estimate of each unit's haar energy_fraction row; a kind takes the largest."""
-    pilot = read_bundle(mini_bundle)
+    pilot = Bundle.load(mini_bundle)
     laws = plan.laws_from_results(pilot.results)
     fractions = pilot.results[(pilot.results["metric"] == "energy_fraction") & (pilot.results["control"] == "haar")]
     expected = np.sqrt(fractions["n_clusters"].astype(float)) * fractions["se"] / fractions["estimate"]

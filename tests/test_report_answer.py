@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_report_fixtures import null_check_results  # noqa: E402
 from test_report_inputs import CHROMIUM, FAST, probed_root  # noqa: E402
 
-from anistat.bundle import null_check_summaries, read_bundle  # noqa: E402
+from anistat.bundle import Bundle, null_check_summaries  # noqa: E402
 from anistat.claims import evaluate_claim, evaluate_claims  # noqa: E402
 from anistat.protocol import ClaimSpec, load_protocol  # noqa: E402
 from anistat.report import claim_outcome, render_bundle  # noqa: E402
@@ -273,7 +273,7 @@ def test_claims_json_keeps_every_field_and_an_old_record_reads_the_same():
 
 
 def quickstart_inputs():
-    return read_bundle(QUICKSTART).report_inputs()
+    return Bundle.load(QUICKSTART).report_inputs()
 
 
 def test_headline_marks_both_directions_and_names_its_checkpoints():

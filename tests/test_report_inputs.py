@@ -25,10 +25,9 @@ from test_report_fixtures import (  # noqa: E402
 )
 
 from anistat.bundle import (  # noqa: E402
+    Bundle,
     RunFacts,
-    load_bundle,
     publish_bundle,
-    read_bundle,
     report_inputs,
 )
 from anistat.errors import AnistatInputError  # noqa: E402
@@ -320,9 +319,8 @@ def test_publish_then_read_back_then_rerender_and_verify(tmp_path):
     head, first = (out / "results.csv").read_text(encoding="utf-8").splitlines()[:2]
     row = dict(zip(head.split(","), first.split(",")))
     assert row["rank"] == "4" and row["n_sequences"] == "64" and row["n_controls"] == ""  # integers stay integers
-    loaded = load_bundle(out)
-    assert len(loaded.results) == len(results) and loaded.manifest == published.manifest
-    contents = read_bundle(out)
+    contents = Bundle.load(out)
+    assert len(contents.results) == len(results) and contents.manifest == published.manifest
     assert contents.protocol == protocol and contents.report_inputs().warnings == (WARNING,)
     before = (out / "report.html").read_text(encoding="utf-8")
     rerender(out, compile_pdf=False)

@@ -23,7 +23,7 @@ import pytest
 from test_bad_input_helpers import build_tiny_gpt2, corpus_text, no_figures
 
 from anistat.cli import DEFAULT_RELATIVE, main
-from anistat.reproduction import DEFAULT_TOLERANCE, Tolerance, compare_reproduction
+from anistat.comparison import DEFAULT_TOLERANCE, Tolerance, compare
 
 STUDY = """\
 name: local-threads
@@ -71,7 +71,7 @@ def test_a_local_checkpoint_measured_with_1_and_2_threads_reproduces(bundles, ca
     code, out, err = run_cli(capsys, "diff", one, two)
     assert code == 0 and err == "", out + err
     assert f"{two} reproduces {one}" in out
-    check = compare_reproduction(one, two)
+    check = compare(one, two)
     assert check.ok and check.compared > 1000
     # the per-sequence energy sums are float64 sums of float32 products: the energy metrics stay
     # far inside the tolerance (1e-4 of it; bit-identical on the machines measured)
@@ -139,8 +139,8 @@ def test_a_number_near_zero_is_read_at_its_metrics_scale(bundles, tmp_path):
         table.loc[index, "estimate"] = table.loc[index, "estimate"] + 1e-4 * scale
 
     _edit_results(edited, edit)
-    assert compare_reproduction(one, edited).ok
-    assert not compare_reproduction(one, edited, Tolerance(relative=1e-5)).ok
+    assert compare(one, edited).ok
+    assert not compare(one, edited, Tolerance(relative=1e-5)).ok
 
 
 @pytest.mark.slow
@@ -164,7 +164,7 @@ def test_counts_statuses_missing_values_and_p_values_are_checked(bundles, tmp_pa
         table.loc[index, column] = change(table.loc[index, column])
 
     _edit_results(edited, edit)
-    check = compare_reproduction(one, edited)
+    check = compare(one, edited)
     assert [d.column for d in check.differences] == [column], check.differences
 
 
@@ -187,7 +187,7 @@ def test_a_monte_carlo_p_value_may_move_by_its_own_error(bundles, tmp_path):
         _edit_results(
             edited, lambda t, p=p, move=move: t.__setitem__("p_value", t["p_value"].where(t.index != index, p + move))
         )
-        assert compare_reproduction(original, edited).ok is ok, (p, move)
+        assert compare(original, edited).ok is ok, (p, move)
 
 
 @pytest.mark.slow
@@ -195,17 +195,17 @@ def test_rows_claims_and_the_protocol_must_match(bundles, tmp_path):
     one, _ = bundles
     dropped = _copy(one, tmp_path, "dropped")
     _edit_results(dropped, lambda t: t.drop(index=_first(t, "z")))
-    assert [d.column for d in compare_reproduction(one, dropped).differences] == ["row"]
+    assert [d.column for d in compare(one, dropped).differences] == ["row"]
     flipped = _copy(one, tmp_path, "flipped")
     claims = json.loads((flipped / "claims.json").read_text())
     claims[0]["status"] = "fail" if claims[0]["status"] == "pass" else "pass"
     (flipped / "claims.json").write_text(json.dumps(claims))
-    assert [(d.table, d.column) for d in compare_reproduction(one, flipped).differences] == [("claims.json", "status")]
+    assert [(d.table, d.column) for d in compare(one, flipped).differences] == [("claims.json", "status")]
     other = _copy(one, tmp_path, "other")
     manifest = json.loads((other / "manifest.json").read_text())
     manifest["protocol_sha256"] = "0" * 64
     (other / "manifest.json").write_text(json.dumps(manifest))
-    assert [d.column for d in compare_reproduction(one, other).differences] == ["protocol_sha256"]
+    assert [d.column for d in compare(one, other).differences] == ["protocol_sha256"]
 
 
 @pytest.mark.slow
@@ -217,7 +217,7 @@ def test_files_with_times_and_paths_are_not_compared(bundles, tmp_path):
     manifest.update(started_at="2099-01-01T00:00:00+00:00", seconds=1.0, command="elsewhere")
     (rerun / "manifest.json").write_text(json.dumps(manifest))
     (rerun / "report.html").write_text("<html>rendered elsewhere</html>")
-    check = compare_reproduction(one, rerun)
+    check = compare(one, rerun)
     assert check.ok and check.identical == check.compared
 
 
@@ -251,8 +251,8 @@ def test_text_where_a_number_belongs_is_a_difference_not_a_crash(bundles, tmp_pa
 def test_monte_carlo_sizes_read_from_the_manifests_protocol():
     """The tolerance of a p-value whose row records no draws uses the protocol's data-test
     resamples, under its current name or the one manifests were written with before."""
+    from anistat.comparison import _protocol_settings
     from anistat.errors import AnistatInputError
-    from anistat.reproduction import _protocol_settings
 
     assert _protocol_settings({"protocol": {"controls": {"n": 30}, "stats": {"n_test_resamples": 4999}}}) == (30, 4999)
     assert _protocol_settings({"protocol": {"stats": {"n_permutations": 199}}}) == (20, 199)

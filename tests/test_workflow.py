@@ -1,4 +1,4 @@
-"""Workflow around a finished bundle: `load_bundle`, `run --overwrite`, `verify --claims`,
+"""Workflow around a finished bundle: `anistat.load`, `run --overwrite`, `verify --claims`,
 `report --metrics` checks and the progress lines of `run` and `report` (real runs, in-process)."""
 
 from __future__ import annotations
@@ -45,19 +45,19 @@ def digests(directory: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_load_bundle_returns_what_run_returned(bundle):
+def test_load_returns_what_run_returned(bundle):
     _, path, _, result = bundle
-    loaded = anistat.load_bundle(path)
-    assert isinstance(loaded, anistat.RunResult)
-    assert loaded.out == path and loaded.manifest == json.loads(json.dumps(result.manifest))
+    loaded = anistat.load(path)
+    assert isinstance(loaded, anistat.Bundle)
+    assert loaded.path == path and loaded.manifest == json.loads(json.dumps(result.manifest))
     assert loaded.claims == result.claims and loaded.claims[0]["id"] == "dec-early"
     # same columns, same dtypes (integers stay integers), numbers to the 10 digits written
     pd.testing.assert_frame_equal(loaded.results, result.results, check_exact=False, rtol=1e-9, atol=0)
 
 
-def test_load_bundle_of_a_non_bundle_is_one_clear_error(tmp_path):
+def test_load_of_a_non_bundle_is_one_clear_error(tmp_path):
     with pytest.raises(anistat.AnistatInputError, match="not an anistat bundle"):
-        anistat.load_bundle(tmp_path)
+        anistat.load(tmp_path)
 
 
 @pytest.mark.slow

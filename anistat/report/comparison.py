@@ -1,7 +1,7 @@
 """The replication comparison's rendered files: comparison.html and comparison.tex.
 
-Rendered from one frozen :class:`ComparisonInputs` (built by ``anistat.verify``): the row-by-row
-table of ``anistat.verify.compare_results``, the claims compared claim by claim, the
+Rendered from one frozen :class:`ComparisonInputs` (built by ``anistat.replicate``): the row-by-row
+table of ``anistat.comparison.Comparison.rows``, the claims compared claim by claim, the
 environment rows and the summary. HTML goes through the autoescaping template
 ``templates/comparison.html.j2``, LaTeX through :func:`~anistat.report.latex_table.booktabs_table`
 with every user string escaped by :func:`~anistat.report.escape.tex`.
