@@ -69,14 +69,14 @@ def test_a_worker_gets_exactly_its_units_exact_tests(mini_units):
 
 @pytest.mark.slow
 def test_figures_drawn_by_two_workers_are_the_files_of_one_process(mini_bundle, tmp_path):
-    from anistat.bundle import read_bundle
+    from anistat.bundle import Bundle
     from anistat.report import ReportOptions
     from anistat.report._content import ReportContext
     from anistat.report.figures import render_figures
     from anistat.report.render import figure_context
     from anistat.workers import map_tasks, process_pool
 
-    ctx = ReportContext(inputs=read_bundle(mini_bundle).report_inputs(), options=ReportOptions())
+    ctx = ReportContext(inputs=Bundle.load(mini_bundle).report_inputs(), options=ReportOptions())
     drawn = {}
     for workers in (1, 2):
         with process_pool(workers) as pool:
