@@ -23,6 +23,7 @@ nothing can be written outside the chosen directory.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import hashlib
 import json
@@ -44,6 +45,8 @@ from . import vocabulary as vocab
 from .atomic import atomic_write_text
 from .errors import AnistatInputError
 from .runtime import machine_description
+from .timing import StageTimer, stage
+from .workers import map_tasks, process_pool
 
 if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat validate` stays light
     import numpy as np
@@ -489,7 +492,10 @@ class RunFacts:
     :func:`unit_records`); ``warnings``: the run's warnings (shown first in every report);
     ``null_settings``: the Monte-Carlo sizes of the analysis (``anistat.analyze.NullSettings``);
     ``threads``: the run's thread setting (``anistat.runtime.resolve_threads``), recorded in the
-    manifest's ``machine`` field with the CPU and the BLAS / torch build.
+    manifest's ``machine`` field with the CPU and the BLAS / torch build. ``timer``: the run's
+    :class:`anistat.timing.StageTimer`; the manifest's ``stages`` are its wall and CPU seconds per
+    stage up to the manifest's writing (the report's figures, HTML/LaTeX and PDF included) and
+    ``seconds`` their sum, replacing ``seconds`` given here.
     """
 
     device: str
@@ -501,6 +507,7 @@ class RunFacts:
     warnings: tuple[str, ...] = ()
     null_settings: Mapping[str, Any] = field(default_factory=dict)
     threads: ThreadChoice | None = None  # None where anistat did not set the threads (a user's training loop)
+    timer: StageTimer | None = None  # the run's stage timings; then `seconds` is the timer's, up to the manifest
 
 
 def few_resampling_units_warnings(results: pd.DataFrame) -> list[str]:
@@ -709,18 +716,30 @@ def publish_bundle(
 
     manifest = build_manifest(protocol, facts)
     with staged_bundle(Path(out)) as staging:
-        manifest["omitted_files"] = write_results(results, staging)
-        if not frequency.empty:
-            frequency.to_csv(staging / "frequency.csv", index=False, float_format="%.10g", lineterminator="\n")
-        write_json(staging / "concept_cards.json", concept_cards)
-        if protocol.claims:
-            write_json(staging / "claims.json", claims)
+        with stage("tables"):
+            manifest["omitted_files"] = write_results(results, staging)
+            if not frequency.empty:
+                frequency.to_csv(staging / "frequency.csv", index=False, float_format="%.10g", lineterminator="\n")
+            write_json(staging / "concept_cards.json", concept_cards)
+            if protocol.claims:
+                write_json(staging / "claims.json", claims)
         inputs = report_inputs(
             protocol, results, manifest, frequency=frequency, claims=claims, concept_cards=concept_cards
         )
-        render_bundle(inputs, staging, options=options or report_options(protocol))
+        workers = min(facts.threads.threads if facts.threads else 1, len(FIGURE_NAMES))
+        with process_pool(workers) as pool:  # the figures on the run's threads, one process each
+            render_bundle(
+                inputs,
+                staging,
+                options=options or report_options(protocol),
+                stage=stage,
+                run_tasks=functools.partial(map_tasks, pool),
+            )
         for name, content in (extra_files or {}).items():
             (staging / name).write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
+        if facts.timer is not None:
+            manifest["seconds"] = round(facts.timer.elapsed(), 3)
+            manifest["stages"] = facts.timer.as_json()
         manifest["files"] = file_digests(staging)
         write_json(staging / "manifest.json", manifest)
     return RunResult(out=Path(out), results=results, manifest=manifest, claims=claims)

@@ -14,6 +14,8 @@ exactly one line on stderr, never a traceback.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import sys
 from pathlib import Path
@@ -137,20 +139,22 @@ def run(
     interrupted (nothing written; finished units stay in the cache the message names, and a
     rerun resumes from them); 3 bundle written but some units failed (see results.csv)."""
     from .pipeline import run as run_pipeline
+    from .timing import StageTimer, summary
 
     if device is not None and device not in ("auto", "cpu", "cuda", "mps"):
         raise AnistatInputError(f"--device must be auto, cpu, cuda or mps, got '{device}'")
     chosen, built_yaml = _chosen_protocol(protocol, model, data, ranks, out)
-    result = run_pipeline(
-        chosen,
-        out,
-        bundle_files=None if built_yaml is None else {"protocol.yaml": built_yaml},
-        device=device,
-        threads=threads,
-        log=None if quiet else _echo,
-        keep_cache=keep_cache,
-        overwrite=overwrite,
-    )
+    with StageTimer(include_start_up=True).activate():  # the manifest's stages count the process's start-up
+        result = run_pipeline(
+            chosen,
+            out,
+            bundle_files=None if built_yaml is None else {"protocol.yaml": built_yaml},
+            device=device,
+            threads=threads,
+            log=None if quiet else _echo,
+            keep_cache=keep_cache,
+            overwrite=overwrite,
+        )
     if quiet:  # the log said so already; a missing file of the bundle is said even with -q
         for name, reason in result.manifest.get("omitted_files", {}).items():
             _echo(f"note: {name} was not written: {reason}")
@@ -161,6 +165,8 @@ def run(
     failed_claims = [c for c in result.claims if not c["passed"]]
     for claim in result.claims:
         _echo_claim(claim)
+    if not quiet and result.manifest.get("stages"):  # the last line: where the time went
+        _echo(summary(result.manifest["stages"]))
     if result.failed_units:
         failed = [u for u in result.manifest.get("units", []) if u.get("status") != "ok"]
         first = f"; first: {failed[0]['id']}: {failed[0]['note']}" if failed else ""
@@ -735,6 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: one line on stderr and exit 2 for any user error (see module doc)."""
     errors = _click_exceptions()
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the process's own command: at its exit the interpreter's teardown need not walk
+        atexit.register(gc.freeze)  # every object of torch & co. (seconds on a loaded 2-core machine)
     previous_sigterm = _sigterm_as_interrupt()
     _quiet_libraries()
     try:

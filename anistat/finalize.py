@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import timing
 from .analyze import analyze_run
 from .bundle import (
     RunFacts,
@@ -78,7 +79,9 @@ def analyse_and_publish(
         f"each width, {protocol.stats.n_bootstrap} bootstrap resamples per interval, per-bucket energy "
         "ratios and log-frequency correlations …"
     )
-    analysis = analyze_run(artifacts, dict(token_counts), protocol, device=device)
+    analysis = analyze_run(
+        artifacts, dict(token_counts), protocol, device=device, workers=threads.threads if threads else 1
+    )
     results, frequency, nulls = analysis.results, analysis.frequency, analysis.null_settings
     made = (
         f"{nulls.get('draws')} in {nulls.get('streams')} stream(s), the longest {nulls.get('longest_stream')}"
@@ -94,7 +97,8 @@ def analyse_and_publish(
     few_units = [*few_resampling_units_warnings(results), *concentration_warnings(results)]
     for warning in [*analysis.warnings, *few_units]:
         log(f"warning: {warning}")
-    claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
+    with timing.stage("claims"):
+        claims = evaluate_claims(results, protocol.claims, frequency, stats=protocol.stats)
     stage = time.perf_counter()
     log(
         "writing the bundle: tables, figures, report.html, tables.tex"
@@ -108,6 +112,7 @@ def analyse_and_publish(
         corpus=corpus,
         models=models,
         units=unit_records(artifacts),
+        timer=timing.active_timer(),
         warnings=(*warnings, *analysis.warnings, *few_units),
         null_settings=dict(nulls),
         threads=threads,

@@ -38,7 +38,10 @@ from .objective import count_targets, lm_loss  # noqa: F401  (re-exported: anist
 from .protocol import DataSpec, ModelSpec
 from .runtime import single_thread
 from .seeding import derive_seed
+from .timing import stage
 
+#: The stage (`anistat.timing`) charged with loading, building and training models.
+MODELS_STAGE = "models"
 #: `train.precision` of built-in models → the dtype they are trained in
 TRAINING_DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 
@@ -239,8 +242,9 @@ def _builtin_series(
 
     def loader(state: dict[str, torch.Tensor]) -> Callable[[], torch.nn.Module]:
         def load() -> torch.nn.Module:
-            model.load_state_dict(state)
-            return model.eval()
+            with stage(MODELS_STAGE):
+                model.load_state_dict(state)
+                return model.eval()
 
         return load
 
@@ -374,7 +378,8 @@ def _pretrained_series(spec: ModelSpec, corpus: Corpus, data: DataSpec, seed: in
         def load() -> torch.nn.Module:
             if index not in cache:
                 cache.clear()  # hold one checkpoint in memory at a time
-                cache[index] = _load_pretrained(source, objective, revision, spec, local_only)[0]
+                with stage(MODELS_STAGE):
+                    cache[index] = _load_pretrained(source, objective, revision, spec, local_only)[0]
             return cache[index]
 
         return load
@@ -553,17 +558,20 @@ def resolve_models(
     seed: int,
     log: Callable[[str], None] = lambda message: None,
 ) -> Iterator[ModelSeries]:
-    """Resolve (and, for built-in models, train) each protocol model in turn."""
+    """Resolve (and, for built-in models, train) each protocol model in turn; the time is the
+    run's `models` stage (`anistat.timing`)."""
     tokenizer_cache: dict = {}
     for spec in models:
-        if spec.source == "builtin":
-            yield _builtin_series(spec, corpus, data, seed, log, tokenizer_cache)
-        elif spec.source == "minilm":
-            yield _minilm_series(spec, corpus, data, seed)
-        elif spec.source == "external":
+        if spec.source == "external":
             raise AnistatInputError(
                 f"models.{spec.name}: source 'external' is measured inside a training loop "
                 "(anistat.callbacks), not by `anistat run`"
             )
-        else:
-            yield _pretrained_series(spec, corpus, data, seed)
+        with stage(MODELS_STAGE):
+            if spec.source == "builtin":
+                series = _builtin_series(spec, corpus, data, seed, log, tokenizer_cache)
+            elif spec.source == "minilm":
+                series = _minilm_series(spec, corpus, data, seed)
+            else:
+                series = _pretrained_series(spec, corpus, data, seed)
+        yield series

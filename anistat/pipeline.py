@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from . import timing, workers
 from .bundle import RunResult, check_destination, utc_now, write_hint
 from .collect import (
     BasisSet,
@@ -185,24 +186,25 @@ def fit_bases(
     cut = _FitForwardCut(by_name)
     for c, checkpoint in enumerate(window):
         model = checkpoint.load()
-        model.to(device)
-        model.eval()
-        if cut.expected is None:
-            cut.learn(model, fit_inputs.to(device))
-        for b, start in enumerate(starts):
-            if not distributed.owns(b):
-                continue
-            batch = fit_inputs[start : start + batch_size].to(device)
-            with (
-                torch.no_grad(),
-                autocast(device, precision),
-                probe(model, by_name, gradients=False) as record,
-                cut.armed(model),
-            ):
-                model(input_ids=batch)
-            for name in by_name:
-                sampler.add(name, c, start, record.activations[name])
-            progress.update(1)
+        with timing.stage("fit pass"):
+            model.to(device)
+            model.eval()
+            if cut.expected is None:
+                cut.learn(model, fit_inputs.to(device))
+            for b, start in enumerate(starts):
+                if not distributed.owns(b):
+                    continue
+                batch = fit_inputs[start : start + batch_size].to(device)
+                with (
+                    torch.no_grad(),
+                    autocast(device, precision),
+                    probe(model, by_name, gradients=False) as record,
+                    cut.armed(model),
+                ):
+                    model(input_ids=batch)
+                for name in by_name:
+                    sampler.add(name, c, start, record.activations[name])
+                progress.update(1)
         del model  # one checkpoint's weights resident at a time: let it go before the next loads
     progress.close()
     bases: dict[str, list[BasisSet]] = {}
@@ -210,7 +212,8 @@ def fit_bases(
     decode = _memoized_decode(series.splits.decode)
     card_tokens = protocol.proxies.concept_card_tokens
     for name, site in by_name.items():
-        sample = sampler.finish(name)
+        with timing.stage("fit pass"):
+            sample = sampler.finish(name)
         n_tokens = int(sample.activations.shape[0])
         # the preflight checked the hidden size; a module site's width is known only now
         check_fit_sample(sample.activations, protocol, f"models.{spec.name}", name, "the fit split")
@@ -295,15 +298,16 @@ def collect_units(protocol: Protocol, device: torch.device, cache: Path, log: Lo
             if fits_per_unit(protocol):
                 refitted, _ = fit_bases(series, sites, protocol, device, log, refit_at=i)
                 unit_bases = {name: bases[name] + refitted[name] for name in bases}
-            measured = _measure_units(
-                protocol,
-                series,
-                checkpoint,
-                {site.name: keys[(i, site.name)] for site in sites},
-                unit_bases,
-                buckets,
-                device,
-            )
+            with timing.stage("test pass"):
+                measured = _measure_units(
+                    protocol,
+                    series,
+                    checkpoint,
+                    {site.name: keys[(i, site.name)] for site in sites},
+                    unit_bases,
+                    buckets,
+                    device,
+                )
             for site in sites:
                 if main:
                     measured[site.name].save(units_dir)
@@ -442,8 +446,26 @@ def run(
     Before anything is trained or loaded, `anistat.preflight.preflight` checks every model and
     claim. An existing bundle at `out` is replaced only with `overwrite=True`. `threads`
     overrides the protocol's `threads` (see `anistat.runtime`); torch's and numpy's thread
-    settings are restored when the run ends."""
-    log = log or (lambda message: None)
+    settings are restored when the run ends.
+
+    The run's time is recorded per stage (`anistat.timing`) in the manifest's `stages`, charged to
+    the timer active when `run` is called (the command line's, which counts the process's
+    start-up) or to a new one."""
+    timer = timing.active_timer() or timing.StageTimer()
+    with timer.activate():
+        return _run(protocol, out, device, threads, log or (lambda message: None), keep_cache, overwrite, bundle_files)
+
+
+def _run(
+    protocol: Protocol | str | Path,
+    out: str | Path | None,
+    device: str | None,
+    threads: int | None,
+    log: Log,
+    keep_cache: bool,
+    overwrite: bool,
+    bundle_files: Mapping[str, str] | None,
+) -> RunResult:
     if not isinstance(protocol, Protocol):
         protocol = load_protocol(protocol)
     if threads is not None and (
@@ -461,13 +483,16 @@ def run(
         raise AnistatInputError(
             f"{where}: a bundle already exists there; pass --overwrite to replace it, or choose another {elsewhere}"
         )
-    preflight(protocol)
+    with timing.stage("preflight"):
+        preflight(protocol)
     sha = protocol.sha256()
     cache = cache_dir(out, sha)
     started_at, started = utc_now(), time.perf_counter()
     torch_device = resolve_device(device or protocol.device)
     thread_choice = resolve_threads(threads, protocol.threads)
     log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, {thread_choice.describe()}")
+    if distributed.is_main():  # the analysis' and the figures' worker processes: their imports overlap the collection
+        workers.start_server(thread_choice.threads)
     with cpu_threads(thread_choice.threads), _stops_reported(cache):
         return _collect_analyse_publish(
             protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache, bundle_files

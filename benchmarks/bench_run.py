@@ -19,7 +19,9 @@ up to `run_seconds` (model loading and tokenising, fit forward, proxies, concept
 analysis, report, other; see `phase_seconds`), `phase_ratio_to_floor` compares the two passes
 with their floors, `fixed_seconds` is everything but those two passes, and `functions` lists the
 inclusive time and call count of each timed function (`TIMED`; e.g. `_load_pretrained` counts
-checkpoint loads). `--profile FILE` writes cProfile stats of the run.
+checkpoint loads); `stages` are the manifest's own stage timings (`anistat.timing`). `--threads N`
+is the run's thread setting (and so its N analysis and figure worker processes) and the floor's
+torch threads. `--profile FILE` writes cProfile stats of the run.
 
 Sizes used in benchmarks/README.md (both `--threads 1 --clock cpu`): `--n-fit 32 --n-test 32`
 and a realistic study, `--n-fit 64 --n-test 256`.
@@ -237,7 +239,12 @@ def main() -> None:
             started = clock()
             if profiler:
                 profiler.enable()
-            result = run(protocol, tmp / "bundle", log=lambda message: events.append((clock() - started, message)))
+            result = run(
+                protocol,
+                tmp / "bundle",
+                threads=args.threads or None,  # the run's thread setting: also its analysis and figure workers
+                log=lambda message: events.append((clock() - started, message)),
+            )
             if profiler:
                 profiler.disable()
             wall = clock() - started
@@ -277,6 +284,7 @@ def main() -> None:
         "floor_seconds": {"fit_forward": fit_floor, "test_forward_backward": test_floor},
         "ratio_to_floor": wall / floor,
         "phase_seconds": phase,
+        "stages": manifest.get("stages", {}),
         "phase_ratio_to_floor": {
             "fit_forward": phase["fit_forward"] / fit_floor,
             "test_pass": phase["test_pass"] / test_floor,

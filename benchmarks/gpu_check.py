@@ -10,7 +10,10 @@
 3. The paper-scale analysis (issue #21): `analyze_units` on 12 synthetic units at d = 768, PCA
    ranks 8/32/128, 20 normal controls, default statistics (9,999 Haar draws at most, shared by
    the units), planted (significant: every draw used) and random proxies, on the CPU and on the
-   GPU: time of each and the share of p-values that agree exactly.
+   GPU: time of each and the share of p-values that agree exactly. The device side runs the
+   analysis' device path (eigendecompositions batched on the device, Haar streams there); the
+   table's "analysis on device" row is its largest relative difference from the CPU path, and
+   "analysis ÷ collection" reads each quickstart run's manifest stages.
 4. A markdown table on stdout, ready for benchmarks/README.md; everything also as JSON.
 
 `--dry-run` runs the same steps on the CPU at a tiny shape (a shortened quickstart, d = 64), so
@@ -164,17 +167,22 @@ def analysis_check(dry_run: bool, device: str) -> dict:
         rng = np.random.default_rng(d + (kind == "planted"))
         artifacts = [synthetic_unit(rng, d, ranks, planted=kind == "planted", layer=i) for i in range(units)]
         seconds, tables = {}, {}
-        for dev in ("cpu", device):
+        for name, dev in (("cpu", "cpu"), ("device", device)):
             if dev != "cpu":
                 torch.cuda.synchronize()
             started = time.perf_counter()
-            tables[dev] = analyze_run(artifacts, {}, protocol, device=dev, frequency=False)
-            seconds[dev] = time.perf_counter() - started
+            # the device side: eigendecompositions batched and Haar streams on the device (on the CPU
+            # in a dry run: the same path, run there)
+            tables[name] = analyze_run(artifacts, {}, protocol, dev, frequency=False, linalg_on_device=name == "device")
+            seconds[name] = time.perf_counter() - started
         p = [
             t.results.loc[t.results["p_test"] == "haar_monte_carlo", "p_value"].to_numpy(dtype=float)
             for t in tables.values()
         ]
         same = int(np.sum(p[0] == p[-1]))
+        estimates = [t.results["estimate"].to_numpy(dtype=float) for t in tables.values()]
+        scale = np.maximum(np.abs(estimates[0]), 1e-12)
+        finite = np.isfinite(estimates[0]) & np.isfinite(estimates[1])
         out[kind] = {
             "units": units,
             "d": d,
@@ -182,9 +190,27 @@ def analysis_check(dry_run: bool, device: str) -> dict:
             "seconds": seconds,
             "p_values": int(p[0].size),
             "p_values_identical": same,
+            "estimates_max_relative": float(np.max(np.abs(estimates[1] - estimates[0])[finite] / scale[finite]))
+            if finite.any()
+            else 0.0,
             "draws_made": tables["cpu"].null_settings["draws_made"],
         }
     return out
+
+
+#: The manifest stages (`anistat.timing`) of the collection and of the analysis.
+COLLECTION_STAGES = ("fit pass", "proxy fits", "controls", "concept cards", "test pass")
+ANALYSIS_STAGES = ("unit spectra", "exact tests", "intervals and bootstraps", "frequency rows")
+
+
+def stage_split(bundle: Path) -> dict:
+    """A run's collection and analysis seconds (wall) from its manifest's stages."""
+    stages = json.loads((bundle / "manifest.json").read_text()).get("stages", {})
+
+    def wall(names: tuple[str, ...]) -> float:
+        return float(sum(stages.get(name, {}).get("wall_s", 0.0) for name in names))
+
+    return {"collection": wall(COLLECTION_STAGES), "analysis": wall(ANALYSIS_STAGES)}
 
 
 def table(report: dict) -> str:
@@ -231,13 +257,24 @@ def table(report: dict) -> str:
             f"| P2 same, {precision}: tokens/s anistat / naive / floor | {tps['anistat']:,.0f} / "
             f"{tps['naive']:,.0f} / {tps['floor']:,.0f} | — | — |"
         )
+    for name, split in report.get("stages", {}).items():
+        ratio = split["analysis"] / split["collection"] if split["collection"] > 0 else float("nan")
+        lines.append(
+            f"| quickstart {name}: analysis ÷ collection (manifest stages; {split['analysis']:.1f} s / "
+            f"{split['collection']:.1f} s) | {ratio:.2f} | reported | — |"
+        )
     for kind, check in report.get("analysis", {}).items():
         secs = check["seconds"]
-        device_key = [k for k in secs if k != "cpu"]
         lines.append(
             f"| analysis at the paper's settings ({check['units']} units, d = {check['d']}, ranks "
             f"{'/'.join(map(str, check['ranks']))}, {kind} proxies): seconds cpu / device | "
-            f"{secs['cpu']:.1f} / {secs[device_key[0]] if device_key else secs['cpu']:.1f} | — | — |"
+            f"{secs['cpu']:.1f} / {secs.get('device', secs['cpu']):.1f} | — | — |"
+        )
+        relative = check.get("estimates_max_relative", 0.0)
+        lines.append(
+            f"| analysis on device ({kind}): eigendecompositions batched and Haar streams on the device "
+            f"vs the CPU path, max relative difference of the estimates | {relative:.1e} | ≤ 1e-09 | "
+            f"{'yes' if relative <= 1e-9 else '**no**'} |"
         )
         lines.append(
             f"| same, exact p-values identical on both | {check['p_values_identical']} of "
@@ -283,6 +320,7 @@ def main() -> None:
         "quickstart_seconds": walls,
         "p2": p2,
         "analysis": analysis,
+        "stages": {name: stage_split(runs[name]) for name in runs},
         "seconds": time.perf_counter() - started,
     }
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))

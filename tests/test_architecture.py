@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "atomic": 0,
     "seeding": 0,
     "runtime": 0,
+    "timing": 0,
     "_version": 0,
     "_columns": 0,
     "vocabulary": 0,
@@ -28,6 +29,7 @@ LAYERS: dict[str, int] = {
     "stats": 1,
     "report": 1,  # pure libraries: nothing else from anistat but the constant modules
     "protocol": 2,
+    "workers": 2,  # process pools (uses runtime's thread setting)
     "data": 3,
     "objective": 3,
     "collect": 4,

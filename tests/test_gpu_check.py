@@ -5,6 +5,7 @@ benchmarks/README.md)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +110,16 @@ def test_analysis_check_runs_the_paper_scale_analysis_on_cpu_in_dry_run(gpu_chec
     }
     text = gpu_check.table(report)
     assert "analysis at the paper's settings (3 units, d = 64, ranks 4/16, planted proxies)" in text
+    for kind, row in check.items():  # the device path of the analysis, run on the CPU here
+        assert set(row["seconds"]) == {"cpu", "device"}
+        assert row["estimates_max_relative"] <= 1e-9, kind
+        assert f"| analysis on device ({kind}): eigendecompositions batched" in text
+
+
+def test_analysis_over_collection_is_read_from_the_manifest_stages(gpu_check, tmp_path):
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    stages = {"fit pass": {"wall_s": 2.0}, "test pass": {"wall_s": 6.0}, "exact tests": {"wall_s": 3.0}}
+    stages["intervals and bootstraps"] = {"wall_s": 1.0}
+    (bundle / "manifest.json").write_text(json.dumps({"stages": stages}))
+    assert gpu_check.stage_split(bundle) == {"collection": 8.0, "analysis": 4.0}

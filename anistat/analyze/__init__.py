@@ -46,9 +46,12 @@ from ..protocol import Protocol
 from ..seeding import derive_seed
 from ..stats import EXACT_TEST, adjust_pvalues, min_controls_needed, resolution_warning
 from ..stats.resampling_risk import family_decisions
+from ..timing import stage
 from ..vocabulary import ENERGY_METRICS
-from .frequency import FREQUENCY_COLUMNS, bucket_spectra, frequency_rows
+from ..workers import process_pool
+from .frequency import FREQUENCY_COLUMNS, frequency_rows, frequency_table
 from .nulls import ExactNulls, NullOptions, UnitSpectrum, exact_tests
+from .parallel import RankShare, per_unit_phases
 from .units import (
     descriptive_rows,
     failed_rows,
@@ -294,39 +297,52 @@ def analyze_run(
     device: str | torch.device = "cpu",
     *,
     frequency: bool = True,
+    workers: int = 1,
+    linalg_on_device: bool | None = None,
 ) -> RunAnalysis:
     """The results table and (``frequency=True``) the frequency table of a run, with every exact
     test — each unit's, and each frequency bucket's — read off the same Haar streams, so the
     draws are made once. A unit that cannot be analysed (`units.unanalysable_reason`: zero
     gradient energy, a proxy that is not orthonormal, too little data) is marked failed with its
-    reason, and the others proceed."""
+    reason, and the others proceed.
+
+    ``workers``: processes for the per-unit work (``anistat.analyze.parallel``; 1: this process
+    only); the tables are the same, bit for bit, for any number. Under torchrun every rank calls
+    this with the same artifacts and analyses its share; rank 0 returns the tables, the other
+    ranks empty ones. ``linalg_on_device``: the units'
+    eigendecompositions batched on ``device`` (default: when it is not the CPU; True on the CPU
+    runs that path there, for tests)."""
+    on_device = torch.device(device).type != "cpu" if linalg_on_device is None else linalg_on_device
     screen_units(artifacts)
     settings = null_settings(artifacts, protocol)
-    prepared = {a.key.id: prepare_unit(a, protocol) for a in artifacts if a.status == "ok"}
-    spectra = [unit.spectrum for unit in prepared.values()]
-    if frequency:
-        spectra += [spectrum for artifact in artifacts for spectrum in bucket_spectra(artifact)]
-    nulls = run_exact_tests(spectra, protocol, settings, device)
-    rows: list[dict[str, Any]] = []
-    notes: list[str] = []
-    for artifact in artifacts:
-        if artifact.status != "ok":
-            rows.extend(failed_rows(artifact, protocol))
-            continue
-        unit_rows_, unit_notes = rows_of_unit(prepared[artifact.key.id], nulls, protocol, settings)
-        rows.extend(unit_rows_)
-        notes.extend(unit_notes)
-    results = _typed(pd.DataFrame(rows), protocol)
+    share = RankShare.current()
+    with process_pool(min(workers, len(share.mine(artifacts)))) as pool:
+        tables = per_unit_phases(
+            pool,
+            artifacts,
+            token_counts,
+            protocol,
+            settings,
+            lambda spectra: run_exact_tests(spectra, protocol, settings, device),
+            device=device if on_device else None,
+            frequency=frequency,
+            share=share,
+        )
+    if tables is None:  # a torchrun rank other than 0: its rows went to rank 0
+        empty = pd.DataFrame(columns=RESULT_COLUMNS)
+        return RunAnalysis(
+            results=empty, frequency=pd.DataFrame(columns=FREQUENCY_COLUMNS), warnings=(), null_settings={}
+        )
+    rows, notes, nulls = tables.rows, tables.notes, tables.nulls
+    table = frequency_table(tables.frequency_rows if frequency else [])
+    with stage("intervals and bootstraps"):
+        results = _typed(pd.DataFrame(rows), protocol)
     guard = multiplicity_warning(results, protocol, settings)
     columns = RESULT_COLUMNS + (DECISION_COLUMNS if settings.resampling_risk is not None else [])
     made = nulls.draws_made
     return RunAnalysis(
         results=results[columns].copy().reset_index(drop=True),
-        frequency=(
-            frequency_rows(artifacts, token_counts, protocol, nulls=nulls)
-            if frequency
-            else pd.DataFrame(columns=FREQUENCY_COLUMNS)
-        ),
+        frequency=table,
         warnings=(*([guard] if guard else []), *notes),
         null_settings={
             **asdict(settings),

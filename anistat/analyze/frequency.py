@@ -94,18 +94,32 @@ def frequency_rows(
 
         spectra = [spectrum for artifact in artifacts for spectrum in bucket_spectra(artifact)]
         nulls = run_exact_tests(spectra, protocol, null_settings(artifacts, protocol))
-    rows = []
-    for artifact in artifacts:
-        if artifact.status != "ok":
-            continue
-        base = unit_columns(artifact)
-        rows.extend({**base, **row} for row in _bucket_rows(artifact, protocol, nulls))
-        counts = token_counts.get(artifact.key.model)
-        if counts is not None:
-            rows.extend(
-                {**base, "proxy": "none", "rank": None, "control": "none", "bucket": "all", **row}
-                for row in _correlation_rows(artifact, counts, protocol)
-            )
+    rows = [
+        row
+        for artifact in artifacts
+        if artifact.status == "ok"
+        for row in unit_frequency_rows(artifact, token_counts.get(artifact.key.model), protocol, nulls)
+    ]
+    return frequency_table(rows)
+
+
+def unit_frequency_rows(
+    artifact: UnitArtifact, counts: np.ndarray | None, protocol: Protocol, nulls: ExactNulls
+) -> list[dict]:
+    """One analysable unit's frequency rows: its buckets, then (with the model's corpus token
+    ``counts``) its log-frequency correlations (see :func:`frequency_rows`)."""
+    base = unit_columns(artifact)
+    rows = [{**base, **row} for row in _bucket_rows(artifact, protocol, nulls)]
+    if counts is not None:
+        rows.extend(
+            {**base, "proxy": "none", "rank": None, "control": "none", "bucket": "all", **row}
+            for row in _correlation_rows(artifact, counts, protocol)
+        )
+    return rows
+
+
+def frequency_table(rows: list[dict]) -> pd.DataFrame:
+    """frequency.csv's table from its rows (columns `FREQUENCY_COLUMNS`, integer rank and step)."""
     frame = pd.DataFrame(rows, columns=FREQUENCY_COLUMNS)
     if not frame.empty:
         frame["rank"] = pd.array(frame["rank"], dtype="Int64")

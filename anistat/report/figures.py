@@ -95,6 +95,10 @@ class FigureSpec:
     fig: Figure
 
 
+#: ``run_tasks(task, arguments) -> [task(*a) for a in arguments]``, in order, wherever it runs them.
+TaskMap = Callable[[Callable[..., Any], Sequence[tuple[Any, ...]]], list[Any]]
+
+
 @dataclass
 class SavedFigure:
     name: str
@@ -930,21 +934,37 @@ def save_figure(spec: FigureSpec, fig_dir: Path, dpi: int) -> SavedFigure:
 
 
 def render_figures(
-    main: pd.DataFrame, full: pd.DataFrame, ctx: dict[str, Any], fig_dir: Path, dpi: int
+    main: pd.DataFrame,
+    full: pd.DataFrame,
+    ctx: dict[str, Any],
+    fig_dir: Path,
+    dpi: int,
+    run_tasks: TaskMap | None = None,
 ) -> tuple[list[SavedFigure], dict[str, str]]:
-    """Build and save every figure whose data exists; return them and the skip reasons."""
-    saved: list[SavedFigure] = []
-    skipped: dict[str, str] = {}
+    """Build and save every figure whose data exists; return them (in `FIGURES` order) and the
+    skip reasons. ``run_tasks(task, arguments)`` → ``[task(*a) for a in arguments]`` in order
+    (e.g. over worker processes, ``anistat.workers.map_tasks``) draws and saves them, one figure
+    per task (the same files wherever: a figure's drawing depends on its inputs only)."""
+    existed = fig_dir.is_dir()
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    tasks = [(name, full if wants_full else main, ctx, fig_dir, dpi) for name, _, wants_full in FIGURES]
+    drawn = run_tasks(draw_figure, tasks) if run_tasks is not None else [draw_figure(*t) for t in tasks]
+    saved = [figure for figure in drawn if isinstance(figure, SavedFigure)]
+    skipped = {name: figure for (name, *_), figure in zip(tasks, drawn) if isinstance(figure, str)}
+    if not saved and not existed:
+        fig_dir.rmdir()  # no figure: no empty folder
+    return saved, skipped
+
+
+def draw_figure(name: str, data: pd.DataFrame, ctx: dict[str, Any], fig_dir: Path, dpi: int) -> SavedFigure | str:
+    """Figure ``name`` of `FIGURES` drawn from ``data`` and saved (its skip reason when its data is missing)."""
+    function = {figure_name: fn for figure_name, fn, _ in FIGURES}[name]
     with theme(), warnings.catch_warnings():
         # Labels in scripts DejaVu lacks (CJK model names, …) render as boxes; not an error.
         warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font")
-        for name, fn, wants_full in FIGURES:
-            result = fn(full if wants_full else main, ctx)
-            if isinstance(result, str):
-                skipped[name] = result
-                continue
-            fig_dir.mkdir(parents=True, exist_ok=True)
-            # the figure is dropped with `result` (no pyplot registry holds it); clearing it
-            # artist by artist first would only cost time
-            saved.append(save_figure(result, fig_dir, dpi))
-    return saved, skipped
+        result = function(data, ctx)
+        if isinstance(result, str):
+            return result
+        # the figure is dropped with `result` (no pyplot registry holds it); clearing it
+        # artist by artist first would only cost time
+        return save_figure(result, fig_dir, dpi)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from ._content import ReportContext
-from .figures import render_figures
+from .figures import TaskMap, render_figures
 from .html import render_html
 from .inputs import ReportInputs
 from .latex import PdfLatexError, compile_pdf, render_report_tex, render_tables
@@ -33,13 +36,26 @@ def figure_context(ctx: ReportContext) -> dict:
     }
 
 
-def render_bundle(inputs: ReportInputs, out_dir: Path, *, options: ReportOptions | None = None) -> list[Path]:
+def _untimed(_name: str) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def render_bundle(
+    inputs: ReportInputs,
+    out_dir: Path,
+    *,
+    options: ReportOptions | None = None,
+    stage: Callable[[str], AbstractContextManager[None]] = _untimed,
+    run_tasks: TaskMap | None = None,
+) -> list[Path]:
     """Write the report files of a bundle into ``out_dir`` (which must exist).
 
     Writes ``report.html`` (self-contained), ``tables.tex``, ``report.tex``,
     ``figures/<name>.pdf`` and ``.png``, and ``report.pdf`` when pdflatex is available (see
     ``ReportOptions.compile_pdf``). Nothing is written outside ``out_dir``. Returns the written
-    paths, sorted.
+    paths, sorted. ``stage(name)`` wraps each part — ``figures``, ``HTML and LaTeX``, ``PDF`` — so a
+    caller can time them (``anistat.timing.stage``); by default nothing is timed. ``run_tasks``
+    draws the figures (e.g. in worker processes; see ``figures.render_figures``).
 
     Raises:
         FileNotFoundError: ``out_dir`` does not exist.
@@ -62,23 +78,26 @@ def render_bundle(inputs: ReportInputs, out_dir: Path, *, options: ReportOptions
     fig_ctx = figure_context(ctx)
 
     fig_dir = out_dir / "figures"
-    if options.figures:
-        figs, skipped = render_figures(ctx.main, ctx.full, fig_ctx, fig_dir, options.figure_dpi)
-    else:
-        figs, skipped = [], {}
+    with stage("figures"):
+        if options.figures:
+            figs, skipped = render_figures(ctx.main, ctx.full, fig_ctx, fig_dir, options.figure_dpi, run_tasks)
+        else:
+            figs, skipped = [], {}
 
     written: list[Path] = [p for f in figs for p in (f.pdf, f.png)]
-    html_path = out_dir / "report.html"
-    html_path.write_text(render_html(ctx, figs, skipped), encoding="utf-8")
-    tables, labels = render_tables(ctx)
-    tables_path = out_dir / "tables.tex"
-    tables_path.write_text(tables, encoding="utf-8")
-    report_tex = out_dir / "report.tex"
-    report_tex.write_text(render_report_tex(ctx, figs, labels), encoding="utf-8")
+    with stage("HTML and LaTeX"):
+        html_path = out_dir / "report.html"
+        html_path.write_text(render_html(ctx, figs, skipped), encoding="utf-8")
+        tables, labels = render_tables(ctx)
+        tables_path = out_dir / "tables.tex"
+        tables_path.write_text(tables, encoding="utf-8")
+        report_tex = out_dir / "report.tex"
+        report_tex.write_text(render_report_tex(ctx, figs, labels), encoding="utf-8")
     written += [html_path, tables_path, report_tex]
 
     if want_pdf:
-        written.append(compile_pdf(out_dir))
+        with stage("PDF"):
+            written.append(compile_pdf(out_dir))
     return sorted(written)
 
 

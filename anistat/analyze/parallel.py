@@ -1,0 +1,215 @@
+"""The per-unit analysis over worker processes (`anistat.workers`), bit-identical to one process.
+
+A run's analysis has three per-unit phases around one shared step:
+
+1. every unit's spectra — the eigendecompositions of its gradient second moment and covariance and
+   its proxies' traces in both (:func:`anistat.analyze.units.prepare_unit`);
+2. (shared, here) the exact tests of every unit off the Haar streams of each width;
+3. every unit's rows — intervals, bootstraps, data tests (:func:`~anistat.analyze.units.rows_of_unit`)
+   — and its frequency rows (:func:`~anistat.analyze.frequency.unit_frequency_rows`).
+
+On a GPU run the eigendecompositions of phase 1 run on the device, batched, before the tasks
+(and the exact tests' Haar streams of phase 2 run there too). Phases 1 and 3 are independent across units — each unit's random draws are seeded by its own id
+(`anistat.seeding.derive_seed`), never by a shared generator's state — so they run in a pool of
+worker processes, one unit per task, and come back in unit order. Each task runs on one thread in
+a worker and in this process alike (`anistat.workers.map_tasks`), so 1 and N workers give the same
+bits. A worker is sent only its own unit's slice of the exact tests (:func:`nulls_of_unit`).
+
+Under ``torchrun`` the units are shared out the same way across ranks (:class:`RankShare`: rank
+``r`` of ``w`` takes units ``r, r + w, …``): each rank runs phases 1 and 3 for its share, rank 0
+gathers the spectra (in unit order), runs the exact tests and sends them to every rank, then
+gathers every rank's rows and alone runs what needs the whole family (multiplicity, the
+resolution guard; the claims and the meta-analysis come after, in the pipeline). The tables are
+those of one process, bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from ..collect import UnitArtifact, distributed
+from ..protocol import Protocol
+from ..timing import stage
+from ..workers import map_tasks
+from .frequency import bucket_id, bucket_spectra, unit_frequency_rows
+from .nulls import ExactNulls, UnitSpectrum
+from .units import PreparedUnit, device_eigenvalues, failed_rows, prepare_unit, rows_of_unit, unit_matrices
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """This process's share of the units: ``rank`` of ``world`` (``torch.distributed``'s, when a
+    process group is running; else 0 of 1 — the whole)."""
+
+    rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def current(cls) -> RankShare:
+        return cls(distributed.rank(), distributed.world_size()) if distributed.active() else cls()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def mine(self, items: list[T]) -> list[T]:
+        """Items ``rank, rank + world, …``: a share fixed by the order alone."""
+        return items[self.rank :: self.world]
+
+    def gather(self, mine: list[T]) -> list[T]:
+        """Every rank's ``mine`` back in the items' order on rank 0 ([] on the others)."""
+        if self.world == 1:
+            return mine
+        import torch.distributed as dist
+
+        shares: list[Any] | None = [None] * self.world if self.is_main else None
+        dist.gather_object(mine, shares, dst=0)
+        if shares is None:
+            return []
+        total = sum(len(share) for share in shares)
+        return [shares[i % self.world][i // self.world] for i in range(total)]
+
+    def from_main(self, value: T | None) -> T:
+        """Rank 0's ``value`` on every rank."""
+        if self.world == 1:
+            return value  # type: ignore[return-value]
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]  # type: ignore[return-value]
+
+
+def nulls_of_unit(nulls: ExactNulls, unit_id: str) -> ExactNulls:
+    """The exact tests (and recorded draws) of one unit and its frequency buckets."""
+    bucket_prefix = bucket_id(unit_id, 0).rsplit("#", 1)[0] + "#"
+
+    def mine(key: tuple[Any, ...]) -> bool:
+        return key[0] == unit_id or str(key[0]).startswith(bucket_prefix)
+
+    return ExactNulls(
+        energy={k: v for k, v in nulls.energy.items() if mine(k)},
+        delta={k: v for k, v in nulls.delta.items() if mine(k)},
+        recorded_energy={k: v for k, v in nulls.recorded_energy.items() if mine(k)},
+        recorded_delta={k: v for k, v in nulls.recorded_delta.items() if mine(k)},
+        draws_made=dict(nulls.draws_made),
+    )
+
+
+def _prepare(artifact: UnitArtifact, protocol: Protocol, eigenvalues: Any) -> PreparedUnit:
+    # the artifact stays where it is: only what was computed from it travels back
+    return replace(prepare_unit(artifact, protocol, eigenvalues), artifact=None)  # type: ignore[arg-type]
+
+
+def prepare_units(
+    pool: Executor | None,
+    artifacts: list[UnitArtifact],
+    protocol: Protocol,
+    device: str | torch.device | None = None,
+) -> dict[str, PreparedUnit]:
+    """Phase 1: every analysable unit's :class:`PreparedUnit`, keyed by unit id. With a
+    ``device``, the eigendecompositions — the phase's heavy part, ``O(d³)`` per matrix — run there
+    first, batched (:func:`~anistat.analyze.units.device_eigenvalues`), and the tasks get them."""
+    ok = [a for a in artifacts if a.status == "ok"]
+    eigenvalues: list[Any] = [None] * len(ok)
+    if device is not None and ok:
+        matrices = [m for a in ok for m in unit_matrices(a)]
+        values = device_eigenvalues(matrices, device)
+        eigenvalues = list(zip(values[0::2], values[1::2]))
+    arguments = [(a, protocol, e) for a, e in zip(ok, eigenvalues)]
+    prepared = map_tasks(pool, _prepare if pool is not None else prepare_unit, arguments)
+    return {a.key.id: replace(unit, artifact=a) for a, unit in zip(ok, prepared)}
+
+
+def unit_rows_all(
+    pool: Executor | None,
+    prepared: list[PreparedUnit],
+    nulls: ExactNulls,
+    protocol: Protocol,
+    settings: Any,
+) -> list[tuple[list[dict[str, Any]], list[str]]]:
+    """Phase 3a: every prepared unit's rows and warnings, in the order given."""
+    arguments = [(unit, _sliced(pool, nulls, unit.artifact.key.id), protocol, settings) for unit in prepared]
+    return map_tasks(pool, rows_of_unit, arguments)
+
+
+def frequency_rows_each(
+    pool: Executor | None,
+    artifacts: list[UnitArtifact],
+    token_counts: dict[str, np.ndarray],
+    protocol: Protocol,
+    nulls: ExactNulls,
+) -> list[list[dict[str, Any]]]:
+    """Phase 3b: the frequency rows of each of ``artifacts`` (analysable ones), in their order."""
+    arguments = [(a, token_counts.get(a.key.model), protocol, _sliced(pool, nulls, a.key.id)) for a in artifacts]
+    return map_tasks(pool, unit_frequency_rows, arguments)
+
+
+def _sliced(pool: Executor | None, nulls: ExactNulls, unit_id: str) -> ExactNulls:
+    # in this process the whole object is shared; a worker gets (and unpickles) only its unit's part
+    return nulls if pool is None else nulls_of_unit(nulls, unit_id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitTables:
+    """What the per-unit phases give rank 0: every unit's rows and warnings, in unit order (a
+    failed unit's rows included), the frequency rows, and the exact tests."""
+
+    rows: list[dict[str, Any]]
+    notes: list[str]
+    frequency_rows: list[dict[str, Any]]
+    nulls: ExactNulls
+
+
+def per_unit_phases(
+    pool: Executor | None,
+    artifacts: list[UnitArtifact],
+    token_counts: dict[str, np.ndarray],
+    protocol: Protocol,
+    settings: Any,
+    exact_tests: Callable[[list[UnitSpectrum]], ExactNulls],
+    *,
+    device: str | torch.device | None,
+    frequency: bool,
+    share: RankShare,
+) -> UnitTables | None:
+    """Phases 1–3 of the module docstring for this rank's share of ``artifacts`` (``device``: where
+    the eigendecompositions run, None: in the tasks); None on a rank other than 0."""
+    mine = share.mine(artifacts)
+    with stage("unit spectra"):
+        prepared = prepare_units(pool, mine, protocol, device)
+        # each frequency bucket's spectrum is an eigendecomposition too: tasks of their own
+        buckets = map_tasks(pool, bucket_spectra, [(a,) for a in mine]) if frequency else [[] for _ in mine]
+        spectra = share.gather(
+            [(prepared[a.key.id].spectrum if a.key.id in prepared else None, b) for a, b in zip(mine, buckets)]
+        )
+    with stage("exact tests"):
+        ordered = [unit for unit, _ in spectra if unit is not None] + [b for _, buckets in spectra for b in buckets]
+        nulls = share.from_main(exact_tests(ordered) if share.is_main else None)
+    with stage("intervals and bootstraps"):
+        computed = iter(unit_rows_all(pool, list(prepared.values()), nulls, protocol, settings))
+        per_unit = share.gather(
+            [next(computed) if a.key.id in prepared else (failed_rows(a, protocol), []) for a in mine]
+        )
+    with stage("frequency rows"):
+        mine_ok = [a for a in mine if a.status == "ok"]
+        rows_of = dict(
+            zip((a.key.id for a in mine_ok), frequency_rows_each(pool, mine_ok, token_counts, protocol, nulls))
+        )
+        frequency_per_unit = share.gather([rows_of.get(a.key.id, []) if frequency else [] for a in mine])
+    if not share.is_main:
+        return None
+    return UnitTables(
+        rows=[row for rows, _ in per_unit for row in rows],
+        notes=[note for _, notes in per_unit for note in notes],
+        frequency_rows=[row for rows in frequency_per_unit for row in rows],
+        nulls=nulls,
+    )

@@ -1,0 +1,82 @@
+"""The analysis stage alone over worker processes: `analyze_run` with N workers ÷ 1 worker on the
+same units (goal for 2 workers on a 2-core machine: ≤ 0.6).
+
+Run (from the repository root):
+
+    PYTHONPATH=. python benchmarks/bench_analysis_workers.py --units 12 --dim 768 --workers 2 --repeats 3
+
+The units are `bench_stats.synthetic_unit`s (4 096 tokens in 32 documents, planted PCA proxies at
+the paper's ranks 8/32/128, 20 normal controls, the paper-replication statistics: Holm per model,
+2 000 bootstrap resamples). The two settings alternate (1, N, 1, N, …) so a change in the
+machine's load falls on both; the tables are checked to be identical, bit for bit. The fork
+server's start (its imports) is paid before the first timed call, as a run pays it while it
+collects (`anistat.workers.start_server`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_stats import PROTOCOL, synthetic_unit  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--units", type=int, default=12)
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 128])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    import torch
+
+    from anistat.analyze import analyze_run
+    from anistat.protocol import Protocol
+    from anistat.runtime import cpu_threads
+    from anistat.workers import start_server
+
+    protocol = Protocol.model_validate(
+        yaml.safe_load(PROTOCOL) | {"proxies": {"methods": ["pca"], "ranks": args.ranks}}
+    )
+    rng = np.random.default_rng(args.dim)
+    artifacts = [synthetic_unit(rng, args.dim, args.ranks, planted=True, layer=i) for i in range(args.units)]
+    start_server(args.workers)
+    seconds: dict[int, list[float]] = {1: [], args.workers: []}
+    tables = {}
+    with cpu_threads(args.workers):  # the run's thread setting: its exact tests use them all
+        for _ in range(args.repeats):
+            for workers in (1, args.workers):
+                started = time.perf_counter()
+                tables[workers] = analyze_run(artifacts, {}, protocol, "cpu", workers=workers).results
+                seconds[workers].append(time.perf_counter() - started)
+    identical = tables[1].to_csv() == tables[args.workers].to_csv()
+    one, many = statistics.median(seconds[1]), statistics.median(seconds[args.workers])
+    out = {
+        "units": args.units,
+        "dim": args.dim,
+        "ranks": args.ranks,
+        "workers": args.workers,
+        "seconds": {str(k): [round(s, 2) for s in v] for k, v in seconds.items()},
+        "median_ratio": round(many / one, 3),
+        "identical": identical,
+        "load_before_after": os.getloadavg(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    print(json.dumps(out, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
