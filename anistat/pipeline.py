@@ -217,16 +217,17 @@ def fit_bases(
         n_tokens = int(sample.activations.shape[0])
         # the preflight checked the hidden size; a module site's width is known only now
         check_fit_sample(sample.activations, protocol, f"models.{spec.name}", name, "the fit split")
-        bases[name] = fit_site_bases(
-            sample.activations,
-            protocol,
-            model=spec.name,
-            site_key=site_seed_key(site),
-            device=device,
-            refit_label=None if refit_at is None else window[0].label,
-            cards=lambda basis, sample=sample: concept_cards(sample, basis, fit_inputs, decode, card_tokens),
-            broadcast=distributed.broadcast_,
-        )
+        with timing.stage("proxy fits and controls"):
+            bases[name] = fit_site_bases(
+                sample.activations,
+                protocol,
+                model=spec.name,
+                site_key=site_seed_key(site),
+                device=device,
+                refit_label=None if refit_at is None else window[0].label,
+                cards=lambda basis, sample=sample: _timed_cards(sample, basis, fit_inputs, decode, card_tokens),
+                broadcast=distributed.broadcast_,
+            )
     if refit_at is not None:
         return bases, {}
     log(
@@ -234,6 +235,12 @@ def fit_bases(
         f"({', '.join(c.label for c in window)}), {n_tokens} tokens per site"
     )
     return bases, {"fit_checkpoints": [c.label for c in window], "fit_tokens_per_site": n_tokens}
+
+
+def _timed_cards(sample: Any, basis: Any, fit_inputs: torch.Tensor, decode: Any, card_tokens: int) -> Any:
+    """Concept cards, charged to their own stage (nested inside the proxy fits)."""
+    with timing.stage("concept cards"):
+        return concept_cards(sample, basis, fit_inputs, decode, card_tokens)
 
 
 def _memoized_decode(decode: Callable[[list[int]], str]) -> Callable[[list[int]], str]:
