@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import timing
-from .analyze import analyze_run
+from .analyze import RunAnalysis, analyze_run
 from .bundle import (
     RunFacts,
     RunResult,
@@ -64,6 +64,7 @@ def analyse_and_publish(
     threads: ThreadChoice | None = None,
     extra_files: Mapping[str, str] | None = None,
     log: Callable[[str], None] = lambda message: None,
+    analysis: RunAnalysis | None = None,
 ) -> RunResult:
     """Analyse `artifacts` under `protocol`, check its claims and write the bundle at `out`.
 
@@ -72,16 +73,18 @@ def analyse_and_publish(
     `time.perf_counter()` the run's `seconds` count from; `extra_files` (name → text, e.g. the
     protocol.yaml of a run built from options) are written into the bundle, with
     bases.safetensors when `report.keep_bases` asks for it. `log` receives the progress lines
-    `anistat run` prints."""
+    `anistat run` prints. `analysis`: the artifacts' analysis when the caller already made it
+    (under torchrun every rank analyses its share of the units before the group ends)."""
     stage = time.perf_counter()
     log(
         f"analysing {len(artifacts)} unit(s): exact tests against Haar subspaces shared by the units of "
         f"each width, {protocol.stats.n_bootstrap} bootstrap resamples per interval, per-bucket energy "
         "ratios and log-frequency correlations …"
     )
-    analysis = analyze_run(
-        artifacts, dict(token_counts), protocol, device=device, workers=threads.threads if threads else 1
-    )
+    if analysis is None:
+        analysis = analyze_run(
+            artifacts, dict(token_counts), protocol, device=device, workers=threads.threads if threads else 1
+        )
     results, frequency, nulls = analysis.results, analysis.frequency, analysis.null_settings
     made = (
         f"{nulls.get('draws')} in {nulls.get('streams')} stream(s), the longest {nulls.get('longest_stream')}"

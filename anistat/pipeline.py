@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 
 from . import timing, workers
+from .analyze import analyze_run
 from .bundle import RunResult, check_destination, utc_now, write_hint
 from .collect import (
     BasisSet,
@@ -549,8 +550,13 @@ def _collect_analyse_publish(
     torch.manual_seed(protocol.seed)
     with _disk_errors_reported(cache):
         artifacts, info = collect_units(protocol, torch_device, cache, log)
+        analysis = None
+        if distributed.active():  # torchrun: every rank analyses its share of the units, rank 0 gathers
+            analysis = analyze_run(
+                artifacts, info["frequency"], protocol, device=torch_device, workers=thread_choice.threads
+            )
         distributed.finish()  # every rank at once: none exits while another still holds the group
-        if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
+        if not distributed.is_main():  # torchrun: rank 0 writes the bundle
             return RunResult(out=out, results=pd.DataFrame(), manifest={}, claims=[])
         outcome = analyse_and_publish(
             artifacts,
@@ -567,6 +573,7 @@ def _collect_analyse_publish(
             threads=thread_choice,
             extra_files=bundle_files,
             log=log,
+            analysis=analysis,
         )
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
     if not keep_cache:
