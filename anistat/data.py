@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,7 +148,7 @@ def load_corpus(spec: DataSpec) -> Corpus:
                 skipped.append(f"data.paths: {path} is empty and was skipped")
                 continue
             if spec.source == "text":
-                documents.append(text)
+                documents.extend(split_documents(text, spec.document_separator))
                 continue
             blank_lines, blank_texts = 0, 0
             for number, line in enumerate(text.splitlines(), start=1):
@@ -181,6 +182,23 @@ def load_corpus(spec: DataSpec) -> Corpus:
         raise AnistatInputError(f"data: the corpus ({name}) is empty")
     digest = _sha256_documents(documents)
     return Corpus(name=name, documents=tuple(documents), sha256=digest, warnings=tuple(skipped))
+
+
+#: `data.document_separator`'s rule for paragraphs: one or more lines holding only whitespace
+BLANK_LINE = "blank_line"
+
+
+def split_documents(text: str, separator: str | None) -> list[str]:
+    """A text file's documents (`data.document_separator`): the whole file when `separator` is
+    None; paragraphs separated by one or more blank lines for ``blank_line``; else the pieces
+    between occurrences of `separator`. Pieces holding only whitespace are dropped."""
+    if separator is None:
+        pieces = [text]
+    elif separator == BLANK_LINE:
+        pieces = re.split(r"\n[ \t\r\f\v]*\n(?:[ \t\r\f\v]*\n)*", text)
+    else:
+        pieces = text.split(separator)
+    return [piece for piece in pieces if piece.strip()]
 
 
 def hf_dataset_documents(spec: DataSpec) -> list[str]:

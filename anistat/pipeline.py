@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from .bundle import (
     unit_records,
     utc_now,
     write_hint,
+    write_json,
 )
 from .collect import (
     BasisSet,
@@ -51,6 +53,7 @@ from .collect.progress import bar
 from .data import load_corpus
 from .errors import AnistatInputError, CheckpointLoadError, RunInterrupted
 from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_variants
+from .locking import LockHeld, bundle_lock_path, cache_lock_path, exclusive
 from .models import Checkpoint, ModelSeries, resolve_models
 from .preflight import localized, preflight
 from .protocol import Protocol, control_problem, fit_window_size, load_protocol
@@ -87,11 +90,25 @@ def default_out(protocol: Protocol) -> Path:
     return Path("reports") / protocol.name
 
 
-def cache_dir(out: Path, protocol_sha: str) -> Path:
-    """Where the finished units of a run wait for a resume: keyed by the bundle name, the
-    protocol hash and the artifact format (units written by an anistat whose artifacts hold
-    different statistics are never mixed into a run)."""
-    return out.parent / ".anistat-cache" / f"{out.name}-{protocol_sha[:16]}-a{ARTIFACT_FORMAT}"
+#: The environment variable that chooses the cache folder when `--cache-dir` is not given.
+CACHE_DIR_VARIABLE = "ANISTAT_CACHE_DIR"
+
+
+def cache_root(out: Path, chosen: str | Path | None = None) -> Path:
+    """The folder holding the per-unit caches of runs: `chosen` (`--cache-dir`), else the
+    environment variable `ANISTAT_CACHE_DIR`, else `.anistat-cache` beside the bundle folder."""
+    if chosen is not None and str(chosen):
+        return Path(chosen).expanduser()
+    if os.environ.get(CACHE_DIR_VARIABLE):
+        return Path(os.environ[CACHE_DIR_VARIABLE]).expanduser()
+    return (out.parent if str(out.parent) else Path(".")) / ".anistat-cache"
+
+
+def cache_dir(out: Path, protocol_sha: str, root: str | Path | None = None) -> Path:
+    """Where the finished units of a run wait for a resume: in `cache_root`, keyed by the bundle
+    name, the protocol hash and the artifact format (units written by an anistat whose artifacts
+    hold different statistics are never mixed into a run)."""
+    return cache_root(out, root) / f"{out.name}-{protocol_sha[:16]}-a{ARTIFACT_FORMAT}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -505,6 +522,8 @@ def _model_info(
         "tokenizer_vocab": series.splits.vocab_size,
         **fit_info,
         "proxy_refit": protocol.proxies.refit,
+        # the caller's consent to the model's own code (run refuses trust_remote_code without it)
+        **({"trust_remote_code_consent": "--trust-remote-code"} if spec.trust_remote_code else {}),
         "seconds": round(time.perf_counter() - model_started, 3),
     }
 
@@ -521,16 +540,24 @@ def run(
     log: Log | None = None,
     keep_cache: bool = False,
     overwrite: bool = False,
+    cache_dir: str | Path | None = None,
+    wait: bool = False,
+    trust_remote_code: bool = False,
 ) -> RunResult:
     """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`).
 
     Before anything is trained or loaded, `anistat.preflight.preflight` checks every model and
     claim. An existing bundle at `out` is replaced only with `overwrite=True`. `threads`
     overrides the protocol's `threads` (see `anistat.runtime`); torch's and numpy's thread
-    settings are restored when the run ends."""
+    settings are restored when the run ends. `cache_dir` chooses the folder of the per-unit
+    caches (`cache_root`). One run at a time writes a bundle folder and a cache (`anistat.locking`):
+    another run holding either is refused at once, or waited for with `wait=True`. A protocol
+    model with `trust_remote_code: true` runs only with `trust_remote_code=True` here too (the
+    caller's consent, `--trust-remote-code`), checked before any model code is imported."""
     log = log or (lambda message: None)
     if not isinstance(protocol, Protocol):
         protocol = load_protocol(protocol)
+    require_remote_code_consent(protocol, trust_remote_code)
     if threads is not None and (
         isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS
     ):
@@ -542,21 +569,86 @@ def run(
         out = Path(out)
         where, elsewhere = f"--out {out}", "--out"
     check_destination(out, where)
-    if not overwrite and (out / "manifest.json").is_file():
-        raise AnistatInputError(
-            f"{where}: a bundle already exists there; pass --overwrite to replace it, or choose another {elsewhere}"
-        )
-    preflight(protocol)
     sha = protocol.sha256()
-    cache = cache_dir(out, sha)
-    started_at, started = utc_now(), time.perf_counter()
-    torch_device = resolve_device(device or protocol.device)
-    thread_choice = resolve_threads(threads, protocol.threads)
-    log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, {thread_choice.describe()}")
-    with cpu_threads(thread_choice.threads), _stops_reported(cache):
-        return _collect_analyse_publish(
-            protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache
+    cache = _cache_for(out, sha, cache_dir)
+    with _held(bundle_lock_path(out), f"the bundle folder {out}", wait, log):
+        check_destination(out, where)  # again: a run we waited for may have written it
+        if not overwrite and (out / "manifest.json").is_file():
+            raise AnistatInputError(
+                f"{where}: a bundle already exists there; pass --overwrite to replace it, or choose another {elsewhere}"
+            )
+        preflight(protocol)
+        with _held(cache_lock_path(cache), f"the cache {cache}", wait, log), _cache_kept_only_with_units(cache):
+            started_at, started = utc_now(), time.perf_counter()
+            torch_device = resolve_device(device or protocol.device)
+            thread_choice = resolve_threads(threads, protocol.threads)
+            log(
+                f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, "
+                f"{thread_choice.describe()}"
+            )
+            log(f"cache: {cache} ({describe_cache(cache)})")
+            with cpu_threads(thread_choice.threads), _stops_reported(cache):
+                return _collect_analyse_publish(
+                    protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache
+                )
+
+
+def require_remote_code_consent(protocol: Protocol, consent: bool) -> None:
+    """Refuse, before any model code is imported, a protocol whose models would run their own
+    Python code (`trust_remote_code: true`) unless the caller consents (`--trust-remote-code`):
+    a protocol may come from someone else, and its setting alone is not the caller's consent."""
+    remote = [spec.name for spec in protocol.models if spec.trust_remote_code]
+    if remote and not consent:
+        raise AnistatInputError(
+            f"models.{remote[0]}: trust_remote_code: true would run the model's own Python code"
+            + (f" (also: {', '.join(remote[1:])})" if remote[1:] else "")
+            + "; pass --trust-remote-code if you trust its source, or set trust_remote_code: false"
         )
+
+
+def _cache_for(out: Path, sha: str, chosen: str | Path | None) -> Path:
+    """The run's cache folder; a chosen root that is not a folder is refused in one line."""
+    cache = cache_dir(out, sha, chosen)
+    root = cache.parent
+    if root.exists() and not root.is_dir():
+        source = "--cache-dir" if chosen else CACHE_DIR_VARIABLE if os.environ.get(CACHE_DIR_VARIABLE) else "cache"
+        raise AnistatInputError(f"{source} {root}: exists and is not a directory")
+    return cache
+
+
+@contextlib.contextmanager
+def _held(path: Path, what: str, wait: bool, log: Log) -> Iterator[None]:
+    """`locking.exclusive`, with its refusal as one line."""
+    try:
+        with exclusive(path, what, wait=wait, log=log):
+            yield
+    except LockHeld as refused:
+        raise AnistatInputError(str(refused)) from None
+
+
+@contextlib.contextmanager
+def _cache_kept_only_with_units(cache: Path) -> Iterator[None]:
+    """The cache folder exists during the run (it holds the lock); a run that ends without a
+    finished unit leaves no cache behind (nor an empty cache root)."""
+    try:
+        yield
+    finally:
+        if cache.is_dir() and _finished_units(cache) == 0:
+            shutil.rmtree(cache, ignore_errors=True)
+        _remove_if_empty(cache.parent)
+
+
+def cache_size(cache: Path) -> int:
+    """Bytes of the files below `cache`."""
+    return sum(path.stat().st_size for path in cache.rglob("*") if path.is_file()) if cache.is_dir() else 0
+
+
+def describe_cache(cache: Path) -> str:
+    """`new` or `N finished units, X MB` (what a resume would use)."""
+    finished = _finished_units(cache)
+    if finished == 0:
+        return "new"
+    return f"{finished} finished unit{'s' if finished != 1 else ''}, {cache_size(cache) / 1e6:.1f} MB; resuming"
 
 
 @contextlib.contextmanager
@@ -601,7 +693,11 @@ def _collect_analyse_publish(
     from .claims import evaluate_claims
 
     torch.manual_seed(protocol.seed)
-    with _disk_errors_reported(cache):
+    with _disk_errors_reported(cache, f"the cache {cache}"):
+        write_json(
+            cache / "run.json",
+            {"out": str(out.resolve()), "protocol": protocol.name, "protocol_sha256": protocol.sha256()},
+        )
         artifacts, info = collect_units(protocol, torch_device, cache, log)
         distributed.finish()  # every rank at once: none exits while another still holds the group
         if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
@@ -647,14 +743,17 @@ def _collect_analyse_publish(
         null_settings=dict(results.attrs.get("null_settings", {})),
         threads=thread_choice,
     )
-    with _disk_errors_reported(cache):
+    with _disk_errors_reported(cache, f"the bundle {out}"):
         outcome = publish_bundle(out, protocol, results, frequency, claims, info["concept_cards"], facts)
     log(f"  rendered ({time.perf_counter() - stage:.1f}s)")
     for name, reason in outcome.manifest.get("omitted_files", {}).items():
         log(f"note: {name} was not written: {reason}")
-    if not keep_cache:
-        shutil.rmtree(cache, ignore_errors=True)
-        _remove_if_empty(cache.parent)
+    if keep_cache:
+        log(f"kept the cache {cache} ({cache_size(cache) / 1e6:.1f} MB; `anistat cache clean` removes it)")
+    else:
+        size = cache_size(cache)
+        shutil.rmtree(cache / "units", ignore_errors=True)  # the lock file inside goes when the lock is released
+        log(f"removed the cache {cache} ({size / 1e6:.1f} MB)")
     log(f"wrote {out}/ ({time.perf_counter() - started:.1f}s)" + (f"; {len(failed)} unit(s) FAILED" if failed else ""))
     return outcome
 
@@ -663,30 +762,45 @@ _DISK_ERRNOS = {"ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS", "EFBIG", "EMFILE
 
 
 @contextlib.contextmanager
-def _disk_errors_reported(cache: Path) -> Iterator[None]:
-    """A disk error inside (`_disk_error`) becomes its one-line `AnistatInputError`; any other
-    OSError passes unchanged."""
+def _disk_errors_reported(cache: Path, what: str) -> Iterator[None]:
+    """A disk error inside (`_disk_error`) becomes its one-line `AnistatInputError` naming
+    `what` was being written (``the cache …``, ``the bundle …``); any other OSError passes
+    unchanged."""
     try:
         yield
     except OSError as error:
-        user_error = _disk_error(error, cache)
+        user_error = _disk_error(error, cache, what)
         if user_error is None:
             raise
         raise user_error from error
 
 
-def _disk_error(error: OSError, cache: Path) -> AnistatInputError | None:
-    """A full / read-only / forbidden disk while writing the cache or the bundle, as one line
-    with the fix for its cause (`anistat.bundle.write_hint`) and where the finished units are
-    (None for any other OSError: a bug keeps its traceback)."""
+def _disk_error(error: OSError, cache: Path, what: str) -> AnistatInputError | None:
+    """A full / read-only / forbidden disk while writing `what` (the cache or the bundle), as one
+    line naming it and the file, with the fix for its cause (`anistat.bundle.write_hint`) and
+    where the finished units are (None for any other OSError: a bug keeps its traceback)."""
     import errno as errno_names
 
     name = errno_names.errorcode.get(error.errno or 0, "")
     if name not in _DISK_ERRNOS:
         return None
-    target = error.filename or "the cache"
     reason = error.strerror or name
-    return AnistatInputError(f"cannot write {target} ({reason}); {write_hint(reason, name)}; {_kept(cache)}")
+    file = _written_file(error.filename)
+    return AnistatInputError(
+        f"cannot write {what} ({f'{file}: ' if file else ''}{reason}); {write_hint(reason, name)}; {_kept(cache)}"
+    )
+
+
+def _written_file(filename: Any) -> str:
+    """The file an OSError names, as the bundle's own name when it lies in a staging folder
+    (``report.pdf``, not ``/…/.out.host-1.x.partial/report.pdf``)."""
+    if not filename:
+        return ""
+    parts = Path(str(filename)).parts
+    for index, part in enumerate(parts):
+        if part.endswith(".partial") and index + 1 < len(parts):
+            return Path(*parts[index + 1 :]).as_posix()
+    return str(filename)
 
 
 def _remove_if_empty(directory: Path) -> None:

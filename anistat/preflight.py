@@ -359,11 +359,16 @@ def _builtin_sites(spec: ModelSpec, protocol: Protocol) -> list[PlannedSite] | N
     return list(unique.values())
 
 
-def _meta_model_sites(build, protocol: Protocol, spec: ModelSpec, hidden_size: int) -> list[PlannedSite]:
-    """Sites resolved on a weightless model: `build()` runs under the meta device."""
+def _meta_model_sites(
+    build, protocol: Protocol, spec: ModelSpec, hidden_size: int, weights: list[Path] = ()
+) -> list[PlannedSite]:
+    """Sites resolved on a weightless model: `build()` runs under the meta device. Each folder of
+    `weights` (local checkpoints) has its safetensors headers' shapes checked against that model
+    (`anistat.models.weight_shape_mismatch`): a config from another model is one line here."""
     import torch
 
     from .collect.sites import sites_from_spec
+    from .models import weight_shape_mismatch
 
     try:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
@@ -372,6 +377,10 @@ def _meta_model_sites(build, protocol: Protocol, spec: ModelSpec, hidden_size: i
         raise AnistatInputError(
             f"models.{spec.name}: cannot build the model from its config: {_first_line(error)}"
         ) from None
+    for directory in weights:
+        mismatch = weight_shape_mismatch(directory, model)
+        if mismatch:
+            raise AnistatInputError(f"models.{spec.name}: '{directory}': {mismatch}")
     try:
         sites = sites_from_spec(model, protocol.sites, spec.name)
     except AnistatInputError as error:
@@ -482,7 +491,8 @@ def plan_pretrained(spec: ModelSpec, protocol: Protocol, base: Path | None) -> P
         auto = AutoModelForCausalLM if objective == "clm" else AutoModelForMaskedLM
         return auto.from_config(configs[0], trust_remote_code=spec.trust_remote_code)
 
-    sites = _meta_model_sites(build, protocol, spec, hidden_size)
+    weights = [Path(source) for source, _, _ in sources] if spec.source == "local" else []
+    sites = _meta_model_sites(build, protocol, spec, hidden_size, weights)
     steps = list(spec.steps) if spec.steps else [None] * len(sources)
     checkpoints = tuple((label, step) for (_, _, label), step in zip(sources, steps))
     return PlannedModel(spec.name, spec.source, objective, hidden_size, num_layers, checkpoints, tuple(sites))
@@ -774,6 +784,8 @@ class Preflight:
     models: tuple[PlannedModel, ...]
     plan: RowPlan
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: what the run would warn about but can still do (e.g. too few documents for the intervals)
+    warnings: tuple[str, ...] = field(default_factory=tuple)
 
 
 def preflight(protocol: Protocol | str | Path, *, for_run: bool = True) -> Preflight:
@@ -805,4 +817,34 @@ def preflight(protocol: Protocol | str | Path, *, for_run: bool = True) -> Prefl
     if models:  # a protocol of external models only is planned by the training loop
         for index, claim in enumerate(protocol.claims):
             check_claim(index, claim, plan)
-    return Preflight(tuple(models), plan, tuple(notes))
+    return Preflight(tuple(models), plan, tuple(notes), tuple(document_warnings(protocol)))
+
+
+def document_warnings(protocol: Protocol) -> list[str]:
+    """A warning when the corpus splits into fewer documents than the intervals need
+    (`anistat.stats.energy.MIN_RESAMPLING_UNITS`): the run then resamples sequences, which are
+    dependent within a document. Text and jsonl files are read (as the run reads them); builtin
+    and hf_dataset corpora are not counted here."""
+    if protocol.data.source not in ("text", "jsonl"):
+        return []
+    from .data import load_corpus
+    from .stats.energy import MIN_RESAMPLING_UNITS
+
+    _, data = localized(protocol)
+    try:
+        documents = len(load_corpus(data).documents)
+    except AnistatInputError:
+        return []  # the run says what is wrong with the files; validate checked they exist
+    if documents >= MIN_RESAMPLING_UNITS:
+        return []
+    rule = (
+        f"data.document_separator {protocol.data.document_separator!r} splits the text files"
+        if protocol.data.document_separator
+        else "each text file is one document; data.document_separator (blank_line or a string) splits a file"
+        if protocol.data.source == "text"
+        else "each jsonl record is one document"
+    )
+    return [
+        f"data: the corpus holds {documents} document(s) ({rule}), fewer than the {MIN_RESAMPLING_UNITS} "
+        "the intervals need: they will resample sequences instead, which are dependent within a document"
+    ]

@@ -86,6 +86,13 @@ class DataSpec(StrictModel):
     max_documents: int | None = Field(
         None, ge=1, le=MAX_COUNT, description="Read at most this many documents (in source order)."
     )
+    document_separator: Annotated[str, Field(min_length=1, max_length=1000)] | None = Field(
+        None,
+        description="text: how a file splits into documents (the resampling unit of the intervals). Unset "
+        "(default): each file is one document. blank_line: one or more lines holding only whitespace end a "
+        "document. Any other string: the text is split at every occurrence of it (e.g. '<|endoftext|>'). "
+        "jsonl records and hf_dataset rows are one document each; builtin topics too.",
+    )
     seq_len: int = Field(64, ge=4, le=65_536, description="Tokens per sequence.")
     n_fit_sequences: PositiveCount = Field(64, description="Sequences whose activations fit the proxies.")
     n_test_sequences: PositiveCount = Field(64, description="Sequences whose true gradients are measured.")
@@ -147,6 +154,8 @@ class DataSpec(StrictModel):
             raise ValueError("source 'hf_dataset' needs dataset (a dataset name or a save_to_disk directory)")
         if self.source != "hf_dataset" and (self.dataset or self.dataset_config):
             raise ValueError("dataset and dataset_config are only used with source 'hf_dataset'")
+        if self.document_separator is not None and self.source != "text":
+            raise ValueError("document_separator splits text files; it is only used with source 'text'")
         return self
 
 
@@ -720,6 +729,10 @@ EXECUTION_FIELDS = ("threads",)
 def protocol_hash(normalised: dict[str, Any]) -> str:
     """sha256 of a normalised protocol's canonical JSON, execution settings (`EXECUTION_FIELDS`) left out."""
     identity = {key: value for key, value in normalised.items() if key not in EXECUTION_FIELDS}
+    data = identity.get("data")
+    if isinstance(data, dict) and data.get("document_separator") is None:
+        # unset, the field changes nothing: protocols written before it keep their hash (and cache)
+        identity["data"] = {key: value for key, value in data.items() if key != "document_separator"}
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "runtime": 0,
     "_version": 0,
     "_columns": 0,
+    "locking": 0,  # one writer per bundle folder and cache (fcntl.flock)
     "geometry": 1,
     "stats": 1,
     "report": 1,  # pure libraries: nothing else from anistat but the constant modules
@@ -45,6 +46,7 @@ LAYERS: dict[str, int] = {
     "plan": 8,  # study planning: stats formulas over a pilot read through bundle
     "replicate": 9,
     "callbacks": 9,
+    "caches": 9,  # `anistat cache list|clean`: reads the pipeline's cache layout
     "cli": 10,
     "__main__": 11,
     "anistat": 11,  # the package facade
