@@ -173,9 +173,8 @@ def validate(
     headers) against its config, and claims against the rows the run will write. A model that
     would run its own code (`trust_remote_code: true`) is refused unless --trust-remote-code is
     given, and named when it is; too few documents for the intervals is a warning."""
-    from .pipeline import require_remote_code_consent
     from .preflight import preflight
-    from .protocol import load_protocol
+    from .protocol import load_protocol, require_remote_code_consent
 
     loaded = load_protocol(protocol)
     require_remote_code_consent(loaded, trust_remote_code)
@@ -532,8 +531,7 @@ def verify(
         _exit_for_check(check)
         return
     from .bundle import Bundle
-    from .pipeline import require_remote_code_consent
-    from .protocol import load_protocol
+    from .protocol import load_protocol, require_remote_code_consent
     from .replicate import replicate
 
     # check both inputs before a (possibly long) re-run, so a typo costs milliseconds
@@ -766,10 +764,10 @@ def main(argv: list[str] | None = None) -> int:
         return error.exit_code
     except RunInterrupted as interrupt:  # `run` (and `verify --against`'s re-run) say where finished units are
         typer.echo(f"anistat: error: {interrupt.describe()}", err=True)
-        return 2
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         typer.echo("anistat: error: interrupted; nothing was written", err=True)
-        return 2
+        return EXIT_USER_ERROR
     except errors["NoArgsIsHelpError"] as error:
         help_context = getattr(error, "ctx", None)  # click sets it; the class tuple is typed as BaseException
         typer.echo(help_context.get_help() if help_context is not None else str(error))
@@ -778,12 +776,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(getattr(error, "exit_code", 0) or 0)
     except errors["Abort"]:
         typer.echo("anistat: error: aborted", err=True)
-        return 2
+        return EXIT_USER_ERROR
     except errors["ClickException"] as error:  # usage errors included
         format_message = getattr(error, "format_message", None)
         message = format_message() if callable(format_message) else str(error)
         typer.echo(f"anistat: error: {' '.join(message.split())}", err=True)
-        return 2
+        return EXIT_USER_ERROR
     except OSError as error:
         import errno as errno_names
 
@@ -828,7 +826,7 @@ def _internal_error(error: BaseException, args: list[str]) -> int:
     import time
     import traceback
 
-    from . import __version__
+    from ._version import __version__
 
     text = (
         f"anistat {__version__}, Python {platform.python_version()}, {platform.platform()}\n"

@@ -56,7 +56,7 @@ from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_varia
 from .locking import LockHeld, bundle_lock_path, cache_lock_path, exclusive
 from .models import Checkpoint, ModelSeries, resolve_models
 from .preflight import localized, preflight
-from .protocol import Protocol, control_problem, fit_window_size, load_protocol
+from .protocol import Protocol, control_problem, fit_window_size, load_protocol, require_remote_code_consent
 from .runtime import MAX_THREADS, ThreadChoice, cpu_threads, resolve_threads
 from .seeding import derive_seed
 
@@ -591,19 +591,6 @@ def run(
                 return _collect_analyse_publish(
                     protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache
                 )
-
-
-def require_remote_code_consent(protocol: Protocol, consent: bool) -> None:
-    """Refuse, before any model code is imported, a protocol whose models would run their own
-    Python code (`trust_remote_code: true`) unless the caller consents (`--trust-remote-code`):
-    a protocol may come from someone else, and its setting alone is not the caller's consent."""
-    remote = [spec.name for spec in protocol.models if spec.trust_remote_code]
-    if remote and not consent:
-        raise AnistatInputError(
-            f"models.{remote[0]}: trust_remote_code: true would run the model's own Python code"
-            + (f" (also: {', '.join(remote[1:])})" if remote[1:] else "")
-            + "; pass --trust-remote-code if you trust its source, or set trust_remote_code: false"
-        )
 
 
 def _cache_for(out: Path, sha: str, chosen: str | Path | None) -> Path:

@@ -695,6 +695,19 @@ class Protocol(StrictModel):
         return [kind for kind in self.controls.kinds if kind not in ("haar", "normal")]
 
 
+def require_remote_code_consent(protocol: Protocol, consent: bool) -> None:
+    """Refuse, before any model code is imported, a protocol whose models would run their own
+    Python code (`trust_remote_code: true`) unless the caller consents (`--trust-remote-code`):
+    a protocol may come from someone else, and its setting alone is not the caller's consent."""
+    remote = [spec.name for spec in protocol.models if spec.trust_remote_code]
+    if remote and not consent:
+        raise AnistatInputError(
+            f"models.{remote[0]}: trust_remote_code: true would run the model's own Python code"
+            + (f" (also: {', '.join(remote[1:])})" if remote[1:] else "")
+            + "; pass --trust-remote-code if you trust its source, or set trust_remote_code: false"
+        )
+
+
 def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], hidden_size: int) -> str | None:
     """Why these controls cannot be drawn at these ranks in a d = hidden_size space (None if they
     can). Checked at validation for built-in models and again once any other model is loaded."""

@@ -86,8 +86,8 @@ def replicate(
     once, before the re-run, when given as a path). An existing re-run bundle at `out` is
     replaced only with `overwrite=True`; `cache_dir`, `wait` and `trust_remote_code` are
     `anistat.pipeline.run`'s (the consent is checked before the original is read)."""
-    from .pipeline import require_remote_code_consent, run
-    from .protocol import load_protocol
+    from .pipeline import run
+    from .protocol import load_protocol, require_remote_code_consent
 
     protocol = load_protocol(protocol_path)
     require_remote_code_consent(protocol, trust_remote_code)

@@ -648,7 +648,7 @@ def test_nan_gradients_fail_the_unit_not_the_run(capsys, tmp_path, local_models)
     protocol = tmp_path / "p.yaml"
     protocol.write_text(local_protocol("r", local_models["inf_logits"], local_models["corpus"]))
     code, _, err = run_cli(capsys, "run", protocol, "--out", tmp_path / "out")
-    line = assert_one_line(code, err, "2 unit(s) failed", "status=failed", "non-finite gradients", exit_code=3)
+    line = assert_one_line(code, err, "2 unit(s) failed", "status=failed", "non-finite gradients", exit_code=4)
     assert "m--inf--residual.0" in line
     results = pd.read_csv(tmp_path / "out" / "results.csv")
     assert set(results.status) == {"failed"}

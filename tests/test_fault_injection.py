@@ -267,17 +267,38 @@ def test_checkpoint_without_tokenizer_files_is_named_by_validate(study, capfd):
     assert "step10" in err and "tokenizer" in err and "save_pretrained" in err
 
 
-def test_weights_that_fail_at_load_time_name_the_checkpoint_and_the_kept_units(study, tmp_path, capfd, monkeypatch):
-    """A header-valid safetensors file whose shapes are another model's: validate cannot know;
-    run says which checkpoint and file, and where the finished units are."""
-    no_figures(monkeypatch)
+def test_weights_of_another_model_are_named_by_validate_in_under_a_second(study, tmp_path, capfd):
+    """A header-valid safetensors file whose shapes are another model's (d = 16 weights under a
+    d = 8 config): validate names the tensor, both shapes and the fix, exit 2, in under 1 s."""
+    import time
+
     other = build_tiny_gpt2(tmp_path / "wider", hidden=16)
     shutil.copy(other / "model.safetensors", study / "ckpt" / "step20" / "model.safetensors")
+    cli(capfd, "validate", study / "study.yaml")  # once to warm the imports: the second call is timed
+    started = time.perf_counter()
     code, _, err = cli(capfd, "validate", study / "study.yaml")
-    assert code == 0, err
+    seconds = time.perf_counter() - started
+    assert_one_line(code, err, allowed=(2,))
+    assert "step20" in err and "in model.safetensors has shape [48] but the config (config.json) makes it [24]" in err
+    assert "the config and the weights come from different models" in err
+    assert seconds < 1.0, seconds
+
+
+def test_weights_that_fail_at_load_time_name_the_tensor_and_the_kept_units(study, tmp_path, capfd, monkeypatch):
+    """The same mismatch found only when `run` loads the weights (the preflight skipped): the
+    line names the checkpoint, the tensor and where the finished units are, never transformers'
+    "see the above report" (no report is shown) nor "save the checkpoint again" (the wrong fix)."""
+    import anistat.pipeline
+
+    no_figures(monkeypatch)
+    monkeypatch.setattr(anistat.pipeline, "preflight", lambda protocol: None)
+    other = build_tiny_gpt2(tmp_path / "wider", hidden=16)
+    shutil.copy(other / "model.safetensors", study / "ckpt" / "step20" / "model.safetensors")
     code, _, err = cli(capfd, "run", study / "study.yaml", "--out", tmp_path / "out", "--quiet")
     assert_one_line(code, err, allowed=(2,))
-    assert "step20" in err and "model.safetensors" in err and "kept in" in err and "a rerun resumes" in err
+    assert "step20" in err and "tensor 'transformer." in err and "come from different models" in err
+    assert "kept in" in err and "a rerun resumes" in err
+    assert "above report" not in err and "save the checkpoint again" not in err
     assert not (tmp_path / "out").exists()
 
 
@@ -420,7 +441,7 @@ def test_editing_results_csv_and_its_digest_is_caught_by_the_parquet_copy(bundle
     manifest["files"]["results.csv"] = sha256_file(bundle / "results.csv")
     (bundle / "manifest.json").write_text(json.dumps(manifest))
     code, out, err = cli(capfd, "verify", bundle)
-    assert code == 1, out + err
+    assert code == 3, out + err
     assert "integrity: results.parquet differs from results.csv: column estimate" in out and "123.456" in out
 
 
@@ -435,7 +456,7 @@ def test_claims_json_edited_with_its_digest_is_caught(bundle, capfd):
     manifest["files"]["claims.json"] = sha256_file(bundle / "claims.json")
     (bundle / "manifest.json").write_text(json.dumps(manifest))
     code, out, _ = cli(capfd, "verify", bundle)
-    assert code == 1 and "claims.json: claim 'm-above-zero' recorded as" in out
+    assert code == 3 and "claims.json: claim 'm-above-zero' recorded as" in out
 
 
 def test_figure_names_match_the_report():
