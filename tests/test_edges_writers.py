@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,19 +23,24 @@ from pathlib import Path
 
 import pytest
 from test_bad_input_helpers import build_tiny_gpt2, corpus_text, local_protocol, no_figures
-from test_fault_injection import (  # noqa: F401 - fixtures: a real study and its bundle
-    IS_ROOT,
-    assert_one_line,
-    bundle,
-    cli,
-    pristine,
-    snapshot,
-    study,
-    study_template,
-)
+from test_fault_injection import IS_ROOT, cli, snapshot, write_study
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def study_template(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("study")
+    write_study(root)
+    return root
+
+
+@pytest.fixture
+def study(study_template, tmp_path) -> Path:
+    """A fresh copy of the study: two checkpoints of a tiny GPT-2, a corpus, a claim."""
+    shutil.copytree(study_template, tmp_path / "study")
+    return tmp_path / "study"
 
 
 def error_lines(err: str) -> list[str]:
@@ -84,7 +90,7 @@ def busy_folder(monkeypatch, folder: Path) -> None:
 
 def assert_intact_bundle(out: Path, capfd) -> None:
     code, stdout, err = cli(capfd, "verify", out)
-    assert code in (0, 1) and f"integrity: all" in stdout, stdout + err
+    assert code in (0, 1) and "integrity: all" in stdout, stdout + err
     assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]  # no staging left
 
 
@@ -176,7 +182,9 @@ def test_the_cache_has_one_writer_too(study, tmp_path):
     cache.mkdir(parents=True)
     holder = hold(cache_lock_path(cache), 300)
     try:
-        second = anistat("run", study / "study.yaml", "--out", tmp_path / "b" / "out", "--cache-dir", tmp_path / "caches")
+        second = anistat(
+            "run", study / "study.yaml", "--out", tmp_path / "b" / "out", "--cache-dir", tmp_path / "caches"
+        )
         line = assert_one_error(second.returncode, second.stderr)
         assert f"the cache {cache} is in use by another anistat run (pid {holder.pid}" in line
     finally:
@@ -390,13 +398,13 @@ def test_with_the_flag_validate_names_the_model_that_runs_its_own_code(tmp_path)
 # ----------------------------------------------------------------------------------------------
 # results on stdout, progress on stderr
 # ----------------------------------------------------------------------------------------------
-def test_results_go_to_stdout_and_progress_to_stderr(study, bundle, tmp_path, capfd, monkeypatch):
+def test_results_go_to_stdout_and_progress_to_stderr(study, tmp_path, capfd, monkeypatch):
     no_figures(monkeypatch)
     code, stdout, err = cli(capfd, "run", study / "study.yaml", "--out", tmp_path / "out")
     assert code in (0, 1), err
     assert stdout.startswith("claim m-above-zero: ") and "anistat run" not in stdout and "wrote" not in stdout
     assert "anistat run study" in err and f"wrote {tmp_path / 'out'}/" in err and "claim " not in err
-    code, stdout, err = cli(capfd, "verify", bundle, "--json", "--quiet")
+    code, stdout, err = cli(capfd, "verify", tmp_path / "out", "--json", "--quiet")
     assert json.loads(stdout)["integrity"]["ok"] and err == ""
 
 
