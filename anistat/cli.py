@@ -530,6 +530,21 @@ def verify(
             _echo_claim(claim)
         _exit_for_check(check)
         return
+    _verify_against(target, against, out, quiet, overwrite, cache_dir, wait, trust_remote_code)
+
+
+def _verify_against(
+    target: Path,
+    against: Path,
+    out: Path | None,
+    quiet: bool,
+    overwrite: bool,
+    cache_dir: Path | None,
+    wait: bool,
+    trust_remote_code: bool,
+) -> None:
+    """`verify PROTOCOL --against BUNDLE`: re-run, compare claim by claim; exit 3 when a verdict
+    differs from the original's, 1 when they agree but a claim fails."""
     from .bundle import Bundle
     from .protocol import load_protocol, require_remote_code_consent
     from .replicate import replicate

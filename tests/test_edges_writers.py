@@ -355,11 +355,18 @@ def remote_code_study(root: Path) -> tuple[Path, Path]:
     folder = build_tiny_gpt2(root / "custom")
     marker = root / "MARKER"
     config = json.loads((folder / "config.json").read_text())
-    config["auto_map"] = {"AutoConfig": "configuration_custom.CustomConfig"}
+    config["auto_map"] = {
+        "AutoConfig": "configuration_custom.CustomConfig",
+        "AutoModelForCausalLM": "modeling_custom.CustomModel",
+    }
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "configuration_custom.py").write_text(
         f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n"
         "from transformers import GPT2Config\n\n\nclass CustomConfig(GPT2Config):\n    pass\n"
+    )
+    (folder / "modeling_custom.py").write_text(
+        "from transformers import GPT2LMHeadModel\n\nfrom .configuration_custom import CustomConfig\n\n\n"
+        "class CustomModel(GPT2LMHeadModel):\n    config_class = CustomConfig\n"
     )
     (root / "corpus.txt").write_text(corpus_text())
     protocol = root / "remote.yaml"
