@@ -400,6 +400,17 @@ def test_with_the_flag_validate_names_the_model_that_runs_its_own_code(tmp_path)
     assert marker.exists(), done.stderr
     assert done.returncode == 0, done.stderr
     assert "m: runs the model's own Python code (trust_remote_code, allowed by --trust-remote-code)" in done.stdout
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "anistat", "run", str(protocol), "--out", str(out), "--trust-remote-code", "-q"],
+        capture_output=True,
+        text=True,
+        env={**ENV, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"},
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["models"]["m"]["trust_remote_code_consent"] == "--trust-remote-code"  # the consent, recorded
 
 
 # ----------------------------------------------------------------------------------------------

@@ -372,7 +372,7 @@ def test_an_existing_read_only_out_folder_is_found_before_the_run(tmp_path):
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
         assert f"cannot write in {out}" in done.stderr and "permission denied: make the folder writable" in done.stderr
-        assert "training" not in done.stdout  # nothing was trained
+        assert "training" not in done.stdout + done.stderr  # nothing was trained
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
@@ -547,6 +547,46 @@ def test_bundle_fault(pristine, bundle, tmp_path, capfd, monkeypatch, name, faul
                 assert now.get(key) == value, key
     assert outside.read_text() == "the user's"
     assert sorted(p.name for p in tmp_path.iterdir()) in (["bundle", "outside.txt"], ["bundle", "cmp", "outside.txt"])
+
+
+#: A function each command calls, where an injected bug stands for any bug of that command.
+INTERNAL_ERRORS = [
+    (["validate", "{study}/study.yaml"], "anistat.preflight", "preflight"),
+    (["run", "{study}/study.yaml", "--out", "{tmp}/out"], "anistat.pipeline", "analyze_run"),
+    (["report", "{bundle}", "--no-pdf"], "anistat.rerender", "rerender"),
+    (["verify", "{bundle}"], "anistat.verify", "verify_bundle"),
+    (["diff", "{pristine}", "{bundle}"], "anistat.reproduction", "compare_reproduction"),
+    (["compare", "{pristine}", "{bundle}", "--out", "{tmp}/cmp"], "anistat.replicate", "compare_results"),
+    (["cache", "list", "{tmp}"], "anistat.caches", "list_caches"),
+]
+
+
+@pytest.mark.parametrize("command, module, name", INTERNAL_ERRORS, ids=[c[0][0] for c in INTERNAL_ERRORS])
+def test_an_internal_error_exits_70_with_its_traceback_in_a_file(
+    study, pristine, bundle, tmp_path, capfd, monkeypatch, command, module, name
+):
+    """A bug anywhere: exit 70 (never 1, a failed claim), one line naming the log file that holds
+    the traceback, and nothing of the user's — study, bundle — changed."""
+    import importlib
+
+    no_figures(monkeypatch)
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("an injected bug")
+
+    monkeypatch.setattr(importlib.import_module(module), name, bug)
+    monkeypatch.setenv("ANISTAT_CACHE_DIR", str(tmp_path / "logs"))
+    places = {"study": study, "bundle": bundle, "pristine": pristine, "tmp": tmp_path}
+    before = (snapshot(study), snapshot(bundle))
+    code, _, err = cli(capfd, *(part.format(**places) for part in command))
+    assert code == 70 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("anistat: internal error (RuntimeError: an injected bug)"), err
+    assert [line for line in lines if line.startswith("anistat: ")] == [lines[-1]]
+    (log,) = (tmp_path / "logs").glob("anistat-error-*.log")
+    assert f"the traceback is in {log}" in lines[-1] and "RuntimeError: an injected bug" in log.read_text()
+    assert (snapshot(study), snapshot(bundle)) == before
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cmp").exists()
 
 
 # ----------------------------------------------------------------------------------------------
