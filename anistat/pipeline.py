@@ -571,14 +571,18 @@ def run(
     check_destination(out, where)
     sha = protocol.sha256()
     cache = _cache_for(out, sha, cache_dir)
-    with _held(bundle_lock_path(out), f"the bundle folder {out}", wait, log):
+    writer = _writer_process()
+    with _held(bundle_lock_path(out), f"the bundle folder {out}", wait, log, writer):
         check_destination(out, where)  # again: a run we waited for may have written it
         if not overwrite and (out / "manifest.json").is_file():
             raise AnistatInputError(
                 f"{where}: a bundle already exists there; pass --overwrite to replace it, or choose another {elsewhere}"
             )
         preflight(protocol)
-        with _held(cache_lock_path(cache), f"the cache {cache}", wait, log), _cache_kept_only_with_units(cache):
+        with (
+            _held(cache_lock_path(cache), f"the cache {cache}", wait, log, writer),
+            _cache_kept_only_with_units(cache, writer),
+        ):
             started_at, started = utc_now(), time.perf_counter()
             torch_device = resolve_device(device or protocol.device)
             thread_choice = resolve_threads(threads, protocol.threads)
@@ -603,9 +607,18 @@ def _cache_for(out: Path, sha: str, chosen: str | Path | None) -> Path:
     return cache
 
 
+def _writer_process() -> bool:
+    """Whether this process writes the cache and the bundle (and so holds their locks): always,
+    except the ranks other than 0 under torchrun (rank 0 writes for them)."""
+    return distributed.requested_world_size() <= 1 or os.environ.get("RANK", "0") == "0"
+
+
 @contextlib.contextmanager
-def _held(path: Path, what: str, wait: bool, log: Log) -> Iterator[None]:
-    """`locking.exclusive`, with its refusal as one line."""
+def _held(path: Path, what: str, wait: bool, log: Log, writer: bool = True) -> Iterator[None]:
+    """`locking.exclusive` (in the writing process only), with its refusal as one line."""
+    if not writer:
+        yield
+        return
     try:
         with exclusive(path, what, wait=wait, log=log):
             yield
@@ -614,13 +627,14 @@ def _held(path: Path, what: str, wait: bool, log: Log) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _cache_kept_only_with_units(cache: Path) -> Iterator[None]:
+def _cache_kept_only_with_units(cache: Path, writer: bool = True) -> Iterator[None]:
     """The cache folder exists during the run (it holds the lock); a run that ends without a
-    finished unit leaves no cache behind (nor an empty cache root)."""
+    finished unit leaves no cache behind (nor an empty cache root). Only the writing process
+    cleans up."""
     try:
         yield
     finally:
-        if cache.is_dir() and _finished_units(cache) == 0:
+        if writer and cache.is_dir() and _finished_units(cache) == 0:
             shutil.rmtree(cache, ignore_errors=True)
         _remove_if_empty(cache.parent)
 
@@ -681,10 +695,12 @@ def _collect_analyse_publish(
 
     torch.manual_seed(protocol.seed)
     with _disk_errors_reported(cache, f"the cache {cache}"):
-        write_json(
-            cache / "run.json",
-            {"out": str(out.resolve()), "protocol": protocol.name, "protocol_sha256": protocol.sha256()},
-        )
+        if distributed.is_main():  # what `anistat cache list` says of this cache
+            cache.mkdir(parents=True, exist_ok=True)
+            write_json(
+                cache / "run.json",
+                {"out": str(out.resolve()), "protocol": protocol.name, "protocol_sha256": protocol.sha256()},
+            )
         artifacts, info = collect_units(protocol, torch_device, cache, log)
         distributed.finish()  # every rank at once: none exits while another still holds the group
         if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
