@@ -2,8 +2,10 @@
 
 Public API (mirrors the CLI):
 
-* `load_protocol(path)`, `run(protocol, out)` — the whole pipeline; `load_bundle(path)` reads a
-  bundle back as the same `RunResult` that `run` returns;
+* `load_protocol(path)`, `run(protocol, out)` — the whole pipeline; `load(path)` reads a bundle
+  into a `Bundle` (tables as DataFrames, typed manifest record and claims, `.summary()`,
+  `.figure()`, `.bases()`); `load_bundle(path)` reads it back as the same `RunResult` that
+  `run` returns;
 * `anistat.preflight.preflight(protocol)` — every check `run` makes before it trains or loads
   a model (what `anistat validate` runs);
 * geometry on plain tensors/arrays: `energy_fraction`, `isoscore`, `isoscore_star`,
@@ -30,6 +32,8 @@ _LAZY = {
     "load_protocol": ("anistat.protocol", "load_protocol"),
     "RunResult": ("anistat.bundle", "RunResult"),
     "load_bundle": ("anistat.bundle", "load_bundle"),
+    "load": ("anistat.bundle", "Bundle.load"),
+    "Bundle": ("anistat.bundle", "Bundle"),
     "draw_controls": ("anistat.geometry", "draw_controls"),
     "energy_fraction": ("anistat.geometry", "energy_fraction"),
     "fit_proxy": ("anistat.geometry", "fit_proxy"),
@@ -40,7 +44,9 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from .bundle import RunResult, load_bundle
+    from .bundle import Bundle, RunResult, load_bundle
+
+    load = Bundle.load
     from .callbacks import AnistatCallback, TrainingMeter
     from .errors import AnistatInputError, AnistatWarning
     from .geometry import draw_controls, energy_fraction, fit_proxy, isoscore, isoscore_star
@@ -59,7 +65,9 @@ def __getattr__(name: str) -> Any:
         module, attribute = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'anistat' has no attribute '{name}'") from None
-    value = getattr(importlib.import_module(module), attribute)
+    value: Any = importlib.import_module(module)
+    for part in attribute.split("."):  # "Bundle.load": a class's attribute
+        value = getattr(value, part)
     globals()[name] = value  # later lookups skip this function
     return value
 

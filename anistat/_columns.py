@@ -84,18 +84,3 @@ FREQUENCY_COLUMNS: tuple[str, ...] = (
     "p_value",
     "note",
 )
-
-#: The metrics of a fitted proxy's energy against its controls (one row each per proxy × rank ×
-#: control kind in results.csv).
-ENERGY_METRICS: tuple[str, ...] = (
-    "energy_fraction",
-    "energy_ratio",
-    "log2_energy_ratio",
-    "z",
-    "hedges_g",
-    "anisotropy_capture",
-)
-
-#: Every metric that describes a fitted proxy (its ``proxy`` column names it): the energy metrics
-#: and the change in isotropy when the proxy is removed.
-PROXY_METRICS: tuple[str, ...] = (*ENERGY_METRICS, "delta_isoscore_star")

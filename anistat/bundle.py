@@ -42,17 +42,30 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import vocabulary as vocab
 from .atomic import atomic_write_bytes, atomic_write_text
 from .errors import AnistatInputError
 from .runtime import machine_description
 
 if TYPE_CHECKING:  # pandas and the report are imported where used: `anistat validate` stays light
+    import numpy as np
     import pandas as pd
+    from matplotlib.figure import Figure
 
+    from .explore import BasisKey
     from .protocol import Protocol
-    from .report import ConceptCard, ModelDescription, ReportInputs, ReportOptions, RunDescription, RunRecord
+    from .report import (
+        ClaimOutcome,
+        ConceptCard,
+        ModelDescription,
+        ReportInputs,
+        ReportOptions,
+        RunDescription,
+        RunRecord,
+    )
     from .report.inputs import LoopDescription, NullCheckSummary
     from .runtime import ThreadChoice
+    from .summary import Summary
 
 
 def utc_now() -> str:
@@ -109,7 +122,15 @@ def file_digests(directory: Path) -> dict[str, str]:
 RENDERED_FILES = ("report.html", "tables.tex", "report.tex", "report.pdf")
 RENDERED_DIRS = ("figures",)
 #: The data files anistat reads back from a bundle (an unrecorded one is an addition, not noise).
-DATA_FILES = ("results.csv", "results.parquet", "frequency.csv", "claims.json", "concept_cards.json")
+DATA_FILES = (
+    "results.csv",
+    "results.parquet",
+    "frequency.csv",
+    "claims.json",
+    "concept_cards.json",
+    "protocol.yaml",  # `anistat run --model …`: the protocol it built
+    "bases.safetensors",  # report.keep_bases: the proxy bases
+)
 
 
 def is_rendered(name: str) -> bool:
@@ -588,7 +609,7 @@ def concentration_warnings(results: pd.DataFrame) -> list[str]:
     import pandas as pd
 
     from .stats.energy import MIN_RESAMPLING_UNITS
-    from .stats.ratio_intervals import calibrated_concentration
+    from .stats.ratio_intervals import STUDENTIZED_LOG, calibrated_concentration
 
     size_column = "m_eff" if "m_eff" in results.columns and results["m_eff"].notna().any() else "n_eff"
     needed = {"model", "checkpoint", "site", "metric", "n_clusters", "n_eff", size_column, "ci_method"}
@@ -600,7 +621,7 @@ def concentration_warnings(results: pd.DataFrame) -> list[str]:
     keys = [rows["model"], rows["checkpoint"], rows["site"]]
     effective_size = pd.to_numeric(rows[size_column], errors="coerce").groupby(keys, sort=False, dropna=False).min()
     spread = (clusters / pd.to_numeric(rows["n_eff"], errors="coerce")).groupby(keys, sort=False, dropna=False).max()
-    methods = rows["ci_method"].astype(str).replace({"studentized": "studentized_log"})
+    methods = rows["ci_method"].astype(str).replace({vocab.STUDENTIZED: STUDENTIZED_LOG})
     method_of = methods.groupby(keys, sort=False, dropna=False).first()
     units = {key: (value, spread[key]) for key, value in effective_size.dropna().items()}
     levels = {key: calibrated_concentration(size, method_of[key], ratio) for key, (size, ratio) in units.items()}
@@ -738,9 +759,11 @@ def publish_bundle(
     concept_cards: list[dict],
     facts: RunFacts,
     options: ReportOptions | None = None,
+    extra_files: Mapping[str, str | bytes] | None = None,
 ) -> RunResult:
-    """Write a run's bundle at ``out`` atomically: the tables, concept cards, claims, report files
-    and finally ``manifest.json`` with the sha256 of every file. The one publish path."""
+    """Write a run's bundle at ``out`` atomically: the tables, concept cards, claims, report files,
+    ``extra_files`` (name → text, e.g. the protocol.yaml of a run built from options) and finally
+    ``manifest.json`` with the sha256 of every file. The one publish path."""
     from .report import render_bundle
 
     manifest = build_manifest(protocol, facts)
@@ -755,6 +778,8 @@ def publish_bundle(
             protocol, results, manifest, frequency=frequency, claims=claims, concept_cards=concept_cards
         )
         render_bundle(inputs, staging, options=options or report_options(protocol))
+        for name, content in (extra_files or {}).items():
+            (staging / name).write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
         manifest["files"] = file_digests(staging)
         write_json(staging / "manifest.json", manifest)
     return RunResult(out=Path(out), results=results, manifest=manifest, claims=claims)
@@ -917,6 +942,42 @@ class Bundle:
         """The same :class:`RunResult` that `anistat.run` returned when it wrote this bundle."""
         return RunResult(out=self.path, results=self.results, manifest=self.manifest, claims=self.claims)
 
+    # -- notebooks: typed records, the compact summary, figures, bases (anistat/summary.py, explore.py)
+    @cached_property
+    def record(self) -> RunRecord:
+        """The manifest's run record, typed (versions, device, times, unit timings)."""
+        return _run_record(self.manifest)
+
+    @cached_property
+    def claim_outcomes(self) -> tuple[ClaimOutcome, ...]:
+        """claims.json's records, typed as the report shows them (verdict, interval, rule, p)."""
+        from .report import claim_outcome
+
+        return tuple(claim_outcome(record) for record in self.claims)
+
+    @cached_property
+    def cards(self) -> tuple[ConceptCard, ...]:
+        """concept_cards.json's cards, typed (the top tokens of each proxy direction)."""
+        return _concept_cards(self.concept_cards)
+
+    def summary(self, precision: int | None = None) -> Summary:
+        """One row per claim and per headline cell (:func:`anistat.summary.bundle_summary`)."""
+        from .summary import bundle_summary
+
+        return bundle_summary(self, precision)
+
+    def figure(self, name: str = "energy_ratio_trajectory", **filters: Any) -> Figure:
+        """A report figure from the rows ``filters`` select (:func:`anistat.explore.bundle_figure`)."""
+        from .explore import bundle_figure
+
+        return bundle_figure(self, name, **filters)
+
+    def bases(self, **filters: Any) -> dict[BasisKey, np.ndarray]:
+        """The proxy bases a ``report.keep_bases`` run kept (:func:`anistat.explore.read_bases`)."""
+        from .explore import read_bases
+
+        return read_bases(self, **filters)
+
 
 #: The name :func:`read_bundle`'s callers know the loaded bundle by.
 BundleContents = Bundle
@@ -1036,7 +1097,7 @@ def _settings_rows(protocol: Protocol, manifest: Mapping[str, Any]) -> tuple[tup
             if model.get(key) not in (None, [], {}):
                 rows.extend(("protocol", k, v) for k, v in flatten(model[key], f"models.{spec.name}.{key}"))
     controls = {
-        k: v for k, v in dumped["controls"].items() if k != "pca_span_dim" or "pca_span" in protocol.controls.kinds
+        k: v for k, v in dumped["controls"].items() if k != "pca_span_dim" or vocab.PCA_SPAN in protocol.controls.kinds
     }
     for section, values in (
         ("sites", dumped["sites"]),
@@ -1425,7 +1486,7 @@ def null_check_summaries(
         else:
             checks.append(("exact", exact["p_value"], int(draws[0]) if len(draws) == 1 else None, 0))
     if "p_value_paper" in rows.columns:
-        checks.append(("paper", rows.loc[rows["control"] == "normal", "p_value_paper"], n_paper_controls, 0))
+        checks.append(("paper", rows.loc[rows["control"] == vocab.NORMAL, "p_value_paper"], n_paper_controls, 0))
     out = []
     for test, values, n_draws, stop in checks:
         values = values.astype(float).dropna()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import click
 import typer
 
+from . import vocabulary as vocab
 from .errors import (
     EXIT_CLAIM_FAILED,
     EXIT_INTERNAL_ERROR,
@@ -56,6 +57,18 @@ app = typer.Typer(
 DEFAULT_RELATIVE = 0.01
 
 
+def _or_list(names) -> str:
+    """``a, b or c``: the names of a vocabulary table, for help text."""
+    names = list(names)
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+#: Help text of the options whose choices are a vocabulary table.
+_SCENARIO_HELP = (
+    "Scenarios (repeatable): " + ", ".join(f"{s.name} ({s.sentence})" for s in vocab.SCENARIOS.values()) + "."
+)
+
+
 def _echo(message: str) -> None:
     """A result line (stdout)."""
     typer.echo(message)
@@ -75,12 +88,55 @@ CACHE_DIR_HELP = (
     "Folder for the per-unit cache (default: $ANISTAT_CACHE_DIR, else .anistat-cache beside the bundle folder)."
 )
 WAIT_HELP = "If another run holds the bundle folder or the cache, wait for it instead of refusing."
+MODEL_HELP = (
+    "Measure this model with the default protocol, no YAML file needed (repeatable): a save_pretrained folder, "
+    "a folder of checkpoint folders as PATH@step1000,step2000, or a hub id with revisions as ID@REV,REV."
+)
+DATA_HELP = "With --model: the corpus, a text or .jsonl file, a save_to_disk folder or a dataset NAME[:CONFIG] (default: the built-in one)."
+RANKS_HELP = "With --model: the proxy ranks, comma-separated (e.g. 8,32; default: the protocol's default)."
+
+
+def _ranks_option(ranks: str | None) -> list[int] | None:
+    """``--ranks 8,32`` as integers (one line on stderr, exit 2, for anything else)."""
+    if ranks is None:
+        return None
+    try:
+        values = [int(part) for part in ranks.split(",") if part.strip()]
+    except ValueError:
+        raise AnistatInputError(f"--ranks {ranks}: expected comma-separated integers, e.g. 8,32") from None
+    if not values:
+        raise AnistatInputError("--ranks: name at least one rank, e.g. 8,32")
+    return values
+
+
+def _chosen_protocol(protocol: Path | None, models: list[str], data: str | None, ranks: str | None, out: Path | None):
+    """The protocol a command measures: the file ``protocol``, or one built from ``--model``
+    (`anistat.protocol.protocol_from_options`, named after ``--out``'s folder when given), with
+    the YAML text that re-runs it (None for a protocol file)."""
+    from .protocol import load_protocol, protocol_from_options, protocol_yaml
+
+    if protocol is not None and (models or data is not None or ranks is not None):
+        raise AnistatInputError("give either a protocol file or --model (with --data, --ranks), not both")
+    if protocol is not None:
+        return load_protocol(protocol), None
+    if not models:
+        raise AnistatInputError("name a protocol file, or a model with --model PATH_OR_HUB_ID (see --help)")
+    built = protocol_from_options(models, data=data, ranks=_ranks_option(ranks), name=out.name if out else None)
+    command = " ".join(
+        ["anistat run", *(f"--model {m}" for m in models)]
+        + ([f"--data {data}"] if data is not None else [])
+        + ([f"--ranks {ranks}"] if ranks is not None else [])
+    )
+    return built, protocol_yaml(built, command)
 
 
 @app.command()
 def run(
-    protocol: Path = typer.Argument(..., help="Protocol YAML file."),
+    protocol: Path | None = typer.Argument(None, help="Protocol YAML file (or measure a model with --model)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Bundle directory (default: reports/<name>/)."),
+    model: list[str] = typer.Option([], "--model", "-m", metavar="PATH_OR_HUB_ID", help=MODEL_HELP),
+    data: str | None = typer.Option(None, "--data", metavar="FILE_OR_DATASET", help=DATA_HELP),
+    ranks: str | None = typer.Option(None, "--ranks", metavar="K,K", help=RANKS_HELP),
     device: str | None = typer.Option(None, help="auto | cpu | cuda | mps (overrides the protocol)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
     keep_cache: bool = typer.Option(False, help="Keep the per-unit cache after success."),
@@ -105,6 +161,8 @@ def run(
 ) -> None:
     """Run a protocol end to end and write its bundle.
 
+    Without a protocol file, `--model` (with `--data`, `--ranks`) builds one from the defaults;
+    the bundle then holds it as protocol.yaml, which `anistat run BUNDLE/protocol.yaml` re-runs.
     Every model and claim is checked first (the same preflight as `anistat validate`), before
     any model is trained or loaded. Exit codes: 0 done; 1 a claim failed; 2 invalid input or
     interrupted (nothing written; finished units stay in the cache the message names, and a
@@ -113,9 +171,11 @@ def run(
 
     if device is not None and device not in ("auto", "cpu", "cuda", "mps"):
         raise AnistatInputError(f"--device must be auto, cpu, cuda or mps, got '{device}'")
+    chosen, built_yaml = _chosen_protocol(protocol, model, data, ranks, out)
     result = run_pipeline(
-        protocol,
+        chosen,
         out,
+        bundle_files=None if built_yaml is None else {"protocol.yaml": built_yaml},
         device=device,
         threads=threads,
         log=None if quiet else _progress,
@@ -128,6 +188,10 @@ def run(
     if quiet:  # the log said so already; a missing file of the bundle is said even with -q
         for name, reason in result.manifest.get("omitted_files", {}).items():
             _progress(f"note: {name} was not written: {reason}")
+    if built_yaml is not None:
+        _echo(
+            f"protocol: {result.out / 'protocol.yaml'} (edit it, or run it again: anistat run {result.out / 'protocol.yaml'})"
+        )
     failed_claims = [c for c in result.claims if not c["passed"]]
     for claim in result.claims:
         _echo_claim(claim)
@@ -161,11 +225,15 @@ def _echo_claim(record: dict) -> None:
 
 @app.command()
 def validate(
-    protocol: Path = typer.Argument(..., help="Protocol YAML file."),
+    protocol: Path | None = typer.Argument(None, help="Protocol YAML file (or check a model with --model)."),
+    model: list[str] = typer.Option([], "--model", "-m", metavar="PATH_OR_HUB_ID", help=MODEL_HELP),
+    data: str | None = typer.Option(None, "--data", metavar="FILE_OR_DATASET", help=DATA_HELP),
+    ranks: str | None = typer.Option(None, "--ranks", metavar="K,K", help=RANKS_HELP),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
 ) -> None:
     """Check a protocol as `anistat run` would, without training or loading a model; print its
-    name and sha256.
+    name and sha256. With `--model` (and `--data`, `--ranks`), the protocol `anistat run` would
+    build from the same options.
 
     Beyond the schema: local checkpoint folders exist (relative paths are relative to the
     protocol file), local/hub configs are read (no weights) to check ranks, controls, layers and
@@ -174,18 +242,18 @@ def validate(
     would run its own code (`trust_remote_code: true`) is refused unless --trust-remote-code is
     given, and named when it is; too few documents for the intervals is a warning."""
     from .preflight import preflight
-    from .protocol import load_protocol, require_remote_code_consent
+    from .protocol import OPTIONS_SOURCE, require_remote_code_consent
 
-    loaded = load_protocol(protocol)
+    loaded, _ = _chosen_protocol(protocol, model, data, ranks, None)
     require_remote_code_consent(loaded, trust_remote_code)
     checked = preflight(loaded, for_run=False)
-    _echo(f"{protocol}: valid protocol '{loaded.name}' (sha256 {loaded.sha256()})")
-    for model in checked.models:
-        sites = [s.name for s in model.sites]
+    _echo(f"{protocol or OPTIONS_SOURCE}: valid protocol '{loaded.name}' (sha256 {loaded.sha256()})")
+    for planned in checked.models:
+        sites = [s.name for s in planned.sites]
         shown = ", ".join(sites[:6]) + (f", … ({len(sites)} sites)" if len(sites) > 6 else "")
         _echo(
-            f"  {model.name}: {model.source}, d={model.hidden_size}, {model.num_layers} layers, "
-            f"{len(model.checkpoints)} checkpoint(s), sites {shown}"
+            f"  {planned.name}: {planned.source}, d={planned.hidden_size}, {planned.num_layers} layers, "
+            f"{len(planned.checkpoints)} checkpoint(s), sites {shown}"
         )
     for note in checked.notes:
         _echo(f"  {note}")
@@ -270,7 +338,9 @@ def plan(
     power: float = typer.Option(0.8, "--power", help="Target power of the data test and of the exact test."),
     alpha: float | None = typer.Option(None, "--alpha", help="Family level (default: the pilot's, else 0.05)."),
     multiplicity: str | None = typer.Option(
-        None, "--multiplicity", help="holm, fdr_bh, bonferroni or none (default: the pilot's, else holm)."
+        None,
+        "--multiplicity",
+        help=f"{_or_list(vocab.MULTIPLICITY)} (default: the pilot's, else {vocab.DEFAULT_MULTIPLICITY}).",
     ),
     family_size: int | None = typer.Option(
         None, "--family-size", help="Tests in the family, m (default: the pilot's tests, else the ranks)."
@@ -349,11 +419,9 @@ def calibrate(
     ),
     seed: int = typer.Option(0, min=0, help="Seed of the simulation."),
     scenario: list[str] = typer.Option(
-        ["isotropic", "anisotropic", "clustered", "skewed", "heavy", "hot"],
+        list(vocab.SCENARIOS),
         "--scenario",
-        help="Scenarios (repeatable): isotropic, anisotropic, clustered, skewed "
-        "(document energies lognormal, σ = 1.5), heavy (σ = 2.5), hot (10 % documents with 5× "
-        "energy, concentrated in the proxy's span).",
+        help=_SCENARIO_HELP,
     ),
     n_documents: int = typer.Option(60, min=3, max=100_000, help="Documents per simulated study (the goals)."),
     coverage_documents: list[int] = typer.Option(
@@ -366,9 +434,8 @@ def calibrate(
         help="Simulated many-unit studies for Holm's FWER and BH's FDR with shared draws (0: skip).",
     ),
     ci_method: str = typer.Option(
-        "adjusted_el_f",
-        help="CI method: studentized, bca, percentile, bca_log, variance_stabilised, el, adjusted_el, balanced_el "
-        "or adjusted_el_f.",
+        vocab.DEFAULT_CI_METHOD,
+        help=f"CI method: {_or_list(vocab.CI_METHODS)}.",
     ),
     jobs: int = typer.Option(1, min=1, max=256, help="Worker processes (results do not depend on it)."),
 ) -> None:
@@ -377,16 +444,13 @@ def calibrate(
     CI coverage at several study sizes, power, and multiplicity with draws shared by many units."""
     from .bundle import check_destination, staged_bundle, write_json
     from .stats import run_calibration, write_calibration_report
-    from .stats.calibrate import SCENARIOS
     from .stats.family_calibration import run_family_calibration
 
-    unknown = [s for s in scenario if s not in SCENARIOS]
+    unknown = [s for s in scenario if s not in vocab.SCENARIOS]
     if unknown:
-        raise AnistatInputError(f"--scenario must be among {', '.join(SCENARIOS)}, got '{unknown[0]}'")
-    from .stats.energy import CI_METHODS
-
-    if ci_method not in CI_METHODS:
-        raise AnistatInputError(f"--ci-method must be one of {', '.join(CI_METHODS)}, got '{ci_method}'")
+        raise AnistatInputError(f"--scenario must be among {', '.join(vocab.SCENARIOS)}, got '{unknown[0]}'")
+    if ci_method not in vocab.CI_METHODS:
+        raise AnistatInputError(f"--ci-method must be one of {', '.join(vocab.CI_METHODS)}, got '{ci_method}'")
     if any(n < 3 for n in coverage_documents):
         raise AnistatInputError("--coverage-documents must be at least 3")
     check_destination(out)  # before the simulation: a folder that cannot be replaced is said at once
@@ -429,11 +493,11 @@ def _echo_calibration_summary(
     and the family-wise error rates with shared draws."""
     import numpy as np
 
-    from .stats.calibrate import describe_goal
+    from .stats.calibrate import RANDOM_PROXY, describe_goal
     from .stats.ratio_intervals import RATIO_INTERVAL_METHODS
 
     for row in result.conditions:
-        if row["condition"] == "random" and row["documents"] == n_documents:
+        if row["condition"] == RANDOM_PROXY and row["documents"] == n_documents:
             # ± is the 95 % Monte-Carlo margin of each rate (1.96 binomial standard errors)
             _echo(
                 f"{row['scenario']}, uninformative proxy: P(p <= {result.settings['alpha']:g}) exact test "
@@ -460,7 +524,7 @@ def _echo_calibration_summary(
         for row in family.rows:
             if row["condition"].startswith("shared") and row["stop_after"]:
                 fwer = "all null" in row["condition"]
-                value, se = (row["fwer_holm"], row["fwer_holm_se"]) if fwer else (row["fdr_bh"], row["fdr_bh_se"])
+                value, se = (row["fwer_holm"], row["fwer_holm_se"]) if fwer else (row[vocab.FDR_BH], row["fdr_bh_se"])
                 _echo(
                     f"{row['condition']}: {'FWER (Holm)' if fwer else 'FDR (BH)'} {value:.4f} ± {1.96 * se:.4f} "
                     f"(bound {family.settings['alpha']:g})"
@@ -669,6 +733,43 @@ def sites(
         for name, module in loaded.named_modules():
             if name:
                 _echo(f"  module:{name}  ({type(module).__name__})")
+
+
+@app.command()
+def summary(
+    bundle: Path = typer.Argument(..., help="A bundle directory written by `anistat run`."),
+    as_json: bool = typer.Option(False, "--json", help="The rows as JSON on stdout."),
+    precision: int | None = typer.Option(None, min=1, max=8, help="Significant digits (default: the protocol's)."),
+) -> None:
+    """Print the bundle's compact table: one row per claim and per headline cell (estimate, SE,
+    interval, the test that decided, its p), as `anistat.load(BUNDLE).summary()` gives it."""
+    from .bundle import Bundle
+
+    table = Bundle.load(bundle).summary(precision)
+    if as_json:
+        sys.stdout.write(json.dumps(table.to_dict(), indent=2, allow_nan=False) + "\n")
+    else:
+        _echo(str(table))
+
+
+@app.command()
+def runs(
+    folder: Path = typer.Argument(Path("."), help="Where to look (default: the current folder)."),
+    as_json: bool = typer.Option(False, "--json", help="The bundles as JSON on stdout."),
+) -> None:
+    """List the bundles under a folder (searched 4 levels deep, newest first): name, finish time,
+    models, units, claims passed/failed, size and path. Reads manifests only; writes nothing."""
+    from .runs import MAX_DEPTH, find_bundles, runs_table
+
+    if not folder.is_dir():
+        raise AnistatInputError(f"{folder}: not a folder")
+    found = find_bundles(folder, MAX_DEPTH)
+    if as_json:
+        sys.stdout.write(json.dumps([b.to_dict() for b in found], indent=2) + "\n")
+    elif not found:
+        _echo(f"no bundle under {folder} (searched {MAX_DEPTH} levels deep)")
+    else:
+        _echo(runs_table(found))
 
 
 cache_app = typer.Typer(

@@ -12,7 +12,7 @@ import functools
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from .collect.artifact import ARTIFACT_FORMAT
 from .collect.progress import bar
 from .data import load_corpus
 from .errors import AnistatInputError, CheckpointLoadError, RunInterrupted
+from .explore import BASES_FILE, bases_file
 from .geometry import draw_controls, fit_proxies, frequency_buckets, proxy_variants
 from .locking import LockHeld, bundle_lock_path, cache_lock_path, exclusive
 from .models import Checkpoint, ModelSeries, resolve_models
@@ -543,8 +544,12 @@ def run(
     cache_dir: str | Path | None = None,
     wait: bool = False,
     trust_remote_code: bool = False,
+    bundle_files: Mapping[str, str] | None = None,
 ) -> RunResult:
     """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`).
+
+    `bundle_files` (name → text) are written into the bundle with its own files and recorded in
+    its manifest (`anistat run --model …` keeps the protocol it built there as protocol.yaml).
 
     Before anything is trained or loaded, `anistat.preflight.preflight` checks every model and
     claim. An existing bundle at `out` is replaced only with `overwrite=True`. `threads`
@@ -593,7 +598,16 @@ def run(
             log(f"cache: {cache} ({describe_cache(cache)})")
             with cpu_threads(thread_choice.threads), _stops_reported(cache):
                 return _collect_analyse_publish(
-                    protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache
+                    protocol,
+                    out,
+                    cache,
+                    torch_device,
+                    thread_choice,
+                    started_at,
+                    started,
+                    log,
+                    keep_cache,
+                    bundle_files,
                 )
 
 
@@ -690,17 +704,13 @@ def _collect_analyse_publish(
     started: float,
     log: Log,
     keep_cache: bool,
+    bundle_files: Mapping[str, str] | None = None,
 ) -> RunResult:
     from .claims import evaluate_claims
 
     torch.manual_seed(protocol.seed)
     with _disk_errors_reported(cache, f"the cache {cache}"):
-        if distributed.is_main():  # what `anistat cache list` says of this cache
-            cache.mkdir(parents=True, exist_ok=True)
-            write_json(
-                cache / "run.json",
-                {"out": str(out.resolve()), "protocol": protocol.name, "protocol_sha256": protocol.sha256()},
-            )
+        _record_cache(cache, out, protocol)
         artifacts, info = collect_units(protocol, torch_device, cache, log)
         distributed.finish()  # every rank at once: none exits while another still holds the group
         if not distributed.is_main():  # torchrun: rank 0 analyses and writes the bundle
@@ -746,19 +756,40 @@ def _collect_analyse_publish(
         null_settings=dict(results.attrs.get("null_settings", {})),
         threads=thread_choice,
     )
+    kept: dict[str, str | bytes] = dict(bundle_files or {})
+    if protocol.report.keep_bases:
+        kept[BASES_FILE] = bases_file(artifacts)
     with _disk_errors_reported(cache, f"the bundle {out}"):
-        outcome = publish_bundle(out, protocol, results, frequency, claims, info["concept_cards"], facts)
+        outcome = publish_bundle(
+            out, protocol, results, frequency, claims, info["concept_cards"], facts, extra_files=kept
+        )
     log(f"  rendered ({time.perf_counter() - stage:.1f}s)")
     for name, reason in outcome.manifest.get("omitted_files", {}).items():
         log(f"note: {name} was not written: {reason}")
-    if keep_cache:
-        log(f"kept the cache {cache} ({cache_size(cache) / 1e6:.1f} MB; `anistat cache clean` removes it)")
-    else:
-        size = cache_size(cache)
-        shutil.rmtree(cache / "units", ignore_errors=True)  # the lock file inside goes when the lock is released
-        log(f"removed the cache {cache} ({size / 1e6:.1f} MB)")
+    _finish_cache(cache, keep_cache, log)
     log(f"wrote {out}/ ({time.perf_counter() - started:.1f}s)" + (f"; {len(failed)} unit(s) FAILED" if failed else ""))
     return outcome
+
+
+def _record_cache(cache: Path, out: Path, protocol: Protocol) -> None:
+    """What `anistat cache list` says of this cache: its bundle folder and protocol (rank 0 only)."""
+    if distributed.is_main():
+        cache.mkdir(parents=True, exist_ok=True)
+        write_json(
+            cache / "run.json",
+            {"out": str(out.resolve()), "protocol": protocol.name, "protocol_sha256": protocol.sha256()},
+        )
+
+
+def _finish_cache(cache: Path, keep_cache: bool, log: Log) -> None:
+    """After the bundle is written: the cache is removed (its lock file goes when the lock is
+    released), or kept with `keep_cache`; either is said with its size."""
+    if keep_cache:
+        log(f"kept the cache {cache} ({cache_size(cache) / 1e6:.1f} MB; `anistat cache clean` removes it)")
+        return
+    size = cache_size(cache)
+    shutil.rmtree(cache / "units", ignore_errors=True)
+    log(f"removed the cache {cache} ({size / 1e6:.1f} MB)")
 
 
 _DISK_ERRNOS = {"ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS", "EFBIG", "EMFILE", "ENFILE"}

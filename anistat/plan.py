@@ -97,13 +97,14 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
+from . import vocabulary as vocab
 from .errors import AnistatInputError
 from .stats import MIN_RESAMPLING_UNITS
 
 #: The protocol's default ``stats.ci_method`` (the interval planned for stated inputs).
-DEFAULT_CI_METHOD = "adjusted_el_f"
+DEFAULT_CI_METHOD = vocab.DEFAULT_CI_METHOD
 #: Multiplicity corrections the plan knows (the protocol's ``stats.multiplicity``).
-CORRECTIONS = ("holm", "fdr_bh", "bonferroni", "none")
+CORRECTIONS = tuple(vocab.MULTIPLICITY)
 #: Largest document count the planner searches (beyond it the target is reported unreachable).
 MAX_DOCUMENTS = 10_000_000
 #: Most bootstrap resamples the planned data test may need (see :func:`documents_for_data_test`).
@@ -144,7 +145,7 @@ class PlanTargets:
     half_width: float | None = None
     power: float = 0.8
     alpha: float = 0.05
-    multiplicity: str = "holm"
+    multiplicity: str = vocab.HOLM
     family_size: int = 1
     ci_level: float = 0.95
     variance_confidence: float = 0.8
@@ -305,7 +306,7 @@ SIMULATED_RELATIVE_SD = 0.05
 #: Bootstrap resamples of the simulated intervals (the protocol's default ``stats.n_bootstrap``).
 SIMULATED_RESAMPLES = 1000
 #: The interval methods that need no bootstrap weights (simulated at :data:`EXTENDED_SIZES` too).
-EL_INTERVAL_METHODS = ("el", "adjusted_el", "balanced_el", "adjusted_el_f")
+EL_INTERVAL_METHODS = tuple(name for name, m in vocab.CI_METHODS.items() if not m.resamples)
 #: Decimals of ``cv_t`` kept in the small-sample half-width's cache key (:func:`interval_log_factors`).
 SIMULATED_CV_DECIMALS = 2
 
@@ -1003,7 +1004,7 @@ def laws_from_results(results) -> list[UnitLaw]:
     fractions = ok[ok["metric"] == "energy_fraction"]
     laws = []
     for key, rows in fractions.groupby(["model", "checkpoint", "site", "proxy", "rank"], sort=False):
-        haar = rows[rows["control"] == "haar"]
+        haar = rows[rows["control"] == vocab.HAAR]
         row = (haar if len(haar) else rows).iloc[0]
         documents = row.get("n_clusters")
         documents = int(documents) if _present(documents) else int(row["n_sequences"])
@@ -1016,7 +1017,7 @@ def laws_from_results(results) -> list[UnitLaw]:
             pr = ok[(ok["metric"] == "gradient_participation_ratio") & (ok["site"] == key[2])]
             pr = pr[(pr["model"] == key[0]) & (pr["checkpoint"] == key[1])]["estimate"]
             frobenius = 1.0 / float(pr.iloc[0]) if len(pr) else 1.0 / dim
-            null_sd = control_energy_moments("haar", rank, dim, 1.0, frobenius).sd
+            null_sd = control_energy_moments(vocab.HAAR, rank, dim, 1.0, frobenius).sd
         laws.append(
             UnitLaw(
                 model=str(key[0]),
@@ -1079,7 +1080,7 @@ def stated_laws(
             rank=int(k),
             dim=int(dim),
             relative_sd=tau,
-            null_sd=control_energy_moments("haar", int(k), int(dim), 1.0, 1.0 / pr).sd,
+            null_sd=control_energy_moments(vocab.HAAR, int(k), int(dim), 1.0, 1.0 / pr).sd,
             pilot_documents=pilot_documents,
             sequences_per_document=sequences_per_document,
             total_cv=total_cv,

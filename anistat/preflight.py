@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._columns import PROXY_METRICS, RESULT_COLUMNS, UNIT_KEYS
+from ._columns import RESULT_COLUMNS, UNIT_KEYS
 from .errors import AnistatInputError
 from .protocol import ClaimSpec, ModelSpec, Protocol, control_problem, fit_window_size
+from .vocabulary import PROXY_METRICS
 
 # The rows `anistat.analyze` writes (a test runs the pipeline and checks this plan against the
 # real results.csv / frequency.csv row by row, so the two cannot drift apart silently).

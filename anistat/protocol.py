@@ -9,14 +9,16 @@ of its canonical JSON) so every result can be traced back to exactly the setting
 from __future__ import annotations
 
 import difflib
+import glob
 import hashlib
 import json
 import math
+import os
 import re
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -30,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from . import vocabulary as vocab
 from .errors import AnistatInputError
 
 PROTOCOL_VERSION = 1
@@ -47,7 +50,18 @@ REVISION_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._+-]{0,127}$"
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
 # The proxy methods `anistat.geometry.proxies` registers itself (a test keeps the two in step);
 # others, registered with `register_proxy`, are looked up in the registry.
-BUILTIN_PROXY_METHODS = frozenset({"pca", "random", "semi_nmf", "nmf", "ica"})
+BUILTIN_PROXY_METHODS = frozenset(vocab.PROXY_KINDS)
+
+# The closed choices of `anistat.vocabulary` as the types pydantic validates (and `anistat schema`
+# lists as enums); mypy sees plain strings.
+if TYPE_CHECKING:
+    ControlKindName = str
+    CiMethodName = str
+    MultiplicityName = str
+else:
+    ControlKindName = Literal[tuple(vocab.CONTROL_KINDS)]
+    CiMethodName = Literal[tuple(vocab.CI_METHODS)]
+    MultiplicityName = Literal[tuple(vocab.MULTIPLICITY)]
 
 
 class StrictModel(BaseModel):
@@ -328,7 +342,7 @@ class ProxySpec(StrictModel):
     """Activation-derived tangent proxies: methods × ranks, fitted on the early window, then frozen
     (or refitted at every checkpoint, see `refit`)."""
 
-    methods: list[Name] = Field(default_factory=lambda: ["pca"], min_length=1)
+    methods: list[Name] = Field(default_factory=lambda: [vocab.DEFAULT_PROXY_METHOD], min_length=1)
     ranks: list[Annotated[int, Field(ge=1, le=65_536)]] = Field(default_factory=lambda: [4], min_length=1)
     fit_window: float = Field(
         0.3, gt=0.0, le=1.0, description="Share of the checkpoint series (earliest first) used to fit."
@@ -390,9 +404,7 @@ class ProxySpec(StrictModel):
 class ControlSpec(StrictModel):
     """Matched-rank random subspaces the proxy is compared against."""
 
-    kinds: list[Literal["normal", "haar", "pca_span", "cov_matched"]] = Field(
-        default_factory=lambda: ["normal", "haar"], min_length=1
-    )
+    kinds: list[ControlKindName] = Field(default_factory=lambda: list(vocab.DEFAULT_CONTROL_KINDS), min_length=1)
     n: int = Field(20, ge=1, le=100_000, description="Controls per kind (the paper used 20).")
     pca_span_dim: int | None = Field(None, ge=1, le=65_536)
 
@@ -408,18 +420,8 @@ class StatsSpec(StrictModel):
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
     n_bootstrap: int = Field(1000, ge=10, le=1_000_000)
     ci_level: float = Field(0.95, gt=0.5, lt=1.0)
-    ci_method: Literal[
-        "percentile",
-        "bca",
-        "studentized",
-        "bca_log",
-        "variance_stabilised",
-        "el",
-        "adjusted_el",
-        "balanced_el",
-        "adjusted_el_f",
-    ] = Field(
-        "adjusted_el_f",
+    ci_method: CiMethodName = Field(
+        vocab.DEFAULT_CI_METHOD,
         description="The energy estimands' CI over the resampling units (documents, else sequences): adjusted_el_f "
         "(adjusted empirical likelihood of a ratio of means, Chen et al. 2008, calibrated by F(1, m - 1) on the "
         "units' effective size m; 95 % coverage 0.937-0.961 at 60 and 0.938-0.956 at 200 documents over "
@@ -475,7 +477,7 @@ class StatsSpec(StrictModel):
         "together; sequences where each has its own document) or 'sequence' (assumes independent sequences).",
     )
     alternative: Literal["greater", "less", "two-sided"] = "greater"
-    multiplicity: Literal["holm", "fdr_bh", "bonferroni", "none"] = "holm"
+    multiplicity: MultiplicityName = vocab.DEFAULT_MULTIPLICITY
     family: Literal["run", "model", "claim"] = Field(
         "run",
         description="Multiplicity family: every test of the run, of one model, or (claim) the tests each "
@@ -516,6 +518,13 @@ class ReportSpec(StrictModel):
     title: str | None = Field(None, max_length=300)
     precision: int = Field(3, ge=1, le=8)
     compile_pdf: bool = Field(True, description="Compile report.tex with pdflatex when it is installed.")
+    keep_bases: bool = Field(
+        False,
+        description="Keep every unit's proxy bases in the bundle (bases.safetensors: one float64 d × k matrix per "
+        "model, checkpoint, site, proxy method and rank, 8·d·k bytes each — 192 KiB at d = 768, k = 32), for "
+        "`anistat.load(BUNDLE).bases()`. Not part of the protocol's hash: it changes what is kept, not what "
+        "is measured.",
+    )
 
 
 class ReplicationSpec(StrictModel):
@@ -692,7 +701,7 @@ class Protocol(StrictModel):
         controls. haar / normal are otherwise drawn at analysis time from the moments."""
         if self.stats.energy_ratio_reference == "drawn":
             return list(self.controls.kinds)
-        return [kind for kind in self.controls.kinds if kind not in ("haar", "normal")]
+        return [kind for kind in self.controls.kinds if kind not in vocab.CLOSED_FORM_KINDS]
 
 
 def require_remote_code_consent(protocol: Protocol, consent: bool) -> None:
@@ -715,12 +724,12 @@ def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], h
     for rank in ranks:
         if rank >= d:
             return f"proxies.ranks: rank {rank} must be smaller than the hidden size {d}"
-        if "normal" in controls.kinds and 2 * rank > d:
+        if vocab.NORMAL in controls.kinds and 2 * rank > d:
             return (
                 f"controls.kinds 'normal' needs 2k <= d (controls live in the proxy's orthogonal "
                 f"complement); proxies.ranks has {rank} with hidden size {d}"
             )
-        if "pca_span" in controls.kinds:
+        if vocab.PCA_SPAN in controls.kinds:
             m = min(4 * rank, d) if controls.pca_span_dim is None else controls.pca_span_dim
             if m > d:
                 return f"controls.pca_span_dim {m} must not exceed the hidden size {d}"
@@ -737,15 +746,21 @@ def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], h
 #: normalised protocol (and so in the manifest) but left out of its hash, so a study run with
 #: another thread count keeps its identity (and its resume cache).
 EXECUTION_FIELDS = ("threads",)
+#: Fields of a section that say what a bundle keeps, not what it measures: out of the hash too.
+KEPT_FIELDS = {"report": ("keep_bases",)}
 
 
 def protocol_hash(normalised: dict[str, Any]) -> str:
-    """sha256 of a normalised protocol's canonical JSON, execution settings (`EXECUTION_FIELDS`) left out."""
+    """sha256 of a normalised protocol's canonical JSON, execution settings (`EXECUTION_FIELDS`)
+    and what the bundle keeps (`KEPT_FIELDS`) left out."""
     identity = {key: value for key, value in normalised.items() if key not in EXECUTION_FIELDS}
     data = identity.get("data")
     if isinstance(data, dict) and data.get("document_separator") is None:
         # unset, the field changes nothing: protocols written before it keep their hash (and cache)
         identity["data"] = {key: value for key, value in data.items() if key != "document_separator"}
+    for section, names in KEPT_FIELDS.items():
+        if isinstance(identity.get(section), dict):
+            identity[section] = {k: v for k, v in identity[section].items() if k not in names}
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -1054,7 +1069,7 @@ models:
 sites: {kind: residual, layers: all}   # also embed, attn, mlp, module (see `anistat sites MODEL`)
 
 proxies:
-  methods: [pca]               # pca | semi_nmf | nmf | ica | random (the null proxy)
+  methods: [pca]               # <PROXY_METHODS>
   ranks: [4, 8]
   fit_window: 0.3              # proxies are fitted on the first 30 % of checkpoints, then frozen
 
@@ -1066,7 +1081,7 @@ stats:
   alpha: 0.05
   n_null_draws: auto           # Haar subspaces for the exact test: >= 9999, enough for the corrected family
   n_bootstrap: 1000            # bootstrap resamples of documents (sequences cut from one document move together)
-  multiplicity: holm           # holm | fdr_bh | bonferroni | none
+  multiplicity: holm           # <MULTIPLICITY>
 
 # claims:
 #   - id: decoder-early
@@ -1077,3 +1092,118 @@ stats:
 #     threshold: 1.0
 #     alpha: 0.05
 """
+STARTER_PROTOCOL = STARTER_PROTOCOL.replace(
+    "<PROXY_METHODS>",
+    " | ".join(f"{m.name} (the null proxy)" if m.data_free else m.name for m in vocab.PROXY_KINDS.values()),
+).replace("<MULTIPLICITY>", " | ".join(vocab.MULTIPLICITY))
+
+
+# ----------------------------------------------------------------------------------------------
+# a protocol from command-line options (`anistat run --model …`, no YAML file)
+# ----------------------------------------------------------------------------------------------
+#: Where a protocol built from options says it came from (error messages name it).
+OPTIONS_SOURCE = "the protocol built from --model/--data/--ranks"
+#: Files whose extension makes `--data FILE` a JSON-lines source (anything else is plain text).
+JSONL_SUFFIXES = (".jsonl", ".json")
+
+
+def _model_name(label: str, taken: set[str]) -> str:
+    """A protocol name (:data:`NAME_PATTERN`) for a model from its folder's or hub id's last part,
+    made unique among ``taken`` with ``-2``, ``-3``, …"""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-._")[:60] or "model"
+    if not base[0].isalnum():
+        base = "m" + base
+    name, number = base, 1
+    while name in taken:
+        number += 1
+        name = f"{base}-{number}"
+    taken.add(name)
+    return name
+
+
+def _model_from_option(spec: str, taken: set[str]) -> dict[str, Any]:
+    """One ``--model`` value: ``PATH[@CKPT,CKPT…]`` (an existing folder: one ``save_pretrained``
+    checkpoint, or with ``@`` its sub-folders as a checkpoint series) or ``HUB_ID[@REV,REV…]``.
+    Local paths are made absolute, so the protocol means the same wherever its YAML is kept."""
+    where, at, tail = spec.rpartition("@")
+    if not at or "/" in tail:  # no '@', or one inside a path: no checkpoint list
+        where, at, tail = spec, "", ""
+    revisions = [part.strip() for part in tail.split(",") if part.strip()]
+    if at and not revisions:
+        raise AnistatInputError(f"--model {spec}: name at least one checkpoint or revision after '@'")
+    folder = Path(where).expanduser()
+    if folder.is_dir() or where.startswith((".", "/", "~")) or where.count("/") > 1:
+        if not folder.is_dir():
+            raise AnistatInputError(f"--model {spec}: folder {folder} not found")
+        folder = folder.resolve()
+        model: dict[str, Any] = {"name": _model_name(folder.name, taken), "source": "local"}
+        if revisions:
+            model["checkpoints"] = [str(folder / revision) for revision in revisions]
+        else:
+            model["path"] = str(folder)
+        return model
+    if not re.fullmatch(HUB_ID_PATTERN, where):
+        raise AnistatInputError(
+            f"--model {spec}: neither an existing folder nor a Hugging Face hub id (like EleutherAI/pythia-160m)"
+        )
+    model = {"name": _model_name(where.rsplit("/", 1)[-1], taken), "source": "hub", "hub_id": where}
+    if revisions:
+        model["revisions"] = revisions
+    return model
+
+
+def _data_from_option(spec: str) -> dict[str, Any]:
+    """``--data``: a text file (or glob), a JSON-lines file (``.jsonl``/``.json``, text in
+    ``text``), a ``save_to_disk`` folder, or a Hugging Face dataset name ``NAME[:CONFIG]``."""
+    path = Path(spec).expanduser()
+    if path.is_file() or glob.has_magic(spec):
+        source = "jsonl" if path.suffix.lower() in JSONL_SUFFIXES else "text"
+        absolute = str(path.resolve()) if path.is_file() else os.path.abspath(os.path.expanduser(spec))
+        return {"source": source, "paths": [absolute]}
+    if path.is_dir():
+        return {"source": "hf_dataset", "dataset": str(path.resolve())}
+    name, _, config = spec.partition(":")
+    if not re.fullmatch(HUB_ID_PATTERN, name):
+        raise AnistatInputError(f"--data {spec}: neither an existing file or folder nor a dataset name")
+    return {"source": "hf_dataset", "dataset": name, **({"dataset_config": config} if config else {})}
+
+
+def protocol_from_options(
+    models: Sequence[str],
+    *,
+    data: str | None = None,
+    ranks: Sequence[int] | None = None,
+    name: str | None = None,
+) -> Protocol:
+    """The protocol `anistat run --model …` measures without a YAML file: every default of
+    :class:`Protocol` (see `anistat schema`), with the models of ``models`` (``--model`` values,
+    see :func:`_model_from_option`), the corpus of ``data`` (default: the built-in corpus), the
+    proxy ``ranks`` (default ``proxies.ranks``' default) and ``name`` (default: the first
+    model's). Validated like a protocol file (one :class:`AnistatInputError` line on a problem);
+    :func:`protocol_yaml` writes it as a file that re-runs it."""
+    if not models:
+        raise AnistatInputError("name a model with --model PATH_OR_HUB_ID (or give a protocol file)")
+    taken: set[str] = set()
+    built: dict[str, Any] = {"anistat_protocol": PROTOCOL_VERSION}
+    specs = [_model_from_option(spec, taken) for spec in models]
+    if name is not None and not re.fullmatch(NAME_PATTERN, name):
+        name = _model_name(name, set())
+    built["name"] = name or specs[0]["name"]
+    if data is not None:
+        built["data"] = _data_from_option(data)
+    built["models"] = specs
+    if ranks is not None:
+        built["proxies"] = {"ranks": list(ranks)}
+    return parse_protocol(built, OPTIONS_SOURCE)
+
+
+def protocol_yaml(protocol: Protocol, command: str = "") -> str:
+    """``protocol`` as a YAML protocol file holding only what differs from the defaults (so it
+    reads like one written by hand and keeps up with new defaults' documentation), headed by a
+    comment naming ``command``. :func:`load_protocol` reads it back to an equal protocol (same
+    sha256)."""
+    fields = protocol.model_dump(mode="json", exclude_defaults=True)
+    fields = {"anistat_protocol": PROTOCOL_VERSION, "name": protocol.name, **fields}
+    head = "# anistat protocol" + (f", built by `{command}`" if command else "") + ".\n"
+    head += "# Edit it and run it again with `anistat run THIS_FILE`; every key is documented in `anistat schema`.\n"
+    return head + yaml.safe_dump(fields, sort_keys=False, allow_unicode=True, width=100)

@@ -19,7 +19,7 @@ default) resolves, in this order, to
 
 Why the last step: torch's default is one thread per core, and on a machine whose cores are
 already busy its OpenMP threads wait for each other at every operation. Measured on a 2-core VM
-shared with two other jobs: a tiny model's training step 648 ms with torch's default 2 threads
+with both cores kept busy by two other processes: a tiny model's training step 648 ms with torch's default 2 threads
 against 30 ms with 1, and the quickstart 16 min against 2.5 min (issue #22).
 
 The thread count never changes what a run means, so it is *not* part of the protocol's hash; it

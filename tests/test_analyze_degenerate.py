@@ -280,10 +280,21 @@ def _produced_codes() -> dict[str, set[str]]:
     rng = np.random.default_rng(3)
     p, t = _near_ceiling()
     clipped = analyze_energy(p, t, expected_control_energy("haar", p, t, 2, 8), rank=2, dim=8,
-                             null_fractions=np.full(9, 0.25), seed=1)  # fmt: skip
+                             null_fractions=np.full(9, 0.25), seed=1, ci_method="studentized")  # fmt: skip
     t = rng.uniform(1.0, 2.0, 12)  # a proxy with no energy: the log-scale interval and test undefined
-    empty = analyze_energy(np.zeros(12), t, t / 4, rank=2, dim=8, null_fractions=np.full(9, 0.25), seed=1)
-    three = analyze_energy(t[:3] / 2, t[:3], t[:3] / 4, rank=2, dim=8, null_fractions=[0.2], min_resampling_units=2)
+    empty = analyze_energy(
+        np.zeros(12), t, t / 4, rank=2, dim=8, null_fractions=np.full(9, 0.25), seed=1, ci_method="studentized"
+    )
+    three = analyze_energy(
+        t[:3] / 2,
+        t[:3],
+        t[:3] / 4,
+        rank=2,
+        dim=8,
+        null_fractions=[0.2],
+        min_resampling_units=2,
+        ci_method="studentized",
+    )
     replicates = np.r_[rng.normal(1.0, 0.1, 40), np.nan]
     dominant = np.r_[100.0, np.ones(11)]  # Kish n_eff ≈ 1.2: the EL statistic cannot reach its χ² quantile
     return {

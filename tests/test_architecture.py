@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "_version": 0,
     "_columns": 0,
     "locking": 0,  # one writer per bundle folder and cache (fcntl.flock)
+    "vocabulary": 0,
     "geometry": 1,
     "stats": 1,
     "report": 1,  # pure libraries: nothing else from anistat but the constant modules
@@ -37,6 +38,9 @@ LAYERS: dict[str, int] = {
     "claims": 6,
     "preflight": 6,
     "staleness": 6,  # preflight: configs, sites and planned rows
+    "summary": 6,  # a loaded bundle's compact table (Bundle.summary), from the report's selection
+    "explore": 6,  # a loaded bundle's figures and kept bases (Bundle.figure, Bundle.bases)
+    "runs": 6,  # `anistat runs`: bundles under a folder, from their manifests
     "bundle": 7,
     "finalize": 8,
     "pipeline": 8,
@@ -54,7 +58,7 @@ LAYERS: dict[str, int] = {
 PURE = ("geometry", "stats", "report")
 #: Layer-0 modules of constants (no code runs, no state): the pure stages may import these, so a
 #: column list or the version string is defined once for every stage.
-CONSTANT_MODULES = ("_columns", "_version")
+CONSTANT_MODULES = ("_columns", "_version", "vocabulary")
 
 
 def _stage(module: str) -> str:
@@ -132,3 +136,42 @@ def test_pure_stages_import_nothing_else_from_anistat():
         if src in PURE and dst != src and dst not in CONSTANT_MODULES
     ]
     assert not leaks, "\n".join(leaks)
+
+
+def _architecture_tree() -> dict[str, str]:
+    """ARCHITECTURE.md's module tree: each top-level entry (``name.py`` or ``package/``) → its text."""
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    block = text.split("```\nanistat/\n", 1)[1].split("```", 1)[0]
+    entries: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        head = line[2:].split(" ", 1)[0] if line.startswith("  ") and not line.startswith("   ") else ""
+        if head:
+            current = head
+            entries[current] = line
+        elif current:
+            entries[current] += "\n" + line
+    return entries
+
+
+def test_the_architecture_tree_names_every_module_and_nothing_else():
+    """Every module of the package is in ARCHITECTURE.md's tree — a top-level module as an entry of
+    its own, a subpackage's module by name in its package's entry — and every entry exists."""
+    import re
+
+    entries = _architecture_tree()
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if len(rel.parts) == 1:
+            if rel.name not in ("__init__.py", "__main__.py") and rel.name not in entries:
+                missing.append(str(rel))
+            continue
+        package = rel.parts[0] + "/"
+        if package not in entries:
+            missing.append(str(rel))
+        elif rel.name != "__init__.py" and not re.search(rf"\b{re.escape(rel.stem)}\b", entries[package]):
+            missing.append(str(rel))
+    assert not missing, f"modules missing from ARCHITECTURE.md's tree: {missing}"
+    stale = [name for name in entries if not (PACKAGE / name.rstrip("/")).exists()]
+    assert not stale, f"ARCHITECTURE.md's tree names what the package does not have: {stale}"

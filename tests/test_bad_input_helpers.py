@@ -47,8 +47,11 @@ def corpus_text(n_words: int = 3000, seed: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_tiny_gpt2(directory: Path, *, hidden: int = 8, layers: int = 2, corrupt: str | None = None) -> Path:
-    """A `save_pretrained` GPT-2 (safetensors) with its tokenizer in `directory`.
+def build_tiny_gpt2(
+    directory: Path, *, hidden: int = 8, layers: int = 2, positions: int = 32, corrupt: str | None = None
+) -> Path:
+    """A `save_pretrained` GPT-2 (safetensors) with its tokenizer in `directory` (`positions`:
+    the longest sequence it reads).
 
     corrupt: None (healthy); "nan_weights" (a NaN inside block 0: every activation is NaN);
     "inf_logits" (final layer-norm bias = +inf: residual activations stay finite, but the logits,
@@ -74,7 +77,7 @@ def build_tiny_gpt2(directory: Path, *, hidden: int = 8, layers: int = 2, corrup
     torch.manual_seed(0)
     config = GPT2Config(
         vocab_size=len(fast),
-        n_positions=32,
+        n_positions=positions,
         n_embd=hidden,
         n_layer=layers,
         n_head=2,

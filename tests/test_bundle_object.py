@@ -70,6 +70,8 @@ def test_the_integrity_check_runs_before_any_table_is_read(mini_bundle, tmp_path
         (["diff", "{a}", "{b}"], 2),
         (["compare", "{a}", "{b}", "--out", "{out}"], 2),
         (["report", "{b}", "--no-pdf"], 1),
+        (["summary", "{a}"], 1),
+        (["summary", "{a}", "--json"], 1),
     ],
 )
 def test_each_command_reads_each_bundle_once(mini_bundle, tmp_path, monkeypatch, capsys, command, reads):

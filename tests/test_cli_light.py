@@ -36,7 +36,8 @@ def test_importing_the_package_and_the_cli_imports_nothing_heavy():
 
 
 @pytest.mark.parametrize(
-    "args", [["--help"], ["validate", "protocols/quickstart.yaml"], ["schema"], ["init", "{tmp}/p.yaml"]]
+    "args",
+    [["--help"], ["validate", "protocols/quickstart.yaml"], ["schema"], ["init", "{tmp}/p.yaml"], ["runs", "reports"]],
 )
 def test_light_commands_import_nothing_heavy(tmp_path, args):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]

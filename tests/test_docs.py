@@ -10,7 +10,9 @@ A code block is marked runnable by an HTML comment on the line before its fence:
     ```
 
 Each such block runs with bash (`set -euo pipefail`) in a temporary directory holding a copy of
-`protocols/`, with `anistat` meaning this checkout's code.
+`protocols/` and of the shipped bundle `reports/quickstart/`, with `anistat` meaning this
+checkout's code. A page's runnable ```` ```python ```` blocks run there too, in order, as one
+script (the cells of a notebook).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 RUNNABLE = re.compile(r"<!-- runnable -->[ \t]*\n```(?:bash|sh|console)?[ \t]*\n(.*?)```", re.DOTALL)
+#: A runnable Python block: the runnable Python blocks of one page run in order in one interpreter,
+#: like the cells of a notebook.
+RUNNABLE_PYTHON = re.compile(r"<!-- runnable -->[ \t]*\n```python[ \t]*\n(.*?)```", re.DOTALL)
 README_MAX_LINES = 150
 
 
@@ -228,10 +233,17 @@ def test_there_are_runnable_blocks():
     assert len(_runnable_blocks()) >= 4
 
 
-@pytest.mark.parametrize("source,index,code", _runnable_blocks(), ids=[f"{p}#{i}" for p, i, _ in _runnable_blocks()])
-def test_a_runnable_block_runs(source, index, code, tmp_path):
+def _work_copy(tmp_path: Path) -> Path:
+    """What a runnable block sees: protocols/ and the shipped quickstart bundle."""
     work = tmp_path / "repo"
     shutil.copytree(ROOT / "protocols", work / "protocols")
+    shutil.copytree(ROOT / "reports" / "quickstart", work / "reports" / "quickstart")
+    return work
+
+
+@pytest.mark.parametrize("source,index,code", _runnable_blocks(), ids=[f"{p}#{i}" for p, i, _ in _runnable_blocks()])
+def test_a_runnable_block_runs(source, index, code, tmp_path):
+    work = _work_copy(tmp_path)
     shim = tmp_path / "bin"
     shim.mkdir()
     launcher = shim / "anistat"
@@ -249,6 +261,29 @@ def test_a_runnable_block_runs(source, index, code, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, f"{source} block {index} failed:\n{code}\n{proc.stdout}\n{proc.stderr}"
+
+
+def _python_pages() -> list[tuple[str, str]]:
+    pages = []
+    for path in sorted(DOCS.glob("*.md")):
+        blocks = RUNNABLE_PYTHON.findall(path.read_text(encoding="utf-8"))
+        if blocks:
+            pages.append((path.relative_to(ROOT).as_posix(), "\n".join(blocks)))
+    return pages
+
+
+def test_there_are_runnable_python_pages():
+    assert "docs/notebook.md" in dict(_python_pages())
+
+
+@pytest.mark.parametrize("source,code", _python_pages(), ids=[p for p, _ in _python_pages()])
+def test_a_pages_python_blocks_run_in_order(source, code, tmp_path):
+    work = _work_copy(tmp_path)
+    env = {**_env(), "MPLBACKEND": "Agg"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=work, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, f"{source}'s python blocks failed:\n{code}\n{proc.stdout}\n{proc.stderr}"
 
 
 # ---------------------------------------------------------------------------------------------

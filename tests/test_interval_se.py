@@ -60,6 +60,7 @@ def test_every_energy_row_carries_its_intervals_implied_se(seed):
         oracle_fraction=0.9,
         n_bootstrap=800,
         seed=seed,
+        ci_method="studentized",
     )
     ratio, fraction, log2 = analysis["energy_ratio"], analysis["energy_fraction"], analysis["log2_energy_ratio"]
     assert ratio.ci_method == "studentized"

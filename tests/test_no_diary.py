@@ -1,6 +1,9 @@
 """The repository's text describes the product as it is, not how it came to be: no tracked text
 file narrates its development ("this stop", "the previous stop's code", "last session"). History
-lives in CHANGELOG.md and git."""
+lives in CHANGELOG.md and git. Nor does it narrate the circumstances of a measurement beyond what
+a reader needs to repeat it: not which other jobs shared the machine, nor how the code compared
+with an earlier commit ("before this change", "the previous commit") — a benchmark states its
+machine, threads, load and command."""
 
 from __future__ import annotations
 
@@ -31,6 +34,16 @@ DIARY_PHRASES = (
     "earlier session",
     "next session",
     "this sitting",
+    "before this change",
+    "after this change",
+    "previous commit",
+    "earlier commit",
+    "last commit",
+    "the commit before",
+    "another session",
+    "other sessions",
+    "shared with other jobs",
+    "other jobs on",
 )
 PATTERN = re.compile(r"\b(" + "|".join(re.escape(p) for p in DIARY_PHRASES) + r")\b", re.IGNORECASE)
 THIS_FILE = Path(__file__).resolve()
@@ -82,6 +95,10 @@ def test_no_tracked_text_narrates_its_development():
         ("The previous stop's code measured 2.32", True),
         ("measured in the last session", True),
         ("a test stops after 10 draws have reached its value", False),
+        ("the code before this change run from an export of the previous commit", True),
+        ("2-vCPU VM shared with other jobs (load 2-7)", True),
+        ("load 2-5 from other sessions", True),
+        ("a change to the protocol changes its hash", False),
         ("sequential stopping ends most tests early", False),
     ],
 )

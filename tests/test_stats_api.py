@@ -107,7 +107,7 @@ def test_the_allowed_values_are_the_modules_constants():
     assert set(bootstrap.COLUMN_METHODS) == set(bootstrap.METHODS) - {"studentized"}
     assert set(energy.CI_METHODS) <= set(bootstrap.METHODS) | set(energy.RATIO_CI_METHODS)
     assert set(energy.RATIO_CI_METHODS) < set(stats.RATIO_INTERVAL_METHODS)
-    assert energy.CLOSED_FORM_KINDS == ("haar", "normal")
+    assert energy.CLOSED_FORM_KINDS == ("normal", "haar")
     assert meta.SMALL_SAMPLE_CORRECTIONS == ("CR2", "CR0")
     assert multiplicity.METHODS == ("holm", "fdr_bh", "bonferroni")
 

@@ -37,7 +37,7 @@ def test_closed_form_expected_control_energy():
     t = np.array([10.0, 8.0, 4.0])
     assert expected_control_energy("haar", p, t, 4, 64) == pytest.approx(4 / 64 * t)
     assert expected_control_energy("normal", p, t, 4, 64) == pytest.approx(4 / 60 * (t - p))
-    with pytest.raises(ValueError, match="kind must be one of .haar., .normal."):
+    with pytest.raises(ValueError, match="kind must be one of .normal., .haar."):
         expected_control_energy("pca_span", p, t, 4, 64)
 
 
@@ -115,6 +115,7 @@ def test_ratio_interval_is_a_studentized_ratio_of_sums():
         seed=4,
         control_kind="normal",
         n_test_resamples=99,
+        ci_method="studentized",
     )
     w = bootstrap_weights(p.size, 800, seed=4)
     one = np.ones((1, p.size))

@@ -39,12 +39,13 @@ import pandas as pd
 import torch
 
 from .. import _columns
-from .._columns import ENERGY_METRICS
+from .. import vocabulary as vocab
 from ..collect import UnitArtifact
 from ..protocol import Protocol
 from ..seeding import derive_seed
 from ..stats import EXACT_TEST, adjust_pvalues, min_controls_needed, resolution_warning
 from ..stats.resampling_risk import family_decisions
+from ..vocabulary import ENERGY_METRICS
 from .frequency import FREQUENCY_COLUMNS, bucket_spectra, frequency_rows
 from .nulls import ExactNulls, NullOptions, UnitSpectrum, exact_tests
 from .units import (
@@ -142,7 +143,7 @@ def run_exact_tests(
     stream per test (`stats.null_draws: per_test`: every unit and rank, seeded by the unit's id
     and the rank)."""
     stats = protocol.stats
-    record = protocol.controls.n if "haar" in protocol.controls.kinds else 0
+    record = protocol.controls.n if vocab.HAAR in protocol.controls.kinds else 0
     options = NullOptions(
         n_max=settings.n_null_draws,
         stop_after=settings.stop_after,

@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from .. import _columns
+from .. import vocabulary as vocab
 from ..collect import UnitArtifact
 from ..geometry import ResampledTypeMeans, log_frequency_correlation, masked_correlations_many
 from ..protocol import Protocol
@@ -292,6 +293,6 @@ def _correlation_intervals(
         artifact.pair_sums.n_sequences,
         n_resamples=stats.n_bootstrap,
         ci_level=stats.ci_level,
-        method="percentile" if stats.ci_method == "percentile" else "normal",
+        method=vocab.PERCENTILE if stats.ci_method == vocab.PERCENTILE else vocab.NORMAL_INTERVAL,
         seed=derive_seed(protocol.seed, artifact.key.id, "logfreq_correlations"),
     )

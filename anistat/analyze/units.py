@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .._columns import PROXY_METRICS
+from .. import vocabulary as vocab
 from ..collect import UnitArtifact
 from ..geometry import (
     complement_subspaces,
@@ -51,6 +51,7 @@ from ..stats import (
     monte_carlo_pvalue,
 )
 from ..stats.fallbacks import NO_EXACT_TEST, SEQUENCES_RESAMPLED, ZERO_CONTROL_SD, join_fallbacks
+from ..vocabulary import PROXY_METRICS
 from .nulls import ExactNulls, UnitSpectrum
 
 
@@ -345,7 +346,7 @@ def control_draws(
         total = artifact.total_energy.sum()
         energy = artifact.energy.sum(axis=1)[:, columns].sum(axis=0) / total
         return ControlDraws(energy=energy, delta=np.asarray(artifact.delta_isoscore_star[columns], dtype=float))
-    if kind == "haar":
+    if kind == vocab.HAAR:
         key = (artifact.key.id, rank)
         return ControlDraws(
             energy=nulls.recorded_energy.get(key, np.empty(0)), delta=nulls.recorded_delta.get(key, np.full(1, np.nan))
@@ -450,7 +451,7 @@ def delta_row(
     values = controls.delta[np.isfinite(controls.delta)]
     mean = float(values.mean()) if values.size else np.nan
     sd = float(values.std(ddof=1)) if values.size > 1 else np.nan
-    whole_complement = kind == "normal" and 2 * rank == dim and values.size > 0
+    whole_complement = kind == vocab.NORMAL and 2 * rank == dim and values.size > 0
     if whole_complement:  # every draw spans the same subspace: equal up to round-off
         sd = 0.0
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -504,9 +505,9 @@ def exact_note(test: ExactTestResult, settings) -> str:
 def projected_haar_check(unit: PreparedUnit, proxy: str, rank: int, protocol: Protocol) -> list[str]:
     """The Haar null check of per-token projected Haar controls (when they were projected)."""
     artifact = unit.artifact
-    if "haar" not in protocol.controls.kinds or "haar" not in protocol.projected_control_kinds:
+    if vocab.HAAR not in protocol.controls.kinds or vocab.HAAR not in protocol.projected_control_kinds:
         return []
-    columns = artifact.columns_for(proxy, rank, "haar")
+    columns = artifact.columns_for(proxy, rank, vocab.HAAR)
     if len(columns) < 2:
         return []
     total = artifact.total_energy.sum()

@@ -3,7 +3,8 @@
 ``draw_controls(kind, proxy_basis, n, seed, *, activations=None, pca_span_dim=None)`` returns
 ``n`` orthonormal (d, k) bases stacked as (n, d, k), k = rank of the proxy basis.
 
-Kinds (:data:`CONTROL_KINDS`):
+Kinds (:data:`CONTROL_KINDS`, named in :data:`anistat.vocabulary.CONTROL_KINDS`; each draws
+through its function in :data:`CONTROL_DRAWS`):
 
 * ``normal``      — QR of ``(I − UUᵀ) Z``: uniform over k-subspaces of the orthogonal
   complement of the proxy U (the paper's control).  Needs ``2k <= d``.
@@ -28,15 +29,16 @@ Controls come back in the proxy basis' dtype promoted to at least float32.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .. import vocabulary as vocab
 from ._util import as_tensor, cpu_generator, output_dtype, qr_positive
 
-__all__ = ["CONTROL_KINDS", "complement_basis", "draw_controls", "principal_subspace"]
-
-CONTROL_KINDS: tuple[str, ...] = ("normal", "haar", "pca_span", "cov_matched")
+__all__ = ["CONTROL_DRAWS", "CONTROL_KINDS", "complement_basis", "draw_controls", "principal_subspace"]
 
 
 def principal_subspace(activations: Any, m: int) -> torch.Tensor:
@@ -155,7 +157,7 @@ def draw_controls(
     >>> bool(torch.allclose(controls[0].T @ controls[0], torch.eye(2, dtype=controls.dtype), atol=1e-5))
     True
     """
-    if kind not in CONTROL_KINDS:
+    if kind not in CONTROL_DRAWS:
         raise ValueError(f"unknown control kind {kind!r}; expected one of {CONTROL_KINDS}")
     u_in = as_tensor(proxy_basis, name="proxy_basis")
     if u_in.ndim != 2:
@@ -165,13 +167,9 @@ def draw_controls(
         raise ValueError(f"proxy rank must satisfy 1 <= k < d = {d}, got {k}")
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
-    n = int(n)
     device = u_in.device
-    out_dtype = output_dtype(u_in.dtype)
-    u = u_in.to(torch.float64)
-    gen = cpu_generator(seed)
-
-    if kind in ("pca_span", "cov_matched"):
+    acts = None
+    if vocab.CONTROL_KINDS[kind].needs_activations:
         if activations is None:
             raise ValueError(f"control kind {kind!r} needs activations")
         acts = as_tensor(activations, name="activations").to(torch.float64).to(device)
@@ -179,40 +177,82 @@ def draw_controls(
             raise ValueError(f"activations must be (N, {d}), got {tuple(acts.shape)}")
         if acts.shape[0] < 2:
             raise ValueError("need at least 2 activation rows")
+    draw = ControlDraw(
+        u=u_in.to(torch.float64), n=int(n), generator=cpu_generator(seed), activations=acts, pca_span_dim=pca_span_dim
+    )
+    return CONTROL_DRAWS[kind](draw).to(output_dtype(u_in.dtype))
 
-    if kind == "haar":
-        z = torch.randn(n, d, k, generator=gen, dtype=torch.float64).to(device)
-        q = qr_positive(z)
-    elif kind == "normal":
-        if 2 * k > d:
-            raise ValueError(f"normal controls need 2k <= d (complement of dimension d-k >= k); got k={k}, d={d}")
-        z = torch.randn(n, d, k, generator=gen, dtype=torch.float64).to(device)
-        z = z - u @ (u.T @ z)  # (I − UUᵀ) Z, broadcast over n
-        q = qr_positive(z)
-        q = q - u @ (u.T @ q)  # remove rounding residue along U (keeps orthonormality to ~1e-16)
-    elif kind == "pca_span":
-        m = min(4 * k, d) if pca_span_dim is None else int(pca_span_dim)
-        if m > d:
-            raise ValueError(f"pca_span_dim must be <= d = {d}, got {m}")
-        if m <= k:
-            raise ValueError(
-                f"pca_span_dim must exceed the rank (got m={m}, k={k}): with m = k every control "
-                "would be the top-k PCA subspace itself"
-            )
-        v = principal_subspace(acts, m)  # (d, m)
-        z = torch.randn(n, m, k, generator=gen, dtype=torch.float64).to(device)
-        q = v @ qr_positive(z)  # orthonormal: V has orthonormal columns
-    else:  # cov_matched
-        xc = acts - acts.mean(dim=0, keepdim=True)
-        cov = xc.T @ xc / (acts.shape[0] - 1)
-        cov = 0.5 * (cov + cov.T)
-        ev, vec = torch.linalg.eigh(cov)
-        ev = ev.clamp_min(0.0)
-        tol = float(ev[-1]) * d * torch.finfo(torch.float64).eps
-        r = int((ev > tol).sum())
-        if r < k:
-            raise ValueError(f"cov_matched controls need rank(activation covariance) >= k; got rank {r} < k = {k}")
-        root = (vec * ev.sqrt()) @ vec.T  # Σ^{1/2}
-        z = torch.randn(n, d, k, generator=gen, dtype=torch.float64).to(device)
-        q = qr_positive(root @ z)
-    return q.to(out_dtype)
+
+@dataclass(frozen=True, kw_only=True)
+class ControlDraw:
+    """What a control kind's draw reads: the proxy basis ``u`` (d, k) in float64 on its device,
+    the number of draws, the seeded CPU generator of the Gaussians, and (kinds that need them)
+    the activations (N, d) in float64 and ``pca_span``'s ``m``."""
+
+    u: torch.Tensor
+    n: int
+    generator: torch.Generator
+    activations: torch.Tensor | None = None
+    pca_span_dim: int | None = None
+
+    def gaussian(self, rows: int) -> torch.Tensor:
+        """``n`` standard Gaussian ``(rows, k)`` matrices, drawn on the CPU, on the basis' device."""
+        return torch.randn(self.n, rows, self.u.shape[1], generator=self.generator, dtype=torch.float64).to(
+            self.u.device
+        )
+
+
+def _haar(draw: ControlDraw) -> torch.Tensor:
+    return qr_positive(draw.gaussian(draw.u.shape[0]))
+
+
+def _normal(draw: ControlDraw) -> torch.Tensor:
+    u = draw.u
+    d, k = u.shape
+    if 2 * k > d:
+        raise ValueError(f"normal controls need 2k <= d (complement of dimension d-k >= k); got k={k}, d={d}")
+    z = draw.gaussian(d)
+    z = z - u @ (u.T @ z)  # (I − UUᵀ) Z, broadcast over n
+    q = qr_positive(z)
+    return q - u @ (u.T @ q)  # remove rounding residue along U (keeps orthonormality to ~1e-16)
+
+
+def _pca_span(draw: ControlDraw) -> torch.Tensor:
+    d, k = draw.u.shape
+    m = min(4 * k, d) if draw.pca_span_dim is None else int(draw.pca_span_dim)
+    if m > d:
+        raise ValueError(f"pca_span_dim must be <= d = {d}, got {m}")
+    if m <= k:
+        raise ValueError(
+            f"pca_span_dim must exceed the rank (got m={m}, k={k}): with m = k every control "
+            "would be the top-k PCA subspace itself"
+        )
+    v = principal_subspace(draw.activations, m)  # (d, m)
+    return v @ qr_positive(draw.gaussian(m))  # orthonormal: V has orthonormal columns
+
+
+def _cov_matched(draw: ControlDraw) -> torch.Tensor:
+    acts = draw.activations
+    assert acts is not None  # needs_activations: checked by draw_controls
+    d, k = draw.u.shape
+    xc = acts - acts.mean(dim=0, keepdim=True)
+    cov = xc.T @ xc / (acts.shape[0] - 1)
+    cov = 0.5 * (cov + cov.T)
+    ev, vec = torch.linalg.eigh(cov)
+    ev = ev.clamp_min(0.0)
+    tol = float(ev[-1]) * d * torch.finfo(torch.float64).eps
+    r = int((ev > tol).sum())
+    if r < k:
+        raise ValueError(f"cov_matched controls need rank(activation covariance) >= k; got rank {r} < k = {k}")
+    root = (vec * ev.sqrt()) @ vec.T  # Σ^{1/2}
+    return qr_positive(root @ draw.gaussian(d))
+
+
+#: The draw of each control kind, by its name in :data:`anistat.vocabulary.CONTROL_KINDS`.
+CONTROL_DRAWS: dict[str, Callable[[ControlDraw], torch.Tensor]] = {
+    vocab.NORMAL: _normal,
+    vocab.HAAR: _haar,
+    vocab.PCA_SPAN: _pca_span,
+    vocab.COV_MATCHED: _cov_matched,
+}
+CONTROL_KINDS: tuple[str, ...] = tuple(CONTROL_DRAWS)

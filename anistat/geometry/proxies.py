@@ -4,7 +4,9 @@
 activations ``A`` (N, d) and returns a :class:`Proxy` whose ``basis`` is a (d, k) matrix with
 orthonormal columns spanning the model's directions.
 
-Methods (registered in :data:`PROXY_METHODS`; add one with ``@register_proxy("name")``):
+Methods (registered in :data:`PROXY_METHODS`; add one with ``@register_proxy("name")``; the
+built-in ones are named, with the report's sentence for each, in
+:data:`anistat.vocabulary.PROXY_KINDS`):
 
 * ``pca``      — top-k right singular vectors of the centred activations (``center=False``:
   of the raw activations, i.e. the top-k eigenvectors of the second moment ``AᵀA/N``).
@@ -44,6 +46,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from .. import vocabulary as vocab
 from ._util import as_tensor, check_rank, cpu_generator, output_dtype, qr_positive
 
 __all__ = [
@@ -468,7 +471,7 @@ def top_activating(scores: Any, m: int, *, absolute: bool = False) -> torch.Tens
 
 
 # ---------------------------------------------------------------------------- methods
-@register_proxy("pca")
+@register_proxy(vocab.PCA)
 class PCAProxy(ProxyMethod):
     """Top-k right singular vectors of the centred activations ``A − 1μᵀ`` (signs: largest
     entry > 0); with ``center=False`` of the raw activations ``A`` — the top-k eigenvectors of
@@ -517,7 +520,7 @@ class PCAProxy(ProxyMethod):
         return out
 
 
-@register_proxy("random")
+@register_proxy(vocab.RANDOM)
 class RandomProxy(ProxyMethod):
     """Haar-random k-subspace from ``seed`` (QR with sign fix of a Gaussian d×k).  The
     reconstruction error is the centred projection error, as for pca."""
@@ -566,7 +569,7 @@ def _neg(a: torch.Tensor) -> torch.Tensor:
     return (a.abs() - a) * 0.5
 
 
-@register_proxy("semi_nmf")
+@register_proxy(vocab.SEMI_NMF)
 class SemiNMFProxy(ProxyMethod):
     """Semi-NMF (Ding, Li & Jordan 2010) of the uncentred activations: minimise
     ``‖X − G Fᵀ‖_F²`` over codes ``G ≥ 0`` (N, k) and a free dictionary ``F`` (d, k).
@@ -654,7 +657,7 @@ class SemiNMFProxy(ProxyMethod):
         return basis, err, info
 
 
-@register_proxy("nmf")
+@register_proxy(vocab.NMF)
 class NMFProxy(ProxyMethod):
     """NMF (Lee & Seung multiplicative updates, Frobenius loss) of ``X⁺ = ReLU(A)``:
     ``X⁺ ≈ W H`` with codes ``W ≥ 0`` (N, k) and dictionary ``H ≥ 0`` (k, d); basis = QR(Hᵀ)
@@ -705,7 +708,7 @@ class NMFProxy(ProxyMethod):
         return basis, err, {"objective": trace, "n_iter": it, "converged": converged, "centered": self.center}
 
 
-@register_proxy("ica")
+@register_proxy(vocab.ICA)
 class ICAProxy(ProxyMethod):
     """FastICA (Hyvärinen 1999; symmetric decorrelation, log-cosh contrast ``g = tanh``) on the
     whitened top-k principal coordinates ``Z = X_c V_k diag(√(N−1)/s_k)``.

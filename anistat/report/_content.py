@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .._columns import PROXY_METRICS
+from .. import vocabulary as vocab
+from ..vocabulary import PROXY_METRICS
 from ._data import (
     checkpoint_order,
     fmt_num,
@@ -42,44 +43,13 @@ QUESTION = (
     "more of the true training-gradient energy than matched random subspaces of the same rank?"
 )
 
+#: Each control kind's sentence in words and in LaTeX (:data:`anistat.vocabulary.CONTROL_KINDS`).
 CONTROL_DESCRIPTIONS: dict[str, tuple[str, str]] = {
-    "normal": (
-        "QR of (I \u2212 UU\u1d40)Z with Gaussian Z: random directions in the orthogonal "
-        "complement of the proxy (the paper's control)",
-        r"QR of $(I - UU^{\top})Z$ with Gaussian $Z$: random directions in the orthogonal "
-        r"complement of the proxy (the paper's control)",
-    ),
-    "haar": (
-        "QR of a Gaussian Z: uniform over all k-dimensional subspaces",
-        r"QR of a Gaussian $Z$: uniform over all $k$-dimensional subspaces",
-    ),
-    "pca_span": (
-        "a random k-subspace inside the top-m principal subspace of the activations "
-        "(a hard control: does the proxy beat any high-variance direction?)",
-        r"a random $k$-subspace inside the top-$m$ principal subspace of the activations "
-        r"(a hard control: does the proxy beat any high-variance direction?)",
-    ),
-    "cov_matched": (
-        "QR of \u03a3_A^{1/2} Z: random directions shaped like the activation covariance",
-        r"QR of $\Sigma_A^{1/2} Z$: random directions shaped like the activation "
-        r"covariance",
-    ),
+    name: (kind.sentence, kind.sentence_latex) for name, kind in vocab.CONTROL_KINDS.items()
 }
-
-
-PROXY_DESCRIPTIONS: dict[str, str] = {
-    "pca": "PCA (the top-k right singular vectors of the centred activations)",
-    "semi_nmf": "semi-NMF (non-negative codes, free dictionary; Ding et al.), QR-orthonormalised",
-    "nmf": "NMF of the ReLU'd activations, QR-orthonormalised",
-    "ica": "ICA, QR-orthonormalised",
-    "random": "a uniformly random subspace (an uninformative proxy, for null checks)",
-}
-MULTIPLICITY_NAMES: dict[str, str] = {
-    "holm": "Holm",
-    "fdr_bh": "Benjamini\u2013Hochberg",
-    "bonferroni": "Bonferroni",
-    "none": "no",
-}
+#: How the methods text names each fitted proxy method (:data:`anistat.vocabulary.PROXY_KINDS`).
+PROXY_DESCRIPTIONS: dict[str, str] = {name: m.sentence for name, m in vocab.PROXY_KINDS.items() if not m.data_free}
+MULTIPLICITY_NAMES: dict[str, str] = {name: m.label for name, m in vocab.MULTIPLICITY.items()}
 FAMILY_TEXT: dict[str, str] = {
     "run": "all tests of the run",
     "model": "the tests of each model",
@@ -133,9 +103,9 @@ class ReportContext:
         self.proxy = primary_choice(
             proxy_rows["proxy"] if len(proxy_rows) else self.main["proxy"],
             self.options.primary_proxy,
-            ("pca", "pca@refit"),
+            (vocab.PCA, f"{vocab.PCA}@refit"),
         )
-        self.control = primary_choice(self.main["control"], self.options.primary_control, ("normal",))
+        self.control = primary_choice(self.main["control"], self.options.primary_control, (vocab.NORMAL,))
         self.alpha = self.run.alpha
         self.thresholds = sig_thresholds(self.alpha)
         adjusted = self.run.multiplicity != "none" and self.main["p_adjusted"].notna().any()
@@ -334,13 +304,13 @@ FREQUENCY_CAPTION = (
 
 #: What each interval of the frequency correlations is, for the captions (only the methods used).
 FREQUENCY_INTERVAL_TEXT: dict[str, str] = {
-    "normal": (
+    vocab.NORMAL_INTERVAL: (
         "A normal interval is the estimate \u00b1 z \u00d7 the resamples' standard deviation: it "
         "takes the bootstrap's spread but not its bias, which for a correlation over types whose "
         "spreads come from few sequences tracks the sample's error more than the estimator's."
     ),
-    "percentile": "A percentile interval is the resamples' own quantiles.",
-    "basic": (
+    vocab.PERCENTILE: "A percentile interval is the resamples' own quantiles.",
+    vocab.BASIC: (
         "A basic interval is the percentile interval reflected about the estimate, which removes the "
         "bootstrap's bias; where that bias is large the interval can exclude the estimate (the note "
         "column of frequency.csv says so)."
@@ -534,9 +504,7 @@ def _design(ctx: ReportContext) -> Para:
     return P(*seg, heading="Design")
 
 
-DATA_FREE_PROXIES = {
-    "random": "uniformly random subspaces (uninformative proxies, for null checks; no activation shapes them)"
-}
+DATA_FREE_PROXIES = {name: m.sentence for name, m in vocab.PROXY_KINDS.items() if m.data_free}
 """Proxy methods whose basis uses no activation (drawn, not fitted), as the methods text names them."""
 
 
@@ -659,21 +627,18 @@ def _controls(ctx: ReportContext) -> Para:
         if h is None:
             seg.append(c)
         else:
-            if c == "pca_span" and run.pca_span_dim is not None:
+            if c == vocab.PCA_SPAN and run.pca_span_dim is not None:
                 h = h.replace("top-m", f"top-{run.pca_span_dim}")
                 latex = latex.replace("top-$m$", f"top-{run.pca_span_dim}")
             seg.extend([f"{c}: ", M(esc(h), latex)])
         seg.append("; " if i < len(run.control_kinds) - 1 else ". ")
-    closed = [c for c in run.control_kinds if c in ("haar", "normal") and run.energy_ratio_reference == "expected"]
+    closed = [c for c in run.control_kinds if c in vocab.CLOSED_FORM_KINDS and run.energy_ratio_reference == "expected"]
     drawn = [c for c in run.control_kinds if c not in closed]
     if closed:
-        forms = {
-            "haar": "k/d of the gradient energy for haar",
-            "normal": "k/(d − k) of the energy outside the proxy for normal",
-        }
+        forms = ", ".join(vocab.CONTROL_KINDS[c].closed_form for c in closed)
         seg.append(
             f"For {_join(closed)} controls the energy ratio's denominator is the control energy's "
-            f"closed-form expectation over the control law ({', '.join(forms[c] for c in closed)}), and "
+            f"closed-form expectation over the control law ({forms}), and "
             "their spread (z, control mean and sd) comes from draws made at analysis time from each unit's "
             "gradient second moment. "
         )
@@ -906,19 +871,7 @@ def _p_value_segments(run: RunDescription, df: pd.DataFrame, tests: list[str]) -
 
 
 #: How the methods text names each interval method of the energy estimands.
-RATIO_METHOD_SENTENCES = {
-    "studentized": "studentized: bootstrap-t on the log scale with the delta-method SE of a ratio of sums, tails "
-    "expanded for the number of resampling units",
-    "balanced_el": "balanced augmented empirical likelihood (Emerson & Owen 2009) of the ratio of means",
-    "adjusted_el": "adjusted empirical likelihood (Chen, Variyath & Abraham 2008) of the ratio of means",
-    "adjusted_el_f": "adjusted empirical likelihood (Chen, Variyath & Abraham 2008) of the ratio of means, "
-    "calibrated by F(1, m − 1) on the effective number of resampling units m (Kish's, and the estimating "
-    "function's tail weight)",
-    "el": "empirical likelihood of the ratio of means",
-    "bca_log": "BCa on the log scale, tails expanded for the number of resampling units",
-    "variance_stabilised": "variance-stabilised bootstrap-t (Tibshirani 1988), tails expanded for the number of "
-    "resampling units",
-}
+RATIO_METHOD_SENTENCES = {name: m.sentence for name, m in vocab.CI_METHODS.items()}
 
 
 def _interval_segments(run: RunDescription, df: pd.DataFrame) -> list[Segment]:
@@ -926,7 +879,7 @@ def _interval_segments(run: RunDescription, df: pd.DataFrame) -> list[Segment]:
     and the interval methods found in the results."""
     seg: list[Segment] = []
     n_resamples = max(run.n_test_resamples_used or run.n_test_resamples, run.n_bootstrap)
-    dual = run.ci_method == "studentized"
+    dual = run.ci_method == vocab.STUDENTIZED
     seg.append(
         "The data are tested (hedges_g rows) by a studentized bootstrap test that the proxy's population "
         "energy ratio is 1, conditional on the proxy: "
@@ -939,7 +892,7 @@ def _interval_segments(run: RunDescription, df: pd.DataFrame) -> list[Segment]:
         f"Confidence intervals ({run.ci_level * 100:g} %, {method}"
         + (
             " over the resampling units, without resampling"
-            if run.ci_method in ("el", "adjusted_el", "balanced_el", "adjusted_el_f")
+            if run.ci_method in vocab.CI_METHODS and not vocab.CI_METHODS[run.ci_method].resamples
             else f"; {n_resamples} bootstrap resamples of the resampling units, the data test's"
         )
         + ") describe effect sizes over data sampling "

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .. import _columns
+from .. import vocabulary as vocab
 
 #: Provenance columns of results.csv that the renderers read only where present (tables from older
 #: bundles lack them): :func:`normalise_results` does not add them and keeps them like any extra column.
@@ -50,26 +51,8 @@ BUCKET_METRIC_RE = re.compile(
     r"^(?P<base>energy_ratio|log2_energy_ratio|energy_fraction)_(?:freq_)?bucket_?(?P<bucket>.+)$"
 )
 
-METRIC_LABELS: dict[str, str] = {
-    "energy_fraction": "energy fraction E(U)",
-    "energy_ratio": "energy ratio R",
-    "log2_energy_ratio": "log\u2082 energy ratio",
-    "oracle_fraction": "oracle fraction E*\u2096",
-    "anisotropy_capture": "anisotropy capture",
-    "delta_isoscore_star": "\u0394IsoScore*",
-    "hedges_g": "Hedges\u2019 g",
-    "z_score": "z",
-}
-METRIC_LABELS_TEX: dict[str, str] = {
-    "energy_fraction": r"energy fraction $E(U)$",
-    "energy_ratio": r"energy ratio $R$",
-    "log2_energy_ratio": r"$\log_2$ energy ratio",
-    "oracle_fraction": r"oracle fraction $E^{*}_{k}$",
-    "anisotropy_capture": r"anisotropy capture",
-    "delta_isoscore_star": r"$\Delta$IsoScore$^{*}$",
-    "hedges_g": r"Hedges' $g$",
-    "z_score": r"$z$",
-}
+METRIC_LABELS: dict[str, str] = vocab.METRIC_LABELS
+METRIC_LABELS_TEX: dict[str, str] = vocab.METRIC_LABELS_TEX
 
 
 def _as_label(value: Any) -> str:
@@ -282,17 +265,7 @@ def is_bucket_metric(metric: str) -> bool:
 
 #: The results' ``ci_method`` values in words.
 CI_METHOD_TEXT: dict[str, str] = {
-    "studentized": "studentized bootstrap",
-    "bca": "BCa bootstrap",
-    "percentile": "percentile bootstrap",
-    "basic": "basic bootstrap",
-    "normal": "normal bootstrap (estimate \u00b1 z \u00d7 bootstrap SE)",
-    "bca_log": "BCa bootstrap on the log scale",
-    "variance_stabilised": "variance-stabilised bootstrap-t",
-    "el": "empirical likelihood",
-    "adjusted_el": "adjusted empirical likelihood",
-    "balanced_el": "balanced augmented empirical likelihood",
-    "adjusted_el_f": "adjusted empirical likelihood, F-calibrated on the effective size",
+    name: m.label for name, m in (*vocab.CI_METHODS.items(), *vocab.FREQUENCY_INTERVALS.items())
 }
 
 

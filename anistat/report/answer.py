@@ -26,13 +26,14 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from .. import vocabulary as vocab
 from ._data import checkpoint_order, fmt_num, ordered_by_first
 from ._null_check import NULL_CHECK_LABELS, VERDICT_TEXT
 from .claim_text import P_FLOOR
 from .inputs import NullCheckSummary
 
 #: Multiplicity corrections as they prefix "adjusted p" in the answer.
-ADJUSTED_NAMES = {"fdr_bh": "BH-adjusted", "holm": "Holm-adjusted", "bonferroni": "Bonferroni-adjusted"}
+ADJUSTED_NAMES = {name: f"{vocab.MULTIPLICITY[name].short}-adjusted" for name in vocab.CORRECTIONS}
 PHASE_ORDER = {"early": 0, "late": 1}
 
 
@@ -160,7 +161,7 @@ def enrichment_answer(
     control: str,
     alpha: float,
     p_col: str = "p_adjusted",
-    multiplicity: str = "fdr_bh",
+    multiplicity: str = vocab.FDR_BH,
     ci_text: str = "95 %",
     unit_noun: str = "checkpoint",
 ) -> str:
@@ -255,7 +256,7 @@ def answer_sentence(
 ) -> str:
     """The one answer under the Question: about calibration when the primary proxy is an
     uninformative ``random`` one and the run carries its null check, else about enrichment."""
-    if null_checks and proxy.split("@")[0] == "random":
+    if null_checks and proxy.split("@")[0] == vocab.RANDOM:
         return null_check_answer(null_checks)
     text = enrichment_answer(
         results,

@@ -67,17 +67,18 @@ import numpy as np
 from scipy.special import ndtr, ndtri
 from scipy.stats import t as student_t
 
+from .. import vocabulary as vocab
 from ._validation import DegenerateStatisticWarning, check_alternative, check_choice, check_ci_level, check_positive_int
 from .fallbacks import CI_METHOD_FALLBACK, NO_DATA_TEST, NO_INTERVAL, RESAMPLES_DROPPED, join_fallbacks
 
 _BLOCK = 256
 #: The confidence-interval methods of :func:`ci_from_replicates` (module docstring).
-METHODS = ("bca", "percentile", "studentized", "basic", "normal")
+METHODS = (vocab.BCA, vocab.PERCENTILE, vocab.STUDENTIZED, vocab.BASIC, vocab.NORMAL_INTERVAL)
 #: The methods of :func:`sequence_bootstrap_columns`: all but ``studentized``, which needs a
 #: standard error per statistic.
-COLUMN_METHODS = tuple(method for method in METHODS if method != "studentized")
+COLUMN_METHODS = tuple(method for method in METHODS if method != vocab.STUDENTIZED)
 #: The intervals BCa may fall back to where it is undefined.
-BCA_FALLBACKS = ("percentile", "basic")
+BCA_FALLBACKS = (vocab.PERCENTILE, vocab.BASIC)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -435,11 +436,11 @@ def ci_from_replicates(
     replicates,
     jackknife=None,
     ci_level: float = 0.95,
-    method: str = "bca",
+    method: str = vocab.BCA,
     *,
     se=None,
     replicate_se=None,
-    bca_fallback: str = "percentile",
+    bca_fallback: str = vocab.PERCENTILE,
     log_scale: bool = False,
     expand_units: int | None = None,
 ) -> BootstrapResult:
@@ -523,15 +524,15 @@ def ci_from_replicates(
     se_reps = float(reps.std(ddof=1)) if reps.size > 1 else np.nan
     bias = float(reps.mean() - theta)
     used = method
-    if method == "studentized":
+    if method == vocab.STUDENTIZED:
         interval, reason = _studentized(theta, reps, rep_se, float(se), levels, log_scale, notes, codes)
         if interval is not None:
-            return result(interval[0], interval[1], "studentized", se_reps, bias)
-        used = "percentile"
+            return result(interval[0], interval[1], vocab.STUDENTIZED, se_reps, bias)
+        used = vocab.PERCENTILE
         notes.append(f"studentized fell back to percentile: {reason}")
         codes.append(CI_METHOD_FALLBACK)
         warnings.warn(notes[-1], DegenerateStatisticWarning, stacklevel=2)
-    if method == "bca":
+    if method == vocab.BCA:
         adjusted, reason = _bca_levels(theta, reps, jackknife, levels)
         if reason is None:
             levels = adjusted
@@ -540,22 +541,22 @@ def ci_from_replicates(
             notes.append(f"BCa fell back to {bca_fallback}: {reason}")
             codes.append(CI_METHOD_FALLBACK)
             warnings.warn(notes[-1], DegenerateStatisticWarning, stacklevel=2)
-    if used == "normal":
+    if used == vocab.NORMAL_INTERVAL:
         if not (np.isfinite(se_reps) and se_reps > 0):
             notes.append("normal interval undefined (replicates without spread); no interval")
             codes.append(NO_INTERVAL)
             return result(np.nan, np.nan, "none", se_reps, bias)
         half = float(ndtri(1.0 - tail)) * se_reps
-        return result(theta - half, theta + half, "normal", se_reps, bias)
+        return result(theta - half, theta + half, vocab.NORMAL_INTERVAL, se_reps, bias)
     lo, hi = np.quantile(reps, levels)
-    if used == "basic":
+    if used == vocab.BASIC:
         lo, hi = 2.0 * theta - hi, 2.0 * theta - lo
     return result(float(lo), float(hi), used, se_reps, bias)
 
 
 def _checked_replicate_se(method: str, se, replicate_se, shape: tuple[int, ...]) -> np.ndarray | None:
     """The replicates' standard errors as a flat array (bootstrap-t only; None otherwise)."""
-    if method != "studentized":
+    if method != vocab.STUDENTIZED:
         return None
     if se is None or replicate_se is None:
         raise ValueError("method='studentized' needs se and replicate_se")
@@ -777,7 +778,7 @@ def sequence_bootstrap(
     n_resamples: int = 2000,
     seed: int = 0,
     ci_level: float = 0.95,
-    method: str = "bca",
+    method: str = vocab.BCA,
     group_ids=None,
     chunk_size: int = 512,
     *,
@@ -829,21 +830,21 @@ def sequence_bootstrap(
     s = check_positive_int(n_sequences, "n_sequences")
     check_ci_level(ci_level)
     check_choice("method", method, METHODS)
-    if method == "studentized" and standard_error is None:
+    if method == vocab.STUDENTIZED and standard_error is None:
         raise ValueError("method='studentized' needs a standard_error function")
     ones = np.ones((1, s))
     estimate = float(_evaluate(statistic, ones)[0])
     reps, rep_se = [], []
     for w in iter_bootstrap_weights(s, n_resamples, seed, group_ids, chunk_size):
         reps.append(_evaluate(statistic, w))
-        if method == "studentized":
+        if method == vocab.STUDENTIZED:
             rep_se.append(_evaluate(standard_error, w))
     reps = np.concatenate(reps)
     jack = None
-    if method == "bca":
+    if method == vocab.BCA:
         jw = jackknife_weights(s, group_ids)
         jack = np.concatenate([_evaluate(statistic, jw[i : i + chunk_size]) for i in range(0, jw.shape[0], chunk_size)])
-    if method == "studentized":
+    if method == vocab.STUDENTIZED:
         return ci_from_replicates(
             estimate,
             reps,
@@ -862,10 +863,10 @@ def sequence_bootstrap_columns(
     n_resamples: int = 2000,
     seed: int = 0,
     ci_level: float = 0.95,
-    method: str = "bca",
+    method: str = vocab.BCA,
     group_ids=None,
     chunk_size: int = 512,
-    bca_fallback: str = "percentile",
+    bca_fallback: str = vocab.PERCENTILE,
 ) -> list[BootstrapResult]:
     """:func:`sequence_bootstrap` of several statistics that share one expensive step.
 
@@ -922,7 +923,7 @@ def sequence_bootstrap_columns(
     estimate = evaluate(np.ones((1, s)))[0]
     reps = np.concatenate([evaluate(w) for w in iter_bootstrap_weights(s, n_resamples, seed, group_ids, chunk_size)])
     jack = None
-    if method == "bca":
+    if method == vocab.BCA:
         jw = jackknife_weights(s, group_ids)
         jack = np.concatenate([evaluate(jw[i : i + chunk_size]) for i in range(0, jw.shape[0], chunk_size)])
     return [

@@ -83,6 +83,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .. import vocabulary as vocab
 from ._validation import check_choice
 from .bootstrap import bootstrap_weights
 from .energy import CI_METHODS, analyze_energy, cluster_sums, expected_control_energy
@@ -97,9 +98,10 @@ from .ratio_intervals import (
 )
 
 GOALS = {"type1": (0.04, 0.06), "coverage": (0.94, 0.96)}
-SCENARIOS = ("isotropic", "anisotropic", "clustered", "skewed", "heavy", "hot")
+#: The scenarios (:data:`anistat.vocabulary.SCENARIOS`).
+SCENARIOS = tuple(vocab.SCENARIOS)
 #: Scenarios whose sequences are cut from shared documents.
-DOCUMENT_SCENARIOS = ("clustered", "skewed", "heavy", "hot")
+DOCUMENT_SCENARIOS = vocab.DOCUMENT_SCENARIOS
 #: ``hot``: the share of hot documents, their energy multiple, and the factors by which hot and
 #: other documents scale the energy in the tilted subspace (at a planted ratio of 1 and k/d = 1/8:
 #: shares 0.30 and 0.028, energy-weighted mixture exactly k/d).
@@ -116,7 +118,7 @@ EFFECTIVE_SIZE_EDGES = (1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 40.0, 6
 #: (:func:`spread_rows`).
 SPREAD_EDGES = (1.0, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0)
 #: Scenario-independent condition names besides planted ratios.
-RANDOM_PROXY = "random"
+RANDOM_PROXY = vocab.RANDOM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,7 +217,7 @@ def _simulate_one(rng, scenario, condition, cfg):
     normal = np.einsum("ndk,de,nek->n", normal_q, second, normal_q) / total
     # population targets for this fixed U
     e_pop = float(np.trace(u.T @ sigma @ u) / np.trace(sigma))
-    truth = {"fraction": e_pop, "haar": e_pop / (k / d), "normal": e_pop / (k / (d - k) * (1.0 - e_pop))}
+    truth = {"fraction": e_pop, vocab.HAAR: e_pop / (k / d), vocab.NORMAL: e_pop / (k / (d - k) * (1.0 - e_pop))}
     common = dict(
         rank=k,
         dim=d,
@@ -233,7 +235,7 @@ def _simulate_one(rng, scenario, condition, cfg):
         min_resampling_units=2,
     )
     out = {"p_exact": 0.0, "p_exact_sequential": sequential_monte_carlo_pvalue(observed, null, cfg["stop_after"])[0]}
-    for kind in ("haar", "normal"):
+    for kind in (vocab.HAAR, vocab.NORMAL):
         reference = expected_control_energy(kind, p_seq, t_seq, k, d)
         for unit, groups in (("document", doc_of_seq if clustered else None), ("sequence", None)):
             if unit == "sequence" and not clustered:
@@ -244,12 +246,12 @@ def _simulate_one(rng, scenario, condition, cfg):
                 reference,
                 group_ids=groups,
                 control_kind=kind,
-                control_fractions=normal if kind == "normal" else None,
+                control_fractions=normal if kind == vocab.NORMAL else None,
                 **common,
             )
             ratio, fraction = res["energy_ratio"], res["energy_fraction"]
             out[f"cover_ratio_{kind}_{unit}"] = float(ratio.ci_low <= truth[kind] <= ratio.ci_high)
-            if kind == "haar":
+            if kind == vocab.HAAR:
                 out[f"cover_fraction_{unit}"] = float(fraction.ci_low <= e_pop <= fraction.ci_high)
                 out[f"p_data_{unit}"] = res.data_test.p_value
                 sums, _ = cluster_sums(np.stack([p_seq, reference], axis=1), groups)
@@ -264,7 +266,7 @@ def _simulate_one(rng, scenario, condition, cfg):
             out[f"cover_fraction_{unit}"] = out["cover_fraction_document"]
             out[f"p_sign_flip_{unit}"] = out["p_sign_flip_document"]
             out[f"p_data_{unit}"] = out["p_data_document"]
-    out.update(_interval_methods(p_seq, t_seq, doc_of_seq if clustered else None, truth["haar"], k, d, common))
+    out.update(_interval_methods(p_seq, t_seq, doc_of_seq if clustered else None, truth[vocab.HAAR], k, d, common))
     out["p_paper_normal_20"] = monte_carlo_pvalue(observed, normal[:20])
     out["p_paper_normal_99"] = monte_carlo_pvalue(observed, normal)
     out["p_paper_haar_20"] = monte_carlo_pvalue(observed, null[:20])
@@ -481,7 +483,7 @@ def run_calibration(
     n_test_resamples: int = 999,
     alpha: float = 0.05,
     ci_level: float = 0.95,
-    ci_method: str = "adjusted_el_f",
+    ci_method: str = vocab.DEFAULT_CI_METHOD,
     n_jobs: int = 1,
     keep_simulations: bool = False,
     n_permutations: int | None = None,
@@ -942,6 +944,18 @@ def _table(frame, cols) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+#: The columns of the page's table of many-unit families (:func:`anistat.stats.run_family_calibration`).
+FAMILY_COLUMNS = (
+    "condition",
+    "stop_after",
+    "fwer_holm",
+    "fwer_holm_se",
+    vocab.FDR_BH,
+    "fdr_bh_se",
+    "mean_discoveries_bh",
+)
+
+
 def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
     """The self-contained calibration page."""
     import pandas as pd
@@ -995,7 +1009,7 @@ def _html(result: CalibrationResult, frame, png: bytes, family) -> str:
             + "</p>"
             + _table(
                 pd.DataFrame(list(family.rows)),
-                ["condition", "stop_after", "fwer_holm", "fwer_holm_se", "fdr_bh", "fdr_bh_se", "mean_discoveries_bh"],
+                list(FAMILY_COLUMNS),
             )
         )
     settings = esc(json.dumps(_jsonable(result.settings)))

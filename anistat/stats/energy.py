@@ -46,11 +46,11 @@ direction with the ratio: H0 "E[Σd] = 0 with d_u symmetric", conditional on the
 the closed-form references, ``P − k/(d−k)(T − P) = d/(d−k) · (P − k/d · T)``: the haar and
 normal contributions are proportional, so both kinds give the same g and the same test.
 
-CI methods: ``studentized`` (bootstrap-t with the delta-method SE of a ratio of sums,
-:func:`.bootstrap.ratio_se`; this function's default), ``bca`` or ``percentile``, and the
+CI methods (:data:`anistat.vocabulary.CI_METHODS`): ``studentized`` (bootstrap-t with the
+delta-method SE of a ratio of sums, :func:`.bootstrap.ratio_se`), ``bca`` or ``percentile``, and the
 ratio-of-means intervals of :mod:`.ratio_intervals` (:data:`RATIO_CI_METHODS`), among them
-``adjusted_el_f`` (adjusted EL F-calibrated on the units' effective size), the protocol's
-default, chosen by coverage over every ``anistat calibrate`` scenario (``benchmarks/README.md``);
+``adjusted_el_f`` (adjusted EL F-calibrated on the units' effective size), the default of this
+function and of the protocol (:data:`anistat.vocabulary.DEFAULT_CI_METHOD`), chosen by coverage over every ``anistat calibrate`` scenario (``benchmarks/README.md``);
 ``hedges_g`` always uses BCa.
 ``log2_energy_ratio`` is the log2 of the ratio interval; ``z`` and ``anisotropy_capture``
 are monotone maps of the fraction interval with the control distribution / oracle held
@@ -77,11 +77,12 @@ interval does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
+from .. import vocabulary as vocab
 from ._validation import as_1d_float, check_alternative, check_choice, check_ci_level, check_positive_int
 from .bootstrap import (
     BootstrapResult,
@@ -102,9 +103,9 @@ from .fallbacks import (
 )
 from .interval_se import interval_implied_se, interval_log_scale
 from .montecarlo import monte_carlo_pvalue
-from .ratio_intervals import RATIO_INTERVAL_METHODS, el_effective_size, ratio_interval
+from .ratio_intervals import RATIO_INTERVAL_METHODS, STUDENTIZED_LOG, el_effective_size, ratio_interval
 
-METRICS = ("energy_fraction", "energy_ratio", "log2_energy_ratio", "z", "hedges_g", "anisotropy_capture")
+METRICS = vocab.ENERGY_METRICS
 #: Names of the tests behind ``p_value`` (the ``p_test`` column of the results).
 EXACT_TEST = "haar_monte_carlo"
 #: The data test of "this proxy's population ratio is 1" (hedges_g rows): the studentized
@@ -113,7 +114,7 @@ DATA_TEST = "bootstrap_t"
 #: The sign-flip test of per-unit contributions (:mod:`anistat.stats.permutation`), reported
 #: beside the data test in `anistat calibrate`.
 SIGN_FLIP_TEST = "sign_flip"
-CLOSED_FORM_KINDS = ("haar", "normal")
+CLOSED_FORM_KINDS = vocab.CLOSED_FORM_KINDS
 #: The fewest resampling units (documents, else sequences) for which intervals and the data test
 #: are computed; below it they are NaN with the reason in the note. Calibrated with
 #: :func:`anistat.stats.run_calibration` (clustered and anisotropic nulls, 200 studies per cell):
@@ -124,10 +125,10 @@ CLOSED_FORM_KINDS = ("haar", "normal")
 MIN_RESAMPLING_UNITS = 10
 #: The ratio-of-means intervals of :mod:`.ratio_intervals` offered besides them (``studentized`` is
 #: that module's ``studentized_log``).
-RATIO_CI_METHODS = tuple(m for m in RATIO_INTERVAL_METHODS if m != "studentized_log")
+RATIO_CI_METHODS = tuple(m for m in RATIO_INTERVAL_METHODS if m != STUDENTIZED_LOG)
 #: The interval methods `analyze_energy` offers for its ratio estimands: ``bootstrap.METHODS``'s
 #: measured for these ratios in ``anistat calibrate``, and :data:`RATIO_CI_METHODS`.
-CI_METHODS = ("bca", "percentile", "studentized", *RATIO_CI_METHODS)
+CI_METHODS = tuple(vocab.CI_METHODS)
 #: What the energy ratio divides by: the controls' closed-form expected energy, or the drawn controls'.
 REFERENCES = ("expected", "drawn")
 
@@ -342,7 +343,7 @@ def expected_control_energy(kind: str, proxy_energy, total_energy, rank: int, di
     check_choice("kind", kind, CLOSED_FORM_KINDS)  # other kinds: use the drawn controls' mean
     p = np.asarray(proxy_energy, dtype=np.float64)
     t = np.asarray(total_energy, dtype=np.float64)
-    if kind == "haar":
+    if kind == vocab.HAAR:
         return rank / dim * t
     return rank / (dim - rank) * np.maximum(t - p, 0.0)
 
@@ -499,7 +500,7 @@ def control_energy_moments(
     (0.25, 0.0866)
     """
     check_choice("kind", kind, CLOSED_FORM_KINDS)  # no closed-form moments for the other kinds
-    if kind == "haar":
+    if kind == vocab.HAAR:
         m, a_trace, a_frob = dim, trace, frobenius_sq
     else:  # normal
         m = dim - rank
@@ -508,7 +509,7 @@ def control_energy_moments(
     if not (trace > 0 and m >= rank):
         return ControlMoments(mean=np.nan, sd=np.nan, source="closed form")
     if m == rank:  # the control is the whole space it is drawn in: one subspace, no spread
-        whole = "the proxy's whole complement (k = d/2)" if kind == "normal" else "the whole space (k = d)"
+        whole = "the proxy's whole complement (k = d/2)" if kind == vocab.NORMAL else "the whole space (k = d)"
         return ControlMoments(
             mean=float(a_trace / trace), sd=0.0, source=f"closed form; the control is {whole}, sd exactly 0"
         )
@@ -608,10 +609,10 @@ def analyze_energy(
     group_ids=None,
     oracle_fraction: float | None = None,
     reference: str = "expected",
-    control_kind: str = "haar",
+    control_kind: str = vocab.HAAR,
     n_bootstrap: int = 2000,
     ci_level: float = 0.95,
-    ci_method: str = "studentized",
+    ci_method: str = vocab.DEFAULT_CI_METHOD,
     n_test_resamples: int | None = None,
     alternative: str = "greater",
     seed: int = 0,
@@ -662,7 +663,7 @@ def analyze_energy(
     ci_level : float, default 0.95
         Coverage of the intervals.
     ci_method : {"bca", "percentile", "studentized", "bca_log", "variance_stabilised", "el", "adjusted_el", \
-"balanced_el", "adjusted_el_f"}, default "studentized"
+"balanced_el", "adjusted_el_f"}, default "adjusted_el_f"
         The ratio estimands' interval method (:data:`CI_METHODS`; the last six:
         :func:`anistat.stats.ratio_interval`).
     n_test_resamples : int, optional
@@ -838,7 +839,7 @@ def _resampled_tests(
     )
     ci_f, ci_r = _ratio_intervals(units, weights, ci_level, ci_method)
     ci_f = _clipped(ci_f, 0.0, 1.0, "energy fraction")
-    haar_bound = reference == "expected" and control_kind == "haar"
+    haar_bound = reference == "expected" and control_kind == vocab.HAAR
     ci_r = _clipped(ci_r, 0.0, dim / rank if haar_bound else np.inf, "energy ratio")
     return data_test, ci_f, ci_r
 
@@ -906,7 +907,6 @@ def _clipped(interval: BootstrapResult, low: float, high: float, what: str) -> B
 
 def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[BootstrapResult, BootstrapResult]:
     """Bootstrap CIs of the energy fraction Σp/Σt and the energy ratio Σp/Σe over the units."""
-    ones = np.ones((1, units.n))
     out = []
     for numerator, denominator in ((units.proxy, units.total), (units.proxy, units.reference)):
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -914,24 +914,34 @@ def _ratio_intervals(units: _Units, weights, ci_level, ci_method) -> tuple[Boots
             replicates = (weights @ numerator) / (weights @ denominator)
             # leave-one-out sums in O(n) memory (an n × n jackknife matrix is 4.6 GB at 24,000 documents)
             jack = (numerator.sum() - numerator) / (denominator.sum() - denominator)
-        if ci_method in RATIO_CI_METHODS:
-            out.append(
-                _ratio_method_interval(numerator, denominator, estimate, replicates, weights, ci_level, ci_method)
-            )
-            continue
-        extra: dict[str, Any] = {}
-        if ci_method == "studentized":  # on the log scale, tails expanded for few units
-            extra = dict(
-                se=float(ratio_se(ones, numerator, denominator)[0]),
-                replicate_se=ratio_se(weights, numerator, denominator),
-                log_scale=True,
-                expand_units=units.n,
-            )
-        out.append(ci_from_replicates(estimate, replicates, jack, ci_level, ci_method, **extra))
+        interval = INTERVALS[ci_method]
+        out.append(interval(numerator, denominator, estimate, replicates, jack, weights, ci_level, ci_method))
     return out[0], out[1]
 
 
-def _ratio_method_interval(numerator, denominator, estimate, replicates, weights, ci_level, method) -> BootstrapResult:
+def _replicate_interval(
+    numerator, denominator, estimate, replicates, jack, weights, ci_level, method
+) -> BootstrapResult:
+    """:func:`ci_from_replicates`' interval of the replicates (``bca``, ``percentile``)."""
+    return ci_from_replicates(estimate, replicates, jack, ci_level, method)
+
+
+def _studentized_interval(numerator, denominator, estimate, replicates, jack, weights, ci_level, method):
+    """The bootstrap-t on the log scale with the delta-method SE, tails expanded for few units."""
+    return ci_from_replicates(
+        estimate,
+        replicates,
+        jack,
+        ci_level,
+        method,
+        se=float(ratio_se(np.ones((1, numerator.size)), numerator, denominator)[0]),
+        replicate_se=ratio_se(weights, numerator, denominator),
+        log_scale=True,
+        expand_units=numerator.size,
+    )
+
+
+def _ratio_method_interval(numerator, denominator, estimate, replicates, jack, weights, ci_level, method):
     """A :func:`ratio_interval` of ``Σ numerator/Σ denominator`` as a :class:`BootstrapResult` (the
     replicates' SD and bias beside it), tails expanded for the number of units."""
     interval = ratio_interval(numerator, denominator, method, weights, ci_level, expand_units=numerator.size)
@@ -948,6 +958,16 @@ def _ratio_method_interval(numerator, denominator, estimate, replicates, weights
         bias=float(finite.mean() - estimate) if finite.size else np.nan,
         fallback=interval.fallback,
     )
+
+
+#: The interval of each of :data:`CI_METHODS`, by name: ``(numerator, denominator, θ̂, θ*, jackknife,
+#: W, level, method) -> BootstrapResult``; every ratio interval of :mod:`.ratio_intervals` is one.
+INTERVALS: dict[str, Callable[..., BootstrapResult]] = {
+    vocab.BCA: _replicate_interval,
+    vocab.PERCENTILE: _replicate_interval,
+    vocab.STUDENTIZED: _studentized_interval,
+    **dict.fromkeys(RATIO_CI_METHODS, _ratio_method_interval),
+}
 
 
 def _metric_rows(
@@ -1121,7 +1141,7 @@ def _hedges_row(
         )
     if units.n > 3:
         interval = ci_from_replicates(
-            g, _hedges_g(weights, contribution), _leave_one_out_hedges_g(contribution), ci_level, "bca"
+            g, _hedges_g(weights, contribution), _leave_one_out_hedges_g(contribution), ci_level, vocab.BCA
         )
     else:
         interval = BootstrapResult(

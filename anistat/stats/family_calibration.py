@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import vocabulary as vocab
 from .montecarlo import SequentialMonteCarlo
 from .multiplicity import adjust_pvalues
 
@@ -159,8 +160,8 @@ def run_family_calibration(
                     p = _pvalues(observed, eigenvalues, diagonals, stop)
                     null = np.arange(n_units) >= effects
                     row = tallies.setdefault((f"{name} draws, {design}", stop), {"fwer": [], "fdp": [], "r": []})
-                    holm = adjust_pvalues(p, "holm") <= alpha
-                    bh = adjust_pvalues(p, "fdr_bh") <= alpha
+                    holm = adjust_pvalues(p, vocab.HOLM) <= alpha
+                    bh = adjust_pvalues(p, vocab.FDR_BH) <= alpha
                     row["fwer"].append(float((holm & null).any()))
                     row["fdp"].append(float((bh & null).sum() / max(bh.sum(), 1)))
                     row["r"].append(float(bh.sum()))
@@ -174,7 +175,7 @@ def run_family_calibration(
                 "n_simulations": int(n_simulations),
                 "fwer_holm": float(fwer.mean()),
                 "fwer_holm_se": float(np.sqrt(fwer.mean() * (1 - fwer.mean()) / fwer.size)),
-                "fdr_bh": float(fdp.mean()),
+                vocab.FDR_BH: float(fdp.mean()),
                 "fdr_bh_se": float(fdp.std(ddof=1) / np.sqrt(fdp.size)),
                 "mean_discoveries_bh": float(np.mean(t["r"])),
             }

@@ -29,8 +29,9 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import ndtri
 
+from .. import vocabulary as vocab
 from ._validation import check_ci_level
-from .ratio_intervals import RATIO_INTERVAL_METHODS
+from .ratio_intervals import RATIO_INTERVAL_METHODS, STUDENTIZED_LOG
 
 
 def interval_implied_se(
@@ -73,7 +74,7 @@ def interval_implied_se(
 #: The energy interval methods built for a positive ratio, whose SE is read on the log scale: the
 #: studentized (log-scale bootstrap-t; ``studentized_log`` in :mod:`.ratio_intervals`) and the
 #: ratio-of-means intervals of :mod:`.ratio_intervals`.
-LOG_SCALE_METHODS = ("studentized", *RATIO_INTERVAL_METHODS[1:])
+LOG_SCALE_METHODS = (vocab.STUDENTIZED, *(m for m in RATIO_INTERVAL_METHODS if m != STUDENTIZED_LOG))
 
 
 def interval_log_scale(method: str) -> bool:

@@ -29,13 +29,14 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from statsmodels.stats.multitest import multipletests
 
+from .. import vocabulary as vocab
 from ._validation import check_choice
 
-METHODS = ("holm", "fdr_bh", "bonferroni")
-_NAMES = {"holm": "Holm", "fdr_bh": "Benjamini-Hochberg", "bonferroni": "Bonferroni", "none": "uncorrected"}
+#: The corrections of :func:`adjust_pvalues` (:data:`anistat.vocabulary.CORRECTIONS`).
+METHODS = vocab.CORRECTIONS
 
 
-def adjust_pvalues(p: ArrayLike, method: str = "holm") -> np.ndarray:
+def adjust_pvalues(p: ArrayLike, method: str = vocab.HOLM) -> np.ndarray:
     """Adjusted p-values (same shape as ``p``); NaNs stay NaN and are not counted in ``m``.
 
     Parameters
@@ -67,7 +68,7 @@ def adjust_pvalues(p: ArrayLike, method: str = "holm") -> np.ndarray:
     if ((flat[ok] < 0) | (flat[ok] > 1)).any():
         raise ValueError("p-values must lie in [0, 1]")
     if ok.any():
-        adj = _holm(flat[ok]) if method == "holm" else multipletests(flat[ok], method=method)[1]
+        adj = _holm(flat[ok]) if method == vocab.HOLM else multipletests(flat[ok], method=method)[1]
         res = out.ravel()
         res[ok] = adj
         out = res.reshape(arr.shape)
@@ -90,7 +91,7 @@ def _holm(p: np.ndarray) -> np.ndarray:
 def adjust_in_families(
     df: pd.DataFrame,
     family_columns: str | list[str] | None,
-    method: str = "holm",
+    method: str = vocab.HOLM,
     p_column: str = "p_value",
     out_column: str = "p_adjusted",
 ) -> pd.DataFrame:
@@ -146,13 +147,13 @@ def _threshold(alpha: float, n_tests: int, method: str) -> float:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if int(n_tests) < 1:
         raise ValueError(f"n_tests must be >= 1, got {n_tests}")
-    if method == "none":
+    if method == vocab.NO_CORRECTION:
         return alpha
-    check_choice("method", method, (*METHODS, "none"))
+    check_choice("method", method, (*METHODS, vocab.NO_CORRECTION))
     return alpha / int(n_tests)
 
 
-def min_controls_needed(alpha: float = 0.05, n_tests: int = 1, method: str = "holm") -> int:
+def min_controls_needed(alpha: float = 0.05, n_tests: int = 1, method: str = vocab.HOLM) -> int:
     """Smallest ``n`` with ``1/(n+1) <= threshold`` (see module docstring): ``ceil(m/alpha) - 1``.
 
     Parameters
@@ -183,7 +184,7 @@ def min_controls_needed(alpha: float = 0.05, n_tests: int = 1, method: str = "ho
 
 
 def resolution_warning(
-    n_controls: int, alpha: float = 0.05, n_tests: int = 1, method: str = "holm", what: str = "controls"
+    n_controls: int, alpha: float = 0.05, n_tests: int = 1, method: str = vocab.HOLM, what: str = "controls"
 ) -> str | None:
     """A one-line warning when ``n_controls`` Monte-Carlo draws leave the floor above the
     corrected threshold of a single test (see the module docstring), else ``None``.
@@ -227,8 +228,8 @@ def resolution_warning(
             f"{n} {what} give a p-value floor of 1/{n + 1} ≈ {floor:.3g}, above alpha={alpha:g}: no test can "
             f"be significant; use ≥ {need}"
         )
-    family = f"{_NAMES[method]}-corrected family of {m} tests at alpha={alpha:g}"
-    if method == "fdr_bh":
+    family = f"{vocab.MULTIPLICITY[method].label}-corrected family of {m} tests at alpha={alpha:g}"
+    if method == vocab.FDR_BH:
         at_least = math.ceil(floor * m / alpha - 1e-12)
         return (
             f"{n} {what} give a p-value floor of 1/{n + 1} ≈ {floor:.3g}, above alpha/m = {alpha / m:.3g} for a "

@@ -46,13 +46,14 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import betaincinv
 
+from .. import vocabulary as vocab
 from ._validation import check_alternative
 from .multiplicity import adjust_pvalues
 
 #: Decision statuses, in the ``mc_decision`` vocabulary.
 REJECTED, NOT_REJECTED, UNDECIDED = "rejected", "not rejected", "undecided"
 #: The procedures a family can be decided under (``none``: each test on its own at ``alpha``).
-FAMILY_METHODS = ("none", "holm", "fdr_bh", "bonferroni")
+FAMILY_METHODS = (vocab.NO_CORRECTION, *vocab.CORRECTIONS)
 
 
 def clopper_pearson(exceedances: ArrayLike, draws: ArrayLike, error: float) -> tuple[np.ndarray, np.ndarray]:
