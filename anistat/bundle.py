@@ -23,6 +23,7 @@ nothing can be written outside the chosen directory.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import glob
 import hashlib
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import vocabulary as vocab
-from .atomic import atomic_write_text
+from .atomic import atomic_write_bytes, atomic_write_text
 from .errors import AnistatInputError
 from .runtime import machine_description
 from .timing import StageTimer, stage
@@ -408,15 +409,33 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+#: Why a folder cannot be renamed although it can be written: a mount point (EBUSY), another
+#: file system (EXDEV), a folder only its contents may change in (EPERM, EACCES).
+_NOT_RENAMEABLE = {errno.EBUSY, errno.EXDEV, errno.EPERM, errno.EACCES}
+
+
 def _swap_into_place(staging: Path, out: Path, parent: Path) -> None:
     """Move the finished staging directory to `out`; an older bundle there is retired first and,
-    if anything goes wrong in between (even Ctrl-C), put back — it is never lost or left hidden."""
+    if anything goes wrong in between (even Ctrl-C), put back — it is never lost or left hidden.
+    A folder that cannot be renamed (a mount point, `_NOT_RENAMEABLE`) is written in place
+    instead (`_publish_in_place`)."""
+    if out.is_dir() and os.path.ismount(out):
+        _publish_in_place(staging, out)
+        return
     retired: Path | None = None
     try:
         if out.exists():
             check_destination(out)  # still a bundle (or empty) at the moment of replacing it
             retired = Path(tempfile.mkdtemp(prefix=_staging_prefix(out), suffix=".old", dir=parent))
-            os.replace(out, retired / "bundle")
+            try:
+                os.replace(out, retired / "bundle")
+            except OSError as error:
+                if error.errno not in _NOT_RENAMEABLE or not out.is_dir():
+                    raise
+                retired.rmdir()
+                retired = None
+                _publish_in_place(staging, out)
+                return
         os.replace(staging, out)
     except BaseException:
         if retired is not None and (retired / "bundle").exists() and not out.exists():
@@ -428,6 +447,45 @@ def _swap_into_place(staging: Path, out: Path, parent: Path) -> None:
         raise
     if retired is not None:
         shutil.rmtree(retired, ignore_errors=True)
+
+
+def _publish_in_place(staging: Path, out: Path) -> None:
+    """Write the staged bundle into the existing folder `out` file by file, for a folder that
+    cannot be swapped as a whole (a mount point). Each file is copied atomically (a temporary
+    file beside it, then one `os.replace`: a reader sees the old file or the new one), the
+    manifest — the integrity record, with the sha256 of every file — last; then the old bundle's
+    files that the new one lacks are removed. `check_destination` has refused any file anistat
+    did not write, so only anistat's own files are replaced or removed. A crash half-way leaves a
+    folder that `anistat verify` reports as differing from its manifest, and that a rerun with
+    `--overwrite` replaces."""
+    try:
+        check_destination(out)
+        before = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() or p.is_symlink()}
+        written = sorted(
+            (p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file()),
+            key=lambda name: (name == "manifest.json", name),
+        )
+        for name in written:
+            target = out / name
+            if target.is_symlink() or (target.exists() and not target.is_file()):
+                _remove_path(target)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(staging / name, "rb") as source:
+                atomic_write_bytes(target, lambda stream, source=source: shutil.copyfileobj(source, stream))
+        for name in sorted(before - set(written), reverse=True):
+            _remove_path(out / name)
+        for folder in sorted((p for p in out.rglob("*") if p.is_dir()), reverse=True):
+            if not any(folder.iterdir()):
+                folder.rmdir()
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def write_json(path: Path, data: Any) -> None:

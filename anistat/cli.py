@@ -4,12 +4,16 @@ Nothing of the user's is ever deleted: a command that replaces a folder (`run --
 `verify --against`, `compare`, `calibrate`, `report`'s re-rendered outputs) first checks that it
 holds only what anistat wrote, and otherwise refuses in one line naming the unknown files.
 
-Exit codes: 0 success; 1 claims failed (`verify`, or `run` with failing claims) or, for `diff`,
-a rerun that does not reproduce; 2 invalid input or an interrupted run (nothing half-written: no
-bundle, no staging directory; finished units stay in the cache, the message says where, and a
-rerun resumes); 3 `run` wrote its bundle but some units failed (e.g. NaN/Inf gradients;
-status=failed with the reason in results.csv, the report and the manifest). Errors are always
-exactly one line on stderr, never a traceback.
+Exit codes, one meaning each (`anistat.errors`, the table in docs/cli.md): 0 success; 1 a claim
+failed (`run`, `verify`, `verify --against`); 2 input or environment the user can fix, or an
+interrupted run (nothing half-written: no bundle, no staging directory; finished units stay in
+the cache, the message says where, and a rerun resumes); 3 a verification or reproduction
+mismatch (`verify`: a file differs from the manifest; `diff`: the rerun does not reproduce;
+`verify --against`: a claim's verdict differs); 4 `run` wrote its bundle but some units failed
+(e.g. NaN/Inf gradients; status=failed with the reason in results.csv, the report and the
+manifest); 70 an internal error (a bug): one line naming the log file that holds the traceback.
+Errors are always exactly one line on stderr, never a traceback. Results (tables, verdicts,
+`--json`) go to stdout; progress, notes and warnings to stderr.
 """
 
 from __future__ import annotations
@@ -25,7 +29,16 @@ import click
 import typer
 
 from . import vocabulary as vocab
-from .errors import AnistatError, AnistatInputError, IncompleteRun, RunInterrupted
+from .errors import (
+    EXIT_CLAIM_FAILED,
+    EXIT_INTERNAL_ERROR,
+    EXIT_MISMATCH,
+    EXIT_USER_ERROR,
+    AnistatError,
+    AnistatInputError,
+    IncompleteRun,
+    RunInterrupted,
+)
 
 if TYPE_CHECKING:  # the CLI imports the statistics lazily
     from .stats.calibrate import CalibrationResult
@@ -59,9 +72,24 @@ _SCENARIO_HELP = (
 
 
 def _echo(message: str) -> None:
+    """A result line (stdout)."""
     typer.echo(message)
 
 
+def _progress(message: str) -> None:
+    """A progress, note or warning line (stderr: stdout carries only results)."""
+    typer.echo(message, err=True)
+
+
+#: `--trust-remote-code`, the caller's own consent to a protocol's `trust_remote_code: true`
+TRUST_REMOTE_CODE_HELP = (
+    "Allow models whose protocol entry sets trust_remote_code: true to run their own Python code. "
+    "Without it such a protocol is refused before any model code is imported."
+)
+CACHE_DIR_HELP = (
+    "Folder for the per-unit cache (default: $ANISTAT_CACHE_DIR, else .anistat-cache beside the bundle folder)."
+)
+WAIT_HELP = "If another run holds the bundle folder or the cache, wait for it instead of refusing."
 MODEL_HELP = (
     "Measure this model with the default protocol, no YAML file needed (repeatable): a save_pretrained folder, "
     "a folder of checkpoint folders as PATH@step1000,step2000, or a hub id with revisions as ID@REV,REV."
@@ -129,6 +157,9 @@ def run(
         help="CPU threads for torch and numpy's BLAS (overrides the protocol's threads; default: OMP_NUM_THREADS, "
         "else the idle usable CPUs). Built-in models always train on one thread.",
     ),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
+    wait: bool = typer.Option(False, "--wait", help=WAIT_HELP),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
 ) -> None:
     """Run a protocol end to end and write its bundle.
 
@@ -137,7 +168,7 @@ def run(
     Every model and claim is checked first (the same preflight as `anistat validate`), before
     any model is trained or loaded. Exit codes: 0 done; 1 a claim failed; 2 invalid input or
     interrupted (nothing written; finished units stay in the cache the message names, and a
-    rerun resumes from them); 3 bundle written but some units failed (see results.csv)."""
+    rerun resumes from them); 4 bundle written but some units failed (see results.csv)."""
     from .pipeline import run as run_pipeline
     from .timing import StageTimer, summary
 
@@ -151,13 +182,16 @@ def run(
             bundle_files=None if built_yaml is None else {"protocol.yaml": built_yaml},
             device=device,
             threads=threads,
-            log=None if quiet else _echo,
+            log=None if quiet else _progress,
             keep_cache=keep_cache,
             overwrite=overwrite,
+            cache_dir=cache_dir,
+            wait=wait,
+            trust_remote_code=trust_remote_code,
         )
     if quiet:  # the log said so already; a missing file of the bundle is said even with -q
         for name, reason in result.manifest.get("omitted_files", {}).items():
-            _echo(f"note: {name} was not written: {reason}")
+            _progress(f"note: {name} was not written: {reason}")
     if built_yaml is not None:
         _echo(
             f"protocol: {result.out / 'protocol.yaml'} (edit it, or run it again: anistat run {result.out / 'protocol.yaml'})"
@@ -175,7 +209,7 @@ def run(
             f"status=failed (see the 'note' column of results.csv){first}"
         )
     if failed_claims:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_CLAIM_FAILED)
 
 
 def _echo_claim(record: dict) -> None:
@@ -201,6 +235,7 @@ def validate(
     model: list[str] = typer.Option([], "--model", "-m", metavar="PATH_OR_HUB_ID", help=MODEL_HELP),
     data: str | None = typer.Option(None, "--data", metavar="FILE_OR_DATASET", help=DATA_HELP),
     ranks: str | None = typer.Option(None, "--ranks", metavar="K,K", help=RANKS_HELP),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
 ) -> None:
     """Check a protocol as `anistat run` would, without training or loading a model; print its
     name and sha256. With `--model` (and `--data`, `--ranks`), the protocol `anistat run` would
@@ -208,11 +243,15 @@ def validate(
 
     Beyond the schema: local checkpoint folders exist (relative paths are relative to the
     protocol file), local/hub configs are read (no weights) to check ranks, controls, layers and
-    site names against each model, and claims are checked against the rows the run will write."""
+    site names against each model, each local checkpoint's tensor shapes (from its safetensors
+    headers) against its config, and claims against the rows the run will write. A model that
+    would run its own code (`trust_remote_code: true`) is refused unless --trust-remote-code is
+    given, and named when it is; too few documents for the intervals is a warning."""
     from .preflight import preflight
-    from .protocol import OPTIONS_SOURCE
+    from .protocol import OPTIONS_SOURCE, require_remote_code_consent
 
     loaded, _ = _chosen_protocol(protocol, model, data, ranks, None)
+    require_remote_code_consent(loaded, trust_remote_code)
     checked = preflight(loaded, for_run=False)
     _echo(f"{protocol or OPTIONS_SOURCE}: valid protocol '{loaded.name}' (sha256 {loaded.sha256()})")
     for planned in checked.models:
@@ -224,6 +263,13 @@ def validate(
         )
     for note in checked.notes:
         _echo(f"  {note}")
+    for spec in loaded.models:
+        if spec.trust_remote_code:
+            _echo(
+                f"  {spec.name}: runs the model's own Python code (trust_remote_code, allowed by --trust-remote-code)"
+            )
+    for warning in checked.warnings:
+        _progress(f"warning: {warning}")
 
 
 @app.command()
@@ -280,7 +326,7 @@ def report(
         transpose=transpose,
         compile_pdf=pdf,
         allow_edited_data=allow_edited_data,
-        log=None if quiet else _echo,
+        log=None if quiet else _progress,
     )
     _echo(f"re-rendered {len(written)} file(s) in {bundle}")
 
@@ -513,11 +559,15 @@ def verify(
         "same records as claims.json) as one JSON document on stdout.",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=CACHE_DIR_HELP),
+    wait: bool = typer.Option(False, "--wait", help=WAIT_HELP),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
 ) -> None:
     """Check a bundle's integrity and claims, or re-run a protocol and compare with a bundle.
 
-    Exit codes: 0 intact and every claim passes; 1 a file differs from the manifest or a claim
-    fails; 2 invalid input."""
+    Exit codes: 0 intact and every claim passes; 1 a claim fails; 3 a file differs from the
+    manifest (or, with --against, a claim's verdict differs from the original's); 2 invalid
+    input."""
     from .verify import load_claims, verify_bundle
 
     if claims is not None and against is not None:
@@ -533,8 +583,7 @@ def verify(
         check = verify_bundle(target, new_claims, claims_source=str(claims) if claims is not None else None)
         if as_json:
             typer.echo(json.dumps(check.to_json(), indent=2, ensure_ascii=False, allow_nan=False))
-            if not check.ok:
-                raise typer.Exit(1)
+            _exit_for_check(check)
             return
         for problem in check.problems:
             _echo(f"integrity: {problem}")
@@ -547,25 +596,59 @@ def verify(
             )
         for claim in check.claims:
             _echo_claim(claim)
-        if not check.ok:
-            raise typer.Exit(1)
+        _exit_for_check(check)
         return
+    _verify_against(target, against, out, quiet, overwrite, cache_dir, wait, trust_remote_code)
+
+
+def _verify_against(
+    target: Path,
+    against: Path,
+    out: Path | None,
+    quiet: bool,
+    overwrite: bool,
+    cache_dir: Path | None,
+    wait: bool,
+    trust_remote_code: bool,
+) -> None:
+    """`verify PROTOCOL --against BUNDLE`: re-run, compare claim by claim; exit 3 when a verdict
+    differs from the original's, 1 when they agree but a claim fails."""
     from .bundle import Bundle
-    from .protocol import load_protocol
+    from .protocol import load_protocol, require_remote_code_consent
     from .replicate import replicate
 
     # check both inputs before a (possibly long) re-run, so a typo costs milliseconds
-    load_protocol(target)
+    require_remote_code_consent(load_protocol(target), trust_remote_code)
     original = Bundle.load(against)
-    outcome = replicate(target, original, out=out, log=None if quiet else _echo, overwrite=overwrite)
+    outcome = replicate(
+        target,
+        original,
+        out=out,
+        log=None if quiet else _progress,
+        overwrite=overwrite,
+        cache_dir=cache_dir,
+        wait=wait,
+        trust_remote_code=trust_remote_code,
+    )
     for claim in outcome.claims:
         _echo(
             f"claim {claim['id']}: original {str(claim['original']).upper()}, replication "
             f"{str(claim['replication']).upper()} — {'agree' if claim['agree'] else 'DISAGREE'}"
         )
     _echo(f"replication report: {outcome.report_dir / 'comparison.html'}")
+    if not all(claim["agree"] for claim in outcome.claims):
+        raise typer.Exit(EXIT_MISMATCH)
     if not outcome.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_CLAIM_FAILED)
+
+
+def _exit_for_check(check) -> None:
+    """`verify`'s exit: 3 when a file differs from the manifest (the numbers cannot be trusted,
+    whatever the claims say), else 1 when a claim fails, else 0."""
+    if not check.integrity_ok:
+        raise typer.Exit(EXIT_MISMATCH)
+    if not check.ok:
+        raise typer.Exit(EXIT_CLAIM_FAILED)
 
 
 @app.command()
@@ -586,12 +669,12 @@ def diff(
     must be equal, continuous numbers within --relative of their scale, Monte-Carlo p-values and
     control statistics within two of their Monte-Carlo standard errors (see docs/reproducibility.md);
     protocols that differ only in file paths or names are "the same protocol up to paths".
-    Exit 0 reproduced, 1 differences beyond the tolerance, 2 bad input."""
+    Exit 0 reproduced, 3 differences beyond the tolerance, 2 bad input."""
     from .comparison import Tolerance, compare
 
     check = compare(original, rerun, Tolerance(relative=relative))
     for note in check.notes:
-        _echo(f"note: {note}")
+        _progress(f"note: {note}")
     for difference in check.differences[:show]:
         _echo(f"differs: {difference.describe()}")
     if len(check.differences) > show:
@@ -599,7 +682,7 @@ def diff(
     verdict = "reproduces" if check.ok else "does NOT reproduce"
     _echo(f"{rerun} {verdict} {original}: {check.summary()}")
     if not check.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_MISMATCH)
 
 
 @app.command()
@@ -693,6 +776,53 @@ def runs(
         _echo(runs_table(found))
 
 
+cache_app = typer.Typer(
+    help="List or remove the per-unit caches runs keep for a resume (never a bundle).", no_args_is_help=True
+)
+app.add_typer(cache_app, name="cache")
+CACHE_WHERE_HELP = (
+    "A cache folder (a run's --cache-dir), or a folder whose .anistat-cache is meant "
+    "(default: $ANISTAT_CACHE_DIR, else reports/.anistat-cache)."
+)
+
+
+@cache_app.command("list")
+def cache_list(where: Path | None = typer.Argument(None, help=CACHE_WHERE_HELP)) -> None:
+    """Show every cache: state (in use, resumable, finished, stale), size, finished units, the
+    protocol and the bundle folder it was for."""
+    from .caches import default_root, list_caches
+
+    root = default_root(where)
+    entries = list_caches(root)
+    if not entries:
+        _echo(f"{root}: no cache")
+        return
+    for entry in entries:
+        _echo(
+            f"{entry.state:<10} {entry.bytes / 1e6:9.1f} MB  {entry.units:5d} units  {entry.path}  "
+            f"(protocol {entry.protocol}, --out {entry.out})"
+        )
+    _echo(f"{len(entries)} cache(s), {sum(e.bytes for e in entries) / 1e6:.1f} MB in {root}")
+
+
+@cache_app.command("clean")
+def cache_clean(
+    where: Path | None = typer.Argument(None, help=CACHE_WHERE_HELP),
+    all_resumable: bool = typer.Option(
+        False, "--all", help="Also remove resumable caches (an interrupted run then starts over)."
+    ),
+) -> None:
+    """Remove finished and stale caches (with --all also resumable ones); never a cache in use,
+    never a bundle or any folder that is not a cache."""
+    from .caches import clean_caches, default_root
+
+    root = default_root(where)
+    removed = clean_caches(root, all_resumable=all_resumable)
+    for entry in removed:
+        _echo(f"removed {entry.state} cache {entry.path} ({entry.bytes / 1e6:.1f} MB)")
+    _echo(f"removed {len(removed)} cache(s), {sum(e.bytes for e in removed) / 1e6:.1f} MB")
+
+
 def _write_new_file(path: Path, text: str, *, force: bool) -> None:
     if path.exists() and not force:
         raise AnistatInputError(f"{path} exists; use --force to overwrite")
@@ -756,10 +886,10 @@ def main(argv: list[str] | None = None) -> int:
         return error.exit_code
     except RunInterrupted as interrupt:  # `run` (and `verify --against`'s re-run) say where finished units are
         typer.echo(f"anistat: error: {interrupt.describe()}", err=True)
-        return 2
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         typer.echo("anistat: error: interrupted; nothing was written", err=True)
-        return 2
+        return EXIT_USER_ERROR
     except errors["NoArgsIsHelpError"] as error:
         help_context = getattr(error, "ctx", None)  # click sets it; the class tuple is typed as BaseException
         typer.echo(help_context.get_help() if help_context is not None else str(error))
@@ -768,21 +898,83 @@ def main(argv: list[str] | None = None) -> int:
         return int(getattr(error, "exit_code", 0) or 0)
     except errors["Abort"]:
         typer.echo("anistat: error: aborted", err=True)
-        return 2
+        return EXIT_USER_ERROR
     except errors["ClickException"] as error:  # usage errors included
         format_message = getattr(error, "format_message", None)
         message = format_message() if callable(format_message) else str(error)
         typer.echo(f"anistat: error: {' '.join(message.split())}", err=True)
-        return 2
+        return EXIT_USER_ERROR
     except OSError as error:
         import errno as errno_names
 
         if error.errno == errno_names.EPIPE:  # `anistat schema | head`: the reader went away
             return 0
-        raise
+        return _environment_error(error) or _internal_error(error, args)
+    except Exception as error:  # noqa: BLE001 - a bug: its own exit code, the traceback in a file
+        return _internal_error(error, args)
     finally:
         _restore_sigterm(previous_sigterm)
     return code if isinstance(code, int) else 0
+
+
+#: OS errors a user fixes (a full, read-only or forbidden disk, too many open files): exit 2
+#: wherever they surface, with the fix for their cause.
+_ENVIRONMENT_ERRNOS = ("ENOSPC", "EDQUOT", "EFBIG", "EROFS", "EACCES", "EPERM", "EMFILE", "ENFILE")
+
+
+def _environment_error(error: OSError) -> int | None:
+    """A disk or resource error no stage turned into its own message: one line naming the file
+    and the fix, exit 2 (None for any other OSError)."""
+    import errno as errno_names
+
+    from .bundle import write_hint
+
+    name = errno_names.errorcode.get(error.errno or 0, "")
+    if name not in _ENVIRONMENT_ERRNOS:
+        return None
+    reason = error.strerror or name
+    where = f"{error.filename}: " if error.filename else ""
+    typer.echo(f"anistat: error: {where}{reason}; {write_hint(reason, name)}", err=True)
+    return EXIT_USER_ERROR
+
+
+def _internal_error(error: BaseException, args: list[str]) -> int:
+    """A bug in anistat: the traceback goes to a log file (the cache folder named by
+    ANISTAT_CACHE_DIR when set and writable, else the temporary folder), and one line on stderr
+    names it and what to report. Exit code 70 (EX_SOFTWARE), never 1 (a failed claim)."""
+    import os
+    import platform
+    import tempfile
+    import time
+    import traceback
+
+    from ._version import __version__
+
+    text = (
+        f"anistat {__version__}, Python {platform.python_version()}, {platform.platform()}\n"
+        f"command: anistat {' '.join(args)}\n\n" + "".join(traceback.format_exception(error))
+    )
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    log_file = None
+    for folder in (os.environ.get("ANISTAT_CACHE_DIR"), tempfile.gettempdir()):
+        if not folder:
+            continue
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            candidate = Path(folder) / f"anistat-error-{stamp}-{os.getpid()}.log"
+            candidate.write_text(text, encoding="utf-8")
+            log_file = candidate
+            break
+        except OSError:
+            continue
+    where = f"the traceback is in {log_file}" if log_file else "the traceback could not be written to a file"
+    summary = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+    typer.echo(
+        f"anistat: internal error ({summary}); this is a bug in anistat, not in your input: {where}; "
+        "please report it to the anistat maintainers with that file and the command you ran",
+        err=True,
+    )
+    return EXIT_INTERNAL_ERROR
 
 
 def _sigterm_as_interrupt():

@@ -1,4 +1,4 @@
-"""Data: corpora, tokenisation, fixed-length sequences, disjoint splits, token frequencies.
+"""Data: tokenisation, fixed-length sequences, disjoint splits, token frequencies.
 
 The statistical sampling unit is the *sequence*: a block of `seq_len` consecutive tokens. The
 corpus (a list of documents) is tokenised, each document's tokens are concatenated (documents
@@ -13,38 +13,25 @@ makes them — `tokenizer(text)` adds e.g. BERT's `[CLS] … [SEP]` or a Llama-s
 default (`tokenizer`) every block is `prefix + content + suffix` with the tokenizer's own
 `add_special_tokens` template and `seq_len − len(prefix) − len(suffix)` content tokens; MLM
 never masks those positions (as transformers' data collator does). `none` cuts raw content
-blocks (anistat before issue #15). Built-in tokenizers have no template.
+blocks. Built-in tokenizers have no template. The documents come from `anistat.corpus`.
 """
 
 from __future__ import annotations
 
-import glob
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from .corpus import Corpus
 from .errors import AnistatInputError
 from .protocol import DataSpec
 
 PAD_TOKEN = "<pad>"
 MASK_TOKEN = "<mask>"
 EOS_TOKEN = "<eos>"
-
-
-@dataclass(frozen=True)
-class Corpus:
-    """Raw documents plus a stable identity (sha256 of the text) for the manifest."""
-
-    name: str
-    documents: tuple[str, ...]
-    sha256: str
-    #: what was skipped while reading (empty files, blank records): run-level warnings
-    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,163 +62,6 @@ class Splits:
         if self.special_suffix:
             mask[seq_len - len(self.special_suffix) :] = False
         return mask
-
-
-# ----------------------------------------------------------------------------------------------
-# corpora
-# ----------------------------------------------------------------------------------------------
-def builtin_corpus() -> list[str]:
-    """Python's own documentation topics (ships with CPython: `pydoc_data.topics`), sorted by key."""
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:  # pragma: no cover - stripped Python builds
-        raise AnistatInputError(
-            "data.source 'builtin' needs pydoc_data (part of the Python standard library), "
-            "which this Python lacks; use source: text"
-        ) from None
-    return [topics[key] for key in sorted(topics)]
-
-
-def _expand_paths(patterns: list[str]) -> list[Path]:
-    files: list[Path] = []
-    for pattern in patterns:
-        if any(ch in pattern for ch in "*?["):
-            matched = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
-            matched = [p for p in matched if p.is_file()]
-            if not matched:
-                raise AnistatInputError(f"data.paths: no file matches '{pattern}'")
-            files.extend(matched)
-        else:
-            path = Path(pattern)
-            if not path.exists():
-                raise AnistatInputError(f"data.paths: file not found: {pattern}")
-            if not path.is_file():
-                raise AnistatInputError(f"data.paths: not a regular file: {pattern}")
-            files.append(path)
-    return files
-
-
-def _read_text(path: Path) -> str:
-    try:
-        raw = path.read_bytes()
-    except OSError as error:
-        raise AnistatInputError(f"data.paths: cannot read {path} ({error.strerror})") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise AnistatInputError(
-            f"data.paths: {path} is not UTF-8 text (invalid byte at offset {error.start})"
-        ) from None
-
-
-def load_corpus(spec: DataSpec) -> Corpus:
-    """Load the documents named by the protocol's data section. An empty file among
-    `data.paths`, blank JSONL lines and records with empty text are skipped and said in the
-    corpus' `warnings` (the run's warnings: terminal, manifest, report)."""
-    skipped: list[str] = []
-    if spec.source == "builtin":
-        documents = builtin_corpus()
-        name = "builtin:pydoc_data.topics"
-    elif spec.source == "hf_dataset":
-        documents = hf_dataset_documents(spec)
-        name = (
-            f"hf_dataset:{spec.dataset}"
-            + (f"/{spec.dataset_config}" if spec.dataset_config else "")
-            + f"[{spec.dataset_split}]"
-        )
-    else:
-        documents = []
-        for path in _expand_paths(spec.paths):
-            text = _read_text(path)
-            if not text.strip():
-                skipped.append(f"data.paths: {path} is empty and was skipped")
-                continue
-            if spec.source == "text":
-                documents.append(text)
-                continue
-            blank_lines, blank_texts = 0, 0
-            for number, line in enumerate(text.splitlines(), start=1):
-                if not line.strip():
-                    blank_lines += 1
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise AnistatInputError(f"{path}:{number}: invalid JSON ({error.msg})") from None
-                if not isinstance(record, dict) or not isinstance(record.get(spec.text_field), str):
-                    raise AnistatInputError(f"{path}:{number}: record has no string field '{spec.text_field}'")
-                if not record[spec.text_field].strip():
-                    blank_texts += 1
-                documents.append(record[spec.text_field])
-            if blank_lines or blank_texts:
-                parts = [
-                    f"{n} {what}"
-                    for n, what in (
-                        (blank_lines, "blank line(s)"),
-                        (blank_texts, f"record(s) with an empty '{spec.text_field}'"),
-                    )
-                    if n
-                ]
-                skipped.append(f"data.paths: {' and '.join(parts)} in {path} were skipped")
-        name = f"{spec.source}:" + ",".join(spec.paths)
-    documents = [doc for doc in documents if doc.strip()]
-    if spec.max_documents is not None:
-        documents = documents[: spec.max_documents]
-    if not documents:
-        raise AnistatInputError(f"data: the corpus ({name}) is empty")
-    digest = _sha256_documents(documents)
-    return Corpus(name=name, documents=tuple(documents), sha256=digest, warnings=tuple(skipped))
-
-
-def hf_dataset_documents(spec: DataSpec) -> list[str]:
-    """Texts of a Hugging Face dataset split (the optional `datasets` package).
-
-    `spec.dataset` is a directory written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`
-    (read with `load_from_disk`), or a dataset name given to `load_dataset`, which honours the
-    offline cache (`HF_DATASETS_OFFLINE=1` / `HF_HUB_OFFLINE=1`: only cached data is read).
-    Rows keep the dataset's order; the split into sequences is the usual seeded one."""
-    try:
-        import datasets
-    except ImportError:
-        raise AnistatInputError(
-            "data.source 'hf_dataset' needs the optional package 'datasets' (pip install 'anistat[datasets]')"
-        ) from None
-    where = f"data.dataset '{spec.dataset}'"
-    try:
-        if Path(spec.dataset).is_dir():
-            loaded = datasets.load_from_disk(spec.dataset)
-            if isinstance(loaded, dict):  # a DatasetDict: pick the split
-                if spec.dataset_split not in loaded:
-                    raise AnistatInputError(
-                        f"{where} has no split '{spec.dataset_split}' (splits: {', '.join(sorted(loaded.keys()))})"
-                    )
-                loaded = loaded[spec.dataset_split]
-        else:
-            loaded = datasets.load_dataset(spec.dataset, spec.dataset_config, split=spec.dataset_split)
-    except AnistatInputError:
-        raise
-    except Exception as error:  # datasets raises many types (FileNotFoundError, ConnectionError, ValueError…)
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise AnistatInputError(f"{where} cannot be loaded: {first_line}") from None
-    columns = list(getattr(loaded, "column_names", []) or [])
-    if spec.text_field not in columns:
-        raise AnistatInputError(f"{where} has no column '{spec.text_field}' (columns: {', '.join(columns)})")
-    texts = loaded[spec.text_field]
-    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
-    if bad is not None:
-        raise AnistatInputError(f"{where}: row {bad} of column '{spec.text_field}' is not a string")
-    return list(texts)
-
-
-def _sha256_documents(documents: list[str]) -> str:
-    import hashlib
-
-    hasher = hashlib.sha256()
-    for doc in documents:
-        encoded = doc.encode("utf-8")
-        hasher.update(len(encoded).to_bytes(8, "little"))
-        hasher.update(encoded)
-    return hasher.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,8 +12,10 @@ publishes), so the collection stage imports nothing from the stages after it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +67,7 @@ def analyse_and_publish(
     extra_files: Mapping[str, str] | None = None,
     log: Callable[[str], None] = lambda message: None,
     analysis: RunAnalysis | None = None,
+    publishing: AbstractContextManager[None] | None = None,
 ) -> RunResult:
     """Analyse `artifacts` under `protocol`, check its claims and write the bundle at `out`.
 
@@ -74,7 +77,9 @@ def analyse_and_publish(
     protocol.yaml of a run built from options) are written into the bundle, with
     bases.safetensors when `report.keep_bases` asks for it. `log` receives the progress lines
     `anistat run` prints. `analysis`: the artifacts' analysis when the caller already made it
-    (under torchrun every rank analyses its share of the units before the group ends)."""
+    (under torchrun every rank analyses its share of the units before the group ends).
+    `publishing`: a context the bundle is written in (`anistat run`'s turns a full or read-only
+    disk into one line naming the bundle)."""
     stage = time.perf_counter()
     log(
         f"analysing {len(artifacts)} unit(s): exact tests against Haar subspaces shared by the units of "
@@ -123,9 +128,10 @@ def analyse_and_publish(
     kept: dict[str, str | bytes] = dict(extra_files or {})
     if protocol.report.keep_bases:
         kept[BASES_FILE] = bases_file(artifacts)
-    outcome = publish_bundle(
-        out, protocol, results, frequency, claims, list(concept_cards or []), facts, extra_files=kept
-    )
+    with publishing or contextlib.nullcontext():
+        outcome = publish_bundle(
+            out, protocol, results, frequency, claims, list(concept_cards or []), facts, extra_files=kept
+        )
     log(f"  rendered ({time.perf_counter() - stage:.1f}s)")
     for name, reason in outcome.manifest.get("omitted_files", {}).items():
         log(f"note: {name} was not written: {reason}")

@@ -17,13 +17,16 @@ the protocol. `inspect_model` builds any of these (hub/local ones on the meta de
 weights) for `anistat sites MODEL`.
 
 Weights load through safetensors where present (transformers uses `weights_only` for pickles),
-and model code from a checkpoint runs only with `trust_remote_code: true` in the protocol.
+and model code from a checkpoint runs only with `trust_remote_code: true` in the protocol and the
+caller's consent (`--trust-remote-code`, checked by `anistat.pipeline.run` before any model code
+is imported).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,7 +35,8 @@ from typing import Any
 
 import torch
 
-from .data import BuiltinTokenizer, Corpus, PretrainedTokenizer, Splits, make_splits, mask_for_mlm
+from .corpus import Corpus
+from .data import BuiltinTokenizer, PretrainedTokenizer, Splits, make_splits, mask_for_mlm
 from .errors import AnistatInputError, CheckpointLoadError
 from .objective import count_targets, lm_loss  # noqa: F401  (re-exported: anistat.models.lm_loss)
 from .protocol import DataSpec, ModelSpec
@@ -313,17 +317,81 @@ def _load_pretrained(
     auto = AutoModelForCausalLM if objective == "clm" else AutoModelForMaskedLM
     try:
         model = auto.from_pretrained(source, config=config, dtype=torch.float32, **model_kwargs, **kwargs)
-    except (OSError, ValueError, KeyError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointLoadError(f"{where} has no loadable {objective} weights: {first_line}") from None
     except Exception as error:  # noqa: BLE001 - e.g. SafetensorError, a shape mismatch: the file's, named
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        files = ", ".join(p.name for p in _weight_files(Path(source))) or "its weight files"
-        raise CheckpointLoadError(
-            f"{where}: {files} cannot be loaded ({type(error).__name__}: {first_line}); "
-            "save the checkpoint again (model.save_pretrained)"
-        ) from None
+        raise _load_error(where, source, objective, config, auto, spec, error) from None
     return model.eval(), objective
+
+
+def _load_error(
+    where: str, source: str, objective: str, config: Any, auto: Any, spec: ModelSpec, error: Exception
+) -> CheckpointLoadError:
+    """One line for weights that do not load: a tensor whose shape differs from the config's
+    model is named with both shapes and the fix; otherwise the error's first line, never
+    transformers' pointers to a report it did not print."""
+    directory = Path(source)
+    if directory.is_dir():
+        try:
+            with torch.random.fork_rng(devices=[]), torch.device("meta"):
+                built = auto.from_config(config, trust_remote_code=spec.trust_remote_code)
+        except Exception:  # noqa: BLE001 - no model to compare with: the plain message below
+            built = None
+        mismatch = weight_shape_mismatch(directory, built) if built is not None else None
+        if mismatch:
+            return CheckpointLoadError(f"{where}: {mismatch}")
+    text = str(error).strip()
+    first_line = text.splitlines()[0] if text else type(error).__name__
+    first_line = re.sub(r"\s*(For details look at|see) the above report[^.]*\.?", "", first_line, flags=re.I)
+    if isinstance(error, (OSError, ValueError, KeyError)):
+        return CheckpointLoadError(f"{where} has no loadable {objective} weights: {first_line}")
+    files = ", ".join(p.name for p in _weight_files(directory)) or "its weight files"
+    return CheckpointLoadError(
+        f"{where}: {files} cannot be loaded ({type(error).__name__}: {first_line}); "
+        "save the checkpoint again (model.save_pretrained)"
+    )
+
+
+def safetensors_shapes(directory: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Tensor name → (file name, shape) from the headers of the `*.safetensors` files of a
+    `save_pretrained` folder (only the 8-byte length and the JSON header of each file are read;
+    a file whose header cannot be read is left out — the preflight names it separately)."""
+    import json
+    import struct
+
+    shapes: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        try:
+            with open(path, "rb") as stream:
+                (length,) = struct.unpack("<Q", stream.read(8))
+                header = json.loads(stream.read(min(length, 100_000_000)))
+        except (OSError, ValueError, struct.error, RecursionError):
+            continue
+        if not isinstance(header, dict):
+            continue
+        for name, entry in header.items():
+            shape = entry.get("shape") if isinstance(entry, dict) and name != "__metadata__" else None
+            if isinstance(shape, list) and all(isinstance(v, int) for v in shape):
+                shapes[name] = (path.name, tuple(shape))
+    return shapes
+
+
+def weight_shape_mismatch(directory: Path, model: torch.nn.Module) -> str | None:
+    """The first tensor of the checkpoint's safetensors files whose shape differs from the same
+    parameter of `model` (built from the checkpoint's config, e.g. on the meta device), as one
+    sentence with both shapes and the fix; None when every tensor that names a parameter fits.
+    Names are matched as saved, with and without the model's `base_model_prefix` (a base model's
+    weights loaded into a model with a head)."""
+    expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    for name, (file, shape) in safetensors_shapes(directory).items():
+        candidates = [name, f"{prefix}.{name}"] + ([name[len(prefix) + 1 :]] if name.startswith(prefix + ".") else [])
+        match = next((c for c in candidates if c in expected), None)
+        if match is not None and expected[match] != shape:
+            return (
+                f"tensor '{name}' in {file} has shape {list(shape)} but the config (config.json) makes it "
+                f"{list(expected[match])}: the config and the weights come from different models; put the "
+                "config.json that was saved with these weights in the folder (or the weights of this config)"
+            )
+    return None
 
 
 def _weight_files(directory: Path) -> list[Path]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -20,7 +21,7 @@ import torch
 
 from . import timing, workers
 from .analyze import analyze_run
-from .bundle import RunResult, check_destination, utc_now, write_hint
+from .bundle import RunResult, check_destination, utc_now, write_hint, write_json
 from .collect import (
     BasisSet,
     FitSampler,
@@ -40,13 +41,14 @@ from .collect.artifact import ARTIFACT_FORMAT
 from .collect.bases import check_fit_sample, fit_site_bases, fits_frozen, fits_per_unit, site_seed_key
 from .collect.progress import bar
 from .collect.sites import site_calls
-from .data import load_corpus
+from .corpus import load_corpus
 from .errors import AnistatInputError, CheckpointLoadError, RunInterrupted
 from .finalize import analyse_and_publish
 from .geometry import frequency_buckets
+from .locking import LockHeld, bundle_lock_path, cache_lock_path, exclusive
 from .models import Checkpoint, ModelSeries, resolve_models
 from .preflight import localized, preflight
-from .protocol import Protocol, fit_window_size, load_protocol
+from .protocol import Protocol, fit_window_size, load_protocol, require_remote_code_consent
 from .runtime import MAX_THREADS, ThreadChoice, cpu_threads, resolve_threads
 from .seeding import derive_seed
 
@@ -80,11 +82,25 @@ def default_out(protocol: Protocol) -> Path:
     return Path("reports") / protocol.name
 
 
-def cache_dir(out: Path, protocol_sha: str) -> Path:
-    """Where the finished units of a run wait for a resume: keyed by the bundle name, the
-    protocol hash and the artifact format (units written by an anistat whose artifacts hold
-    different statistics are never mixed into a run)."""
-    return out.parent / ".anistat-cache" / f"{out.name}-{protocol_sha[:16]}-a{ARTIFACT_FORMAT}"
+#: The environment variable that chooses the cache folder when `--cache-dir` is not given.
+CACHE_DIR_VARIABLE = "ANISTAT_CACHE_DIR"
+
+
+def cache_root(out: Path, chosen: str | Path | None = None) -> Path:
+    """The folder holding the per-unit caches of runs: `chosen` (`--cache-dir`), else the
+    environment variable `ANISTAT_CACHE_DIR`, else `.anistat-cache` beside the bundle folder."""
+    if chosen is not None and str(chosen):
+        return Path(chosen).expanduser()
+    if os.environ.get(CACHE_DIR_VARIABLE):
+        return Path(os.environ[CACHE_DIR_VARIABLE]).expanduser()
+    return (out.parent if str(out.parent) else Path(".")) / ".anistat-cache"
+
+
+def cache_dir(out: Path, protocol_sha: str, root: str | Path | None = None) -> Path:
+    """Where the finished units of a run wait for a resume: in `cache_root`, keyed by the bundle
+    name, the protocol hash and the artifact format (units written by an anistat whose artifacts
+    hold different statistics are never mixed into a run)."""
+    return cache_root(out, root) / f"{out.name}-{protocol_sha[:16]}-a{ARTIFACT_FORMAT}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -428,6 +444,8 @@ def _model_info(
         "tokenizer_vocab": series.splits.vocab_size,
         **fit_info,
         "proxy_refit": protocol.proxies.refit,
+        # the caller's consent to the model's own code (run refuses trust_remote_code without it)
+        **({"trust_remote_code_consent": "--trust-remote-code"} if spec.trust_remote_code else {}),
         "seconds": round(time.perf_counter() - model_started, 3),
     }
 
@@ -444,6 +462,9 @@ def run(
     log: Log | None = None,
     keep_cache: bool = False,
     overwrite: bool = False,
+    cache_dir: str | Path | None = None,
+    wait: bool = False,
+    trust_remote_code: bool = False,
     bundle_files: Mapping[str, str] | None = None,
 ) -> RunResult:
     """Run a protocol end to end and write its bundle to `out` (default `reports/<name>/`).
@@ -454,14 +475,30 @@ def run(
     Before anything is trained or loaded, `anistat.preflight.preflight` checks every model and
     claim. An existing bundle at `out` is replaced only with `overwrite=True`. `threads`
     overrides the protocol's `threads` (see `anistat.runtime`); torch's and numpy's thread
-    settings are restored when the run ends.
+    settings are restored when the run ends. `cache_dir` chooses the folder of the per-unit
+    caches (`cache_root`). One run at a time writes a bundle folder and a cache (`anistat.locking`):
+    another run holding either is refused at once, or waited for with `wait=True`. A protocol
+    model with `trust_remote_code: true` runs only with `trust_remote_code=True` here too (the
+    caller's consent, `--trust-remote-code`), checked before any model code is imported.
 
     The run's time is recorded per stage (`anistat.timing`) in the manifest's `stages`, charged to
     the timer active when `run` is called (the command line's, which counts the process's
     start-up) or to a new one."""
     timer = timing.active_timer() or timing.StageTimer()
     with timer.activate():
-        return _run(protocol, out, device, threads, log or (lambda message: None), keep_cache, overwrite, bundle_files)
+        return _run(
+            protocol,
+            out,
+            device,
+            threads,
+            log or (lambda message: None),
+            keep_cache,
+            overwrite,
+            cache_dir,
+            wait,
+            trust_remote_code,
+            bundle_files,
+        )
 
 
 def _run(
@@ -472,10 +509,14 @@ def _run(
     log: Log,
     keep_cache: bool,
     overwrite: bool,
+    cache_dir: str | Path | None,
+    wait: bool,
+    trust_remote_code: bool,
     bundle_files: Mapping[str, str] | None,
 ) -> RunResult:
     if not isinstance(protocol, Protocol):
         protocol = load_protocol(protocol)
+    require_remote_code_consent(protocol, trust_remote_code)
     if threads is not None and (
         isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS
     ):
@@ -487,24 +528,101 @@ def _run(
         out = Path(out)
         where, elsewhere = f"--out {out}", "--out"
     check_destination(out, where)
-    if not overwrite and (out / "manifest.json").is_file():
-        raise AnistatInputError(
-            f"{where}: a bundle already exists there; pass --overwrite to replace it, or choose another {elsewhere}"
-        )
-    with timing.stage("preflight"):
-        preflight(protocol)
     sha = protocol.sha256()
-    cache = cache_dir(out, sha)
-    started_at, started = utc_now(), time.perf_counter()
-    torch_device = resolve_device(device or protocol.device)
-    thread_choice = resolve_threads(threads, protocol.threads)
-    log(f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, {thread_choice.describe()}")
-    if distributed.is_main():  # the analysis' and the figures' worker processes: their imports overlap the collection
-        workers.start_server(thread_choice.threads)
-    with cpu_threads(thread_choice.threads), _stops_reported(cache):
-        return _collect_analyse_publish(
-            protocol, out, cache, torch_device, thread_choice, started_at, started, log, keep_cache, bundle_files
-        )
+    cache = _cache_for(out, sha, cache_dir)
+    writer = _writer_process()
+    with _held(bundle_lock_path(out), f"the bundle folder {out}", wait, log, writer):
+        check_destination(out, where)  # again: a run we waited for may have written it
+        if not overwrite and (out / "manifest.json").is_file():
+            raise AnistatInputError(
+                f"{where}: a bundle already exists there; pass --overwrite to replace it, or choose another {elsewhere}"
+            )
+        with timing.stage("preflight"):
+            preflight(protocol)
+        with (
+            _held(cache_lock_path(cache), f"the cache {cache}", wait, log, writer),
+            _cache_kept_only_with_units(cache, writer),
+        ):
+            started_at, started = utc_now(), time.perf_counter()
+            torch_device = resolve_device(device or protocol.device)
+            thread_choice = resolve_threads(threads, protocol.threads)
+            log(
+                f"anistat run {protocol.name} (protocol sha256 {sha[:12]}…) on {torch_device}, "
+                f"{thread_choice.describe()}"
+            )
+            log(f"cache: {cache} ({describe_cache(cache)})")
+            if (
+                distributed.is_main()
+            ):  # the analysis' and figures' worker processes: their imports overlap the collection
+                workers.start_server(thread_choice.threads)
+            with cpu_threads(thread_choice.threads), _stops_reported(cache):
+                return _collect_analyse_publish(
+                    protocol,
+                    out,
+                    cache,
+                    torch_device,
+                    thread_choice,
+                    started_at,
+                    started,
+                    log,
+                    keep_cache,
+                    bundle_files,
+                )
+
+
+def _cache_for(out: Path, sha: str, chosen: str | Path | None) -> Path:
+    """The run's cache folder; a chosen root that is not a folder is refused in one line."""
+    cache = cache_dir(out, sha, chosen)
+    root = cache.parent
+    if root.exists() and not root.is_dir():
+        source = "--cache-dir" if chosen else CACHE_DIR_VARIABLE if os.environ.get(CACHE_DIR_VARIABLE) else "cache"
+        raise AnistatInputError(f"{source} {root}: exists and is not a directory")
+    return cache
+
+
+def _writer_process() -> bool:
+    """Whether this process writes the cache and the bundle (and so holds their locks): always,
+    except the ranks other than 0 under torchrun (rank 0 writes for them)."""
+    return distributed.requested_world_size() <= 1 or os.environ.get("RANK", "0") == "0"
+
+
+@contextlib.contextmanager
+def _held(path: Path, what: str, wait: bool, log: Log, writer: bool = True) -> Iterator[None]:
+    """`locking.exclusive` (in the writing process only), with its refusal as one line."""
+    if not writer:
+        yield
+        return
+    try:
+        with exclusive(path, what, wait=wait, log=log):
+            yield
+    except LockHeld as refused:
+        raise AnistatInputError(str(refused)) from None
+
+
+@contextlib.contextmanager
+def _cache_kept_only_with_units(cache: Path, writer: bool = True) -> Iterator[None]:
+    """The cache folder exists during the run (it holds the lock); a run that ends without a
+    finished unit leaves no cache behind (nor an empty cache root). Only the writing process
+    cleans up."""
+    try:
+        yield
+    finally:
+        if writer and cache.is_dir() and _finished_units(cache) == 0:
+            shutil.rmtree(cache, ignore_errors=True)
+        _remove_if_empty(cache.parent)
+
+
+def cache_size(cache: Path) -> int:
+    """Bytes of the files below `cache`."""
+    return sum(path.stat().st_size for path in cache.rglob("*") if path.is_file()) if cache.is_dir() else 0
+
+
+def describe_cache(cache: Path) -> str:
+    """`new` or `N finished units, X MB` (what a resume would use)."""
+    finished = _finished_units(cache)
+    if finished == 0:
+        return "new"
+    return f"{finished} finished unit{'s' if finished != 1 else ''}, {cache_size(cache) / 1e6:.1f} MB; resuming"
 
 
 @contextlib.contextmanager
@@ -548,7 +666,8 @@ def _collect_analyse_publish(
     bundle_files: Mapping[str, str] | None = None,
 ) -> RunResult:
     torch.manual_seed(protocol.seed)
-    with _disk_errors_reported(cache):
+    with _disk_errors_reported(cache, f"the cache {cache}"):
+        _record_cache(cache, out, protocol)
         artifacts, info = collect_units(protocol, torch_device, cache, log)
         analysis = None
         if distributed.active():  # torchrun: every rank analyses its share of the units, rank 0 gathers
@@ -574,43 +693,78 @@ def _collect_analyse_publish(
             extra_files=bundle_files,
             log=log,
             analysis=analysis,
+            publishing=_disk_errors_reported(cache, f"the bundle {out}"),
         )
     failed = sorted({a.key.id for a in artifacts if a.status != "ok"})
-    if not keep_cache:
-        shutil.rmtree(cache, ignore_errors=True)
-        _remove_if_empty(cache.parent)
+    _finish_cache(cache, keep_cache, log)
     log(f"wrote {out}/ ({time.perf_counter() - started:.1f}s)" + (f"; {len(failed)} unit(s) FAILED" if failed else ""))
     return outcome
+
+
+def _record_cache(cache: Path, out: Path, protocol: Protocol) -> None:
+    """What `anistat cache list` says of this cache: its bundle folder and protocol (rank 0 only)."""
+    if distributed.is_main():
+        cache.mkdir(parents=True, exist_ok=True)
+        write_json(
+            cache / "run.json",
+            {"out": str(out.resolve()), "protocol": protocol.name, "protocol_sha256": protocol.sha256()},
+        )
+
+
+def _finish_cache(cache: Path, keep_cache: bool, log: Log) -> None:
+    """After the bundle is written: the cache is removed (its lock file goes when the lock is
+    released), or kept with `keep_cache`; either is said with its size."""
+    if keep_cache:
+        log(f"kept the cache {cache} ({cache_size(cache) / 1e6:.1f} MB; `anistat cache clean` removes it)")
+        return
+    size = cache_size(cache)
+    shutil.rmtree(cache / "units", ignore_errors=True)
+    log(f"removed the cache {cache} ({size / 1e6:.1f} MB)")
 
 
 _DISK_ERRNOS = {"ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS", "EFBIG", "EMFILE", "ENFILE"}
 
 
 @contextlib.contextmanager
-def _disk_errors_reported(cache: Path) -> Iterator[None]:
-    """A disk error inside (`_disk_error`) becomes its one-line `AnistatInputError`; any other
-    OSError passes unchanged."""
+def _disk_errors_reported(cache: Path, what: str) -> Iterator[None]:
+    """A disk error inside (`_disk_error`) becomes its one-line `AnistatInputError` naming
+    `what` was being written (``the cache …``, ``the bundle …``); any other OSError passes
+    unchanged."""
     try:
         yield
     except OSError as error:
-        user_error = _disk_error(error, cache)
+        user_error = _disk_error(error, cache, what)
         if user_error is None:
             raise
         raise user_error from error
 
 
-def _disk_error(error: OSError, cache: Path) -> AnistatInputError | None:
-    """A full / read-only / forbidden disk while writing the cache or the bundle, as one line
-    with the fix for its cause (`anistat.bundle.write_hint`) and where the finished units are
-    (None for any other OSError: a bug keeps its traceback)."""
+def _disk_error(error: OSError, cache: Path, what: str) -> AnistatInputError | None:
+    """A full / read-only / forbidden disk while writing `what` (the cache or the bundle), as one
+    line naming it and the file, with the fix for its cause (`anistat.bundle.write_hint`) and
+    where the finished units are (None for any other OSError: a bug keeps its traceback)."""
     import errno as errno_names
 
     name = errno_names.errorcode.get(error.errno or 0, "")
     if name not in _DISK_ERRNOS:
         return None
-    target = error.filename or "the cache"
     reason = error.strerror or name
-    return AnistatInputError(f"cannot write {target} ({reason}); {write_hint(reason, name)}; {_kept(cache)}")
+    file = _written_file(error.filename)
+    return AnistatInputError(
+        f"cannot write {what} ({f'{file}: ' if file else ''}{reason}); {write_hint(reason, name)}; {_kept(cache)}"
+    )
+
+
+def _written_file(filename: Any) -> str:
+    """The file an OSError names, as the bundle's own name when it lies in a staging folder
+    (``report.pdf``, not ``/…/.out.host-1.x.partial/report.pdf``)."""
+    if not filename:
+        return ""
+    parts = Path(str(filename)).parts
+    for index, part in enumerate(parts):
+        if part.endswith(".partial") and index + 1 < len(parts):
+            return Path(*parts[index + 1 :]).as_posix()
+    return str(filename)
 
 
 def _remove_if_empty(directory: Path) -> None:

@@ -22,8 +22,9 @@ What is checked, per model (no weights are read):
   (where no safetensors file is there to be preferred), and the first folder's tokenizer,
   loaded offline (`run` tokenises the corpus with it).
 
-For `anistat validate` the corpus is counted too: a test split of more sequences than the
-corpus has documents is a warning line (:func:`corpus_warnings`).
+For `anistat validate` the corpus is counted too: fewer documents than the intervals need, or a
+test split of more sequences than the corpus has documents, is a warning line on stderr
+(:func:`corpus_warnings`).
 
 Then the protocol's claims are checked against the rows the plan will produce (`RowPlan`): the
 metric must be one the run writes, every `where` key a column of `results.csv` /
@@ -363,11 +364,16 @@ def _builtin_sites(spec: ModelSpec, protocol: Protocol) -> list[PlannedSite] | N
     return list(unique.values())
 
 
-def _meta_model_sites(build, protocol: Protocol, spec: ModelSpec, hidden_size: int) -> list[PlannedSite]:
-    """Sites resolved on a weightless model: `build()` runs under the meta device."""
+def _meta_model_sites(
+    build, protocol: Protocol, spec: ModelSpec, hidden_size: int, weights: list[Path] = ()
+) -> list[PlannedSite]:
+    """Sites resolved on a weightless model: `build()` runs under the meta device. Each folder of
+    `weights` (local checkpoints) has its safetensors headers' shapes checked against that model
+    (`anistat.models.weight_shape_mismatch`): a config from another model is one line here."""
     import torch
 
     from .collect.sites import sites_from_spec
+    from .models import weight_shape_mismatch
 
     try:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
@@ -376,6 +382,10 @@ def _meta_model_sites(build, protocol: Protocol, spec: ModelSpec, hidden_size: i
         raise AnistatInputError(
             f"models.{spec.name}: cannot build the model from its config: {_first_line(error)}"
         ) from None
+    for directory in weights:
+        mismatch = weight_shape_mismatch(directory, model)
+        if mismatch:
+            raise AnistatInputError(f"models.{spec.name}: '{directory}': {mismatch}")
     try:
         sites = sites_from_spec(model, protocol.sites, spec.name)
     except AnistatInputError as error:
@@ -486,7 +496,8 @@ def plan_pretrained(spec: ModelSpec, protocol: Protocol, base: Path | None) -> P
         auto = AutoModelForCausalLM if objective == "clm" else AutoModelForMaskedLM
         return auto.from_config(configs[0], trust_remote_code=spec.trust_remote_code)
 
-    sites = _meta_model_sites(build, protocol, spec, hidden_size)
+    weights = [Path(source) for source, _, _ in sources] if spec.source == "local" else []
+    sites = _meta_model_sites(build, protocol, spec, hidden_size, weights)
     steps = list(spec.steps) if spec.steps else [None] * len(sources)
     checkpoints = tuple((label, step) for (_, _, label), step in zip(sources, steps))
     return PlannedModel(spec.name, spec.source, objective, hidden_size, num_layers, checkpoints, tuple(sites))
@@ -674,7 +685,7 @@ def _check_checkpoint_files(where: str, directories: list[Path], trust_remote_co
 
 
 def _check_data_paths(protocol: Protocol, base: Path | None) -> None:
-    """Every `data.paths` entry names a file (a glob: matches at least one), as `anistat.data`
+    """Every `data.paths` entry names a file (a glob: matches at least one), as `anistat.corpus`
     will read it (the same one-line messages; relative entries resolved like model paths)."""
     for pattern in protocol.data.paths:
         resolved = _resolve_pattern(pattern, base)
@@ -778,6 +789,8 @@ class Preflight:
     models: tuple[PlannedModel, ...]
     plan: RowPlan
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: what the run would warn about but can still do (e.g. too few documents for the intervals)
+    warnings: tuple[str, ...] = field(default_factory=tuple)
 
 
 def preflight(protocol: Protocol | str | Path, *, for_run: bool = True) -> Preflight:
@@ -809,27 +822,48 @@ def preflight(protocol: Protocol | str | Path, *, for_run: bool = True) -> Prefl
     if models:  # a protocol of external models only is planned by the training loop
         for index, claim in enumerate(protocol.claims):
             check_claim(index, claim, plan)
-    if not for_run:  # `run` loads the corpus itself a moment later
-        notes.extend(corpus_warnings(protocol))
-    return Preflight(tuple(models), plan, tuple(notes))
+    warnings = () if for_run else tuple(corpus_warnings(protocol))  # `run` loads the corpus itself
+    return Preflight(tuple(models), plan, tuple(notes), warnings)
 
 
 def corpus_warnings(protocol: Protocol) -> list[str]:
-    """A warning when the test split asks more sequences than the corpus has documents: the split
-    then spans at most that many documents, the units the intervals and the data test resample,
-    so a study sized in documents (``anistat plan``) cannot reach its targets on this corpus.
-    The corpus is counted as `run` loads it (:func:`anistat.data.load_corpus`, ``max_documents``
-    applied); a Hugging Face dataset is not loaded here (it may need the network)."""
+    """What the corpus, read as `run` reads it (:func:`anistat.corpus.load_corpus`,
+    ``max_documents`` applied), means for the intervals, as warning lines:
+
+    * fewer documents than the intervals need (:data:`anistat.vocabulary.MIN_RESAMPLING_UNITS`, text
+      and jsonl sources): the run then resamples sequences, which are dependent within a document;
+    * a test split that asks more sequences than the corpus has documents: the split then spans
+      at most that many documents, the units the intervals and the data test resample, so a
+      study sized in documents (``anistat plan``) cannot reach its targets on this corpus.
+
+    A Hugging Face dataset is not loaded here (it may need the network)."""
     if protocol.data.source == "hf_dataset":
         return []
-    from .data import load_corpus
+    from .corpus import load_corpus
+    from .vocabulary import MIN_RESAMPLING_UNITS
 
-    documents = len(load_corpus(localized(protocol)[1]).documents)
+    try:
+        documents = len(load_corpus(localized(protocol)[1]).documents)
+    except AnistatInputError:
+        return []  # the run says what is wrong with the files; validate checked they exist
+    warnings: list[str] = []
+    if protocol.data.source in ("text", "jsonl") and documents < MIN_RESAMPLING_UNITS:
+        rule = (
+            f"data.document_separator {protocol.data.document_separator!r} splits the text files"
+            if protocol.data.document_separator
+            else "each text file is one document; data.document_separator (blank_line or a string) splits a file"
+            if protocol.data.source == "text"
+            else "each jsonl record is one document"
+        )
+        warnings.append(
+            f"data: the corpus holds {documents} document(s) ({rule}), fewer than the {MIN_RESAMPLING_UNITS} "
+            "the intervals need: they will resample sequences instead, which are dependent within a document"
+        )
     sequences = protocol.data.n_test_sequences
-    if sequences <= documents:
-        return []
-    noun = "document" if documents == 1 else "documents"
-    return [
-        f"warning: corpus too small: data.n_test_sequences = {sequences:,} from a corpus of {documents:,} {noun}; "
-        f"the test split spans at most {documents:,} {noun}, the units the intervals and the data test resample"
-    ]
+    if sequences > documents:
+        noun = "document" if documents == 1 else "documents"
+        warnings.append(
+            f"corpus too small: data.n_test_sequences = {sequences:,} from a corpus of {documents:,} {noun}; "
+            f"the test split spans at most {documents:,} {noun}, the units the intervals and the data test resample"
+        )
+    return warnings

@@ -100,6 +100,13 @@ class DataSpec(StrictModel):
     max_documents: int | None = Field(
         None, ge=1, le=MAX_COUNT, description="Read at most this many documents (in source order)."
     )
+    document_separator: Annotated[str, Field(min_length=1, max_length=1000)] | None = Field(
+        None,
+        description="text: how a file splits into documents (the resampling unit of the intervals). Unset "
+        "(default): each file is one document. blank_line: one or more lines holding only whitespace end a "
+        "document. Any other string: the text is split at every occurrence of it (e.g. '<|endoftext|>'). "
+        "jsonl records and hf_dataset rows are one document each; builtin topics too.",
+    )
     seq_len: int = Field(64, ge=4, le=65_536, description="Tokens per sequence.")
     n_fit_sequences: PositiveCount = Field(64, description="Sequences whose activations fit the proxies.")
     n_test_sequences: PositiveCount = Field(64, description="Sequences whose true gradients are measured.")
@@ -161,6 +168,8 @@ class DataSpec(StrictModel):
             raise ValueError("source 'hf_dataset' needs dataset (a dataset name or a save_to_disk directory)")
         if self.source != "hf_dataset" and (self.dataset or self.dataset_config):
             raise ValueError("dataset and dataset_config are only used with source 'hf_dataset'")
+        if self.document_separator is not None and self.source != "text":
+            raise ValueError("document_separator splits text files; it is only used with source 'text'")
         return self
 
 
@@ -695,6 +704,19 @@ class Protocol(StrictModel):
         return [kind for kind in self.controls.kinds if kind not in vocab.CLOSED_FORM_KINDS]
 
 
+def require_remote_code_consent(protocol: Protocol, consent: bool) -> None:
+    """Refuse, before any model code is imported, a protocol whose models would run their own
+    Python code (`trust_remote_code: true`) unless the caller consents (`--trust-remote-code`):
+    a protocol may come from someone else, and its setting alone is not the caller's consent."""
+    remote = [spec.name for spec in protocol.models if spec.trust_remote_code]
+    if remote and not consent:
+        raise AnistatInputError(
+            f"models.{remote[0]}: trust_remote_code: true would run the model's own Python code"
+            + (f" (also: {', '.join(remote[1:])})" if remote[1:] else "")
+            + "; pass --trust-remote-code if you trust its source, or set trust_remote_code: false"
+        )
+
+
 def control_problem(controls: ControlSpec, ranks: list[int] | tuple[int, ...], hidden_size: int) -> str | None:
     """Why these controls cannot be drawn at these ranks in a d = hidden_size space (None if they
     can). Checked at validation for built-in models and again once any other model is loaded."""
@@ -732,6 +754,10 @@ def protocol_hash(normalised: dict[str, Any]) -> str:
     """sha256 of a normalised protocol's canonical JSON, execution settings (`EXECUTION_FIELDS`)
     and what the bundle keeps (`KEPT_FIELDS`) left out."""
     identity = {key: value for key, value in normalised.items() if key not in EXECUTION_FIELDS}
+    data = identity.get("data")
+    if isinstance(data, dict) and data.get("document_separator") is None:
+        # unset, the field changes nothing: protocols written before it keep their hash (and cache)
+        identity["data"] = {key: value for key, value in data.items() if key != "document_separator"}
     for section, names in KEPT_FIELDS.items():
         if isinstance(identity.get(section), dict):
             identity[section] = {k: v for k, v in identity[section].items() if k not in names}

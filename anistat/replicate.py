@@ -91,19 +91,32 @@ def replicate(
     out: Path | None = None,
     log: Callable[[str], None] | None = None,
     overwrite: bool = False,
+    cache_dir: Path | None = None,
+    wait: bool = False,
+    trust_remote_code: bool = False,
 ) -> ReplicationOutcome:
     """`anistat verify PROTOCOL --against BUNDLE`: re-run, then compare with the original (read
     once, before the re-run, when given as a path). An existing re-run bundle at `out` is
-    replaced only with `overwrite=True`."""
+    replaced only with `overwrite=True`; `cache_dir`, `wait` and `trust_remote_code` are
+    `anistat.pipeline.run`'s (the consent is checked before the original is read)."""
     from .pipeline import run
-    from .protocol import load_protocol
+    from .protocol import load_protocol, require_remote_code_consent
 
-    original = as_bundle(original)
     protocol = load_protocol(protocol_path)
+    require_remote_code_consent(protocol, trust_remote_code)
+    original = as_bundle(original)
     replication_out = out or Path("reports") / f"{protocol.name}-replication"
     report_dir = replication_out.parent / f"{replication_out.name}-comparison"
     check_destination(report_dir)  # before the re-run (run checks its own --out first)
-    run(protocol, replication_out, log=log, overwrite=overwrite)
+    run(
+        protocol,
+        replication_out,
+        log=log,
+        overwrite=overwrite,
+        cache_dir=cache_dir,
+        wait=wait,
+        trust_remote_code=trust_remote_code,
+    )
     _, summary, claims = compare_bundles(
         original, replication_out, out=report_dir, tolerance=protocol.replication.tolerance
     )

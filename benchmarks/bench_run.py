@@ -138,7 +138,7 @@ def save_model_with_tokenizer(directory: Path, args) -> None:
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from anistat.data import load_corpus
+    from anistat.corpus import load_corpus
     from anistat.protocol import DataSpec
 
     model = make_model(args.dim, args.layers, args.vocab, args.seq_len, arch="gpt-neox")

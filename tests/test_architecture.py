@@ -24,37 +24,40 @@ LAYERS: dict[str, int] = {
     "timing": 0,
     "_version": 0,
     "_columns": 0,
+    "locking": 0,  # one writer per bundle folder and cache (fcntl.flock)
     "vocabulary": 0,
     "geometry": 1,
     "stats": 1,
     "report": 1,  # pure libraries: nothing else from anistat but the constant modules
     "protocol": 2,
     "workers": 2,  # process pools (uses runtime's thread setting)
-    "data": 3,
-    "objective": 3,
-    "collect": 4,
-    "models": 5,
-    "live": 5,
-    "analyze": 6,
-    "claims": 6,
-    "preflight": 6,
-    "staleness": 6,  # preflight: configs, sites and planned rows
-    "summary": 6,  # a loaded bundle's compact table (Bundle.summary), from the report's selection
-    "explore": 6,  # a loaded bundle's figures and kept bases (Bundle.figure, Bundle.bases)
-    "runs": 6,  # `anistat runs`: bundles under a folder, from their manifests
-    "bundle": 7,
-    "finalize": 8,  # the one analyse-and-publish path (run, meter, finalize_bundle)
-    "rerender": 8,
-    "verify": 8,
-    "comparison": 8,
-    "plan": 8,  # study planning: stats formulas over a pilot read through bundle
-    "calibration_report": 8,  # `anistat calibrate`'s files: stats.calibrate's study, the report's page
-    "pipeline": 9,
-    "callbacks": 9,
-    "replicate": 10,
-    "cli": 11,
-    "__main__": 12,
-    "anistat": 12,  # the package facade
+    "corpus": 3,  # reading the documents (no torch: `validate` counts them)
+    "data": 4,
+    "objective": 4,
+    "collect": 5,
+    "models": 6,
+    "live": 6,
+    "analyze": 7,
+    "claims": 7,
+    "preflight": 7,
+    "staleness": 7,  # preflight: configs, sites and planned rows
+    "summary": 7,  # a loaded bundle's compact table (Bundle.summary), from the report's selection
+    "explore": 7,  # a loaded bundle's figures and kept bases (Bundle.figure, Bundle.bases)
+    "runs": 7,  # `anistat runs`: bundles under a folder, from their manifests
+    "bundle": 8,
+    "finalize": 9,  # the one analyse-and-publish path (run, meter, finalize_bundle)
+    "rerender": 9,
+    "verify": 9,
+    "comparison": 9,
+    "plan": 9,  # study planning: stats formulas over a pilot read through bundle
+    "calibration_report": 9,  # `anistat calibrate`'s files: stats.calibrate's study, the report's page
+    "pipeline": 10,
+    "callbacks": 10,
+    "replicate": 11,
+    "caches": 11,  # `anistat cache list|clean`: reads the pipeline's cache layout
+    "cli": 12,
+    "__main__": 13,
+    "anistat": 13,  # the package facade
 }
 PURE = ("geometry", "stats", "report")
 #: Layer-0 modules of constants (no code runs, no state): the pure stages may import these, so a

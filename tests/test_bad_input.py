@@ -57,11 +57,14 @@ def run_cli(capsys, *args) -> tuple[int, str, str]:
 
 
 def assert_one_line(code: int, err: str, *needles: str, exit_code: int = 2) -> str:
+    """Exit `exit_code`, no traceback, and exactly one error line, the last of stderr (progress
+    lines, on stderr too, may come before it)."""
     assert code == exit_code, (code, err)
     assert "Traceback" not in err
     lines = err.strip("\n").splitlines()
-    assert len(lines) == 1, err
-    line = lines[0]
+    errors = [line for line in lines if line.startswith("anistat: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], err
+    line = lines[-1]
     assert line.startswith("anistat: error: "), line
     for needle in needles:
         assert needle in line, (needle, line)
@@ -648,7 +651,7 @@ def test_nan_gradients_fail_the_unit_not_the_run(capsys, tmp_path, local_models)
     protocol = tmp_path / "p.yaml"
     protocol.write_text(local_protocol("r", local_models["inf_logits"], local_models["corpus"]))
     code, _, err = run_cli(capsys, "run", protocol, "--out", tmp_path / "out")
-    line = assert_one_line(code, err, "2 unit(s) failed", "status=failed", "non-finite gradients", exit_code=3)
+    line = assert_one_line(code, err, "2 unit(s) failed", "status=failed", "non-finite gradients", exit_code=4)
     assert "m--inf--residual.0" in line
     results = pd.read_csv(tmp_path / "out" / "results.csv")
     assert set(results.status) == {"failed"}
@@ -733,9 +736,9 @@ def test_sigint_while_writing_the_bundle_then_resume(capsys, tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == [".anistat-cache", "p.yaml"]
     monkeypatch.undo()
     no_figures(monkeypatch)
-    code, out, err = run_cli(capsys, "run", protocol, "--out", tmp_path / "out")
+    code, _, err = run_cli(capsys, "run", protocol, "--out", tmp_path / "out")
     assert code == 0, err
-    assert out.count("resumed from cache") == 5 and ": measured " not in out, out
+    assert err.count("resumed from cache") == 5 and ": measured " not in err, err
     assert (tmp_path / "out" / "results.csv").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "p.yaml"]  # cache removed on success
 

@@ -188,7 +188,7 @@ def test_tampered_results_are_detected(claimed_bundle, tmp_path):
     text = (copy / "results.csv").read_text()
     (copy / "results.csv").write_text(text.replace(",energy_ratio,", ",energy_ratio,", 1) + "\n")
     result = anistat("verify", copy)
-    assert result.returncode == 1
+    assert result.returncode == 3
     assert "results.csv: modified" in result.stdout
 
 

@@ -9,7 +9,8 @@ from _helpers import measure_arguments
 
 from anistat.collect import BasisSet, UnitKey, measure_checkpoint, residual_probe
 from anistat.collect.collector import model_inputs
-from anistat.data import BuiltinTokenizer, load_corpus, make_splits
+from anistat.corpus import load_corpus
+from anistat.data import BuiltinTokenizer, make_splits
 from anistat.geometry import draw_controls, fit_proxy
 from anistat.models import build_builtin_model, lm_loss
 from anistat.protocol import DataSpec, ModelSpec

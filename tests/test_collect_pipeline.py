@@ -14,7 +14,7 @@ import torch
 
 import anistat.pipeline as pipeline
 from anistat.collect import FitSampler, sample_fit_tokens
-from anistat.data import load_corpus
+from anistat.corpus import load_corpus
 from anistat.errors import AnistatInputError
 from anistat.protocol import DataSpec, parse_protocol
 

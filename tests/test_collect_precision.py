@@ -14,7 +14,8 @@ from _helpers import measure_arguments
 from anistat.analyze import frequency_rows
 from anistat.collect import BasisSet, SiteAccumulator, TypePlan, UnitKey, measure_checkpoint
 from anistat.collect.collector import GRAM_BLOCK, add_gram_
-from anistat.data import BuiltinTokenizer, load_corpus, make_splits
+from anistat.corpus import load_corpus
+from anistat.data import BuiltinTokenizer, make_splits
 from anistat.geometry import SpectralFrame, delta_isoscore_star, draw_controls, fit_proxy, oracle_fractions_of_spectrum
 from anistat.models import build_builtin_model
 from anistat.protocol import DataSpec, ModelSpec, Protocol

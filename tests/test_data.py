@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from anistat.data import BuiltinTokenizer, load_corpus, make_splits, mask_for_mlm
+from anistat.corpus import load_corpus
+from anistat.data import BuiltinTokenizer, make_splits, mask_for_mlm
 from anistat.errors import AnistatInputError
 from anistat.protocol import DataSpec
 

@@ -324,6 +324,7 @@ def test_the_readme_quickstart_writes_outside_the_tracked_tree():
         for name in ("report.html", "results.csv", "figures/energy_ratio_trajectory.png", "manifest.json")
     ]
     written.append(f"{Path(out).parent.as_posix()}/.anistat-cache/{Path(out).name}-0123456789abcdef-a5/unit.pt")
+    written.append(f"{Path(out).parent.as_posix()}/.{Path(out).name}.anistat-lock")  # a killed run's lock file
     for path in written:
         proc = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], check=False, cwd=ROOT)
         assert proc.returncode == 0, f"{path} is not ignored by git: a newcomer's quickstart would dirty the clone"

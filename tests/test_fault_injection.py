@@ -53,10 +53,14 @@ def cli(capfd, *args) -> tuple[int, str, str]:
     return code, out, err
 
 
-def assert_one_line(code: int, err: str, allowed=(0, 1, 2, 3)) -> None:
+def assert_one_line(code: int, err: str, allowed=(0, 1, 2, 3, 4)) -> None:
+    """An allowed exit code, no traceback, and at most one error line, the last of stderr
+    (progress lines, on stderr too, may come before it)."""
     assert code in allowed, (code, err)
     assert "Traceback" not in err, err
-    assert len(err.strip().splitlines()) <= 1, err
+    lines = err.strip().splitlines()
+    errors = [line for line in lines if line.startswith("anistat: ")]
+    assert len(errors) <= 1 and (not errors or lines[-1] == errors[0]), err
 
 
 def snapshot(directory: Path, skip: tuple[Path, ...] = ()) -> dict[str, tuple[bytes, int]]:
@@ -267,17 +271,38 @@ def test_checkpoint_without_tokenizer_files_is_named_by_validate(study, capfd):
     assert "step10" in err and "tokenizer" in err and "save_pretrained" in err
 
 
-def test_weights_that_fail_at_load_time_name_the_checkpoint_and_the_kept_units(study, tmp_path, capfd, monkeypatch):
-    """A header-valid safetensors file whose shapes are another model's: validate cannot know;
-    run says which checkpoint and file, and where the finished units are."""
-    no_figures(monkeypatch)
+def test_weights_of_another_model_are_named_by_validate_in_under_a_second(study, tmp_path, capfd):
+    """A header-valid safetensors file whose shapes are another model's (d = 16 weights under a
+    d = 8 config): validate names the tensor, both shapes and the fix, exit 2, in under 1 s."""
+    import time
+
     other = build_tiny_gpt2(tmp_path / "wider", hidden=16)
     shutil.copy(other / "model.safetensors", study / "ckpt" / "step20" / "model.safetensors")
+    cli(capfd, "validate", study / "study.yaml")  # once to warm the imports: the second call is timed
+    started = time.perf_counter()
     code, _, err = cli(capfd, "validate", study / "study.yaml")
-    assert code == 0, err
+    seconds = time.perf_counter() - started
+    assert_one_line(code, err, allowed=(2,))
+    assert "step20" in err and "in model.safetensors has shape [48] but the config (config.json) makes it [24]" in err
+    assert "the config and the weights come from different models" in err
+    assert seconds < 1.0, seconds
+
+
+def test_weights_that_fail_at_load_time_name_the_tensor_and_the_kept_units(study, tmp_path, capfd, monkeypatch):
+    """The same mismatch found only when `run` loads the weights (the preflight skipped): the
+    line names the checkpoint, the tensor and where the finished units are, never transformers'
+    "see the above report" (no report is shown) nor "save the checkpoint again" (the wrong fix)."""
+    import anistat.pipeline
+
+    no_figures(monkeypatch)
+    monkeypatch.setattr(anistat.pipeline, "preflight", lambda protocol: None)
+    other = build_tiny_gpt2(tmp_path / "wider", hidden=16)
+    shutil.copy(other / "model.safetensors", study / "ckpt" / "step20" / "model.safetensors")
     code, _, err = cli(capfd, "run", study / "study.yaml", "--out", tmp_path / "out", "--quiet")
     assert_one_line(code, err, allowed=(2,))
-    assert "step20" in err and "model.safetensors" in err and "kept in" in err and "a rerun resumes" in err
+    assert "step20" in err and "tensor 'transformer." in err and "come from different models" in err
+    assert "kept in" in err and "a rerun resumes" in err
+    assert "above report" not in err and "save the checkpoint again" not in err
     assert not (tmp_path / "out").exists()
 
 
@@ -347,7 +372,7 @@ def test_an_existing_read_only_out_folder_is_found_before_the_run(tmp_path):
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
         assert f"cannot write in {out}" in done.stderr and "permission denied: make the folder writable" in done.stderr
-        assert "training" not in done.stdout  # nothing was trained
+        assert "training" not in done.stdout + done.stderr  # nothing was trained
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
@@ -367,7 +392,7 @@ def test_a_write_failure_at_the_end_names_its_cause_and_the_kept_units(study, tm
     assert_one_line(code, err, allowed=(2,))
     assert "read-only: choose another --out" in err
     units = tmp_path / ".anistat-cache"
-    kept = list(units.rglob("*.json"))
+    kept = list(units.rglob("units/*.json"))
     assert kept and f"{len(kept)} finished units are kept in" in err and "a rerun resumes" in err
 
 
@@ -393,12 +418,12 @@ def test_an_empty_file_and_few_documents_are_run_warnings(tmp_path, capfd, monke
     empty = [w for w in manifest["warnings"] if "empty.txt is empty and was skipped" in w]
     few = [w for w in manifest["warnings"] if "fewer than 10 resampling units (documents)" in w]
     assert empty and few, manifest["warnings"]
-    assert f"warning: {empty[0]}" in out and f"warning: {few[0]}" in out
+    assert f"warning: {empty[0]}" in err and f"warning: {few[0]}" in err and "warning" not in out
     assert "empty.txt is empty" in (tmp_path / "bundle" / "report.html").read_text()
 
 
 def test_blank_jsonl_records_are_a_warning(tmp_path):
-    from anistat.data import load_corpus
+    from anistat.corpus import load_corpus
     from anistat.protocol import DataSpec
 
     path = tmp_path / "d.jsonl"
@@ -420,7 +445,7 @@ def test_editing_results_csv_and_its_digest_is_caught_by_the_parquet_copy(bundle
     manifest["files"]["results.csv"] = sha256_file(bundle / "results.csv")
     (bundle / "manifest.json").write_text(json.dumps(manifest))
     code, out, err = cli(capfd, "verify", bundle)
-    assert code == 1, out + err
+    assert code == 3, out + err
     assert "integrity: results.parquet differs from results.csv: column estimate" in out and "123.456" in out
 
 
@@ -435,7 +460,7 @@ def test_claims_json_edited_with_its_digest_is_caught(bundle, capfd):
     manifest["files"]["claims.json"] = sha256_file(bundle / "claims.json")
     (bundle / "manifest.json").write_text(json.dumps(manifest))
     code, out, _ = cli(capfd, "verify", bundle)
-    assert code == 1 and "claims.json: claim 'm-above-zero' recorded as" in out
+    assert code == 3 and "claims.json: claim 'm-above-zero' recorded as" in out
 
 
 def test_figure_names_match_the_report():
@@ -522,6 +547,46 @@ def test_bundle_fault(pristine, bundle, tmp_path, capfd, monkeypatch, name, faul
                 assert now.get(key) == value, key
     assert outside.read_text() == "the user's"
     assert sorted(p.name for p in tmp_path.iterdir()) in (["bundle", "outside.txt"], ["bundle", "cmp", "outside.txt"])
+
+
+#: A function each command calls, where an injected bug stands for any bug of that command.
+INTERNAL_ERRORS = [
+    (["validate", "{study}/study.yaml"], "anistat.preflight", "preflight"),
+    (["run", "{study}/study.yaml", "--out", "{tmp}/out"], "anistat.pipeline", "analyze_run"),
+    (["report", "{bundle}", "--no-pdf"], "anistat.rerender", "rerender"),
+    (["verify", "{bundle}"], "anistat.verify", "verify_bundle"),
+    (["diff", "{pristine}", "{bundle}"], "anistat.comparison", "compare"),
+    (["compare", "{pristine}", "{bundle}", "--out", "{tmp}/cmp"], "anistat.replicate", "compare_bundles"),
+    (["cache", "list", "{tmp}"], "anistat.caches", "list_caches"),
+]
+
+
+@pytest.mark.parametrize("command, module, name", INTERNAL_ERRORS, ids=[c[0][0] for c in INTERNAL_ERRORS])
+def test_an_internal_error_exits_70_with_its_traceback_in_a_file(
+    study, pristine, bundle, tmp_path, capfd, monkeypatch, command, module, name
+):
+    """A bug anywhere: exit 70 (never 1, a failed claim), one line naming the log file that holds
+    the traceback, and nothing of the user's — study, bundle — changed."""
+    import importlib
+
+    no_figures(monkeypatch)
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("an injected bug")
+
+    monkeypatch.setattr(importlib.import_module(module), name, bug)
+    monkeypatch.setenv("ANISTAT_CACHE_DIR", str(tmp_path / "logs"))
+    places = {"study": study, "bundle": bundle, "pristine": pristine, "tmp": tmp_path}
+    before = (snapshot(study), snapshot(bundle))
+    code, _, err = cli(capfd, *(part.format(**places) for part in command))
+    assert code == 70 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("anistat: internal error (RuntimeError: an injected bug)"), err
+    assert [line for line in lines if line.startswith("anistat: ")] == [lines[-1]]
+    (log,) = (tmp_path / "logs").glob("anistat-error-*.log")
+    assert f"the traceback is in {log}" in lines[-1] and "RuntimeError: an injected bug" in log.read_text()
+    assert (snapshot(study), snapshot(bundle)) == before
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cmp").exists()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from _helpers import add_corpus, measure_arguments
 
 from anistat.collect import BasisSet, SiteAccumulator, UnitKey, measure_checkpoint
 from anistat.collect.collector import model_inputs
-from anistat.data import BuiltinTokenizer, load_corpus, make_splits
+from anistat.corpus import load_corpus
+from anistat.data import BuiltinTokenizer, make_splits
 from anistat.geometry import draw_controls, fit_proxy, sequence_type_sums, type_mean_geometry
 from anistat.models import build_builtin_model
 from anistat.protocol import DataSpec, ModelSpec

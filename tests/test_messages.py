@@ -28,10 +28,12 @@ def run_cli(capsys, *args) -> tuple[int, str, str]:
 
 
 def one_line(code: int, err: str) -> str:
+    """Exit 2 and exactly one error line, the last of stderr (progress may come before it)."""
     assert code == 2, err
     lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("anistat: error: "), err
-    return lines[0]
+    errors = [line for line in lines if line.startswith("anistat: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0] and errors[0].startswith("anistat: error: "), err
+    return lines[-1]
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -214,8 +216,8 @@ def test_interrupted_after_units_finished_says_where_they_are(capsys, tmp_path, 
     assert len(list(units.glob("*.json"))) == 2
     monkeypatch.undo()
     no_figures(monkeypatch)
-    code, out, err = run_cli(capsys, "run", write(tmp_path, MINI_PROTOCOL), "--out", tmp_path / "b")
-    assert code == 0 and "resumed from cache" in out, err
+    code, _, err = run_cli(capsys, "run", write(tmp_path, MINI_PROTOCOL), "--out", tmp_path / "b")
+    assert code == 0 and "resumed from cache" in err, err
 
 
 def test_an_interrupt_outside_a_run_says_nothing_about_units(capsys, monkeypatch, _sigint_delivered, tmp_path):
@@ -260,7 +262,7 @@ def test_without_pyarrow_the_missing_parquet_is_said_and_recorded(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     note = "note: results.parquet was not written: pyarrow is not installed (pip install 'anistat[parquet]')"
-    assert note in done.stdout.splitlines() and done.stderr == ""
+    assert done.stderr.splitlines() == [note] and done.stdout == ""  # a note goes to stderr, even with -q
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert manifest["omitted_files"] == {"results.parquet": "pyarrow is not installed (pip install 'anistat[parquet]')"}
     assert not (tmp_path / "b" / "results.parquet").exists() and "results.parquet" not in manifest["files"]
@@ -273,7 +275,7 @@ def test_with_pyarrow_nothing_is_omitted(capsys, tmp_path, monkeypatch):
     protocol = yaml.safe_load(MINI_PROTOCOL)
     protocol["models"] = protocol["models"][:1]
     code, out, err = run_cli(capsys, "run", write(tmp_path, yaml.safe_dump(protocol)), "--out", tmp_path / "b", "-q")
-    assert code == 0 and "note:" not in out, err
+    assert code == 0 and "note:" not in err and out == "", err
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert manifest["omitted_files"] == {} and "results.parquet" in manifest["files"]
 

@@ -255,7 +255,7 @@ def test_a_plan_beyond_the_corpus_says_so_everywhere(quickstart_plan):
         [sys.executable, "-m", "anistat", "validate", str(out / "protocol.yaml")], capture_output=True, text=True
     )
     assert validated.returncode == 0, validated.stderr
-    (warning,) = [line for line in validated.stdout.splitlines() if "corpus too small" in line]
+    (warning,) = [line for line in validated.stderr.splitlines() if "corpus too small" in line]
     assert f"corpus of {corpus} documents" in warning
 
 
@@ -289,7 +289,7 @@ def test_a_one_document_pilot_is_counted_as_one_document_and_refused(tmp_path):
     """All of the pilot's test sequences come from one document, so its intervals resampled
     sequences: the plan does not call that "16 documents per unit" and plan fewer sequences than
     the pilot measured — it says "1 document" and refuses in one line (exit 2, nothing written)."""
-    from anistat.data import builtin_corpus
+    from anistat.corpus import builtin_corpus
 
     (tmp_path / "one.txt").write_text(builtin_corpus()[1], encoding="utf-8")
     (tmp_path / "pilot.yaml").write_text(ONE_DOCUMENT_PROTOCOL, encoding="utf-8")

@@ -81,7 +81,7 @@ def test_report_refuses_edited_data_and_changes_nothing(bundle, capsys):
     assert "--allow-edited-data" in lines[0] and "anistat verify" in lines[0]
     assert snapshot(bundle) == before and out == ""  # nothing written, not even a progress line
     code, out, _ = cli(capsys, "verify", bundle)
-    assert code == 1 and "integrity: results.csv: modified" in out and "files match" not in out
+    assert code == 3 and "integrity: results.csv: modified" in out and "files match" not in out
 
 
 @pytest.mark.slow
@@ -98,11 +98,11 @@ def test_allowed_edit_is_recorded_and_verify_keeps_reporting_it(bundle, capsys):
     html = (bundle / "report.html").read_text()
     assert "results.csv was edited after the run" in html.split('id="run-warnings"', 1)[1][:3000]
     code, out, _ = cli(capsys, "verify", bundle)
-    assert code == 1 and "files match" not in out
+    assert code == 3 and "files match" not in out
     assert "results.csv: modified" in out and "--allow-edited-data" in out
     code, out, _ = cli(capsys, "verify", bundle, "--json")
     document = json.loads(out)
-    assert code == 1 and not document["ok"] and not document["integrity"]["ok"]
+    assert code == 3 and not document["ok"] and not document["integrity"]["ok"]
     assert any(p.startswith("results.csv: modified") for p in document["integrity"]["problems"])
     # the recorded edit does not need the flag again; a new edit does
     assert cli(capsys, "report", bundle, "--no-pdf", "-q")[0] == 0
@@ -114,7 +114,7 @@ def test_allowed_edit_is_recorded_and_verify_keeps_reporting_it(bundle, capsys):
 def test_edited_rendered_outputs_are_simply_re_rendered(bundle, capsys):
     (bundle / "report.html").write_text("<p>defaced</p>")
     (bundle / "tables.tex").unlink()
-    assert cli(capsys, "verify", bundle)[0] == 1
+    assert cli(capsys, "verify", bundle)[0] == 3  # a file differs from the manifest
     assert cli(capsys, "report", bundle, "--no-pdf", "-q")[0] == 0
     code, out, _ = cli(capsys, "verify", bundle)
     assert code == 0 and "integrity: all" in out and "defaced" not in (bundle / "report.html").read_text()
@@ -159,4 +159,4 @@ def test_a_bundle_without_digests_is_refused_and_stays_unverified(bundle, capsys
     assert "no file digests" in (bundle / "report.html").read_text()
     # the re-render wrote digests, but they are not the run's: verify never says all files match
     code, out, _ = cli(capsys, "verify", bundle)
-    assert code == 1 and "the manifest records no file digests" in out and "files match" not in out
+    assert code == 3 and "the manifest records no file digests" in out and "files match" not in out

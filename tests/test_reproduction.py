@@ -121,7 +121,7 @@ def test_an_estimate_moved_beyond_the_tolerance_is_named(bundles, tmp_path, caps
     if reproduces:
         assert code == 0, out
     else:
-        assert code == 1 and "does NOT reproduce" in out
+        assert code == 3 and "does NOT reproduce" in out
         line = next(line for line in out.splitlines() if line.startswith("differs:"))
         assert "metric=energy_ratio" in line and "estimate" in line and "allowed" in line
 
@@ -243,7 +243,7 @@ def test_text_where_a_number_belongs_is_a_difference_not_a_crash(bundles, tmp_pa
 
     _edit_results(edited, edit)
     code, out, err = run_cli(capsys, "diff", one, edited)
-    assert code == 1 and err == "", err
+    assert code == 3 and err == "", err
     differs = [line for line in out.splitlines() if line.startswith("differs:")]
     assert len(differs) == 1 and "metric=energy_ratio: estimate" in differs[0] and differs[0].endswith("vs 'abc'")
 

@@ -118,9 +118,9 @@ def test_sigkill_then_rerun_is_byte_identical(reference, tmp_path, capsys, monke
 
     skip_figures(monkeypatch)
     code = main(["run", str(protocol), "--out", str(tmp_path / "out")])
-    out = capsys.readouterr().out
+    progress = capsys.readouterr().err  # progress goes to stderr
     assert code == 0
-    assert "resumed from cache" in out  # the finished checkpoints were not measured again
+    assert "resumed from cache" in progress  # the finished checkpoints were not measured again
     assert (tmp_path / "out" / "results.csv").read_bytes() == (reference / "results.csv").read_bytes()
     assert (tmp_path / "out" / "frequency.csv").read_bytes() == (reference / "frequency.csv").read_bytes()
     assert not (tmp_path / ".anistat-cache").exists(), "the cache is removed after a successful run"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from anistat.data import PretrainedTokenizer, load_corpus, make_splits, mask_for_mlm
+from anistat.corpus import load_corpus
+from anistat.data import PretrainedTokenizer, make_splits, mask_for_mlm
 from anistat.errors import AnistatInputError
 from anistat.protocol import DataSpec
 

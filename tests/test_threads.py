@@ -178,7 +178,8 @@ def test_the_manifest_records_threads_and_machine(capsys, tmp_path, monkeypatch)
 def _trained_states(threads: int) -> dict[int, dict[str, torch.Tensor]]:
     """The quickstart decoder's architecture, trained a few steps with `threads` torch threads set
     around the training (as `anistat run --threads` does)."""
-    from anistat.data import BuiltinTokenizer, load_corpus, make_splits
+    from anistat.corpus import load_corpus
+    from anistat.data import BuiltinTokenizer, make_splits
     from anistat.models import _train_builtin, build_builtin_model
     from anistat.protocol import DataSpec, ModelSpec
 

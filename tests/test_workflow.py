@@ -156,7 +156,8 @@ def test_report_progress_and_quiet(bundle, capsys, monkeypatch):
 
     monkeypatch.setattr(anistat.report.render, "render_figures", lambda *args, **kwargs: ([], {}))
     _, path, _, _ = bundle
-    code, out, _ = run_cli(capsys, "report", path, "--metrics", "energy_ratio", "--no-pdf")
-    assert code == 0 and out.splitlines()[0].startswith(f"re-rendering {path}:") and "rendered (" in out
+    code, out, err = run_cli(capsys, "report", path, "--metrics", "energy_ratio", "--no-pdf")
+    assert code == 0 and err.splitlines()[0].startswith(f"re-rendering {path}:") and "rendered (" in err
+    assert out.splitlines() == [f"re-rendered 3 file(s) in {path}"]  # progress on stderr, the result on stdout
     code, out, _ = run_cli(capsys, "report", path, "--no-pdf", "-q")
     assert code == 0 and out.splitlines() == [f"re-rendered 3 file(s) in {path}"]

@@ -44,7 +44,7 @@ from .units import PreparedUnit, device_eigenvalues, failed_rows, prepare_unit, 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RankShare:
     """This process's share of the units: ``rank`` of ``world`` (``torch.distributed``'s, when a
     process group is running; else 0 of 1 — the whole)."""
@@ -54,7 +54,7 @@ class RankShare:
 
     @classmethod
     def current(cls) -> RankShare:
-        return cls(distributed.rank(), distributed.world_size()) if distributed.active() else cls()
+        return cls(rank=distributed.rank(), world=distributed.world_size()) if distributed.active() else cls()
 
     @property
     def is_main(self) -> bool:

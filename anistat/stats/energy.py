@@ -116,14 +116,7 @@ DATA_TEST = "bootstrap_t"
 #: beside the data test in `anistat calibrate`.
 SIGN_FLIP_TEST = "sign_flip"
 CLOSED_FORM_KINDS = vocab.CLOSED_FORM_KINDS
-#: The fewest resampling units (documents, else sequences) for which intervals and the data test
-#: are computed; below it they are NaN with the reason in the note. Calibrated with
-#: :func:`anistat.stats.run_calibration` (clustered and anisotropic nulls, 200 studies per cell):
-#: at 10 documents coverage is 0.945–0.985 and the data test's level 0.03–0.045 with power
-#: 0.905–0.94 at ratio 2; at 5 coverage is 0.985–1.00 with power 0.325–0.35, and at 2 the interval
-#: covers 0.275–0.355 of the time (``benchmarks/README.md``, "The fewest resampling units for an
-#: interval").
-MIN_RESAMPLING_UNITS = 10
+MIN_RESAMPLING_UNITS = vocab.MIN_RESAMPLING_UNITS
 #: The ratio-of-means intervals of :mod:`.ratio_intervals` offered besides them (``studentized`` is
 #: that module's ``studentized_log``).
 RATIO_CI_METHODS = tuple(m for m in RATIO_INTERVAL_METHODS if m != STUDENTIZED_LOG)
