@@ -166,7 +166,8 @@ _REFUSED = {
     " ".join(
         f"data.{name}"
         for name in "source paths text_field dataset dataset_config dataset_split max_documents seq_len "
-        "n_fit_sequences n_test_sequences vocab_size mlm_probability batch_size special_tokens loss_reduction".split()
+        "n_fit_sequences n_test_sequences vocab_size mlm_probability batch_size special_tokens loss_reduction "
+        "document_separator".split()
     ): "the training loop's own batches and loss are measured, not the protocol's data",
     "data.type_statistics_memory_mb": "in a training loop every token type seen is kept (no budget applies)",
     " ".join(

@@ -41,9 +41,9 @@ def test_protocols_that_differ_only_in_paths_reproduce(two_runs, capsys):
     hashes = [json.loads((b / "manifest.json").read_text())["protocol_sha256"] for b in two_runs]
     assert hashes[0] != hashes[1]  # the case of the issue: the hash alone differs
     code = main(["diff", str(one), str(two)])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0, out
-    assert "same protocol up to paths: only data.paths, name differ" in out
+    assert "same protocol up to paths: only data.paths, name differ" in err  # notes go to stderr
     assert f"{two} reproduces {one}" in out and "beyond it" not in out
     check = compare(one, two)
     assert check.ok and check.compared - check.identical == 1  # the hash: compared, within the rule
@@ -60,9 +60,9 @@ def test_a_protocol_that_differs_in_what_it_measures_does_not(two_runs, tmp_path
     manifest["protocol_sha256"] = "f" * 64
     (other / "manifest.json").write_text(json.dumps(manifest))
     code = main(["diff", str(one), str(other)])
-    out = capsys.readouterr().out
-    assert code == 1, out
-    assert "note: the protocols differ in data.paths, name, seed" in out
+    out, err = capsys.readouterr()
+    assert code == 3, out  # a reproduction mismatch
+    assert "note: the protocols differ in data.paths, name, seed" in err
     assert "differs: manifest: protocol_sha256" in out and "does NOT reproduce" in out
 
 

@@ -5,6 +5,7 @@ Markdown, figures and kept bases, `anistat summary` and `anistat runs` through t
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -216,9 +217,10 @@ def test_summary_has_one_row_per_claim_and_headline_cell_with_results_numbers(qu
         assert row["verdict"] == claim["status"] and row["test"] == claim["decided_by"]
         assert row["p"] == claim["p_value"]["value"]
         if claim["interval"]:
-            assert (row["estimate"], row["ci_low"], row["ci_high"]) == tuple(
-                claim["interval"][k] for k in ("estimate", "low", "high")
-            )
+            interval = claim["interval"]  # an unbounded end: null in JSON with its `*_infinite` flag
+            low = -math.inf if interval.get("low_infinite") else interval["low"]
+            high = math.inf if interval.get("high_infinite") else interval["high"]
+            assert (row["estimate"], row["ci_low"], row["ci_high"]) == (interval["estimate"], low, high)
     cells = table[table["kind"] == "cell"]
     keys = ["model", "checkpoint", "site", "rank"]
     merged = cells.astype({"rank": int}).merge(expected, on=keys, suffixes=("", "_csv"), validate="one_to_one")

@@ -296,7 +296,7 @@ def test_cache_dir_is_said_with_its_size_listed_and_cleaned_never_a_bundle(study
 
 
 def test_the_environment_chooses_the_cache_and_a_resumable_one_is_kept(study, tmp_path, capfd, monkeypatch):
-    import anistat.pipeline
+    import anistat.finalize
 
     caches = tmp_path / "env-caches"
     monkeypatch.setenv("ANISTAT_CACHE_DIR", str(caches))
@@ -304,7 +304,7 @@ def test_the_environment_chooses_the_cache_and_a_resumable_one_is_kept(study, tm
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(anistat.pipeline, "publish_bundle", interrupted)
+    monkeypatch.setattr(anistat.finalize, "publish_bundle", interrupted)
     code, _, err = cli(capfd, "run", study / "study.yaml", "--out", tmp_path / "out", "--quiet")
     line = assert_one_error(code, err)
     assert f"kept in {caches}/" in line and not (tmp_path / ".anistat-cache").exists()
@@ -319,12 +319,12 @@ def test_the_environment_chooses_the_cache_and_a_resumable_one_is_kept(study, tm
 # exit codes
 # ----------------------------------------------------------------------------------------------
 def test_an_internal_error_has_its_own_code_and_its_traceback_in_a_file(study, tmp_path, capfd, monkeypatch):
-    import anistat.pipeline
+    import anistat.finalize
 
     def bug(*args, **kwargs):
         raise ZeroDivisionError("a bug in the analysis")
 
-    monkeypatch.setattr(anistat.pipeline, "analyze_run", bug)
+    monkeypatch.setattr(anistat.finalize, "analyze_run", bug)
     monkeypatch.setenv("ANISTAT_CACHE_DIR", str(tmp_path / "caches"))
     code, _, err = cli(capfd, "run", study / "study.yaml", "--out", tmp_path / "out", "--quiet")
     line = assert_one_error(code, err, expected=70)

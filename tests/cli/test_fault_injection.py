@@ -552,7 +552,7 @@ def test_bundle_fault(pristine, bundle, tmp_path, capfd, monkeypatch, name, faul
 #: A function each command calls, where an injected bug stands for any bug of that command.
 INTERNAL_ERRORS = [
     (["validate", "{study}/study.yaml"], "anistat.preflight", "preflight"),
-    (["run", "{study}/study.yaml", "--out", "{tmp}/out"], "anistat.pipeline", "analyze_run"),
+    (["run", "{study}/study.yaml", "--out", "{tmp}/out"], "anistat.finalize", "analyze_run"),
     (["report", "{bundle}", "--no-pdf"], "anistat.rerender", "rerender"),
     (["verify", "{bundle}"], "anistat.verify", "verify_bundle"),
     (["diff", "{pristine}", "{bundle}"], "anistat.comparison", "compare"),

@@ -159,7 +159,7 @@ def test_the_manifest_records_threads_and_machine(capsys, tmp_path, monkeypatch)
     before = torch.get_num_threads()
     code, out, err = run_cli(capsys, "run", path, "--out", tmp_path / "b", "--threads", "2")
     assert code == 0, err
-    assert "2 threads (--threads)" in out.splitlines()[0]
+    assert "2 threads (--threads)" in err.splitlines()[0]  # progress goes to stderr
     assert torch.get_num_threads() == before
     machine = json.loads((tmp_path / "b" / "manifest.json").read_text())["machine"]
     assert machine["threads"]["setting"] == 2 and machine["threads"]["source"] == "--threads"
