@@ -95,7 +95,7 @@ def engine(g, u, s, tokens, documents, n_null, n_boot, seed):
         observed_fraction=observed,
         group_ids=documents,
         n_bootstrap=n_boot,
-        n_permutations=9999,
+        n_test_resamples=9999,
         seed=seed,
     )
     return time.perf_counter() - t0, res.p_value, (res["energy_ratio"].ci_low, res["energy_ratio"].ci_high)
