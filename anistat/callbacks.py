@@ -181,7 +181,7 @@ _REFUSED = {
     "proxies.concept_card_tokens": "the meter has no tokenizer to write concept cards with",
 }
 #: What the meter does with every protocol field (dotted path): None — honoured; a sentence — the
-#: reason it refuses the field when the protocol sets it. tests/test_meter_protocol.py checks this
+#: reason it refuses the field when the protocol sets it. tests/training/test_meter_protocol.py checks this
 #: table against the Protocol's fields, so a new field needs a decision here.
 METER_FIELDS: dict[str, str | None] = {
     **dict.fromkeys(_HONOURED.split()),

@@ -25,7 +25,7 @@ requires the adjusted p-value to be below `alpha` (adjusted over the run or mode
 What decides (`decided_by`): the `interval` (a `ci_low`/`ci_high` column, or a meta claim's
 pooled interval), the `test` (each row's `p_adjusted` < alpha, its estimate on the claimed side),
 or the `point estimate` alone. Shipped protocols state every "more than" / "less than" claim on
-an interval or a test (tests/test_claims_decision.py checks them). Each record carries the `rule` in
+an interval or a test (tests/claims/test_claims_decision.py checks them). Each record carries the `rule` in
 words, the `interval` shown beside the verdict, the `p_value` with what it tests, and on a FAIL
 the criteria that failed (`failed`).
 

@@ -6,7 +6,7 @@ results use), its ``label`` (words, for text and HTML), its ``latex`` label and 
 the report's methods text uses. The protocol's ``Literal`` types, the command line's choices and
 help, the report's labels, the planner and the calibration read these tables; the
 implementations register by name (dispatch tables keyed by these names), and
-``tests/test_vocabulary.py`` checks that every name is written out here only and that every
+``tests/protocol/test_vocabulary.py`` checks that every name is written out here only and that every
 dispatch table covers its vocabulary. A layer-0 module of constants: no behaviour, no imports
 from anistat.
 """

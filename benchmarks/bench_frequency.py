@@ -1,7 +1,7 @@
 """The sequence-bootstrap CI of the log-frequency vs centroid-distance correlation.
 
 A. Calibration against a known law (the long version of
-   `tests/test_frequency_bootstrap.py::test_interval_covers_the_population_correlation`):
+   `tests/analyze/test_frequency_bootstrap.py::test_interval_covers_the_population_correlation`):
    coverage of the population Spearman ρ, the estimator's and the bootstrap's bias, and
    bootstrap SE ÷ sampling SD, for several corpus sizes. Every interval of one corpus comes
    from the same resamples: normal (what the analysis uses), basic, BCa falling back to basic

@@ -10,7 +10,7 @@ A page asks for a generated block with an HTML comment on a line of its own:
 * ``<!-- generated: fallback-codes -->`` — every code of the results' ``fallback`` column with its
   meaning, from `anistat.stats.FALLBACK_CODES`.
 
-The functions are importable (``tests/test_docs.py`` uses `schema_fields`) and need only the
+The functions are importable (``tests/project/test_docs.py`` uses `schema_fields`) and need only the
 repository on ``sys.path``.
 """
 

@@ -1,6 +1,6 @@
 """Set-ups shared by several test files (imported as ``from _helpers import …``; pytest puts
 tests/ on the path). Only torch and transformers here: each test file imports the anistat
-modules it exercises itself, so tests/test_tiers.py sees what the fast tier reaches."""
+modules it exercises itself, so tests/project/test_tiers.py sees what the fast tier reaches."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ for the full ``n``.
 Precision: draws are computed in float32 (the stream's fast path). A draw whose float32 value
 lies within :data:`RELATIVE_BAND` (relative) of a test's observed value is recomputed from the same
 Gaussians in float64 before it is counted, so a p-value is the one float64 arithmetic gives (the
-float32 error is ~1e-6 relative, `tests/test_haar_null.py`).
+float32 error is ~1e-6 relative, `tests/geometry/test_haar_null.py`).
 
 Each test is exact on its own (the draws are independent of the unit's data); tests of units that
 share a width share draws and so are dependent — `anistat calibrate` measures Holm's family-wise

@@ -246,7 +246,7 @@ def autocast(device: torch.device, precision: str):
 def compute_dtype(device: torch.device) -> torch.dtype:
     """Per-batch products (projections, outer products) run in float32 on every device and are
     added into float64 running sums; per-batch centring keeps every statistic within ~1e-7
-    relative of a float64 computation (tests/test_collect_precision.py checks 1e-6)."""
+    relative of a float64 computation (tests/collect/test_collect_precision.py checks 1e-6)."""
     return torch.float32
 
 

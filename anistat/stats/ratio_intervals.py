@@ -530,7 +530,7 @@ def _el_end(
     it is of the order of its square times ``h''/h'``, ~1e-18; the slope's forward difference adds
     ~1e-9 of the step) or a bracket narrower than 1e-13: the ends are good to about 1e-13
     relative, far below the ten significant digits results.csv keeps, and agree to 1e-12 with a
-    bisection (to 1e-15) from a dense θ grid on skewed data (tests/test_ratio_intervals.py). The
+    bisection (to 1e-15) from a dense θ grid on skewed data (tests/stats/test_ratio_intervals.py). The
     former search (squaring steps, then Brent to ``xtol = 1e-10·θ̂``, λ by Brent at every θ) took
     16–19 evaluations per interval; this one about 6.
     """
