@@ -9,8 +9,8 @@ sequences cut from documents, a proxy U.
            sequences) of the ratio to the controls' mean.
   engine — what anistat does: the proxy's per-sequence energies and the second moment M = GᵀG
            (what collection keeps), then n Haar draws from M in O(dk²) each
-           (anistat.geometry.SpectralFrame) and anistat.stats.analyze_energy (exact p, document
-           bootstrap-t CIs, sign-flip test).
+           (anistat.geometry.SpectralFrame) and anistat.stats.analyze_energy (exact p, the
+           default interval over documents, the data test with 9,999 bootstrap resamples).
 Agreement: the energy fraction of the *same* bases evaluated per token and from M agree to
 ~1e-12 (relative); both p-values are exact Monte-Carlo p-values of the same null law.
 
@@ -95,7 +95,7 @@ def engine(g, u, s, tokens, documents, n_null, n_boot, seed):
         observed_fraction=observed,
         group_ids=documents,
         n_bootstrap=n_boot,
-        n_permutations=9999,
+        n_test_resamples=9999,
         seed=seed,
     )
     return time.perf_counter() - t0, res.p_value, (res["energy_ratio"].ci_low, res["energy_ratio"].ci_high)
