@@ -580,8 +580,8 @@ def main() -> None:
         "--clock",
         choices=["wall", "cpu"],
         default="wall",
-        help="P2: compare wall time, or process CPU time (stable on a machine shared with other "
-        "jobs; use with --threads 1)",
+        help="P2: compare wall time, or process CPU time (steadier than wall time on a busy machine; "
+        "use with --threads 1)",
     )
     args = parser.parse_args()
     if args.threads:

@@ -23,7 +23,7 @@ Synthetic per-token gradients (numpy), in three scenarios:
   :data:`SKEWED_DOCUMENT_SD` = 0.75, so its energy ``c_doc²`` is lognormal with σ = 1.5) instead
   of ``scale_sd``: a few documents carry most of the energy. Measured at 60 documents (200
   studies per condition, benchmarks/README.md): 95 % coverage of the studentized energy-ratio
-  interval 0.917 and the data test's level 0.06 (an independent audit of this law: 0.926 and
+  interval 0.923 and the data test's level 0.068 (an independent audit of this law: 0.926 and
   0.061); with gradient log-SD 1.5 (energy σ = 3) 0.83 and 0.11. The interval methods side by
   side under this and the other laws: ``benchmarks/bench_ratio_intervals.py``.
 * ``heavy``       — ``skewed`` with document gradient log-SD :data:`HEAVY_DOCUMENT_SD` = 1.25

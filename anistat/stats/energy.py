@@ -20,9 +20,10 @@ anisotropy. ``E(U)`` and every ``E(Q_j)`` are evaluated with the same formula
 same statistic against the first ``n_paper_controls`` draws of the row's own control kind.
 For ``normal`` controls (uniform in U's orthogonal complement) it is *not* exact: U is never
 exchangeable with subspaces drawn in its own complement, and under anisotropic gradients a
-random U is rejected too often (measured: P(p ≤ 0.05) ≈ 0.10; see ``benchmarks/README.md``).
+random U is rejected too often (measured in the null check over five seeds: P(p ≤ 0.05) = 0.071;
+``benchmarks/README.md``, "The null check over seeds").
 
-**The data → CIs and the sign-flip test.** Sequences cut from one document are dependent,
+**The data → CIs and the data test.** Sequences cut from one document are dependent,
 so the resampling unit is the document (``group_ids``), else the sequence: per-unit sums
 ``P_u, T_u, E_u`` (sums are additive, so a ratio of sums is unchanged by grouping), then a
 bootstrap over units. Each interval is a CI of a population quantity *for this fixed
@@ -40,9 +41,10 @@ subspaces (a fixed random proxy has a true ratio ≠ 1 — the test is ``p_value
 is the mean energy of the ``n`` drawn controls in sequence ``s``, and the CI is conditional
 on those draws.
 
-The sign-flip test and Hedges' g use the headline quantity's own per-unit contribution
-``d_u = P_u − E_u`` (energy units, not a mean of per-sequence ratios), so they agree in
-direction with the ratio: H0 "E[Σd] = 0 with d_u symmetric", conditional on the proxy. For
+The data test (:data:`DATA_TEST`: the studentized bootstrap test of "the population ratio is
+1", dual to the ratio's interval, on the same resamples) and Hedges' g use the headline
+quantity's own per-unit contribution ``d_u = P_u − E_u`` (energy units, not a mean of
+per-sequence ratios), so they agree in direction with the ratio, conditional on the proxy. For
 the closed-form references, ``P − k/(d−k)(T − P) = d/(d−k) · (P − k/d · T)``: the haar and
 normal contributions are proportional, so both kinds give the same g and the same test.
 
