@@ -1,5 +1,7 @@
 """The analysis stage alone over worker processes: `analyze_run` with N workers ÷ 1 worker on the
-same units (goal for 2 workers on a 2-core machine: ≤ 0.6).
+same units (goal for 2 workers on a 2-core machine: ≤ 0.6), with each stage's wall seconds and the
+bound the one-worker stages set: the exact tests already run on all the run's threads with one
+worker, so only the rest can shrink (`bound` = (exact + rest / N) / total).
 
 Run (from the repository root):
 
@@ -44,6 +46,7 @@ def main() -> None:
     from anistat.analyze import analyze_run
     from anistat.protocol import Protocol
     from anistat.runtime import cpu_threads
+    from anistat.timing import StageTimer
     from anistat.workers import start_server
 
     protocol = Protocol.model_validate(
@@ -53,13 +56,17 @@ def main() -> None:
     artifacts = [synthetic_unit(rng, args.dim, args.ranks, planted=True, layer=i) for i in range(args.units)]
     start_server(args.workers)
     seconds: dict[int, list[float]] = {1: [], args.workers: []}
+    walls: dict[int, list[dict[str, float]]] = {1: [], args.workers: []}
     tables = {}
     with cpu_threads(args.workers):  # the run's thread setting: its exact tests use them all
         for _ in range(args.repeats):
             for workers in (1, args.workers):
+                timer = StageTimer()
                 started = time.perf_counter()
-                tables[workers] = analyze_run(artifacts, {}, protocol, "cpu", workers=workers).results
+                with timer.activate():
+                    tables[workers] = analyze_run(artifacts, {}, protocol, "cpu", workers=workers).results
                 seconds[workers].append(time.perf_counter() - started)
+                walls[workers].append({name: time.wall for name, time in timer.stages().items()})
     identical = tables[1].to_csv() == tables[args.workers].to_csv()
     one, many = statistics.median(seconds[1]), statistics.median(seconds[args.workers])
     out = {
@@ -69,6 +76,10 @@ def main() -> None:
         "workers": args.workers,
         "seconds": {str(k): [round(s, 2) for s in v] for k, v in seconds.items()},
         "median_ratio": round(many / one, 3),
+        "stages": {str(k): _median_stages(v) for k, v in walls.items()},
+        # Amdahl's bound on N workers ÷ 1: the exact tests run in this process on all the run's
+        # threads in both settings, so only the rest can shrink, at best by N
+        "bound": round(_bound(_median_stages(walls[1]), args.workers), 3),
         "identical": identical,
         "load_before_after": os.getloadavg(),
         "torch_threads": torch.get_num_threads(),
@@ -76,6 +87,19 @@ def main() -> None:
     print(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+def _median_stages(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each stage's median wall seconds over the runs."""
+    names = sorted({name for run in runs for name in run})
+    return {name: round(statistics.median(run.get(name, 0.0) for run in runs), 2) for name in names}
+
+
+def _bound(stages: dict[str, float], workers: int) -> float:
+    """The smallest N workers ÷ 1 the one-worker stage times allow: (exact + rest / N) / total."""
+    total = sum(stages.values())
+    exact = stages.get("exact tests", 0.0)
+    return (exact + (total - exact) / workers) / total if total else 1.0
 
 
 if __name__ == "__main__":

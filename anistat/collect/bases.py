@@ -48,19 +48,6 @@ def fits_per_unit(protocol: Protocol) -> bool:
     return protocol.proxies.refit != "frozen"
 
 
-def proxy_labels(protocol: Protocol) -> list[str]:
-    """The `proxy` column's values of the fitted proxies a protocol asks for, frozen first."""
-    variants = [
-        label
-        for method in protocol.proxies.methods
-        for label, _ in proxy_variants(method, protocol.proxies.center.get(method))
-    ]
-    return [
-        *(variants if fits_frozen(protocol) else []),
-        *([label + REFIT_SUFFIX for label in variants] if fits_per_unit(protocol) else []),
-    ]
-
-
 def check_fit_sample(activations: torch.Tensor, protocol: Protocol, where: str, site: str, data: str) -> None:
     """The fit sample of one site can fit every proxy and control: its width d admits the ranks and
     control kinds (`protocol.control_problem`; a module site's width is known only here) and

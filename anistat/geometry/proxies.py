@@ -367,11 +367,6 @@ def _centred_projection_error(x: torch.Tensor, basis: torch.Tensor) -> float:
     return float(torch.linalg.matrix_norm(res)) / tot
 
 
-def _rel_error(x: torch.Tensor, xhat: torch.Tensor) -> float:
-    tot = float(torch.linalg.matrix_norm(x))
-    return 0.0 if tot == 0 else float(torch.linalg.matrix_norm(x - xhat)) / tot
-
-
 def _right_singular(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Singular values and right singular vectors ``Vᵀ`` of ``x`` (N, d), without forming the
     N × d left factor: for a tall ``x = QR`` (Householder QR, R upper d × d), ``x`` and ``R``

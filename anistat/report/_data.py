@@ -257,10 +257,6 @@ def bucket_rows(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(frames)
 
 
-def is_bucket_metric(metric: str) -> bool:
-    return bool(BUCKET_METRIC_RE.match(metric))
-
-
 # ---------------------------------------------------------------- what an interval is
 
 #: The results' ``ci_method`` values in words.
