@@ -39,6 +39,12 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--proxies",
+        choices=["planted", "random"],
+        default="planted",
+        help="planted (every exact test uses all its draws) or Haar-random proxies (the tests stop early)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     import torch
@@ -53,7 +59,9 @@ def main() -> None:
         yaml.safe_load(PROTOCOL) | {"proxies": {"methods": ["pca"], "ranks": args.ranks}}
     )
     rng = np.random.default_rng(args.dim)
-    artifacts = [synthetic_unit(rng, args.dim, args.ranks, planted=True, layer=i) for i in range(args.units)]
+    artifacts = [
+        synthetic_unit(rng, args.dim, args.ranks, planted=args.proxies == "planted", layer=i) for i in range(args.units)
+    ]
     start_server(args.workers)
     seconds: dict[int, list[float]] = {1: [], args.workers: []}
     walls: dict[int, list[dict[str, float]]] = {1: [], args.workers: []}
@@ -73,6 +81,7 @@ def main() -> None:
         "units": args.units,
         "dim": args.dim,
         "ranks": args.ranks,
+        "proxies": args.proxies,
         "workers": args.workers,
         "seconds": {str(k): [round(s, 2) for s in v] for k, v in seconds.items()},
         "median_ratio": round(many / one, 3),

@@ -135,7 +135,9 @@ def main() -> None:
     parser.add_argument("--cost", action="store_true", help="time the methods at the d = 768 shape instead")
     parser.add_argument("--coverage", action="store_true", help="coverage alone, heavier laws included")
     parser.add_argument("--laws", nargs="+", default=None, help="--coverage: these laws only (default all)")
-    parser.add_argument("--coverage-pool", nargs="+", default=None, help="print the laws of these --coverage files")
+    parser.add_argument(
+        "--coverage-pool", nargs="+", default=None, help="print the laws of these --coverage files, pooled"
+    )
     parser.add_argument("--pool", nargs="+", default=None, help="print the tables of these --out files, pooled")
     args = parser.parse_args()
     if args.pool:
@@ -145,8 +147,13 @@ def main() -> None:
         interval_cost()
         return
     if args.coverage_pool:
-        runs = [json.load(open(path, encoding="utf-8")) for path in args.coverage_pool]
-        print_coverage({"laws": {law: columns for run in runs for law, columns in run["laws"].items()}})
+        laws: dict[str, dict[str, list[float]]] = {}  # a law's studies from every file, concatenated
+        for path in args.coverage_pool:
+            with open(path, encoding="utf-8") as fh:
+                for law, columns in json.load(fh)["laws"].items():
+                    for name, values in columns.items():
+                        laws.setdefault(law, {}).setdefault(name, []).extend(values)
+        print_coverage({"laws": laws})
         return
     if args.coverage:
         table = coverage_by_law(args.studies, args.seed, args.documents, args.laws)

@@ -93,7 +93,7 @@ def test_a_concentrated_unit_is_warned_about_with_the_calibrated_level():
     own = f"m_eff {m_eff:.1f}, n/n_eff {spread:.1f}: coverage {level['coverage']:.3f}, level {level['data_test']:.3f}"
     assert f"m step0 residual.0 ({own})" in warning and "residual.1" not in warning, warning
     assert "energy spread n/n_eff of 3 or more" in warning and "level outside [0.04, 0.06]" in warning
-    assert "m_eff 1–5, 20–30" in warning and "coverage outside [0.93, 0.97]" in warning
+    assert "m_eff 1–7, 15–60" in warning and "coverage outside [0.93, 0.97]" in warning
     assert "read their intervals and data tests" in warning
     assert concentration_warnings(analyze_units([flat], _protocol([2]))) == []
 
