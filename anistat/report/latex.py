@@ -613,12 +613,13 @@ def _summary_tex(ctx: ReportContext) -> list[str]:
     and the findings."""
     L: list[str] = []
     if ctx.inputs.warnings:
-        # run warnings first and framed: they can change how every number below is read
+        # run warnings first and framed: they can change how every number below is read; in small
+        # type, so that the answer, the headline table and the findings stay on page 1
         L += [
             "",
-            r"\begin{center}\fbox{\begin{minipage}{0.95\linewidth}",
+            r"\begin{center}\fbox{\begin{minipage}{0.95\linewidth}\footnotesize",
             r"\textbf{Run warnings (%d).}" % len(ctx.inputs.warnings),
-            r"\begin{itemize}",
+            r"\begin{itemize}\setlength{\itemsep}{0pt}\setlength{\topsep}{2pt}",
         ]
         L += [r"\item " + tex(w) for w in ctx.inputs.warnings]
         L += [r"\end{itemize}", r"\end{minipage}}\end{center}"]

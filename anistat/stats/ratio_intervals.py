@@ -1027,8 +1027,8 @@ def calibrated_concentration(
     (2.0, 1.0, True, True)
     >>> level["data_test"], level["data_test_from"]
     (0.073, 3.0)
-    >>> stats.calibrated_concentration(4.0, "balanced_el")["coverage_off_levels"]
-    'm_eff 1–5, 10–30'
+    >>> stats.calibrated_concentration(4.0)["coverage_off_levels"]
+    'm_eff 1–7, 15–60'
     """
     value = float(m_eff)
     if not np.isfinite(value) or method not in CONCENTRATION_COVERAGE:

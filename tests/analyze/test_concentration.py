@@ -72,9 +72,10 @@ def test_every_energy_row_carries_the_kish_effective_number_of_documents():
 
 def test_a_concentrated_unit_is_warned_about_with_the_calibrated_level():
     """One document with 36× the energy of the 15 others: its energy spread n/n_eff (≈ 8) is far
-    above the level from which the data test was measured liberal; the flat unit's (≈ 1.1) is not."""
+    above the level from which the data test was measured liberal; the flat unit's (≈ 1.1) is not,
+    and its m_eff (≈ 12) lies where the default interval's calibrated coverage is inside its band."""
     hot, n_eff = _unit(hot_scale=6.0, seed=0)
-    flat, flat_n_eff = _unit(hot_scale=1.0, seed=1)
+    flat, flat_n_eff = _unit(hot_scale=1.0, seed=3)
     spread, flat_spread = 16 / n_eff, 16 / flat_n_eff
     level = calibrated_concentration(_m_eff(hot), "adjusted_el_f", spread)
     # with so few effective documents the default interval over-covers (often the whole range);
@@ -120,7 +121,7 @@ def test_the_thresholds_are_read_off_the_measured_table():
     assert not default["data_test_off"] and calibrated_concentration(9.9, spread=3.0)["data_test_off"]
     # the default interval: over-covers (often the parameter's whole range) where m_eff is tiny
     assert calibrated_concentration(1.5)["coverage_off"] and calibrated_concentration(1.5)["coverage"] == 1.0
-    assert not calibrated_concentration(50.0)["coverage_off"]
+    assert not calibrated_concentration(70.0)["coverage_off"] and not calibrated_concentration(9.0)["coverage_off"]
     # the tail from 3 up: every level above 0.06, pooled beyond its margin; below 3 none above 0.06
     rates, studies = np.array(SPREAD_DATA_TEST), np.array(SPREAD_DATA_TEST_STUDIES)
     tail = np.array([low >= 3.0 for low, _ in SPREAD_LEVELS])
