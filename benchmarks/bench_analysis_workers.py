@@ -13,6 +13,13 @@ the paper's ranks 8/32/128, 20 normal controls, the paper-replication statistics
 machine's load falls on both; the tables are checked to be identical, bit for bit. The fork
 server's start (its imports) is paid before the first timed call, as a run pays it while it
 collects (`anistat.workers.start_server`).
+
+`--units-from DIR` analyses a real run's units instead — with their frequency buckets, the
+per-(sequence, type) sums and the frequency rows — as kept by
+`bench_run.py --keep-units DIR` (the run's protocol, cached units and corpus token counts):
+
+    PYTHONPATH=. python benchmarks/bench_run.py --n-fit 32 --n-test 96 --threads 2 --keep-units /tmp/units96
+    PYTHONPATH=. python benchmarks/bench_analysis_workers.py --units-from /tmp/units96 --workers 2 --repeats 3
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ def main() -> None:
         default="planted",
         help="planted (every exact test uses all its draws) or Haar-random proxies (the tests stop early)",
     )
+    parser.add_argument("--units-from", default=None, help="a real run's units (bench_run.py --keep-units DIR)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     import torch
@@ -58,10 +66,21 @@ def main() -> None:
     protocol = Protocol.model_validate(
         yaml.safe_load(PROTOCOL) | {"proxies": {"methods": ["pca"], "ranks": args.ranks}}
     )
-    rng = np.random.default_rng(args.dim)
-    artifacts = [
-        synthetic_unit(rng, args.dim, args.ranks, planted=args.proxies == "planted", layer=i) for i in range(args.units)
-    ]
+    token_counts: dict = {}
+    if args.units_from:
+        from anistat.collect import UnitArtifact
+
+        kept = Path(args.units_from)
+        protocol = Protocol.model_validate(yaml.safe_load((kept / "protocol.yaml").read_text()))
+        artifacts = [UnitArtifact.load(path) for path in sorted((kept / "units").glob("*.json"))]
+        with np.load(kept / "token_counts.npz") as counts:
+            token_counts = {name: counts[name] for name in counts.files}
+    else:
+        rng = np.random.default_rng(args.dim)
+        artifacts = [
+            synthetic_unit(rng, args.dim, args.ranks, planted=args.proxies == "planted", layer=i)
+            for i in range(args.units)
+        ]
     start_server(args.workers)
     seconds: dict[int, list[float]] = {1: [], args.workers: []}
     walls: dict[int, list[dict[str, float]]] = {1: [], args.workers: []}
@@ -72,16 +91,18 @@ def main() -> None:
                 timer = StageTimer()
                 started = time.perf_counter()
                 with timer.activate():
-                    tables[workers] = analyze_run(artifacts, {}, protocol, "cpu", workers=workers).results
+                    analysis = analyze_run(artifacts, token_counts, protocol, "cpu", workers=workers)
+                tables[workers] = analysis.results.to_csv() + analysis.frequency.to_csv()
                 seconds[workers].append(time.perf_counter() - started)
                 walls[workers].append({name: time.wall for name, time in timer.stages().items()})
-    identical = tables[1].to_csv() == tables[args.workers].to_csv()
+    identical = tables[1] == tables[args.workers]
     one, many = statistics.median(seconds[1]), statistics.median(seconds[args.workers])
     out = {
-        "units": args.units,
-        "dim": args.dim,
-        "ranks": args.ranks,
-        "proxies": args.proxies,
+        "units": len(artifacts),
+        "units_from": args.units_from,
+        "dim": artifacts[0].dim,
+        "ranks": sorted({rank for unit in artifacts for _, rank in unit.proxy_bases}),
+        "proxies": "real" if args.units_from else args.proxies,
         "workers": args.workers,
         "seconds": {str(k): [round(s, 2) for s in v] for k, v in seconds.items()},
         "median_ratio": round(many / one, 3),

@@ -30,12 +30,14 @@ and a realistic study, `--n-fit 64 --n-test 256`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 
@@ -189,6 +191,37 @@ def fit_floor_pass(model, tokens: torch.Tensor, batch_size: int) -> None:
             body(input_ids=tokens[start : start + batch_size])
 
 
+@contextlib.contextmanager
+def _token_counts_kept():
+    """Record the corpus token counts per model that `collect_units` hands the analysis."""
+    import anistat.pipeline as pipeline
+
+    kept: dict = {}
+    original = pipeline.collect_units
+
+    def collect_units(*args, **kwargs):
+        artifacts, info = original(*args, **kwargs)
+        kept.update(info["frequency"])
+        return artifacts, info
+
+    pipeline.collect_units = collect_units
+    try:
+        yield kept
+    finally:
+        pipeline.collect_units = original
+
+
+def keep_units(tmp: Path, protocol: Path, token_counts: dict, into: Path) -> None:
+    """The run's cached units (`<cache>/units`), its protocol and token counts, copied to ``into``."""
+    import shutil
+
+    (units,) = (tmp / ".anistat-cache").glob("*/units")
+    shutil.copytree(units, into / "units", dirs_exist_ok=True)
+    shutil.copy(protocol, into / "protocol.yaml")
+    np.savez(into / "token_counts.npz", **{name: np.asarray(c) for name, c in token_counts.items()})
+    shutil.rmtree(units.parent)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dim", type=int, default=768)
@@ -217,6 +250,12 @@ def main() -> None:
     parser.add_argument(
         "--keep-bundle", default=None, help="copy the run's bundle here (to profile `anistat report` on it)"
     )
+    parser.add_argument(
+        "--keep-units",
+        default=None,
+        help="copy the run's measured units, protocol and corpus token counts here "
+        "(`bench_analysis_workers.py --units-from` analyses them)",
+    )
     args = parser.parse_args()
     from anistat.pipeline import run
 
@@ -235,7 +274,8 @@ def main() -> None:
             import cProfile
 
             profiler = cProfile.Profile()
-        with FunctionTimer(clock) as timer:
+        counts = _token_counts_kept() if args.keep_units else contextlib.nullcontext({})
+        with FunctionTimer(clock) as timer, counts as token_counts:
             started = clock()
             if profiler:
                 profiler.enable()
@@ -244,12 +284,15 @@ def main() -> None:
                 tmp / "bundle",
                 threads=args.threads or None,  # the run's thread setting: also its analysis and figure workers
                 log=lambda message: events.append((clock() - started, message)),
+                keep_cache=bool(args.keep_units),
             )
             if profiler:
                 profiler.disable()
             wall = clock() - started
         if profiler:
             profiler.dump_stats(args.profile)
+        if args.keep_units:
+            keep_units(tmp, protocol, token_counts, Path(args.keep_units))
         if args.keep_bundle:
             import shutil
 

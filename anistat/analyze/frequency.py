@@ -30,17 +30,23 @@ def bucket_id(unit_id: str, bucket: int) -> str:
     return f"{unit_id}#bucket{bucket}"
 
 
-def bucket_spectra(artifact: UnitArtifact) -> list[UnitSpectrum]:
-    """One energy-only :class:`UnitSpectrum` per frequency bucket of a unit: the eigenvalues of the
-    bucket's gradient second moment ``M_b`` and each proxy's ``tr(UᵀM_bU)/tr M_b`` from that same
-    (stored) matrix, so the exact test reads its observed value and its null off one matrix.
-    None for units without per-bucket moments (collected by an older anistat)."""
+def bucket_matrices(artifact: UnitArtifact) -> list[torch.Tensor]:
+    """Each frequency bucket's gradient second moment ``M_b``, symmetrised, float64 ([] for a
+    failed unit or one without per-bucket moments)."""
     outers = artifact.gradient_moments.get("bucket_outer")
     if artifact.status != "ok" or outers is None:
         return []
+    return [torch.from_numpy(0.5 * (outer + outer.T)) for outer in np.asarray(outers, dtype=np.float64)]
+
+
+def bucket_spectra(artifact: UnitArtifact, eigenvalues: list[np.ndarray] | None = None) -> list[UnitSpectrum]:
+    """One energy-only :class:`UnitSpectrum` per frequency bucket of a unit: the eigenvalues of the
+    bucket's gradient second moment ``M_b`` and each proxy's ``tr(UᵀM_bU)/tr M_b`` from that same
+    (stored) matrix, so the exact test reads its observed value and its null off one matrix.
+    ``eigenvalues``: those of :func:`bucket_matrices`, in order, when computed on the run's
+    device (else here). None for units without per-bucket moments (collected by an older anistat)."""
     spectra = []
-    for bucket, outer in enumerate(np.asarray(outers, dtype=np.float64)):
-        matrix = torch.from_numpy(0.5 * (outer + outer.T))
+    for bucket, matrix in enumerate(bucket_matrices(artifact)):
         trace = float(torch.trace(matrix))
         if not trace > 0:
             continue
@@ -48,12 +54,14 @@ def bucket_spectra(artifact: UnitArtifact) -> list[UnitSpectrum]:
         for proxy, rank in proxy_groups(artifact):
             basis = torch.as_tensor(artifact.proxy_bases[(proxy, rank)], dtype=torch.float64)
             observed[(proxy, rank)] = float(torch.trace(basis.T @ matrix @ basis)) / trace
-        eigenvalues = torch.linalg.eigvalsh(matrix).clamp_min(0.0).numpy()
+        values = (
+            eigenvalues[bucket] if eigenvalues is not None else torch.linalg.eigvalsh(matrix).clamp_min(0.0).numpy()
+        )
         spectra.append(
             UnitSpectrum(
                 unit_id=bucket_id(artifact.key.id, bucket),
                 dim=artifact.dim,
-                energy_eigenvalues=eigenvalues,
+                energy_eigenvalues=values,
                 energy_observed=observed,
             )
         )

@@ -2,8 +2,9 @@
 
 A run's analysis has three per-unit phases around one shared step:
 
-1. every unit's spectra — the eigendecompositions of its gradient second moment and covariance and
-   its proxies' traces in both (:func:`anistat.analyze.units.prepare_unit`);
+1. every unit's spectra — the eigenvalues of its gradient second moment and covariance, its
+   proxies' traces in both (:func:`anistat.analyze.units.prepare_unit`) and its frequency
+   buckets' spectra (:func:`~anistat.analyze.frequency.bucket_spectra`) — in one task per unit;
 2. (shared, here) the exact tests of every unit off the Haar streams of each width;
 3. every unit's rows — intervals, bootstraps, data tests (:func:`~anistat.analyze.units.rows_of_unit`)
    — and its frequency rows (:func:`~anistat.analyze.frequency.unit_frequency_rows`).
@@ -13,7 +14,9 @@ On a GPU run the eigendecompositions of phase 1 run on the device, batched, befo
 (`anistat.seeding.derive_seed`), never by a shared generator's state — so they run in a pool of
 worker processes, one unit per task, and come back in unit order. Each task runs on one thread in
 a worker and in this process alike (`anistat.workers.map_tasks`), so 1 and N workers give the same
-bits. A worker is sent only its own unit's slice of the exact tests (:func:`nulls_of_unit`).
+bits. A task is sent only what it reads: its unit's slice of the exact tests
+(:func:`nulls_of_unit`) and its unit without the heavy parts other tasks read (:func:`lightened`),
+and phase 1 sends back eigenvalues, not matrices.
 
 Under ``torchrun`` the units are shared out the same way across ranks (:class:`RankShare`: rank
 ``r`` of ``w`` takes units ``r, r + w, …``): each rank runs phases 1 and 3 for its share, rank 0
@@ -37,9 +40,9 @@ from ..collect import UnitArtifact, distributed
 from ..protocol import Protocol
 from ..timing import stage
 from ..workers import map_tasks
-from .frequency import bucket_id, bucket_spectra, unit_frequency_rows
+from .frequency import bucket_id, bucket_matrices, bucket_spectra, unit_frequency_rows
 from .nulls import ExactNulls, UnitSpectrum
-from .units import PreparedUnit, device_eigenvalues, failed_rows, prepare_unit, rows_of_unit, unit_matrices
+from .units import device_eigenvalues, failed_rows, prepare_unit, rows_of_unit, unit_matrices
 
 T = TypeVar("T")
 
@@ -104,41 +107,109 @@ def nulls_of_unit(nulls: ExactNulls, unit_id: str) -> ExactNulls:
     )
 
 
-def _prepare(artifact: UnitArtifact, protocol: Protocol, eigenvalues: Any) -> PreparedUnit:
-    # the artifact stays where it is: only what was computed from it travels back
-    return replace(prepare_unit(artifact, protocol, eigenvalues), artifact=None)  # type: ignore[arg-type]
+#: The heavy parts of a unit artifact — the rest is O(sequences × bases + vocabulary) — by the
+#: task that reads them. A task is sent the unit without the parts it does not read
+#: (:func:`lightened`): at d = 768 a unit with its per-(sequence, type) sums weighs ~80 MB, and
+#: pickling it through a pipe once per task cost more than the tasks' own work.
+HEAVY_PARTS = ("second_moments", "bucket_moments", "pair_sums")
 
 
-def prepare_units(
+def lightened(artifact: UnitArtifact, *keep: str) -> UnitArtifact:
+    """``artifact`` with only the :data:`HEAVY_PARTS` in ``keep``: ``second_moments`` (the d × d
+    gradient and activation second moments), ``bucket_moments`` (the gradient second moment of
+    every frequency bucket, B × d × d), ``pair_sums`` (the per-(sequence, type) activation sums,
+    pairs × d). A dropped moment is missing from its dict (a task that reads it fails loudly);
+    the arrays themselves are shared, not copied."""
+    gradient, activation = dict(artifact.gradient_moments), dict(artifact.activation_moments)
+    if "bucket_moments" not in keep:
+        gradient.pop("bucket_outer", None)
+    if "second_moments" not in keep:
+        gradient.pop("outer", None)
+        activation.pop("outer", None)
+    return replace(
+        artifact,
+        gradient_moments=gradient,
+        activation_moments=activation,
+        pair_sums=artifact.pair_sums if "pair_sums" in keep else None,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitEigen:
+    """What phase 1 computes of one unit: the eigenvalues of ``M`` and ``C`` (phase 3 rebuilds its
+    frames from the unit's moments with them, instead of receiving d × d matrices back), the
+    unit's exact-test inputs and its frequency buckets'."""
+
+    eigenvalues: tuple[np.ndarray, np.ndarray]
+    spectrum: UnitSpectrum
+    buckets: list[UnitSpectrum]
+
+
+def unit_eigen(
+    artifact: UnitArtifact,
+    protocol: Protocol,
+    eigenvalues: tuple[Any, Any, list[np.ndarray]] | None,
+    frequency: bool,
+) -> UnitEigen:
+    """Phase 1 for one unit (a task): its :class:`PreparedUnit`'s spectra and, with
+    ``frequency``, its buckets' (``eigenvalues``: ``M``'s, ``C``'s and the buckets', when
+    computed on the run's device)."""
+    moments, buckets = (eigenvalues[:2], eigenvalues[2]) if eigenvalues is not None else (None, None)
+    prepared = prepare_unit(artifact, protocol, moments)
+    return UnitEigen(
+        eigenvalues=(prepared.second_moment.eigenvalues, prepared.covariance.eigenvalues),
+        spectrum=prepared.spectrum,
+        buckets=bucket_spectra(artifact, buckets) if frequency else [],
+    )
+
+
+def eigen_all(
     pool: Executor | None,
     artifacts: list[UnitArtifact],
     protocol: Protocol,
-    device: str | torch.device | None = None,
-) -> dict[str, PreparedUnit]:
-    """Phase 1: every analysable unit's :class:`PreparedUnit`, keyed by unit id. With a
-    ``device``, the eigendecompositions — the phase's heavy part, ``O(d³)`` per matrix — run there
-    first, batched (:func:`~anistat.analyze.units.device_eigenvalues`), and the tasks get them."""
+    device: str | torch.device | None,
+    frequency: bool,
+) -> dict[str, UnitEigen]:
+    """Phase 1: every analysable unit's :class:`UnitEigen`, keyed by unit id. With a ``device``,
+    the eigendecompositions — ``M``'s, ``C``'s and the frequency buckets', ``O(d³)`` each — run
+    there first, batched (:func:`~anistat.analyze.units.device_eigenvalues`), and the tasks get
+    them."""
     ok = [a for a in artifacts if a.status == "ok"]
     eigenvalues: list[Any] = [None] * len(ok)
     if device is not None and ok:
-        matrices = [m for a in ok for m in unit_matrices(a)]
-        values = device_eigenvalues(matrices, device)
-        eigenvalues = list(zip(values[0::2], values[1::2]))
-    arguments = [(a, protocol, e) for a, e in zip(ok, eigenvalues)]
-    prepared = map_tasks(pool, _prepare if pool is not None else prepare_unit, arguments)
-    return {a.key.id: replace(unit, artifact=a) for a, unit in zip(ok, prepared)}
+        matrices = [[*unit_matrices(a), *(bucket_matrices(a) if frequency else [])] for a in ok]
+        values = iter(device_eigenvalues([m for unit in matrices for m in unit], device))
+        eigenvalues = []
+        for unit in matrices:
+            mine = [next(values) for _ in unit]
+            eigenvalues.append((mine[0], mine[1], mine[2:]))
+    parts = ("second_moments", "bucket_moments") if frequency else ("second_moments",)
+    arguments = [(lightened(a, *parts), protocol, e, frequency) for a, e in zip(ok, eigenvalues)]
+    return dict(zip((a.key.id for a in ok), map_tasks(pool, unit_eigen, arguments)))
+
+
+def unit_rows_task(
+    artifact: UnitArtifact, eigen: UnitEigen, nulls: ExactNulls, protocol: Protocol, settings: Any
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Phase 3a for one unit (a task): its frames rebuilt from its moments and phase 1's
+    eigenvalues (the same numbers: no eigendecomposition is repeated), then its rows."""
+    return rows_of_unit(prepare_unit(artifact, protocol, eigen.eigenvalues), nulls, protocol, settings)
 
 
 def unit_rows_all(
     pool: Executor | None,
-    prepared: list[PreparedUnit],
+    artifacts: list[UnitArtifact],
+    eigen: dict[str, UnitEigen],
     nulls: ExactNulls,
     protocol: Protocol,
     settings: Any,
 ) -> list[tuple[list[dict[str, Any]], list[str]]]:
-    """Phase 3a: every prepared unit's rows and warnings, in the order given."""
-    arguments = [(unit, _sliced(pool, nulls, unit.artifact.key.id), protocol, settings) for unit in prepared]
-    return map_tasks(pool, rows_of_unit, arguments)
+    """Phase 3a: every analysable unit's rows and warnings, in the order given."""
+    arguments = [
+        (lightened(a, "second_moments"), eigen[a.key.id], _sliced(pool, nulls, a.key.id), protocol, settings)
+        for a in artifacts
+    ]
+    return map_tasks(pool, unit_rows_task, arguments)
 
 
 def frequency_rows_each(
@@ -149,7 +220,10 @@ def frequency_rows_each(
     nulls: ExactNulls,
 ) -> list[list[dict[str, Any]]]:
     """Phase 3b: the frequency rows of each of ``artifacts`` (analysable ones), in their order."""
-    arguments = [(a, token_counts.get(a.key.model), protocol, _sliced(pool, nulls, a.key.id)) for a in artifacts]
+    arguments = [
+        (lightened(a, "pair_sums"), token_counts.get(a.key.model), protocol, _sliced(pool, nulls, a.key.id))
+        for a in artifacts
+    ]
     return map_tasks(pool, unit_frequency_rows, arguments)
 
 
@@ -185,22 +259,22 @@ def per_unit_phases(
     the eigendecompositions run, None: in the tasks); None on a rank other than 0."""
     mine = share.mine(artifacts)
     with stage("unit spectra"):
-        prepared = prepare_units(pool, mine, protocol, device)
-        # each frequency bucket's spectrum is an eigendecomposition too: tasks of their own
-        buckets = map_tasks(pool, bucket_spectra, [(a,) for a in mine]) if frequency else [[] for _ in mine]
+        eigen = eigen_all(pool, mine, protocol, device, frequency)
         spectra = share.gather(
-            [(prepared[a.key.id].spectrum if a.key.id in prepared else None, b) for a, b in zip(mine, buckets)]
+            [(eigen[a.key.id].spectrum, eigen[a.key.id].buckets) if a.key.id in eigen else (None, []) for a in mine]
         )
     with stage("exact tests"):
         ordered = [unit for unit, _ in spectra if unit is not None] + [b for _, buckets in spectra for b in buckets]
         nulls = share.from_main(exact_tests(ordered) if share.is_main else None)
+    mine_ok = [a for a in mine if a.key.id in eigen]
     with stage("intervals and bootstraps"):
-        computed = iter(unit_rows_all(pool, list(prepared.values()), nulls, protocol, settings))
+        computed = dict(
+            zip((a.key.id for a in mine_ok), unit_rows_all(pool, mine_ok, eigen, nulls, protocol, settings))
+        )
         per_unit = share.gather(
-            [next(computed) if a.key.id in prepared else (failed_rows(a, protocol), []) for a in mine]
+            [computed[a.key.id] if a.key.id in computed else (failed_rows(a, protocol), []) for a in mine]
         )
     with stage("frequency rows"):
-        mine_ok = [a for a in mine if a.status == "ok"]
         rows_of = dict(
             zip((a.key.id for a in mine_ok), frequency_rows_each(pool, mine_ok, token_counts, protocol, nulls))
         )

@@ -68,6 +68,36 @@ def test_a_worker_gets_exactly_its_units_exact_tests(mini_units):
 
 
 @pytest.mark.slow
+def test_each_task_reads_nothing_its_lightened_unit_leaves_out(mini_units):
+    """A task is sent its unit without the heavy parts it does not read (`lightened`): every task
+    gives the rows the whole unit gives, and a part it is not sent is really gone."""
+    from anistat.analyze import null_settings, run_exact_tests
+    from anistat.analyze.frequency import bucket_spectra, unit_frequency_rows
+    from anistat.analyze.parallel import lightened, unit_eigen, unit_rows_task
+    from anistat.analyze.units import prepare_unit, rows_of_unit
+
+    protocol, artifacts, counts = mini_units
+    unit = artifacts[0]
+    assert unit.pair_sums is not None and unit.gradient_moments.get("bucket_outer") is not None
+    settings = null_settings([unit], protocol)
+    whole = prepare_unit(unit, protocol)
+    eigen = unit_eigen(lightened(unit, "second_moments", "bucket_moments"), protocol, None, True)
+    np.testing.assert_array_equal(eigen.eigenvalues[0], whole.second_moment.eigenvalues)
+    np.testing.assert_array_equal(eigen.eigenvalues[1], whole.covariance.eigenvalues)
+    assert eigen.spectrum.energy_observed == whole.spectrum.energy_observed
+    buckets = bucket_spectra(unit)
+    assert [b.energy_observed for b in eigen.buckets] == [b.energy_observed for b in buckets] and buckets
+    nulls = run_exact_tests([whole.spectrum, *buckets], protocol, settings)
+    light_rows = unit_rows_task(lightened(unit, "second_moments"), eigen, nulls, protocol, settings)
+    assert str(light_rows) == str(rows_of_unit(whole, nulls, protocol, settings))
+    light_frequency = unit_frequency_rows(lightened(unit, "pair_sums"), counts[unit.key.model], protocol, nulls)
+    assert str(light_frequency) == str(unit_frequency_rows(unit, counts[unit.key.model], protocol, nulls))
+    bare = lightened(unit)
+    assert bare.pair_sums is None and "outer" not in bare.gradient_moments and "outer" not in bare.activation_moments
+    assert "bucket_outer" not in bare.gradient_moments and unit.gradient_moments.get("bucket_outer") is not None
+
+
+@pytest.mark.slow
 def test_figures_drawn_by_two_workers_are_the_files_of_one_process(mini_bundle, tmp_path):
     from anistat.bundle import Bundle
     from anistat.report import ReportOptions
@@ -118,3 +148,31 @@ def test_batched_eigenvalues_match_one_at_a_time():
     for matrix, values in zip(matrices, batched):
         np.testing.assert_allclose(values, Frame.of(matrix).eigenvalues, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(values, np.linalg.eigvalsh(matrix), rtol=1e-10, atol=1e-10)
+
+
+def test_large_arrays_reach_a_worker_through_shared_memory_with_the_same_bytes(monkeypatch):
+    """A pool's large numpy arguments pickle as a shared-memory handle (not their bytes), arrive
+    bit for bit, and the pickler is back to normal once the pool is gone; with no room in the
+    shared-memory folder they go by value."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import anistat.workers as workers
+
+    big = np.random.default_rng(0).standard_normal((600, 768))  # 3.7 MB
+    small = np.arange(10.0)
+    by_value = len(ForkingPickler.dumps(big))
+    assert by_value > big.nbytes
+    with workers.arrays_through_shared_memory():
+        assert len(ForkingPickler.dumps(big)) < 10_000
+        assert len(ForkingPickler.dumps(small)) < 1_000
+        read_only = big.copy()
+        read_only.flags.writeable = False
+        assert len(ForkingPickler.dumps(read_only)) < 10_000
+        monkeypatch.setattr(workers, "_shared_memory_free", lambda: 0)
+        assert len(ForkingPickler.dumps(big)) == by_value
+        monkeypatch.undo()
+    assert len(ForkingPickler.dumps(big)) == by_value
+    arrays = [big, big[::2], big.astype(np.float32), small]
+    with workers.process_pool(2) as pool:
+        received = workers.map_tasks(pool, np.ndarray.tobytes, [(a,) for a in arrays])
+    assert received == [a.tobytes() for a in arrays]

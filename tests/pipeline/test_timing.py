@@ -94,7 +94,7 @@ def test_a_run_records_every_stage_and_they_sum_to_the_process_wall_time(tmp_pat
     stages = manifest["stages"]
     for name in (START_UP, "models", "fit pass", "test pass", "exact tests"):
         assert name in stages, name
-    for name in ("intervals and bootstraps", "frequency rows", "figures", "HTML and LaTeX", OTHER):
+    for name in ("intervals and bootstraps", "frequency rows", "cache writes", "figures", "HTML and LaTeX", OTHER):
         assert name in stages, name
     total = sum(times["wall_s"] for times in stages.values())
     assert manifest["seconds"] == pytest.approx(total, abs=0.02)
