@@ -274,8 +274,9 @@ class UnitWriter:
     """Writes measured units into the cache on one background thread, so that the writes — a
     few hundred MB at the paper's settings — overlap the next checkpoint's pass and the analysis
     instead of holding them up. Each unit is handed over as a shallow copy (the analysis may
-    mark the original failed meanwhile). `wait` re-raises a failed write; leaving the block
-    waits for every write, so a run that stops keeps each unit it finished."""
+    mark the original failed meanwhile). A failed write is raised by the next `save` (so a full
+    disk stops a long collection one checkpoint later, not at its end) or by `wait`; leaving the
+    block waits for every write, so a run that stops keeps each unit it finished."""
 
     def __init__(self) -> None:
         from concurrent.futures import Future, ThreadPoolExecutor
@@ -290,6 +291,9 @@ class UnitWriter:
         self._pool.shutdown(wait=True)
 
     def save(self, artifact: UnitArtifact, directory: Path) -> None:
+        for write in [w for w in self._pending if w.done()]:
+            self._pending.remove(write)
+            write.result()  # raises the write's error
         self._pending.append(self._pool.submit(copy.copy(artifact).save, directory))
 
     def wait(self) -> None:

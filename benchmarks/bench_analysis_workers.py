@@ -1,7 +1,9 @@
 """The analysis stage alone over worker processes: `analyze_run` with N workers ÷ 1 worker on the
 same units (goal for 2 workers on a 2-core machine: ≤ 0.6), with each stage's wall seconds and the
 bound the one-worker stages set: the exact tests already run on all the run's threads with one
-worker, so only the rest can shrink (`bound` = (exact + rest / N) / total).
+worker, so only the rest can shrink (`bound` = (exact + rest / N) / total). `task_slowdown` is
+the CPU seconds of the rest with N workers ÷ with 1 (the workers' tasks included: a task runs
+slower when N share the machine's caches and memory), and `bound_with_slowdown` the bound with it.
 
 Run (from the repository root):
 
@@ -84,6 +86,7 @@ def main() -> None:
     start_server(args.workers)
     seconds: dict[int, list[float]] = {1: [], args.workers: []}
     walls: dict[int, list[dict[str, float]]] = {1: [], args.workers: []}
+    cpus: dict[int, list[dict[str, float]]] = {1: [], args.workers: []}
     tables = {}
     with cpu_threads(args.workers):  # the run's thread setting: its exact tests use them all
         for _ in range(args.repeats):
@@ -95,6 +98,7 @@ def main() -> None:
                 tables[workers] = analysis.results.to_csv() + analysis.frequency.to_csv()
                 seconds[workers].append(time.perf_counter() - started)
                 walls[workers].append({name: time.wall for name, time in timer.stages().items()})
+                cpus[workers].append({name: time.cpu for name, time in timer.stages().items()})
     identical = tables[1] == tables[args.workers]
     one, many = statistics.median(seconds[1]), statistics.median(seconds[args.workers])
     out = {
@@ -110,6 +114,19 @@ def main() -> None:
         # Amdahl's bound on N workers ÷ 1: the exact tests run in this process on all the run's
         # threads in both settings, so only the rest can shrink, at best by N
         "bound": round(_bound(_median_stages(walls[1]), args.workers), 3),
+        # CPU seconds per stage, the workers' tasks included: N workers' CPU ÷ 1 worker's, outside
+        # the exact tests, is how much slower a task runs when N run at once on this machine
+        "cpu_stages": {str(k): _median_stages(v) for k, v in cpus.items()},
+        "task_slowdown": round(_slowdown(_median_stages(cpus[1]), _median_stages(cpus[args.workers])), 3),
+        # the bound with that slowdown: (exact + rest × slowdown / N) / total
+        "bound_with_slowdown": round(
+            _bound(
+                _median_stages(walls[1]),
+                args.workers,
+                _slowdown(_median_stages(cpus[1]), _median_stages(cpus[args.workers])),
+            ),
+            3,
+        ),
         "identical": identical,
         "load_before_after": os.getloadavg(),
         "torch_threads": torch.get_num_threads(),
@@ -125,11 +142,17 @@ def _median_stages(runs: list[dict[str, float]]) -> dict[str, float]:
     return {name: round(statistics.median(run.get(name, 0.0) for run in runs), 2) for name in names}
 
 
-def _bound(stages: dict[str, float], workers: int) -> float:
-    """The smallest N workers ÷ 1 the one-worker stage times allow: (exact + rest / N) / total."""
+def _bound(stages: dict[str, float], workers: int, slowdown: float = 1.0) -> float:
+    """The smallest N workers ÷ 1 the one-worker stage times allow: (exact + rest · slowdown / N) / total."""
     total = sum(stages.values())
     exact = stages.get("exact tests", 0.0)
-    return (exact + (total - exact) / workers) / total if total else 1.0
+    return (exact + (total - exact) * slowdown / workers) / total if total else 1.0
+
+
+def _slowdown(one: dict[str, float], many: dict[str, float]) -> float:
+    """CPU seconds of every stage but the exact tests with N workers ÷ with 1."""
+    rest = [name for name in one if name != "exact tests"]
+    return sum(many.get(name, 0.0) for name in rest) / max(sum(one[name] for name in rest), 1e-12)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ with their floors, `fixed_seconds` is everything but those two passes, and `func
 inclusive time and call count of each timed function (`TIMED`; e.g. `_load_pretrained` counts
 checkpoint loads); `stages` are the manifest's own stage timings (`anistat.timing`). `--threads N`
 is the run's thread setting (and so its N analysis and figure worker processes) and the floor's
-torch threads. `--profile FILE` writes cProfile stats of the run.
+torch threads. `--profile FILE` writes cProfile stats of the run; `--keep-units DIR` keeps the
+run's measured units for `bench_analysis_workers.py --units-from DIR`.
 
 Sizes used in benchmarks/README.md (both `--threads 1 --clock cpu`): `--n-fit 32 --n-test 32`
 and a realistic study, `--n-fit 64 --n-test 256`.

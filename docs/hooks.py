@@ -270,7 +270,7 @@ def error_index_markdown() -> str:
     )
     lines = [summary, ""]
     current = None
-    for module, line, name, text in messages:
+    for module, _line, name, text in messages:
         if module != current:
             lines += ["", f"#### `{module}`", ""]
             current = module

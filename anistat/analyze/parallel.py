@@ -107,10 +107,10 @@ def nulls_of_unit(nulls: ExactNulls, unit_id: str) -> ExactNulls:
     )
 
 
-#: The heavy parts of a unit artifact — the rest is O(sequences × bases + vocabulary) — by the
-#: task that reads them. A task is sent the unit without the parts it does not read
-#: (:func:`lightened`): at d = 768 a unit with its per-(sequence, type) sums weighs ~80 MB, and
-#: pickling it through a pipe once per task cost more than the tasks' own work.
+#: The heavy parts of a unit artifact — the rest is O(sequences × bases + vocabulary). A task is
+#: sent the unit without the parts it does not read (:func:`lightened`): at d = 768 with 96 test
+#: sequences a whole unit pickles to 65 MB, and sending it whole to each of its four tasks made
+#: 12 units' analysis slower with two workers than with one (benchmarks/README.md).
 HEAVY_PARTS = ("second_moments", "bucket_moments", "pair_sums")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -52,8 +53,8 @@ def render_bundle(
 
     Writes ``report.html`` (self-contained), ``tables.tex``, ``report.tex``,
     ``figures/<name>.pdf`` and ``.png``, and ``report.pdf`` when pdflatex is available (see
-    ``ReportOptions.compile_pdf``). Nothing is written outside ``out_dir``. Returns the written
-    paths, sorted. ``stage(name)`` wraps each part — ``figures``, ``HTML and LaTeX``, ``PDF`` — so a
+    ``ReportOptions.compile_pdf``; pdflatex runs while the HTML is rendered). Nothing is written
+    outside ``out_dir``. Returns the written paths, sorted. ``stage(name)`` wraps each part — ``figures``, ``HTML and LaTeX``, ``PDF`` — so a
     caller can time them (``anistat.timing.stage``); by default nothing is timed. ``run_tasks``
     draws the figures (e.g. in worker processes; see ``figures.render_figures``).
 
@@ -85,19 +86,19 @@ def render_bundle(
             figs, skipped = [], {}
 
     written: list[Path] = [p for f in figs for p in (f.pdf, f.png)]
-    with stage("HTML and LaTeX"):
-        html_path = out_dir / "report.html"
-        html_path.write_text(render_html(ctx, figs, skipped), encoding="utf-8")
-        tables, labels = render_tables(ctx)
-        tables_path = out_dir / "tables.tex"
-        tables_path.write_text(tables, encoding="utf-8")
-        report_tex = out_dir / "report.tex"
-        report_tex.write_text(render_report_tex(ctx, figs, labels), encoding="utf-8")
-    written += [html_path, tables_path, report_tex]
-
-    if want_pdf:
-        with stage("PDF"):
-            written.append(compile_pdf(out_dir))
+    html_path, tables_path, report_tex = out_dir / "report.html", out_dir / "tables.tex", out_dir / "report.tex"
+    # pdflatex, a process of its own, compiles the LaTeX while the HTML is rendered here
+    with ThreadPoolExecutor(1, thread_name_prefix="anistat-pdflatex") as background:
+        with stage("HTML and LaTeX"):
+            tables, labels = render_tables(ctx)
+            tables_path.write_text(tables, encoding="utf-8")
+            report_tex.write_text(render_report_tex(ctx, figs, labels), encoding="utf-8")
+            pdf = background.submit(compile_pdf, out_dir) if want_pdf else None
+            html_path.write_text(render_html(ctx, figs, skipped), encoding="utf-8")
+        written += [html_path, tables_path, report_tex]
+        if pdf is not None:
+            with stage("PDF"):  # what is left of the compilation
+                written.append(pdf.result())
     return sorted(written)
 
 

@@ -181,3 +181,62 @@ def test_leftovers_of_a_killed_writer_are_recovered(tmp_path):
     assert (out / "manifest.json").read_text() == '{"new": 1}'
     assert alive.exists() and someone_else.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, someone_else.name, "out"])
+
+
+def _small_unit(layer: int):
+    import numpy as np
+
+    from anistat.collect import UnitArtifact, UnitKey
+
+    rng = np.random.default_rng(layer)
+    x = rng.standard_normal((20, 4))
+    moments = {"count": 20, "sum": x.sum(0), "outer": x.T @ x}
+    return UnitArtifact(
+        key=UnitKey("m", "clm", "step0", 0, "early", layer, f"residual.{layer}"),
+        dim=4,
+        bases=[],
+        n_tokens=np.full(5, 4),
+        sequence_documents=np.arange(5),
+        total_energy=np.ones((5, 1)),
+        energy=np.ones((5, 1, 0)),
+        delta_isoscore_star=np.zeros(0),
+        gradient_moments=dict(moments),
+        activation_moments=dict(moments),
+        gradient_unit_sum=x.sum(0),
+        activation_unit_sum=x.sum(0),
+        type_count=np.zeros(3, dtype=np.int64),
+        type_rms_distance=np.full(3, np.nan),
+    )
+
+
+def test_the_background_writer_saves_each_unit_as_handed_over_and_raises_a_failed_write(tmp_path, monkeypatch):
+    """`UnitWriter`: a unit's file holds it as it was when handed over (the analysis may mark the
+    original failed meanwhile); a failed write is raised by `wait`, or by the next hand-over once
+    it has failed; leaving the block waits for every write."""
+    import errno
+
+    from anistat.collect import UnitArtifact
+    from anistat.pipeline import UnitWriter
+
+    first, second = _small_unit(0), _small_unit(1)
+    with UnitWriter() as writer:
+        writer.save(first, tmp_path)
+        first.status, first.note = "failed", "marked after the hand-over"
+        writer.wait()
+        writer.save(second, tmp_path)
+    saved = {path.name: UnitArtifact.load(path) for path in tmp_path.glob("*.json")}
+    assert len(saved) == 2 and all(unit.status == "ok" for unit in saved.values())
+
+    def full(self, directory):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(UnitArtifact, "save", full)
+    with UnitWriter() as writer:
+        writer.save(first, tmp_path / "full")
+        with pytest.raises(OSError, match="No space left"):
+            writer.wait()
+    with UnitWriter() as writer, pytest.raises(OSError, match="No space left"):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # a hand-over after a write has failed raises its error
+            writer.save(first, tmp_path / "full")
+            time.sleep(0.05)
