@@ -310,10 +310,21 @@ def collect_units(
     """Phases 1 and 2 for every model; finished units come from / go to `cache`.
 
     Units are stored as `<cache>/units/<unit id>.json|npz` (the cache directory is keyed by the
-    protocol hash), written as soon as a checkpoint is measured — by `writer` in the background,
-    else before this returns; a rerun skips finished checkpoints, so an interrupted run resumes
-    and ends with the same numbers. Under torchrun only rank 0 logs and writes; every rank
-    returns the same artifacts."""
+    protocol hash), handed to `writer` as soon as a checkpoint is measured (written in the
+    background; without a `writer`, by one of its own that is waited for before this returns);
+    a rerun skips finished checkpoints, so an interrupted run resumes and ends with the same
+    numbers. Under torchrun only rank 0 logs and writes; every rank returns the same artifacts."""
+    if writer is not None:
+        return _collect_units(protocol, device, cache, log, writer)
+    with UnitWriter() as own:
+        collected = _collect_units(protocol, device, cache, log, own)
+        own.wait()
+    return collected
+
+
+def _collect_units(
+    protocol: Protocol, device: torch.device, cache: Path, log: Log, writer: UnitWriter
+) -> tuple[list[UnitArtifact], dict]:
     main = distributed.is_main()
     if not main:
         log = lambda message: None  # noqa: E731
@@ -371,10 +382,8 @@ def collect_units(
                     device,
                 )
             for site in sites:
-                if main and writer is not None:
+                if main:
                     writer.save(measured[site.name], units_dir)
-                elif main:
-                    measured[site.name].save(units_dir)
                 artifacts.append(measured[site.name])
             distributed.barrier()
             units_bar.update(len(sites))
